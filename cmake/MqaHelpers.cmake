@@ -1,0 +1,37 @@
+# mqa_add_test(NAME name SOURCES a.cc b.cc LIBS lib1 lib2 [RANKS n] [LABELS l1 l2] [GPU])
+#
+# The one helper that adds a test. A plain test is a GoogleTest binary run by ctest. RANKS n runs
+# it under mpirun with n ranks (oversubscribed, allowed as root). GPU marks a test that needs a
+# CUDA device; it skips itself (GTEST_SKIP, reported as skipped, never as passed) where none is.
+function(mqa_add_test)
+  cmake_parse_arguments(T "GPU" "NAME;RANKS;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  set(labels ${T_LABELS})
+  if(T_GPU)
+    list(APPEND labels gpu)
+  endif()
+  if(T_RANKS)
+    add_test(NAME ${T_NAME}
+             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+                     ${MPIEXEC_NUMPROC_FLAG} ${T_RANKS} $<TARGET_FILE:${T_NAME}>)
+    list(APPEND labels mpi)
+  else()
+    add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES ENVIRONMENT "MQA_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  if(T_GPU)
+    # A GPU test binary holds only GPU tests; one that finds no device prints "[  SKIPPED ]" and
+    # ctest reports it as skipped, not passed.
+    set_tests_properties(${T_NAME} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  endif()
+  if(labels)
+    set_tests_properties(${T_NAME} PROPERTIES LABELS "${labels}")
+  endif()
+  if(T_TIMEOUT)
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
+  else()
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT 300)
+  endif()
+endfunction()
