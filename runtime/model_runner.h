@@ -1,0 +1,58 @@
+// The seam between the engine (scheduler, block manager, sampler: rank 0) and the model (every
+// rank). One call per engine step. The engine builds a StepInput from its scheduling decision;
+// a ModelRunner runs the forward pass over the paged KV cache and returns the requested logits.
+//
+// Implementations: GptBigCodeRunner (model/, one rank, CPU or CUDA) and the distributed runner
+// (parallel/), which sends each step to the workers as a StepPlan and runs the local shard.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/tensor.h"
+
+namespace mqa {
+
+struct BlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct StepInput {
+  // Sequences in this step, in order; sequence s owns token rows [query_start[s], query_start[s+1]).
+  std::vector<int64_t> seq_ids;
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> positions;     // [num_tokens]
+  std::vector<int32_t> query_start;   // [num_seqs + 1]
+  std::vector<int32_t> context_lens;  // [num_seqs]: tokens in the cache after this step
+  std::vector<int32_t> slot_mapping;  // [num_tokens]: physical block * block_size + offset
+  // Full block tables, row s = sequence s, padded with 0 to max_blocks_per_seq. (The distributed
+  // runner sends only what changed since the last step; see parallel/.)
+  std::vector<int32_t> block_tables;
+  int max_blocks_per_seq = 0;
+  // Token rows whose logits the engine needs, e.g. each sampling sequence's last row (all rows of a
+  // prompt when prompt logprobs are asked for).
+  std::vector<int32_t> logits_rows;
+  // Applied before the forward pass (copy-on-write of a shared partial block).
+  std::vector<BlockCopy> block_copies;
+  // Sequences whose blocks were released since the last step (lets mirrors drop their tables).
+  std::vector<int64_t> finished_seq_ids;
+
+  int num_seqs() const { return static_cast<int>(seq_ids.size()); }
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+};
+
+// Thread ownership: one thread (the engine's) calls a runner; runners are not thread-safe.
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  // Runs one step. Returns fp32 logits on the host, [logits_rows.size(), vocab_size], on rank 0.
+  virtual absl::StatusOr<Tensor> Execute(const StepInput& input) = 0;
+  virtual int64_t vocab_size() const = 0;
+  // Physical KV blocks available to the block manager, and their size in tokens.
+  virtual int num_kv_blocks() const = 0;
+  virtual int block_size() const = 0;
+};
+
+}  // namespace mqa
