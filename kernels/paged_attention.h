@@ -39,7 +39,14 @@ struct PagedAttentionParams {
   DType dtype = DType::kF32;  // of query, output and caches
 };
 
-// The reference: fp32 only, one thread, straightforward loops.
+// The reference: fp32 only, one thread, straightforward loops. InvalidArgument for bad
+// parameters: a dtype other than float32, num_heads not a multiple of num_kv_heads, a context
+// shorter than its query length or longer than max_context_len or max_blocks_per_seq blocks,
+// query_start not starting at 0 / decreasing / not ending at num_tokens, a negative block.
 absl::Status PagedAttentionCpu(const PagedAttentionParams& p);
+
+// The checks of the scalar fields and pointers that need no access to the (possibly device-side)
+// metadata arrays; shared by the CPU and CUDA paths.
+absl::Status ValidatePagedAttentionShape(const PagedAttentionParams& p);
 
 }  // namespace mqa
