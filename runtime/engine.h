@@ -1,0 +1,200 @@
+// Engine: the step loop. Owns the scheduler, block manager, sampler state and model runner; all
+// of it lives on one thread (the one calling Run() or Step()).
+//
+// Thread safety: AddRequest, Abort, Stop and metrics() may be called from any thread. Step() and
+// Run() must be called from one thread only (the engine thread). Output callbacks run on the
+// engine thread and must return quickly (push to a queue, e.g. RequestOutputQueue).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/block_manager.h"
+#include "runtime/model_runner.h"
+#include "runtime/sampler.h"
+#include "runtime/sampling_params.h"
+#include "runtime/scheduler.h"
+#include "runtime/sequence.h"
+#include "runtime/stop_strings.h"
+
+namespace mqa {
+
+struct EngineOptions {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  // Longest prompt + max_tokens accepted.
+  int max_model_len = 2048;
+  // Requests accepted but not yet running; AddRequest returns ResourceExhausted beyond it. 0: no
+  // limit.
+  int max_queued_requests = 0;
+  int32_t eos_token_id = -1;  // -1: none
+  bool enable_prefix_caching = true;
+  bool enable_chunked_prefill = true;
+  // Fraction of the KV blocks kept free when admitting new requests.
+  double watermark = 0.01;
+  // Seeds the generator that draws a seed for requests without one.
+  uint64_t seed = 0;
+};
+
+// New output of one sample since the previous RequestOutput.
+struct SampleOutput {
+  int index = 0;                      // sample index, 0..n-1
+  std::vector<int32_t> token_ids;     // new tokens
+  std::vector<SampleResult> logprobs; // parallel to token_ids when SamplingParams::logprobs is set
+  std::string text;                   // new text (with a detokenizer)
+  std::optional<FinishReason> finish_reason;  // set once, on the sample's last output
+  // The stop string or stop token id (as text) that ended the sample.
+  std::string stop_reason;
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<SampleOutput> samples;  // the samples with news
+  bool finished = false;              // last output of the request
+  int num_prompt_tokens = 0;
+  int num_generated_tokens = 0;       // all samples, so far
+  int num_cached_prompt_tokens = 0;   // prompt tokens found in the prefix cache at admission
+  // Why an aborted request ended when it was not the client (refused, engine failure).
+  absl::Status error;
+};
+
+struct EngineRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;
+  // Receives the request's outputs on the engine thread, the last with finished = true.
+  std::function<void(RequestOutput)> on_output;
+  // Optional: a fresh detokenizer per sample, for text and stop strings (required with stop).
+  std::function<std::unique_ptr<IncrementalDetokenizer>()> make_detokenizer;
+};
+
+struct EngineMetrics {
+  int num_running = 0;  // requests
+  int num_waiting = 0;  // requests, including ones not yet picked up by the engine thread
+  int num_running_seqs = 0;
+  double kv_cache_usage = 0.0;  // 0..1
+  int64_t prompt_tokens = 0;      // prompt tokens of admitted requests
+  int64_t generation_tokens = 0;  // sampled tokens
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_hit_blocks = 0;
+  int64_t prefix_cache_queried_blocks = 0;
+  int64_t finished_stop = 0;
+  int64_t finished_length = 0;
+  int64_t finished_abort = 0;
+  int64_t num_steps = 0;
+};
+
+// A thread-safe queue of one request's outputs, for callers that want to block on them.
+class RequestOutputQueue {
+ public:
+  void Push(RequestOutput output);
+  // Waits up to `timeout`; nullopt on timeout.
+  std::optional<RequestOutput> Pop(absl::Duration timeout = absl::InfiniteDuration());
+  // A callback for EngineRequest::on_output that pushes here (the queue must outlive it).
+  std::function<void(RequestOutput)> Callback();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RequestOutput> outputs_;
+};
+
+class Engine {
+ public:
+  // InvalidArgument when the options do not fit the runner.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<ModelRunner> runner,
+                                                        EngineOptions options);
+  // Aborts (MQA_CHECK) on invalid options; prefer Create.
+  Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  static absl::Status ValidateOptions(const EngineOptions& options, const ModelRunner& runner);
+
+  // Any thread. Queues a request. InvalidArgument (bad parameters, empty prompt, prompt +
+  // max_tokens above max_model_len, a request that could never fit the KV cache), AlreadyExists
+  // (request id in flight), ResourceExhausted (max_queued_requests), Unavailable (stopped).
+  absl::Status AddRequest(EngineRequest request);
+  // Any thread. The request's blocks are released on the engine thread's next turn, and its last
+  // output has FinishReason::kAbort. Unknown or finished ids are ignored.
+  void Abort(const std::string& request_id);
+
+  // Engine thread. One iteration: take new requests and aborts, schedule, run the model, sample,
+  // stream outputs. A runner error fails every request in flight and is returned.
+  absl::Status Step();
+  // Engine thread. Steps until Stop(); sleeps on a condition variable while idle. Returns the
+  // first runner error; requests still in flight when it returns are aborted.
+  absl::Status Run();
+  // Any thread. Makes Run() return; later AddRequest calls are refused.
+  void Stop();
+
+  // Engine thread: true while requests are queued or running.
+  bool HasWork();
+
+  EngineMetrics metrics() const;
+
+  // Engine thread, for tests.
+  const Scheduler& scheduler() const { return scheduler_; }
+  const BlockManager& block_manager() const { return block_manager_; }
+
+ private:
+  struct SampleState {
+    std::unique_ptr<IncrementalDetokenizer> detokenizer;
+    std::optional<StopStringMatcher> stop_matcher;
+  };
+  struct RequestState {
+    EngineRequest request;
+    std::vector<SampleState> samples;  // by sample index
+    int num_cached_prompt_tokens = 0;
+    bool admitted = false;
+  };
+
+  void TakeInbox();
+  void ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,
+                     const SampleResult& result, RequestOutput& output);
+  SampleOutput& OutputFor(RequestOutput& output, int sample_index);
+  void FinishSeq(SequenceGroup& group, RequestState& state, Sequence& seq, FinishReason reason,
+                 RequestOutput& output);
+  // Finishes all of a removed group's sequences with kAbort and sends the last output.
+  void AbortGroup(SequenceGroup& group, absl::Status error);
+  void Deliver(RequestState& state, RequestOutput output);
+  void FailAll(const absl::Status& error);
+  void PublishMetrics();
+
+  EngineOptions options_;
+  std::unique_ptr<ModelRunner> runner_;
+  BlockManager block_manager_;
+  Scheduler scheduler_;
+
+  // Engine-thread state.
+  absl::flat_hash_map<std::string, RequestState> requests_;
+  int64_t next_seq_id_ = 0;
+  int64_t next_arrival_ = 0;
+  SampleRng seed_rng_;
+  EngineMetrics counters_;
+
+  // Shared with other threads, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineRequest> inbox_;
+  std::vector<std::string> abort_inbox_;
+  absl::flat_hash_set<std::string> live_ids_;  // accepted and not yet finished
+  bool stopped_ = false;
+  EngineMetrics published_;
+};
+
+}  // namespace mqa

@@ -1,0 +1,60 @@
+// Per-request sampling parameters (the OpenAI / vLLM set). Plain value type: parsed at the edge
+// (http/), validated once with Validate(), then read-only for the life of the request.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace mqa {
+
+struct SamplingParams {
+  // Independent samples generated from one prompt; they share the prompt's KV blocks.
+  int n = 1;
+  // 0 selects greedy decoding (argmax; consumes no randomness).
+  float temperature = 1.0f;
+  // Keep the k most likely tokens; -1 (or 0) keeps all.
+  int top_k = -1;
+  // Keep the smallest set of most likely tokens whose probability mass reaches top_p.
+  float top_p = 1.0f;
+  // Drop tokens whose probability is below min_p * (probability of the most likely token).
+  float min_p = 0.0f;
+  // > 1 discourages tokens already in the prompt or output (divides positive logits,
+  // multiplies negative ones).
+  float repetition_penalty = 1.0f;
+  // Subtracted once from the logit of every token that appears in the output so far.
+  float presence_penalty = 0.0f;
+  // Subtracted from a token's logit once per occurrence in the output so far.
+  float frequency_penalty = 0.0f;
+  // Same seed, same prompt, same model: same output, whatever else shares the batch. Without a
+  // seed the engine draws one from its own generator.
+  std::optional<uint64_t> seed;
+  // Generation stops after a sampled token in this list (the token is part of the output ids).
+  std::vector<int32_t> stop_token_ids;
+  // Generation stops when the output text contains one of these (needs a detokenizer); the text
+  // returned ends before the stop string unless include_stop_str_in_output.
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  int max_tokens = 16;
+  // EOS and stop_token_ids are masked out (and stop strings ignored) until this many tokens.
+  int min_tokens = 0;
+  // Keep generating after EOS (EOS is not masked either).
+  bool ignore_eos = false;
+  // Return the log-probability of each chosen token and of the `logprobs` most likely tokens
+  // (0: the chosen token only). Log-probabilities are of the model's distribution, before
+  // penalties, temperature and filtering. Unset: none.
+  std::optional<int> logprobs;
+
+  bool greedy() const { return temperature == 0.0f; }
+
+  // InvalidArgument naming the field and the value for anything out of range.
+  absl::Status Validate() const;
+};
+
+// Most logprobs one request may ask for (the OpenAI API's cap).
+inline constexpr int kMaxLogprobs = 20;
+
+}  // namespace mqa

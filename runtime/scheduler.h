@@ -1,0 +1,108 @@
+// Scheduler: iteration-level continuous batching over a waiting and a running queue.
+//
+// Each step (Schedule) it picks, within a token budget (max_num_batched_tokens) and a sequence
+// budget (max_num_seqs): first running sequences that decode one token, then running prompts
+// (chunked: a long prompt takes what budget is left, so decodes never wait behind it), then new
+// requests from the waiting queue in arrival order (FCFS: the head blocks those behind it). When
+// a running sequence needs a block and none is free, the newest running request not yet in the
+// step is preempted by recompute: its blocks are released and it returns to the front of the
+// waiting queue, to recompute its prompt and output so far when readmitted.
+//
+// Thread ownership: the engine thread only. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/block_manager.h"
+#include "runtime/model_runner.h"
+#include "runtime/sequence.h"
+
+namespace mqa {
+
+struct SchedulerOptions {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  // Without chunked prefill a prompt runs in one step or waits (needs max_num_batched_tokens at
+  // least as long as the longest prompt).
+  bool enable_chunked_prefill = true;
+};
+
+// One sequence's share of a step.
+struct ScheduledSeq {
+  SequenceGroup* group = nullptr;
+  Sequence* seq = nullptr;
+  int num_tokens = 0;    // tokens computed this step, from seq->num_computed_tokens()
+  int logits_index = -1; // row of the step's logits to sample from; -1: mid-prompt chunk
+};
+
+struct SchedulerOutput {
+  StepInput input;                      // what the ModelRunner executes
+  std::vector<ScheduledSeq> scheduled;  // parallel to input.seq_ids
+  // Waiting requests that can never fit the KV cache, removed from the queues; the engine
+  // finishes them with FinishReason::kAbort.
+  std::vector<std::unique_ptr<SequenceGroup>> refused;
+  int num_preempted = 0;  // requests preempted in this step
+
+  bool empty() const { return scheduled.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerOptions options, BlockManager* block_manager);
+
+  // Queues a new request (its one sequence must be waiting, without blocks).
+  void AddGroup(std::unique_ptr<SequenceGroup> group);
+  // Removes a request from whichever queue holds it and releases its blocks at once; returns it
+  // (nullptr when unknown). Its unfinished sequences are left for the caller to finish.
+  std::unique_ptr<SequenceGroup> Remove(const std::string& request_id);
+
+  // Decides the next step. Empty when nothing can run.
+  SchedulerOutput Schedule();
+  // After the runner executed `output`: advances computed tokens and fills the prefix cache.
+  void OnStepExecuted(const SchedulerOutput& output);
+
+  // Creates sample `sample_index` of a running group from `parent`, sharing its blocks.
+  Sequence* Fork(SequenceGroup& group, const Sequence& parent, int64_t new_seq_id,
+                 int sample_index);
+  // Finishes a sequence and releases its blocks at once.
+  void FinishSeq(Sequence& seq, FinishReason reason);
+  // Removes and returns the running requests whose sequences have all finished.
+  std::vector<std::unique_ptr<SequenceGroup>> TakeFinishedGroups();
+
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int NumRunningSeqs() const;
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const std::deque<std::unique_ptr<SequenceGroup>>& waiting() const { return waiting_; }
+  const std::deque<std::unique_ptr<SequenceGroup>>& running() const { return running_; }
+
+  // Checks the block manager's invariants and that exactly the running, unfinished sequences
+  // hold block tables. For tests.
+  void CheckInvariants() const;
+
+ private:
+  // Plans `group`'s sequences into `out` within the budget, preempting newer groups for blocks
+  // when `may_preempt`. Returns false when `group` itself was preempted.
+  bool ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerOutput& out);
+  void Preempt(SequenceGroup& group);
+  void AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens, SchedulerOutput& out);
+  void FinalizeStepInput(SchedulerOutput& out) const;
+
+  SchedulerOptions options_;
+  BlockManager* block_manager_;  // not owned
+  std::deque<std::unique_ptr<SequenceGroup>> waiting_;
+  std::deque<std::unique_ptr<SequenceGroup>> running_;
+  std::vector<int64_t> released_seq_ids_;  // since the last Schedule()
+  // Per-Schedule() state.
+  int token_budget_ = 0;
+  std::vector<const SequenceGroup*> in_step_;
+  std::vector<const SequenceGroup*> preempted_in_step_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace mqa

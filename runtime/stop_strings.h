@@ -1,0 +1,45 @@
+// Text for the engine's outputs and stop-string matching.
+//
+// The engine does not know the tokenizer. A caller that wants text (and stop strings) plugs in
+// one IncrementalDetokenizer per sample; StopStringMatcher then finds stop strings in the text
+// stream, holding back any tail that may still grow into one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mqa {
+
+// Turns a sample's tokens, one at a time, into text. Owned and called by the engine thread.
+// Implementations must emit only complete UTF-8 (holding back partial characters).
+class IncrementalDetokenizer {
+ public:
+  virtual ~IncrementalDetokenizer() = default;
+  // The text this token adds (possibly empty while a character is incomplete).
+  virtual std::string Next(int32_t token_id) = 0;
+};
+
+// Not thread-safe; one per sample.
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops, bool include_stop = false);
+
+  struct Result {
+    std::string text;  // safe to emit now
+    bool stopped = false;
+    std::string stop;  // the stop string found
+  };
+  // Feeds new text. Once stopped, further calls return nothing.
+  Result Push(const std::string& delta);
+  // The held-back tail, when generation ends for another reason.
+  std::string Flush();
+
+ private:
+  std::vector<std::string> stops_;
+  bool include_stop_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace mqa
