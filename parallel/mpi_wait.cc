@@ -1,0 +1,39 @@
+#include "parallel/mpi_wait.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+namespace mqa {
+
+absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::string_view what,
+                            const BackoffPolicy& policy) {
+  const absl::Time start = absl::Now();
+  absl::Duration sleep = policy.min_sleep;
+  while (true) {
+    int done = 0;
+    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char text[MPI_MAX_ERROR_STRING] = {};
+      int len = 0;
+      MPI_Error_string(rc, text, &len);
+      return absl::InternalError(absl::StrCat(what, ": MPI error ", rc, ": ",
+                                              absl::string_view(text, len)));
+    }
+    if (done) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": no answer from the other ranks after ",
+                       absl::FormatDuration(now - start)));
+    }
+    const absl::Duration waited = now - start;
+    if (waited < policy.spin) continue;
+    if (waited > policy.spin + policy.hold) sleep = std::min(sleep * 1.5, policy.max_sleep);
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(std::min(sleep, deadline - now)));
+  }
+}
+
+}  // namespace mqa

@@ -1,0 +1,34 @@
+// Waiting for a nonblocking MPI request without blocking forever and without spinning a core.
+//
+// Open MPI's blocking calls (MPI_Wait, MPI_Bcast, ...) busy-poll, which pins a core at 100% on an
+// idle worker, and they never return if a peer died. Instead every mqaserve MPI operation is
+// nonblocking and completed here: MPI_Test in a tight loop for a short while (the answer usually
+// comes soon), then MPI_Test between sleeps that grow while nothing happens, until a deadline.
+// Stateless; callable from whichever single thread owns the request.
+#pragma once
+
+#include <mpi.h>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace mqa {
+
+struct BackoffPolicy {
+  // Poll without sleeping this long first.
+  absl::Duration spin = absl::Microseconds(100);
+  // Then sleep min_sleep between polls for hold, then grow the sleep by 1.5x up to max_sleep.
+  absl::Duration min_sleep = absl::Microseconds(50);
+  absl::Duration hold = absl::Milliseconds(20);
+  absl::Duration max_sleep = absl::Milliseconds(5);
+};
+
+// Waits until `*request` completes (then it is MPI_REQUEST_NULL) or `deadline` passes: then
+// DeadlineExceeded naming `what`, with the request still pending (the caller may wait again or
+// give up on the job; MPI cannot cancel a collective). An MPI error is an Internal status.
+absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::string_view what,
+                            const BackoffPolicy& policy = {});
+
+}  // namespace mqa
