@@ -1,0 +1,179 @@
+#include "launcher/options.h"
+
+#include <functional>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace mqa {
+namespace {
+
+using Setter = std::function<absl::Status(Options&, const std::string&)>;
+
+struct Flag {
+  std::string help;
+  Setter set;
+  bool takes_value = true;
+};
+
+template <typename T>
+Setter Number(T Options::*field) {
+  return [field](Options& o, const std::string& v) -> absl::Status {
+    if constexpr (std::is_same_v<T, double>) {
+      if (!absl::SimpleAtod(v, &(o.*field))) return absl::InvalidArgumentError("not a number");
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (!absl::SimpleAtof(v, &(o.*field))) return absl::InvalidArgumentError("not a number");
+    } else {
+      if (!absl::SimpleAtoi(v, &(o.*field))) return absl::InvalidArgumentError("not an integer");
+    }
+    return absl::OkStatus();
+  };
+}
+
+Setter Text(std::string Options::*field) {
+  return [field](Options& o, const std::string& v) {
+    o.*field = v;
+    return absl::OkStatus();
+  };
+}
+
+Setter OneOf(std::string Options::*field, std::vector<std::string> allowed) {
+  return [field, allowed](Options& o, const std::string& v) -> absl::Status {
+    for (const auto& a : allowed) {
+      if (v == a) {
+        o.*field = v;
+        return absl::OkStatus();
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")));
+  };
+}
+
+Flag Switch(bool Options::*field, bool value, std::string help) {
+  return Flag{std::move(help),
+              [field, value](Options& o, const std::string&) {
+                o.*field = value;
+                return absl::OkStatus();
+              },
+              false};
+}
+
+const std::map<std::string, Flag>& Flags() {
+  static const auto* flags = new std::map<std::string, Flag>{
+      {"model", {"model folder (config.json, safetensors, tokenizer.json)", Text(&Options::model)}},
+      {"tokenizer", {"tokenizer folder or tokenizer.json (default: the model's)",
+                     Text(&Options::tokenizer)}},
+      {"device", {"cpu | cuda", OneOf(&Options::device, {"cpu", "cuda"})}},
+      {"dtype", {"auto | float16 | bfloat16 | float32",
+                 OneOf(&Options::dtype, {"auto", "float16", "bfloat16", "float32"})}},
+      {"load-format", {"auto | safetensors | dummy (random weights of the config's shapes)",
+                       OneOf(&Options::load_format, {"auto", "safetensors", "dummy"})}},
+      {"tensor-parallel-size", {"must equal the number of MPI ranks (default: that number)",
+                                Number(&Options::tensor_parallel_size)}},
+      {"seed", {"engine seed (requests without a seed draw from it)", Number(&Options::seed)}},
+      {"block-size", {"KV cache block size in tokens: 8, 16 or 32", Number(&Options::block_size)}},
+      {"num-kv-blocks", {"KV cache blocks (default: from --kv-cache-memory or GPU memory)",
+                         Number(&Options::num_kv_blocks)}},
+      {"kv-cache-memory", {"CPU backend: GiB for the KV cache",
+                           Number(&Options::kv_cache_memory_gib)}},
+      {"gpu-memory-utilization", {"fraction of GPU memory for weights, activations and KV cache",
+                                  Number(&Options::gpu_memory_utilization)}},
+      {"max-num-seqs", {"most sequences in one step", Number(&Options::max_num_seqs)}},
+      {"max-num-batched-tokens", {"most tokens in one step",
+                                  Number(&Options::max_num_batched_tokens)}},
+      {"max-model-len", {"longest prompt + output (default: the model's n_positions)",
+                         Number(&Options::max_model_len)}},
+      {"max-queued-requests", {"waiting requests beyond which new ones get 429",
+                               Number(&Options::max_queued_requests)}},
+      {"enable-prefix-caching", Switch(&Options::enable_prefix_caching, true, "reuse prompt blocks")},
+      {"no-enable-prefix-caching", Switch(&Options::enable_prefix_caching, false, "")},
+      {"enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
+      {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},
+      {"host", {"address to listen on", Text(&Options::host)}},
+      {"port", {"port to listen on", Number(&Options::port)}},
+      {"api-key", {"require `Authorization: Bearer KEY` on /v1/*", Text(&Options::api_key)}},
+      {"served-model-name", {"model id in the API (default: the model folder's name)",
+                             Text(&Options::served_model_name)}},
+      {"shutdown-timeout", {"seconds to finish in-flight requests after SIGTERM",
+                            Number(&Options::shutdown_timeout)}},
+      {"prompt", {"generate: the prompt text", Text(&Options::prompt)}},
+      {"max-tokens", {"generate: tokens to generate", Number(&Options::max_tokens)}},
+      {"temperature", {"generate: 0 is greedy", Number(&Options::temperature)}},
+      {"top-p", {"generate: nucleus sampling mass", Number(&Options::top_p)}},
+      {"top-k", {"generate: keep the k most likely tokens (-1: all)", Number(&Options::top_k)}},
+      {"sample-seed", {"generate: sampling seed",
+                       [](Options& o, const std::string& v) -> absl::Status {
+                         uint64_t s = 0;
+                         if (!absl::SimpleAtoi(v, &s)) return absl::InvalidArgumentError("not an integer");
+                         o.sample_seed = s;
+                         return absl::OkStatus();
+                       }}},
+  };
+  return *flags;
+}
+
+}  // namespace
+
+absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
+  Options o;
+  size_t i = 1;
+  if (i < args.size() && args[i] == "generate") {
+    o.command = Command::kGenerate;
+    ++i;
+  } else if (i < args.size() && args[i] == "serve") {
+    ++i;
+  }
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' (see --help)"));
+    }
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto it = Flags().find(name);
+    if (it == Flags().end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (it->second.takes_value && !has_value) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    if (absl::Status s = it->second.set(o, value); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " '", value, "': ", s.message()));
+    }
+  }
+  if (o.model.empty()) return absl::InvalidArgumentError("--model is required");
+  if (o.block_size != 8 && o.block_size != 16 && o.block_size != 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size ", o.block_size, ": supported sizes are 8, 16 and 32"));
+  }
+  if (o.command == Command::kGenerate && o.prompt.empty()) {
+    return absl::InvalidArgumentError("generate needs --prompt");
+  }
+  if (o.port < 0 || o.port > 65535) return absl::InvalidArgumentError("--port out of range");
+  return o;
+}
+
+std::string UsageText() {
+  std::string s =
+      "usage: mpirun -np T mqaserve [serve] --model DIR [flags]\n"
+      "       mqaserve generate --model DIR --prompt TEXT [flags]\n\nflags:\n";
+  for (const auto& [name, flag] : Flags()) {
+    if (flag.help.empty()) continue;
+    absl::StrAppend(&s, "  --", name, flag.takes_value ? " VALUE" : "", "\n      ", flag.help,
+                    "\n");
+  }
+  return s;
+}
+
+}  // namespace mqa

@@ -1,0 +1,60 @@
+// Command-line options of the mqaserve binary. Flag names follow vLLM's (`--max-num-seqs`,
+// `--tensor-parallel-size`, ...); both `--flag value` and `--flag=value` work. Parsed once in
+// main, on every rank (all ranks get the same argv from mpirun/srun).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mqa {
+
+enum class Command { kServe, kGenerate };
+
+struct Options {
+  Command command = Command::kServe;
+  // Model.
+  std::string model;                     // folder with config.json (+ safetensors, tokenizer.json)
+  std::string tokenizer;                 // default: the model folder
+  std::string device = "cpu";            // cpu | cuda
+  std::string dtype = "auto";            // auto | float16 | bfloat16 | float32
+  std::string load_format = "auto";      // auto | safetensors | dummy
+  int tensor_parallel_size = 0;          // 0: the MPI world size
+  uint64_t seed = 0;
+  // KV cache and scheduling.
+  int block_size = 16;
+  int num_kv_blocks = 0;                 // 0: sized from --kv-cache-memory / GPU memory
+  double kv_cache_memory_gib = 1.0;      // CPU backend: memory for the KV cache
+  double gpu_memory_utilization = 0.9;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;                 // 0: the model's n_positions
+  int max_queued_requests = 1024;
+  bool enable_prefix_caching = true;
+  bool enable_chunked_prefill = true;
+  // HTTP (rank 0).
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  std::string served_model_name;         // default: the model folder's name
+  double shutdown_timeout = 10.0;        // seconds to finish in-flight requests on SIGTERM
+  // `generate` subcommand.
+  std::string prompt;
+  int max_tokens = 64;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = -1;
+  std::optional<uint64_t> sample_seed;
+};
+
+// Parses argv (argv[0] is the program). `mqaserve [serve] --model DIR ...` or
+// `mqaserve generate --model DIR --prompt TEXT ...`. InvalidArgument names the flag.
+absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
+
+// The --help text.
+std::string UsageText();
+
+}  // namespace mqa

@@ -1,0 +1,46 @@
+#include "launcher/options.h"
+
+#include <gtest/gtest.h>
+
+namespace mqa {
+namespace {
+
+TEST(Options, ParsesVllmStyleFlags) {
+  auto o = ParseOptions({"mqaserve", "--model", "m", "--max-num-seqs=7", "--port", "9001",
+                         "--no-enable-prefix-caching", "--device", "cuda", "--block-size", "32"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model, "m");
+  EXPECT_EQ(o->max_num_seqs, 7);
+  EXPECT_EQ(o->port, 9001);
+  EXPECT_FALSE(o->enable_prefix_caching);
+  EXPECT_EQ(o->device, "cuda");
+  EXPECT_EQ(o->block_size, 32);
+  EXPECT_EQ(o->command, Command::kServe);
+}
+
+TEST(Options, GenerateSubcommand) {
+  auto o = ParseOptions({"mqaserve", "generate", "--model", "m", "--prompt", "def f(",
+                         "--temperature", "0.5", "--sample-seed", "3"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->command, Command::kGenerate);
+  EXPECT_EQ(o->prompt, "def f(");
+  EXPECT_FLOAT_EQ(o->temperature, 0.5f);
+  EXPECT_EQ(o->sample_seed, 3u);
+}
+
+TEST(Options, ErrorsNameTheFlag) {
+  EXPECT_NE(ParseOptions({"x", "--model", "m", "--bogus", "1"}).status().message().find("--bogus"),
+            std::string::npos);
+  EXPECT_NE(ParseOptions({"x", "--model", "m", "--port", "abc"}).status().message().find("--port"),
+            std::string::npos);
+  EXPECT_NE(ParseOptions({"x", "--model", "m", "--device", "tpu"}).status().message().find("cpu"),
+            std::string::npos);
+  EXPECT_NE(ParseOptions({"x", "--model", "m", "--block-size", "12"}).status().message().find("8, 16"),
+            std::string::npos);
+  EXPECT_FALSE(ParseOptions({"x"}).ok());  // --model required
+  EXPECT_FALSE(ParseOptions({"x", "--model"}).ok());
+  EXPECT_FALSE(ParseOptions({"x", "generate", "--model", "m"}).ok());  // no prompt
+}
+
+}  // namespace
+}  // namespace mqa
