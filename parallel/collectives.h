@@ -53,13 +53,13 @@ std::unique_ptr<Collectives> MakeLocalCollectives();
 
 // Every rank of `world` (its own duplicate communicator). CPU tensors, or GPU tensors staged
 // through the host (several ranks may share one GPU). `world` must outlive the result.
-absl::StatusOr<std::unique_ptr<Collectives>> MakeMpiCollectives(const World& world,
-                                                                const CollectivesOptions& options = {});
+absl::StatusOr<std::unique_ptr<Collectives>> MakeMpiCollectives(
+    const World& world, const CollectivesOptions& options = {});
 
 // NCCL over every rank of `world`, on CUDA device `device` (usually world.local_rank()); the
 // unique id is broadcast from rank 0 with MPI. GPU tensors only; one GPU per rank. Collective:
 // every rank calls it. FailedPrecondition in a build without CUDA.
-absl::StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(const World& world, int device,
-                                                                 const CollectivesOptions& options = {});
+absl::StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(
+    const World& world, int device, const CollectivesOptions& options = {});
 
 }  // namespace mqa

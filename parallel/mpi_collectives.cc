@@ -24,9 +24,11 @@ bool IsFloat(DType t) {
   switch (t) {
     case DType::kF32:
     case DType::kF16:
-    case DType::kBF16: return true;
+    case DType::kBF16:
+      return true;
     case DType::kI32:
-    case DType::kI64: return false;
+    case DType::kI64:
+      return false;
   }
   return false;
 }
@@ -85,10 +87,7 @@ class HostScratch {
 class MpiCollectives final : public Collectives {
  public:
   MpiCollectives(Communicator comm, const CollectivesOptions& options)
-      : comm_(std::move(comm)),
-        rank_(comm_.rank()),
-        size_(comm_.size()),
-        options_(options) {}
+      : comm_(std::move(comm)), rank_(comm_.rank()), size_(comm_.size()), options_(options) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
@@ -231,9 +230,9 @@ class MpiCollectives final : public Collectives {
   absl::Status CheckGatherShapes(absl::string_view op, const Tensor& input, const Tensor& output) {
     if (!output.defined() || output.dtype() != input.dtype() ||
         output.nbytes() != input.nbytes() * size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": output ", output.defined() ? output.DebugString() : "undefined",
-          " must hold ", size_, " x input ", input.DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": output ", output.defined() ? output.DebugString() : "undefined",
+                       " must hold ", size_, " x input ", input.DebugString()));
     }
     return absl::OkStatus();
   }

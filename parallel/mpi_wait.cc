@@ -19,15 +19,14 @@ absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::str
       char text[MPI_MAX_ERROR_STRING] = {};
       int len = 0;
       MPI_Error_string(rc, text, &len);
-      return absl::InternalError(absl::StrCat(what, ": MPI error ", rc, ": ",
-                                              absl::string_view(text, len)));
+      return absl::InternalError(
+          absl::StrCat(what, ": MPI error ", rc, ": ", absl::string_view(text, len)));
     }
     if (done) return absl::OkStatus();
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, ": no answer from the other ranks after ",
-                       absl::FormatDuration(now - start)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": no answer from the other ranks after ", absl::FormatDuration(now - start)));
     }
     const absl::Duration waited = now - start;
     if (waited < policy.spin) continue;

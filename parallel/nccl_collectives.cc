@@ -20,11 +20,16 @@ namespace {
 
 absl::StatusOr<ncclDataType_t> NcclType(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF16: return ncclFloat16;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
   }
   return absl::InvalidArgumentError("unknown dtype");
 }
@@ -71,7 +76,8 @@ class NcclComm {
       }
       if (absl::Now() >= deadline) {
         failed_ = true;
-        return absl::DeadlineExceededError(absl::StrCat(what, ": NCCL still in progress at the deadline"));
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": NCCL still in progress at the deadline"));
       }
       poller.Pause();
     }
@@ -115,8 +121,8 @@ class NcclCollectives final : public Collectives {
     RETURN_IF_ERROR(WaitForRequest(&request, deadline, "broadcast of the NCCL unique id"));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    RETURN_IF_ERROR(Check(ncclCommInitRankConfig(comm_.out(), size_, id, rank_, &config),
-                          deadline, "ncclCommInitRankConfig"));
+    RETURN_IF_ERROR(Check(ncclCommInitRankConfig(comm_.out(), size_, id, rank_, &config), deadline,
+                          "ncclCommInitRankConfig"));
     return absl::OkStatus();
   }
 
@@ -142,9 +148,9 @@ class NcclCollectives final : public Collectives {
     RETURN_IF_ERROR(CheckGpu("AllGather", output));
     RETURN_IF_ERROR(CheckGatherShapes("AllGather", input, output));
     const absl::Time deadline = absl::Now() + options_.timeout;
-    return Check(ncclAllGather(input.raw(), output.raw(), input.nbytes(), ncclUint8, comm_.get(),
-                               stream()),
-                 deadline, "ncclAllGather");
+    return Check(
+        ncclAllGather(input.raw(), output.raw(), input.nbytes(), ncclUint8, comm_.get(), stream()),
+        deadline, "ncclAllGather");
   }
 
   absl::Status Gather(const Tensor& input, Tensor& output, int root) override {
@@ -173,8 +179,7 @@ class NcclCollectives final : public Collectives {
     RETURN_IF_ERROR(Check(ncclGroupEnd(), deadline, "NCCL gather"));
     if (rank_ == root) {
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(output.raw()) + root * bytes,
-                                           input.raw(), bytes, cudaMemcpyDeviceToDevice,
-                                           stream()));
+                                           input.raw(), bytes, cudaMemcpyDeviceToDevice, stream()));
     }
     return absl::OkStatus();
   }
@@ -204,9 +209,9 @@ class NcclCollectives final : public Collectives {
       RETURN_IF_ERROR(Healthy("Synchronize"));
       if (absl::Now() >= deadline) {
         comm_.MarkFailed();
-        return absl::DeadlineExceededError(absl::StrCat(
-            "NCCL collectives not finished after ", absl::FormatDuration(options_.timeout),
-            ": a peer rank is gone or stuck"));
+        return absl::DeadlineExceededError(absl::StrCat("NCCL collectives not finished after ",
+                                                        absl::FormatDuration(options_.timeout),
+                                                        ": a peer rank is gone or stuck"));
       }
       poller.Pause();
     }
@@ -219,14 +224,15 @@ class NcclCollectives final : public Collectives {
   // later call: the ranks are out of step.
   absl::Status Healthy(absl::string_view what) {
     if (comm_.failed()) {
-      return absl::FailedPreconditionError(absl::StrCat(what, ": the NCCL communicator failed earlier"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": the NCCL communicator failed earlier"));
     }
     ncclResult_t state = ncclSuccess;
     NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_.get(), &state));
     if (state != ncclSuccess && state != ncclInProgress) {
       comm_.MarkFailed();
-      return absl::InternalError(absl::StrCat(what, ": NCCL asynchronous error: ",
-                                              ncclGetErrorString(state)));
+      return absl::InternalError(
+          absl::StrCat(what, ": NCCL asynchronous error: ", ncclGetErrorString(state)));
     }
     return absl::OkStatus();
   }
@@ -264,8 +270,8 @@ class NcclCollectives final : public Collectives {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(const World& world, int device,
-                                                                 const CollectivesOptions& options) {
+absl::StatusOr<std::unique_ptr<Collectives>> MakeNcclCollectives(
+    const World& world, int device, const CollectivesOptions& options) {
   auto nccl = std::make_unique<NcclCollectives>(world.rank(), world.size(), options);
   RETURN_IF_ERROR(nccl->Init(world, device));
   return nccl;

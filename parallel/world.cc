@@ -68,8 +68,8 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(int* argc, char*** argv) {
   MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &world->size_));
 
   MPI_Comm local = MPI_COMM_NULL;
-  MPI_RETURN_IF_ERROR(
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank_, MPI_INFO_NULL, &local));
+  MPI_RETURN_IF_ERROR(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank_,
+                                          MPI_INFO_NULL, &local));
   Communicator local_comm(local);
   MPI_RETURN_IF_ERROR(MPI_Comm_rank(local, &world->local_rank_));
   MPI_RETURN_IF_ERROR(MPI_Comm_size(local, &world->local_size_));

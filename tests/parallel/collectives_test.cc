@@ -5,8 +5,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "parallel/world.h"
@@ -90,8 +90,8 @@ TEST_P(MpiCollectivesTest, AllGatherAndGatherPlaceRowsInRankOrder) {
     ASSERT_TRUE(coll_->Gather(in, gathered, root).ok());
     for (int r = 0; r < size; ++r) {
       Tensor expect = FillRank(c.dtype, rows * cols, 100 + rows, r, c);
-      ASSERT_EQ(std::memcmp(all.Rows(r * rows, (r + 1) * rows).raw(), expect.raw(), expect.nbytes()),
-                0)
+      ASSERT_EQ(
+          std::memcmp(all.Rows(r * rows, (r + 1) * rows).raw(), expect.raw(), expect.nbytes()), 0)
           << "all-gather rank " << r;
       if (rank == root) {
         ASSERT_EQ(std::memcmp(gathered.Rows(r * rows, (r + 1) * rows).raw(), expect.raw(),
