@@ -1,9 +1,40 @@
 // mqaserve: the server binary. Started by mpirun or srun; every rank runs this main.
+//
+// Rank 0 owns the engine (scheduler, block manager, sampler) and the HTTP endpoint; with T > 1 the
+// other ranks run the worker loop. `mqaserve generate` is the offline path: one prompt, printed.
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/options.h"
+#include "launcher/setup.h"
+#include "parallel/world.h"
 
 int main(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
-  std::fprintf(stderr, "mqaserve: the serving path is not built yet\n");
-  return 2;
+  std::vector<std::string> args(argv, argv + argc);
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(mqa::UsageText().c_str(), stdout);
+      return 0;
+    }
+  }
+  auto options = mqa::ParseOptions(args);
+  if (!options.ok()) {
+    std::fprintf(stderr, "mqaserve: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  auto world = mqa::World::Init(&argc, &argv);
+  if (!world.ok()) {
+    std::fprintf(stderr, "mqaserve: MPI start-up failed: %s\n",
+                 std::string(world.status().message()).c_str());
+    return 1;
+  }
+  const absl::Status status = mqa::RunRank(*options, **world);
+  if (!status.ok()) {
+    // One clear line from the failing rank; the whole job ends (mpirun kills the other ranks).
+    (*world)->Abort(status, 1);
+  }
+  return 0;
 }
