@@ -35,7 +35,7 @@ strip --strip-unneeded gpu-bundle/tests/* gpu-bundle/bin/* 2>/dev/null || true
 # OpenBLAS. Its own libc, libstdc++, CUDA, cuBLAS, MPI, and NCCL (from its Python wheel) are used.
 for f in gpu-bundle/tests/* gpu-bundle/bin/*; do
   ldd "$f" | awk '/=> \//{print $3}'
-done | sort -u | grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath' |
+done | sort -u | grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu' |
   while read -r lib; do cp -L "$lib" gpu-bundle/lib/; done
 
 cp scripts/gpu-run.sh gpu-bundle/run.sh

@@ -7,7 +7,7 @@ APT_PACKAGES=(
   build-essential ninja-build ccache pkg-config git python3-pip
   libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin libcpp-httplib-dev nlohmann-json3-dev
-  libutf8proc-dev libopenblas-dev clang libclang-rt-14-dev
+  libutf8proc-dev libicu-dev libopenblas-dev clang libclang-rt-14-dev
 )
 # Python tools for tests and benchmarks (end-to-end clients, metrics parser), and a CMake that
 # knows nvcc 13's C++20 flag (Debian 12's 3.25 does not).
