@@ -95,6 +95,41 @@ absl::StatusOr<std::unique_ptr<Tokenizer::Impl>> Build(const Json& j) {
   impl->pre_tokenizer.emplace(std::move(pre));
   ASSIGN_OR_RETURN(std::vector<AddedToken> added, ParseAddedTokens(j));
 
+  // HF ignores the ids written in added_tokens and assigns them again, in file order: the
+  // vocab's id when the content is in the vocab, else the next id after the model's vocab and
+  // the added tokens so far. Files saved by HF agree; a hand-edited file gets HF's ids too.
+  {
+    const auto model_size = static_cast<int64_t>(impl->bpe->vocab().size());
+    std::optional<int64_t> max_added;
+    absl::flat_hash_map<std::string, size_t> index_of;  // content -> position in `unique`
+    std::vector<AddedToken> unique;
+    for (AddedToken& a : added) {
+      std::optional<int32_t> id;
+      if (auto it = impl->added_ids.find(a.content); it != impl->added_ids.end()) {
+        id = it->second;
+      } else {
+        id = impl->bpe->TokenToId(a.content);
+      }
+      if (!id) {
+        int64_t next = model_size;
+        if (max_added && (*max_added >= model_size || model_size == 0)) next = *max_added + 1;
+        if (next > INT32_MAX) return absl::InvalidArgumentError("too many added tokens");
+        id = static_cast<int32_t>(next);
+      }
+      a.id = *id;
+      max_added = std::max<int64_t>(max_added.value_or(0), *id);
+      impl->added_ids[a.content] = *id;
+      // A repeated content keeps its place and takes the later options, as in HF.
+      auto [it, inserted] = index_of.try_emplace(a.content, unique.size());
+      if (inserted) {
+        unique.push_back(std::move(a));
+      } else {
+        unique[it->second] = std::move(a);
+      }
+    }
+    added = std::move(unique);
+  }
+
   // id -> token string: added tokens take precedence over the model's vocab (as in HF).
   int64_t size = 0;
   for (const auto& [token, id] : impl->bpe->vocab()) size = std::max<int64_t>(size, id + 1);
@@ -107,7 +142,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer::Impl>> Build(const Json& j) {
   for (const AddedToken& a : added) {
     id_to_token[a.id] = &a.content;
     impl->special[a.id] = a.special ? 1 : 0;
-    impl->added_ids[a.content] = a.id;
     (a.normalized ? normalized : raw).push_back(a);
   }
 
