@@ -19,8 +19,9 @@ namespace mqa {
 
 class StepSimulator {
  public:
-  StepSimulator(uint64_t seed, int block_size, int num_blocks)
-      : rng_(seed), block_size_(block_size) {
+  StepSimulator(uint64_t seed, int block_size, int num_blocks, int max_prompt = 300,
+                int max_chunk = 64)
+      : rng_(seed), block_size_(block_size), max_prompt_(max_prompt), max_chunk_(max_chunk) {
     for (int b = 0; b < num_blocks; ++b) free_.push_back(b);
     std::shuffle(free_.begin(), free_.end(), rng_);
   }
@@ -47,11 +48,12 @@ class StepSimulator {
       ++it;
     }
     const int new_seqs = Uniform(0, seqs_.size() < 12 ? 3 : 0);
-    for (int i = 0; i < new_seqs; ++i) seqs_[next_id_++] = Seq{.prompt_left = Uniform(1, 300)};
+    for (int i = 0; i < new_seqs; ++i)
+      seqs_[next_id_++] = Seq{.prompt_left = Uniform(1, max_prompt_)};
 
     in.query_start.push_back(0);
     for (auto& [id, seq] : seqs_) {
-      const int count = seq.prompt_left > 0 ? std::min(seq.prompt_left, Uniform(1, 64)) : 1;
+      const int count = seq.prompt_left > 0 ? std::min(seq.prompt_left, Uniform(1, max_chunk_)) : 1;
       if (!Reserve(seq, seq.context + count)) continue;  // out of blocks: wait
       in.seq_ids.push_back(id);
       for (int i = 0; i < count; ++i) {
@@ -114,6 +116,8 @@ class StepSimulator {
 
   std::mt19937_64 rng_;
   int block_size_;
+  int max_prompt_;
+  int max_chunk_;
   std::vector<int32_t> free_;
   std::map<int64_t, Seq> seqs_;
   int64_t next_id_ = 1000;
