@@ -167,8 +167,7 @@ class Engine {
   void ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,
                      const SampleResult& result, RequestOutput& output);
   SampleOutput& OutputFor(RequestOutput& output, int sample_index);
-  void FinishSeq(SequenceGroup& group, RequestState& state, Sequence& seq, FinishReason reason,
-                 RequestOutput& output);
+  void FinishSeq(Sequence& seq, FinishReason reason, RequestOutput& output);
   // Finishes all of a removed group's sequences with kAbort and sends the last output.
   void AbortGroup(SequenceGroup& group, absl::Status error);
   void Deliver(RequestState& state, RequestOutput output);

@@ -1,0 +1,472 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/status.h"
+
+namespace mqa {
+namespace {
+
+int WatermarkBlocks(const EngineOptions& options, int num_blocks) {
+  return static_cast<int>(options.watermark * num_blocks);
+}
+
+BlockManagerOptions MakeBlockManagerOptions(const EngineOptions& options,
+                                            const ModelRunner* runner) {
+  MQA_CHECK(runner != nullptr);
+  MQA_CHECK_OK(Engine::ValidateOptions(options, *runner));
+  BlockManagerOptions block_options;
+  block_options.num_blocks = runner->num_kv_blocks();
+  block_options.block_size = runner->block_size();
+  block_options.watermark_blocks = WatermarkBlocks(options, runner->num_kv_blocks());
+  block_options.enable_prefix_caching = options.enable_prefix_caching;
+  return block_options;
+}
+
+SchedulerOptions MakeSchedulerOptions(const EngineOptions& options) {
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_num_seqs = options.max_num_seqs;
+  scheduler_options.max_num_batched_tokens = options.max_num_batched_tokens;
+  scheduler_options.enable_chunked_prefill = options.enable_chunked_prefill;
+  return scheduler_options;
+}
+
+}  // namespace
+
+void RequestOutputQueue::Push(RequestOutput output) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outputs_.push_back(std::move(output));
+  }
+  cv_.notify_all();
+}
+
+std::optional<RequestOutput> RequestOutputQueue::Pop(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return !outputs_.empty(); };
+  if (timeout == absl::InfiniteDuration()) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), ready)) {
+    return std::nullopt;
+  }
+  RequestOutput output = std::move(outputs_.front());
+  outputs_.pop_front();
+  return output;
+}
+
+std::function<void(RequestOutput)> RequestOutputQueue::Callback() {
+  return [this](RequestOutput output) { Push(std::move(output)); };
+}
+
+absl::Status Engine::ValidateOptions(const EngineOptions& options, const ModelRunner& runner) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (options.max_num_seqs < 1) return bad("max_num_seqs must be >= 1, got ", options.max_num_seqs);
+  if (options.max_num_batched_tokens < 1) {
+    return bad("max_num_batched_tokens must be >= 1, got ", options.max_num_batched_tokens);
+  }
+  if (options.max_model_len < 2) return bad("max_model_len must be >= 2, got ", options.max_model_len);
+  if (!options.enable_chunked_prefill && options.max_num_batched_tokens < options.max_model_len) {
+    return bad("without chunked prefill max_num_batched_tokens (", options.max_num_batched_tokens,
+               ") must be >= max_model_len (", options.max_model_len, ")");
+  }
+  if (options.max_queued_requests < 0) {
+    return bad("max_queued_requests must be >= 0, got ", options.max_queued_requests);
+  }
+  if (!(options.watermark >= 0.0 && options.watermark < 1.0)) {
+    return bad("watermark must be in [0, 1), got ", options.watermark);
+  }
+  if (runner.num_kv_blocks() < 1 || runner.block_size() < 1) {
+    return bad("the runner has ", runner.num_kv_blocks(), " KV blocks of ", runner.block_size(),
+               " tokens");
+  }
+  if (runner.vocab_size() < 1) return bad("vocab_size must be >= 1, got ", runner.vocab_size());
+  if (options.eos_token_id >= runner.vocab_size()) {
+    return bad("eos_token_id ", options.eos_token_id, " is outside the vocabulary of ",
+               runner.vocab_size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunner> runner,
+                                                       EngineOptions options) {
+  if (runner == nullptr) return absl::InvalidArgumentError("Engine needs a ModelRunner");
+  RETURN_IF_ERROR(ValidateOptions(options, *runner));
+  return std::make_unique<Engine>(std::move(runner), options);
+}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options)
+    : options_(options),
+      runner_(std::move(runner)),
+      block_manager_(MakeBlockManagerOptions(options_, runner_.get())),
+      scheduler_(MakeSchedulerOptions(options_), &block_manager_),
+      seed_rng_(options.seed) {
+  PublishMetrics();
+}
+
+Engine::~Engine() = default;
+
+absl::Status Engine::AddRequest(EngineRequest request) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const SamplingParams& params = request.params;
+  RETURN_IF_ERROR(params.Validate());
+  if (request.request_id.empty()) return bad("request id must not be empty");
+  if (!request.on_output) return bad("request ", request.request_id, " has no output callback");
+  const int prompt_len = static_cast<int>(request.prompt_token_ids.size());
+  if (prompt_len == 0) return bad("the prompt is empty");
+  for (int32_t t : request.prompt_token_ids) {
+    if (t < 0 || t >= runner_->vocab_size()) {
+      return bad("prompt token ", t, " is outside the vocabulary of ", runner_->vocab_size());
+    }
+  }
+  if (static_cast<int64_t>(prompt_len) + params.max_tokens > options_.max_model_len) {
+    return bad("the prompt (", prompt_len, " tokens) plus max_tokens (", params.max_tokens,
+               ") exceeds max_model_len (", options_.max_model_len, ")");
+  }
+  if (params.n > options_.max_num_seqs || params.n > options_.max_num_batched_tokens) {
+    return bad("n = ", params.n, " exceeds max_num_seqs (", options_.max_num_seqs,
+               ") or max_num_batched_tokens (", options_.max_num_batched_tokens, ")");
+  }
+  if (!params.stop.empty() && !request.make_detokenizer) {
+    return bad("stop strings need a detokenizer");
+  }
+  // The most blocks the request can hold at once: shared full prompt blocks plus, per sample,
+  // the rest of prompt + max_tokens. Refusing here guarantees that a request alone in the cache
+  // always fits, so preemption can never strand it.
+  const int full_prompt_blocks = prompt_len / block_manager_.block_size();
+  const int64_t worst_case =
+      full_prompt_blocks +
+      static_cast<int64_t>(params.n) *
+          (block_manager_.BlocksFor(prompt_len + params.max_tokens) - full_prompt_blocks);
+  const int usable = block_manager_.num_blocks() -
+                     WatermarkBlocks(options_, block_manager_.num_blocks());
+  if (worst_case > usable) {
+    return bad("the request needs up to ", worst_case, " KV-cache blocks of ",
+               block_manager_.block_size(), " tokens (prompt ", prompt_len, ", max_tokens ",
+               params.max_tokens, ", n ", params.n, "); the cache has ", usable);
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return absl::UnavailableError("the engine is stopped");
+    if (live_ids_.contains(request.request_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request id ", request.request_id, " is already in flight"));
+    }
+    const int queued = static_cast<int>(inbox_.size()) + published_.num_waiting;
+    if (options_.max_queued_requests > 0 && queued >= options_.max_queued_requests) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the waiting queue is full (", options_.max_queued_requests, " requests)"));
+    }
+    live_ids_.insert(request.request_id);
+    inbox_.push_back(std::move(request));
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void Engine::Abort(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_inbox_.push_back(request_id);
+  }
+  cv_.notify_one();
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool Engine::HasWork() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !inbox_.empty() || !abort_inbox_.empty() || scheduler_.has_work();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineMetrics metrics = published_;
+  metrics.num_waiting += static_cast<int>(inbox_.size());
+  return metrics;
+}
+
+void Engine::TakeInbox() {
+  std::deque<EngineRequest> requests;
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests.swap(inbox_);
+    aborts.swap(abort_inbox_);
+  }
+  for (EngineRequest& request : requests) {
+    const SamplingParams& params = request.params;
+    const uint64_t seed = params.seed.has_value() ? *params.seed : seed_rng_();
+    auto group = std::make_unique<SequenceGroup>(request.request_id, next_arrival_++,
+                                                 next_seq_id_++, request.prompt_token_ids,
+                                                 params, seed);
+    RequestState state;
+    state.samples.resize(params.n);
+    for (SampleState& sample : state.samples) {
+      if (request.make_detokenizer) sample.detokenizer = request.make_detokenizer();
+      if (!params.stop.empty()) {
+        sample.stop_matcher.emplace(params.stop, params.include_stop_str_in_output);
+      }
+    }
+    counters_.prompt_tokens += static_cast<int64_t>(request.prompt_token_ids.size());
+    state.request = std::move(request);
+    requests_.emplace(group->request_id(), std::move(state));
+    scheduler_.AddGroup(std::move(group));
+  }
+  for (const std::string& id : aborts) {
+    std::unique_ptr<SequenceGroup> group = scheduler_.Remove(id);
+    if (group != nullptr) AbortGroup(*group, absl::OkStatus());
+  }
+}
+
+absl::Status Engine::Step() {
+  TakeInbox();
+  SchedulerOutput plan = scheduler_.Schedule();
+  for (auto& group : plan.refused) {
+    AbortGroup(*group, absl::ResourceExhaustedError(
+                           "the request no longer fits the KV cache after preemption"));
+  }
+  if (plan.empty()) {
+    PublishMetrics();
+    return absl::OkStatus();
+  }
+  for (const ScheduledSeq& s : plan.scheduled) {
+    RequestState& state = requests_.at(s.group->request_id());
+    if (!state.admitted) {
+      state.admitted = true;
+      state.num_cached_prompt_tokens = s.seq->num_computed_tokens();
+    }
+  }
+
+  absl::StatusOr<Tensor> logits = runner_->Execute(plan.input);
+  if (logits.ok()) {
+    const Tensor& t = *logits;
+    const auto rows = static_cast<int64_t>(plan.input.logits_rows.size());
+    if (!t.defined() || t.rank() != 2 || t.dim(0) != rows || t.dim(1) != runner_->vocab_size() ||
+        t.dtype() != DType::kF32 || t.device() != Device::kCpu) {
+      logits = absl::InternalError(
+          absl::StrCat("the runner returned logits ", t.defined() ? t.DebugString() : "undefined",
+                       "; expected f32 [", rows, ", ", runner_->vocab_size(), "] on the host"));
+    }
+  }
+  if (!logits.ok()) {
+    FailAll(logits.status());
+    PublishMetrics();
+    return logits.status();
+  }
+  scheduler_.OnStepExecuted(plan);
+  ++counters_.num_steps;
+
+  const int64_t vocab = runner_->vocab_size();
+  std::vector<SequenceGroup*> order;  // groups with output, in step order
+  absl::flat_hash_map<SequenceGroup*, RequestOutput> outputs;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.logits_index < 0) continue;
+    SequenceGroup& group = *s.group;
+    RequestState& state = requests_.at(group.request_id());
+    if (!outputs.contains(&group)) order.push_back(&group);
+    RequestOutput& output = outputs[&group];
+    absl::Span<const float> row(logits->data<float>() + s.logits_index * vocab, vocab);
+
+    std::vector<Sequence*> samples = {s.seq};
+    if (!group.forked()) {
+      // The prompt's logits give the first token of every sample: fork the others now, all
+      // sharing the prompt's blocks.
+      for (int i = 1; i < group.params().n; ++i) {
+        samples.push_back(scheduler_.Fork(group, *s.seq, next_seq_id_++, i));
+      }
+    }
+    for (Sequence* seq : samples) {
+      SamplingContext context;
+      context.params = &group.params();
+      context.prompt_tokens = seq->prompt_tokens();
+      context.output_tokens = seq->output_tokens();
+      context.eos_token_id = options_.eos_token_id;
+      context.rng = &seq->rng();
+      ProcessSample(group, state, *seq, Sample(row, context), output);
+    }
+  }
+  for (SequenceGroup* group : order) {
+    RequestOutput& output = outputs[group];
+    output.finished = group->finished();
+    for (const auto& seq : group->seqs()) output.num_generated_tokens += seq->num_output_tokens();
+    Deliver(requests_.at(group->request_id()), std::move(output));
+  }
+  for (const auto& group : scheduler_.TakeFinishedGroups()) requests_.erase(group->request_id());
+  PublishMetrics();
+  return absl::OkStatus();
+}
+
+void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,
+                           const SampleResult& result, RequestOutput& output) {
+  const SamplingParams& params = group.params();
+  const int32_t token = result.token_id;
+  seq.AppendToken(token);
+  ++counters_.generation_tokens;
+  SampleOutput& sample_output = OutputFor(output, seq.sample_index());
+  sample_output.token_ids.push_back(token);
+  if (params.logprobs.has_value()) sample_output.logprobs.push_back(result);
+  SampleState& sample = state.samples[seq.sample_index()];
+
+  std::optional<FinishReason> reason;
+  const bool is_eos = token == options_.eos_token_id && !params.ignore_eos;
+  const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                       token) != params.stop_token_ids.end();
+  if (is_eos || is_stop_token) {
+    // Stop tokens end the sample without adding text.
+    reason = FinishReason::kStop;
+    if (!is_eos) sample_output.stop_reason = std::to_string(token);
+  } else if (sample.detokenizer != nullptr) {
+    std::string delta = sample.detokenizer->Next(token);
+    if (sample.stop_matcher.has_value() && seq.num_output_tokens() > params.min_tokens) {
+      StopStringMatcher::Result match = sample.stop_matcher->Push(delta);
+      sample_output.text += match.text;
+      if (match.stopped) {
+        reason = FinishReason::kStop;
+        sample_output.stop_reason = match.stop;
+      }
+    } else {
+      sample_output.text += delta;
+    }
+  }
+  if (!reason.has_value() && (seq.num_output_tokens() >= params.max_tokens ||
+                              seq.num_tokens() >= options_.max_model_len)) {
+    reason = FinishReason::kLength;
+  }
+  if (!reason.has_value()) return;
+  if (sample.stop_matcher.has_value()) sample_output.text += sample.stop_matcher->Flush();
+  FinishSeq(seq, *reason, output);
+}
+
+SampleOutput& Engine::OutputFor(RequestOutput& output, int sample_index) {
+  for (SampleOutput& sample : output.samples) {
+    if (sample.index == sample_index) return sample;
+  }
+  output.samples.emplace_back();
+  output.samples.back().index = sample_index;
+  return output.samples.back();
+}
+
+void Engine::FinishSeq(Sequence& seq, FinishReason reason, RequestOutput& output) {
+  scheduler_.FinishSeq(seq, reason);
+  OutputFor(output, seq.sample_index()).finish_reason = reason;
+  switch (reason) {
+    case FinishReason::kStop:
+      ++counters_.finished_stop;
+      break;
+    case FinishReason::kLength:
+      ++counters_.finished_length;
+      break;
+    case FinishReason::kAbort:
+      ++counters_.finished_abort;
+      break;
+  }
+}
+
+void Engine::AbortGroup(SequenceGroup& group, absl::Status error) {
+  auto it = requests_.find(group.request_id());
+  MQA_CHECK(it != requests_.end());
+  RequestOutput output;
+  for (int i = 0; i < group.params().n; ++i) {
+    const Sequence* existing = nullptr;
+    for (const auto& seq : group.seqs()) {
+      if (seq->sample_index() == i) existing = seq.get();
+    }
+    if (existing != nullptr && existing->finished()) continue;
+    OutputFor(output, i).finish_reason = FinishReason::kAbort;
+    ++counters_.finished_abort;
+  }
+  for (const auto& seq : group.seqs()) {
+    if (!seq->finished()) scheduler_.FinishSeq(*seq, FinishReason::kAbort);
+  }
+  output.finished = true;
+  output.error = std::move(error);
+  for (const auto& seq : group.seqs()) output.num_generated_tokens += seq->num_output_tokens();
+  Deliver(it->second, std::move(output));
+  requests_.erase(it);
+}
+
+void Engine::Deliver(RequestState& state, RequestOutput output) {
+  output.request_id = state.request.request_id;
+  output.num_prompt_tokens = static_cast<int>(state.request.prompt_token_ids.size());
+  output.num_cached_prompt_tokens = state.num_cached_prompt_tokens;
+  if (output.finished) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ids_.erase(state.request.request_id);
+  }
+  state.request.on_output(std::move(output));
+}
+
+void Engine::FailAll(const absl::Status& error) {
+  std::vector<std::string> ids;
+  for (const auto& [id, state] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (const std::string& id : ids) {
+    std::unique_ptr<SequenceGroup> group = scheduler_.Remove(id);
+    MQA_CHECK(group != nullptr);
+    AbortGroup(*group, error);
+  }
+}
+
+absl::Status Engine::Run() {
+  absl::Status result;
+  bool idle_step = false;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto ready = [&] {
+        return stopped_ || !inbox_.empty() || !abort_inbox_.empty() ||
+               (scheduler_.has_work() && !idle_step);
+      };
+      if (idle_step) {
+        // Work that could not be scheduled (should not happen): do not spin on it.
+        cv_.wait_for(lock, std::chrono::milliseconds(1), ready);
+      } else {
+        cv_.wait(lock, ready);
+      }
+      if (stopped_) break;
+    }
+    const int64_t steps = counters_.num_steps;
+    absl::Status status = Step();
+    if (!status.ok()) {
+      result = status;
+      break;
+    }
+    idle_step = counters_.num_steps == steps && scheduler_.has_work();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  TakeInbox();
+  FailAll(absl::UnavailableError("the engine stopped"));
+  PublishMetrics();
+  return result;
+}
+
+void Engine::PublishMetrics() {
+  counters_.num_running = scheduler_.num_running();
+  counters_.num_waiting = scheduler_.num_waiting();
+  int seqs = 0;
+  for (const auto& group : scheduler_.running()) {
+    seqs += static_cast<int>(group->UnfinishedSeqs().size());
+  }
+  counters_.num_running_seqs = seqs;
+  counters_.kv_cache_usage = block_manager_.Usage();
+  counters_.num_preemptions = scheduler_.num_preemptions();
+  counters_.prefix_cache_hit_blocks = block_manager_.prefix_cache_hit_blocks();
+  counters_.prefix_cache_queried_blocks = block_manager_.prefix_cache_queried_blocks();
+  std::lock_guard<std::mutex> lock(mu_);
+  published_ = counters_;
+}
+
+}  // namespace mqa

@@ -1,0 +1,43 @@
+#include "runtime/sampling_params.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace mqa {
+
+absl::Status SamplingParams::Validate() const {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (n < 1) return bad("n must be at least 1, got ", n);
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return bad("temperature must be >= 0, got ", temperature);
+  }
+  if (top_k < -1) return bad("top_k must be -1 (disabled) or at least 1, got ", top_k);
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("top_p must be in (0, 1], got ", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("min_p must be in [0, 1], got ", min_p);
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
+    return bad("repetition_penalty must be > 0, got ", repetition_penalty);
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return bad("presence_penalty must be in [-2, 2], got ", presence_penalty);
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return bad("frequency_penalty must be in [-2, 2], got ", frequency_penalty);
+  }
+  if (max_tokens < 1) return bad("max_tokens must be at least 1, got ", max_tokens);
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return bad("min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens);
+  }
+  for (int32_t id : stop_token_ids) {
+    if (id < 0) return bad("stop_token_ids must be >= 0, got ", id);
+  }
+  for (const std::string& s : stop) {
+    if (s.empty()) return bad("stop strings must not be empty");
+  }
+  if (logprobs.has_value() && (*logprobs < 0 || *logprobs > kMaxLogprobs)) {
+    return bad("logprobs must be in [0, ", kMaxLogprobs, "], got ", *logprobs);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mqa
