@@ -8,7 +8,9 @@
 // does not depend on how the text was split into tokens.
 //
 // One StreamingDetokenizer per sequence, used from one thread (the engine's). It keeps a
-// reference to the Tokenizer, which must outlive it.
+// reference to the Tokenizer, which must outlive it. It is also the engine's
+// IncrementalDetokenizer (runtime/stop_strings.h): Next(id) is Push(id).text; give it no stop
+// strings there, since the engine's StopStringMatcher does that part.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "model/tokenizer/tokenizer.h"
+#include "runtime/stop_strings.h"
 
 namespace mqa {
 
@@ -25,7 +28,7 @@ struct StreamingDetokenizerOptions {
   bool skip_special_tokens = false;
 };
 
-class StreamingDetokenizer {
+class StreamingDetokenizer : public IncrementalDetokenizer {
  public:
   struct Delta {
     std::string text;     // new text, safe to send (may be empty)
@@ -42,6 +45,9 @@ class StreamingDetokenizer {
   std::string Flush();
 
   bool stopped() const { return stop_index_ >= 0; }
+
+  // IncrementalDetokenizer.
+  std::string Next(int32_t token_id) override { return Push(token_id).text; }
 
  private:
   Delta TakeText(std::string text, bool final);
