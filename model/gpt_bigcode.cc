@@ -1,0 +1,530 @@
+#include "model/gpt_bigcode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/status.h"
+
+namespace mqa {
+namespace {
+
+absl::Status CheckTensor(const Tensor& t, std::string_view name, std::vector<int64_t> shape,
+                         DType dtype, Device device) {
+  if (!t.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat("weight ", std::string(name), " is missing"));
+  }
+  if (t.shape() != shape || t.dtype() != dtype || t.device() != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight ", std::string(name), " is ", t.DebugString(), ", expected ",
+                     std::string(DTypeName(dtype)), "[", absl::StrJoin(shape, ", "), "]",
+                     device == Device::kCpu ? " cpu" : " cuda"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// --- PagedKvCache ---------------------------------------------------------------------------
+
+int64_t PagedKvCache::BytesPerBlock(const Shape& s, DType dtype) {
+  return 2 * s.num_layers * s.block_size * s.kv_heads * s.head_dim *
+         static_cast<int64_t>(DTypeSize(dtype));
+}
+
+absl::StatusOr<PagedKvCache> PagedKvCache::Allocate(const Shape& shape, DType dtype,
+                                                    Device device) {
+  if (!IsSupportedBlockSize(shape.block_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV block size ", shape.block_size, " is not supported (8, 16 or 32)"));
+  }
+  if (shape.num_layers <= 0 || shape.kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.num_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache: layers ", shape.num_layers, ", kv heads ", shape.kv_heads, ", head_dim ",
+        shape.head_dim, ", blocks ", shape.num_blocks, " must all be positive"));
+  }
+  PagedKvCache cache;
+  cache.shape_ = shape;
+  const std::vector<int64_t> dims = {shape.num_blocks, shape.block_size, shape.kv_heads,
+                                     shape.head_dim};
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    ASSIGN_OR_RETURN(Tensor k, Tensor::Empty(dims, dtype, device));
+    ASSIGN_OR_RETURN(Tensor v, Tensor::Empty(dims, dtype, device));
+    cache.key_.push_back(std::move(k));
+    cache.value_.push_back(std::move(v));
+  }
+  return cache;
+}
+
+absl::Status PagedKvCache::CopyBlock(int src, int dst) {
+  if (src < 0 || src >= shape_.num_blocks || dst < 0 || dst >= shape_.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block copy ", src, " -> ", dst, " outside [0, ", shape_.num_blocks, ")"));
+  }
+  if (src == dst) return absl::OkStatus();
+  for (int64_t l = 0; l < shape_.num_layers; ++l) {
+    for (Tensor* t : {&key_[l], &value_[l]}) {
+      const Tensor from = t->Rows(src, src + 1);
+      const Tensor to = t->Rows(dst, dst + 1);
+      switch (t->device()) {
+        case Device::kCpu:
+          std::memcpy(to.raw(), from.raw(), from.nbytes());
+          break;
+        case Device::kCuda:
+          // The block copy/swap kernel of the CUDA backend (all layers in one launch) goes here.
+          return absl::UnimplementedError("PagedKvCache::CopyBlock: no CUDA path yet");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- Step validation ------------------------------------------------------------------------
+
+absl::Status ValidateStepInput(const StepInput& in, const ModelConfig& config, int num_blocks,
+                               int block_size) {
+  const int64_t n = in.num_tokens();
+  const int64_t s = in.num_seqs();
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("step input: ", parts...));
+  };
+  if (static_cast<int64_t>(in.positions.size()) != n ||
+      static_cast<int64_t>(in.slot_mapping.size()) != n) {
+    return bad(n, " tokens but ", in.positions.size(), " positions and ", in.slot_mapping.size(),
+               " slots");
+  }
+  if (static_cast<int64_t>(in.query_start.size()) != s + 1 ||
+      static_cast<int64_t>(in.context_lens.size()) != s) {
+    return bad(s, " sequences but ", in.query_start.size(), " query_start entries and ",
+               in.context_lens.size(), " context_lens");
+  }
+  if (in.max_blocks_per_seq < 0 ||
+      static_cast<int64_t>(in.block_tables.size()) != s * in.max_blocks_per_seq) {
+    return bad("block_tables has ", in.block_tables.size(), " entries, expected ", s, " x ",
+               in.max_blocks_per_seq);
+  }
+  if (in.query_start[0] != 0 || in.query_start[s] != n) {
+    return bad("query_start must run from 0 to ", n);
+  }
+  for (int64_t i = 0; i < s; ++i) {
+    const int64_t q_len = in.query_start[i + 1] - in.query_start[i];
+    const int64_t ctx = in.context_lens[i];
+    if (q_len < 0) return bad("query_start decreases at sequence ", i);
+    if (ctx < q_len) return bad("sequence ", i, ": context ", ctx, " < query length ", q_len);
+    const int64_t used_blocks = (ctx + block_size - 1) / block_size;
+    if (used_blocks > in.max_blocks_per_seq) {
+      return bad("sequence ", i, ": context ", ctx, " needs ", used_blocks, " blocks of ",
+                 block_size, ", table has ", in.max_blocks_per_seq);
+    }
+    for (int64_t b = 0; b < used_blocks; ++b) {
+      const int32_t block = in.block_tables[i * in.max_blocks_per_seq + b];
+      if (block < 0 || block >= num_blocks) {
+        return bad("sequence ", i, " logical block ", b, " -> ", block, " outside [0, ", num_blocks,
+                   ")");
+      }
+    }
+  }
+  const int64_t num_slots = static_cast<int64_t>(num_blocks) * block_size;
+  for (int64_t t = 0; t < n; ++t) {
+    if (in.token_ids[t] < 0 || in.token_ids[t] >= config.vocab_size) {
+      return bad("token ", t, " id ", in.token_ids[t], " outside [0, ", config.vocab_size, ")");
+    }
+    if (in.positions[t] < 0 || in.positions[t] >= config.n_positions) {
+      return bad("token ", t, " position ", in.positions[t], " outside [0, ", config.n_positions,
+                 ")");
+    }
+    if (in.slot_mapping[t] >= num_slots) {
+      return bad("token ", t, " slot ", in.slot_mapping[t], " outside the pool of ", num_slots);
+    }
+  }
+  for (int32_t row : in.logits_rows) {
+    if (row < 0 || row >= n) return bad("logits row ", row, " outside [0, ", n, ")");
+  }
+  for (const BlockCopy& c : in.block_copies) {
+    if (c.src < 0 || c.src >= num_blocks || c.dst < 0 || c.dst >= num_blocks) {
+      return bad("block copy ", c.src, " -> ", c.dst, " outside [0, ", num_blocks, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- GptBigCode -------------------------------------------------------------------------------
+
+GptBigCode::GptBigCode(const GptBigCodeWeights& weights, Activation activation)
+    : w_(weights), activation_(activation) {}
+
+absl::StatusOr<std::unique_ptr<GptBigCode>> GptBigCode::Create(const GptBigCodeWeights& w,
+                                                               const GptBigCodeOptions& options) {
+  const ModelConfig& c = w.config;
+  const ShardInfo& s = w.shard;
+  ASSIGN_OR_RETURN(const Activation activation, ParseActivation(c.activation));
+  if (c.n_head <= 0 || c.n_embd % c.n_head != 0 || c.n_layer <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: n_embd ", c.n_embd, ", n_head ", c.n_head, ", n_layer ", c.n_layer));
+  }
+  if (s.world_size <= 0 || s.rank < 0 || s.rank >= s.world_size ||
+      s.heads_per_rank * s.world_size != c.n_head ||
+      s.kv_heads_per_rank != (c.multi_query ? 1 : s.heads_per_rank) ||
+      s.vocab_shard * s.world_size < c.vocab_size || s.inner_shard * s.world_size != c.n_inner) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard info (rank ", s.rank, " of ", s.world_size, ", heads ",
+                     s.heads_per_rank, ", kv heads ", s.kv_heads_per_rank, ", vocab ",
+                     s.vocab_shard, ", inner ", s.inner_shard, ") does not fit the config"));
+  }
+  if (static_cast<int64_t>(w.layers.size()) != c.n_layer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights have ", w.layers.size(), " layers, config ", c.n_layer));
+  }
+  if (options.max_batched_tokens <= 0 || options.max_logits_rows <= 0) {
+    return absl::InvalidArgumentError("max_batched_tokens and max_logits_rows must be positive");
+  }
+  auto model = std::unique_ptr<GptBigCode>(new GptBigCode(w, activation));
+  GptBigCode& m = *model;
+  if (!w.wte.defined()) return absl::InvalidArgumentError("weight wte is missing");
+  m.dtype_ = w.wte.dtype();
+  m.ctx_.device = w.wte.device();
+  m.embd_ = c.n_embd;
+  m.head_dim_ = c.head_dim();
+  m.heads_ = s.heads_per_rank;
+  m.kv_heads_ = s.kv_heads_per_rank;
+  m.qkv_cols_ = (m.heads_ + 2 * m.kv_heads_) * m.head_dim_;
+  m.inner_ = s.inner_shard;
+  m.vocab_shard_ = s.vocab_shard;
+
+  const int64_t E = m.embd_;
+  const DType dt = m.dtype_;
+  const Device dev = m.ctx_.device;
+  RETURN_IF_ERROR(CheckTensor(w.wte, "wte", {m.vocab_shard_, E}, dt, dev));
+  RETURN_IF_ERROR(CheckTensor(w.wpe, "wpe", {c.n_positions, E}, dt, dev));
+  RETURN_IF_ERROR(CheckTensor(w.ln_f_w, "ln_f.weight", {E}, dt, dev));
+  RETURN_IF_ERROR(CheckTensor(w.ln_f_b, "ln_f.bias", {E}, dt, dev));
+  RETURN_IF_ERROR(CheckTensor(w.lm_head, "lm_head", {m.vocab_shard_, E}, dt, dev));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = w.layers[l];
+    const std::string p = absl::StrCat("h.", l, ".");
+    RETURN_IF_ERROR(CheckTensor(L.ln_1_w, p + "ln_1.weight", {E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.ln_1_b, p + "ln_1.bias", {E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.c_attn_w, p + "attn.c_attn.weight", {m.qkv_cols_, E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.c_attn_b, p + "attn.c_attn.bias", {m.qkv_cols_}, dt, dev));
+    RETURN_IF_ERROR(
+        CheckTensor(L.c_proj_w, p + "attn.c_proj.weight", {E, m.heads_ * m.head_dim_}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.c_proj_b, p + "attn.c_proj.bias", {E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.ln_2_w, p + "ln_2.weight", {E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.ln_2_b, p + "ln_2.bias", {E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.c_fc_w, p + "mlp.c_fc.weight", {m.inner_, E}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.c_fc_b, p + "mlp.c_fc.bias", {m.inner_}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.mlp_proj_w, p + "mlp.c_proj.weight", {E, m.inner_}, dt, dev));
+    RETURN_IF_ERROR(CheckTensor(L.mlp_proj_b, p + "mlp.c_proj.bias", {E}, dt, dev));
+  }
+  RETURN_IF_ERROR(m.EnsureWorkspace(options.max_batched_tokens, options.max_logits_rows));
+  return model;
+}
+
+absl::Status GptBigCode::EnsureWorkspace(int64_t tokens, int64_t logits_rows) {
+  const Device dev = ctx_.device;
+  if (tokens > token_capacity_) {
+    ASSIGN_OR_RETURN(hidden_, Tensor::Empty({tokens, embd_}, dtype_, dev));
+    ASSIGN_OR_RETURN(normed_, Tensor::Empty({tokens, embd_}, dtype_, dev));
+    ASSIGN_OR_RETURN(qkv_, Tensor::Empty({tokens, qkv_cols_}, dtype_, dev));
+    ASSIGN_OR_RETURN(attn_, Tensor::Empty({tokens, heads_ * head_dim_}, dtype_, dev));
+    ASSIGN_OR_RETURN(proj_, Tensor::Empty({tokens, embd_}, dtype_, dev));
+    ASSIGN_OR_RETURN(mlp_, Tensor::Empty({tokens, inner_}, dtype_, dev));
+    token_capacity_ = tokens;
+  }
+  if (logits_rows > logits_capacity_) {
+    const int64_t T = w_.shard.world_size;
+    ASSIGN_OR_RETURN(rows_, Tensor::Empty({logits_rows, embd_}, dtype_, dev));
+    ASSIGN_OR_RETURN(rows_normed_, Tensor::Empty({logits_rows, embd_}, dtype_, dev));
+    ASSIGN_OR_RETURN(local_logits_, Tensor::Empty({logits_rows, vocab_shard_}, dtype_, dev));
+    ASSIGN_OR_RETURN(gathered_logits_, Tensor::Empty({T * logits_rows, vocab_shard_}, dtype_, dev));
+    logits_capacity_ = logits_rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndices(const StepInput& in) const {
+  StepIndices idx;
+  for (int32_t c : in.context_lens) idx.max_context_len = std::max(idx.max_context_len, c);
+  switch (ctx_.device) {
+    case Device::kCpu:
+      idx.token_ids = in.token_ids.data();
+      idx.positions = in.positions.data();
+      idx.query_start = in.query_start.data();
+      idx.context_lens = in.context_lens.data();
+      idx.slot_mapping = in.slot_mapping.data();
+      idx.block_tables = in.block_tables.data();
+      idx.logits_rows = in.logits_rows.data();
+      return idx;
+    case Device::kCuda:
+      // One host-to-device copy of all index arrays into a preallocated buffer goes here.
+      return absl::UnimplementedError("GptBigCode: CUDA index staging not implemented yet");
+  }
+  return absl::InternalError("unknown device");
+}
+
+absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& cache,
+                                           Collectives& collectives) {
+  const int64_t n = in.num_tokens();
+  const int64_t num_rows = static_cast<int64_t>(in.logits_rows.size());
+  const int rank = w_.shard.rank;
+  if (collectives.world_size() != w_.shard.world_size || collectives.rank() != rank) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("collectives are rank ", collectives.rank(), " of ", collectives.world_size(),
+                     ", weights rank ", rank, " of ", w_.shard.world_size));
+  }
+  if (cache.shape().num_layers != w_.config.n_layer || cache.shape().kv_heads != kv_heads_ ||
+      cache.shape().head_dim != head_dim_) {
+    return absl::FailedPreconditionError("KV cache shape does not fit the model");
+  }
+  if (n == 0) {
+    if (num_rows != 0) return absl::InvalidArgumentError("logits rows in an empty step");
+    return Tensor::Cpu({0, w_.config.vocab_size});
+  }
+  RETURN_IF_ERROR(EnsureWorkspace(n, num_rows));
+  ASSIGN_OR_RETURN(const StepIndices idx, StageIndices(in));
+
+  // Embedding: this rank's vocab shard (zeros for other ranks' tokens), positions added once.
+  EmbeddingParams emb;
+  emb.ids = idx.token_ids;
+  emb.positions = idx.positions;
+  emb.table = w_.wte.raw();
+  emb.table_start = static_cast<int64_t>(rank) * vocab_shard_;
+  emb.table_rows = vocab_shard_;
+  emb.position_table = rank == 0 ? w_.wpe.raw() : nullptr;
+  emb.position_rows = w_.config.n_positions;
+  emb.output = hidden_.raw();
+  emb.num_tokens = n;
+  emb.hidden = embd_;
+  emb.dtype = dtype_;
+  RETURN_IF_ERROR(Embedding(ctx_, emb));
+  if (w_.shard.world_size > 1) {
+    Tensor h = hidden_.Rows(0, n);
+    RETURN_IF_ERROR(collectives.AllReduceSum(h));
+  }
+
+  for (int64_t l = 0; l < w_.config.n_layer; ++l) {
+    RETURN_IF_ERROR(Layer(l, in, idx, cache, collectives));
+  }
+  return Logits(num_rows, idx, collectives);
+}
+
+absl::Status GptBigCode::RowParallelResidual(int64_t n, const Tensor& bias,
+                                             Collectives& collectives) {
+  BiasActivationParams p;
+  p.rows = n;
+  p.cols = embd_;
+  p.dtype = dtype_;
+  p.bias = bias.raw();
+  if (w_.shard.world_size == 1) {
+    p.input = proj_.raw();
+    p.residual = hidden_.raw();
+    p.output = hidden_.raw();
+    return BiasActivation(ctx_, p);
+  }
+  // The bias is zero on ranks other than 0 (weights.h), so adding it before the sum adds it once.
+  p.input = proj_.raw();
+  p.output = proj_.raw();
+  RETURN_IF_ERROR(BiasActivation(ctx_, p));
+  Tensor partial = proj_.Rows(0, n);
+  RETURN_IF_ERROR(collectives.AllReduceSum(partial));
+  p.bias = nullptr;
+  p.residual = hidden_.raw();
+  p.output = hidden_.raw();
+  return BiasActivation(ctx_, p);
+}
+
+absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices& idx,
+                               PagedKvCache& cache, Collectives& collectives) {
+  const LayerWeights& L = w_.layers[l];
+  const int64_t n = in.num_tokens();
+  const int64_t D = head_dim_;
+
+  LayerNormParams ln;
+  ln.input = hidden_.raw();
+  ln.output = normed_.raw();
+  ln.weight = L.ln_1_w.raw();
+  ln.bias = L.ln_1_b.raw();
+  ln.rows = n;
+  ln.cols = embd_;
+  ln.epsilon = w_.config.layer_norm_epsilon;
+  ln.dtype = dtype_;
+  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+
+  GemmParams gemm;
+  gemm.a = normed_.raw();
+  gemm.lda = embd_;
+  gemm.b = L.c_attn_w.raw();
+  gemm.ldb = embd_;
+  gemm.c = qkv_.raw();
+  gemm.ldc = qkv_cols_;
+  gemm.m = n;
+  gemm.n = qkv_cols_;
+  gemm.k = embd_;
+  gemm.dtype = dtype_;
+  RETURN_IF_ERROR(Gemm(ctx_, gemm));
+
+  BiasActivationParams bias;
+  bias.input = qkv_.raw();
+  bias.bias = L.c_attn_b.raw();
+  bias.output = qkv_.raw();
+  bias.rows = n;
+  bias.cols = qkv_cols_;
+  bias.dtype = dtype_;
+  RETURN_IF_ERROR(BiasActivation(ctx_, bias));
+
+  // qkv rows: [Q: heads * D | K: kv_heads * D | V: kv_heads * D].
+  const size_t elem = DTypeSize(dtype_);
+  const char* qkv = static_cast<const char*>(qkv_.raw());
+  KvCacheWriteParams kv;
+  kv.key = qkv + heads_ * D * elem;
+  kv.value = qkv + (heads_ + kv_heads_) * D * elem;
+  kv.key_stride = qkv_cols_;
+  kv.value_stride = qkv_cols_;
+  kv.key_cache = cache.key(l).raw();
+  kv.value_cache = cache.value(l).raw();
+  kv.slot_mapping = idx.slot_mapping;
+  kv.num_tokens = static_cast<int>(n);
+  kv.num_kv_heads = static_cast<int>(kv_heads_);
+  kv.head_dim = static_cast<int>(D);
+  kv.block_size = cache.block_size();
+  kv.dtype = dtype_;
+  RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
+
+  PagedAttentionParams att;
+  att.query = qkv;
+  att.query_stride = qkv_cols_;
+  att.output = attn_.raw();
+  att.key_cache = cache.key(l).raw();
+  att.value_cache = cache.value(l).raw();
+  att.block_tables = idx.block_tables;
+  att.query_start = idx.query_start;
+  att.context_lens = idx.context_lens;
+  att.num_seqs = in.num_seqs();
+  att.num_tokens = static_cast<int>(n);
+  att.num_heads = static_cast<int>(heads_);
+  att.num_kv_heads = static_cast<int>(kv_heads_);
+  att.head_dim = static_cast<int>(D);
+  att.block_size = cache.block_size();
+  att.max_blocks_per_seq = in.max_blocks_per_seq;
+  att.max_context_len = idx.max_context_len;
+  att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
+  att.dtype = dtype_;
+  RETURN_IF_ERROR(PagedAttention(ctx_, att));
+
+  gemm.a = attn_.raw();
+  gemm.lda = heads_ * D;
+  gemm.b = L.c_proj_w.raw();
+  gemm.ldb = heads_ * D;
+  gemm.c = proj_.raw();
+  gemm.ldc = embd_;
+  gemm.n = embd_;
+  gemm.k = heads_ * D;
+  RETURN_IF_ERROR(Gemm(ctx_, gemm));
+  RETURN_IF_ERROR(RowParallelResidual(n, L.c_proj_b, collectives));
+
+  ln.weight = L.ln_2_w.raw();
+  ln.bias = L.ln_2_b.raw();
+  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+
+  gemm.a = normed_.raw();
+  gemm.lda = embd_;
+  gemm.b = L.c_fc_w.raw();
+  gemm.ldb = embd_;
+  gemm.c = mlp_.raw();
+  gemm.ldc = inner_;
+  gemm.n = inner_;
+  gemm.k = embd_;
+  RETURN_IF_ERROR(Gemm(ctx_, gemm));
+
+  bias.input = mlp_.raw();
+  bias.bias = L.c_fc_b.raw();
+  bias.output = mlp_.raw();
+  bias.cols = inner_;
+  bias.activation = activation_;
+  RETURN_IF_ERROR(BiasActivation(ctx_, bias));
+
+  gemm.a = mlp_.raw();
+  gemm.lda = inner_;
+  gemm.b = L.mlp_proj_w.raw();
+  gemm.ldb = inner_;
+  gemm.c = proj_.raw();
+  gemm.ldc = embd_;
+  gemm.n = embd_;
+  gemm.k = inner_;
+  RETURN_IF_ERROR(Gemm(ctx_, gemm));
+  return RowParallelResidual(n, L.mlp_proj_b, collectives);
+}
+
+absl::StatusOr<Tensor> GptBigCode::Logits(int64_t num_rows, const StepIndices& idx,
+                                          Collectives& collectives) {
+  const int64_t vocab = w_.config.vocab_size;
+  const int T = w_.shard.world_size;
+  const int rank = w_.shard.rank;
+  if (num_rows == 0) return Tensor::Cpu({0, vocab});
+
+  // Only the requested rows go through ln_f and lm_head (a prefill needs just its last row).
+  EmbeddingParams gather;
+  gather.ids = idx.logits_rows;
+  gather.table = hidden_.raw();
+  gather.table_rows = token_capacity_;
+  gather.output = rows_.raw();
+  gather.num_tokens = num_rows;
+  gather.hidden = embd_;
+  gather.dtype = dtype_;
+  RETURN_IF_ERROR(Embedding(ctx_, gather));
+
+  LayerNormParams ln;
+  ln.input = rows_.raw();
+  ln.output = rows_normed_.raw();
+  ln.weight = w_.ln_f_w.raw();
+  ln.bias = w_.ln_f_b.raw();
+  ln.rows = num_rows;
+  ln.cols = embd_;
+  ln.epsilon = w_.config.layer_norm_epsilon;
+  ln.dtype = dtype_;
+  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+
+  GemmParams gemm;
+  gemm.a = rows_normed_.raw();
+  gemm.lda = embd_;
+  gemm.b = w_.lm_head.raw();
+  gemm.ldb = embd_;
+  gemm.c = local_logits_.raw();
+  gemm.ldc = vocab_shard_;
+  gemm.m = num_rows;
+  gemm.n = vocab_shard_;
+  gemm.k = embd_;
+  gemm.dtype = dtype_;
+  RETURN_IF_ERROR(Gemm(ctx_, gemm));
+
+  // Shard r holds vocab columns [r * vocab_shard, (r + 1) * vocab_shard); after the gather, rank
+  // 0 interleaves them into full rows and drops the padding past vocab_size.
+  const Tensor local = local_logits_.Rows(0, num_rows);
+  Tensor gathered = gathered_logits_.Rows(0, T * num_rows);
+  RETURN_IF_ERROR(collectives.Gather(local, gathered, /*root=*/0));
+  if (rank != 0) return Tensor::Cpu({0, vocab});
+  if (gathered.device() != Device::kCpu) {
+    // The CUDA backend copies `gathered` to pinned host memory here.
+    return absl::UnimplementedError("GptBigCode: device-to-host logits copy not implemented yet");
+  }
+  Tensor out = Tensor::Cpu({num_rows, vocab}, DType::kF32);
+  const size_t elem = DTypeSize(dtype_);
+  const char* src = static_cast<const char*>(gathered.raw());
+  float* dst = out.data<float>();
+  for (int r = 0; r < T; ++r) {
+    const int64_t col0 = static_cast<int64_t>(r) * vocab_shard_;
+    const int64_t cols = std::min(vocab_shard_, vocab - col0);
+    if (cols <= 0) continue;
+    for (int64_t i = 0; i < num_rows; ++i) {
+      ConvertFloats(src + ((r * num_rows + i) * vocab_shard_) * elem, dtype_,
+                    dst + i * vocab + col0, DType::kF32, cols);
+    }
+  }
+  return out;
+}
+
+}  // namespace mqa

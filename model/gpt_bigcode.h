@@ -1,0 +1,140 @@
+// The GPT-BigCode forward pass of one tensor-parallel rank over a paged KV cache, for a batch that
+// mixes prefill chunks and decode steps (StepInput, runtime/model_runner.h).
+//
+// Per step: h = wte[token] + wpe[position]; per layer: qkv = LN1(h) c_attn^T + b, this step's K/V
+// written to the cache at slot_mapping, paged causal attention over the cache (scale
+// 1/sqrt(head_dim) when scale_attn_weights), h += attn c_proj^T + b, h += act(LN2(h) c_fc^T + b)
+// mlp.c_proj^T + b; then only StepInput::logits_rows are gathered, normalised by ln_f and
+// multiplied by the tied lm_head. Tensor parallel (weights.h): each rank computes its heads and
+// its slice of the MLP; the row-parallel partial sums are all-reduced (biases live on rank 0
+// only); the vocab-parallel embedding is all-reduced; lm_head logits shards are gathered on rank 0.
+//
+// The forward is device-agnostic: it calls the op layer (kernels/ops.h) with params structs, which
+// dispatches on the weights' device. Activations live in a workspace preallocated for
+// max_batched_tokens / max_logits_rows (grown once, at the start of a step, if a step needs more);
+// nothing is allocated per layer.
+//
+// Thread ownership: one thread (the runner's) calls Forward; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/activation.h"
+#include "kernels/ops.h"
+#include "model/weights.h"
+#include "parallel/collectives.h"
+#include "runtime/model_runner.h"
+#include "runtime/tensor.h"
+
+namespace mqa {
+
+// One rank's paged KV cache: per layer a key and a value tensor
+// [num_blocks, block_size, kv_heads, head_dim]. Owned by the runner; same thread rules.
+class PagedKvCache {
+ public:
+  // Block sizes the kernels support (the CUDA kernels specialise on them).
+  static bool IsSupportedBlockSize(int block_size) {
+    return block_size == 8 || block_size == 16 || block_size == 32;
+  }
+  struct Shape {
+    int64_t num_layers = 0;
+    int64_t kv_heads = 1;
+    int64_t head_dim = 0;
+    int num_blocks = 0;
+    int block_size = 16;
+  };
+  // InvalidArgument for an unsupported block size or non-positive sizes; ResourceExhausted when
+  // the memory is not there.
+  static absl::StatusOr<PagedKvCache> Allocate(const Shape& shape, DType dtype, Device device);
+  // Bytes of one block over all layers, K and V (for sizing the pool from a memory budget).
+  static int64_t BytesPerBlock(const Shape& shape, DType dtype);
+
+  PagedKvCache() = default;
+  const Shape& shape() const { return shape_; }
+  int num_blocks() const { return shape_.num_blocks; }
+  int block_size() const { return shape_.block_size; }
+  Tensor& key(int64_t layer) { return key_[layer]; }
+  Tensor& value(int64_t layer) { return value_[layer]; }
+  // Copies physical block src to dst in every layer's K and V (copy-on-write of a shared block).
+  absl::Status CopyBlock(int src, int dst);
+
+ private:
+  Shape shape_;
+  std::vector<Tensor> key_, value_;
+};
+
+// What a step may contain, checked before anything runs: sizes agree, query_start is a partition
+// of the tokens, context_len >= query length and fits the block table, token ids < vocab_size,
+// positions < n_positions, slots (< 0: skipped) and the used block-table entries and block copies
+// inside the pool, logits rows inside the batch. InvalidArgument names the first violation.
+absl::Status ValidateStepInput(const StepInput& input, const ModelConfig& config, int num_blocks,
+                               int block_size);
+
+struct GptBigCodeOptions {
+  int64_t max_batched_tokens = 2048;  // workspace rows preallocated for token activations
+  int64_t max_logits_rows = 256;      // workspace rows preallocated for logits
+};
+
+class GptBigCode {
+ public:
+  // Checks every weight's shape, dtype and device against weights.config / weights.shard
+  // (InvalidArgument naming the tensor) and allocates the workspace. `weights` must outlive the
+  // model.
+  static absl::StatusOr<std::unique_ptr<GptBigCode>> Create(const GptBigCodeWeights& weights,
+                                                            const GptBigCodeOptions& options);
+
+  // Runs one step (validated with ValidateStepInput against `cache`): writes this step's K/V into
+  // `cache` and returns fp32 host logits [logits_rows.size(), vocab_size] on rank 0 and
+  // [0, vocab_size] elsewhere. Collective: every rank calls it with the same input.
+  absl::StatusOr<Tensor> Forward(const StepInput& input, PagedKvCache& cache,
+                                 Collectives& collectives);
+
+ private:
+  // The per-step index arrays where the kernels can read them (host vectors on the CPU; the
+  // CUDA backend will copy them into preallocated device buffers here).
+  struct StepIndices {
+    const int32_t* token_ids = nullptr;
+    const int32_t* positions = nullptr;
+    const int32_t* query_start = nullptr;
+    const int32_t* context_lens = nullptr;
+    const int32_t* slot_mapping = nullptr;
+    const int32_t* block_tables = nullptr;
+    const int32_t* logits_rows = nullptr;
+    int max_context_len = 0;
+  };
+
+  GptBigCode(const GptBigCodeWeights& weights, Activation activation);
+  absl::Status EnsureWorkspace(int64_t tokens, int64_t logits_rows);
+  absl::StatusOr<StepIndices> StageIndices(const StepInput& input) const;
+  absl::Status Layer(int64_t layer, const StepInput& input, const StepIndices& idx,
+                     PagedKvCache& cache, Collectives& collectives);
+  // h[0:n) += proj[0:n) + bias, with proj all-reduced over the ranks first when T > 1.
+  absl::Status RowParallelResidual(int64_t n, const Tensor& bias, Collectives& collectives);
+  absl::StatusOr<Tensor> Logits(int64_t num_rows, const StepIndices& idx, Collectives& collectives);
+
+  const GptBigCodeWeights& w_;
+  const Activation activation_;
+  OpContext ctx_;
+  DType dtype_;
+  // Geometry of this rank.
+  int64_t embd_ = 0, head_dim_ = 0, heads_ = 0, kv_heads_ = 0, qkv_cols_ = 0, inner_ = 0;
+  int64_t vocab_shard_ = 0;
+  // Workspace (capacities in rows).
+  int64_t token_capacity_ = 0, logits_capacity_ = 0;
+  Tensor hidden_;  // [tokens, E]: the residual stream
+  Tensor normed_;  // [tokens, E]: LN output
+  Tensor qkv_;     // [tokens, qkv_cols]: this rank's Q heads, then K and V heads
+  Tensor attn_;    // [tokens, heads * D]
+  Tensor proj_;    // [tokens, E]: row-parallel partial sums
+  Tensor mlp_;     // [tokens, inner_shard]
+  Tensor rows_;    // [logits rows, E]
+  Tensor rows_normed_;
+  Tensor local_logits_;     // [logits rows, vocab_shard]
+  Tensor gathered_logits_;  // [T * logits rows, vocab_shard]
+};
+
+}  // namespace mqa

@@ -1,0 +1,275 @@
+#include "runtime/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "runtime/stop_strings.h"
+
+namespace mqa {
+namespace {
+
+// Distinct random logits in [-4, 4).
+std::vector<float> RandomLogits(std::mt19937_64& rng, int vocab) {
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  std::vector<float> logits(vocab);
+  for (float& l : logits) l = dist(rng);
+  return logits;
+}
+
+std::vector<double> Softmax(const std::vector<float>& logits, double temperature) {
+  double max = *std::max_element(logits.begin(), logits.end()) / temperature;
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] / temperature - max);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+std::set<int> Support(const std::vector<double>& probs) {
+  std::set<int> s;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] > 0) s.insert(static_cast<int>(i));
+  }
+  return s;
+}
+
+// Indices by probability, most likely first.
+std::vector<int> Ranked(const std::vector<double>& p) {
+  std::vector<int> order(p.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+  return order;
+}
+
+TEST(Sampler, TemperatureScalesTheSoftmax) {
+  std::mt19937_64 rng(1);
+  const std::vector<float> logits = RandomLogits(rng, 50);
+  SamplingParams params;
+  params.temperature = 0.7f;
+  const std::vector<double> got = FilteredProbs(params, logits);
+  const std::vector<double> want = Softmax(logits, params.temperature);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12);
+}
+
+TEST(Sampler, TopKKeepsExactlyTheKMostLikely) {
+  std::mt19937_64 rng(2);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = RandomLogits(rng, 64);
+    SamplingParams params;
+    params.temperature = 0.5f + trial * 0.05f;
+    params.top_k = 1 + static_cast<int>(rng() % 64);
+    const std::vector<double> got = FilteredProbs(params, logits);
+    const std::vector<double> full = Softmax(logits, params.temperature);
+    const std::vector<int> ranked = Ranked(full);
+    std::set<int> want(ranked.begin(), ranked.begin() + params.top_k);
+    ASSERT_EQ(Support(got), want);
+    double mass = 0;
+    for (int t : want) mass += full[t];
+    for (int t : want) EXPECT_NEAR(got[t], full[t] / mass, 1e-12);
+  }
+}
+
+TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = RandomLogits(rng, 40);
+    const std::vector<double> full = Softmax(logits, 1.0);
+    const std::vector<int> ranked = Ranked(full);
+    // Aim between two cumulative sums, so the expected set has an unambiguous size m.
+    const size_t m = 1 + rng() % 39;
+    double before = 0;
+    for (size_t i = 0; i + 1 < m; ++i) before += full[ranked[i]];
+    SamplingParams params;
+    params.top_p = static_cast<float>(before + 0.5 * full[ranked[m - 1]]);
+    const std::vector<double> got = FilteredProbs(params, logits);
+    std::set<int> want(ranked.begin(), ranked.begin() + m);
+    ASSERT_EQ(Support(got), want) << "m=" << m << " top_p=" << params.top_p;
+    EXPECT_NEAR(std::accumulate(got.begin(), got.end(), 0.0), 1.0, 1e-12);
+  }
+}
+
+TEST(Sampler, TopPAppliesToTheTopKRenormalised) {
+  // Probabilities 0.4 0.3 0.2 0.1: top_k 2 leaves 4/7, 3/7; top_p 0.5 then keeps only 4/7.
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.4f), std::log(0.1f),
+                                     std::log(0.2f)};
+  SamplingParams params;
+  params.top_k = 2;
+  params.top_p = 0.5f;
+  EXPECT_EQ(Support(FilteredProbs(params, logits)), std::set<int>({1}));
+  params.top_p = 0.6f;
+  EXPECT_EQ(Support(FilteredProbs(params, logits)), std::set<int>({0, 1}));
+}
+
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
+  std::mt19937_64 rng(4);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = RandomLogits(rng, 48);
+    const std::vector<double> full = Softmax(logits, 1.0);
+    const double best = *std::max_element(full.begin(), full.end());
+    SamplingParams params;
+    params.min_p = std::uniform_real_distribution<float>(0.01f, 0.9f)(rng);
+    std::set<int> want;
+    bool ambiguous = false;
+    for (int t = 0; t < 48; ++t) {
+      if (full[t] >= params.min_p * best) want.insert(t);
+      ambiguous |= std::abs(full[t] - params.min_p * best) < 1e-9;
+    }
+    if (ambiguous) continue;
+    EXPECT_EQ(Support(FilteredProbs(params, logits)), want);
+  }
+}
+
+TEST(Sampler, PenaltiesFollowTheFormulas) {
+  std::mt19937_64 rng(5);
+  const std::vector<float> logits = RandomLogits(rng, 10);
+  SamplingParams params;
+  params.repetition_penalty = 1.3f;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  const std::vector<int32_t> prompt = {1, 2, 2};
+  const std::vector<int32_t> output = {2, 3, 3, 3, 9};
+  std::vector<float> got = logits;
+  ApplyPenalties(params, prompt, output, absl::MakeSpan(got));
+  const int count[10] = {0, 0, 1, 3, 0, 0, 0, 0, 0, 1};
+  for (int t = 0; t < 10; ++t) {
+    float want = logits[t];
+    if (t == 1 || t == 2 || t == 3 || t == 9) want = want > 0 ? want / 1.3f : want * 1.3f;
+    want -= 0.25f * count[t] + (count[t] > 0 ? 0.5f : 0.0f);
+    EXPECT_FLOAT_EQ(got[t], want) << "token " << t;
+  }
+}
+
+TEST(Sampler, GreedyTakesTheArgmaxAfterPenaltiesWithoutRandomness) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f};
+  SamplingParams params;
+  params.temperature = 0;
+  SampleRng rng(7);
+  const SampleRng before = rng;
+  SamplingContext context{&params, {}, {}, -1, &rng};
+  EXPECT_EQ(Sample(logits, context).token_id, 1);
+  const std::vector<int32_t> output = {1};
+  params.frequency_penalty = 0.2f;
+  context.output_tokens = output;
+  EXPECT_EQ(Sample(logits, context).token_id, 2);
+  EXPECT_TRUE(rng == before);
+}
+
+TEST(Sampler, MinTokensMasksEosAndStopTokens) {
+  std::vector<float> logits = {5.0f, 4.0f, 0.0f, -1.0f};  // EOS = 0, stop token 1
+  SamplingParams params;
+  params.temperature = 0;
+  params.min_tokens = 2;
+  params.stop_token_ids = {1};
+  SamplingContext context{&params, {}, {}, /*eos=*/0, nullptr};
+  const std::vector<int32_t> one = {2};
+  context.output_tokens = one;
+  EXPECT_EQ(Sample(logits, context).token_id, 2);
+  const std::vector<int32_t> two = {2, 2};
+  context.output_tokens = two;
+  EXPECT_EQ(Sample(logits, context).token_id, 0);
+  params.ignore_eos = true;
+  context.output_tokens = one;
+  EXPECT_EQ(Sample(logits, context).token_id, 0);  // EOS is not masked with ignore_eos
+}
+
+TEST(Sampler, SameSeedSameDrawsAndFrequenciesMatchProbabilities) {
+  std::mt19937_64 rng(6);
+  const std::vector<float> logits = RandomLogits(rng, 8);
+  SamplingParams params;
+  params.temperature = 1.2f;
+  SampleRng a(SampleSeed(42, 0)), b(SampleSeed(42, 0)), c(SampleSeed(42, 1));
+  std::vector<int> counts(8, 0);
+  int differ = 0;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) {
+    const int32_t ta = Sample(logits, {&params, {}, {}, -1, &a}).token_id;
+    const int32_t tb = Sample(logits, {&params, {}, {}, -1, &b}).token_id;
+    const int32_t tc = Sample(logits, {&params, {}, {}, -1, &c}).token_id;
+    ASSERT_EQ(ta, tb);
+    differ += ta != tc;
+    ++counts[ta];
+  }
+  EXPECT_GT(differ, draws / 4);  // another sample index is another stream
+  const std::vector<double> p = Softmax(logits, params.temperature);
+  for (int t = 0; t < 8; ++t) {
+    const double sigma = std::sqrt(draws * p[t] * (1 - p[t]));
+    EXPECT_NEAR(counts[t], draws * p[t], 5 * sigma + 1) << "token " << t;
+  }
+}
+
+TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
+  std::mt19937_64 rng(8);
+  const std::vector<float> logits = RandomLogits(rng, 20);
+  SamplingParams params;
+  params.logprobs = 20;
+  params.temperature = 0.3f;
+  params.repetition_penalty = 1.5f;
+  SampleRng sample_rng(3);
+  const std::vector<int32_t> output = {4, 5};
+  const SampleResult result = Sample(logits, {&params, {}, output, -1, &sample_rng});
+  const std::vector<double> p = Softmax(logits, 1.0);
+  EXPECT_NEAR(result.logprob, std::log(p[result.token_id]), 1e-5);
+  ASSERT_EQ(result.top_logprobs.size(), 20u);
+  double sum = 0;
+  for (size_t i = 0; i < result.top_logprobs.size(); ++i) {
+    const TokenLogprob& lp = result.top_logprobs[i];
+    EXPECT_NEAR(lp.logprob, std::log(p[lp.token_id]), 1e-5);
+    if (i > 0) EXPECT_GE(result.top_logprobs[i - 1].logprob, lp.logprob);
+    sum += std::exp(lp.logprob);
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+  params.logprobs = 3;
+  const SampleResult top3 = Sample(logits, {&params, {}, output, -1, &sample_rng});
+  ASSERT_EQ(top3.top_logprobs.size(), 3u);
+  const std::vector<int> ranked = Ranked(p);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(top3.top_logprobs[i].token_id, ranked[i]);
+}
+
+TEST(SamplingParams, ValidateNamesTheBadField) {
+  SamplingParams params;
+  EXPECT_TRUE(params.Validate().ok());
+  params.top_p = 0;
+  EXPECT_NE(params.Validate().message().find("top_p"), std::string::npos);
+  params = SamplingParams();
+  params.min_tokens = 20;
+  EXPECT_EQ(params.Validate().code(), absl::StatusCode::kInvalidArgument);
+  params = SamplingParams();
+  params.logprobs = 21;
+  EXPECT_FALSE(params.Validate().ok());
+  params = SamplingParams();
+  params.n = 0;
+  EXPECT_FALSE(params.Validate().ok());
+}
+
+TEST(StopStringMatcher, FindsStopsAcrossDeltasAndHoldsBackPrefixes) {
+  StopStringMatcher matcher({"END", "xy"});
+  std::string emitted;
+  emitted += matcher.Push("abc E").text;
+  EXPECT_EQ(emitted, "abc ");  // "E" may start "END"
+  emitted += matcher.Push("N").text;
+  EXPECT_EQ(emitted, "abc ");
+  StopStringMatcher::Result r = matcher.Push("Dzz");
+  emitted += r.text;
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.stop, "END");
+  EXPECT_EQ(emitted, "abc ");
+  EXPECT_TRUE(matcher.Push("more").text.empty());
+
+  StopStringMatcher include({"xy"}, /*include_stop=*/true);
+  r = include.Push("axxy!");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "axxy");
+
+  StopStringMatcher flush({"abc"});
+  EXPECT_EQ(flush.Push("xxab").text, "xx");
+  EXPECT_EQ(flush.Flush(), "ab");
+}
+
+}  // namespace
+}  // namespace mqa
