@@ -35,6 +35,9 @@ struct PagedAttentionParams {
   int block_size = 16;
   int max_blocks_per_seq = 0;
   int max_context_len = 0;  // an upper bound of context_lens (sizes split-KV work on the GPU)
+  // An upper bound of any sequence's query length (1 for a decode-only batch). 0: unknown, and the
+  // CUDA path then assumes every sequence has at least one query (bound num_tokens-num_seqs+1).
+  int max_query_len = 0;
   float scale = 1.0f;
   DType dtype = DType::kF32;  // of query, output and caches
 };

@@ -1,0 +1,368 @@
+// Paged attention benchmark: the MQA kernel against the per-head (2023) baseline on decode
+// batches, and causal prefill TFLOP/s, each beside the ceilings measured in the same run (a
+// large device-to-device copy, read + write bytes; a cuBLAS bf16 8192^3 GEMM on random data).
+// The KV pool rotates among several sets of block tables so that timed data is not L2-resident.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/paged_attention_cuda.h"
+
+namespace mqa {
+namespace {
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_OK(x)                                                                          \
+  do {                                                                                       \
+    absl::Status s_ = (x);                                                                   \
+    if (!s_.ok()) {                                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.ToString().c_str()); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+template <typename T>
+__global__ void FillRandom(T* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float f = (x & 0xffffff) / 8388608.0f - 1.0f;  // [-1, 1)
+    if constexpr (std::is_same_v<T, __half>) {
+      p[i] = __float2half(f);
+    } else {
+      p[i] = __float2bfloat16(f);
+    }
+  }
+}
+
+template <typename T>
+void Fill(void* p, size_t n, uint32_t seed) {
+  FillRandom<T><<<1024, 256>>>(static_cast<T*>(p), n, seed);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median over `reps` of the mean time (µs) of `iters` calls of fn(i).
+template <typename F>
+double TimeUs(F&& fn, int reps, int iters) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn(i);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) fn(r * iters + i);
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1000.0 * ms / iters);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Median(t);
+}
+
+// Same, but the `iters` calls are captured once into a CUDA graph and the graph is replayed.
+template <typename F>
+double TimeGraphUs(F&& fn, int reps, int iters) {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < iters; ++i) fn(i, s);
+  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(a, s));
+    CHECK_CUDA(cudaGraphLaunch(exec, s));
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1000.0 * ms / iters);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+  return Median(t);
+}
+
+double CopyCeilingGBs() {
+  const size_t bytes = size_t{2} << 30;
+  void *src, *dst;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&dst, bytes));
+  Fill<__half>(src, bytes / 2, 1);
+  const double us =
+      TimeUs([&](int) { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); }, 7, 3);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * bytes / (us * 1e3);
+}
+
+double GemmCeilingTflops() {
+  const int n = 8192;
+  void *a, *b, *c;
+  const size_t bytes = size_t{n} * n * 2;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMalloc(&c, bytes));
+  Fill<__nv_bfloat16>(a, size_t{n} * n, 2);
+  Fill<__nv_bfloat16>(b, size_t{n} * n, 3);
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  const float alpha = 1.0f, beta = 0.0f;
+  const double us = TimeUs(
+      [&](int) {
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
+                     CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+      },
+      7, 3);
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * double(n) / (us * 1e6);
+}
+
+template <typename T>
+void* DeviceCopy(const std::vector<T>& v) {
+  void* d;
+  CHECK_CUDA(cudaMalloc(&d, v.size() * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// A batch of `batch` sequences of equal context, `sets` independent block-table sets over one
+// pool (so consecutive timed calls read different memory).
+struct Workload {
+  PagedAttentionParams p;
+  std::vector<int32_t*> tables;  // device, one per set
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int32_t* head_mapping = nullptr;
+  double kv_bytes = 0;
+  double io_bytes = 0;  // q + out
+  double flops = 0;
+  std::vector<void*> owned;
+};
+
+Workload MakeWorkload(DType dtype, int batch, int ctx, int q_len, int heads, int d, int bs,
+                      std::mt19937& rng) {
+  Workload w;
+  const int blocks_per_seq = (ctx + bs - 1) / bs;
+  const double kv_bytes = 2.0 * batch * ctx * d * 2;
+  const int sets = static_cast<int>(std::clamp(std::ceil(400e6 / kv_bytes), 1.0, 64.0));
+  const int64_t pool_blocks = int64_t{sets} * batch * blocks_per_seq;
+  const size_t cache_elems = pool_blocks * bs * d;
+  void *kc, *vc;
+  CHECK_CUDA(cudaMalloc(&kc, cache_elems * 2));
+  CHECK_CUDA(cudaMalloc(&vc, cache_elems * 2));
+  if (dtype == DType::kF16) {
+    Fill<__half>(kc, cache_elems, 11);
+    Fill<__half>(vc, cache_elems, 12);
+  } else {
+    Fill<__nv_bfloat16>(kc, cache_elems, 11);
+    Fill<__nv_bfloat16>(vc, cache_elems, 12);
+  }
+  std::vector<int32_t> perm(pool_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int s = 0; s < sets; ++s) {
+    std::vector<int32_t> t(perm.begin() + int64_t{s} * batch * blocks_per_seq,
+                           perm.begin() + int64_t{s + 1} * batch * blocks_per_seq);
+    w.tables.push_back(static_cast<int32_t*>(DeviceCopy(t)));
+  }
+  const int tokens = batch * q_len;
+  std::vector<int32_t> qs(batch + 1), cl(batch, ctx), map(heads, 0);
+  for (int i = 0; i <= batch; ++i) qs[i] = i * q_len;
+  void *q, *o;
+  CHECK_CUDA(cudaMalloc(&q, static_cast<size_t>(tokens) * heads * d * 2));
+  CHECK_CUDA(cudaMalloc(&o, static_cast<size_t>(tokens) * heads * d * 2));
+  if (dtype == DType::kF16) {
+    Fill<__half>(q, static_cast<size_t>(tokens) * heads * d, 13);
+  } else {
+    Fill<__nv_bfloat16>(q, static_cast<size_t>(tokens) * heads * d, 13);
+  }
+  PagedAttentionParams& p = w.p;
+  p.query = q;
+  p.query_stride = int64_t{heads} * d;
+  p.output = o;
+  p.key_cache = kc;
+  p.value_cache = vc;
+  p.block_tables = w.tables[0];
+  p.query_start = static_cast<int32_t*>(DeviceCopy(qs));
+  p.context_lens = static_cast<int32_t*>(DeviceCopy(cl));
+  p.num_seqs = batch;
+  p.num_tokens = tokens;
+  p.num_heads = heads;
+  p.num_kv_heads = 1;
+  p.head_dim = d;
+  p.block_size = bs;
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.max_context_len = ctx;
+  p.max_query_len = q_len;
+  p.scale = 1.0f / std::sqrt(float(d));
+  p.dtype = dtype;
+  w.head_mapping = static_cast<int32_t*>(DeviceCopy(map));
+  w.owned = {kc,
+             vc,
+             q,
+             o,
+             const_cast<int32_t*>(p.query_start),
+             const_cast<int32_t*>(p.context_lens),
+             w.head_mapping};
+  w.kv_bytes = kv_bytes;
+  w.io_bytes = 2.0 * tokens * heads * d * 2;
+  double pairs = 0;  // (query, key) pairs attended
+  for (int j = 0; j < q_len; ++j) pairs += ctx - q_len + j + 1;
+  w.flops = 4.0 * d * heads * pairs * batch;
+  return w;
+}
+
+void Free(Workload& w) {
+  for (void* p : w.owned) cudaFree(p);
+  for (int32_t* t : w.tables) cudaFree(t);
+  if (w.workspace) cudaFree(w.workspace);
+}
+
+double TimeMqa(Workload& w, const PagedAttentionTuning& tuning, bool graph) {
+  w.workspace_bytes = PagedAttentionCudaWorkspaceBytes(w.p, tuning);
+  if (w.workspace) cudaFree(w.workspace);
+  w.workspace = nullptr;
+  if (w.workspace_bytes) CHECK_CUDA(cudaMalloc(&w.workspace, w.workspace_bytes));
+  const int sets = static_cast<int>(w.tables.size());
+  auto call = [&](int i, cudaStream_t s) {
+    PagedAttentionParams p = w.p;
+    p.block_tables = w.tables[i % sets];
+    CHECK_OK(PagedAttentionCuda(p, s, w.workspace, w.workspace_bytes, tuning));
+  };
+  const int iters = 20;
+  if (graph) return TimeGraphUs(call, 9, iters);
+  return TimeUs([&](int i) { call(i, nullptr); }, 9, iters);
+}
+
+double TimeBaseline(Workload& w) {
+  const int sets = static_cast<int>(w.tables.size());
+  return TimeUs(
+      [&](int i) {
+        PagedAttentionParams p = w.p;
+        p.block_tables = w.tables[i % sets];
+        CHECK_OK(PagedAttentionPerHeadBaselineCuda(p, w.head_mapping, nullptr));
+      },
+      5, 5);
+}
+
+int Main() {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const double copy_gbs = CopyCeilingGBs();
+  const double gemm_tflops = GemmCeilingTflops();
+  std::printf(
+      "ceilings: device-to-device copy %.0f GB/s (read+write), cuBLAS bf16 8192^3 GEMM "
+      "%.0f TFLOP/s\n\n",
+      copy_gbs, gemm_tflops);
+  std::mt19937 rng(42);
+
+  std::printf(
+      "decode: 48 query heads / 1 KV head, D=128, block 16, fp16; times in us, "
+      "GB/s = (KV + q + out bytes) / graph time\n");
+  std::printf("%-12s %6s %10s %10s %8s %7s %12s %8s\n", "batch x ctx", "splits", "mqa(graph)",
+              "mqa(strm)", "GB/s", "%copy", "per-head", "speedup");
+  const int configs[][2] = {{1, 8192},  {1, 2048},  {8, 2048},   {16, 2048}, {32, 2048},
+                            {64, 2048}, {64, 8192}, {128, 2048}, {256, 1024}};
+  for (const auto& c : configs) {
+    Workload w = MakeWorkload(DType::kF16, c[0], c[1], 1, 48, 128, 16, rng);
+    const double g = TimeMqa(w, {}, true);
+    const double st = TimeMqa(w, {}, false);
+    const double base = TimeBaseline(w);
+    const double gbs = (w.kv_bytes + w.io_bytes) / (g * 1e3);
+    // The split count the launcher chose (workspace / bytes per split).
+    const size_t per_split =
+        static_cast<size_t>(w.p.num_tokens) * w.p.num_heads * (w.p.head_dim + 1) * 4;
+    const int splits = w.workspace_bytes ? int(w.workspace_bytes / per_split) : 1;
+    std::printf("%4d x %-5d %6d %10.2f %10.2f %8.0f %6.1f%% %12.2f %7.1fx\n", c[0], c[1], splits, g,
+                st, gbs, 100 * gbs / copy_gbs, base, base / g);
+    Free(w);
+  }
+
+  std::printf("\nsplit sweep at 1 x 8192 and 64 x 2048 (graph us):\n");
+  for (const auto& c : {std::pair{1, 8192}, std::pair{64, 2048}}) {
+    Workload w = MakeWorkload(DType::kF16, c.first, c.second, 1, 48, 128, 16, rng);
+    std::printf("%d x %d:", c.first, c.second);
+    for (int s : {1, 2, 4, 8, 16, 32, 64, 128}) {
+      PagedAttentionTuning t;
+      t.num_splits = s;
+      const double us = TimeMqa(w, t, true);
+      std::printf("  %d:%.2f (%.0f GB/s)", s, us, (w.kv_bytes + w.io_bytes) / (us * 1e3));
+    }
+    std::printf("\n");
+    Free(w);
+  }
+
+  std::printf(
+      "\nprefill (causal, 48 heads / 1 KV head, D=128, block 16), TFLOP/s beside the "
+      "GEMM's %.0f:\n",
+      gemm_tflops);
+  struct Pre {
+    DType dtype;
+    int ctx, q_len;
+  };
+  for (const Pre& pc : {Pre{DType::kBF16, 4096, 4096}, Pre{DType::kF16, 4096, 4096},
+                        Pre{DType::kBF16, 4096, 512}, Pre{DType::kBF16, 1024, 1024}}) {
+    Workload w = MakeWorkload(pc.dtype, 1, pc.ctx, pc.q_len, 48, 128, 16, rng);
+    const double us = TimeMqa(w, {}, false);
+    std::printf("%-9s q %5d ctx %5d: %9.1f us  %6.1f TFLOP/s (%.0f%% of GEMM)\n",
+                std::string(DTypeName(pc.dtype)).c_str(), pc.q_len, pc.ctx, us,
+                w.flops / (us * 1e6), 100 * w.flops / (us * 1e6) / gemm_tflops);
+    Free(w);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mqa
+
+int main() { return mqa::Main(); }

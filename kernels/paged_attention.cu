@@ -1,0 +1,650 @@
+// Paged multi-query attention on tensor cores (the design of kernels/paged_attention_cuda.h).
+//
+// One CTA per (row tile, KV split, KV head, sequence). A "row" is one (query token, query head)
+// pair of the query heads that share the CTA's KV head, ordered token-major: a decode step's
+// rows are the group's heads (48 for StarCoder), a prefill chunk's rows are q_len x group. Rows
+// form the M dimension of mma.sync m16n8k16 tiles, so every KV byte the CTA streams through
+// shared memory (cp.async, 16-byte, multi-stage) is used by all of its rows: 48 heads make 48
+// FLOP per KV byte, which is why this runs on tensor cores. Each warp owns 16 rows and a slice
+// of every KV tile's tokens; softmax is online in fp32 (log2 domain); warps that shared rows
+// merge at the end through shared memory. When the batch is too small to fill the SMs, the KV
+// range is split across CTAs (split-KV) and a second kernel merges the partial results by
+// log-sum-exp.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention_dispatch.h"
+#include "kernels/paged_attention_cuda.h"
+#include "runtime/cuda_check.h"
+
+namespace mqa {
+namespace {
+
+using attention::WarpLayout;
+
+constexpr int kTileN = 64;  // KV tokens per pipeline stage
+
+struct KernelArgs {
+  const void* query = nullptr;
+  int64_t query_stride = 0;
+  void* output = nullptr;
+  const void* key_cache = nullptr;
+  const void* value_cache = nullptr;
+  const int32_t* block_tables = nullptr;
+  const int32_t* query_start = nullptr;
+  const int32_t* context_lens = nullptr;
+  float* partial_o = nullptr;    // [num_splits, num_tokens, num_heads, head_dim]
+  float* partial_lse = nullptr;  // [num_splits, num_tokens, num_heads], log2 domain
+  int num_seqs = 0;
+  int num_tokens = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int group = 0;
+  int max_blocks_per_seq = 0;
+  int block_shift = 0;
+  int num_splits = 1;
+  int chunk = 0;  // KV tokens per split, a multiple of kTileN
+  float scale_log2 = 0.0f;
+};
+
+// --- PTX wrappers ------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronous; zero-fills when !valid (src is then not read).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+// c += a * b for one m16n8k16 tile, fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float x, float y) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Element offset of (row, 16-byte chunk) in a [rows][D] shared tile. The XOR swizzle puts the 8
+// rows that one ldmatrix reads at the same logical chunk into 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int Swz(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+template <int D, int WM, int WN>
+struct Shape {
+  static constexpr int kWarps = WM * WN;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRows = 16 * WM;  // query rows per CTA
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kStages = WN > 1 ? 3 : 2;
+  static constexpr int kWarpTokens = kTileN / WN;  // tokens of a KV tile per warp
+  static constexpr int kEpStride = D + 4;          // padded fp32 row of the epilogue
+  static constexpr size_t kQBytes = size_t{kRows} * D * 2;
+  static constexpr size_t kStageBytes = size_t{kStages} * 2 * kTileN * D * 2;
+  static constexpr size_t kEpBytes = size_t{WN} * kRows * kEpStride * 4;
+  static constexpr size_t kKvBytes = kStageBytes > kEpBytes ? kStageBytes : kEpBytes;
+  static constexpr size_t kStatBytes = (size_t{WN} * kRows * 2 + 2 * kRows) * 4;
+  static constexpr size_t kSmemBytes = kQBytes + kKvBytes + kStatBytes;
+  static_assert(kWarpTokens % 16 == 0, "each warp needs whole k16 steps of tokens");
+};
+
+template <typename T, int D, int WM, int WN>
+__global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads)
+    PagedAttentionKernel(const KernelArgs a) {
+  using S = Shape<D, WM, WN>;
+  constexpr int kNT = S::kWarpTokens / 8;   // score n-tiles per warp
+  constexpr int kKT = S::kWarpTokens / 16;  // PV k-steps per warp
+  constexpr int kStageElems = kTileN * D;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* q_s = reinterpret_cast<T*>(smem);
+  T* kv_s = reinterpret_cast<T*>(smem + S::kQBytes);
+  float* ep_s = reinterpret_cast<float*>(smem + S::kQBytes);  // aliases kv_s after the loop
+  float* ml_s = reinterpret_cast<float*>(smem + S::kQBytes + S::kKvBytes);  // [WN][kRows][2]
+  float* fin_s = ml_s + WN * S::kRows * 2;                                  // [kRows][2]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % WM, wn = warp / WM;
+  const int seq = blockIdx.z, kvh = blockIdx.y;
+  const int split = blockIdx.x % a.num_splits;
+  // Reversed so that the causal prefill's heaviest (last) row tiles start first.
+  const int row_tile = gridDim.x / a.num_splits - 1 - blockIdx.x / a.num_splits;
+
+  const int q_begin = a.query_start[seq];
+  const int q_len = a.query_start[seq + 1] - q_begin;
+  const int ctx = a.context_lens[seq];
+  const int G = a.group;
+  const int total_rows = q_len * G;
+  const int row_begin = row_tile * S::kRows;
+  if (row_begin >= total_rows) return;
+  const int row_last = min(row_begin + S::kRows, total_rows) - 1;
+  const int pos0 = ctx - q_len;  // position of the sequence's first query
+  const int min_pos = pos0 + row_begin / G;
+  const int kv_end = pos0 + row_last / G + 1;
+  const int kv_begin = split * a.chunk;
+  if (kv_begin >= kv_end) return;
+  const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
+  const int num_tiles = (kv_stop - kv_begin + kTileN - 1) / kTileN;
+
+  const T* query = static_cast<const T*>(a.query);
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  const int block_mask = (1 << a.block_shift) - 1;
+
+  // Q rows of this tile (zero rows past the end), one cp.async group of its own.
+  for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
+    const int r = idx / S::kChunks, c = idx % S::kChunks;
+    const int row = row_begin + r;
+    const bool valid = row < total_rows;
+    const int token = q_begin + (valid ? row / G : 0);
+    const int head = kvh * G + (valid ? row % G : 0);
+    CpAsync16(q_s + Swz<D>(r, c), query + token * a.query_stride + head * D + c * 8, valid);
+  }
+  CpAsyncCommit();
+
+  auto load_tile = [&](int tile, int stage) {
+    T* ks = kv_s + stage * 2 * kStageElems;
+    T* vs = ks + kStageElems;
+    const int base = kv_begin + tile * kTileN;
+    for (int idx = tid; idx < kTileN * S::kChunks; idx += S::kThreads) {
+      const int r = idx / S::kChunks, c = idx % S::kChunks;
+      const int tok = base + r;
+      const bool valid = tok < kv_stop;
+      int64_t off = 0;
+      if (valid) {
+        const int64_t slot = (static_cast<int64_t>(table[tok >> a.block_shift]) << a.block_shift) +
+                             (tok & block_mask);
+        off = (slot * a.num_kv_heads + kvh) * D + c * 8;
+      }
+      CpAsync16(ks + Swz<D>(r, c), key_cache + off, valid);
+      CpAsync16(vs + Swz<D>(r, c), value_cache + off, valid);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(s, s);
+    CpAsyncCommit();
+  }
+
+  // This thread's two rows (g and g + 8 of the warp's 16) and their positions; rows past the end
+  // take the last valid row's position (never written, so any finite result is fine).
+  const int g = lane >> 2, quad = lane & 3;
+  int my_pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = min(row_begin + wm * 16 + g + 8 * i, row_last);
+    my_pos[i] = pos0 + row / G;
+  }
+
+  CpAsyncWait<S::kStages - 1>();
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int mi = lane >> 3;
+    const int r = wm * 16 + (mi & 1) * 8 + (lane & 7);
+    LdMatrixX4(qf[kk], q_s + Swz<D>(r, kk * 2 + (mi >> 1)));
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < num_tiles; ++t) {
+    CpAsyncWait<S::kStages - 2>();
+    __syncthreads();  // tile t is visible to all; everyone is done with tile t - 1's stage
+    if (t + S::kStages - 1 < num_tiles) {
+      load_tile(t + S::kStages - 1, (t + S::kStages - 1) % S::kStages);
+    }
+    CpAsyncCommit();
+
+    const T* ks = kv_s + (t % S::kStages) * 2 * kStageElems;
+    const T* vs = ks + kStageElems;
+    const int tok0 = wn * S::kWarpTokens;  // this warp's first token within the tile
+
+    float s[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        const int mi = lane >> 3;
+        uint32_t b[4];
+        LdMatrixX4(b, ks + Swz<D>(tok0 + np * 16 + (mi >> 1) * 8 + (lane & 7), kk * 2 + (mi & 1)));
+        Mma<T>(s[2 * np], qf[kk], b[0], b[1]);
+        Mma<T>(s[2 * np + 1], qf[kk], b[2], b[3]);
+      }
+    }
+
+    const int tile_base = kv_begin + t * kTileN;
+    const bool need_mask = tile_base + kTileN > min(min_pos + 1, kv_stop);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[n][e] * a.scale_log2;
+        if (need_mask) {
+          const int tok = tile_base + tok0 + n * 8 + quad * 2 + (e & 1);
+          if (tok >= kv_stop || tok > my_pos[e >> 1]) v = -INFINITY;
+        }
+        s[n][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row so far
+      alpha[i] = Exp2(m[i] - m_use);
+      m[i] = m_new;
+      mx[i] = m_use;
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = Exp2(s[n][e] - mx[e >> 1]);
+        rs[e >> 1] += s[n][e];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      const uint32_t pa[4] = {Pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                              Pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              Pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              Pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 16; ++nd) {
+        const int mi = lane >> 3;
+        uint32_t b[4];
+        LdMatrixX4Trans(
+            b, vs + Swz<D>(tok0 + kk * 16 + (mi & 1) * 8 + (lane & 7), nd * 2 + (mi >> 1)));
+        Mma<T>(o[2 * nd], pa, b[0], b[1]);
+        Mma<T>(o[2 * nd + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+
+  // --- Epilogue: merge the WN warps that share rows, normalise, write. ---
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the KV stages are free: the epilogue buffer aliases them
+  if (quad == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = wm * 16 + g + 8 * i;
+      ml_s[(wn * S::kRows + r) * 2] = m[i];
+      ml_s[(wn * S::kRows + r) * 2 + 1] = l[i];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = wm * 16 + g + 8 * i;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) m_all = fmaxf(m_all, ml_s[(w * S::kRows + r) * 2]);
+    const float m_use = m_all == -INFINITY ? 0.0f : m_all;
+    const float factor = Exp2(m[i] - m_use);
+    if (wn == 0 && quad == 0) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) {
+        sum += ml_s[(w * S::kRows + r) * 2 + 1] * Exp2(ml_s[(w * S::kRows + r) * 2] - m_use);
+      }
+      fin_s[r * 2] = m_all;
+      fin_s[r * 2 + 1] = sum;
+    }
+    float* dst = ep_s + (wn * S::kRows + r) * S::kEpStride + quad * 2;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<float2*>(dst + n * 8) =
+          make_float2(o[n][2 * i] * factor, o[n][2 * i + 1] * factor);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
+    const int r = idx / S::kChunks, c = idx % S::kChunks;
+    const int row = row_begin + r;
+    if (row >= total_rows) continue;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int w = 0; w < WN; ++w) {
+      const float* src = ep_s + (w * S::kRows + r) * S::kEpStride + c * 8;
+      const float4 x = *reinterpret_cast<const float4*>(src);
+      const float4 y = *reinterpret_cast<const float4*>(src + 4);
+      v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
+      v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+    }
+    const float sum = fin_s[r * 2 + 1];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int64_t token = q_begin + row / G;
+    const int head = kvh * G + row % G;
+    if (a.num_splits == 1) {
+      uint4 packed;
+      packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
+      packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
+      packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
+      packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
+      *reinterpret_cast<uint4*>(static_cast<T*>(a.output) + (token * a.num_heads + head) * D +
+                                c * 8) = packed;
+    } else {
+      const int64_t prow =
+          (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
+      float* dst = a.partial_o + prow * D + c * 8;
+      *reinterpret_cast<float4*>(dst) = make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
+      *reinterpret_cast<float4*>(dst + 4) =
+          make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
+      if (c == 0) a.partial_lse[prow] = sum > 0.0f ? fin_s[r * 2] + __log2f(sum) : -INFINITY;
+    }
+  }
+}
+
+// Merges the split-KV partials of one query token (all heads) by log-sum-exp.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) MergeSplitsKernel(const KernelArgs a) {
+  const int token = blockIdx.x;
+  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.query_start[mid] <= token) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int q_len = a.query_start[lo + 1] - a.query_start[lo];
+  const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
+  const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
+  for (int idx = threadIdx.x; idx < a.num_heads * (D / 4); idx += blockDim.x) {
+    const int head = idx / (D / 4), c = idx % (D / 4);
+    float lse_max = -INFINITY;
+    for (int s = 0; s < valid; ++s) {
+      lse_max = fmaxf(
+          lse_max,
+          a.partial_lse[(static_cast<int64_t>(s) * a.num_tokens + token) * a.num_heads + head]);
+    }
+    float4 acc = make_float4(0, 0, 0, 0);
+    float wsum = 0.0f;
+    for (int s = 0; s < valid; ++s) {
+      const int64_t prow = (static_cast<int64_t>(s) * a.num_tokens + token) * a.num_heads + head;
+      const float w = Exp2(a.partial_lse[prow] - lse_max);
+      const float4 x = *reinterpret_cast<const float4*>(a.partial_o + prow * D + c * 4);
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+      wsum += w;
+    }
+    const float inv = 1.0f / wsum;
+    uint2 packed;
+    packed.x = Pack2<T>(acc.x * inv, acc.y * inv);
+    packed.y = Pack2<T>(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(static_cast<T*>(a.output) +
+                              (static_cast<int64_t>(token) * a.num_heads + head) * D + c * 4) =
+        packed;
+  }
+}
+
+// --- Host side ---------------------------------------------------------------------------------
+
+int SmCount() {
+  static thread_local int cached_device = -1;
+  static thread_local int cached_sms = 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device != cached_device) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 132;
+    }
+    cached_device = device;
+    cached_sms = sms;
+  }
+  return cached_sms;
+}
+
+struct Plan {
+  WarpLayout layout = WarpLayout::k8x1;
+  int row_tiles = 0;
+  int num_splits = 1;
+  int chunk = 0;
+};
+
+int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+int MaxQueryLen(const PagedAttentionParams& p) {
+  if (p.max_query_len > 0) return p.max_query_len;
+  return std::max(1, p.num_tokens - p.num_seqs + 1);
+}
+
+WarpLayout ChooseLayout(const PagedAttentionParams& p) {
+  const int group = p.num_heads / p.num_kv_heads;
+  if (MaxQueryLen(p) > 1) return WarpLayout::k8x1;
+  if (group <= 16) return WarpLayout::k1x4;
+  if (group <= 32) return WarpLayout::k2x2;
+  if (group <= 48) return WarpLayout::k3x2;
+  if (group <= 64) return WarpLayout::k4x2;
+  return WarpLayout::k8x1;
+}
+
+// Resident CTAs per SM of one instantiation (sets its shared-memory limit on first use).
+template <typename T, int D, int WM, int WN>
+int ResidentCtas() {
+  static const int ctas = [] {
+    using S = Shape<D, WM, WN>;
+    auto kernel = PagedAttentionKernel<T, D, WM, WN>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(S::kSmemBytes)) != cudaSuccess) {
+      return 0;
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, S::kThreads, S::kSmemBytes) !=
+        cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  return ctas;
+}
+
+size_t BytesPerSplit(const PagedAttentionParams& p) {
+  return static_cast<size_t>(p.num_tokens) * p.num_heads * (p.head_dim + 1) * sizeof(float);
+}
+
+// The whole launch geometry; `resident` is CTAs per SM of the chosen instantiation.
+Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning, int resident,
+              size_t workspace_bytes) {
+  Plan plan;
+  plan.layout = ChooseLayout(p);
+  const int group = p.num_heads / p.num_kv_heads;
+  plan.row_tiles =
+      CeilDiv(static_cast<int64_t>(MaxQueryLen(p)) * group, 16 * attention::WarpsM(plan.layout));
+  const int64_t base = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * plan.row_tiles;
+  const int max_ctx = std::max(1, p.max_context_len);
+  const int max_tiles = CeilDiv(max_ctx, kTileN);
+  int splits = tuning.num_splits;
+  if (splits <= 0) {
+    // Fill the resident slots with one wave; at least two splits when the batch alone leaves
+    // SMs idle.
+    const int64_t slots = static_cast<int64_t>(SmCount()) * std::max(1, resident);
+    splits = static_cast<int>(std::max<int64_t>(1, slots / std::max<int64_t>(1, base)));
+    if (base < SmCount()) splits = std::max(splits, 2);
+  }
+  splits = std::clamp(splits, 1, max_tiles);
+  if (splits > 1 && workspace_bytes != SIZE_MAX) {
+    splits = std::min<int64_t>(splits, workspace_bytes / std::max<size_t>(1, BytesPerSplit(p)));
+    splits = std::max(splits, 1);
+  }
+  plan.chunk = CeilDiv(CeilDiv(max_ctx, splits), kTileN) * kTileN;
+  plan.num_splits = CeilDiv(max_ctx, plan.chunk);
+  return plan;
+}
+
+absl::Status ValidateForCuda(const PagedAttentionParams& p) {
+  RETURN_IF_ERROR(ValidatePagedAttentionShape(p));
+  const int bs = p.block_size;
+  if (bs < 8 || bs > 256 || (bs & (bs - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA attention: block_size ", bs,
+                                                   " unsupported (a power of two from 8 to 256)"));
+  }
+  if (p.query_stride % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA attention: query_stride ", p.query_stride,
+                                                   " must be a multiple of 8 elements"));
+  }
+  for (const void* ptr :
+       {p.query, static_cast<const void*>(p.output), p.key_cache, p.value_cache}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      return absl::InvalidArgumentError("CUDA attention: tensors must be 16-byte aligned");
+    }
+  }
+  if (p.num_seqs > 65535 || p.num_kv_heads > 65535) {
+    return absl::InvalidArgumentError("CUDA attention: more than 65535 sequences or KV heads");
+  }
+  if (p.num_tokens > 0 && p.max_context_len <= 0) {
+    return absl::InvalidArgumentError("CUDA attention: max_context_len must be set");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
+                                        const PagedAttentionTuning& tuning) {
+  if (!ValidateForCuda(p).ok() || p.num_tokens == 0) return 0;
+  size_t bytes = 0;
+  const absl::Status s = attention::DispatchAttention(
+      p.dtype, p.head_dim, ChooseLayout(p), [&]<typename T, int D, int WM, int WN>() {
+        const Plan plan = MakePlan(p, tuning, ResidentCtas<T, D, WM, WN>(), SIZE_MAX);
+        bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 : 0;
+        return absl::OkStatus();
+      });
+  return s.ok() ? bytes : 0;
+}
+
+absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stream, void* workspace,
+                                size_t workspace_bytes, const PagedAttentionTuning& tuning) {
+  RETURN_IF_ERROR(ValidateForCuda(p));
+  if (p.num_tokens == 0 || p.num_seqs == 0) return absl::OkStatus();
+  return attention::DispatchAttention(
+      p.dtype, p.head_dim, ChooseLayout(p),
+      [&]<typename T, int D, int WM, int WN>() -> absl::Status {
+        using S = Shape<D, WM, WN>;
+        const int resident = ResidentCtas<T, D, WM, WN>();
+        if (resident == 0) {
+          return absl::InternalError("CUDA attention: kernel cannot be resident (shared memory)");
+        }
+        const size_t usable = workspace == nullptr ? 0 : workspace_bytes;
+        const Plan plan = MakePlan(p, tuning, resident, usable >= 256 ? usable - 256 : 0);
+        KernelArgs a;
+        a.query = p.query;
+        a.query_stride = p.query_stride;
+        a.output = p.output;
+        a.key_cache = p.key_cache;
+        a.value_cache = p.value_cache;
+        a.block_tables = p.block_tables;
+        a.query_start = p.query_start;
+        a.context_lens = p.context_lens;
+        a.num_seqs = p.num_seqs;
+        a.num_tokens = p.num_tokens;
+        a.num_heads = p.num_heads;
+        a.num_kv_heads = p.num_kv_heads;
+        a.group = p.num_heads / p.num_kv_heads;
+        a.max_blocks_per_seq = p.max_blocks_per_seq;
+        a.block_shift = __builtin_ctz(static_cast<unsigned>(p.block_size));
+        a.num_splits = plan.num_splits;
+        a.chunk = plan.chunk;
+        a.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
+        if (plan.num_splits > 1) {
+          // 256-byte aligned partials inside the caller's workspace.
+          const uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t{255};
+          a.partial_o = reinterpret_cast<float*>(base);
+          a.partial_lse = a.partial_o + static_cast<size_t>(plan.num_splits) * p.num_tokens *
+                                            p.num_heads * p.head_dim;
+        }
+        const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
+        if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
+        const dim3 grid(static_cast<unsigned>(grid_x), p.num_kv_heads, p.num_seqs);
+        PagedAttentionKernel<T, D, WM, WN><<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
+        CUDA_RETURN_IF_LAUNCH_ERROR();
+        if (plan.num_splits > 1) {
+          MergeSplitsKernel<T, D><<<p.num_tokens, 256, 0, stream>>>(a);
+          CUDA_RETURN_IF_LAUNCH_ERROR();
+        }
+        return absl::OkStatus();
+      });
+}
+
+}  // namespace mqa

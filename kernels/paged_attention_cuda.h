@@ -1,0 +1,43 @@
+// The CUDA paged attention (see kernels/paged_attention.h for the layout and semantics) and the
+// per-head baseline it is measured against. Include only from CUDA-enabled code.
+//
+// Supported: fp16 and bf16; head_dim 64 and 128; block_size a power of two from 8 to 256; any
+// num_heads / num_kv_heads group (query heads of one KV head share one CTA's MMA tiles up to 64,
+// larger groups tile further). Device pointers throughout, including block_tables, query_start
+// and context_lens. Every context_len must be <= max_context_len, every query length <=
+// max_query_len (when given). Launches are asynchronous on `stream`; thread-compatible (no
+// global state but a per-device cache of the SM count).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/paged_attention.h"
+
+namespace mqa {
+
+// Tuning knobs for tests and benchmarks; the defaults are what production uses.
+struct PagedAttentionTuning {
+  int num_splits = 0;  // KV splits per sequence (split-KV); 0 chooses from the SM count
+};
+
+// Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will
+// not split. A smaller workspace is allowed: the launch then uses fewer splits.
+size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
+                                        const PagedAttentionTuning& tuning = {});
+
+// Decode (max_query_len 1) and prefill / mixed batches. `workspace` is device memory owned by the
+// caller, at least PagedAttentionCudaWorkspaceBytes(p) for the full split-KV speed; may be null.
+absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stream, void* workspace,
+                                size_t workspace_bytes, const PagedAttentionTuning& tuning = {});
+
+// The 2023 design, kept as the benchmark's baseline: decode only (every q_len 1), one CTA per
+// (sequence, query head) that re-reads its KV head through `head_mapping` (device, [num_heads]:
+// query head -> KV head), CUDA cores only. max_context_len <= 32768.
+absl::Status PagedAttentionPerHeadBaselineCuda(const PagedAttentionParams& p,
+                                               const int32_t* head_mapping, cudaStream_t stream);
+
+}  // namespace mqa

@@ -1,0 +1,387 @@
+// Every CUDA attention / KV-cache kernel against its CPU reference on fresh random inputs:
+// random block tables, context lengths 1 ... 8192 that are not multiples of the block size,
+// decode batches (split-KV and not), mixed prefill chunks, MQA and grouped heads. The output is
+// poisoned (NaN bytes) first, so every element must be written. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/device_info.h"
+#include "kernels/kv_cache.h"
+#include "kernels/kv_cache_cuda.h"
+#include "kernels/paged_attention.h"
+#include "kernels/paged_attention_cuda.h"
+#include "tests/kernels/attention_test_util.h"
+
+namespace mqa {
+namespace {
+
+using testing::PagedBatch;
+using testing::SeqSpec;
+
+// A device allocation for the test's lifetime.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) EXPECT_EQ(cudaMalloc(&ptr_, bytes), cudaSuccess);
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  static DeviceBuffer From(const std::vector<T>& v) {
+    DeviceBuffer b(v.size() * sizeof(T));
+    EXPECT_EQ(cudaMemcpy(b.ptr_, v.data(), b.bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    return b;
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  template <typename T>
+  std::vector<T> Download() const {
+    std::vector<T> v(bytes_ / sizeof(T));
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+uint16_t ToBits(float x, DType t) {
+  return t == DType::kF16 ? FloatToHalfBits(x) : FloatToBFloat16Bits(x);
+}
+float FromBits(uint16_t b, DType t) {
+  return t == DType::kF16 ? HalfBitsToFloat(b) : BFloat16BitsToFloat(b);
+}
+// Rounds `v` to the dtype in place and returns the bits.
+std::vector<uint16_t> RoundTo(std::vector<float>& v, DType t) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    bits[i] = ToBits(v[i], t);
+    v[i] = FromBits(bits[i], t);
+  }
+  return bits;
+}
+
+struct AttentionCase {
+  DType dtype = DType::kF16;
+  int head_dim = 128;
+  int block_size = 16;
+  int num_heads = 48;
+  int num_kv_heads = 1;
+  std::vector<SeqSpec> seqs;
+  int force_splits = 0;
+  bool give_max_query_len = true;
+};
+
+std::string Describe(const AttentionCase& c) {
+  std::string s = std::string(DTypeName(c.dtype)) + " D" + std::to_string(c.head_dim) + " bs" +
+                  std::to_string(c.block_size) + " heads " + std::to_string(c.num_heads) + "/" +
+                  std::to_string(c.num_kv_heads) + " splits " + std::to_string(c.force_splits) +
+                  " seqs";
+  for (const SeqSpec& q : c.seqs) {
+    s += " (" + std::to_string(q.context_len) + "," + std::to_string(q.query_len) + ")";
+  }
+  return s;
+}
+
+// Runs the CUDA kernel and the CPU reference on the same rounded inputs; returns rel. error.
+double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
+  PagedBatch b =
+      testing::MakePagedBatch(c.seqs, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size, rng);
+  const std::vector<uint16_t> q_bits = RoundTo(b.query, c.dtype);
+  const std::vector<uint16_t> k_bits = RoundTo(b.key_cache, c.dtype);
+  const std::vector<uint16_t> v_bits = RoundTo(b.value_cache, c.dtype);
+  DeviceBuffer dq = DeviceBuffer::From(q_bits), dk = DeviceBuffer::From(k_bits),
+               dv = DeviceBuffer::From(v_bits), dt = DeviceBuffer::From(b.block_tables),
+               dqs = DeviceBuffer::From(b.query_start), dctx = DeviceBuffer::From(b.context_lens);
+  DeviceBuffer dout(q_bits.size() * 2);
+  EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
+
+  PagedAttentionParams p;
+  p.query = dq.get<void>();
+  p.query_stride = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  p.output = dout.get<void>();
+  p.key_cache = dk.get<void>();
+  p.value_cache = dv.get<void>();
+  p.block_tables = dt.get<int32_t>();
+  p.query_start = dqs.get<int32_t>();
+  p.context_lens = dctx.get<int32_t>();
+  p.num_seqs = static_cast<int>(c.seqs.size());
+  p.num_tokens = b.num_tokens;
+  p.num_heads = c.num_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  p.block_size = c.block_size;
+  p.max_blocks_per_seq = b.max_blocks_per_seq;
+  p.max_context_len = b.max_context_len;
+  if (c.give_max_query_len) {
+    for (const SeqSpec& q : c.seqs) p.max_query_len = std::max(p.max_query_len, q.query_len);
+  }
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.dtype = c.dtype;
+  PagedAttentionTuning tuning;
+  tuning.num_splits = c.force_splits;
+  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
+  DeviceBuffer ws(ws_bytes);
+  const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<uint16_t> out_bits = dout.Download<uint16_t>();
+
+  std::vector<float> ref(b.query.size());
+  PagedAttentionParams cpu = p;
+  cpu.query = b.query.data();
+  cpu.output = ref.data();
+  cpu.key_cache = b.key_cache.data();
+  cpu.value_cache = b.value_cache.data();
+  cpu.block_tables = b.block_tables.data();
+  cpu.query_start = b.query_start.data();
+  cpu.context_lens = b.context_lens.data();
+  cpu.dtype = DType::kF32;
+  EXPECT_TRUE(PagedAttentionCpu(cpu).ok());
+
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float x = FromBits(out_bits[i], c.dtype);
+    if (!std::isfinite(x)) {
+      ADD_FAILURE() << "element " << i << " not written / not finite";
+      return 1e9;
+    }
+    num += (x - static_cast<double>(ref[i])) * (x - static_cast<double>(ref[i]));
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class AttentionCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// Context lengths in [lo, hi] that are not multiples of the block size.
+int RandomContext(std::mt19937& rng, int lo, int hi, int block_size) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  int x = d(rng);
+  if (x % block_size == 0) x = x > 1 ? x - 1 : x;
+  return x;
+}
+
+TEST_F(AttentionCudaTest, AllCompiledVariantsMatchCpu) {
+  std::mt19937 rng(std::random_device{}());
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (int head_dim : {64, 128}) {
+      for (int bs : {16, 32}) {
+        // MQA decode at StarCoder's 48 heads, long mixed contexts: split-KV.
+        AttentionCase dec{dtype, head_dim, bs, 48, 1, {}};
+        dec.seqs = {{1, 1}, {RandomContext(rng, 8000, 8192, bs), 1}};
+        for (int i = 0; i < 3; ++i) dec.seqs.push_back({RandomContext(rng, 2, 8192, bs), 1});
+        const double e1 = RunAttentionCase(dec, rng);
+        EXPECT_LT(e1, 1e-2) << Describe(dec);
+        // Mixed prefill chunks (mid-sequence starts) and decodes, grouped heads (8 per KV head).
+        AttentionCase mix{dtype, head_dim, bs, 16, 2, {}};
+        mix.seqs = {{RandomContext(rng, 200, 400, bs), 0},
+                    {1, 1},
+                    {RandomContext(rng, 600, 900, bs), 129},
+                    {RandomContext(rng, 3000, 5000, bs), 1},
+                    {65, 64}};
+        mix.seqs[0].query_len = mix.seqs[0].context_len;
+        const double e2 = RunAttentionCase(mix, rng);
+        EXPECT_LT(e2, 1e-2) << Describe(mix);
+        std::printf("%s D%d bs%d: decode rel err %.2e, mixed rel err %.2e\n",
+                    std::string(DTypeName(dtype)).c_str(), head_dim, bs, e1, e2);
+      }
+    }
+  }
+}
+
+TEST_F(AttentionCudaTest, GroupSizesOneToSixtyFourAndBeyond) {
+  std::mt19937 rng(std::random_device{}());
+  // (num_heads, num_kv_heads): groups 1, 7, 16, 24, 40, 64 and 80 (tiles over rows).
+  const int shapes[][2] = {{4, 4}, {14, 2}, {16, 1}, {24, 1}, {40, 1}, {64, 1}, {80, 1}};
+  for (const auto& sh : shapes) {
+    for (DType dtype : {DType::kF16, DType::kBF16}) {
+      AttentionCase c{
+          dtype, dtype == DType::kF16 ? 128 : 64, dtype == DType::kF16 ? 16 : 32, sh[0], sh[1], {}};
+      for (int i = 0; i < 4; ++i) c.seqs.push_back({RandomContext(rng, 1, 3000, c.block_size), 1});
+      EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << Describe(c);
+    }
+  }
+}
+
+TEST_F(AttentionCudaTest, LargeDecodeBatchWithoutSplits) {
+  std::mt19937 rng(std::random_device{}());
+  AttentionCase c{DType::kF16, 128, 16, 48, 1, {}};
+  for (int i = 0; i < 300; ++i) c.seqs.push_back({RandomContext(rng, 1, 700, 16), 1});
+  c.force_splits = 1;
+  EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << Describe(c);
+  c.force_splits = 0;  // automatic
+  EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << "auto splits";
+}
+
+TEST_F(AttentionCudaTest, ForcedSplitsOnPrefillMergeCorrectly) {
+  std::mt19937 rng(std::random_device{}());
+  for (int splits : {2, 3, 7}) {
+    AttentionCase c{
+        DType::kBF16, 128, 16,
+        48,           1,   {{RandomContext(rng, 300, 500, 16), 100}, {1000, 1}, {90, 90}}};
+    c.force_splits = splits;
+    EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << Describe(c);
+  }
+}
+
+TEST_F(AttentionCudaTest, UnknownMaxQueryLenStillCoversEveryRow) {
+  std::mt19937 rng(std::random_device{}());
+  AttentionCase c{DType::kF16, 64, 16, 12, 3, {{50, 17}, {33, 1}, {7, 7}}};
+  c.give_max_query_len = false;
+  EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << Describe(c);
+}
+
+TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
+  PagedAttentionParams p;
+  p.num_heads = 8;
+  p.head_dim = 80;
+  p.query_stride = 640;
+  p.dtype = DType::kF16;
+  p.max_context_len = 10;
+  EXPECT_EQ(PagedAttentionCuda(p, nullptr, nullptr, 0).code(), absl::StatusCode::kOk)
+      << "an empty batch is fine";
+  p.num_tokens = 1;
+  p.num_seqs = 1;
+  int dummy[4] = {0, 1, 1, 0};
+  alignas(16) static uint16_t buf[1024];
+  p.query = p.output = buf;
+  p.key_cache = p.value_cache = buf;
+  p.block_tables = dummy;
+  p.query_start = dummy;
+  p.context_lens = dummy;
+  EXPECT_EQ(PagedAttentionCuda(p, nullptr, nullptr, 0).code(),
+            absl::StatusCode::kInvalidArgument);  // head_dim 80
+  p.head_dim = 64;
+  p.query_stride = 512;
+  p.dtype = DType::kF32;
+  EXPECT_EQ(PagedAttentionCuda(p, nullptr, nullptr, 0).code(), absl::StatusCode::kInvalidArgument);
+  p.dtype = DType::kBF16;
+  p.block_size = 12;
+  EXPECT_EQ(PagedAttentionCuda(p, nullptr, nullptr, 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(AttentionCudaTest, PerHeadBaselineMatchesCpu) {
+  std::mt19937 rng(std::random_device{}());
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    const int heads = 12, kv_heads = dtype == DType::kF16 ? 1 : 3,
+              d = dtype == DType::kF16 ? 128 : 64;
+    std::vector<SeqSpec> seqs;
+    for (int i = 0; i < 5; ++i) seqs.push_back({RandomContext(rng, 1, 8192, 16), 1});
+    PagedBatch b = testing::MakePagedBatch(seqs, heads, kv_heads, d, 16, rng);
+    const auto qb = RoundTo(b.query, dtype), kb = RoundTo(b.key_cache, dtype),
+               vb = RoundTo(b.value_cache, dtype);
+    std::vector<int32_t> mapping(heads);
+    for (int h = 0; h < heads; ++h) mapping[h] = h / (heads / kv_heads);
+    DeviceBuffer dq = DeviceBuffer::From(qb), dk = DeviceBuffer::From(kb),
+                 dv = DeviceBuffer::From(vb), dt = DeviceBuffer::From(b.block_tables),
+                 dqs = DeviceBuffer::From(b.query_start), dctx = DeviceBuffer::From(b.context_lens),
+                 dmap = DeviceBuffer::From(mapping), dout(qb.size() * 2);
+    cudaMemset(dout.get<void>(), 0xff, qb.size() * 2);
+    PagedAttentionParams p;
+    p.query = dq.get<void>();
+    p.query_stride = heads * d;
+    p.output = dout.get<void>();
+    p.key_cache = dk.get<void>();
+    p.value_cache = dv.get<void>();
+    p.block_tables = dt.get<int32_t>();
+    p.query_start = dqs.get<int32_t>();
+    p.context_lens = dctx.get<int32_t>();
+    p.num_seqs = p.num_tokens = static_cast<int>(seqs.size());
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = d;
+    p.block_size = 16;
+    p.max_blocks_per_seq = b.max_blocks_per_seq;
+    p.max_context_len = b.max_context_len;
+    p.scale = 0.1f;
+    p.dtype = dtype;
+    ASSERT_TRUE(PagedAttentionPerHeadBaselineCuda(p, dmap.get<int32_t>(), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto out = dout.Download<uint16_t>();
+    std::vector<float> outf(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      outf[i] = FromBits(out[i], dtype);
+      ASSERT_TRUE(std::isfinite(outf[i])) << i;
+    }
+    EXPECT_LT(testing::RelativeError(outf, testing::DenseCausalReference(b, p.scale)), 1e-2);
+  }
+}
+
+TEST_F(AttentionCudaTest, KvCacheWriteMatchesCpu) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (int d : {64, 128}) {
+      const int kv_heads = 2, block_size = 16, num_blocks = 40, tokens = 300;
+      const int64_t row = kv_heads * d, stride = row + 3 * 8;  // rows inside a wider QKV row
+      std::vector<float> key(tokens * stride), value(tokens * stride);
+      for (float& x : key) x = normal(rng);
+      for (float& x : value) x = normal(rng);
+      const auto kb = RoundTo(key, dtype), vb = RoundTo(value, dtype);
+      std::vector<int32_t> slots(num_blocks * block_size);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(tokens);
+      for (int i = 0; i < 10; ++i) slots[rng() % tokens] = -1;
+      const size_t cache_elems = static_cast<size_t>(num_blocks) * block_size * row;
+      const uint16_t poison_bits = ToBits(-3.25f, dtype);
+      std::vector<uint16_t> cache_init(cache_elems, poison_bits);
+      DeviceBuffer dk = DeviceBuffer::From(kb), dv = DeviceBuffer::From(vb),
+                   ds = DeviceBuffer::From(slots), dkc = DeviceBuffer::From(cache_init),
+                   dvc = DeviceBuffer::From(cache_init);
+      KvCacheWriteParams p;
+      p.key = dk.get<void>();
+      p.value = dv.get<void>();
+      p.key_stride = p.value_stride = stride;
+      p.key_cache = dkc.get<void>();
+      p.value_cache = dvc.get<void>();
+      p.slot_mapping = ds.get<int32_t>();
+      p.num_tokens = tokens;
+      p.num_kv_heads = kv_heads;
+      p.head_dim = d;
+      p.block_size = block_size;
+      p.dtype = dtype;
+      ASSERT_TRUE(KvCacheWriteCuda(p, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+      std::vector<float> kc(cache_elems, -3.25f), vc(cache_elems, -3.25f);
+      KvCacheWriteParams cpu = p;
+      cpu.key = key.data();
+      cpu.value = value.data();
+      cpu.key_cache = kc.data();
+      cpu.value_cache = vc.data();
+      cpu.slot_mapping = slots.data();
+      cpu.dtype = DType::kF32;
+      ASSERT_TRUE(KvCacheWriteCpu(cpu).ok());
+      const auto gk = dkc.Download<uint16_t>(), gv = dvc.Download<uint16_t>();
+      for (size_t i = 0; i < cache_elems; ++i) {
+        ASSERT_EQ(FromBits(gk[i], dtype), kc[i]) << i;
+        ASSERT_EQ(FromBits(gv[i], dtype), vc[i]) << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mqa
