@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "parallel/collectives.h"
@@ -93,6 +94,7 @@ class MpiCollectives final : public Collectives {
   int world_size() const override { return size_; }
 
   absl::Status AllReduceSum(Tensor& tensor) override {
+    RETURN_IF_ERROR(broken_);
     if (!IsFloat(tensor.dtype())) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllReduceSum: not a float tensor: ", tensor.DebugString()));
@@ -128,6 +130,7 @@ class MpiCollectives final : public Collectives {
   }
 
   absl::Status AllGather(const Tensor& input, Tensor& output) override {
+    RETURN_IF_ERROR(broken_);
     RETURN_IF_ERROR(CheckGatherShapes("AllGather", input, output));
     ASSIGN_OR_RETURN(const int bytes, MpiBytes("AllGather", input.nbytes()));
     if (bytes == 0) return absl::OkStatus();
@@ -141,6 +144,7 @@ class MpiCollectives final : public Collectives {
   }
 
   absl::Status Gather(const Tensor& input, Tensor& output, int root) override {
+    RETURN_IF_ERROR(broken_);
     RETURN_IF_ERROR(CheckRoot("Gather", root));
     if (rank_ == root) RETURN_IF_ERROR(CheckGatherShapes("Gather", input, output));
     ASSIGN_OR_RETURN(const int bytes, MpiBytes("Gather", input.nbytes()));
@@ -156,6 +160,7 @@ class MpiCollectives final : public Collectives {
   }
 
   absl::Status Broadcast(Tensor& tensor, int root) override {
+    RETURN_IF_ERROR(broken_);
     RETURN_IF_ERROR(CheckRoot("Broadcast", root));
     ASSIGN_OR_RETURN(const int bytes, MpiBytes("Broadcast", tensor.nbytes()));
     if (bytes == 0) return absl::OkStatus();
@@ -259,7 +264,16 @@ class MpiCollectives final : public Collectives {
     policy.spin = absl::Milliseconds(2);
     policy.hold = absl::Milliseconds(50);
     policy.max_sleep = absl::Milliseconds(1);
-    return WaitForRequest(request, deadline, what, policy);
+    absl::Status status = WaitForRequest(request, deadline, what, policy);
+    if (!status.ok()) {
+      // The ranks are out of step: refuse every later call. MPI cannot cancel or free a pending
+      // collective, so its request is kept (and whatever buffer it writes to must stay alive
+      // until the job ends, which it should, promptly: World::Abort).
+      broken_ = absl::FailedPreconditionError(
+          absl::StrCat("MPI collectives unusable after an earlier failure: ", status.message()));
+      if (*request != MPI_REQUEST_NULL) abandoned_.push_back(*request);
+    }
+    return status;
   }
 
   Communicator comm_;
@@ -268,6 +282,8 @@ class MpiCollectives final : public Collectives {
   CollectivesOptions options_;
   HostScratch pinned_{/*pinned=*/true};
   HostScratch widened_{/*pinned=*/false};
+  absl::Status broken_;
+  std::vector<MPI_Request> abandoned_;
 };
 
 }  // namespace

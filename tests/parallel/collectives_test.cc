@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "parallel/world.h"
@@ -128,6 +129,33 @@ TEST(MpiCollectivesErrors, BadArgumentsAreStatusesNotCrashes) {
   Tensor small = Tensor::Cpu({3}, DType::kF32);
   EXPECT_EQ((*coll)->AllGather(in, small).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*coll)->Broadcast(in, TestWorld().size()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Fault design: a collective that a peer does not join returns DeadlineExceeded at the deadline
+// instead of hanging, and the collectives refuse further work. (Here the peers join late, so
+// the abandoned collective completes and the job can finish cleanly.)
+TEST(MpiCollectivesErrors, MissingPeerTimesOutInsteadOfHanging) {
+  if (TestWorld().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  CollectivesOptions options;  // rank 0 gives up soon; the late ranks are patient
+  options.timeout = TestWorld().is_root() ? absl::Milliseconds(300) : absl::Seconds(30);
+  auto coll = MakeMpiCollectives(TestWorld(), options);
+  ASSERT_TRUE(coll.ok());
+  Tensor t = Tensor::Cpu({1000}, DType::kF32);
+  std::fill_n(t.data<float>(), 1000, 1.0f);
+  if (TestWorld().is_root()) {
+    const absl::Time start = absl::Now();
+    const absl::Status status = (*coll)->AllReduceSum(t);
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+    EXPECT_GE(took, absl::Milliseconds(300));
+    EXPECT_LT(took, absl::Seconds(3));
+    EXPECT_EQ((*coll)->AllReduceSum(t).code(), absl::StatusCode::kFailedPrecondition);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    EXPECT_TRUE((*coll)->AllReduceSum(t).ok());
+  }
+  // Rank 0 drives progress for the late ranks while it waits here; `t` outlives the collective.
+  ASSERT_EQ(MPI_Barrier(TestWorld().comm()), MPI_SUCCESS);
 }
 
 TEST(LocalCollectives, OneRankCopiesAndKeeps) {
