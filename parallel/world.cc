@@ -100,4 +100,13 @@ std::string World::Describe() const {
                       local_size_, ")");
 }
 
+absl::StatusOr<int> DeviceForRank(const World& world, int device_count) {
+  if (world.local_size() > device_count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(world.local_size(), " ranks run on ", world.hostname(), " but it has ",
+                     device_count, " CUDA device(s); start at most one rank per GPU on each node"));
+  }
+  return world.local_rank();
+}
+
 }  // namespace mqa

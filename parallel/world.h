@@ -88,4 +88,9 @@ class World {
   Communicator world_;
 };
 
+// The CUDA device of this rank: its node-local rank (never global rank % devices, which breaks
+// when nodes run different numbers of ranks). FailedPrecondition, naming the host, when the node
+// runs more ranks than it has devices (NCCL needs a GPU per rank).
+absl::StatusOr<int> DeviceForRank(const World& world, int device_count);
+
 }  // namespace mqa

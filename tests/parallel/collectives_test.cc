@@ -181,6 +181,11 @@ TEST(World, LocalRanksPartitionTheNode) {
   EXPECT_EQ(w.local_size(), w.size());
   EXPECT_EQ(w.local_rank(), w.rank());
   EXPECT_FALSE(w.hostname().empty());
+  auto device = DeviceForRank(w, w.local_size());
+  ASSERT_TRUE(device.ok());
+  EXPECT_EQ(*device, w.local_rank());
+  EXPECT_EQ(DeviceForRank(w, w.local_size() - 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
