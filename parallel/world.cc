@@ -55,10 +55,10 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(int* argc, char*** argv) {
     MPI_RETURN_IF_ERROR(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &world->thread_level_));
     world->owns_mpi_ = true;
   }
-  if (world->thread_level_ < MPI_THREAD_SERIALIZED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the MPI library provides thread level ", world->thread_level_,
-        "; mqaserve needs MPI_THREAD_SERIALIZED or better (MPI is called from the engine thread)"));
+  if (world->thread_level_ < MPI_THREAD_FUNNELED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the MPI library provides thread level ", world->thread_level_,
+                     "; mqaserve needs MPI_THREAD_FUNNELED or better (MPI_THREAD_MULTIPLE asked)"));
   }
   // Errors on the world communicator come back as codes (MPI_RETURN_IF_ERROR), not as an abort
   // inside the library: a failing peer must end the job with our message, not MPI's.

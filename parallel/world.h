@@ -4,10 +4,10 @@
 //
 // Ownership: create exactly one World per process, in main, before anything that talks MPI, and
 // keep it alive until all of those (collectives, control channels, Communicators) are destroyed.
-// Threads: MPI is initialised with MPI_THREAD_MULTIPLE when the library offers it, and must offer
-// at least MPI_THREAD_SERIALIZED: mqaserve calls MPI from one thread only (the engine thread on
-// rank 0, the main thread on workers), which need not be the thread that initialised MPI, so
-// FUNNELED would not be enough. HTTP threads never call MPI.
+// Threads: MPI is initialised with MPI_THREAD_MULTIPLE when the library offers it, else at least
+// MPI_THREAD_FUNNELED. mqaserve calls MPI from one thread only (the engine thread on rank 0, the
+// main thread on workers); HTTP threads never do. Under FUNNELED that one thread must be the one
+// that called World::Init (mpi_from_any_thread() says whether another thread may be it).
 #pragma once
 
 #include <mpi.h>
@@ -62,6 +62,9 @@ class World {
   const std::string& hostname() const { return hostname_; }
   bool is_root() const { return rank_ == 0; }
   int thread_level() const { return thread_level_; }
+  // True when the single MPI-calling thread may be other than the initialising one
+  // (MPI_THREAD_SERIALIZED or better).
+  bool mpi_from_any_thread() const { return thread_level_ >= MPI_THREAD_SERIALIZED; }
 
   // All ranks of the job (a duplicate of MPI_COMM_WORLD; errors returned, not fatal).
   MPI_Comm comm() const { return world_.get(); }
