@@ -128,8 +128,8 @@ std::vector<std::string> Checkpoint::TensorNames() const {
   return names;
 }
 
-absl::Status Checkpoint::ReadSliceInto(std::string_view name, const TensorSlice& slice,
-                                       void* dst, DType dst_dtype) const {
+absl::Status Checkpoint::ReadSliceInto(std::string_view name, const TensorSlice& slice, void* dst,
+                                       DType dst_dtype) const {
   const Entry* e = Find(name);
   if (e == nullptr) {
     return absl::NotFoundError(absl::StrCat(source_, ": no tensor '", std::string(name), "'"));

@@ -139,9 +139,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   ASSIGN_OR_RETURN(c.n_layer, f.PositiveInt({"n_layer", "num_hidden_layers"}));
   ASSIGN_OR_RETURN(c.n_head, f.PositiveInt({"n_head", "num_attention_heads"}));
   if (c.n_embd % c.n_head != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": n_embd (", c.n_embd,
-                                                   ") is not a multiple of n_head (", c.n_head,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": n_embd (", c.n_embd, ") is not a multiple of n_head (", c.n_head, ")"));
   }
 
   auto inner = root.find("n_inner");
@@ -158,15 +157,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   ASSIGN_OR_RETURN(const int64_t kv, f.OptionalInt("num_key_value_heads", -1));
   if (kv != -1) {
     if (kv != 1 && kv != c.n_head) {
-      return f.Error("num_key_value_heads",
-                     absl::StrCat("must be 1 (multi-query) or n_head (", c.n_head, "), found ", kv));
+      return f.Error("num_key_value_heads", absl::StrCat("must be 1 (multi-query) or n_head (",
+                                                         c.n_head, "), found ", kv));
     }
     if (!has_mq) {
       c.multi_query = kv == 1;
     } else if ((kv == 1) != c.multi_query && c.n_head != 1) {
-      return f.Error("num_key_value_heads",
-                     absl::StrCat("is ", kv, " but multi_query is ",
-                                  c.multi_query ? "true" : "false"));
+      return f.Error("num_key_value_heads", absl::StrCat("is ", kv, " but multi_query is ",
+                                                         c.multi_query ? "true" : "false"));
     }
   }
   c.num_kv_heads = c.multi_query ? 1 : c.n_head;
@@ -198,17 +196,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   } else if (dtype == "bfloat16") {
     c.checkpoint_dtype = DType::kBF16;
   } else {
-    return f.Error(name, absl::StrCat("is \"", dtype,
-                                      "\"; supported: float32, float16, bfloat16"));
+    return f.Error(name, absl::StrCat("is \"", dtype, "\"; supported: float32, float16, bfloat16"));
   }
 
   ASSIGN_OR_RETURN(c.bos_token_id, f.OptionalInt("bos_token_id", -1));
   ASSIGN_OR_RETURN(c.eos_token_id, f.OptionalInt("eos_token_id", -1));
-  for (auto [field, id] : {std::pair{"bos_token_id", c.bos_token_id},
-                           std::pair{"eos_token_id", c.eos_token_id}}) {
+  for (auto [field, id] :
+       {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id}}) {
     if (id < -1 || id >= c.vocab_size) {
-      return f.Error(field, absl::StrCat("is ", id, ", outside the vocabulary of ",
-                                         c.vocab_size));
+      return f.Error(field, absl::StrCat("is ", id, ", outside the vocabulary of ", c.vocab_size));
     }
   }
   return c;

@@ -110,8 +110,8 @@ class SafetensorsFile {
   // writes it densely (row-major, out_shape) to `dst`. Only the slice's bytes are touched in
   // the mapping, so reading one rank's shard does not read the rest of the tensor.
   // Non-float tensors are an error naming the file, tensor and dtype.
-  absl::Status ReadSliceInto(const SafetensorsTensorInfo& info, const TensorSlice& slice,
-                             void* dst, DType dst_dtype) const;
+  absl::Status ReadSliceInto(const SafetensorsTensorInfo& info, const TensorSlice& slice, void* dst,
+                             DType dst_dtype) const;
 
   // A new host tensor holding `slice` of tensor `name` in `dtype`.
   absl::StatusOr<Tensor> Read(std::string_view name, const TensorSlice& slice = TensorSlice::All(),

@@ -28,10 +28,10 @@ struct DTypeEntry {
 // Every dtype the safetensors format defines; only the float ones are readable here, the others
 // still parse so that the sizes of all tensors in a file can be validated.
 constexpr DTypeEntry kDTypes[] = {
-    {"F32", 4, DType::kF32},  {"F16", 2, DType::kF16},    {"BF16", 2, DType::kBF16},
-    {"F64", 8, std::nullopt}, {"I64", 8, std::nullopt},   {"U64", 8, std::nullopt},
-    {"I32", 4, std::nullopt}, {"U32", 4, std::nullopt},   {"I16", 2, std::nullopt},
-    {"U16", 2, std::nullopt}, {"I8", 1, std::nullopt},    {"U8", 1, std::nullopt},
+    {"F32", 4, DType::kF32},   {"F16", 2, DType::kF16},      {"BF16", 2, DType::kBF16},
+    {"F64", 8, std::nullopt},  {"I64", 8, std::nullopt},     {"U64", 8, std::nullopt},
+    {"I32", 4, std::nullopt},  {"U32", 4, std::nullopt},     {"I16", 2, std::nullopt},
+    {"U16", 2, std::nullopt},  {"I8", 1, std::nullopt},      {"U8", 1, std::nullopt},
     {"BOOL", 1, std::nullopt}, {"F8_E4M3", 1, std::nullopt}, {"F8_E5M2", 1, std::nullopt},
 };
 
@@ -72,8 +72,9 @@ absl::Status ParseTensorEntry(const std::string& source, const std::string& name
     // Non-negative integers parse as unsigned; a dimension past 2^62 cannot be a real tensor and
     // keeps every later product of int64s clear of overflow checks here.
     if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 62)) {
-      return Invalid(source, absl::StrCat(where, "shape entries must be non-negative integers, "
-                                                 "found ",
+      return Invalid(source, absl::StrCat(where,
+                                          "shape entries must be non-negative integers, "
+                                          "found ",
                                           d.dump()));
     }
     const uint64_t dim = d.get<uint64_t>();
@@ -88,8 +89,9 @@ absl::Status ParseTensorEntry(const std::string& source, const std::string& name
   auto offsets = v.find("data_offsets");
   if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
       !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-    return Invalid(source, absl::StrCat(where, "'data_offsets' must be [begin, end] with "
-                                               "non-negative integers"));
+    return Invalid(source, absl::StrCat(where,
+                                        "'data_offsets' must be [begin, end] with "
+                                        "non-negative integers"));
   }
   info->begin = (*offsets)[0].get<uint64_t>();
   info->end = (*offsets)[1].get<uint64_t>();
@@ -100,10 +102,10 @@ absl::Status ParseTensorEntry(const std::string& source, const std::string& name
   uint64_t nbytes = 0;
   if (__builtin_mul_overflow(numel, uint64_t{entry->size}, &nbytes) ||
       nbytes != info->end - info->begin) {
-    return Invalid(source, absl::StrCat(where, "shape ", shape->dump(), " of ", info->dtype_name,
-                                        " needs ", numel, " x ", entry->size,
-                                        " bytes but data_offsets [", info->begin, ", ", info->end,
-                                        "] span ", info->end - info->begin));
+    return Invalid(source,
+                   absl::StrCat(where, "shape ", shape->dump(), " of ", info->dtype_name, " needs ",
+                                numel, " x ", entry->size, " bytes but data_offsets [", info->begin,
+                                ", ", info->end, "] span ", info->end - info->begin));
   }
   return absl::OkStatus();
 }
@@ -132,8 +134,10 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file_b
                                         file_bytes.size(), "-byte file (truncated?)"));
   }
   if (header_len > kMaxHeaderBytes) {
-    return Invalid(source, absl::StrCat("header length ", header_len, " exceeds the format's "
-                                        "limit of ", kMaxHeaderBytes));
+    return Invalid(source, absl::StrCat("header length ", header_len,
+                                        " exceeds the format's "
+                                        "limit of ",
+                                        kMaxHeaderBytes));
   }
   const std::string_view text = file_bytes.substr(8, header_len);
 
@@ -158,8 +162,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file_b
     return Invalid(source, absl::StrCat("tensor '", duplicate, "' appears twice in the header"));
   }
   if (!root.is_object()) {
-    return Invalid(source,
-                   absl::StrCat("header must be a JSON object, found ", root.type_name()));
+    return Invalid(source, absl::StrCat("header must be a JSON object, found ", root.type_name()));
   }
 
   SafetensorsHeader header;
@@ -170,8 +173,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file_b
       if (!it->is_object()) return Invalid(source, "'__metadata__' must be an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string()) {
-          return Invalid(source, absl::StrCat("'__metadata__' value of '", m.key(),
-                                              "' must be a string"));
+          return Invalid(source,
+                         absl::StrCat("'__metadata__' value of '", m.key(), "' must be a string"));
         }
         header.metadata.emplace(m.key(), m->get<std::string>());
       }
@@ -199,16 +202,15 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file_b
     const auto* cur = by_offset[i];
     if (cur->begin < prev->end) {
       return Invalid(source, absl::StrCat("tensors '", prev->name, "' [", prev->begin, ", ",
-                                          prev->end, ") and '", cur->name, "' [", cur->begin,
-                                          ", ", cur->end, ") overlap"));
+                                          prev->end, ") and '", cur->name, "' [", cur->begin, ", ",
+                                          cur->end, ") overlap"));
     }
   }
   return header;
 }
 
 absl::StatusOr<ResolvedSlice> ResolveSlice(const SafetensorsTensorInfo& info,
-                                           const TensorSlice& slice,
-                                           std::string_view source_view) {
+                                           const TensorSlice& slice, std::string_view source_view) {
   const std::string source(source_view);
   ResolvedSlice r;
   const int rank = static_cast<int>(info.shape.size());

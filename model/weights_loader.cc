@@ -31,8 +31,8 @@ class WeightSource {
   // OK when the tensor exists with exactly `expected` shape; else an error naming the file,
   // the tensor, and both shapes.
   virtual absl::Status CheckShape(const std::string& name, const Shape& expected) const = 0;
-  virtual absl::Status ReadSliceInto(const std::string& name, const TensorSlice& slice,
-                                     void* dst, DType dtype) const = 0;
+  virtual absl::Status ReadSliceInto(const std::string& name, const TensorSlice& slice, void* dst,
+                                     DType dtype) const = 0;
 };
 
 class CheckpointSource : public WeightSource {
@@ -48,10 +48,9 @@ class CheckpointSource : public WeightSource {
                                               "' (expected shape ", ShapeString(expected), ")"));
     }
     if (e->info->shape != expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(e->file->path(), ": tensor '", name, "' has shape ",
-                       ShapeString(e->info->shape), " but config.json implies ",
-                       ShapeString(expected)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          e->file->path(), ": tensor '", name, "' has shape ", ShapeString(e->info->shape),
+          " but config.json implies ", ShapeString(expected)));
     }
     return absl::OkStatus();
   }
@@ -93,13 +92,19 @@ class DummySource : public WeightSource {
     }
     const uint64_t key = Mix(seed_ ^ Mix(Fnv1a(name)));
     switch (dtype) {
-      case DType::kF32: Generate<DType::kF32>(r, fill, key, dst); break;
-      case DType::kF16: Generate<DType::kF16>(r, fill, key, dst); break;
-      case DType::kBF16: Generate<DType::kBF16>(r, fill, key, dst); break;
+      case DType::kF32:
+        Generate<DType::kF32>(r, fill, key, dst);
+        break;
+      case DType::kF16:
+        Generate<DType::kF16>(r, fill, key, dst);
+        break;
+      case DType::kBF16:
+        Generate<DType::kBF16>(r, fill, key, dst);
+        break;
       case DType::kI32:
       case DType::kI64:
-        return absl::InvalidArgumentError(absl::StrCat("dummy weights: cannot produce ",
-                                                       std::string(DTypeName(dtype))));
+        return absl::InvalidArgumentError(
+            absl::StrCat("dummy weights: cannot produce ", std::string(DTypeName(dtype))));
     }
     return absl::OkStatus();
   }
@@ -160,9 +165,9 @@ class DummySource : public WeightSource {
     };
     // Large tensors (embeddings and MLP matrices of 15B models) are split across cores.
     const int64_t numel = rows * width;
-    const int64_t threads = std::min<int64_t>(
-        {static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())), 32,
-         numel / (1 << 20) + 1, std::max<int64_t>(rows, 1)});
+    const int64_t threads =
+        std::min<int64_t>({static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
+                           32, numel / (1 << 20) + 1, std::max<int64_t>(rows, 1)});
     if (threads <= 1) {
       fill_rows(r.row_begin, r.row_end);
       return;
@@ -268,8 +273,8 @@ class ShardBuilder {
     const int64_t first_head = s.rank * s.heads_per_rank;
     if (c.multi_query) {
       // HF layout: [Q of all heads (E rows) | K (D rows) | V (D rows)].
-      RETURN_IF_ERROR(CopyInto(name, TensorSlice::Rows(first_head * D, first_head * D + local_q),
-                               t, 0));
+      RETURN_IF_ERROR(
+          CopyInto(name, TensorSlice::Rows(first_head * D, first_head * D + local_q), t, 0));
       RETURN_IF_ERROR(CopyInto(name, TensorSlice::Rows(E, E + 2 * D), t, local_q));
     } else {
       // HF layout: per head h, rows [h*3D, h*3D + 3D) hold q_h, k_h, v_h (its c_attn output is
@@ -332,8 +337,8 @@ absl::StatusOr<GptBigCodeWeights> Build(const WeightSource& src, const ModelConf
   const int64_t r = s.rank;
   const int64_t local_q = s.heads_per_rank * c.head_dim();
 
-  ASSIGN_OR_RETURN(w.wte, b.RowShard(prefix + "wte.weight", {c.vocab_size, E},
-                                     r * s.vocab_shard, (r + 1) * s.vocab_shard, s.vocab_shard));
+  ASSIGN_OR_RETURN(w.wte, b.RowShard(prefix + "wte.weight", {c.vocab_size, E}, r * s.vocab_shard,
+                                     (r + 1) * s.vocab_shard, s.vocab_shard));
   ASSIGN_OR_RETURN(w.wpe, b.Full(prefix + "wpe.weight", {c.n_positions, E}));
   w.layers.resize(c.n_layer);
   for (int64_t i = 0; i < c.n_layer; ++i) {
@@ -350,19 +355,17 @@ absl::StatusOr<GptBigCodeWeights> Build(const WeightSource& src, const ModelConf
     ASSIGN_OR_RETURN(l.ln_2_b, b.Full(p + "ln_2.bias", {E}));
     const int64_t i0 = r * s.inner_shard;
     const int64_t i1 = i0 + s.inner_shard;
-    ASSIGN_OR_RETURN(l.c_fc_w, b.RowShard(p + "mlp.c_fc.weight", {c.n_inner, E}, i0, i1,
-                                          s.inner_shard));
-    ASSIGN_OR_RETURN(l.c_fc_b,
-                     b.RowShard(p + "mlp.c_fc.bias", {c.n_inner}, i0, i1, s.inner_shard));
+    ASSIGN_OR_RETURN(l.c_fc_w,
+                     b.RowShard(p + "mlp.c_fc.weight", {c.n_inner, E}, i0, i1, s.inner_shard));
+    ASSIGN_OR_RETURN(l.c_fc_b, b.RowShard(p + "mlp.c_fc.bias", {c.n_inner}, i0, i1, s.inner_shard));
     ASSIGN_OR_RETURN(l.mlp_proj_w, b.ColShard(p + "mlp.c_proj.weight", {E, c.n_inner}, i0, i1));
     ASSIGN_OR_RETURN(l.mlp_proj_b, b.RankZeroBias(p + "mlp.c_proj.bias", {E}));
   }
   ASSIGN_OR_RETURN(w.ln_f_w, b.Full(prefix + "ln_f.weight", {E}));
   ASSIGN_OR_RETURN(w.ln_f_b, b.Full(prefix + "ln_f.bias", {E}));
   if (src.Has("lm_head.weight")) {
-    ASSIGN_OR_RETURN(w.lm_head, b.RowShard("lm_head.weight", {c.vocab_size, E},
-                                           r * s.vocab_shard, (r + 1) * s.vocab_shard,
-                                           s.vocab_shard));
+    ASSIGN_OR_RETURN(w.lm_head, b.RowShard("lm_head.weight", {c.vocab_size, E}, r * s.vocab_shard,
+                                           (r + 1) * s.vocab_shard, s.vocab_shard));
   } else {
     w.lm_head = w.wte;  // tied (GPT-BigCode's default): the same buffer
   }
@@ -382,9 +385,9 @@ absl::StatusOr<ShardInfo> MakeShardInfo(const ModelConfig& c, int rank, int worl
         ") to be a multiple of the world size; choose a world size that divides ", c.n_head));
   }
   if (c.n_inner % world_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor parallelism over ", world_size, " ranks needs n_inner (", c.n_inner,
-                     ") to be a multiple of the world size"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", world_size,
+                                                   " ranks needs n_inner (", c.n_inner,
+                                                   ") to be a multiple of the world size"));
   }
   ShardInfo s;
   s.rank = rank;
@@ -404,9 +407,9 @@ absl::StatusOr<GptBigCodeWeights> LoadWeights(const LoadOptions& opts) {
       break;
     case DType::kI32:
     case DType::kI64:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "weights can be loaded as float32, float16 or bfloat16, not ",
-          std::string(DTypeName(opts.dtype))));
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights can be loaded as float32, float16 or bfloat16, not ",
+                       std::string(DTypeName(opts.dtype))));
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(opts.model_dir));
   ASSIGN_OR_RETURN(ShardInfo shard, MakeShardInfo(config, opts.rank, opts.world_size));
@@ -417,8 +420,8 @@ absl::StatusOr<GptBigCodeWeights> LoadWeights(const LoadOptions& opts) {
     return Build(src, config, shard, "transformer.", opts);
   }
   if (opts.load_format != "auto" && opts.load_format != "safetensors") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown load_format '", opts.load_format, "'; expected auto, safetensors or dummy"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown load_format '", opts.load_format,
+                                                   "'; expected auto, safetensors or dummy"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(opts.model_dir));
   // GPTBigCodeForCausalLM saves "transformer.*"; a bare GPTBigCodeModel saves no prefix.

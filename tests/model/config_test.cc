@@ -101,9 +101,9 @@ TEST(ConfigTest, NInnerNullIsFourTimesEmbd) {
 
 TEST(ConfigTest, DefaultsWhenOptionalFieldsAbsent) {
   json j = OldConfig();
-  for (const char* k : {"torch_dtype", "layer_norm_epsilon", "initializer_range",
-                        "scale_attn_weights", "activation_function", "bos_token_id",
-                        "eos_token_id", "multi_query"}) {
+  for (const char* k :
+       {"torch_dtype", "layer_norm_epsilon", "initializer_range", "scale_attn_weights",
+        "activation_function", "bos_token_id", "eos_token_id", "multi_query"}) {
     j.erase(k);
   }
   auto c = Parse(j);
@@ -136,12 +136,18 @@ TEST(ConfigTest, MissingAndIllTypedFieldsNameFileAndField) {
     bool erase;
   };
   const Case cases[] = {
-      {"n_embd", nullptr, true},       {"n_embd", "96", false},
-      {"n_head", 6.5, false},          {"vocab_size", -3, false},
-      {"n_layer", nullptr, true},      {"n_positions", json::array(), false},
-      {"multi_query", "yes", false},   {"layer_norm_epsilon", "small", false},
-      {"torch_dtype", "float64", false}, {"activation_function", "relu", false},
-      {"eos_token_id", 301, false},    {"n_inner", 0, false},
+      {"n_embd", nullptr, true},
+      {"n_embd", "96", false},
+      {"n_head", 6.5, false},
+      {"vocab_size", -3, false},
+      {"n_layer", nullptr, true},
+      {"n_positions", json::array(), false},
+      {"multi_query", "yes", false},
+      {"layer_norm_epsilon", "small", false},
+      {"torch_dtype", "float64", false},
+      {"activation_function", "relu", false},
+      {"eos_token_id", 301, false},
+      {"n_inner", 0, false},
   };
   for (const Case& k : cases) {
     json j = OldConfig();

@@ -1,8 +1,8 @@
 // libFuzzer target for the safetensors header parser: arbitrary bytes as a whole file must give
 // a Status (never a crash, overflow or out-of-bounds read), and an accepted header must uphold
 // the invariants the readers rely on. Built with clang++ (tests/model/CMakeLists.txt).
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string_view>

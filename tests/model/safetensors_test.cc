@@ -18,14 +18,14 @@ using testing::RawSafetensors;
 using testing::StTensor;
 
 // Asserts a failed status whose message contains every one of `parts`.
-#define EXPECT_ERROR_NAMES(status_expr, ...)                                        \
-  do {                                                                              \
-    const absl::Status st_ = (status_expr);                                         \
-    EXPECT_FALSE(st_.ok());                                                         \
-    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__}) {        \
-      EXPECT_NE(st_.message().find(part_), std::string::npos)                       \
-          << "'" << part_ << "' missing from: " << st_;                            \
-    }                                                                               \
+#define EXPECT_ERROR_NAMES(status_expr, ...)                                 \
+  do {                                                                       \
+    const absl::Status st_ = (status_expr);                                  \
+    EXPECT_FALSE(st_.ok());                                                  \
+    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__}) { \
+      EXPECT_NE(st_.message().find(part_), std::string::npos)                \
+          << "'" << part_ << "' missing from: " << st_;                      \
+    }                                                                        \
   } while (0)
 
 StTensor F32Tensor(const std::string& name, std::vector<int64_t> shape, float start = 1.0f) {
@@ -54,8 +54,8 @@ TEST(SafetensorsHeaderTest, ParsesValidHeader) {
 }
 
 TEST(SafetensorsHeaderTest, TruncatedFile) {
-  EXPECT_ERROR_NAMES(ParseSafetensorsHeader("\x10\0\0", "t.safetensors").status(),
-                     "t.safetensors", "truncated");
+  EXPECT_ERROR_NAMES(ParseSafetensorsHeader("\x10\0\0", "t.safetensors").status(), "t.safetensors",
+                     "truncated");
   // A valid file cut inside its header.
   const std::string full = BuildSafetensors({F32Tensor("w", {2})});
   EXPECT_ERROR_NAMES(ParseSafetensorsHeader(full.substr(0, 20), "cut.safetensors").status(),
@@ -79,8 +79,7 @@ TEST(SafetensorsHeaderTest, BadJson) {
 }
 
 TEST(SafetensorsHeaderTest, UnknownDtype) {
-  const std::string h =
-      R"({"layer.w": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}})";
+  const std::string h = R"({"layer.w": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}})";
   EXPECT_ERROR_NAMES(ParseSafetensorsHeader(RawSafetensors(h, "abcd"), "d.safetensors").status(),
                      "d.safetensors", "layer.w", "F33");
 }
@@ -182,11 +181,15 @@ class SliceTest : public SafetensorsFileTest, public ::testing::WithParamInterfa
 float Expected(const std::vector<float>& full, int64_t cols, int64_t r, int64_t c, DType target) {
   const float v = full[r * cols + c];
   switch (target) {
-    case DType::kF32: return v;
-    case DType::kF16: return HalfBitsToFloat(FloatToHalfBits(v));
-    case DType::kBF16: return BFloat16BitsToFloat(FloatToBFloat16Bits(v));
+    case DType::kF32:
+      return v;
+    case DType::kF16:
+      return HalfBitsToFloat(FloatToHalfBits(v));
+    case DType::kBF16:
+      return BFloat16BitsToFloat(FloatToBFloat16Bits(v));
     case DType::kI32:
-    case DType::kI64: break;
+    case DType::kI64:
+      break;
   }
   return 0;
 }
@@ -243,18 +246,22 @@ TEST_P(SliceTest, RowsColsAndRangesMatchTheFullTensor) {
   EXPECT_ERROR_NAMES((*file)->Read("vec", TensorSlice::Cols(0, 0)).status(), path, "vec", "2-D");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, SliceTest,
-    ::testing::Values(SliceCase{DType::kF32, DType::kF32, 0}, SliceCase{DType::kF32, DType::kF32, 5},
-                      SliceCase{DType::kF16, DType::kF32, 0}, SliceCase{DType::kBF16, DType::kF32, 3},
-                      SliceCase{DType::kF32, DType::kBF16, 0}, SliceCase{DType::kF32, DType::kF16, 2},
-                      SliceCase{DType::kBF16, DType::kBF16, 1}, SliceCase{DType::kF16, DType::kF16, 0},
-                      SliceCase{DType::kBF16, DType::kF16, 0}),
-    [](const ::testing::TestParamInfo<SliceCase>& info) {
-      return absl::StrCat(testing::SafetensorsDTypeName(info.param.file_dtype), "_to_",
-                          testing::SafetensorsDTypeName(info.param.target), "_pad",
-                          info.param.header_pad);
-    });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, SliceTest,
+                         ::testing::Values(SliceCase{DType::kF32, DType::kF32, 0},
+                                           SliceCase{DType::kF32, DType::kF32, 5},
+                                           SliceCase{DType::kF16, DType::kF32, 0},
+                                           SliceCase{DType::kBF16, DType::kF32, 3},
+                                           SliceCase{DType::kF32, DType::kBF16, 0},
+                                           SliceCase{DType::kF32, DType::kF16, 2},
+                                           SliceCase{DType::kBF16, DType::kBF16, 1},
+                                           SliceCase{DType::kF16, DType::kF16, 0},
+                                           SliceCase{DType::kBF16, DType::kF16, 0}),
+                         [](const ::testing::TestParamInfo<SliceCase>& info) {
+                           return absl::StrCat(testing::SafetensorsDTypeName(info.param.file_dtype),
+                                               "_to_",
+                                               testing::SafetensorsDTypeName(info.param.target),
+                                               "_pad", info.param.header_pad);
+                         });
 
 // --- Sharded checkpoints --------------------------------------------------------------------
 
@@ -313,8 +320,7 @@ TEST_F(CheckpointTest, TensorInTwoShards) {
   Write("s1.safetensors", BuildSafetensors({F32Tensor("a", {2}), F32Tensor("twice", {1})}));
   Write("s2.safetensors", BuildSafetensors({F32Tensor("twice", {1})}));
   WriteIndex(R"({"a": "s1.safetensors", "twice": "s2.safetensors"})");
-  EXPECT_ERROR_NAMES(Checkpoint::Open(dir_).status(), "twice", "s1.safetensors",
-                     "s2.safetensors");
+  EXPECT_ERROR_NAMES(Checkpoint::Open(dir_).status(), "twice", "s1.safetensors", "s2.safetensors");
 }
 
 TEST_F(CheckpointTest, BrokenShardErrorNamesIndexShardAndTensor) {

@@ -1,9 +1,10 @@
 #include "tests/model/safetensors_writer.h"
 
+#include <unistd.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
-#include <unistd.h>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -15,7 +16,9 @@ std::string EncodeFloats(const std::vector<float>& values, DType dtype) {
   std::string out(values.size() * DTypeSize(dtype), '\0');
   for (size_t i = 0; i < values.size(); ++i) {
     switch (dtype) {
-      case DType::kF32: std::memcpy(&out[i * 4], &values[i], 4); break;
+      case DType::kF32:
+        std::memcpy(&out[i * 4], &values[i], 4);
+        break;
       case DType::kF16: {
         const uint16_t h = FloatToHalfBits(values[i]);
         std::memcpy(&out[i * 2], &h, 2);
@@ -27,7 +30,8 @@ std::string EncodeFloats(const std::vector<float>& values, DType dtype) {
         break;
       }
       case DType::kI32:
-      case DType::kI64: MQA_CHECK(false && "not a float dtype");
+      case DType::kI64:
+        MQA_CHECK(false && "not a float dtype");
     }
   }
   return out;
@@ -35,11 +39,16 @@ std::string EncodeFloats(const std::vector<float>& values, DType dtype) {
 
 std::string SafetensorsDTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -93,11 +102,17 @@ std::vector<float> RandomValues(size_t n, DType dtype, std::mt19937& rng) {
   for (float& x : v) {
     x = dist(rng);
     switch (dtype) {
-      case DType::kF32: break;
-      case DType::kF16: x = HalfBitsToFloat(FloatToHalfBits(x)); break;
-      case DType::kBF16: x = BFloat16BitsToFloat(FloatToBFloat16Bits(x)); break;
+      case DType::kF32:
+        break;
+      case DType::kF16:
+        x = HalfBitsToFloat(FloatToHalfBits(x));
+        break;
+      case DType::kBF16:
+        x = BFloat16BitsToFloat(FloatToBFloat16Bits(x));
+        break;
       case DType::kI32:
-      case DType::kI64: MQA_CHECK(false && "not a float dtype");
+      case DType::kI64:
+        MQA_CHECK(false && "not a float dtype");
     }
     if (x == 0.0f) x = 0.5f;  // non-zero inputs only
   }

@@ -34,8 +34,9 @@ constexpr int64_t kLayers = 2;
 constexpr int64_t kInner = 24;
 
 json TinyConfig(bool multi_query) {
-  return {{"model_type", "gpt_bigcode"}, {"vocab_size", kVocab},   {"n_positions", kPositions},
-          {"n_embd", kEmbd},             {"n_layer", kLayers},     {"n_head", kHeads},
+  return {{"model_type", "gpt_bigcode"}, {"vocab_size", kVocab},
+          {"n_positions", kPositions},   {"n_embd", kEmbd},
+          {"n_layer", kLayers},          {"n_head", kHeads},
           {"n_inner", kInner},           {"multi_query", multi_query},
           {"initializer_range", 0.02},   {"torch_dtype", "float32"}};
 }
@@ -100,8 +101,9 @@ void WriteModel(const std::string& dir, const TinyModel& m, DType dtype, int sha
         absl::StrCat(dir, "/model-0000", f + 1, "-of-0000", shards, ".safetensors"),
         testing::BuildSafetensors(files[f]));
   }
-  testing::WriteFileOrDie(dir + "/model.safetensors.index.json",
-                          json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump());
+  testing::WriteFileOrDie(
+      dir + "/model.safetensors.index.json",
+      json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump());
 }
 
 float At(const Tensor& t, int64_t i) {
@@ -159,9 +161,7 @@ void ExpectShardsReproduce(const TinyModel& m, const std::vector<GptBigCodeWeigh
       for (int64_t e = 0; e < kEmbd; ++e) {
         const float want = g < kVocab ? full("transformer.wte.weight", g, e) : 0.0f;
         ASSERT_EQ(At(w.wte, i * kEmbd + e), want) << "wte row " << g;
-        const float head = g >= kVocab ? 0.0f
-                           : untied    ? full("lm_head.weight", g, e)
-                                       : want;
+        const float head = g >= kVocab ? 0.0f : untied ? full("lm_head.weight", g, e) : want;
         ASSERT_EQ(At(w.lm_head, i * kEmbd + e), head) << "lm_head row " << g;
       }
     }
@@ -202,7 +202,8 @@ void ExpectShardsReproduce(const TinyModel& m, const std::vector<GptBigCodeWeigh
             const int64_t src = hf_row(h, part, d);
             ASSERT_EQ(At(l.c_attn_b, local_row), full(p + "attn.c_attn.bias", src));
             for (int64_t e = 0; e < kEmbd; ++e) {
-              ASSERT_EQ(At(l.c_attn_w, local_row * kEmbd + e), full(p + "attn.c_attn.weight", src, e))
+              ASSERT_EQ(At(l.c_attn_w, local_row * kEmbd + e),
+                        full(p + "attn.c_attn.weight", src, e))
                   << "head " << h << " part " << part << " d " << d;
             }
           }
@@ -211,7 +212,8 @@ void ExpectShardsReproduce(const TinyModel& m, const std::vector<GptBigCodeWeigh
       ASSERT_EQ(l.c_proj_w.shape(), (Shape{kEmbd, local_q}));
       for (int64_t o = 0; o < kEmbd; ++o) {
         for (int64_t k = 0; k < local_q; ++k) {
-          ASSERT_EQ(At(l.c_proj_w, o * local_q + k), full(p + "attn.c_proj.weight", o, r * local_q + k));
+          ASSERT_EQ(At(l.c_proj_w, o * local_q + k),
+                    full(p + "attn.c_proj.weight", o, r * local_q + k));
         }
         ASSERT_EQ(At(l.c_proj_b, o), r == 0 ? full(p + "attn.c_proj.bias", o) : 0.0f);
         ASSERT_EQ(At(l.mlp_proj_b, o), r == 0 ? full(p + "mlp.c_proj.bias", o) : 0.0f);
@@ -255,21 +257,21 @@ TEST_P(LoadWeightsTest, ShardsReproduceTheFullModelAtWorldSizes1_2_4) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, LoadWeightsTest,
-    ::testing::Values(LoadCase{true, DType::kF32, DType::kF32, false, 1},
-                      LoadCase{false, DType::kF32, DType::kF32, false, 1},
-                      LoadCase{true, DType::kBF16, DType::kF32, true, 3},
-                      LoadCase{false, DType::kF16, DType::kF32, true, 2},
-                      LoadCase{true, DType::kF32, DType::kBF16, false, 1},
-                      LoadCase{false, DType::kF32, DType::kF16, false, 2}),
-    [](const ::testing::TestParamInfo<LoadCase>& info) {
-      const LoadCase& c = info.param;
-      return absl::StrCat(c.multi_query ? "mqa" : "mha", "_",
-                          testing::SafetensorsDTypeName(c.file_dtype), "_to_",
-                          testing::SafetensorsDTypeName(c.target), c.untied ? "_untied" : "_tied",
-                          "_", c.shards, "files");
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, LoadWeightsTest,
+                         ::testing::Values(LoadCase{true, DType::kF32, DType::kF32, false, 1},
+                                           LoadCase{false, DType::kF32, DType::kF32, false, 1},
+                                           LoadCase{true, DType::kBF16, DType::kF32, true, 3},
+                                           LoadCase{false, DType::kF16, DType::kF32, true, 2},
+                                           LoadCase{true, DType::kF32, DType::kBF16, false, 1},
+                                           LoadCase{false, DType::kF32, DType::kF16, false, 2}),
+                         [](const ::testing::TestParamInfo<LoadCase>& info) {
+                           const LoadCase& c = info.param;
+                           return absl::StrCat(c.multi_query ? "mqa" : "mha", "_",
+                                               testing::SafetensorsDTypeName(c.file_dtype), "_to_",
+                                               testing::SafetensorsDTypeName(c.target),
+                                               c.untied ? "_untied" : "_tied", "_", c.shards,
+                                               "files");
+                         });
 
 TEST(LoadWeightsErrors, ShapeMismatchWithConfigNamesFileTensorAndShapes) {
   TinyModel m = MakeTiny(true, false, DType::kF32, 5);
@@ -283,8 +285,8 @@ TEST(LoadWeightsErrors, ShapeMismatchWithConfigNamesFileTensorAndShapes) {
   auto w = LoadWeights(o);
   ASSERT_FALSE(w.ok());
   const std::string msg(w.status().message());
-  for (const std::string& part : {dir + "/model.safetensors", name, std::string("[20, 16]"),
-                                  std::string("[24, 16]")}) {
+  for (const std::string& part :
+       {dir + "/model.safetensors", name, std::string("[20, 16]"), std::string("[24, 16]")}) {
     EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from " << msg;
   }
 }
@@ -346,9 +348,9 @@ TEST(LoadWeightsProgress, ReportsEveryTensorAndByte) {
   EXPECT_EQ(calls, 4 + 12 * kLayers);
   uint64_t total = w->wte.nbytes() + w->wpe.nbytes() + w->ln_f_w.nbytes() + w->ln_f_b.nbytes();
   for (const LayerWeights& l : w->layers) {
-    for (const Tensor* t : {&l.ln_1_w, &l.ln_1_b, &l.c_attn_w, &l.c_attn_b, &l.c_proj_w,
-                            &l.c_proj_b, &l.ln_2_w, &l.ln_2_b, &l.c_fc_w, &l.c_fc_b,
-                            &l.mlp_proj_w, &l.mlp_proj_b}) {
+    for (const Tensor* t :
+         {&l.ln_1_w, &l.ln_1_b, &l.c_attn_w, &l.c_attn_b, &l.c_proj_w, &l.c_proj_b, &l.ln_2_w,
+          &l.ln_2_b, &l.c_fc_w, &l.c_fc_b, &l.mlp_proj_w, &l.mlp_proj_b}) {
       total += t->nbytes();
     }
   }
