@@ -22,6 +22,8 @@ namespace mqa {
 // Tuning knobs for tests and benchmarks; the defaults are what production uses.
 struct PagedAttentionTuning {
   int num_splits = 0;  // KV splits per sequence (split-KV); 0 chooses from the SM count
+  // Warps along the query rows of a CTA (1, 2, 3, 4 or 8 picks that decode layout); 0: automatic.
+  int warps_m = 0;
 };
 
 // Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will

@@ -328,6 +328,21 @@ int Main() {
     Free(w);
   }
 
+  std::printf("\nlayout sweep (warps along rows x along tokens; auto splits; graph us):\n");
+  for (const auto& c :
+       {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}}) {
+    Workload w = MakeWorkload(DType::kF16, c.first, c.second, 1, 48, 128, 16, rng);
+    std::printf("%d x %d:", c.first, c.second);
+    for (int wm : {3, 4, 8}) {
+      PagedAttentionTuning t;
+      t.warps_m = wm;
+      const double us = TimeMqa(w, t, true);
+      std::printf("  %dx%d:%.2f (%.0f GB/s)", wm, wm == 8 ? 1 : 2, us,
+                  (w.kv_bytes + w.io_bytes) / (us * 1e3));
+    }
+    std::printf("\n");
+    Free(w);
+  }
   std::printf("\nsplit sweep at 1 x 8192 and 64 x 2048 (graph us):\n");
   for (const auto& c : {std::pair{1, 8192}, std::pair{64, 2048}}) {
     Workload w = MakeWorkload(DType::kF16, c.first, c.second, 1, 48, 128, 16, rng);
