@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,8 @@
 #include "model/gpt_bigcode_runner.h"
 #include "model/tokenizer/tokenizer.h"
 #include "parallel/collectives.h"
+#include "parallel/control_channel.h"
+#include "parallel/distributed_runner.h"
 #include "runtime/detokenizer.h"
 #include "runtime/engine.h"
 
@@ -100,6 +103,18 @@ absl::Status Generate(const Options& o, Engine& engine, const Tokenizer& tokeniz
   return absl::OkStatus();
 }
 
+absl::Status RunRoot(const Options& o, Engine& engine, const Tokenizer& tokenizer) {
+  switch (o.command) {
+    case Command::kGenerate:
+      return Generate(o, engine, tokenizer);
+    case Command::kServe:
+      return absl::UnimplementedError(
+          "the HTTP endpoint is not there yet (issue: OpenAI-compatible HTTP endpoint); "
+          "use `mqaserve generate --model DIR --prompt TEXT` meanwhile");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunRank(const Options& o, const World& world) {
@@ -113,29 +128,34 @@ absl::Status RunRank(const Options& o, const World& world) {
     return absl::NotFoundError(absl::StrCat("model folder ", o.model, " does not exist"));
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model));
-  if (world.size() > 1) {
-    return absl::UnimplementedError(
-        "tensor-parallel serving (more than one rank) is not wired into the server yet; "
-        "run with one rank (mpirun -np 1) for now");
+  if (o.device == "cuda") {
+    return absl::UnimplementedError("--device cuda: the CUDA forward is not wired in yet");
   }
-  ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
-  ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::FromFile(tokenizer_path));
+  // Rank 0 reads the tokenizer before the collective start-up, so that a missing file is one
+  // clear error rather than a hang in the others.
+  std::optional<Tokenizer> tokenizer;
+  if (world.is_root()) {
+    ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
+    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
+  }
 
   LoadOptions load;
   load.model_dir = o.model;
   load.load_format = o.load_format;
   load.seed = o.seed;
   ASSIGN_OR_RETURN(load.dtype, ResolveDType(o, config));
-  if (o.device == "cuda") {
-    return absl::UnimplementedError("--device cuda: the CUDA forward is not wired in yet");
+  std::unique_ptr<Collectives> collectives;
+  if (world.size() == 1) {
+    collectives = MakeLocalCollectives();
+  } else {
+    ASSIGN_OR_RETURN(collectives, MakeMpiCollectives(world));
   }
-  auto collectives = MakeLocalCollectives();
   GptBigCodeRunnerOptions runner_options;
   runner_options.block_size = o.block_size;
   runner_options.num_kv_blocks = o.num_kv_blocks;
   runner_options.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_memory_gib * (1LL << 30));
   runner_options.max_batched_tokens = o.max_num_batched_tokens;
-  ASSIGN_OR_RETURN(auto runner,
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                    CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options));
   std::fprintf(stderr,
                "mqaserve: %s: loaded %s (%lld layers, %lld heads of %lld, %lld KV head%s, vocab "
@@ -145,17 +165,31 @@ absl::Status RunRank(const Options& o, const World& world) {
                static_cast<long long>(config.num_kv_heads), config.num_kv_heads == 1 ? "" : "s",
                static_cast<long long>(config.vocab_size), o.device.c_str(),
                runner->num_kv_blocks(), runner->block_size());
-  ASSIGN_OR_RETURN(auto engine,
-                   Engine::Create(std::move(runner), MakeEngineOptions(o, config, tokenizer)));
-  switch (o.command) {
-    case Command::kGenerate:
-      return Generate(o, *engine, tokenizer);
-    case Command::kServe:
-      return absl::UnimplementedError(
-          "the HTTP endpoint is not there yet (issue: OpenAI-compatible HTTP endpoint); "
-          "use `mqaserve generate --model DIR --prompt TEXT` meanwhile");
+
+  std::unique_ptr<ControlChannel> channel;
+  DistributedRunner* distributed = nullptr;
+  PlanCodecOptions codec;
+  codec.block_size = o.block_size;
+  if (world.size() > 1) {
+    ASSIGN_OR_RETURN(channel, ControlChannel::Create(world));
+    if (!world.is_root()) {
+      WorkerOptions worker;
+      worker.codec = codec;
+      return RunWorker(*channel, *runner, worker);
+    }
+    auto wrapped = std::make_unique<DistributedRunner>(std::move(runner), channel.get(), codec);
+    distributed = wrapped.get();
+    runner = std::move(wrapped);
   }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto engine,
+                   Engine::Create(std::move(runner), MakeEngineOptions(o, config, *tokenizer)));
+  absl::Status result = RunRoot(o, *engine, *tokenizer);
+  // Workers leave their loop only on the shutdown plan (or their timeout).
+  if (distributed != nullptr) {
+    absl::Status shutdown = distributed->Shutdown();
+    if (result.ok()) result = shutdown;
+  }
+  return result;
 }
 
 }  // namespace mqa

@@ -53,6 +53,9 @@ class ModelRunner {
   // Physical KV blocks available to the block manager, and their size in tokens.
   virtual int num_kv_blocks() const = 0;
   virtual int block_size() const = 0;
+  // Called by the engine thread about once a second while there is no work: lets a distributed
+  // runner tell its workers that rank 0 is alive. An error ends the engine like a failed step.
+  virtual absl::Status KeepAlive() { return absl::OkStatus(); }
 };
 
 }  // namespace mqa
