@@ -318,6 +318,7 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
   SampleState& sample = state.samples[seq.sample_index()];
 
   std::optional<FinishReason> reason;
+  bool stop_string_hit = false;
   const bool is_eos = token == options_.eos_token_id && !params.ignore_eos;
   const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
                                        token) != params.stop_token_ids.end();
@@ -327,11 +328,12 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
     if (!is_eos) sample_output.stop_reason = std::to_string(token);
   } else if (sample.detokenizer != nullptr) {
     std::string delta = sample.detokenizer->Next(token);
-    if (sample.stop_matcher.has_value() && seq.num_output_tokens() > params.min_tokens) {
+    if (sample.stop_matcher.has_value() && seq.num_output_tokens() >= params.min_tokens) {
       StopStringMatcher::Result match = sample.stop_matcher->Push(delta);
       sample_output.text += match.text;
       if (match.stopped) {
         reason = FinishReason::kStop;
+        stop_string_hit = true;
         sample_output.stop_reason = match.stop;
       }
     } else {
@@ -343,7 +345,17 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
     reason = FinishReason::kLength;
   }
   if (!reason.has_value()) return;
-  if (sample.stop_matcher.has_value()) sample_output.text += sample.stop_matcher->Flush();
+  if (!stop_string_hit) {
+    // Not ended by a stop string: release the text still held back.
+    std::string tail = sample.detokenizer != nullptr ? sample.detokenizer->Flush() : "";
+    if (sample.stop_matcher.has_value()) {
+      StopStringMatcher::Result match = sample.stop_matcher->Push(tail);
+      sample_output.text += match.text;
+      if (!match.stopped) sample_output.text += sample.stop_matcher->Flush();
+    } else {
+      sample_output.text += tail;
+    }
+  }
   FinishSeq(seq, *reason, output);
 }
 

@@ -18,6 +18,8 @@ class IncrementalDetokenizer {
   virtual ~IncrementalDetokenizer() = default;
   // The text this token adds (possibly empty while a character is incomplete).
   virtual std::string Next(int32_t token_id) = 0;
+  // At the end of the sample: any text still held back (e.g. an incomplete character).
+  virtual std::string Flush() { return {}; }
 };
 
 // Not thread-safe; one per sample.
