@@ -29,6 +29,7 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens) : tokens_(s
   for (uint32_t i = 0; i < tokens_.size(); ++i) {
     if (tokens_[i].content.empty()) continue;
     by_first_byte_[static_cast<uint8_t>(tokens_[i].content[0])].push_back(i);
+    is_first_byte_[static_cast<uint8_t>(tokens_[i].content[0])] = true;
   }
   for (auto& list : by_first_byte_) {
     std::stable_sort(list.begin(), list.end(), [&](uint32_t a, uint32_t b) {
@@ -47,6 +48,10 @@ void AddedTokenMatcher::Split(std::string_view text, bool parse_special,
   size_t start_offset = 0;  // end of the last match taken
   size_t i = 0;
   while (i < text.size()) {
+    if (!is_first_byte_[static_cast<uint8_t>(text[i])]) {
+      ++i;
+      continue;
+    }
     const auto& candidates = by_first_byte_[static_cast<uint8_t>(text[i])];
     const AddedToken* hit = nullptr;
     for (uint32_t t : candidates) {

@@ -39,6 +39,7 @@ class AddedTokenMatcher {
   std::vector<AddedToken> tokens_;
   // Token indices by first byte, longest first: the first hit at a position is the longest.
   std::array<std::vector<uint32_t>, 256> by_first_byte_;
+  std::array<bool, 256> is_first_byte_{};
 };
 
 }  // namespace mqa::tok

@@ -285,6 +285,10 @@ void PreTokenizer::Step::Split(std::string_view piece,
       size_t i = 0;
       size_t gap = 0;
       while (i < piece.size()) {
+        if (static_cast<uint8_t>(piece[i]) < 0x80 && !IsNumeric(static_cast<uint8_t>(piece[i]))) {
+          ++i;  // the common case, without decoding
+          continue;
+        }
         const Utf8Step st = DecodeUtf8(piece, i);
         const bool digit = st.kind == Utf8Step::Kind::kValid && IsNumeric(st.cp);
         if (!digit) {

@@ -1,7 +1,5 @@
 #include "model/tokenizer/unicode.h"
 
-#include <array>
-
 #include "utf8proc.h"
 
 namespace mqa::tok {
@@ -21,16 +19,6 @@ CharClass ClassOfSlow(char32_t cp) {
   if (IsLetterCategory(c)) return CharClass::kLetter;
   if (IsNumberCategory(c)) return CharClass::kNumber;
   return CharClass::kOther;
-}
-
-// ASCII classes, computed once from utf8proc: the hot loop of the pre-tokenizer runs on them.
-const std::array<CharClass, 128>& AsciiClasses() {
-  static const std::array<CharClass, 128> table = [] {
-    std::array<CharClass, 128> t{};
-    for (char32_t c = 0; c < 128; ++c) t[c] = ClassOfSlow(c);
-    return t;
-  }();
-  return table;
 }
 
 }  // namespace
@@ -138,10 +126,13 @@ void AppendUtf8(char32_t cp, std::string* out) {
   }
 }
 
-CharClass ClassOf(char32_t cp) {
-  if (cp < 128) return AsciiClasses()[cp];
-  return ClassOfSlow(cp);
-}
+const std::array<CharClass, 128> kAsciiClasses = [] {
+  std::array<CharClass, 128> t{};
+  for (char32_t c = 0; c < 128; ++c) t[c] = ClassOfSlow(c);
+  return t;
+}();
+
+CharClass ClassOfNonAscii(char32_t cp) { return ClassOfSlow(cp); }
 
 bool IsWhiteSpace(char32_t cp) {
   if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85) return true;
@@ -150,7 +141,7 @@ bool IsWhiteSpace(char32_t cp) {
   return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
 }
 
-bool IsNumeric(char32_t cp) { return IsNumberCategory(Category(cp)); }
+bool IsNumericNonAscii(char32_t cp) { return IsNumberCategory(Category(cp)); }
 
 bool IsWordChar(char32_t cp) {
   if (cp == '_') return true;

@@ -2,6 +2,7 @@
 // utf8proc (a maintained Debian library), never from hand-made tables. Stateless; thread-safe.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,12 +39,21 @@ void AppendUtf8(char32_t cp, std::string* out);
 // The classes the GPT-2 split pattern distinguishes: \p{L}, \p{N}, \s (White_Space, as
 // Oniguruma's \s), anything else.
 enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
-CharClass ClassOf(char32_t cp);
+CharClass ClassOfNonAscii(char32_t cp);
+// The ASCII classes, computed from utf8proc when the library is loaded (the pre-tokenizer's
+// hot loop runs on them; do not call ClassOf from another file's static initializer).
+extern const std::array<CharClass, 128> kAsciiClasses;
+inline CharClass ClassOf(char32_t cp) {
+  return cp < 128 ? kAsciiClasses[cp] : ClassOfNonAscii(cp);
+}
 
+// Rust's char::is_numeric (general categories Nd, Nl, No).
+bool IsNumericNonAscii(char32_t cp);
+inline bool IsNumeric(char32_t cp) {
+  return cp < 128 ? kAsciiClasses[cp] == CharClass::kNumber : IsNumericNonAscii(cp);
+}
 // Rust's char::is_whitespace (the White_Space property).
 bool IsWhiteSpace(char32_t cp);
-// Rust's char::is_numeric (general categories Nd, Nl, No).
-bool IsNumeric(char32_t cp);
 // Regex \w in Rust's regex crate, used by added tokens' single_word: letters, marks, decimal
 // and letter numbers, connector punctuation.
 bool IsWordChar(char32_t cp);
