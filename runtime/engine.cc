@@ -67,6 +67,11 @@ absl::Status Engine::ValidateOptions(const EngineOptions& options, const ModelRu
   if (options.max_num_batched_tokens < 1) {
     return bad("max_num_batched_tokens must be >= 1, got ", options.max_num_batched_tokens);
   }
+  if (options.max_num_batched_tokens < options.max_num_seqs) {
+    // Otherwise decodes alone could fill every step and starve a running prompt.
+    return bad("max_num_batched_tokens (", options.max_num_batched_tokens,
+               ") must be >= max_num_seqs (", options.max_num_seqs, ")");
+  }
   if (options.max_model_len < 2) return bad("max_model_len must be >= 2, got ", options.max_model_len);
   if (!options.enable_chunked_prefill && options.max_num_batched_tokens < options.max_model_len) {
     return bad("without chunked prefill max_num_batched_tokens (", options.max_num_batched_tokens,
@@ -74,6 +79,9 @@ absl::Status Engine::ValidateOptions(const EngineOptions& options, const ModelRu
   }
   if (options.max_queued_requests < 0) {
     return bad("max_queued_requests must be >= 0, got ", options.max_queued_requests);
+  }
+  if (options.keep_alive_interval <= absl::ZeroDuration()) {
+    return bad("keep_alive_interval must be positive");
   }
   if (!(options.watermark >= 0.0 && options.watermark < 1.0)) {
     return bad("watermark must be in [0, 1), got ", options.watermark);
@@ -433,6 +441,7 @@ absl::Status Engine::Run() {
   absl::Status result;
   bool idle_step = false;
   while (true) {
+    bool keep_alive_due = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] {
@@ -443,16 +452,19 @@ absl::Status Engine::Run() {
         // Work that could not be scheduled (should not happen): do not spin on it.
         cv_.wait_for(lock, std::chrono::milliseconds(1), ready);
       } else {
-        cv_.wait(lock, ready);
+        keep_alive_due = !cv_.wait_for(
+            lock, absl::ToChronoNanoseconds(options_.keep_alive_interval), ready);
       }
       if (stopped_) break;
     }
-    const int64_t steps = counters_.num_steps;
-    absl::Status status = Step();
-    if (!status.ok()) {
-      result = status;
-      break;
+    if (keep_alive_due) {
+      result = runner_->KeepAlive();
+      if (!result.ok()) break;
+      continue;
     }
+    const int64_t steps = counters_.num_steps;
+    result = Step();
+    if (!result.ok()) break;
     idle_step = counters_.num_steps == steps && scheduler_.has_work();
   }
   {
@@ -460,7 +472,7 @@ absl::Status Engine::Run() {
     stopped_ = true;
   }
   TakeInbox();
-  FailAll(absl::UnavailableError("the engine stopped"));
+  FailAll(result.ok() ? absl::UnavailableError("the engine stopped") : result);
   PublishMetrics();
   return result;
 }

@@ -47,6 +47,8 @@ struct EngineOptions {
   double watermark = 0.01;
   // Seeds the generator that draws a seed for requests without one.
   uint64_t seed = 0;
+  // While idle, Run() calls ModelRunner::KeepAlive this often.
+  absl::Duration keep_alive_interval = absl::Seconds(1);
 };
 
 // New output of one sample since the previous RequestOutput.
@@ -136,8 +138,9 @@ class Engine {
   // Engine thread. One iteration: take new requests and aborts, schedule, run the model, sample,
   // stream outputs. A runner error fails every request in flight and is returned.
   absl::Status Step();
-  // Engine thread. Steps until Stop(); sleeps on a condition variable while idle. Returns the
-  // first runner error; requests still in flight when it returns are aborted.
+  // Engine thread. Steps until Stop(); sleeps on a condition variable while idle, waking every
+  // keep_alive_interval to call ModelRunner::KeepAlive. Returns the first runner error (of a
+  // step or a keep-alive); requests still in flight when it returns are aborted.
   absl::Status Run();
   // Any thread. Makes Run() return; later AddRequest calls are refused.
   void Stop();

@@ -290,6 +290,7 @@ TEST(Engine, OutputAloneEqualsOutputTogether) {
   EngineOptions options;
   options.max_model_len = 64;
   options.max_num_batched_tokens = 12;
+  options.max_num_seqs = 8;
   options.eos_token_id = kEos;
   std::mt19937_64 rng(77);
   const auto prefixes = RandomPrefixes(rng, 32, 2, 12);
@@ -392,6 +393,7 @@ TEST(Engine, ChunkedPrefillDoesNotStallRunningDecodes) {
   runner_options.num_blocks = 64;
   EngineOptions options;
   options.max_num_batched_tokens = 8;
+  options.max_num_seqs = 4;
   options.max_model_len = 128;
   Harness h(runner_options, options);
   SamplingParams decode_params;
@@ -650,6 +652,7 @@ TEST(Engine, RunLoopServesClientThreadsAndSleepsWhenIdle) {
   EngineOptions options;
   options.max_model_len = 64;
   options.max_num_batched_tokens = 32;
+  options.max_num_seqs = 16;
   options.eos_token_id = kEos;
   auto runner = std::make_unique<FakeRunner>(runner_options);
   std::atomic<bool> slow{false};
@@ -728,6 +731,26 @@ TEST(Engine, RunLoopServesClientThreadsAndSleepsWhenIdle) {
   EXPECT_EQ(engine->AddRequest(std::move(after)).code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(Engine, IdleRunCallsKeepAliveAndStopsOnItsError) {
+  EngineOptions options;
+  options.keep_alive_interval = absl::Milliseconds(5);
+  auto runner = std::make_unique<FakeRunner>(FakeRunnerOptions{});
+  FakeRunner* fake = runner.get();
+  auto engine = *Engine::Create(std::move(runner), options);
+  absl::Status run_status;
+  std::thread loop([&] { run_status = engine->Run(); });
+  while (fake->keep_alives < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine->Stop();
+  loop.join();
+  EXPECT_TRUE(run_status.ok());
+  EXPECT_EQ(engine->metrics().num_steps, 0);
+
+  auto failing = std::make_unique<FakeRunner>(FakeRunnerOptions{});
+  failing->keep_alive_status = absl::UnavailableError("worker 1 is gone");
+  auto engine2 = *Engine::Create(std::move(failing), options);
+  EXPECT_EQ(engine2->Run().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST(Engine, CreateRejectsInconsistentOptions) {
   EngineOptions options;
   options.enable_chunked_prefill = false;
@@ -735,6 +758,10 @@ TEST(Engine, CreateRejectsInconsistentOptions) {
   options.max_model_len = 200;
   EXPECT_EQ(Engine::Create(std::make_unique<FakeRunner>(FakeRunnerOptions{}), options).status().code(),
             absl::StatusCode::kInvalidArgument);
+  options = EngineOptions();
+  options.max_num_batched_tokens = 100;
+  options.max_num_seqs = 200;
+  EXPECT_FALSE(Engine::Create(std::make_unique<FakeRunner>(FakeRunnerOptions{}), options).ok());
   options = EngineOptions();
   options.eos_token_id = 32;
   EXPECT_FALSE(Engine::Create(std::make_unique<FakeRunner>(FakeRunnerOptions{}), options).ok());

@@ -7,6 +7,7 @@
 // logits, and the test's oracle (ReferenceLogits over the true history) disagrees.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -117,6 +118,13 @@ class FakeRunner : public ModelRunner {
     }
     return logits;
   }
+  absl::Status KeepAlive() override {
+    ++keep_alives;
+    return keep_alive_status;
+  }
+  std::atomic<int> keep_alives{0};
+  absl::Status keep_alive_status;  // set before Run() starts
+
   int64_t vocab_size() const override { return options_.vocab_size; }
   int num_kv_blocks() const override { return options_.num_blocks; }
   int block_size() const override { return options_.block_size; }
