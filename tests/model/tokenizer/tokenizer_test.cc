@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -332,6 +333,33 @@ TEST_F(FixtureTokenizerTest, InvalidUtf8IsEncodedAsBytes) {
     for (char& c : s) c = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
     EXPECT_EQ(t.Decode(t.Encode(s, false)), Lossy(s));
   }
+}
+
+TEST_F(FixtureTokenizerTest, ConcurrentEncodesAgree) {
+  // The BPE cache is shared: threads encoding at once must get the single-threaded answer.
+  const Tokenizer& t = *tokenizer_;
+  std::mt19937 rng(11);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) texts.push_back(RandomText(rng) + " def f_" + std::to_string(i));
+  std::vector<std::vector<int32_t>> want;
+  {
+    const Tokenizer fresh = FromJsonOrDie(FixtureJson());  // a cold cache
+    for (const std::string& s : texts) want.push_back(fresh.Encode(s));
+  }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int rep = 0; rep < 3; ++rep) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t j = (i * (k + 1) + rep) % texts.size();
+          mismatches[k] += t.Encode(texts[j]) != want[j];
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int m : mismatches) EXPECT_EQ(m, 0);
 }
 
 }  // namespace
