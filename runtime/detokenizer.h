@@ -42,7 +42,7 @@ class StreamingDetokenizer : public IncrementalDetokenizer {
   Delta Push(int32_t id);
   // End of generation: the held-back text (an incomplete UTF-8 tail becomes U+FFFD; a
   // partial stop string that never completed is ordinary text). Empty after a stop.
-  std::string Flush();
+  std::string Flush() override;
 
   bool stopped() const { return stop_index_ >= 0; }
 
