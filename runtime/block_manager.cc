@@ -231,8 +231,8 @@ std::optional<int32_t> BlockManager::Lookup(uint64_t hash, uint64_t parent_hash,
   auto it = cache_.find(hash);
   if (it == cache_.end()) return std::nullopt;
   const Block& block = blocks_[it->second];
-  if (block.parent_hash != parent_hash || !std::equal(tokens.begin(), tokens.end(),
-                                                      block.tokens.begin(), block.tokens.end())) {
+  if (block.parent_hash != parent_hash ||
+      !std::equal(tokens.begin(), tokens.end(), block.tokens.begin(), block.tokens.end())) {
     return std::nullopt;  // a hash collision
   }
   return it->second;

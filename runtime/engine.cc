@@ -72,7 +72,8 @@ absl::Status Engine::ValidateOptions(const EngineOptions& options, const ModelRu
     return bad("max_num_batched_tokens (", options.max_num_batched_tokens,
                ") must be >= max_num_seqs (", options.max_num_seqs, ")");
   }
-  if (options.max_model_len < 2) return bad("max_model_len must be >= 2, got ", options.max_model_len);
+  if (options.max_model_len < 2)
+    return bad("max_model_len must be >= 2, got ", options.max_model_len);
   if (!options.enable_chunked_prefill && options.max_num_batched_tokens < options.max_model_len) {
     return bad("without chunked prefill max_num_batched_tokens (", options.max_num_batched_tokens,
                ") must be >= max_model_len (", options.max_model_len, ")");
@@ -148,8 +149,8 @@ absl::Status Engine::AddRequest(EngineRequest request) {
       full_prompt_blocks +
       static_cast<int64_t>(params.n) *
           (block_manager_.BlocksFor(prompt_len + params.max_tokens) - full_prompt_blocks);
-  const int usable = block_manager_.num_blocks() -
-                     WatermarkBlocks(options_, block_manager_.num_blocks());
+  const int usable =
+      block_manager_.num_blocks() - WatermarkBlocks(options_, block_manager_.num_blocks());
   if (worst_case > usable) {
     return bad("the request needs up to ", worst_case, " KV-cache blocks of ",
                block_manager_.block_size(), " tokens (prompt ", prompt_len, ", max_tokens ",
@@ -165,8 +166,8 @@ absl::Status Engine::AddRequest(EngineRequest request) {
     }
     const int queued = static_cast<int>(inbox_.size()) + published_.num_waiting;
     if (options_.max_queued_requests > 0 && queued >= options_.max_queued_requests) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the waiting queue is full (", options_.max_queued_requests, " requests)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the waiting queue is full (", options_.max_queued_requests, " requests)"));
     }
     live_ids_.insert(request.request_id);
     inbox_.push_back(std::move(request));
@@ -214,9 +215,9 @@ void Engine::TakeInbox() {
   for (EngineRequest& request : requests) {
     const SamplingParams& params = request.params;
     const uint64_t seed = params.seed.has_value() ? *params.seed : seed_rng_();
-    auto group = std::make_unique<SequenceGroup>(request.request_id, next_arrival_++,
-                                                 next_seq_id_++, request.prompt_token_ids,
-                                                 params, seed);
+    auto group =
+        std::make_unique<SequenceGroup>(request.request_id, next_arrival_++, next_seq_id_++,
+                                        request.prompt_token_ids, params, seed);
     RequestState state;
     state.samples.resize(params.n);
     for (SampleState& sample : state.samples) {
@@ -452,8 +453,8 @@ absl::Status Engine::Run() {
         // Work that could not be scheduled (should not happen): do not spin on it.
         cv_.wait_for(lock, std::chrono::milliseconds(1), ready);
       } else {
-        keep_alive_due = !cv_.wait_for(
-            lock, absl::ToChronoNanoseconds(options_.keep_alive_interval), ready);
+        keep_alive_due =
+            !cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.keep_alive_interval), ready);
       }
       if (stopped_) break;
     }

@@ -53,10 +53,10 @@ struct EngineOptions {
 
 // New output of one sample since the previous RequestOutput.
 struct SampleOutput {
-  int index = 0;                      // sample index, 0..n-1
-  std::vector<int32_t> token_ids;     // new tokens
-  std::vector<SampleResult> logprobs; // parallel to token_ids when SamplingParams::logprobs is set
-  std::string text;                   // new text (with a detokenizer)
+  int index = 0;                       // sample index, 0..n-1
+  std::vector<int32_t> token_ids;      // new tokens
+  std::vector<SampleResult> logprobs;  // parallel to token_ids when SamplingParams::logprobs is set
+  std::string text;                    // new text (with a detokenizer)
   std::optional<FinishReason> finish_reason;  // set once, on the sample's last output
   // The stop string or stop token id (as text) that ended the sample.
   std::string stop_reason;
@@ -67,8 +67,8 @@ struct RequestOutput {
   std::vector<SampleOutput> samples;  // the samples with news
   bool finished = false;              // last output of the request
   int num_prompt_tokens = 0;
-  int num_generated_tokens = 0;       // all samples, so far
-  int num_cached_prompt_tokens = 0;   // prompt tokens found in the prefix cache at admission
+  int num_generated_tokens = 0;      // all samples, so far
+  int num_cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache at admission
   // Why an aborted request ended when it was not the client (refused, engine failure).
   absl::Status error;
 };
@@ -87,7 +87,7 @@ struct EngineMetrics {
   int num_running = 0;  // requests
   int num_waiting = 0;  // requests, including ones not yet picked up by the engine thread
   int num_running_seqs = 0;
-  double kv_cache_usage = 0.0;  // 0..1
+  double kv_cache_usage = 0.0;    // 0..1
   int64_t prompt_tokens = 0;      // prompt tokens of admitted requests
   int64_t generation_tokens = 0;  // sampled tokens
   int64_t num_preemptions = 0;

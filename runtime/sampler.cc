@@ -122,8 +122,7 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
   const auto vocab = static_cast<int32_t>(raw_logits.size());
   MQA_CHECK(vocab > 0);
   std::vector<float> logits(raw_logits.begin(), raw_logits.end());
-  ApplyPenalties(params, context.prompt_tokens, context.output_tokens,
-                 absl::MakeSpan(logits));
+  ApplyPenalties(params, context.prompt_tokens, context.output_tokens, absl::MakeSpan(logits));
   if (static_cast<int>(context.output_tokens.size()) < params.min_tokens) {
     for (int32_t t : params.stop_token_ids) {
       if (t < vocab) logits[t] = kMasked;

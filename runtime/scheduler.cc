@@ -227,8 +227,7 @@ void Scheduler::FinalizeStepInput(SchedulerOutput& out) const {
   if (in.query_start.empty()) in.query_start.push_back(0);
   int max_blocks = 0;
   for (int64_t seq_id : in.seq_ids) {
-    max_blocks = std::max(max_blocks,
-                          static_cast<int>(block_manager_->BlockTable(seq_id).size()));
+    max_blocks = std::max(max_blocks, static_cast<int>(block_manager_->BlockTable(seq_id).size()));
   }
   in.max_blocks_per_seq = max_blocks;
   in.block_tables.assign(static_cast<size_t>(in.num_seqs()) * max_blocks, 0);

@@ -35,8 +35,8 @@ struct SchedulerOptions {
 struct ScheduledSeq {
   SequenceGroup* group = nullptr;
   Sequence* seq = nullptr;
-  int num_tokens = 0;    // tokens computed this step, from seq->num_computed_tokens()
-  int logits_index = -1; // row of the step's logits to sample from; -1: mid-prompt chunk
+  int num_tokens = 0;     // tokens computed this step, from seq->num_computed_tokens()
+  int logits_index = -1;  // row of the step's logits to sample from; -1: mid-prompt chunk
 };
 
 struct SchedulerOutput {

@@ -47,7 +47,9 @@ class Sequence {
   int num_tokens() const { return static_cast<int>(tokens_.size()); }
   int prompt_len() const { return prompt_len_; }
   int num_output_tokens() const { return num_tokens() - prompt_len_; }
-  absl::Span<const int32_t> prompt_tokens() const { return absl::MakeConstSpan(tokens_).first(prompt_len_); }
+  absl::Span<const int32_t> prompt_tokens() const {
+    return absl::MakeConstSpan(tokens_).first(prompt_len_);
+  }
   absl::Span<const int32_t> output_tokens() const {
     return absl::MakeConstSpan(tokens_).subspan(prompt_len_);
   }

@@ -18,8 +18,8 @@ std::vector<int32_t> RandomTokens(std::mt19937_64& rng, int n) {
 std::unique_ptr<SequenceGroup> MakeGroup(int64_t id, std::vector<int32_t> prompt, int n = 1) {
   SamplingParams params;
   params.n = n;
-  return std::make_unique<SequenceGroup>("r" + std::to_string(id), id, id * 100,
-                                         std::move(prompt), params, /*seed=*/id);
+  return std::make_unique<SequenceGroup>("r" + std::to_string(id), id, id * 100, std::move(prompt),
+                                         params, /*seed=*/id);
 }
 
 BlockManagerOptions Options(int num_blocks, int block_size, bool prefix_caching,

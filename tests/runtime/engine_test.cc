@@ -115,8 +115,8 @@ class Harness {
       ASSERT_EQ(got.finished_outputs, 1) << id;
       EXPECT_EQ(got.outputs_after_finish, 0) << id;
       for (int i = 0; i < params.n; ++i) {
-        const Expected want = Oracle(prompt, params, i, runner_options_.vocab_size,
-                                     options_.max_model_len);
+        const Expected want =
+            Oracle(prompt, params, i, runner_options_.vocab_size, options_.max_model_len);
         ASSERT_TRUE(got.reasons.contains(i)) << id << " sample " << i;
         const std::vector<int32_t> tokens =
             got.tokens.contains(i) ? got.tokens.at(i) : std::vector<int32_t>{};
@@ -274,13 +274,12 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, EngineOracleTest,
-    ::testing::Values(
-        OracleCase{"LargePool", 1024, 8, 512, false, true, false},
-        OracleCase{"TinyPoolPreemptsChunks", 32, 8, 16, false, true, false},
-        OracleCase{"TinyPoolPrefixCache", 32, 8, 24, true, true, true},
-        OracleCase{"LargePoolPrefixCache", 1024, 16, 512, true, true, true},
-        OracleCase{"NoChunkedPrefill", 40, 8, 64, true, false, false},
-        OracleCase{"Block32Preempts", 12, 32, 32, true, true, true}),
+    ::testing::Values(OracleCase{"LargePool", 1024, 8, 512, false, true, false},
+                      OracleCase{"TinyPoolPreemptsChunks", 32, 8, 16, false, true, false},
+                      OracleCase{"TinyPoolPrefixCache", 32, 8, 24, true, true, true},
+                      OracleCase{"LargePoolPrefixCache", 1024, 16, 512, true, true, true},
+                      OracleCase{"NoChunkedPrefill", 40, 8, 64, true, false, false},
+                      OracleCase{"Block32Preempts", 12, 32, 32, true, true, true}),
     [](const ::testing::TestParamInfo<OracleCase>& info) { return info.param.name; });
 
 // The literal statement: a request's output is the same alone as in company.
@@ -310,8 +309,7 @@ TEST(Engine, OutputAloneEqualsOutputTogether) {
     alone.RunToCompletion();
     EXPECT_EQ(alone.received().at("only").tokens, together.received().at(absl::StrCat(i)).tokens)
         << "request " << i;
-    EXPECT_EQ(alone.received().at("only").reasons,
-              together.received().at(absl::StrCat(i)).reasons);
+    EXPECT_EQ(alone.received().at("only").reasons, together.received().at(absl::StrCat(i)).reasons);
   }
 }
 
@@ -379,13 +377,13 @@ TEST(Engine, RandomisedSoakLeaksNothingAndFinishesEverything) {
   EXPECT_GT(m.finished_stop, 0);
   EXPECT_GT(m.finished_length, 0);
   EXPECT_GT(accepted, 1000);
-  std::printf("soak: %d accepted, %d invalid, %d queue full, %d aborted, %lld steps, "
-              "%lld preemptions, %lld/%lld prefix blocks hit, %lld tokens generated\n",
-              accepted, refused_invalid, refused_full, aborts,
-              static_cast<long long>(m.num_steps), static_cast<long long>(m.num_preemptions),
-              static_cast<long long>(m.prefix_cache_hit_blocks),
-              static_cast<long long>(m.prefix_cache_queried_blocks),
-              static_cast<long long>(m.generation_tokens));
+  std::printf(
+      "soak: %d accepted, %d invalid, %d queue full, %d aborted, %lld steps, "
+      "%lld preemptions, %lld/%lld prefix blocks hit, %lld tokens generated\n",
+      accepted, refused_invalid, refused_full, aborts, static_cast<long long>(m.num_steps),
+      static_cast<long long>(m.num_preemptions), static_cast<long long>(m.prefix_cache_hit_blocks),
+      static_cast<long long>(m.prefix_cache_queried_blocks),
+      static_cast<long long>(m.generation_tokens));
 }
 
 TEST(Engine, ChunkedPrefillDoesNotStallRunningDecodes) {
@@ -497,7 +495,9 @@ TEST(Engine, RefusesRequestsWithAReason) {
 // Maps token t to one letter, so texts and stop strings are easy to predict.
 class LetterDetokenizer : public IncrementalDetokenizer {
  public:
-  std::string Next(int32_t token) override { return std::string(1, static_cast<char>('a' + token % 26)); }
+  std::string Next(int32_t token) override {
+    return std::string(1, static_cast<char>('a' + token % 26));
+  }
 };
 
 std::string Letters(const std::vector<int32_t>& tokens) {
@@ -551,8 +551,9 @@ TEST(Engine, StopStringsStopTokensAndMinTokens) {
   EXPECT_EQ(h.received().at("include").text.at(0), text.substr(0, at + 3));
 
   const Received& t = h.received().at("stop-token");
-  const size_t first = std::find(free_run.tokens.begin(), free_run.tokens.end(),
-                                 free_run.tokens[10]) - free_run.tokens.begin();
+  const size_t first =
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[10]) -
+      free_run.tokens.begin();
   EXPECT_EQ(t.tokens.at(0).size(), first + 1);
   EXPECT_EQ(t.reasons.at(0), FinishReason::kStop);
   EXPECT_EQ(t.stop_reasons.at(0), std::to_string(free_run.tokens[10]));
@@ -589,8 +590,8 @@ TEST(Engine, LogprobsOfEachTokenAreTheModelsLogSoftmax) {
     for (float l : logits) z += std::exp(static_cast<double>(l));
     EXPECT_NEAR(r.logprobs[i].logprob, logits[tokens[i]] - std::log(z), 1e-5);
     ASSERT_EQ(r.logprobs[i].top_logprobs.size(), 3u);
-    const int32_t best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                              logits.begin());
+    const int32_t best =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     EXPECT_EQ(r.logprobs[i].top_logprobs[0].token_id, best);
     history.push_back(tokens[i]);
   }
@@ -756,8 +757,9 @@ TEST(Engine, CreateRejectsInconsistentOptions) {
   options.enable_chunked_prefill = false;
   options.max_num_batched_tokens = 100;
   options.max_model_len = 200;
-  EXPECT_EQ(Engine::Create(std::make_unique<FakeRunner>(FakeRunnerOptions{}), options).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Engine::Create(std::make_unique<FakeRunner>(FakeRunnerOptions{}), options).status().code(),
+      absl::StatusCode::kInvalidArgument);
   options = EngineOptions();
   options.max_num_batched_tokens = 100;
   options.max_num_seqs = 200;

@@ -72,8 +72,8 @@ class FakeRunner : public ModelRunner {
     if (steps_++ == options_.fail_at_step) return absl::InternalError("injected runner failure");
     const int bs = options_.block_size;
     if (in.query_start.size() != static_cast<size_t>(in.num_seqs()) + 1 ||
-        in.query_start.back() != in.num_tokens() ||
-        in.positions.size() != in.token_ids.size() || in.slot_mapping.size() != in.token_ids.size() ||
+        in.query_start.back() != in.num_tokens() || in.positions.size() != in.token_ids.size() ||
+        in.slot_mapping.size() != in.token_ids.size() ||
         in.context_lens.size() != static_cast<size_t>(in.num_seqs()) ||
         in.block_tables.size() != static_cast<size_t>(in.num_seqs()) * in.max_blocks_per_seq) {
       return absl::InvalidArgumentError("inconsistent StepInput sizes");
@@ -91,16 +91,17 @@ class FakeRunner : public ModelRunner {
       for (int i = in.query_start[s]; i < in.query_start[s + 1]; ++i) {
         const int p = in.positions[i];
         if (slot_of(p) != in.slot_mapping[i]) {
-          return absl::InternalError(absl::StrCat("slot_mapping disagrees with the block table at "
-                                                  "seq ", in.seq_ids[s], " position ", p));
+          return absl::InternalError(
+              absl::StrCat("slot_mapping disagrees with the block table at "
+                           "seq ",
+                           in.seq_ids[s], " position ", p));
         }
         uint64_t prefix = kFakeEmptyHash;
         if (p > 0) {
           const int64_t prev = slot_of(p - 1);
           if (prev < 0 || slots_[prev].position != p - 1) {
             return absl::InternalError(absl::StrCat("seq ", in.seq_ids[s], " position ", p,
-                                                    ": the KV of position ", p - 1,
-                                                    " is missing"));
+                                                    ": the KV of position ", p - 1, " is missing"));
           }
           prefix = slots_[prev].hash;
         }
