@@ -85,19 +85,33 @@ std::vector<double> FilteredProbs(const SamplingParams& params, absl::Span<const
   const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
   const bool use_top_p = params.top_p < 1.0f;
   if (use_top_k || use_top_p) {
-    const std::vector<int32_t> order =
-        OrderDescending(probs, use_top_k && !use_top_p ? params.top_k + 1 : vocab);
-    size_t keep = use_top_k ? static_cast<size_t>(params.top_k) : vocab;
-    keep = std::min(keep, order.size());
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    auto better = [&](int32_t a, int32_t b) {
+      return probs[a] != probs[b] ? probs[a] > probs[b] : a < b;
+    };
+    size_t keep = vocab;
+    if (use_top_k) {
+      keep = static_cast<size_t>(params.top_k);
+      std::nth_element(order.begin(), order.begin() + (keep - 1), order.end(), better);
+    }
     if (use_top_p) {
       // Over the top-k renormalised: keep a token while the mass strictly before it is short
-      // of top_p (so the kept set is the smallest whose mass reaches top_p).
+      // of top_p (so the kept set is the smallest whose mass reaches top_p). Most of the mass
+      // usually lies in a few tokens, so sort only as much of the head as that takes.
       double mass = 0;
       for (size_t i = 0; i < keep; ++i) mass += probs[order[i]];
       const double target = static_cast<double>(params.top_p) * mass;
       double before = 0;
       size_t kept = 0;
-      while (kept < keep && before < target) before += probs[order[kept++]];
+      size_t sorted = 0;
+      for (size_t count = std::min<size_t>(64, keep);; count = std::min(keep, count * 8)) {
+        std::partial_sort(order.begin() + sorted, order.begin() + count, order.begin() + keep,
+                          better);
+        sorted = count;
+        while (kept < sorted && before < target) before += probs[order[kept++]];
+        if (before >= target || sorted == keep) break;
+      }
       keep = std::max<size_t>(kept, 1);
     }
     std::vector<bool> kept(vocab, false);

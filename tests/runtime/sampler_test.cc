@@ -94,6 +94,30 @@ TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
   }
 }
 
+TEST(Sampler, TopKAndTopPOnALargeVocabulary) {
+  std::mt19937_64 rng(33);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::vector<float> logits = RandomLogits(rng, 3000);
+    const std::vector<double> full = Softmax(logits, 1.0);
+    const std::vector<int> ranked = Ranked(full);
+    SamplingParams params;
+    params.top_k = trial % 2 == 0 ? -1 : 100 + static_cast<int>(rng() % 2500);
+    const size_t k = params.top_k > 0 ? params.top_k : 3000;
+    double mass = 0;
+    for (size_t i = 0; i < k; ++i) mass += full[ranked[i]];
+    const size_t m = 1 + rng() % (k - 1);
+    double before = 0;
+    for (size_t i = 0; i + 1 < m; ++i) before += full[ranked[i]];
+    params.top_p = static_cast<float>((before + 0.5 * full[ranked[m - 1]]) / mass);
+    // float rounding of top_p may move the boundary: recompute the expected size from it.
+    const double target = static_cast<double>(params.top_p) * mass;
+    size_t want_size = 0;
+    for (double b = 0; want_size < k && b < target;) b += full[ranked[want_size++]];
+    std::set<int> want(ranked.begin(), ranked.begin() + want_size);
+    ASSERT_EQ(Support(FilteredProbs(params, logits)), want) << "trial " << trial;
+  }
+}
+
 TEST(Sampler, TopPAppliesToTheTopKRenormalised) {
   // Probabilities 0.4 0.3 0.2 0.1: top_k 2 leaves 4/7, 3/7; top_p 0.5 then keeps only 4/7.
   const std::vector<float> logits = {std::log(0.3f), std::log(0.4f), std::log(0.1f),
