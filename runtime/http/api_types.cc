@@ -1,0 +1,495 @@
+#include "runtime/http/api_types.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/status.h"
+
+namespace mqa {
+namespace {
+
+using json = nlohmann::json;
+
+// Status payloads: the OpenAI `param` of an error, and an HTTP status that no absl code maps to.
+constexpr char kParamPayload[] = "type.mqaserve/param";
+constexpr char kHttpStatusPayload[] = "type.mqaserve/http_status";
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// ---- JSON field readers: null or absent leaves the default ----
+
+const json* Field(const json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::Status TypeError(const char* name, const char* expected) {
+  return InvalidParam(name, absl::StrCat("'", name, "' must be ", expected));
+}
+
+absl::Status ReadBool(const json& object, const char* name, bool* out) {
+  const json* value = Field(object, name);
+  if (value == nullptr) return absl::OkStatus();
+  if (!value->is_boolean()) return TypeError(name, "a boolean");
+  *out = value->get<bool>();
+  return absl::OkStatus();
+}
+
+// Integers only (16.0 is refused: a float where an integer belongs is a client bug).
+absl::Status ReadInt64(const json& object, const char* name, std::optional<int64_t>* out) {
+  const json* value = Field(object, name);
+  if (value == nullptr) return absl::OkStatus();
+  if (value->is_number_unsigned()) {
+    uint64_t u = value->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is out of range: ", u));
+    }
+    *out = static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  if (!value->is_number_integer()) return TypeError(name, "an integer");
+  *out = value->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const json& object, const char* name, int64_t min, int64_t max, int* out,
+                     bool* given = nullptr) {
+  std::optional<int64_t> v;
+  RETURN_IF_ERROR(ReadInt64(object, name, &v));
+  if (!v.has_value()) return absl::OkStatus();
+  if (*v < min || *v > max) {
+    return InvalidParam(name, absl::StrCat("'", name, "' must be in [", min, ", ", max, "], got ",
+                                           *v));
+  }
+  *out = static_cast<int>(*v);
+  if (given != nullptr) *given = true;
+  return absl::OkStatus();
+}
+
+absl::Status ReadFloat(const json& object, const char* name, float* out) {
+  const json* value = Field(object, name);
+  if (value == nullptr) return absl::OkStatus();
+  if (!value->is_number()) return TypeError(name, "a number");
+  double v = value->get<double>();
+  if (!std::isfinite(v)) return InvalidParam(name, absl::StrCat("'", name, "' must be finite"));
+  *out = static_cast<float>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const json& object, const char* name, std::string* out) {
+  const json* value = Field(object, name);
+  if (value == nullptr) return absl::OkStatus();
+  if (!value->is_string()) return TypeError(name, "a string");
+  *out = value->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadTokenList(const json& list, const char* name, std::vector<int32_t>* out) {
+  out->clear();
+  out->reserve(list.size());
+  for (const json& item : list) {
+    if (!item.is_number_integer()) return TypeError(name, "a list of integer token ids");
+    int64_t id = item.is_number_unsigned() && item.get<uint64_t>() > kIntMax
+                     ? kIntMax + int64_t{1}
+                     : item.get<int64_t>();
+    if (id < 0 || id > kIntMax) {
+      return InvalidParam(name, absl::StrCat("token id ", item.dump(), " in '", name,
+                                             "' is outside the vocabulary"));
+    }
+    out->push_back(static_cast<int32_t>(id));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ParseObject(absl::string_view body) {
+  if (!IsValidUtf8(body)) return InvalidParam("", "the request body is not valid UTF-8");
+  json parsed = json::parse(body.begin(), body.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return InvalidParam("", "the request body is not valid JSON");
+  if (!parsed.is_object()) return InvalidParam("", "the request body must be a JSON object");
+  return parsed;
+}
+
+absl::Status ReadModel(const json& object, std::optional<std::string>* model) {
+  const json* value = Field(object, "model");
+  if (value == nullptr) return absl::OkStatus();
+  if (!value->is_string()) return TypeError("model", "a string");
+  *model = value->get<std::string>();
+  return absl::OkStatus();
+}
+
+// prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...]
+absl::Status ReadPrompts(const json& object, std::vector<PromptInput>* prompts) {
+  const json* value = Field(object, "prompt");
+  if (value == nullptr) return InvalidParam("prompt", "'prompt' is required");
+  constexpr char kShape[] =
+      "a string, a list of strings, a list of token ids or a list of lists of token ids";
+  if (value->is_string()) {
+    prompts->push_back({.is_text = true, .text = value->get<std::string>()});
+  } else if (value->is_array()) {
+    if (value->empty()) return InvalidParam("prompt", "'prompt' must not be empty");
+    const json& first = value->front();
+    if (first.is_number_integer()) {
+      PromptInput prompt{.is_text = false};
+      RETURN_IF_ERROR(ReadTokenList(*value, "prompt", &prompt.token_ids));
+      prompts->push_back(std::move(prompt));
+    } else {
+      for (const json& item : *value) {
+        if (item.is_string()) {
+          prompts->push_back({.is_text = true, .text = item.get<std::string>()});
+        } else if (item.is_array()) {
+          PromptInput prompt{.is_text = false};
+          RETURN_IF_ERROR(ReadTokenList(item, "prompt", &prompt.token_ids));
+          prompts->push_back(std::move(prompt));
+        } else {
+          return TypeError("prompt", kShape);
+        }
+      }
+    }
+  } else {
+    return TypeError("prompt", kShape);
+  }
+  for (const PromptInput& prompt : *prompts) {
+    if (prompt.is_text ? prompt.text.empty() : prompt.token_ids.empty()) {
+      return InvalidParam("prompt", "'prompt' must not be empty");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The fields shared by /v1/completions and /v1/infill (everything but the prompt).
+absl::Status ReadCommon(const json& object, CompletionRequest* request) {
+  SamplingParams& p = request->params;
+  p.max_tokens = kDefaultMaxTokens;
+  RETURN_IF_ERROR(ReadModel(object, &request->model));
+  RETURN_IF_ERROR(ReadInt(object, "max_tokens", std::numeric_limits<int>::min(), kIntMax,
+                          &p.max_tokens, &request->max_tokens_given));
+  RETURN_IF_ERROR(ReadBool(object, "echo", &request->echo));
+  if (p.max_tokens < 0 || (p.max_tokens == 0 && !request->echo)) {
+    return InvalidParam("max_tokens",
+                        absl::StrCat("'max_tokens' must be at least 1 (0 only with echo), got ",
+                                     p.max_tokens));
+  }
+  RETURN_IF_ERROR(ReadFloat(object, "temperature", &p.temperature));
+  if (p.temperature < 0.0f) {
+    return InvalidParam("temperature",
+                        absl::StrCat("'temperature' must be >= 0, got ", p.temperature));
+  }
+  RETURN_IF_ERROR(ReadFloat(object, "top_p", &p.top_p));
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return InvalidParam("top_p", absl::StrCat("'top_p' must be in (0, 1], got ", p.top_p));
+  }
+  RETURN_IF_ERROR(ReadInt(object, "top_k", std::numeric_limits<int>::min(), kIntMax, &p.top_k));
+  if (p.top_k < -1) {
+    return InvalidParam("top_k",
+                        absl::StrCat("'top_k' must be -1 (disabled) or >= 0, got ", p.top_k));
+  }
+  RETURN_IF_ERROR(ReadFloat(object, "min_p", &p.min_p));
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return InvalidParam("min_p", absl::StrCat("'min_p' must be in [0, 1], got ", p.min_p));
+  }
+  RETURN_IF_ERROR(ReadInt(object, "n", std::numeric_limits<int>::min(), kIntMax, &p.n));
+  if (p.n < 1) return InvalidParam("n", absl::StrCat("'n' must be at least 1, got ", p.n));
+  RETURN_IF_ERROR(ReadFloat(object, "presence_penalty", &p.presence_penalty));
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return InvalidParam("presence_penalty", absl::StrCat("'presence_penalty' must be in [-2, 2], got ",
+                                                         p.presence_penalty));
+  }
+  RETURN_IF_ERROR(ReadFloat(object, "frequency_penalty", &p.frequency_penalty));
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return InvalidParam("frequency_penalty",
+                        absl::StrCat("'frequency_penalty' must be in [-2, 2], got ",
+                                     p.frequency_penalty));
+  }
+  RETURN_IF_ERROR(ReadFloat(object, "repetition_penalty", &p.repetition_penalty));
+  if (!(p.repetition_penalty > 0.0f)) {
+    return InvalidParam("repetition_penalty",
+                        absl::StrCat("'repetition_penalty' must be > 0, got ",
+                                     p.repetition_penalty));
+  }
+  std::optional<int64_t> seed;
+  RETURN_IF_ERROR(ReadInt64(object, "seed", &seed));
+  // Negative seeds are accepted (OpenAI's seed is any int64) and reinterpreted as unsigned.
+  if (seed.has_value()) p.seed = static_cast<uint64_t>(*seed);
+
+  if (const json* stop = Field(object, "stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      p.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& item : *stop) {
+        if (!item.is_string()) return TypeError("stop", "a string or a list of strings");
+        p.stop.push_back(item.get<std::string>());
+      }
+    } else {
+      return TypeError("stop", "a string or a list of strings");
+    }
+    for (const std::string& s : p.stop) {
+      if (s.empty()) return InvalidParam("stop", "'stop' strings must not be empty");
+    }
+  }
+  if (const json* ids = Field(object, "stop_token_ids"); ids != nullptr) {
+    if (!ids->is_array()) return TypeError("stop_token_ids", "a list of integer token ids");
+    RETURN_IF_ERROR(ReadTokenList(*ids, "stop_token_ids", &p.stop_token_ids));
+  }
+  RETURN_IF_ERROR(ReadBool(object, "include_stop_str_in_output", &p.include_stop_str_in_output));
+  RETURN_IF_ERROR(ReadBool(object, "ignore_eos", &p.ignore_eos));
+  RETURN_IF_ERROR(ReadInt(object, "min_tokens", std::numeric_limits<int>::min(), kIntMax,
+                          &p.min_tokens));
+  if (p.min_tokens < 0) {
+    return InvalidParam("min_tokens", absl::StrCat("'min_tokens' must be >= 0, got ", p.min_tokens));
+  }
+  if (request->max_tokens_given && p.min_tokens > p.max_tokens) {
+    return InvalidParam("min_tokens", absl::StrCat("'min_tokens' (", p.min_tokens,
+                                                   ") must not exceed 'max_tokens' (",
+                                                   p.max_tokens, ")"));
+  }
+  if (const json* logprobs = Field(object, "logprobs"); logprobs != nullptr) {
+    int value = 0;
+    RETURN_IF_ERROR(ReadInt(object, "logprobs", 0, kMaxLogprobs, &value));
+    p.logprobs = value;
+  }
+  RETURN_IF_ERROR(ReadBool(object, "return_token_ids", &request->return_token_ids));
+  RETURN_IF_ERROR(ReadBool(object, "stream", &request->stream));
+  if (const json* options = Field(object, "stream_options"); options != nullptr) {
+    if (!options->is_object()) return TypeError("stream_options", "an object");
+    if (!request->stream) {
+      return InvalidParam("stream_options", "'stream_options' is only allowed with stream=true");
+    }
+    if (const json* usage = Field(*options, "include_usage"); usage != nullptr) {
+      if (!usage->is_boolean()) return TypeError("stream_options", "{\"include_usage\": bool}");
+      request->include_usage = usage->get<bool>();
+    }
+  }
+  return absl::OkStatus();
+}
+
+const char* ErrorType(int http_status) {
+  switch (http_status) {
+    case 400:
+    case 404:
+    case 413:
+      return "invalid_request_error";
+    case 401:
+    case 403:
+      return "authentication_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable_error";
+    default:
+      return "server_error";
+  }
+}
+
+const char* ErrorCode(int http_status) {
+  switch (http_status) {
+    case 400:
+      return "invalid_value";
+    case 401:
+      return "invalid_api_key";
+    case 404:
+      return "not_found";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "queue_full";
+    case 503:
+      return "unavailable";
+    default:
+      return "internal_error";
+  }
+}
+
+}  // namespace
+
+absl::Status ApiError(absl::StatusCode code, absl::string_view param, absl::string_view message) {
+  absl::Status status(code, message);
+  if (!param.empty()) status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+absl::Status InvalidParam(absl::string_view param, absl::string_view message) {
+  return ApiError(absl::StatusCode::kInvalidArgument, param, message);
+}
+
+absl::Status PayloadTooLarge(absl::string_view message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kHttpStatusPayload, absl::Cord("413"));
+  return status;
+}
+
+std::string ErrorParam(const absl::Status& status) {
+  auto param = status.GetPayload(kParamPayload);
+  return param.has_value() ? std::string(*param) : std::string();
+}
+
+int HttpStatusFor(const absl::Status& status) {
+  if (auto forced = status.GetPayload(kHttpStatusPayload)) {
+    return std::stoi(std::string(*forced));
+  }
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+      return 500;
+    case absl::StatusCode::kDoNotUseReservedForFutureExpansionUseDefaultInSwitchInstead_:
+      return 500;
+  }
+  return 500;
+}
+
+std::string ErrorBody(const absl::Status& status) {
+  int http_status = HttpStatusFor(status);
+  std::string param = ErrorParam(status);
+  json error = {{"message", std::string(status.message())},
+                {"type", ErrorType(http_status)},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", ErrorCode(http_status)}};
+  return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string ErrorBodyForHttpStatus(int http_status, absl::string_view message) {
+  json error = {{"message", std::string(message)},
+                {"type", ErrorType(http_status)},
+                {"param", nullptr},
+                {"code", ErrorCode(http_status)}};
+  return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  CompletionRequest request;
+  RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
+  RETURN_IF_ERROR(ReadCommon(object, &request));
+  return request;
+}
+
+absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  InfillRequest request;
+  RETURN_IF_ERROR(ReadString(object, "input_prefix", &request.input_prefix));
+  RETURN_IF_ERROR(ReadString(object, "input_suffix", &request.input_suffix));
+  RETURN_IF_ERROR(ReadString(object, "prompt", &request.prompt));
+  if (Field(object, "input_prefix") == nullptr && Field(object, "input_suffix") == nullptr) {
+    return InvalidParam("input_prefix", "'input_prefix' or 'input_suffix' is required");
+  }
+  RETURN_IF_ERROR(ReadCommon(object, &request.common));
+  if (request.common.echo) return InvalidParam("echo", "'echo' is not supported by /v1/infill");
+  return request;
+}
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  TokenizeRequest request;
+  RETURN_IF_ERROR(ReadModel(object, &request.model));
+  if (Field(object, "prompt") == nullptr) return InvalidParam("prompt", "'prompt' is required");
+  RETURN_IF_ERROR(ReadString(object, "prompt", &request.prompt));
+  return request;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  DetokenizeRequest request;
+  RETURN_IF_ERROR(ReadModel(object, &request.model));
+  const json* tokens = Field(object, "tokens");
+  if (tokens == nullptr) return InvalidParam("tokens", "'tokens' is required");
+  if (!tokens->is_array()) return TypeError("tokens", "a list of integer token ids");
+  RETURN_IF_ERROR(ReadTokenList(*tokens, "tokens", &request.tokens));
+  return request;
+}
+
+absl::Status ValidatePromptTokens(absl::Span<const int32_t> ids, int64_t vocab_size,
+                                  absl::string_view param) {
+  if (ids.empty()) return InvalidParam(param, absl::StrCat("'", param, "' must not be empty"));
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size) {
+      return InvalidParam(param, absl::StrCat("token id ", id, " in '", param,
+                                              "' is outside the vocabulary [0, ", vocab_size,
+                                              ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ResolveMaxTokens(const CompletionRequest& request, int prompt_len,
+                                     int max_model_len) {
+  int max_tokens = request.params.max_tokens;
+  if (request.max_tokens_given || prompt_len >= max_model_len) {
+    if (static_cast<int64_t>(prompt_len) + max_tokens > max_model_len) {
+      return InvalidParam(
+          request.max_tokens_given ? "max_tokens" : "prompt",
+          absl::StrCat("This model's maximum context length is ", max_model_len,
+                       " tokens; the request asks for ", prompt_len + int64_t{max_tokens},
+                       " tokens (", prompt_len, " in the prompt, ", max_tokens,
+                       " in the completion). Reduce the prompt or max_tokens."));
+    }
+    return max_tokens;
+  }
+  return std::min(max_tokens, max_model_len - prompt_len);
+}
+
+bool IsValidUtf8(absl::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;  // continuation byte, overlong lead (C0, C1) or F5..FF
+    }
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace mqa

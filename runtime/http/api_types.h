@@ -1,0 +1,109 @@
+// The OpenAI-compatible HTTP API's request and error shapes, parsed at the edge into native types.
+//
+// Parsing checks JSON syntax, UTF-8, field types and ranges; checks that need the tokenizer or the
+// model's limits (empty prompt after tokenization, ids outside the vocabulary, prompt + max_tokens
+// over max_model_len) are the separate functions below, called by the server once it has token
+// ids. Every error is an absl::Status carrying the offending field's name (ErrorParam) and maps to
+// an HTTP status (HttpStatusFor) and an OpenAI-shaped body (ErrorBody).
+//
+// Thread safety: free functions over values; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "runtime/sampling_params.h"
+
+namespace mqa {
+
+// ---- Errors ------------------------------------------------------------------------------------
+
+// A status of `code` whose OpenAI error names `param` (empty: no particular field).
+absl::Status ApiError(absl::StatusCode code, absl::string_view param, absl::string_view message);
+// InvalidArgument (HTTP 400) naming `param`.
+absl::Status InvalidParam(absl::string_view param, absl::string_view message);
+// HTTP 413: the body is over the server's size limit.
+absl::Status PayloadTooLarge(absl::string_view message);
+
+// The field an error names ("" when none).
+std::string ErrorParam(const absl::Status& status);
+// InvalidArgument / FailedPrecondition / OutOfRange 400, Unauthenticated 401, PermissionDenied 403,
+// NotFound 404, PayloadTooLarge 413, ResourceExhausted 429, Unimplemented 501, Unavailable 503,
+// anything else 500.
+int HttpStatusFor(const absl::Status& status);
+// {"error": {"message", "type", "param", "code"}} for a non-OK status.
+std::string ErrorBody(const absl::Status& status);
+// The same body for a bare HTTP status with no Status behind it (httplib's own 404 / 413 ...).
+std::string ErrorBodyForHttpStatus(int http_status, absl::string_view message);
+
+// ---- Requests ----------------------------------------------------------------------------------
+
+// One prompt as the client sent it: text, or token ids.
+struct PromptInput {
+  bool is_text = true;
+  std::string text;
+  std::vector<int32_t> token_ids;
+};
+
+// POST /v1/completions (and the common part of /v1/infill).
+struct CompletionRequest {
+  std::optional<std::string> model;
+  std::vector<PromptInput> prompts;  // at least one
+  // params.max_tokens is the client's value (0 allowed only with echo) or 16 when not given.
+  SamplingParams params;
+  bool max_tokens_given = false;
+  bool echo = false;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool return_token_ids = false;  // vLLM's extension: prompt_token_ids and choices[i].token_ids
+};
+
+// Default max_tokens when the client sends none (OpenAI's).
+inline constexpr int kDefaultMaxTokens = 16;
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
+
+// POST /v1/infill: fill-in-the-middle, llama.cpp-style fields plus the sampling fields above.
+struct InfillRequest {
+  std::string input_prefix;
+  std::string input_suffix;
+  std::string prompt;         // optional text placed after the middle token
+  CompletionRequest common;  // prompts left empty: the server builds the one FIM prompt
+};
+
+absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
+
+struct TokenizeRequest {
+  std::optional<std::string> model;
+  std::string prompt;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+
+struct DetokenizeRequest {
+  std::optional<std::string> model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
+
+// ---- Checks that need the tokenizer or the model's limits -------------------------------------
+
+// InvalidArgument naming `param` for an empty prompt or an id outside [0, vocab_size).
+absl::Status ValidatePromptTokens(absl::Span<const int32_t> ids, int64_t vocab_size,
+                                  absl::string_view param);
+
+// The max_tokens to run with for a prompt of `prompt_len` tokens: the client's value, which must
+// fit (prompt_len + max_tokens <= max_model_len; the message gives both numbers), or the default
+// cut to what fits.
+absl::StatusOr<int> ResolveMaxTokens(const CompletionRequest& request, int prompt_len,
+                                     int max_model_len);
+
+// True when `text` is well-formed UTF-8 (no overlongs, surrogates or values past U+10FFFF).
+bool IsValidUtf8(absl::string_view text);
+
+}  // namespace mqa

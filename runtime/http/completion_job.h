@@ -1,0 +1,122 @@
+// One /v1/completions or /v1/infill call in flight: its engine requests (one per prompt), the
+// queue their outputs arrive in, and the OpenAI response (or stream of chunks) built from them.
+//
+// Threads: Callback()'s functions run on the engine thread and only push into the queue (and
+// observe the latency metrics); everything else belongs to the one HTTP thread serving the call.
+// Held by shared_ptr so that a callback arriving after the HTTP side is gone stays safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "runtime/engine.h"
+#include "runtime/http/metrics.h"
+
+namespace mqa {
+
+// A prompt ready for the engine.
+struct PreparedPrompt {
+  std::vector<int32_t> token_ids;
+  std::string text;    // for echo
+  int max_tokens = 0;  // resolved; 0: echo only, nothing to generate
+};
+
+struct CompletionJobOptions {
+  std::string id;  // "cmpl-<n>"; engine request i is "<id>-<i>"
+  std::string model;
+  int64_t created = 0;  // Unix seconds
+  int n = 1;
+  bool echo = false;
+  bool logprobs = false;
+  bool include_usage = false;
+  bool return_token_ids = false;
+  absl::Time arrival;  // when the HTTP request came in, for TTFT and end-to-end latency
+};
+
+class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
+ public:
+  CompletionJob(CompletionJobOptions options, std::vector<PreparedPrompt> prompts,
+                const Tokenizer* tokenizer, ServerMetrics* metrics);
+
+  int num_prompts() const { return static_cast<int>(prompts_.size()); }
+  const PreparedPrompt& prompt(int i) const { return prompts_[i]; }
+  std::string EngineRequestId(int prompt_index) const;
+
+  // The on_output callback of prompt `prompt_index`'s engine request (runs on the engine thread;
+  // holds a reference to the job). The job must be owned by a shared_ptr.
+  std::function<void(RequestOutput)> Callback(int prompt_index);
+  // Marks a prompt as never submitted (echo only): it counts as finished from the start.
+  void MarkSubmittedNone(int prompt_index);
+
+  // HTTP thread. Waits up to `timeout` for outputs, folds them in; false on timeout.
+  // Streaming chunks produced are appended to `*chunks` when non-null.
+  bool Drain(absl::Duration timeout, std::string* chunks);
+  // True once every prompt's last output has been folded in.
+  bool finished() const;
+  // The first error an engine request ended with (OK when none).
+  const absl::Status& error() const { return error_; }
+  // Engine ids of prompts whose last output has not arrived yet (to abort on disconnect).
+  std::vector<std::string> UnfinishedEngineIds() const;
+
+  // Streaming: the chunks to send before any output (echo of the prompts, prompt token ids).
+  std::string OpeningChunks();
+  // Streaming: the usage chunk (when asked for) and `data: [DONE]`.
+  std::string ClosingChunks() const;
+  // Non-streaming: the whole response body.
+  std::string ResponseBody() const;
+
+ private:
+  struct Choice {
+    std::string text;
+    std::vector<int32_t> token_ids;
+    std::optional<FinishReason> finish_reason;
+    nlohmann::json logprobs;  // the completions API's logprobs object, when asked for
+    int64_t text_chars = 0;   // code points in `text`, for text_offset
+    bool opened = false;      // streaming: the first chunk has been sent
+  };
+  struct Arrived {
+    int prompt_index = 0;
+    RequestOutput output;
+  };
+  // Per engine request; touched by the engine thread only (under mu_ for the queue).
+  struct Timing {
+    std::optional<absl::Time> last_token;
+  };
+
+  void OnOutput(int prompt_index, RequestOutput output);
+  void Fold(const Arrived& arrived, std::string* chunks);
+  void AppendLogprobs(Choice& choice, const SampleOutput& sample, nlohmann::json* delta);
+  nlohmann::json ChunkBase() const;
+  std::string ChoiceChunk(int choice_index, const std::string& text,
+                          const std::vector<int32_t>& token_ids, const nlohmann::json& logprobs,
+                          std::optional<FinishReason> finish_reason, bool first) const;
+  nlohmann::json Usage() const;
+
+  const CompletionJobOptions options_;
+  const std::vector<PreparedPrompt> prompts_;
+  const Tokenizer* tokenizer_;
+  ServerMetrics* metrics_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Arrived> queue_;
+  std::vector<Timing> timing_;
+
+  // HTTP thread.
+  std::vector<Choice> choices_;  // prompt_index * n + sample index
+  std::vector<bool> prompt_finished_;
+  absl::Status error_;
+};
+
+}  // namespace mqa

@@ -1,0 +1,464 @@
+#include "runtime/http/server.h"
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "runtime/detokenizer.h"
+#include "runtime/http/api_types.h"
+#include "runtime/http/completion_job.h"
+#include "runtime/http/metrics.h"
+#include "runtime/status.h"
+
+namespace mqa {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kJson[] = "application/json";
+
+void ReplyError(httplib::Response& res, const absl::Status& status) {
+  res.status = HttpStatusFor(status);
+  res.set_content(ErrorBody(status), kJson);
+}
+
+void ReplyJson(httplib::Response& res, const json& body) {
+  res.status = 200;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
+}
+
+// Compares without an early exit, so response times do not reveal how much of a key matched.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// httplib::Server with access to its listening socket: the library (Debian's build of 0.11) listens
+// with a backlog of 5, and a burst of clients connecting at once overflows that (connections
+// dropped or stalled for a SYN retransmit). Listening again on the bound socket raises it.
+class ListeningServer : public httplib::Server {
+ public:
+  absl::Status RaiseBacklog(int backlog) {
+    if (::listen(svr_sock_, backlog) != 0) {
+      return absl::InternalError(absl::StrCat("listen(backlog ", backlog, "): ",
+                                              std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  enum class Health { kLoading, kReady, kFailed };
+
+  Impl(ServerOptions options_in, Engine* engine_in, const Tokenizer* tokenizer_in)
+      : options(std::move(options_in)),
+        engine(engine_in),
+        tokenizer(tokenizer_in),
+        metrics(options.served_model_name),
+        created(absl::ToUnixSeconds(absl::Now())) {}
+
+  void InstallRoutes();
+
+  absl::Status CheckAuth(const httplib::Request& req) const;
+  absl::Status CheckServing() const;
+  absl::Status CheckModel(const std::optional<std::string>& model) const;
+
+  // Parses, tokenizes and submits one completion / infill call.
+  absl::StatusOr<std::shared_ptr<CompletionJob>> StartJob(const httplib::Request& req,
+                                                          bool infill, bool* stream);
+  absl::StatusOr<std::vector<PreparedPrompt>> Prepare(const CompletionRequest& request) const;
+  absl::Status Submit(CompletionJob& job, const SamplingParams& params);
+  void AbortAll(const CompletionJob& job);
+
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool infill);
+  void RespondPlain(const std::shared_ptr<CompletionJob>& job, httplib::Response& res);
+  void RespondStream(std::shared_ptr<CompletionJob> job, httplib::Response& res);
+  void HandleTokenize(const httplib::Request& req, httplib::Response& res);
+  void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
+  void HandleModels(const httplib::Request& req, httplib::Response& res);
+  void HandleHealth(httplib::Response& res);
+
+  const ServerOptions options;
+  Engine* const engine;
+  const Tokenizer* const tokenizer;
+  ServerMetrics metrics;
+  const int64_t created;
+
+  ListeningServer server;
+  std::thread listener;
+  int port = -1;
+  bool started = false;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> listen_returned{false};
+  std::atomic<int64_t> next_id{0};
+
+  mutable std::mutex health_mu;
+  Health health = Health::kLoading;
+  absl::Status failure;
+};
+
+absl::Status HttpServer::Impl::CheckAuth(const httplib::Request& req) const {
+  if (options.api_key.empty()) return absl::OkStatus();
+  const std::string header = req.get_header_value("Authorization");
+  const absl::string_view kBearer = "Bearer ";
+  if (absl::StartsWith(header, kBearer) &&
+      ConstantTimeEquals(absl::string_view(header).substr(kBearer.size()), options.api_key)) {
+    return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError(
+      "Missing or invalid API key: send 'Authorization: Bearer <key>'");
+}
+
+absl::Status HttpServer::Impl::CheckServing() const {
+  std::lock_guard<std::mutex> lock(health_mu);
+  switch (health) {
+    case Health::kLoading:
+      return absl::UnavailableError("The server is still loading the model");
+    case Health::kReady:
+      return stopping ? absl::UnavailableError("The server is shutting down") : absl::OkStatus();
+    case Health::kFailed:
+      return absl::UnavailableError(absl::StrCat("The server has failed: ", failure.message()));
+  }
+  return absl::InternalError("unreachable");
+}
+
+absl::Status HttpServer::Impl::CheckModel(const std::optional<std::string>& model) const {
+  if (!model.has_value() || *model == options.served_model_name) return absl::OkStatus();
+  return ApiError(absl::StatusCode::kNotFound, "model",
+                  absl::StrCat("The model '", *model, "' does not exist; this server serves '",
+                               options.served_model_name, "'"));
+}
+
+absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(
+    const CompletionRequest& request) const {
+  std::vector<PreparedPrompt> prepared;
+  prepared.reserve(request.prompts.size());
+  for (const PromptInput& input : request.prompts) {
+    PreparedPrompt prompt;
+    if (input.is_text) {
+      prompt.token_ids = tokenizer->Encode(input.text);
+      prompt.text = input.text;
+    } else {
+      prompt.token_ids = input.token_ids;
+    }
+    RETURN_IF_ERROR(ValidatePromptTokens(prompt.token_ids, tokenizer->vocab_size(), "prompt"));
+    if (!input.is_text && request.echo) prompt.text = tokenizer->Decode(prompt.token_ids);
+    ASSIGN_OR_RETURN(prompt.max_tokens,
+                     ResolveMaxTokens(request, static_cast<int>(prompt.token_ids.size()),
+                                      options.max_model_len));
+    prepared.push_back(std::move(prompt));
+  }
+  return prepared;
+}
+
+absl::Status HttpServer::Impl::Submit(CompletionJob& job, const SamplingParams& params) {
+  for (int p = 0; p < job.num_prompts(); ++p) {
+    if (job.prompt(p).max_tokens == 0) {
+      job.MarkSubmittedNone(p);
+      continue;
+    }
+    EngineRequest request;
+    request.request_id = job.EngineRequestId(p);
+    request.prompt_token_ids = job.prompt(p).token_ids;
+    request.params = params;
+    request.params.max_tokens = job.prompt(p).max_tokens;
+    request.on_output = job.Callback(p);
+    const Tokenizer* tok = tokenizer;
+    request.make_detokenizer = [tok]() -> std::unique_ptr<IncrementalDetokenizer> {
+      // Stop strings are the engine's (StopStringMatcher); special tokens (EOS, FIM markers) stay
+      // out of the text, as with vLLM's default skip_special_tokens.
+      return std::make_unique<StreamingDetokenizer>(
+          *tok, StreamingDetokenizerOptions{.skip_special_tokens = true});
+    };
+    absl::Status status = engine->AddRequest(std::move(request));
+    if (!status.ok()) {
+      for (int q = 0; q < p; ++q) engine->Abort(job.EngineRequestId(q));
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void HttpServer::Impl::AbortAll(const CompletionJob& job) {
+  for (const std::string& id : job.UnfinishedEngineIds()) engine->Abort(id);
+}
+
+absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
+    const httplib::Request& req, bool infill, bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  CompletionRequest request;
+  if (infill) {
+    ASSIGN_OR_RETURN(InfillRequest fim, ParseInfillRequest(req.body));
+    request = std::move(fim.common);
+    RETURN_IF_ERROR(CheckModel(request.model));
+    // Prefix and suffix are user content: special-token text in them stays text.
+    absl::StatusOr<std::vector<int32_t>> ids =
+        tokenizer->EncodeInfill(fim.input_prefix, fim.input_suffix, /*parse_special=*/false);
+    if (!ids.ok()) {
+      return ApiError(absl::StatusCode::kInvalidArgument, "input_prefix",
+                      absl::StrCat("This model cannot fill in the middle: ",
+                                   ids.status().message()));
+    }
+    std::vector<int32_t> extra = tokenizer->Encode(fim.prompt, /*parse_special=*/false);
+    ids->insert(ids->end(), extra.begin(), extra.end());
+    request.prompts.push_back({.is_text = false, .token_ids = *std::move(ids)});
+  } else {
+    ASSIGN_OR_RETURN(request, ParseCompletionRequest(req.body));
+    RETURN_IF_ERROR(CheckModel(request.model));
+  }
+  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
+
+  CompletionJobOptions job_options{
+      .id = absl::StrCat("cmpl-", next_id.fetch_add(1)),
+      .model = options.served_model_name,
+      .created = absl::ToUnixSeconds(arrival),
+      .n = request.params.n,
+      .echo = request.echo,
+      .logprobs = request.params.logprobs.has_value(),
+      .include_usage = request.include_usage,
+      .return_token_ids = request.return_token_ids,
+      .arrival = arrival,
+  };
+  auto job = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
+                                             tokenizer, &metrics);
+  RETURN_IF_ERROR(Submit(*job, request.params));
+  *stream = request.stream;
+  return job;
+}
+
+void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,
+                                        bool infill) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<CompletionJob>> job = StartJob(req, infill, &stream);
+  if (!job.ok()) return ReplyError(res, job.status());
+  if (stream) return RespondStream(*std::move(job), res);
+  RespondPlain(*job, res);
+}
+
+void HttpServer::Impl::RespondPlain(const std::shared_ptr<CompletionJob>& job,
+                                    httplib::Response& res) {
+  while (!job->finished()) {
+    if (stopping) {
+      AbortAll(*job);
+      return ReplyError(res, absl::UnavailableError("The server is shutting down"));
+    }
+    job->Drain(options.stream_keepalive, nullptr);
+  }
+  if (!job->error().ok()) return ReplyError(res, job->error());
+  res.status = 200;
+  res.set_content(job->ResponseBody(), kJson);
+}
+
+void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto opened = std::make_shared<bool>(false);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, opened](size_t /*offset*/, httplib::DataSink& sink) {
+        std::string chunks;
+        if (!*opened) {
+          chunks = job->OpeningChunks();
+          *opened = true;
+        }
+        if (!job->finished()) job->Drain(options.stream_keepalive, &chunks);
+        if (job->finished()) {
+          if (!job->error().ok()) absl::StrAppend(&chunks, "data: ", ErrorBody(job->error()), "\n\n");
+          absl::StrAppend(&chunks, job->ClosingChunks());
+          if (!sink.write(chunks.data(), chunks.size())) return false;
+          sink.done();
+          return true;
+        }
+        if (stopping) return false;
+        // Nothing new: an SSE comment, which clients ignore, tells whether the client is still
+        // there (writing to a closed connection fails).
+        if (chunks.empty()) chunks = ": keep-alive\n\n";
+        return sink.write(chunks.data(), chunks.size());
+      },
+      // Runs when the response ends, however it ends: a stream cut short (client gone, server
+      // stopping) leaves requests unfinished, and their KV blocks are released now.
+      [this, job](bool /*success*/) { AbortAll(*job); });
+}
+
+void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyError(res, status);
+  absl::StatusOr<TokenizeRequest> request = ParseTokenizeRequest(req.body);
+  if (!request.ok()) return ReplyError(res, request.status());
+  status = CheckModel(request->model);
+  if (!status.ok()) return ReplyError(res, status);
+  std::vector<int32_t> ids = tokenizer->Encode(request->prompt);
+  ReplyJson(res, {{"tokens", ids},
+                  {"count", ids.size()},
+                  {"max_model_len", options.max_model_len}});
+}
+
+void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyError(res, status);
+  absl::StatusOr<DetokenizeRequest> request = ParseDetokenizeRequest(req.body);
+  if (!request.ok()) return ReplyError(res, request.status());
+  status = CheckModel(request->model);
+  if (status.ok() && !request->tokens.empty()) {
+    status = ValidatePromptTokens(request->tokens, tokenizer->vocab_size(), "tokens");
+  }
+  if (!status.ok()) return ReplyError(res, status);
+  ReplyJson(res, {{"prompt", tokenizer->Decode(request->tokens)}});
+}
+
+void HttpServer::Impl::HandleModels(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyError(res, status);
+  json model = {{"id", options.served_model_name},
+                {"object", "model"},
+                {"created", created},
+                {"owned_by", "mqaserve"},
+                {"root", options.served_model_name},
+                {"max_model_len", options.max_model_len}};
+  ReplyJson(res, {{"object", "list"}, {"data", json::array({model})}});
+}
+
+void HttpServer::Impl::HandleHealth(httplib::Response& res) {
+  absl::Status status = CheckServing();
+  if (!status.ok()) return ReplyError(res, status);
+  res.status = 200;
+  res.set_content("", "text/plain");
+}
+
+void HttpServer::Impl::InstallRoutes() {
+  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleCompletion(req, res, /*infill=*/false);
+  });
+  server.Post("/v1/infill", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleCompletion(req, res, /*infill=*/true);
+  });
+  server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleModels(req, res);
+  });
+  server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTokenize(req, res);
+  });
+  server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleDetokenize(req, res);
+  });
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    HandleHealth(res);
+  });
+  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(metrics.Render(engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  // httplib's own errors (no route, body over the limit, unreadable request) get OpenAI's shape
+  // too; our handlers' errors already carry a body and pass through.
+  server.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message;
+    if (res.status == 404) {
+      message = absl::StrCat("No route for ", req.method, " ", req.path);
+    } else if (res.status == 413) {
+      message = absl::StrCat("The request body is larger than ", options.max_body_bytes, " bytes");
+    } else {
+      message = absl::StrCat("HTTP ", res.status);
+    }
+    res.set_content(ErrorBodyForHttpStatus(res.status, message), kJson);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        ReplyError(res, absl::InternalError(absl::StrCat("Internal error: ", what)));
+      });
+  server.set_payload_max_length(options.max_body_bytes);
+  const size_t threads = static_cast<size_t>(std::max(1, options.num_threads));
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+}
+
+HttpServer::HttpServer(ServerOptions options, Engine* engine, const Tokenizer* tokenizer)
+    : impl_(std::make_unique<Impl>(std::move(options), engine, tokenizer)) {
+  MQA_CHECK(engine != nullptr && tokenizer != nullptr);
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+absl::Status HttpServer::Start() {
+  Impl& impl = *impl_;
+  if (impl.started) return absl::FailedPreconditionError("HttpServer already started");
+  impl.InstallRoutes();
+  const std::string& host = impl.options.host;
+  if (impl.options.port == 0) {
+    impl.port = impl.server.bind_to_any_port(host);
+  } else {
+    impl.port = impl.server.bind_to_port(host, impl.options.port) ? impl.options.port : -1;
+  }
+  if (impl.port <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", host, ":", impl.options.port,
+                     " (address in use, or not an address of this host?)"));
+  }
+  if (absl::Status raised = impl.server.RaiseBacklog(impl.options.listen_backlog); !raised.ok()) {
+    return raised;
+  }
+  impl.started = true;
+  impl.listener = std::thread([&impl] {
+    impl.server.listen_after_bind();
+    impl.listen_returned = true;
+  });
+  // Stop() must not race the accept loop's start (httplib's stop() is a no-op before it runs).
+  while (!impl.server.is_running() && !impl.listen_returned) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (impl.listen_returned) {
+    Stop();
+    return absl::UnavailableError(absl::StrCat("the HTTP accept loop on ", host, ":", impl.port,
+                                               " ended at once"));
+  }
+  return absl::OkStatus();
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::Stop() {
+  Impl& impl = *impl_;
+  if (!impl.started) return;
+  impl.stopping = true;
+  impl.server.stop();
+  if (impl.listener.joinable()) impl.listener.join();
+  impl.started = false;
+}
+
+void HttpServer::SetReady() {
+  std::lock_guard<std::mutex> lock(impl_->health_mu);
+  if (impl_->health == Impl::Health::kLoading) impl_->health = Impl::Health::kReady;
+}
+
+void HttpServer::SetFailed(absl::Status why) {
+  std::lock_guard<std::mutex> lock(impl_->health_mu);
+  impl_->health = Impl::Health::kFailed;
+  impl_->failure = std::move(why);
+}
+
+}  // namespace mqa

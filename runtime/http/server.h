@@ -1,0 +1,82 @@
+// The OpenAI-compatible HTTP endpoint of rank 0:
+//   POST /v1/completions, POST /v1/infill, GET /v1/models, POST /tokenize, POST /detokenize,
+//   GET /health, GET /metrics.
+//
+// Threads: Start() runs cpp-httplib's accept loop on a thread of its own; each connection is
+// served by one thread of a pool (ServerOptions::num_threads), which parses, validates and
+// tokenizes the request, hands it to the Engine (AddRequest; the engine runs on its own thread,
+// driven by the caller), and then drains the request's outputs, which the engine's callback pushes
+// into a per-request queue. A streaming client that goes away (a failed write, found at the latest
+// by the keep-alive comment sent every `stream_keepalive`) has its requests aborted at once.
+//
+// Ownership: the server borrows the Engine and the Tokenizer, which must outlive it. All public
+// methods are safe from any thread.
+//
+// Typical use (the launcher):
+//   HttpServer server(options, engine.get(), &tokenizer);
+//   RETURN_IF_ERROR(server.Start());       // listening when it returns
+//   server.SetReady();                      // /health turns 200
+//   absl::Status run = engine->Run();       // engine thread (here: the caller's)
+//   if (!run.ok()) server.SetFailed(run);   // /health 503, new requests 503
+//   server.Stop();
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "model/tokenizer/tokenizer.h"
+#include "runtime/engine.h"
+
+namespace mqa {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (HttpServer::port() tells which)
+  // `model` of /v1/models; requests naming another model get 404. (vLLM's --served-model-name;
+  // the launcher defaults it to the model folder's name.)
+  std::string served_model_name = "model";
+  // Non-empty: every route but /health and /metrics needs `Authorization: Bearer <api_key>`.
+  std::string api_key;
+  // Must equal the engine's EngineOptions::max_model_len (checked here for a clear 400).
+  int max_model_len = 2048;
+  // Bodies above this get 413.
+  size_t max_body_bytes = 8 << 20;
+  // Connections served at once; a streaming response holds one thread for its whole length.
+  int num_threads = 256;
+  // Connections the kernel queues before they are accepted (a burst of clients).
+  int listen_backlog = 1024;
+  // A streaming response with nothing to send writes an SSE comment this often, which is how a
+  // client that disconnected while its request waits is noticed.
+  absl::Duration stream_keepalive = absl::Milliseconds(200);
+};
+
+class HttpServer {
+ public:
+  HttpServer(ServerOptions options, Engine* engine, const Tokenizer* tokenizer);
+  ~HttpServer();  // Stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port and serves on a background thread. Unavailable when the address cannot be
+  // bound; FailedPrecondition when already started.
+  absl::Status Start();
+  // The bound port (after Start).
+  int port() const;
+  // Stops accepting, ends open streams (their requests are aborted), joins the threads.
+  // Idempotent.
+  void Stop();
+
+  // /health: 503 until SetReady, 200 after, 503 again (for good) after SetFailed, which also
+  // makes every later generation request fail with 503 and `why`'s message.
+  void SetReady();
+  void SetFailed(absl::Status why);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mqa

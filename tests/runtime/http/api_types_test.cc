@@ -1,0 +1,344 @@
+#include "runtime/http/api_types.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace mqa {
+namespace {
+
+using json = nlohmann::json;
+
+struct BadCase {
+  std::string body;
+  std::string param;  // expected ErrorParam
+};
+
+// Every malformed /v1/completions body gets InvalidArgument (400) naming the field.
+TEST(ApiTypesTest, BadCompletionBodiesNameTheirField) {
+  const std::vector<BadCase> cases = {
+      {"{", ""},
+      {"", ""},
+      {"[1, 2]", ""},
+      {"\"prompt\"", ""},
+      {"{\"prompt\": \"a\xff\"}", ""},           // invalid UTF-8
+      {"{\"prompt\": \"\xed\xa0\x80\"}", ""},     // an encoded surrogate
+      {"{\"prompt\": \"\\ud800\"}", ""},          // a lone escaped surrogate
+      {"{}", "prompt"},
+      {"{\"prompt\": 5}", "prompt"},
+      {"{\"prompt\": \"\"}", "prompt"},
+      {"{\"prompt\": []}", "prompt"},
+      {"{\"prompt\": [[]]}", "prompt"},
+      {"{\"prompt\": [\"a\", \"\"]}", "prompt"},
+      {"{\"prompt\": [1, \"a\"]}", "prompt"},
+      {"{\"prompt\": [\"a\", 1]}", "prompt"},
+      {"{\"prompt\": [1.5]}", "prompt"},
+      {"{\"prompt\": [-1]}", "prompt"},
+      {"{\"prompt\": [[1], [-3]]}", "prompt"},
+      {"{\"prompt\": [3000000000]}", "prompt"},
+      {"{\"prompt\": {\"a\": 1}}", "prompt"},
+      {"{\"prompt\": \"a\", \"model\": 3}", "model"},
+      {"{\"prompt\": \"a\", \"max_tokens\": -1}", "max_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": \"16\"}", "max_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 16.5}", "max_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 99999999999}", "max_tokens"},
+      {"{\"prompt\": \"a\", \"temperature\": -0.5}", "temperature"},
+      {"{\"prompt\": \"a\", \"temperature\": \"hot\"}", "temperature"},
+      {"{\"prompt\": \"a\", \"top_p\": 0}", "top_p"},
+      {"{\"prompt\": \"a\", \"top_p\": 1.01}", "top_p"},
+      {"{\"prompt\": \"a\", \"top_k\": -2}", "top_k"},
+      {"{\"prompt\": \"a\", \"min_p\": 1.5}", "min_p"},
+      {"{\"prompt\": \"a\", \"n\": 0}", "n"},
+      {"{\"prompt\": \"a\", \"n\": true}", "n"},
+      {"{\"prompt\": \"a\", \"presence_penalty\": 2.5}", "presence_penalty"},
+      {"{\"prompt\": \"a\", \"frequency_penalty\": -3}", "frequency_penalty"},
+      {"{\"prompt\": \"a\", \"repetition_penalty\": 0}", "repetition_penalty"},
+      {"{\"prompt\": \"a\", \"seed\": \"x\"}", "seed"},
+      {"{\"prompt\": \"a\", \"stop\": 5}", "stop"},
+      {"{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
+      {"{\"prompt\": \"a\", \"stop\": [\"x\", 1]}", "stop"},
+      {"{\"prompt\": \"a\", \"stop_token_ids\": 3}", "stop_token_ids"},
+      {"{\"prompt\": \"a\", \"stop_token_ids\": [-4]}", "stop_token_ids"},
+      {"{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs"},
+      {"{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"},
+      {"{\"prompt\": \"a\", \"echo\": \"yes\"}", "echo"},
+      {"{\"prompt\": \"a\", \"ignore_eos\": 1}", "ignore_eos"},
+      {"{\"prompt\": \"a\", \"min_tokens\": -1}", "min_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 2, \"min_tokens\": 5}", "min_tokens"},
+      {"{\"prompt\": \"a\", \"return_token_ids\": \"no\"}", "return_token_ids"},
+      {"{\"prompt\": \"a\", \"stream\": 1}", "stream"},
+      {"{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": true}}", "stream_options"},
+      {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": 3}", "stream_options"},
+      {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
+       "stream_options"},
+  };
+  for (const BadCase& c : cases) {
+    absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(parsed.ok()) << c.body;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(HttpStatusFor(parsed.status()), 400) << c.body;
+    EXPECT_EQ(ErrorParam(parsed.status()), c.param) << c.body << ": " << parsed.status();
+    // The error body has OpenAI's shape and names the same field.
+    json body = json::parse(ErrorBody(parsed.status()));
+    ASSERT_TRUE(body.contains("error")) << c.body;
+    EXPECT_EQ(body["error"]["message"], std::string(parsed.status().message()));
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    if (c.param.empty()) {
+      EXPECT_TRUE(body["error"]["param"].is_null());
+    } else {
+      EXPECT_EQ(body["error"]["param"], c.param);
+    }
+    EXPECT_TRUE(body["error"].contains("code"));
+  }
+}
+
+TEST(ApiTypesTest, PromptShapes) {
+  auto parse = [](const std::string& body) {
+    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body);
+    EXPECT_TRUE(r.ok()) << body << ": " << r.status();
+    return *r;
+  };
+  CompletionRequest one = parse("{\"prompt\": \"def f():\"}");
+  ASSERT_EQ(one.prompts.size(), 1u);
+  EXPECT_TRUE(one.prompts[0].is_text);
+  EXPECT_EQ(one.prompts[0].text, "def f():");
+
+  CompletionRequest texts = parse("{\"prompt\": [\"a\", \"b\", \"c\"]}");
+  ASSERT_EQ(texts.prompts.size(), 3u);
+  EXPECT_EQ(texts.prompts[2].text, "c");
+
+  CompletionRequest ids = parse("{\"prompt\": [5, 17, 4096]}");
+  ASSERT_EQ(ids.prompts.size(), 1u);
+  EXPECT_FALSE(ids.prompts[0].is_text);
+  EXPECT_EQ(ids.prompts[0].token_ids, (std::vector<int32_t>{5, 17, 4096}));
+
+  CompletionRequest lists = parse("{\"prompt\": [[1, 2], [3]]}");
+  ASSERT_EQ(lists.prompts.size(), 2u);
+  EXPECT_EQ(lists.prompts[1].token_ids, (std::vector<int32_t>{3}));
+}
+
+TEST(ApiTypesTest, DefaultsAndNullsLeaveDefaults) {
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(
+      "{\"prompt\": \"x\", \"temperature\": null, \"stop\": null, \"logprobs\": null}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  SamplingParams defaults;
+  EXPECT_EQ(r->params.max_tokens, kDefaultMaxTokens);
+  EXPECT_FALSE(r->max_tokens_given);
+  EXPECT_EQ(r->params.temperature, defaults.temperature);
+  EXPECT_EQ(r->params.n, 1);
+  EXPECT_FALSE(r->params.logprobs.has_value());
+  EXPECT_FALSE(r->params.seed.has_value());
+  EXPECT_TRUE(r->params.stop.empty());
+  EXPECT_FALSE(r->stream);
+  EXPECT_FALSE(r->echo);
+  EXPECT_FALSE(r->model.has_value());
+
+  // max_tokens 0 is allowed with echo (the prompt comes back, nothing is generated).
+  absl::StatusOr<CompletionRequest> echo =
+      ParseCompletionRequest("{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": 0}");
+  ASSERT_TRUE(echo.ok()) << echo.status();
+  EXPECT_EQ(echo->params.max_tokens, 0);
+}
+
+// Random in-range values of every field come through unchanged.
+TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
+  std::mt19937_64 rng(1234);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int max_tokens = 1 + static_cast<int>(rng() % 4000);
+    const int min_tokens = static_cast<int>(rng() % (max_tokens + 1));
+    const double temperature = unit(rng) * 2.0;
+    const double top_p = 1e-3 + unit(rng) * (1.0 - 1e-3);
+    const int top_k = static_cast<int>(rng() % 100) - 1;
+    const double min_p = unit(rng);
+    const double presence = unit(rng) * 4.0 - 2.0;
+    const double frequency = unit(rng) * 4.0 - 2.0;
+    const double repetition = 0.1 + unit(rng) * 2.0;
+    const int n = 1 + static_cast<int>(rng() % 8);
+    const int64_t seed = static_cast<int64_t>(rng());
+    const int logprobs = static_cast<int>(rng() % (kMaxLogprobs + 1));
+    const std::string stop = absl::StrCat("stop", rng() % 1000);
+    const std::vector<int32_t> stop_ids = {static_cast<int32_t>(rng() % 5000),
+                                           static_cast<int32_t>(rng() % 5000)};
+    const bool echo = rng() % 2;
+    const bool stream = rng() % 2;
+    const bool usage = stream && rng() % 2;
+    json body = {{"model", "m"},
+                 {"prompt", "hello"},
+                 {"max_tokens", max_tokens},
+                 {"min_tokens", min_tokens},
+                 {"temperature", temperature},
+                 {"top_p", top_p},
+                 {"top_k", top_k},
+                 {"min_p", min_p},
+                 {"presence_penalty", presence},
+                 {"frequency_penalty", frequency},
+                 {"repetition_penalty", repetition},
+                 {"n", n},
+                 {"seed", seed},
+                 {"logprobs", logprobs},
+                 {"stop", stop},
+                 {"stop_token_ids", stop_ids},
+                 {"echo", echo},
+                 {"ignore_eos", true},
+                 {"return_token_ids", true},
+                 {"stream", stream}};
+    if (stream) body["stream_options"] = {{"include_usage", usage}};
+    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body.dump());
+    ASSERT_TRUE(r.ok()) << body.dump() << ": " << r.status();
+    const SamplingParams& p = r->params;
+    EXPECT_EQ(*r->model, "m");
+    EXPECT_EQ(p.max_tokens, max_tokens);
+    EXPECT_TRUE(r->max_tokens_given);
+    EXPECT_EQ(p.min_tokens, min_tokens);
+    EXPECT_FLOAT_EQ(p.temperature, static_cast<float>(temperature));
+    EXPECT_FLOAT_EQ(p.top_p, static_cast<float>(top_p));
+    EXPECT_EQ(p.top_k, top_k);
+    EXPECT_FLOAT_EQ(p.min_p, static_cast<float>(min_p));
+    EXPECT_FLOAT_EQ(p.presence_penalty, static_cast<float>(presence));
+    EXPECT_FLOAT_EQ(p.frequency_penalty, static_cast<float>(frequency));
+    EXPECT_FLOAT_EQ(p.repetition_penalty, static_cast<float>(repetition));
+    EXPECT_EQ(p.n, n);
+    EXPECT_EQ(*p.seed, static_cast<uint64_t>(seed));
+    EXPECT_EQ(*p.logprobs, logprobs);
+    EXPECT_EQ(p.stop, std::vector<std::string>{stop});
+    EXPECT_EQ(p.stop_token_ids, stop_ids);
+    EXPECT_EQ(r->echo, echo);
+    EXPECT_TRUE(p.ignore_eos);
+    EXPECT_TRUE(r->return_token_ids);
+    EXPECT_EQ(r->stream, stream);
+    EXPECT_EQ(r->include_usage, usage);
+    EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  }
+}
+
+TEST(ApiTypesTest, InfillTokenizeDetokenize) {
+  absl::StatusOr<InfillRequest> infill = ParseInfillRequest(
+      "{\"input_prefix\": \"def f(\", \"input_suffix\": \"):\\n\", \"max_tokens\": 7}");
+  ASSERT_TRUE(infill.ok()) << infill.status();
+  EXPECT_EQ(infill->input_prefix, "def f(");
+  EXPECT_EQ(infill->input_suffix, "):\n");
+  EXPECT_EQ(infill->common.params.max_tokens, 7);
+  EXPECT_TRUE(infill->common.prompts.empty());
+  EXPECT_EQ(ErrorParam(ParseInfillRequest("{\"max_tokens\": 7}").status()), "input_prefix");
+  EXPECT_EQ(ErrorParam(ParseInfillRequest("{\"input_prefix\": 1}").status()), "input_prefix");
+  EXPECT_EQ(ErrorParam(ParseInfillRequest("{\"input_prefix\": \"a\", \"top_p\": 9}").status()),
+            "top_p");
+
+  absl::StatusOr<TokenizeRequest> tokenize = ParseTokenizeRequest("{\"prompt\": \"abc\"}");
+  ASSERT_TRUE(tokenize.ok());
+  EXPECT_EQ(tokenize->prompt, "abc");
+  EXPECT_EQ(ErrorParam(ParseTokenizeRequest("{}").status()), "prompt");
+  EXPECT_EQ(ErrorParam(ParseTokenizeRequest("{\"prompt\": [1]}").status()), "prompt");
+
+  absl::StatusOr<DetokenizeRequest> detokenize = ParseDetokenizeRequest("{\"tokens\": [9, 8]}");
+  ASSERT_TRUE(detokenize.ok());
+  EXPECT_EQ(detokenize->tokens, (std::vector<int32_t>{9, 8}));
+  EXPECT_EQ(ErrorParam(ParseDetokenizeRequest("{\"tokens\": \"x\"}").status()), "tokens");
+  EXPECT_EQ(ErrorParam(ParseDetokenizeRequest("{\"tokens\": [\"x\"]}").status()), "tokens");
+}
+
+TEST(ApiTypesTest, PromptTokensAndLengthLimits) {
+  EXPECT_TRUE(ValidatePromptTokens({0, 5, 99}, 100, "prompt").ok());
+  absl::Status empty = ValidatePromptTokens({}, 100, "prompt");
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ErrorParam(empty), "prompt");
+  absl::Status outside = ValidatePromptTokens({3, 100}, 100, "prompt");
+  EXPECT_EQ(ErrorParam(outside), "prompt");
+  EXPECT_NE(outside.message().find("100"), absl::string_view::npos);
+
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int max_model_len = 16 + static_cast<int>(rng() % 4000);
+    const int prompt_len = 1 + static_cast<int>(rng() % max_model_len);
+    CompletionRequest request;
+    request.params.max_tokens = 1 + static_cast<int>(rng() % 4000);
+    request.max_tokens_given = true;
+    absl::StatusOr<int> resolved = ResolveMaxTokens(request, prompt_len, max_model_len);
+    if (prompt_len + request.params.max_tokens <= max_model_len) {
+      ASSERT_TRUE(resolved.ok());
+      EXPECT_EQ(*resolved, request.params.max_tokens);
+    } else {
+      ASSERT_FALSE(resolved.ok());
+      EXPECT_EQ(ErrorParam(resolved.status()), "max_tokens");
+      // The message gives both numbers: the limit and what was asked for.
+      const std::string message(resolved.status().message());
+      EXPECT_NE(message.find(absl::StrCat(max_model_len)), std::string::npos) << message;
+      EXPECT_NE(message.find(absl::StrCat(prompt_len + request.params.max_tokens)),
+                std::string::npos)
+          << message;
+    }
+    // Without an explicit max_tokens the default is cut to fit; a prompt that fills the whole
+    // context is refused.
+    request.max_tokens_given = false;
+    request.params.max_tokens = kDefaultMaxTokens;
+    resolved = ResolveMaxTokens(request, prompt_len, max_model_len);
+    if (prompt_len < max_model_len) {
+      ASSERT_TRUE(resolved.ok());
+      EXPECT_EQ(*resolved, std::min(kDefaultMaxTokens, max_model_len - prompt_len));
+    } else {
+      EXPECT_FALSE(resolved.ok());
+    }
+  }
+}
+
+TEST(ApiTypesTest, HttpStatusMapping) {
+  EXPECT_EQ(HttpStatusFor(absl::InvalidArgumentError("x")), 400);
+  EXPECT_EQ(HttpStatusFor(absl::UnauthenticatedError("x")), 401);
+  EXPECT_EQ(HttpStatusFor(absl::NotFoundError("x")), 404);
+  EXPECT_EQ(HttpStatusFor(PayloadTooLarge("x")), 413);
+  EXPECT_EQ(HttpStatusFor(absl::ResourceExhaustedError("x")), 429);
+  EXPECT_EQ(HttpStatusFor(absl::UnavailableError("x")), 503);
+  EXPECT_EQ(HttpStatusFor(absl::InternalError("x")), 500);
+  json not_found = json::parse(ErrorBody(ApiError(absl::StatusCode::kNotFound, "model", "nope")));
+  EXPECT_EQ(not_found["error"]["param"], "model");
+  EXPECT_EQ(not_found["error"]["message"], "nope");
+  json too_large = json::parse(ErrorBodyForHttpStatus(413, "big"));
+  EXPECT_EQ(too_large["error"]["code"], "request_too_large");
+  EXPECT_TRUE(too_large["error"]["param"].is_null());
+}
+
+TEST(ApiTypesTest, Utf8Validation) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("plain ascii"));
+  EXPECT_TRUE(IsValidUtf8("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80"));  // é € 😀
+  EXPECT_FALSE(IsValidUtf8("\xc3"));                                      // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));                                  // overlong
+  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));                              // overlong
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));                              // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));                          // past U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\x80"));                                      // lone continuation
+  // Every code point encodes to valid UTF-8 (checked against a direct encoder).
+  std::mt19937 rng(99);
+  for (int i = 0; i < 2000; ++i) {
+    uint32_t cp = rng() % 0x110000;
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      s += static_cast<char>(0xE0 | (cp >> 12));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      s += static_cast<char>(0xF0 | (cp >> 18));
+      s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    EXPECT_TRUE(IsValidUtf8(s)) << absl::StrFormat("U+%04X", cp);
+    if (s.size() > 1) EXPECT_FALSE(IsValidUtf8(s.substr(0, s.size() - 1)));
+  }
+}
+
+}  // namespace
+}  // namespace mqa

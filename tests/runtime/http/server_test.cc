@@ -1,0 +1,615 @@
+// The HTTP server for real: an Engine over the shared fake runner (logits a function of the token
+// history), the fixture tokenizer, a server on 127.0.0.1 with an OS-chosen port, and
+// httplib::Client as the client.
+#include "runtime/http/server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/runtime/fake_runner.h"
+#include "tests/runtime/http/prometheus_text.h"
+
+namespace mqa {
+namespace {
+
+using json = nlohmann::json;
+
+std::string SourceDir() {
+  const char* env = std::getenv("MQA_SOURCE_DIR");
+  return env != nullptr ? env : MQA_DEFAULT_SOURCE_DIR;
+}
+
+const Tokenizer& FixtureTokenizer() {
+  static const Tokenizer* tokenizer = [] {
+    absl::StatusOr<Tokenizer> t =
+        Tokenizer::FromFile(SourceDir() + "/tests/fixtures/tokenizer/tokenizer.json");
+    MQA_CHECK_OK(t.status());
+    return new Tokenizer(*std::move(t));
+  }();
+  return *tokenizer;
+}
+
+// The greedy continuation the fake model gives (argmax, first index on ties, EOS 0 stops).
+std::vector<int32_t> GreedyReference(std::vector<int32_t> history, int max_tokens, int vocab) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_tokens; ++i) {
+    std::vector<float> logits = testing::ReferenceLogits(history, vocab);
+    int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                        logits.begin());
+    out.push_back(next);
+    history.push_back(next);
+    if (next == 0) break;
+  }
+  return out;
+}
+
+struct Sse {
+  int status = 0;
+  std::vector<json> chunks;
+  bool done = false;
+  std::string text;  // choice 0's text, concatenated
+  std::vector<int32_t> token_ids;
+  std::string error;  // the client's transport error, if any
+};
+
+struct TestSetup {
+  ServerOptions server;
+  EngineOptions engine;
+  testing::FakeRunnerOptions runner;
+  bool run_engine = true;
+  bool ready = true;
+  absl::Duration step_delay = absl::ZeroDuration();
+};
+
+TestSetup DefaultSetup() {
+  TestSetup setup;
+  setup.server.port = 0;
+  setup.server.served_model_name = "demo";
+  setup.server.max_model_len = 128;
+  setup.server.max_body_bytes = 64 << 10;
+  setup.engine.max_model_len = 128;
+  setup.engine.max_num_seqs = 128;
+  setup.engine.eos_token_id = 0;
+  setup.runner.vocab_size = static_cast<int>(FixtureTokenizer().vocab_size());
+  setup.runner.num_blocks = 1024;
+  setup.runner.block_size = 8;
+  return setup;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void Start(TestSetup setup) {
+    setup_ = setup;
+    auto runner = std::make_unique<testing::FakeRunner>(setup.runner);
+    if (setup.step_delay > absl::ZeroDuration()) {
+      runner->on_step = [delay = setup.step_delay](const StepInput&) { absl::SleepFor(delay); };
+    }
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(std::move(runner), setup.engine);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    if (setup.run_engine) StartEngine();
+    server_ = std::make_unique<HttpServer>(setup.server, engine_.get(), &FixtureTokenizer());
+    ASSERT_TRUE(server_->Start().ok());
+    if (setup.ready) server_->SetReady();
+  }
+
+  void StartEngine() {
+    engine_thread_ = std::thread([this] { run_status_ = engine_->Run(); });
+  }
+
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (engine_) engine_->Stop();
+    if (engine_thread_.joinable()) engine_thread_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_;
+  }
+
+  std::unique_ptr<httplib::Client> Client() {
+    auto client = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client->set_read_timeout(30, 0);
+    if (!setup_.server.api_key.empty()) {
+      httplib::Headers headers;
+      headers.emplace("Authorization", "Bearer " + setup_.server.api_key);
+      client->set_default_headers(headers);
+    }
+    return client;
+  }
+
+  // POSTs `body` (sent verbatim when a string) and returns the status and parsed JSON body.
+  json Post(const std::string& path, const std::string& body, int* status) {
+    auto client = Client();
+    httplib::Result result = client->Post(path.c_str(), body, "application/json");
+    EXPECT_TRUE(result) << path << ": " << httplib::to_string(result.error());
+    if (!result) return json();
+    *status = result->status;
+    json parsed = json::parse(result->body, nullptr, false);
+    EXPECT_FALSE(parsed.is_discarded()) << result->body;
+    return parsed;
+  }
+  json PostOk(const std::string& path, const json& body) {
+    int status = 0;
+    json response = Post(path, body.dump(), &status);
+    EXPECT_EQ(status, 200) << body.dump() << " -> " << response.dump();
+    return response;
+  }
+
+  // Streams a completion. `stop_after_chunks` > 0 closes the connection after that many chunks.
+  Sse Stream(const json& body, int stop_after_chunks = 0) {
+    Sse sse;
+    auto client = Client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    std::string pending;
+    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+      pending.append(data, len);
+      size_t end;
+      while ((end = pending.find("\n\n")) != std::string::npos) {
+        std::string event = pending.substr(0, end);
+        pending.erase(0, end + 2);
+        for (absl::string_view line : absl::StrSplit(event, '\n')) {
+          if (line.empty() || line[0] == ':') continue;  // SSE comment (keep-alive)
+          EXPECT_TRUE(absl::StartsWith(line, "data: ")) << line;
+          absl::string_view payload = line.substr(6);
+          if (payload == "[DONE]") {
+            sse.done = true;
+            continue;
+          }
+          json chunk = json::parse(payload, nullptr, false);
+          EXPECT_FALSE(chunk.is_discarded()) << payload;
+          if (chunk.contains("choices")) {
+            for (const json& choice : chunk["choices"]) {
+              if (choice["index"] != 0) continue;
+              sse.text += choice["text"].get<std::string>();
+              if (choice.contains("token_ids")) {
+                for (const json& id : choice["token_ids"]) sse.token_ids.push_back(id);
+              }
+            }
+          }
+          sse.chunks.push_back(std::move(chunk));
+        }
+      }
+      return stop_after_chunks == 0 || static_cast<int>(sse.chunks.size()) < stop_after_chunks;
+    };
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    client->send(req, res, error);
+    sse.status = res.status;
+    sse.error = httplib::to_string(error);
+    return sse;
+  }
+
+  testing::PrometheusPage Metrics() {
+    httplib::Client client("127.0.0.1", server_->port());
+    httplib::Result result = client.Get("/metrics");
+    EXPECT_TRUE(result && result->status == 200);
+    if (!result) return {};
+    absl::StatusOr<testing::PrometheusPage> page = testing::ParsePrometheusText(result->body);
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? *page : testing::PrometheusPage{};
+  }
+  double Metric(const testing::PrometheusPage& page, const std::string& name,
+                const std::string& extra_labels = "") {
+    std::string key = absl::StrCat(name, "{model_name=\"demo\"", extra_labels, "}");
+    auto it = page.samples.find(key);
+    EXPECT_NE(it, page.samples.end()) << key;
+    return it == page.samples.end() ? -1 : it->second;
+  }
+  // Polls /metrics until the engine is idle with every KV block free; returns the time it took.
+  absl::Duration WaitIdle(absl::Duration limit) {
+    const absl::Time start = absl::Now();
+    while (absl::Now() - start < limit) {
+      testing::PrometheusPage page = Metrics();
+      if (Metric(page, "mqaserve_kv_cache_usage_perc") == 0 &&
+          Metric(page, "mqaserve_num_requests_running") == 0 &&
+          Metric(page, "mqaserve_num_requests_waiting") == 0) {
+        return absl::Now() - start;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return absl::InfiniteDuration();
+  }
+
+  TestSetup setup_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread engine_thread_;
+  absl::Status run_status_;
+};
+
+std::string RandomCode(std::mt19937_64& rng) {
+  static const char* kWords[] = {"def", "return", "self", "x", "=", "+", "for", "in", "range",
+                                 "(", ")", ":", "\n    ", "if", "None", "import", "os", "1"};
+  std::string s;
+  const int n = 3 + static_cast<int>(rng() % 12);
+  for (int i = 0; i < n; ++i) absl::StrAppend(&s, kWords[rng() % std::size(kWords)], " ");
+  return s;
+}
+
+TEST_F(HttpServerTest, PlainAndStreamedGreedyCompletionsAgreeWithTheModel) {
+  Start(DefaultSetup());
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::string prompt = RandomCode(rng);
+    const int max_tokens = 5 + static_cast<int>(rng() % 20);
+    json body = {{"model", "demo"}, {"prompt", prompt},       {"max_tokens", max_tokens},
+                 {"temperature", 0}, {"return_token_ids", true}};
+    json plain = PostOk("/v1/completions", body);
+    ASSERT_EQ(plain["choices"].size(), 1u);
+    const json& choice = plain["choices"][0];
+    std::vector<int32_t> prompt_ids = FixtureTokenizer().Encode(prompt);
+    EXPECT_EQ(choice["prompt_token_ids"].get<std::vector<int32_t>>(), prompt_ids);
+    std::vector<int32_t> expected =
+        GreedyReference(prompt_ids, max_tokens, setup_.runner.vocab_size);
+    EXPECT_EQ(choice["token_ids"].get<std::vector<int32_t>>(), expected);
+    EXPECT_EQ(choice["finish_reason"], expected.back() == 0 ? "stop" : "length");
+    EXPECT_EQ(plain["usage"]["prompt_tokens"], prompt_ids.size());
+    EXPECT_EQ(plain["usage"]["completion_tokens"], expected.size());
+    EXPECT_EQ(plain["usage"]["total_tokens"], prompt_ids.size() + expected.size());
+    EXPECT_EQ(plain["object"], "text_completion");
+    EXPECT_EQ(plain["model"], "demo");
+    EXPECT_TRUE(absl::StartsWith(plain["id"].get<std::string>(), "cmpl-"));
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    Sse sse = Stream(body);
+    EXPECT_EQ(sse.status, 200);
+    EXPECT_TRUE(sse.done);
+    EXPECT_EQ(sse.text, choice["text"].get<std::string>());
+    EXPECT_EQ(sse.token_ids, expected);
+    ASSERT_GE(sse.chunks.size(), 2u);
+    EXPECT_EQ(sse.chunks.back()["usage"], plain["usage"]);  // the usage chunk comes last
+    EXPECT_TRUE(sse.chunks.back()["choices"].empty());
+    EXPECT_EQ(sse.chunks[sse.chunks.size() - 2]["choices"][0]["finish_reason"],
+              choice["finish_reason"]);
+  }
+}
+
+TEST_F(HttpServerTest, ListPromptsWithTwoSamplesEach) {
+  Start(DefaultSetup());
+  const std::vector<std::string> prompts = {"def add(a, b):", "class Stack:\n    def"};
+  json body = {{"prompt", prompts}, {"n", 2},  {"max_tokens", 12}, {"temperature", 0.9},
+               {"seed", 77},        {"return_token_ids", true}};
+  json response = PostOk("/v1/completions", body);
+  ASSERT_EQ(response["choices"].size(), 4u);
+  int64_t completion_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    const json& choice = response["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["prompt_token_ids"].get<std::vector<int32_t>>(),
+              FixtureTokenizer().Encode(prompts[i / 2]));
+    EXPECT_EQ(choice["finish_reason"], "length");  // EOS is rare under the fake model
+    EXPECT_EQ(choice["token_ids"].size(), 12u);
+    completion_tokens += choice["token_ids"].size();
+  }
+  // Sampled (not greedy) and independent: the two samples of a prompt differ.
+  EXPECT_NE(response["choices"][0]["token_ids"], response["choices"][1]["token_ids"]);
+  EXPECT_EQ(response["usage"]["completion_tokens"], completion_tokens);
+  // The same seed gives the same samples, streamed or not, token-id prompts or text.
+  json ids_body = body;
+  ids_body["prompt"] = {FixtureTokenizer().Encode(prompts[0]), FixtureTokenizer().Encode(prompts[1])};
+  json again = PostOk("/v1/completions", ids_body);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(again["choices"][i]["token_ids"], response["choices"][i]["token_ids"]) << i;
+  }
+}
+
+TEST_F(HttpServerTest, EveryBadInputIsRefusedAndTheNextRequestSucceeds) {
+  Start(DefaultSetup());
+  struct Case {
+    std::string body;
+    int status;
+    std::string param;
+  };
+  const std::string long_prompt(100, 'x');
+  const std::vector<Case> cases = {
+      {"{\"prompt\": \"a\"", 400, ""},
+      {"[\"prompt\"]", 400, ""},
+      {"{\"prompt\": \"\xc3\x28\"}", 400, ""},
+      {"{\"prompt\": 12}", 400, "prompt"},
+      {"{\"prompt\": \"\"}", 400, "prompt"},
+      {"{\"prompt\": [5, 4097]}", 400, "prompt"},
+      {"{\"prompt\": [[1], [99999]]}", 400, "prompt"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 128, \"temperature\": 0}", 400, "max_tokens"},
+      {json({{"prompt", std::vector<int32_t>(120, 7)}, {"max_tokens", 9}}).dump(), 400,
+       "max_tokens"},
+      {"{\"prompt\": \"a\", \"temperature\": -1}", 400, "temperature"},
+      {"{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p"},
+      {"{\"prompt\": \"a\", \"n\": 0}", 400, "n"},
+      {"{\"prompt\": \"a\", \"max_tokens\": -3}", 400, "max_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens"},
+      {"{\"prompt\": \"a\", \"max_tokens\": \"4\"}", 400, "max_tokens"},
+      {"{\"prompt\": \"a\", \"model\": \"gpt-4\"}", 404, "model"},
+      {json({{"prompt", std::string(70 << 10, 'y')}}).dump(), 413, ""},
+  };
+  for (const Case& c : cases) {
+    int status = 0;
+    json error = Post("/v1/completions", c.body, &status);
+    EXPECT_EQ(status, c.status) << c.body.substr(0, 200) << " -> " << error.dump();
+    ASSERT_TRUE(error.contains("error")) << error.dump();
+    EXPECT_TRUE(error["error"]["message"].is_string());
+    EXPECT_TRUE(error["error"]["type"].is_string());
+    EXPECT_TRUE(error["error"].contains("code"));
+    if (c.param.empty()) {
+      EXPECT_TRUE(error["error"]["param"].is_null()) << error.dump();
+    } else {
+      EXPECT_EQ(error["error"]["param"], c.param) << error.dump();
+    }
+    if (c.param == "max_tokens" && c.body.find("128") != std::string::npos) {
+      // Both numbers: the context limit and what the request needs.
+      const std::string message = error["error"]["message"];
+      EXPECT_NE(message.find("128"), std::string::npos) << message;
+      EXPECT_NE(message.find("129"), std::string::npos) << message;
+    }
+    // The server keeps serving.
+    json ok = PostOk("/v1/completions", {{"prompt", "x = 1"}, {"max_tokens", 2}});
+    EXPECT_FALSE(ok["choices"][0].contains("token_ids"));  // only with return_token_ids
+  }
+  // Unknown routes and methods also answer in OpenAI's shape.
+  auto client = Client();
+  httplib::Result missing = client->Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(json::parse(missing->body).contains("error"));
+  EXPECT_EQ(WaitIdle(absl::Seconds(2)) < absl::Seconds(2), true);
+}
+
+TEST_F(HttpServerTest, FullWaitingQueueGives429) {
+  TestSetup setup = DefaultSetup();
+  setup.engine.max_queued_requests = 2;
+  setup.run_engine = false;  // requests stay queued until the engine starts
+  Start(setup);
+  std::vector<std::thread> waiting;
+  std::vector<int> statuses(2, 0);
+  for (int i = 0; i < 2; ++i) {
+    waiting.emplace_back([&, i] {
+      Post("/v1/completions", json({{"prompt", "a"}, {"max_tokens", 3}}).dump(), &statuses[i]);
+    });
+  }
+  const absl::Time start = absl::Now();
+  while (engine_->metrics().num_waiting < 2 && absl::Now() - start < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  int status = 0;
+  json error = Post("/v1/completions", json({{"prompt", "b"}, {"max_tokens", 3}}).dump(), &status);
+  EXPECT_EQ(status, 429) << error.dump();
+  EXPECT_EQ(error["error"]["type"], "rate_limit_error");
+  StartEngine();
+  for (std::thread& t : waiting) t.join();
+  EXPECT_EQ(statuses, (std::vector<int>{200, 200}));
+  PostOk("/v1/completions", {{"prompt", "c"}, {"max_tokens", 3}});
+}
+
+TEST_F(HttpServerTest, SixtyFourConcurrentStreamsLoseNothing) {
+  Start(DefaultSetup());
+  constexpr int kClients = 64;
+  const double tokens_before = Metric(Metrics(), "mqaserve_generation_tokens_total");
+  std::vector<json> bodies(kClients);
+  std::vector<Sse> results(kClients);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < kClients; ++i) {
+    bodies[i] = {{"prompt", RandomCode(rng)}, {"max_tokens", 8 + i % 9}, {"temperature", 0.8},
+                 {"seed", 1000 + i},         {"return_token_ids", true}, {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] { results[i] = Stream(bodies[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  int64_t streamed_tokens = 0;
+  for (int i = 0; i < kClients; ++i) {
+    const Sse& r = results[i];
+    EXPECT_EQ(r.status, 200) << i << " " << r.error;
+    EXPECT_TRUE(r.done) << i;
+    ASSERT_FALSE(r.chunks.empty()) << i;
+    const json& usage = r.chunks.back()["usage"];
+    EXPECT_EQ(usage["completion_tokens"], r.token_ids.size()) << i;
+    EXPECT_LE(r.token_ids.size(), bodies[i]["max_tokens"].get<size_t>());
+    streamed_tokens += r.token_ids.size();
+  }
+  // Every generated token reached its client, and the seeded samples are what a lone plain
+  // request gets (batching changes nothing).
+  const absl::Time start = absl::Now();
+  while (Metric(Metrics(), "mqaserve_generation_tokens_total") - tokens_before < streamed_tokens &&
+         absl::Now() - start < absl::Seconds(1)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Metric(Metrics(), "mqaserve_generation_tokens_total") - tokens_before,
+            streamed_tokens);
+  for (int i = 0; i < kClients; i += 7) {
+    json plain_body = bodies[i];
+    plain_body.erase("stream");
+    plain_body.erase("stream_options");
+    json plain = PostOk("/v1/completions", plain_body);
+    EXPECT_EQ(plain["choices"][0]["text"], results[i].text) << i;
+    EXPECT_EQ(plain["choices"][0]["token_ids"].get<std::vector<int32_t>>(), results[i].token_ids);
+  }
+  EXPECT_LT(WaitIdle(absl::Seconds(1)), absl::Seconds(1)) << "KV blocks still in use";
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamFreesBlocksWithinASecond) {
+  TestSetup setup = DefaultSetup();
+  setup.step_delay = absl::Milliseconds(5);  // 100 tokens take ~0.5 s or more
+  Start(setup);
+  const double aborts_before =
+      Metric(Metrics(), "mqaserve_request_success_total", ",finished_reason=\"abort\"");
+  json body = {{"prompt", "while True:"}, {"max_tokens", 100}, {"ignore_eos", true},
+               {"temperature", 0},        {"stream", true}};
+  Sse sse = Stream(body, /*stop_after_chunks=*/3);
+  const absl::Time gone = absl::Now();
+  EXPECT_FALSE(sse.done);
+  EXPECT_EQ(sse.chunks.size(), 3u);
+  const absl::Duration idle_after = WaitIdle(absl::Seconds(1));
+  EXPECT_LT(idle_after, absl::Seconds(1)) << "blocks not released after the client left";
+  testing::PrometheusPage page = Metrics();
+  EXPECT_EQ(Metric(page, "mqaserve_request_success_total", ",finished_reason=\"abort\""),
+            aborts_before + 1);
+  EXPECT_LT(Metric(page, "mqaserve_generation_tokens_total"), 100) << "ran to the end";
+  EXPECT_LT(absl::Now() - gone, absl::Seconds(2));
+}
+
+TEST_F(HttpServerTest, ApiKeyGuardsEverythingButHealthAndMetrics) {
+  TestSetup setup = DefaultSetup();
+  setup.server.api_key = "s3cret-key";
+  Start(setup);
+  httplib::Client anonymous("127.0.0.1", server_->port());
+  const std::string body = json({{"prompt", "x"}, {"max_tokens", 2}}).dump();
+  for (const char* path : {"/v1/completions", "/v1/infill", "/tokenize", "/detokenize"}) {
+    httplib::Result r = anonymous.Post(path, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << path;
+    EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
+  }
+  httplib::Result models = anonymous.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  httplib::Result wrong = anonymous.Post(
+      "/v1/completions", {{"Authorization", "Bearer s3cret-kez"}}, body, "application/json");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  EXPECT_EQ(anonymous.Get("/health")->status, 200);
+  EXPECT_EQ(anonymous.Get("/metrics")->status, 200);
+  PostOk("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});  // with the key
+}
+
+TEST_F(HttpServerTest, HealthFollowsReadinessAndFailure) {
+  TestSetup setup = DefaultSetup();
+  setup.ready = false;
+  Start(setup);
+  httplib::Client client("127.0.0.1", server_->port());
+  EXPECT_EQ(client.Get("/health")->status, 503);
+  int status = 0;
+  Post("/v1/completions", json({{"prompt", "x"}}).dump(), &status);
+  EXPECT_EQ(status, 503);
+  server_->SetReady();
+  EXPECT_EQ(client.Get("/health")->status, 200);
+  PostOk("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  server_->SetFailed(absl::InternalError("rank 1 died"));
+  httplib::Result health = client.Get("/health");
+  EXPECT_EQ(health->status, 503);
+  json error = Post("/v1/completions", json({{"prompt", "x"}}).dump(), &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("rank 1 died"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, ModelsTokenizeDetokenize) {
+  Start(DefaultSetup());
+  auto client = Client();
+  json models = json::parse(client->Get("/v1/models")->body);
+  EXPECT_EQ(models["data"][0]["id"], "demo");
+  const std::string text = "def hello(name):\n    print(f'hi {name}') # ünïcode";
+  json tokens = PostOk("/tokenize", {{"prompt", text}});
+  std::vector<int32_t> expected = FixtureTokenizer().Encode(text);
+  EXPECT_EQ(tokens["tokens"].get<std::vector<int32_t>>(), expected);
+  EXPECT_EQ(tokens["count"], expected.size());
+  EXPECT_EQ(tokens["max_model_len"], 128);
+  json back = PostOk("/detokenize", {{"tokens", expected}});
+  EXPECT_EQ(back["prompt"], text);
+  int status = 0;
+  json error = Post("/detokenize", json({{"tokens", {1, 5000}}}).dump(), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "tokens");
+  Post("/tokenize", json({{"prompt", "x"}, {"model", "other"}}).dump(), &status);
+  EXPECT_EQ(status, 404);
+}
+
+TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
+  Start(DefaultSetup());
+  const int vocab = setup_.runner.vocab_size;
+  const Tokenizer& tok = FixtureTokenizer();
+
+  // Infill: the FIM prompt, then the model's greedy continuation.
+  json infill = PostOk("/v1/infill", {{"input_prefix", "def f(x):\n    return "},
+                                      {"input_suffix", "\n\nprint(f(2))"},
+                                      {"max_tokens", 6},
+                                      {"temperature", 0},
+                                      {"return_token_ids", true}});
+  std::vector<int32_t> fim_ids =
+      *tok.EncodeInfill("def f(x):\n    return ", "\n\nprint(f(2))", false);
+  EXPECT_EQ(infill["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), fim_ids);
+  EXPECT_EQ(infill["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            GreedyReference(fim_ids, 6, vocab));
+
+  // Echo with max_tokens 0: the prompt alone; with tokens: prompt then completion.
+  json echo = PostOk("/v1/completions", {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 0}});
+  EXPECT_EQ(echo["choices"][0]["text"], "import os");
+  EXPECT_EQ(echo["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(echo["usage"]["completion_tokens"], 0);
+  json echo3 = PostOk("/v1/completions",
+                      {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 3}, {"temperature", 0}});
+  json plain3 = PostOk("/v1/completions", {{"prompt", "import os"}, {"max_tokens", 3}, {"temperature", 0}});
+  EXPECT_EQ(echo3["choices"][0]["text"], "import os" + plain3["choices"][0]["text"].get<std::string>());
+
+  // Stop strings: the text ends before the first occurrence of the stop string.
+  json full = PostOk("/v1/completions", {{"prompt", "for i in"}, {"max_tokens", 30}, {"temperature", 0}});
+  const std::string text = full["choices"][0]["text"];
+  std::string stop;
+  for (size_t k = 4; k + 2 <= text.size() && stop.empty(); ++k) {
+    if (std::isalnum(static_cast<unsigned char>(text[k])) &&
+        std::isalnum(static_cast<unsigned char>(text[k + 1]))) {
+      stop = text.substr(k, 2);
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << text;
+  json stopped = PostOk("/v1/completions", {{"prompt", "for i in"}, {"max_tokens", 30},
+                                           {"temperature", 0}, {"stop", stop}});
+  EXPECT_EQ(stopped["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+
+  // Logprobs: the chosen token's log-probability under the model's distribution.
+  json lp = PostOk("/v1/completions", {{"prompt", "x = "}, {"max_tokens", 4}, {"temperature", 0},
+                                      {"logprobs", 2}, {"return_token_ids", true}});
+  const json& logprobs = lp["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["token_logprobs"].size(), 4u);
+  EXPECT_EQ(logprobs["tokens"].size(), 4u);
+  EXPECT_EQ(logprobs["top_logprobs"].size(), 4u);
+  std::vector<int32_t> history = tok.Encode("x = ");
+  std::vector<float> logits = testing::ReferenceLogits(history, vocab);
+  double max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(l - max);
+  const int32_t first = lp["choices"][0]["token_ids"][0];
+  EXPECT_NEAR(logprobs["token_logprobs"][0].get<double>(), logits[first] - max - std::log(sum),
+              1e-4);
+}
+
+TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
+  Start(DefaultSetup());
+  std::mt19937_64 rng(21);
+  int64_t prompt_tokens = 0;
+  const int requests = 5;
+  for (int i = 0; i < requests; ++i) {
+    const std::string prompt = RandomCode(rng);
+    prompt_tokens += FixtureTokenizer().Encode(prompt).size();
+    PostOk("/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
+  }
+  testing::PrometheusPage page = Metrics();
+  EXPECT_EQ(Metric(page, "mqaserve_prompt_tokens_total"), prompt_tokens);
+  EXPECT_EQ(Metric(page, "mqaserve_request_success_total", ",finished_reason=\"length\""),
+            requests);
+  EXPECT_EQ(Metric(page, "mqaserve_time_to_first_token_seconds_count"), requests);
+  EXPECT_EQ(Metric(page, "mqaserve_e2e_request_latency_seconds_count"), requests);
+  EXPECT_GE(Metric(page, "mqaserve_inter_token_latency_seconds_count"), requests);
+  EXPECT_EQ(page.types["mqaserve_inter_token_latency_seconds"], "histogram");
+  EXPECT_EQ(Metric(page, "mqaserve_num_preemptions_total"), 0);
+}
+
+}  // namespace
+}  // namespace mqa
