@@ -19,18 +19,6 @@
 namespace mqa {
 namespace {
 
-// The engine's per-sample text stream over the tokenizer's streaming detokenizer (stop strings
-// are the engine's job: StopStringMatcher).
-class TokenizerTextStream final : public IncrementalDetokenizer {
- public:
-  explicit TokenizerTextStream(const Tokenizer& tokenizer)
-      : detokenizer_(tokenizer, StreamingDetokenizerOptions{}) {}
-  std::string Next(int32_t token_id) override { return detokenizer_.Push(token_id).text; }
-
- private:
-  StreamingDetokenizer detokenizer_;
-};
-
 absl::StatusOr<DType> ResolveDType(const Options& o, const ModelConfig& config) {
   if (o.device == "cpu") {
     if (o.dtype != "auto" && o.dtype != "float32") {
@@ -82,8 +70,9 @@ absl::Status Generate(const Options& o, Engine& engine, const Tokenizer& tokeniz
   request.params.top_p = o.top_p;
   request.params.top_k = o.top_k;
   request.params.seed = o.sample_seed;
+  // Stop strings are the engine's job (StopStringMatcher): the detokenizer gets none.
   request.make_detokenizer = [&tokenizer] {
-    return std::make_unique<TokenizerTextStream>(tokenizer);
+    return std::make_unique<StreamingDetokenizer>(tokenizer, StreamingDetokenizerOptions{});
   };
   RequestOutputQueue outputs;
   request.on_output = outputs.Callback();
