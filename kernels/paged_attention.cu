@@ -29,7 +29,7 @@ namespace {
 using attention::WarpLayout;
 
 constexpr int kTileN = 64;  // KV tokens per pipeline stage
-constexpr int kMinSplitTokens = 256;
+constexpr int kMinSplitTokens = 128;
 
 struct KernelArgs {
   const void* query = nullptr;
@@ -596,7 +596,7 @@ Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
     splits = static_cast<int>(std::max<int64_t>(1, slots / std::max<int64_t>(1, base)));
     if (base < SmCount()) splits = std::max(splits, 2);
     // Splits shorter than kMinSplitTokens cost more in prologue, partial writes and merge work
-    // than they gain in parallelism (measured: 1 x 8192 fastest at 16-32 splits, not 128).
+    // than they gain in parallelism (v2 sweep: 1 x 8192 fastest at 64 splits of 128 tokens).
     splits = std::min(splits, CeilDiv(max_ctx, kMinSplitTokens));
   }
   splits = std::clamp(splits, 1, max_tiles);
