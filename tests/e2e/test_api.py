@@ -1,0 +1,230 @@
+"""The OpenAI-compatible API of a real mqaserve server, through the `openai` package and raw HTTP.
+
+See conftest.py for how the server is found or started.
+"""
+
+import asyncio
+import http.client
+import json
+import time
+import urllib.parse
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\n\ndef list_files(path):\n",
+    "class Stack:\n    def __init__(self):\n        ",
+]
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused",
+                         max_retries=0)
+
+
+def metric_samples(server):
+    """{(name, frozenset(labels)): value} of every sample on /metrics."""
+    samples = {}
+    for family in text_string_to_metric_families(server.metrics_text()):
+        for sample in family.samples:
+            labels = frozenset((k, v) for k, v in sample.labels.items() if k != "model_name")
+            samples[(sample.name, labels)] = sample.value
+    return samples
+
+
+def metric(server, name, **labels):
+    return metric_samples(server)[(name, frozenset(labels.items()))]
+
+
+def wait_idle(server, limit=1.0):
+    """Seconds until no request runs or waits and the KV cache is empty; None past `limit`."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        samples = metric_samples(server)
+        if (samples[("mqaserve_kv_cache_usage_perc", frozenset())] == 0
+                and samples[("mqaserve_num_requests_running", frozenset())] == 0
+                and samples[("mqaserve_num_requests_waiting", frozenset())] == 0):
+            return time.monotonic() - start
+        time.sleep(0.02)
+    return None
+
+
+def test_health_and_models(server):
+    status, _ = server.request("GET", "/health", headers={})
+    assert status == 200
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [server.model]
+
+
+def test_plain_and_streamed_greedy_completions_agree(server):
+    c = client(server)
+    for prompt in PROMPTS:
+        plain = c.completions.create(model=server.model, prompt=prompt, max_tokens=24,
+                                     temperature=0, extra_body={"return_token_ids": True})
+        choice = plain.choices[0]
+        assert choice.finish_reason in ("stop", "length")
+        assert plain.usage.completion_tokens == len(choice.token_ids) > 0
+        assert plain.usage.prompt_tokens == len(choice.prompt_token_ids)
+        assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
+
+        text, finish, usage = "", None, None
+        stream = c.completions.create(model=server.model, prompt=prompt, max_tokens=24,
+                                      temperature=0, stream=True,
+                                      stream_options={"include_usage": True})
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for streamed in chunk.choices:
+                text += streamed.text
+                finish = streamed.finish_reason or finish
+        assert text == choice.text
+        assert finish == choice.finish_reason
+        assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_list_prompts_with_n(server):
+    response = client(server).completions.create(
+        model=server.model, prompt=PROMPTS[:2], n=2, max_tokens=8, temperature=0.8, seed=7)
+    assert sorted(c.index for c in response.choices) == [0, 1, 2, 3]
+    assert all(c.finish_reason in ("stop", "length") for c in response.choices)
+    # Token-id prompts give the same seeded samples as the text they encode.
+    ids = [server.post_json("/tokenize", {"prompt": p})[1]["tokens"] for p in PROMPTS[:2]]
+    again = client(server).completions.create(
+        model=server.model, prompt=ids, n=2, max_tokens=8, temperature=0.8, seed=7)
+    by_index = {c.index: c.text for c in response.choices}
+    assert {c.index: c.text for c in again.choices} == by_index
+
+
+def test_tokenize_detokenize_round_trip(server):
+    text = "for i in range(10):\n    print(i)  # ünïcode ✓"
+    status, tokens = server.post_json("/tokenize", {"prompt": text})
+    assert status == 200
+    assert tokens["count"] == len(tokens["tokens"]) > 0
+    assert tokens["max_model_len"] > 0
+    status, back = server.post_json("/detokenize", {"tokens": tokens["tokens"]})
+    assert status == 200 and back["prompt"] == text
+
+
+def test_infill(server):
+    status, body = server.post_json("/v1/infill", {
+        "input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
+        "max_tokens": 8, "temperature": 0})
+    assert status == 200, body
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+BAD_BODIES = [
+    (b'{"prompt": "x"', 400, None),
+    (b'["x"]', 400, None),
+    (b'{"prompt": "\xc3\x28"}', 400, None),
+    (json.dumps({"prompt": 5}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": [[1], [10**9]]}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "x", "max_tokens": 10**6}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "x", "n": 0}).encode(), 400, "n"),
+    (json.dumps({"prompt": "x", "max_tokens": -1}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "model": "no-such-model"}).encode(), 404, "model"),
+    (json.dumps({"prompt": "x" * (9 << 20)}).encode(), 413, None),  # default limit: 8 MiB
+]
+
+
+@pytest.mark.parametrize("raw,status,param", BAD_BODIES,
+                         ids=[f"{i}-{s}-{p}" for i, (_, s, p) in enumerate(BAD_BODIES)])
+def test_bad_input_is_refused_and_the_server_keeps_serving(server, raw, status, param):
+    got, body = server.request("POST", "/v1/completions", raw=raw)
+    assert got == status, body[:300]
+    error = json.loads(body)["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    assert error["param"] == param
+    if param == "max_tokens" and b"1000000" in raw:
+        assert "1000001" in error["message"]  # both numbers: the request and the limit
+    ok = client(server).completions.create(model=server.model, prompt="x = ", max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_openai_client_errors(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=server.model, prompt="x", temperature=-2)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="not-" + server.model, prompt="x")
+
+
+def test_concurrent_streams_all_finish_and_free_their_blocks(server):
+    async def one(c, i):
+        text, finish, tokens = "", None, None
+        stream = await c.completions.create(
+            model=server.model, prompt=PROMPTS[i % len(PROMPTS)] + f"# {i}\n", max_tokens=16,
+            temperature=0.7, seed=i, stream=True, stream_options={"include_usage": True})
+        async for chunk in stream:
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                text += choice.text
+                finish = choice.finish_reason or finish
+        return finish, tokens
+
+    async def run_all():
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused",
+                               max_retries=0)
+        return await asyncio.gather(*(one(c, i) for i in range(32)))
+
+    before = metric(server, "mqaserve_generation_tokens_total")
+    results = asyncio.run(run_all())
+    assert all(finish in ("stop", "length") and tokens for finish, tokens in results)
+    assert wait_idle(server, 2.0) is not None
+    assert metric(server, "mqaserve_generation_tokens_total") - before >= sum(t for _, t in results)
+
+
+def test_disconnect_mid_stream_frees_blocks_within_a_second(server):
+    aborts = metric(server, "mqaserve_request_success_total", finished_reason="abort")
+    url = urllib.parse.urlparse(server.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    _, tokenized = server.post_json("/tokenize", {"prompt": PROMPTS[0]})
+    limit = tokenized["max_model_len"] - tokenized["count"]
+    body = json.dumps({"model": server.model, "prompt": PROMPTS[0],
+                       "max_tokens": min(1000, limit), "ignore_eos": True, "stream": True})
+    connection.request("POST", "/v1/completions", body=body, headers=server.headers())
+    response = connection.getresponse()
+    assert response.status == 200
+    response.read1(1)  # the first bytes of the stream: the request is running
+    connection.close()
+    took = wait_idle(server, 1.0)
+    assert took is not None, "KV blocks still in use a second after the client left"
+    assert metric(server, "mqaserve_request_success_total", finished_reason="abort") == aborts + 1
+
+
+def test_metrics_parse_with_every_family(server):
+    client(server).completions.create(model=server.model, prompt="x", max_tokens=3)
+    families = {f.name: f for f in text_string_to_metric_families(server.metrics_text())}
+    for gauge in ("mqaserve_num_requests_running", "mqaserve_num_requests_waiting",
+                  "mqaserve_kv_cache_usage_perc"):
+        assert families[gauge].type == "gauge"
+    # prometheus_client names a counter family without its _total suffix.
+    for counter in ("mqaserve_prompt_tokens", "mqaserve_generation_tokens",
+                    "mqaserve_num_preemptions", "mqaserve_request_success"):
+        assert families[counter].type == "counter", counter
+    reasons = {s.labels["finished_reason"] for s in families["mqaserve_request_success"].samples}
+    assert reasons == {"stop", "length", "abort"}
+    for histogram in ("mqaserve_time_to_first_token_seconds",
+                      "mqaserve_inter_token_latency_seconds",
+                      "mqaserve_e2e_request_latency_seconds"):
+        assert families[histogram].type == "histogram"
+    usage = families["mqaserve_kv_cache_usage_perc"].samples[0].value
+    assert 0.0 <= usage <= 1.0
+
+
+def test_api_key_when_configured(server):
+    if not server.api_key:
+        pytest.skip("the server runs without --api-key")
+    status, _ = server.request("POST", "/v1/completions", {"prompt": "x"},
+                               headers={"Content-Type": "application/json"})
+    assert status == 401
+    status, _ = server.request("GET", "/health", headers={})
+    assert status == 200
