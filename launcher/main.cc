@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "launcher/options.h"
 #include "launcher/setup.h"
+#include "launcher/signals.h"
 #include "parallel/world.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mqaserve: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
+  mqa::BlockTerminationSignals();  // before MPI starts its threads
   auto world = mqa::World::Init(&argc, &argv);
   if (!world.ok()) {
     std::fprintf(stderr, "mqaserve: MPI start-up failed: %s\n",
@@ -33,8 +35,18 @@ int main(int argc, char** argv) {
   }
   const absl::Status status = mqa::RunRank(*options, **world);
   if (!status.ok()) {
+    if (mqa::IsJobWideError(status)) {
+      // Every rank holds this error: rank 0 prints the one line, all leave through
+      // MPI_Finalize with a non-zero code (no MPI_Abort banner, no rank left behind).
+      if ((*world)->is_root()) {
+        std::fprintf(stderr, "mqaserve: error: %s\n", std::string(status.message()).c_str());
+      }
+      world->reset();
+      return 1;
+    }
     // One clear line from the failing rank; the whole job ends (mpirun kills the other ranks).
     (*world)->Abort(status, 1);
   }
+  std::fprintf(stderr, "mqaserve: %s: stopped\n", (*world)->Describe().c_str());
   return 0;
 }

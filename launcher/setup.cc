@@ -1,12 +1,27 @@
 #include "launcher/setup.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "launcher/signals.h"
+#include "kernels/device_info.h"
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
 #include "model/tokenizer/tokenizer.h"
@@ -15,9 +30,171 @@
 #include "parallel/distributed_runner.h"
 #include "runtime/detokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/http/server.h"
 
 namespace mqa {
 namespace {
+
+// ---- Start-up checks and load progress ----
+// A bad flag, folder or device is found by the ranks that can see it; then all ranks agree
+// (AgreeAcrossRanks) so that rank 0 alone prints one line and every rank exits non-zero through
+// MPI_Finalize, instead of every rank printing and MPI_Abort's banner (main: IsJobWideError).
+
+constexpr char kJobWidePayload[] = "type.mqaserve/job-wide-error";
+
+absl::Status MarkJobWide(absl::Status status) {
+  status.SetPayload(kJobWidePayload, absl::Cord("1"));
+  return status;
+}
+
+// Waits for a non-blocking MPI request with a sleeping backoff: a rank that waits for a slower one
+// (still loading its shard) must not spin a core that the loader needs.
+absl::Status WaitWithoutSpinning(MPI_Request* request) {
+  auto pause = std::chrono::microseconds(100);
+  for (;;) {
+    int done = 0;
+    MPI_RETURN_IF_ERROR(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return absl::OkStatus();
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(50'000));
+  }
+}
+
+// Collective: every rank passes its own result and all return the same one: OK when every rank
+// is OK, else the error of the lowest failing rank (its text names the rank when that is not 0),
+// marked job-wide.
+absl::Status AgreeAcrossRanks(const World& world, const absl::Status& local) {
+  if (world.size() == 1) return local.ok() ? local : MarkJobWide(local);
+  const int mine = local.ok() ? world.size() : world.rank();
+  int first = world.size();
+  MPI_Request request;
+  MPI_RETURN_IF_ERROR(
+      MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world.comm(), &request));
+  RETURN_IF_ERROR(WaitWithoutSpinning(&request));
+  if (first == world.size()) return absl::OkStatus();
+  std::string text;
+  int header[2] = {0, 0};  // status code, text length
+  if (world.rank() == first) {
+    text = first == 0 ? std::string(local.message())
+                      : absl::StrCat(world.Describe(), ": ", local.message());
+    header[0] = static_cast<int>(local.code());
+    header[1] = static_cast<int>(text.size());
+  }
+  MPI_RETURN_IF_ERROR(MPI_Ibcast(header, 2, MPI_INT, first, world.comm(), &request));
+  RETURN_IF_ERROR(WaitWithoutSpinning(&request));
+  text.resize(header[1]);
+  MPI_RETURN_IF_ERROR(MPI_Ibcast(text.data(), header[1], MPI_CHAR, first, world.comm(), &request));
+  RETURN_IF_ERROR(WaitWithoutSpinning(&request));
+  return MarkJobWide(absl::Status(static_cast<absl::StatusCode>(header[0]), text));
+}
+
+// The model folder exists, is a folder, can be listed, and has a readable config.json.
+absl::Status CheckModelFolder(const std::string& model) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(model, ec);
+  if (!fs::exists(st)) {
+    return absl::NotFoundError(absl::StrCat("model folder ", model, " does not exist (--model)"));
+  }
+  if (!fs::is_directory(st)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model ", model, " is not a folder (it should hold config.json)"));
+  }
+  fs::directory_iterator list(model, ec);
+  if (ec || ::access(model.c_str(), R_OK | X_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("model folder ", model, " is not readable: ",
+                                                    ec ? ec.message() : std::strerror(errno)));
+  }
+  const std::string config = (fs::path(model) / "config.json").string();
+  if (!fs::exists(config, ec)) {
+    return absl::NotFoundError(absl::StrCat("model folder ", model, " has no config.json"));
+  }
+  if (fs::is_directory(config, ec) || ::access(config.c_str(), R_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(config, " is not a readable file"));
+  }
+  return absl::OkStatus();
+}
+
+// Binds (and closes) a socket on host:port, so that a port in use is a start-up error before the
+// checkpoint is loaded, not after.
+absl::Status CheckPortFree(const std::string& host, int port) {
+  if (port == 0) return absl::OkStatus();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(),
+                               &hints, &found);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--host ", host, ": ", ::gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
+  const int fd = ::socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as the HTTP server does
+  const int bound = ::bind(fd, found->ai_addr, found->ai_addrlen);
+  const int bind_errno = errno;
+  ::close(fd);
+  if (bound != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", host, ":", port, ": ", std::strerror(bind_errno),
+        bind_errno == EADDRINUSE ? " (another process has this port; choose one with --port)"
+                                 : ""));
+  }
+  return absl::OkStatus();
+}
+
+// Prints this rank's weight-loading progress (bytes, tensors, elapsed) to stderr at most once per
+// interval, so that loading a large checkpoint does not leave the terminal silent. The interval
+// is MQASERVE_PROGRESS_INTERVAL seconds (default 2; 0 prints every tensor). Called on the loading
+// thread only (LoadOptions::progress).
+class LoadProgress {
+ public:
+  LoadProgress(const World& world, const ModelConfig& config)
+      : who_(world.Describe()),
+        // GPT-BigCode: 12 tensors per layer, wte, wpe and ln_f (2); one more with an untied
+        // lm_head, which `tensors` then reports.
+        expected_tensors_(12 * config.n_layer + 4),
+        start_(Clock::now()),
+        last_(start_) {
+    if (const char* env = std::getenv("MQASERVE_PROGRESS_INTERVAL")) {
+      interval_ = std::chrono::duration<double>(std::atof(env));
+    }
+  }
+
+  void operator()(uint64_t bytes, int64_t tensors) {
+    bytes_ = bytes;
+    tensors_ = tensors;
+    const Clock::time_point now = Clock::now();
+    if (now - last_ < interval_) return;
+    last_ = now;
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "mqaserve: %s: loading weights: %.1f MiB, %lld/%lld tensors, %.1f s\n",
+                 who_.c_str(), bytes / 1048576.0, static_cast<long long>(tensors),
+                 static_cast<long long>(std::max(tensors, expected_tensors_)), seconds);
+  }
+
+  // "123.4 MiB in 196 tensors, 5.6 s" for the rank's "loaded" line.
+  std::string Summary() const {
+    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    char text[96];
+    std::snprintf(text, sizeof(text), "%.1f MiB in %lld tensors, %.1f s", bytes_ / 1048576.0,
+                  static_cast<long long>(tensors_), seconds);
+    return text;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  std::string who_;
+  int64_t expected_tensors_;
+  Clock::time_point start_;
+  Clock::time_point last_;
+  std::chrono::duration<double> interval_{2.0};
+  uint64_t bytes_ = 0;
+  int64_t tensors_ = 0;
+};
 
 absl::StatusOr<DType> ResolveDType(const Options& o, const ModelConfig& config) {
   if (o.device == "cpu") {
@@ -92,47 +269,118 @@ absl::Status Generate(const Options& o, Engine& engine, const Tokenizer& tokeniz
   return absl::OkStatus();
 }
 
-absl::Status RunRoot(const Options& o, Engine& engine, const Tokenizer& tokenizer) {
+// Serves HTTP until SIGTERM / SIGINT (or an engine failure). The engine runs on this thread, the
+// one that started MPI; cpp-httplib's threads parse and tokenize; the watcher thread drains.
+absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
+                   int max_model_len) {
+  ServerOptions server_options;
+  server_options.host = o.host;
+  server_options.port = o.port;
+  server_options.api_key = o.api_key;
+  server_options.max_model_len = max_model_len;
+  server_options.served_model_name =
+      o.served_model_name.empty()
+          ? std::filesystem::path(o.model).lexically_normal().filename().string()
+          : o.served_model_name;
+  if (server_options.served_model_name.empty()) server_options.served_model_name = o.model;
+  HttpServer server(server_options, &engine, &tokenizer);
+  if (absl::Status started = server.Start(); !started.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port, ": ",
+                                               started.message()));
+  }
+  std::fprintf(stderr, "mqaserve: serving %s on http://%s:%d (OpenAI API at /v1)\n",
+               server_options.served_model_name.c_str(), o.host.c_str(), server.port());
+  server.SetReady();
+
+  // First signal: refuse new requests, let the ones in flight finish for up to
+  // --shutdown-timeout, then stop the engine (what is left is aborted). Second signal: stop now.
+  TerminationWatcher watcher(
+      [&] {
+        std::fprintf(stderr, "mqaserve: shutting down: no new requests, finishing those in flight "
+                             "(up to %.0f s)\n", o.shutdown_timeout);
+        server.SetFailed(absl::UnavailableError("the server is shutting down"));
+        const absl::Time deadline = absl::Now() + absl::Seconds(o.shutdown_timeout);
+        while (absl::Now() < deadline) {
+          const EngineMetrics m = engine.metrics();
+          if (m.num_running == 0 && m.num_waiting == 0) break;
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+        engine.Stop();
+      },
+      [&] { engine.Stop(); });
+  absl::Status run = engine.Run();
+  if (!run.ok()) {
+    server.SetFailed(run);
+    absl::SleepFor(absl::Milliseconds(500));  // let the failed requests' errors reach clients
+  }
+  server.Stop();
+  return run;
+}
+
+absl::Status RunRoot(const Options& o, Engine& engine, const Tokenizer& tokenizer,
+                     int max_model_len) {
   switch (o.command) {
     case Command::kGenerate:
       return Generate(o, engine, tokenizer);
     case Command::kServe:
-      return absl::UnimplementedError(
-          "the HTTP endpoint is not there yet (issue: OpenAI-compatible HTTP endpoint); "
-          "use `mqaserve generate --model DIR --prompt TEXT` meanwhile");
+      return Serve(o, engine, tokenizer, max_model_len);
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status RunRank(const Options& o, const World& world) {
-  if (o.tensor_parallel_size > 0 && o.tensor_parallel_size != world.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tensor-parallel-size ", o.tensor_parallel_size,
-                     " differs from the number of MPI ranks (", world.size(),
-                     "): start one rank per shard, e.g. mpirun -np ", o.tensor_parallel_size));
-  }
-  if (!std::filesystem::is_directory(o.model)) {
-    return absl::NotFoundError(absl::StrCat("model folder ", o.model, " does not exist"));
-  }
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model));
-  if (o.device == "cuda") {
-    return absl::UnimplementedError("--device cuda: the CUDA forward is not wired in yet");
-  }
-  // Rank 0 reads the tokenizer before the collective start-up, so that a missing file is one
-  // clear error rather than a hang in the others.
-  std::optional<Tokenizer> tokenizer;
-  if (world.is_root()) {
-    ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
-    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
-  }
+bool IsJobWideError(const absl::Status& status) {
+  return status.GetPayload(kJobWidePayload).has_value();
+}
 
+absl::Status RunRank(const Options& o, const World& world) {
+  // Start-up checks on every rank (rank 0 also reads the tokenizer and tries the port), then one
+  // collective verdict: a problem is one line from rank 0, never a hang of the others.
+  ModelConfig config;
+  std::optional<Tokenizer> tokenizer;
   LoadOptions load;
+  auto check = [&]() -> absl::Status {
+    if (o.tensor_parallel_size > 0 && o.tensor_parallel_size != world.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tensor-parallel-size ", o.tensor_parallel_size,
+                       " differs from the number of MPI ranks (", world.size(),
+                       "): start one rank per shard, e.g. mpirun -np ", o.tensor_parallel_size));
+    }
+    RETURN_IF_ERROR(CheckModelFolder(o.model));
+    ASSIGN_OR_RETURN(config, LoadModelConfig(o.model));
+    if (absl::StatusOr<ShardInfo> shard = MakeShardInfo(config, world.rank(), world.size());
+        !shard.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size ", world.size(),
+                                                     " does not fit ", o.model, ": ",
+                                                     shard.status().message()));
+    }
+    if (o.device == "cuda") {
+      const int devices = CudaDeviceCount();
+      if (devices == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--device cuda: no CUDA device on ", world.hostname(), " for rank ", world.rank(),
+            " (none visible to the driver, or mqaserve was built without CUDA); "
+            "use --device cpu or run where GPUs are"));
+      }
+      RETURN_IF_ERROR(DeviceForRank(world, devices).status());
+      return absl::UnimplementedError("--device cuda: the CUDA forward is not wired in yet");
+    }
+    ASSIGN_OR_RETURN(load.dtype, ResolveDType(o, config));
+    if (world.is_root()) {
+      ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
+      ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
+      if (o.command == Command::kServe) RETURN_IF_ERROR(CheckPortFree(o.host, o.port));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(AgreeAcrossRanks(world, check()));
+
   load.model_dir = o.model;
   load.load_format = o.load_format;
   load.seed = o.seed;
-  ASSIGN_OR_RETURN(load.dtype, ResolveDType(o, config));
+  LoadProgress progress(world, config);
+  load.progress = [&progress](uint64_t bytes, int64_t tensors) { progress(bytes, tensors); };
   std::unique_ptr<Collectives> collectives;
   if (world.size() == 1) {
     collectives = MakeLocalCollectives();
@@ -144,16 +392,18 @@ absl::Status RunRank(const Options& o, const World& world) {
   runner_options.num_kv_blocks = o.num_kv_blocks;
   runner_options.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_memory_gib * (1LL << 30));
   runner_options.max_batched_tokens = o.max_num_batched_tokens;
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                   CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options));
+  // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
+  auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
+  RETURN_IF_ERROR(AgreeAcrossRanks(world, created.status()));
+  std::unique_ptr<ModelRunner> runner = std::move(*created);
   std::fprintf(stderr,
                "mqaserve: %s: loaded %s (%lld layers, %lld heads of %lld, %lld KV head%s, vocab "
-               "%lld) on %s; %d KV blocks of %d tokens\n",
+               "%lld) on %s (%s); %d KV blocks of %d tokens\n",
                world.Describe().c_str(), o.model.c_str(), static_cast<long long>(config.n_layer),
                static_cast<long long>(config.n_head), static_cast<long long>(config.head_dim()),
                static_cast<long long>(config.num_kv_heads), config.num_kv_heads == 1 ? "" : "s",
                static_cast<long long>(config.vocab_size), o.device.c_str(),
-               runner->num_kv_blocks(), runner->block_size());
+               progress.Summary().c_str(), runner->num_kv_blocks(), runner->block_size());
 
   std::unique_ptr<ControlChannel> channel;
   DistributedRunner* distributed = nullptr;
@@ -170,14 +420,19 @@ absl::Status RunRank(const Options& o, const World& world) {
     distributed = wrapped.get();
     runner = std::move(wrapped);
   }
-  ASSIGN_OR_RETURN(auto engine,
-                   Engine::Create(std::move(runner), MakeEngineOptions(o, config, *tokenizer)));
-  absl::Status result = RunRoot(o, *engine, *tokenizer);
+  const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
+  ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(runner), engine_options));
+  absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len);
   // Workers leave their loop only on the shutdown plan (or their timeout).
+  bool workers_done = true;
   if (distributed != nullptr) {
     absl::Status shutdown = distributed->Shutdown();
+    workers_done = shutdown.ok();
     if (result.ok()) result = shutdown;
   }
+  // With the workers out of their loop, rank 0's error (a port taken after all, a failed
+  // request loop) needs no MPI_Abort: rank 0 prints it and the job exits non-zero.
+  if (!result.ok() && workers_done) result = MarkJobWide(result);
   return result;
 }
 

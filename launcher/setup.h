@@ -12,4 +12,9 @@ namespace mqa {
 // flag or rank that failed); the caller ends the job with it.
 absl::Status RunRank(const Options& options, const World& world);
 
+// True when every rank returned this same error from RunRank (start-up checks and loading are
+// agreed collectively) or when the workers have already left: then rank 0 alone prints it and
+// every rank exits non-zero normally; any other error needs World::Abort to end the job.
+bool IsJobWideError(const absl::Status& status);
+
 }  // namespace mqa
