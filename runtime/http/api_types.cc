@@ -153,6 +153,10 @@ absl::Status ReadPrompts(const json& object, std::vector<PromptInput>* prompts) 
   } else {
     return TypeError("prompt", kShape);
   }
+  if (prompts->size() > static_cast<size_t>(kMaxPromptsPerRequest)) {
+    return InvalidParam("prompt", absl::StrCat("at most ", kMaxPromptsPerRequest,
+                                               " prompts per request, got ", prompts->size()));
+  }
   for (const PromptInput& prompt : *prompts) {
     if (prompt.is_text ? prompt.text.empty() : prompt.token_ids.empty()) {
       return InvalidParam("prompt", "'prompt' must not be empty");
@@ -193,7 +197,9 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
     return InvalidParam("min_p", absl::StrCat("'min_p' must be in [0, 1], got ", p.min_p));
   }
   RETURN_IF_ERROR(ReadInt(object, "n", std::numeric_limits<int>::min(), kIntMax, &p.n));
-  if (p.n < 1) return InvalidParam("n", absl::StrCat("'n' must be at least 1, got ", p.n));
+  if (p.n < 1 || p.n > kMaxN) {
+    return InvalidParam("n", absl::StrCat("'n' must be in [1, ", kMaxN, "], got ", p.n));
+  }
   RETURN_IF_ERROR(ReadFloat(object, "presence_penalty", &p.presence_penalty));
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
     return InvalidParam("presence_penalty", absl::StrCat("'presence_penalty' must be in [-2, 2], got ",

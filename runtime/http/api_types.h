@@ -66,6 +66,10 @@ struct CompletionRequest {
 
 // Default max_tokens when the client sends none (OpenAI's).
 inline constexpr int kDefaultMaxTokens = 16;
+// Caps on one call's fan-out (the response holds prompts * n choices), so that a small body
+// cannot make the server allocate without bound.
+inline constexpr int kMaxN = 128;
+inline constexpr int kMaxPromptsPerRequest = 1024;
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
 

@@ -1,5 +1,8 @@
 #include "runtime/http/server.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -60,6 +63,52 @@ class ListeningServer : public httplib::Server {
   }
 };
 
+std::string NumericHost(const sockaddr_storage& addr, socklen_t len, int* port) {
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), serv,
+                  sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "";
+  }
+  *port = std::atoi(serv);
+  return host;
+}
+
+// The socket of the connection `req` came on, or -1. cpp-httplib 0.11 does not hand it to
+// handlers, and a client that leaves while its request is queued or generating without a stream
+// is only noticed on this socket. A handler runs on the thread that owns the connection and the
+// socket stays open until the response has been written, so matching the request's peer and
+// local addresses against this process's sockets finds it, and it cannot be reused meanwhile.
+int FindConnectionSocket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    const int fd = std::atoi(entry->d_name);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    int port = -1;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    if (NumericHost(addr, len, &port) != req.remote_addr || port != req.remote_port) continue;
+    len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    if (NumericHost(addr, len, &port) != req.local_addr || port != req.local_port) continue;
+    found = fd;
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// True once the peer has closed or reset the connection (an HTTP client waiting for its response
+// never half-closes, so a FIN means it left).
+bool PeerGone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{.fd = fd, .events = POLLRDHUP, .revents = 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -86,8 +135,10 @@ struct HttpServer::Impl {
   void AbortAll(const CompletionJob& job);
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool infill);
-  void RespondPlain(const std::shared_ptr<CompletionJob>& job, httplib::Response& res);
-  void RespondStream(std::shared_ptr<CompletionJob> job, httplib::Response& res);
+  // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
+  void RespondPlain(const std::shared_ptr<CompletionJob>& job, int connection,
+                    httplib::Response& res);
+  void RespondStream(std::shared_ptr<CompletionJob> job, int connection, httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
@@ -248,16 +299,21 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   bool stream = false;
   absl::StatusOr<std::shared_ptr<CompletionJob>> job = StartJob(req, infill, &stream);
   if (!job.ok()) return ReplyError(res, job.status());
-  if (stream) return RespondStream(*std::move(job), res);
-  RespondPlain(*job, res);
+  const int connection = FindConnectionSocket(req);
+  if (stream) return RespondStream(*std::move(job), connection, res);
+  RespondPlain(*job, connection, res);
 }
 
-void HttpServer::Impl::RespondPlain(const std::shared_ptr<CompletionJob>& job,
+void HttpServer::Impl::RespondPlain(const std::shared_ptr<CompletionJob>& job, int connection,
                                     httplib::Response& res) {
   while (!job->finished()) {
     if (stopping) {
       AbortAll(*job);
       return ReplyError(res, absl::UnavailableError("The server is shutting down"));
+    }
+    if (PeerGone(connection)) {
+      AbortAll(*job);
+      return ReplyError(res, absl::CancelledError("The client closed the connection"));
     }
     job->Drain(options.stream_keepalive, nullptr);
   }
@@ -266,13 +322,14 @@ void HttpServer::Impl::RespondPlain(const std::shared_ptr<CompletionJob>& job,
   res.set_content(job->ResponseBody(), kJson);
 }
 
-void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, httplib::Response& res) {
+void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, int connection,
+                                     httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   auto opened = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, opened](size_t /*offset*/, httplib::DataSink& sink) {
+      [this, job, opened, connection](size_t /*offset*/, httplib::DataSink& sink) {
         std::string chunks;
         if (!*opened) {
           chunks = job->OpeningChunks();
@@ -286,10 +343,13 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, httplib
           sink.done();
           return true;
         }
-        if (stopping) return false;
-        // Nothing new: an SSE comment, which clients ignore, tells whether the client is still
-        // there (writing to a closed connection fails).
-        if (chunks.empty()) chunks = ": keep-alive\n\n";
+        if (stopping || PeerGone(connection)) return false;
+        if (chunks.empty()) {
+          if (connection >= 0) return true;
+          // Without the socket, an SSE comment (which clients ignore) tells whether the client
+          // is still there: writing to a closed connection fails.
+          chunks = ": keep-alive\n\n";
+        }
         return sink.write(chunks.data(), chunks.size());
       },
       // Runs when the response ends, however it ends: a stream cut short (client gone, server

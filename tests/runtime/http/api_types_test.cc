@@ -21,7 +21,7 @@ struct BadCase {
 
 // Every malformed /v1/completions body gets InvalidArgument (400) naming the field.
 TEST(ApiTypesTest, BadCompletionBodiesNameTheirField) {
-  const std::vector<BadCase> cases = {
+  std::vector<BadCase> cases = {
       {"{", ""},
       {"", ""},
       {"[1, 2]", ""},
@@ -56,6 +56,7 @@ TEST(ApiTypesTest, BadCompletionBodiesNameTheirField) {
       {"{\"prompt\": \"a\", \"min_p\": 1.5}", "min_p"},
       {"{\"prompt\": \"a\", \"n\": 0}", "n"},
       {"{\"prompt\": \"a\", \"n\": true}", "n"},
+      {"{\"prompt\": \"a\", \"n\": 129}", "n"},
       {"{\"prompt\": \"a\", \"presence_penalty\": 2.5}", "presence_penalty"},
       {"{\"prompt\": \"a\", \"frequency_penalty\": -3}", "frequency_penalty"},
       {"{\"prompt\": \"a\", \"repetition_penalty\": 0}", "repetition_penalty"},
@@ -78,6 +79,9 @@ TEST(ApiTypesTest, BadCompletionBodiesNameTheirField) {
       {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
        "stream_options"},
   };
+  std::string many = "{\"prompt\": [";
+  for (int i = 0; i <= kMaxPromptsPerRequest; ++i) absl::StrAppend(&many, i ? "," : "", "[1]");
+  cases.push_back({many + "]}", "prompt"});
   for (const BadCase& c : cases) {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(c.body);
     ASSERT_FALSE(parsed.ok()) << c.body;

@@ -465,6 +465,27 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamFreesBlocksWithinASecond) {
   EXPECT_LT(absl::Now() - gone, absl::Seconds(2));
 }
 
+TEST_F(HttpServerTest, ClientLeavingANonStreamingRequestAbortsIt) {
+  TestSetup setup = DefaultSetup();
+  setup.step_delay = absl::Milliseconds(5);
+  Start(setup);
+  const double aborts_before =
+      Metric(Metrics(), "mqaserve_request_success_total", ",finished_reason=\"abort\"");
+  httplib::Client impatient("127.0.0.1", server_->port());
+  impatient.set_read_timeout(0, 150000);  // gives up (and closes) long before 100 tokens
+  httplib::Result result = impatient.Post(
+      "/v1/completions",
+      json({{"prompt", "x"}, {"max_tokens", 100}, {"ignore_eos", true}}).dump(),
+      "application/json");
+  EXPECT_FALSE(result);
+  impatient.stop();
+  EXPECT_LT(WaitIdle(absl::Seconds(1)), absl::Seconds(1)) << "blocks not released";
+  testing::PrometheusPage page = Metrics();
+  EXPECT_EQ(Metric(page, "mqaserve_request_success_total", ",finished_reason=\"abort\""),
+            aborts_before + 1);
+  EXPECT_LT(Metric(page, "mqaserve_generation_tokens_total"), 100);
+}
+
 TEST_F(HttpServerTest, ApiKeyGuardsEverythingButHealthAndMetrics) {
   TestSetup setup = DefaultSetup();
   setup.server.api_key = "s3cret-key";
