@@ -63,8 +63,8 @@ absl::Status ReadInt(const json& object, const char* name, int64_t min, int64_t 
   RETURN_IF_ERROR(ReadInt64(object, name, &v));
   if (!v.has_value()) return absl::OkStatus();
   if (*v < min || *v > max) {
-    return InvalidParam(name, absl::StrCat("'", name, "' must be in [", min, ", ", max, "], got ",
-                                           *v));
+    return InvalidParam(name,
+                        absl::StrCat("'", name, "' must be in [", min, ", ", max, "], got ", *v));
   }
   *out = static_cast<int>(*v);
   if (given != nullptr) *given = true;
@@ -94,9 +94,8 @@ absl::Status ReadTokenList(const json& list, const char* name, std::vector<int32
   out->reserve(list.size());
   for (const json& item : list) {
     if (!item.is_number_integer()) return TypeError(name, "a list of integer token ids");
-    int64_t id = item.is_number_unsigned() && item.get<uint64_t>() > kIntMax
-                     ? kIntMax + int64_t{1}
-                     : item.get<int64_t>();
+    int64_t id = item.is_number_unsigned() && item.get<uint64_t>() > kIntMax ? kIntMax + int64_t{1}
+                                                                             : item.get<int64_t>();
     if (id < 0 || id > kIntMax) {
       return InvalidParam(name, absl::StrCat("token id ", item.dump(), " in '", name,
                                              "' is outside the vocabulary"));
@@ -174,9 +173,9 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
                           &p.max_tokens, &request->max_tokens_given));
   RETURN_IF_ERROR(ReadBool(object, "echo", &request->echo));
   if (p.max_tokens < 0 || (p.max_tokens == 0 && !request->echo)) {
-    return InvalidParam("max_tokens",
-                        absl::StrCat("'max_tokens' must be at least 1 (0 only with echo), got ",
-                                     p.max_tokens));
+    return InvalidParam(
+        "max_tokens",
+        absl::StrCat("'max_tokens' must be at least 1 (0 only with echo), got ", p.max_tokens));
   }
   RETURN_IF_ERROR(ReadFloat(object, "temperature", &p.temperature));
   if (p.temperature < 0.0f) {
@@ -202,20 +201,20 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   }
   RETURN_IF_ERROR(ReadFloat(object, "presence_penalty", &p.presence_penalty));
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
-    return InvalidParam("presence_penalty", absl::StrCat("'presence_penalty' must be in [-2, 2], got ",
-                                                         p.presence_penalty));
+    return InvalidParam(
+        "presence_penalty",
+        absl::StrCat("'presence_penalty' must be in [-2, 2], got ", p.presence_penalty));
   }
   RETURN_IF_ERROR(ReadFloat(object, "frequency_penalty", &p.frequency_penalty));
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
-    return InvalidParam("frequency_penalty",
-                        absl::StrCat("'frequency_penalty' must be in [-2, 2], got ",
-                                     p.frequency_penalty));
+    return InvalidParam(
+        "frequency_penalty",
+        absl::StrCat("'frequency_penalty' must be in [-2, 2], got ", p.frequency_penalty));
   }
   RETURN_IF_ERROR(ReadFloat(object, "repetition_penalty", &p.repetition_penalty));
   if (!(p.repetition_penalty > 0.0f)) {
-    return InvalidParam("repetition_penalty",
-                        absl::StrCat("'repetition_penalty' must be > 0, got ",
-                                     p.repetition_penalty));
+    return InvalidParam("repetition_penalty", absl::StrCat("'repetition_penalty' must be > 0, got ",
+                                                           p.repetition_penalty));
   }
   std::optional<int64_t> seed;
   RETURN_IF_ERROR(ReadInt64(object, "seed", &seed));
@@ -243,15 +242,16 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   }
   RETURN_IF_ERROR(ReadBool(object, "include_stop_str_in_output", &p.include_stop_str_in_output));
   RETURN_IF_ERROR(ReadBool(object, "ignore_eos", &p.ignore_eos));
-  RETURN_IF_ERROR(ReadInt(object, "min_tokens", std::numeric_limits<int>::min(), kIntMax,
-                          &p.min_tokens));
+  RETURN_IF_ERROR(
+      ReadInt(object, "min_tokens", std::numeric_limits<int>::min(), kIntMax, &p.min_tokens));
   if (p.min_tokens < 0) {
-    return InvalidParam("min_tokens", absl::StrCat("'min_tokens' must be >= 0, got ", p.min_tokens));
+    return InvalidParam("min_tokens",
+                        absl::StrCat("'min_tokens' must be >= 0, got ", p.min_tokens));
   }
   if (request->max_tokens_given && p.min_tokens > p.max_tokens) {
-    return InvalidParam("min_tokens", absl::StrCat("'min_tokens' (", p.min_tokens,
-                                                   ") must not exceed 'max_tokens' (",
-                                                   p.max_tokens, ")"));
+    return InvalidParam("min_tokens",
+                        absl::StrCat("'min_tokens' (", p.min_tokens,
+                                     ") must not exceed 'max_tokens' (", p.max_tokens, ")"));
   }
   if (const json* logprobs = Field(object, "logprobs"); logprobs != nullptr) {
     int value = 0;
@@ -436,8 +436,7 @@ absl::Status ValidatePromptTokens(absl::Span<const int32_t> ids, int64_t vocab_s
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size) {
       return InvalidParam(param, absl::StrCat("token id ", id, " in '", param,
-                                              "' is outside the vocabulary [0, ", vocab_size,
-                                              ")"));
+                                              "' is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();

@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "runtime/sampling_params.h"
 
@@ -77,7 +77,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
 struct InfillRequest {
   std::string input_prefix;
   std::string input_suffix;
-  std::string prompt;         // optional text placed after the middle token
+  std::string prompt;        // optional text placed after the middle token
   CompletionRequest common;  // prompts left empty: the server builds the one FIM prompt
 };
 

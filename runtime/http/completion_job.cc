@@ -167,8 +167,8 @@ void CompletionJob::Fold(const Arrived& arrived, std::string* chunks) {
     choice.token_ids.insert(choice.token_ids.end(), sample.token_ids.begin(),
                             sample.token_ids.end());
     if (sample.finish_reason.has_value()) choice.finish_reason = sample.finish_reason;
-    bool news = !sample.text.empty() || !sample.token_ids.empty() ||
-                sample.finish_reason.has_value();
+    bool news =
+        !sample.text.empty() || !sample.token_ids.empty() || sample.finish_reason.has_value();
     if (chunks != nullptr && news) {
       absl::StrAppend(chunks, ChoiceChunk(ci, sample.text, sample.token_ids, logprobs_delta,
                                           sample.finish_reason, !choice.opened));
@@ -201,16 +201,15 @@ json CompletionJob::ChunkBase() const {
 }
 
 std::string CompletionJob::ChoiceChunk(int choice_index, const std::string& text,
-                                       const std::vector<int32_t>& token_ids,
-                                       const json& logprobs,
+                                       const std::vector<int32_t>& token_ids, const json& logprobs,
                                        std::optional<FinishReason> finish_reason,
                                        bool first) const {
-  json choice = {{"index", choice_index},
-                 {"text", text},
-                 {"logprobs", logprobs.is_null() ? json(nullptr) : logprobs},
-                 {"finish_reason", finish_reason.has_value()
-                                       ? json(FinishReasonName(*finish_reason))
-                                       : json(nullptr)}};
+  json choice = {
+      {"index", choice_index},
+      {"text", text},
+      {"logprobs", logprobs.is_null() ? json(nullptr) : logprobs},
+      {"finish_reason",
+       finish_reason.has_value() ? json(FinishReasonName(*finish_reason)) : json(nullptr)}};
   if (options_.return_token_ids) {
     choice["token_ids"] = token_ids;
     if (first) choice["prompt_token_ids"] = prompts_[choice_index / options_.n].token_ids;

@@ -14,15 +14,15 @@ namespace {
 // full queue on the CPU backend; inter-token latency is one decode step; end-to-end is a whole
 // request.
 std::vector<double> TtftBuckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,  0.75,
           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0};
 }
 std::vector<double> ItlBuckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,
           0.3,   0.4,    0.5,   0.75, 1.0,   2.5,  5.0,   10.0, 20.0, 80.0};
 }
 std::vector<double> E2eBuckets() {
-  return {0.1,  0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,    10.0,  15.0,
+  return {0.1,  0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,
           20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 }
 
@@ -49,8 +49,8 @@ Histogram::Histogram(std::vector<double> upper_bounds)
 
 void Histogram::Observe(double value) {
   // Bucket i holds values in (bound[i-1], bound[i]]: Prometheus buckets are "less or equal".
-  size_t bucket = std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) -
-                  upper_bounds_.begin();
+  size_t bucket =
+      std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin();
   std::lock_guard<std::mutex> lock(mu_);
   ++counts_[bucket];
   sum_ += value;
@@ -136,8 +136,8 @@ std::string ServerMetrics::Render(const EngineMetrics& engine) const {
   std::string out;
   AppendGauge(&out, "mqaserve_num_requests_running", "Requests in the running batch.", labels_,
               engine.num_running);
-  AppendGauge(&out, "mqaserve_num_requests_waiting", "Requests waiting to be scheduled.",
-              labels_, engine.num_waiting);
+  AppendGauge(&out, "mqaserve_num_requests_waiting", "Requests waiting to be scheduled.", labels_,
+              engine.num_waiting);
   AppendGauge(&out, "mqaserve_kv_cache_usage_perc",
               "Fraction of KV-cache blocks in use (1 means 100 percent).", labels_,
               engine.kv_cache_usage);
@@ -156,8 +156,7 @@ std::string ServerMetrics::Render(const EngineMetrics& engine) const {
                     finished_[static_cast<size_t>(reason)].load(std::memory_order_relaxed), "\n");
   }
   AppendHistogram(&out, "mqaserve_time_to_first_token_seconds",
-                  "Time from request arrival to its first generated token.", labels_,
-                  ttft_.Read());
+                  "Time from request arrival to its first generated token.", labels_, ttft_.Read());
   AppendHistogram(&out, "mqaserve_inter_token_latency_seconds",
                   "Time between successive outputs of a request.", labels_, itl_.Read());
   AppendHistogram(&out, "mqaserve_e2e_request_latency_seconds",

@@ -14,9 +14,9 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "runtime/engine.h"
 #include "runtime/sequence.h"
 

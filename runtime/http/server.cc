@@ -7,8 +7,8 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -56,8 +56,8 @@ class ListeningServer : public httplib::Server {
  public:
   absl::Status RaiseBacklog(int backlog) {
     if (::listen(svr_sock_, backlog) != 0) {
-      return absl::InternalError(absl::StrCat("listen(backlog ", backlog, "): ",
-                                              std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("listen(backlog ", backlog, "): ", std::strerror(errno)));
     }
     return absl::OkStatus();
   }
@@ -128,8 +128,8 @@ struct HttpServer::Impl {
   absl::Status CheckModel(const std::optional<std::string>& model) const;
 
   // Parses, tokenizes and submits one completion / infill call.
-  absl::StatusOr<std::shared_ptr<CompletionJob>> StartJob(const httplib::Request& req,
-                                                          bool infill, bool* stream);
+  absl::StatusOr<std::shared_ptr<CompletionJob>> StartJob(const httplib::Request& req, bool infill,
+                                                          bool* stream);
   absl::StatusOr<std::vector<PreparedPrompt>> Prepare(const CompletionRequest& request) const;
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
   void AbortAll(const CompletionJob& job);
@@ -263,9 +263,9 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
     absl::StatusOr<std::vector<int32_t>> ids =
         tokenizer->EncodeInfill(fim.input_prefix, fim.input_suffix, /*parse_special=*/false);
     if (!ids.ok()) {
-      return ApiError(absl::StatusCode::kInvalidArgument, "input_prefix",
-                      absl::StrCat("This model cannot fill in the middle: ",
-                                   ids.status().message()));
+      return ApiError(
+          absl::StatusCode::kInvalidArgument, "input_prefix",
+          absl::StrCat("This model cannot fill in the middle: ", ids.status().message()));
     }
     std::vector<int32_t> extra = tokenizer->Encode(fim.prompt, /*parse_special=*/false);
     ids->insert(ids->end(), extra.begin(), extra.end());
@@ -287,8 +287,8 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
       .return_token_ids = request.return_token_ids,
       .arrival = arrival,
   };
-  auto job = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
-                                             tokenizer, &metrics);
+  auto job = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts), tokenizer,
+                                             &metrics);
   RETURN_IF_ERROR(Submit(*job, request.params));
   *stream = request.stream;
   return job;
@@ -337,7 +337,8 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, int con
         }
         if (!job->finished()) job->Drain(options.stream_keepalive, &chunks);
         if (job->finished()) {
-          if (!job->error().ok()) absl::StrAppend(&chunks, "data: ", ErrorBody(job->error()), "\n\n");
+          if (!job->error().ok())
+            absl::StrAppend(&chunks, "data: ", ErrorBody(job->error()), "\n\n");
           absl::StrAppend(&chunks, job->ClosingChunks());
           if (!sink.write(chunks.data(), chunks.size())) return false;
           sink.done();
@@ -365,9 +366,8 @@ void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
   status = CheckModel(request->model);
   if (!status.ok()) return ReplyError(res, status);
   std::vector<int32_t> ids = tokenizer->Encode(request->prompt);
-  ReplyJson(res, {{"tokens", ids},
-                  {"count", ids.size()},
-                  {"max_model_len", options.max_model_len}});
+  ReplyJson(res,
+            {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", options.max_model_len}});
 }
 
 void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
@@ -418,17 +418,16 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     HandleDetokenize(req, res);
   });
-  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    HandleHealth(res);
-  });
+  server.Get("/health",
+             [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.status = 200;
     res.set_content(metrics.Render(engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");
   });
   // httplib's own errors (no route, body over the limit, unreadable request) get OpenAI's shape
   // too; our handlers' errors already carry a body and pass through.
-  server.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
+  server.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                       httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string message;
     if (res.status == 404) {
@@ -493,8 +492,8 @@ absl::Status HttpServer::Start() {
   }
   if (impl.listen_returned) {
     Stop();
-    return absl::UnavailableError(absl::StrCat("the HTTP accept loop on ", host, ":", impl.port,
-                                               " ended at once"));
+    return absl::UnavailableError(
+        absl::StrCat("the HTTP accept loop on ", host, ":", impl.port, " ended at once"));
   }
   return absl::OkStatus();
 }

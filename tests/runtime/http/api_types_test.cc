@@ -26,9 +26,9 @@ TEST(ApiTypesTest, BadCompletionBodiesNameTheirField) {
       {"", ""},
       {"[1, 2]", ""},
       {"\"prompt\"", ""},
-      {"{\"prompt\": \"a\xff\"}", ""},           // invalid UTF-8
-      {"{\"prompt\": \"\xed\xa0\x80\"}", ""},     // an encoded surrogate
-      {"{\"prompt\": \"\\ud800\"}", ""},          // a lone escaped surrogate
+      {"{\"prompt\": \"a\xff\"}", ""},         // invalid UTF-8
+      {"{\"prompt\": \"\xed\xa0\x80\"}", ""},  // an encoded surrogate
+      {"{\"prompt\": \"\\ud800\"}", ""},       // a lone escaped surrogate
       {"{}", "prompt"},
       {"{\"prompt\": 5}", "prompt"},
       {"{\"prompt\": \"\"}", "prompt"},
@@ -312,12 +312,12 @@ TEST(ApiTypesTest, Utf8Validation) {
   EXPECT_TRUE(IsValidUtf8(""));
   EXPECT_TRUE(IsValidUtf8("plain ascii"));
   EXPECT_TRUE(IsValidUtf8("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80"));  // é € 😀
-  EXPECT_FALSE(IsValidUtf8("\xc3"));                                      // truncated
-  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));                                  // overlong
-  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));                              // overlong
-  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));                              // surrogate
-  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));                          // past U+10FFFF
-  EXPECT_FALSE(IsValidUtf8("\x80"));                                      // lone continuation
+  EXPECT_FALSE(IsValidUtf8("\xc3"));                                       // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));                                   // overlong
+  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));                               // overlong
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));                               // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));                           // past U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\x80"));                                       // lone continuation
   // Every code point encodes to valid UTF-8 (checked against a direct encoder).
   std::mt19937 rng(99);
   for (int i = 0; i < 2000; ++i) {

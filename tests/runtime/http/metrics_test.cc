@@ -110,12 +110,11 @@ TEST(MetricsTest, RenderedPageParsesWithEveryFamily) {
   EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"stop\""), stops);
   EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"length\""),
             lengths);
-  EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"abort\""),
-            aborts);
-  for (const auto& [name, n] : std::vector<std::pair<std::string, int>>{
-           {"mqaserve_time_to_first_token_seconds", ttft_n},
-           {"mqaserve_inter_token_latency_seconds", itl_n},
-           {"mqaserve_e2e_request_latency_seconds", e2e_n}}) {
+  EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"abort\""), aborts);
+  for (const auto& [name, n] :
+       std::vector<std::pair<std::string, int>>{{"mqaserve_time_to_first_token_seconds", ttft_n},
+                                                {"mqaserve_inter_token_latency_seconds", itl_n},
+                                                {"mqaserve_e2e_request_latency_seconds", e2e_n}}) {
     EXPECT_EQ(parsed->types.at(name), "histogram");
     EXPECT_EQ(value(name + "_count", model), n);
     EXPECT_EQ(value(name + "_bucket", model + ",le=\"+Inf\""), n);

@@ -47,8 +47,8 @@ std::vector<int32_t> GreedyReference(std::vector<int32_t> history, int max_token
   std::vector<int32_t> out;
   for (int i = 0; i < max_tokens; ++i) {
     std::vector<float> logits = testing::ReferenceLogits(history, vocab);
-    int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                        logits.begin());
+    int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     history.push_back(next);
     if (next == 0) break;
@@ -234,8 +234,9 @@ class HttpServerTest : public ::testing::Test {
 };
 
 std::string RandomCode(std::mt19937_64& rng) {
-  static const char* kWords[] = {"def", "return", "self", "x", "=", "+", "for", "in", "range",
-                                 "(", ")", ":", "\n    ", "if", "None", "import", "os", "1"};
+  static const char* kWords[] = {"def",    "return", "self",  "x",      "=",  "+",
+                                 "for",    "in",     "range", "(",      ")",  ":",
+                                 "\n    ", "if",     "None",  "import", "os", "1"};
   std::string s;
   const int n = 3 + static_cast<int>(rng() % 12);
   for (int i = 0; i < n; ++i) absl::StrAppend(&s, kWords[rng() % std::size(kWords)], " ");
@@ -248,8 +249,11 @@ TEST_F(HttpServerTest, PlainAndStreamedGreedyCompletionsAgreeWithTheModel) {
   for (int trial = 0; trial < 3; ++trial) {
     const std::string prompt = RandomCode(rng);
     const int max_tokens = 5 + static_cast<int>(rng() % 20);
-    json body = {{"model", "demo"}, {"prompt", prompt},       {"max_tokens", max_tokens},
-                 {"temperature", 0}, {"return_token_ids", true}};
+    json body = {{"model", "demo"},
+                 {"prompt", prompt},
+                 {"max_tokens", max_tokens},
+                 {"temperature", 0},
+                 {"return_token_ids", true}};
     json plain = PostOk("/v1/completions", body);
     ASSERT_EQ(plain["choices"].size(), 1u);
     const json& choice = plain["choices"][0];
@@ -284,8 +288,8 @@ TEST_F(HttpServerTest, PlainAndStreamedGreedyCompletionsAgreeWithTheModel) {
 TEST_F(HttpServerTest, ListPromptsWithTwoSamplesEach) {
   Start(DefaultSetup());
   const std::vector<std::string> prompts = {"def add(a, b):", "class Stack:\n    def"};
-  json body = {{"prompt", prompts}, {"n", 2},  {"max_tokens", 12}, {"temperature", 0.9},
-               {"seed", 77},        {"return_token_ids", true}};
+  json body = {{"prompt", prompts},  {"n", 2},     {"max_tokens", 12},
+               {"temperature", 0.9}, {"seed", 77}, {"return_token_ids", true}};
   json response = PostOk("/v1/completions", body);
   ASSERT_EQ(response["choices"].size(), 4u);
   int64_t completion_tokens = 0;
@@ -303,7 +307,8 @@ TEST_F(HttpServerTest, ListPromptsWithTwoSamplesEach) {
   EXPECT_EQ(response["usage"]["completion_tokens"], completion_tokens);
   // The same seed gives the same samples, streamed or not, token-id prompts or text.
   json ids_body = body;
-  ids_body["prompt"] = {FixtureTokenizer().Encode(prompts[0]), FixtureTokenizer().Encode(prompts[1])};
+  ids_body["prompt"] = {FixtureTokenizer().Encode(prompts[0]),
+                        FixtureTokenizer().Encode(prompts[1])};
   json again = PostOk("/v1/completions", ids_body);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(again["choices"][i]["token_ids"], response["choices"][i]["token_ids"]) << i;
@@ -404,8 +409,12 @@ TEST_F(HttpServerTest, SixtyFourConcurrentStreamsLoseNothing) {
   std::vector<Sse> results(kClients);
   std::mt19937_64 rng(3);
   for (int i = 0; i < kClients; ++i) {
-    bodies[i] = {{"prompt", RandomCode(rng)}, {"max_tokens", 8 + i % 9}, {"temperature", 0.8},
-                 {"seed", 1000 + i},         {"return_token_ids", true}, {"stream", true},
+    bodies[i] = {{"prompt", RandomCode(rng)},
+                 {"max_tokens", 8 + i % 9},
+                 {"temperature", 0.8},
+                 {"seed", 1000 + i},
+                 {"return_token_ids", true},
+                 {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
   }
   std::vector<std::thread> threads;
@@ -431,8 +440,7 @@ TEST_F(HttpServerTest, SixtyFourConcurrentStreamsLoseNothing) {
          absl::Now() - start < absl::Seconds(1)) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(Metric(Metrics(), "mqaserve_generation_tokens_total") - tokens_before,
-            streamed_tokens);
+  EXPECT_EQ(Metric(Metrics(), "mqaserve_generation_tokens_total") - tokens_before, streamed_tokens);
   for (int i = 0; i < kClients; i += 7) {
     json plain_body = bodies[i];
     plain_body.erase("stream");
@@ -450,8 +458,11 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamFreesBlocksWithinASecond) {
   Start(setup);
   const double aborts_before =
       Metric(Metrics(), "mqaserve_request_success_total", ",finished_reason=\"abort\"");
-  json body = {{"prompt", "while True:"}, {"max_tokens", 100}, {"ignore_eos", true},
-               {"temperature", 0},        {"stream", true}};
+  json body = {{"prompt", "while True:"},
+               {"max_tokens", 100},
+               {"ignore_eos", true},
+               {"temperature", 0},
+               {"stream", true}};
   Sse sse = Stream(body, /*stop_after_chunks=*/3);
   const absl::Time gone = absl::Now();
   EXPECT_FALSE(sse.done);
@@ -474,8 +485,7 @@ TEST_F(HttpServerTest, ClientLeavingANonStreamingRequestAbortsIt) {
   httplib::Client impatient("127.0.0.1", server_->port());
   impatient.set_read_timeout(0, 150000);  // gives up (and closes) long before 100 tokens
   httplib::Result result = impatient.Post(
-      "/v1/completions",
-      json({{"prompt", "x"}, {"max_tokens", 100}, {"ignore_eos", true}}).dump(),
+      "/v1/completions", json({{"prompt", "x"}, {"max_tokens", 100}, {"ignore_eos", true}}).dump(),
       "application/json");
   EXPECT_FALSE(result);
   impatient.stop();
@@ -569,17 +579,22 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
             GreedyReference(fim_ids, 6, vocab));
 
   // Echo with max_tokens 0: the prompt alone; with tokens: prompt then completion.
-  json echo = PostOk("/v1/completions", {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 0}});
+  json echo =
+      PostOk("/v1/completions", {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 0}});
   EXPECT_EQ(echo["choices"][0]["text"], "import os");
   EXPECT_EQ(echo["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(echo["usage"]["completion_tokens"], 0);
-  json echo3 = PostOk("/v1/completions",
-                      {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 3}, {"temperature", 0}});
-  json plain3 = PostOk("/v1/completions", {{"prompt", "import os"}, {"max_tokens", 3}, {"temperature", 0}});
-  EXPECT_EQ(echo3["choices"][0]["text"], "import os" + plain3["choices"][0]["text"].get<std::string>());
+  json echo3 =
+      PostOk("/v1/completions",
+             {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 3}, {"temperature", 0}});
+  json plain3 =
+      PostOk("/v1/completions", {{"prompt", "import os"}, {"max_tokens", 3}, {"temperature", 0}});
+  EXPECT_EQ(echo3["choices"][0]["text"],
+            "import os" + plain3["choices"][0]["text"].get<std::string>());
 
   // Stop strings: the text ends before the first occurrence of the stop string.
-  json full = PostOk("/v1/completions", {{"prompt", "for i in"}, {"max_tokens", 30}, {"temperature", 0}});
+  json full =
+      PostOk("/v1/completions", {{"prompt", "for i in"}, {"max_tokens", 30}, {"temperature", 0}});
   const std::string text = full["choices"][0]["text"];
   std::string stop;
   for (size_t k = 4; k + 2 <= text.size() && stop.empty(); ++k) {
@@ -589,14 +604,18 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
     }
   }
   ASSERT_FALSE(stop.empty()) << text;
-  json stopped = PostOk("/v1/completions", {{"prompt", "for i in"}, {"max_tokens", 30},
-                                           {"temperature", 0}, {"stop", stop}});
+  json stopped =
+      PostOk("/v1/completions",
+             {{"prompt", "for i in"}, {"max_tokens", 30}, {"temperature", 0}, {"stop", stop}});
   EXPECT_EQ(stopped["choices"][0]["text"], text.substr(0, text.find(stop)));
   EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
 
   // Logprobs: the chosen token's log-probability under the model's distribution.
-  json lp = PostOk("/v1/completions", {{"prompt", "x = "}, {"max_tokens", 4}, {"temperature", 0},
-                                      {"logprobs", 2}, {"return_token_ids", true}});
+  json lp = PostOk("/v1/completions", {{"prompt", "x = "},
+                                       {"max_tokens", 4},
+                                       {"temperature", 0},
+                                       {"logprobs", 2},
+                                       {"return_token_ids", true}});
   const json& logprobs = lp["choices"][0]["logprobs"];
   ASSERT_EQ(logprobs["token_logprobs"].size(), 4u);
   EXPECT_EQ(logprobs["tokens"].size(), 4u);
