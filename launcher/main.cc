@@ -3,6 +3,7 @@
 // Rank 0 owns the engine (scheduler, block manager, sampler) and the HTTP endpoint; with T > 1 the
 // other ranks run the worker loop. `mqaserve generate` is the offline path: one prompt, printed.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,20 @@
 #include "launcher/setup.h"
 #include "launcher/signals.h"
 #include "parallel/world.h"
+
+namespace {
+
+// Before MPI is up, only the launcher's environment says which rank this is. Every rank parses the
+// same argv, so a bad command line is reported by rank 0 alone (or by a process run without a
+// launcher).
+bool LauncherSaysRankZero() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* value = std::getenv(name)) return std::string(value) == "0";
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
@@ -23,7 +38,9 @@ int main(int argc, char** argv) {
   }
   auto options = mqa::ParseOptions(args);
   if (!options.ok()) {
-    std::fprintf(stderr, "mqaserve: %s\n", std::string(options.status().message()).c_str());
+    if (LauncherSaysRankZero()) {
+      std::fprintf(stderr, "mqaserve: %s\n", std::string(options.status().message()).c_str());
+    }
     return 2;
   }
   mqa::BlockTerminationSignals();  // before MPI starts its threads
