@@ -5,6 +5,7 @@
 #
 #   scripts/slurm-setup.sh start   # install if missing, configure, start; wait until the node is idle
 #   scripts/slurm-setup.sh stop    # stop the daemons this script started (pid files under $DIR)
+#   scripts/slurm-setup.sh status  # exit 0 when this script's slurmctld and slurmd are running
 #   scripts/slurm-setup.sh env     # print `export SLURM_CONF=...` for the client commands
 #
 # Idempotent: `start` on a running cluster only checks that it answers. The configuration lives in
@@ -169,6 +170,7 @@ start_all() {
 case "${1:-start}" in
   start) start_all ;;
   stop) stop_all ;;
+  status) alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) echo "usage: $0 [start|stop|env]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start|stop|status|env]" >&2; exit 2 ;;
 esac
