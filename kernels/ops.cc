@@ -2,13 +2,32 @@
 
 #include "absl/strings/str_cat.h"
 
+#ifdef MQA_WITH_CUDA
+#include "kernels/activation_cuda.h"
+#include "kernels/embedding_cuda.h"
+#include "kernels/gemm_cuda.h"
+#include "kernels/kv_cache_cuda.h"
+#include "kernels/layer_norm_cuda.h"
+#include "kernels/paged_attention_cuda.h"
+#endif
+
 namespace mqa {
 namespace {
 
-// The CUDA launchers (LayerNormCuda(p, stream), ...) replace this one by one.
-absl::Status NoCudaKernel(const char* op) {
-  return absl::UnimplementedError(absl::StrCat(op, ": no CUDA kernel yet"));
+#ifdef MQA_WITH_CUDA
+cudaStream_t Stream(const OpContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+absl::StatusOr<CudaGemm*> GemmOf(const OpContext& ctx) {
+  if (ctx.gemm == nullptr) {
+    return absl::FailedPreconditionError("CUDA GEMM: the OpContext carries no CudaGemm");
+  }
+  return static_cast<CudaGemm*>(ctx.gemm);
 }
+#else
+absl::Status NoCuda(const char* op) {
+  return absl::FailedPreconditionError(absl::StrCat(op, ": mqaserve was built without CUDA"));
+}
+#endif
 
 }  // namespace
 
@@ -17,7 +36,11 @@ absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p) {
     case Device::kCpu:
       return LayerNormCpu(p);
     case Device::kCuda:
-      return NoCudaKernel("LayerNorm");
+#ifdef MQA_WITH_CUDA
+      return LayerNormCuda(p, Stream(ctx));
+#else
+      return NoCuda("LayerNorm");
+#endif
   }
   return absl::InternalError("LayerNorm: unknown device");
 }
@@ -27,7 +50,11 @@ absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p)
     case Device::kCpu:
       return BiasActivationCpu(p);
     case Device::kCuda:
-      return NoCudaKernel("BiasActivation");
+#ifdef MQA_WITH_CUDA
+      return BiasActivationCuda(p, Stream(ctx));
+#else
+      return NoCuda("BiasActivation");
+#endif
   }
   return absl::InternalError("BiasActivation: unknown device");
 }
@@ -37,7 +64,11 @@ absl::Status Embedding(const OpContext& ctx, const EmbeddingParams& p) {
     case Device::kCpu:
       return EmbeddingCpu(p);
     case Device::kCuda:
-      return NoCudaKernel("Embedding");
+#ifdef MQA_WITH_CUDA
+      return EmbeddingCuda(p, Stream(ctx));
+#else
+      return NoCuda("Embedding");
+#endif
   }
   return absl::InternalError("Embedding: unknown device");
 }
@@ -46,10 +77,61 @@ absl::Status Gemm(const OpContext& ctx, const GemmParams& p) {
   switch (ctx.device) {
     case Device::kCpu:
       return GemmCpu(p);
-    case Device::kCuda:
-      return NoCudaKernel("Gemm");
+    case Device::kCuda: {
+#ifdef MQA_WITH_CUDA
+      if (p.alpha != 1.0f || p.beta != 0.0f) {
+        return absl::UnimplementedError("Gemm on CUDA: alpha 1 and beta 0 only");
+      }
+      ASSIGN_OR_RETURN(CudaGemm * gemm, GemmOf(ctx));
+      return gemm->Run(p, GemmEpilogue{}, Stream(ctx));
+#else
+      return NoCuda("Gemm");
+#endif
+    }
   }
   return absl::InternalError("Gemm: unknown device");
+}
+
+absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
+  BiasActivationParams post;
+  post.input = p.gemm.c;
+  post.bias = p.bias;
+  post.residual = p.residual;
+  post.output = p.residual != nullptr ? p.residual : p.gemm.c;
+  post.rows = p.gemm.m;
+  post.cols = p.gemm.n;
+  post.activation = p.activation;
+  post.dtype = p.gemm.dtype;
+  if (p.gemm.ldc != p.gemm.n) {
+    return absl::InvalidArgumentError("Linear: C must be contiguous (ldc == n)");
+  }
+  switch (ctx.device) {
+    case Device::kCpu:
+      RETURN_IF_ERROR(GemmCpu(p.gemm));
+      return BiasActivationCpu(post);
+    case Device::kCuda: {
+#ifdef MQA_WITH_CUDA
+      ASSIGN_OR_RETURN(CudaGemm * gemm, GemmOf(ctx));
+      GemmEpilogue e;
+      e.bias = p.bias;
+      e.activation = p.activation;
+      GemmParams g = p.gemm;
+      if (p.residual != nullptr && p.activation == Activation::kIdentity) {
+        g.c = p.residual;  // residual += A B^T + bias, in the epilogue (beta = 1)
+        e.accumulate = true;
+        return gemm->Run(g, e, Stream(ctx));
+      }
+      if (p.residual == nullptr && p.activation != Activation::kGeluErf) {
+        return gemm->Run(g, e, Stream(ctx));
+      }
+      RETURN_IF_ERROR(gemm->Run(g, GemmEpilogue{}, Stream(ctx)));
+      return BiasActivationCuda(post, Stream(ctx));
+#else
+      return NoCuda("Linear");
+#endif
+    }
+  }
+  return absl::InternalError("Linear: unknown device");
 }
 
 absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
@@ -57,7 +139,11 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
     case Device::kCpu:
       return KvCacheWriteCpu(p);
     case Device::kCuda:
-      return NoCudaKernel("KvCacheWrite");
+#ifdef MQA_WITH_CUDA
+      return KvCacheWriteCuda(p, Stream(ctx));
+#else
+      return NoCuda("KvCacheWrite");
+#endif
   }
   return absl::InternalError("KvCacheWrite: unknown device");
 }
@@ -67,7 +153,12 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
     case Device::kCpu:
       return PagedAttentionCpu(p);
     case Device::kCuda:
-      return NoCudaKernel("PagedAttention");
+#ifdef MQA_WITH_CUDA
+      return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
+                                ctx.attention_workspace_bytes);
+#else
+      return NoCuda("PagedAttention");
+#endif
   }
   return absl::InternalError("PagedAttention: unknown device");
 }

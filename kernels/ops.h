@@ -1,8 +1,8 @@
 // The device-dispatching op layer the model forward calls: one function per kernel, taking that
 // kernel's params struct and an OpContext that says where the data lives. On Device::kCpu it calls
-// the ...Cpu reference; on Device::kCuda it will call the ...Cuda launcher with ctx.stream (see
-// ops.cc: one switch per op, the CUDA branch returns Unimplemented until those launchers land).
-// Stateless and thread-compatible: concurrent calls on disjoint data are fine.
+// the ...Cpu reference; on Device::kCuda the ...Cuda launcher with ctx.stream (ops.cc: one switch
+// per op). Stateless and thread-compatible: concurrent calls on disjoint data are fine (the CUDA
+// GEMM object in the context is not: one thread per context).
 #pragma once
 
 #include "absl/status/status.h"
@@ -18,15 +18,32 @@ namespace mqa {
 
 struct OpContext {
   Device device = Device::kCpu;
-  // cudaStream_t of the CUDA backend (null: the default stream); unused on the CPU. A cuBLAS
-  // handle joins it when GemmCuda lands.
+  // cudaStream_t of the CUDA backend (null: the default stream); unused on the CPU.
   void* stream = nullptr;
+  // The CUDA backend's CudaGemm (kernels/gemm_cuda.h), owned by the caller; needed by Gemm and
+  // Linear on Device::kCuda.
+  void* gemm = nullptr;
+  // Device scratch for PagedAttentionCuda's split-KV partials (may be null: fewer splits).
+  void* attention_workspace = nullptr;
+  size_t attention_workspace_bytes = 0;
+};
+
+// A Linear layer: gemm (C = A B^T), then C = act(C + bias), or, with `residual`, residual +=
+// act(C + bias) (the residual stream; gemm.c is then scratch). The CPU runs GemmCpu and
+// BiasActivationCpu in that order; CUDA fuses bias, GELU-tanh and the residual add into the
+// GEMM's epilogue where it can (kernels/gemm_cuda.h). residual has gemm.ldc as its row stride.
+struct LinearParams {
+  GemmParams gemm;
+  const void* bias = nullptr;
+  Activation activation = Activation::kIdentity;
+  void* residual = nullptr;
 };
 
 absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p);
 absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p);
 absl::Status Embedding(const OpContext& ctx, const EmbeddingParams& p);
 absl::Status Gemm(const OpContext& ctx, const GemmParams& p);
+absl::Status Linear(const OpContext& ctx, const LinearParams& p);
 absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p);
 absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p);
 

@@ -9,6 +9,14 @@
 #include "absl/strings/str_join.h"
 #include "runtime/status.h"
 
+#ifdef MQA_WITH_CUDA
+#include "kernels/block_copy.h"
+#include "kernels/gemm_cuda.h"
+#include "kernels/paged_attention_cuda.h"
+#include "kernels/sampling_cuda.h"
+#include "runtime/cuda_check.h"
+#endif
+
 namespace mqa {
 namespace {
 
@@ -57,6 +65,19 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Allocate(const Shape& shape, DType dt
     cache.key_.push_back(std::move(k));
     cache.value_.push_back(std::move(v));
   }
+  if (device == Device::kCuda) {
+#ifdef MQA_WITH_CUDA
+    std::vector<void*> ptrs;
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      ptrs.push_back(cache.key_[l].raw());
+      ptrs.push_back(cache.value_[l].raw());
+    }
+    ASSIGN_OR_RETURN(cache.tensor_table_,
+                     Tensor::Empty({static_cast<int64_t>(ptrs.size())}, DType::kI64, device));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(cache.tensor_table_.raw(), ptrs.data(),
+                                    ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+#endif
+  }
   return cache;
 }
 
@@ -74,13 +95,58 @@ absl::Status PagedKvCache::CopyBlock(int src, int dst) {
         case Device::kCpu:
           std::memcpy(to.raw(), from.raw(), from.nbytes());
           break;
-        case Device::kCuda:
-          // The block copy/swap kernel of the CUDA backend (all layers in one launch) goes here.
-          return absl::UnimplementedError("PagedKvCache::CopyBlock: no CUDA path yet");
+        case Device::kCuda: {
+          const BlockCopy copy{src, dst};
+          RETURN_IF_ERROR(CopyBlocks(absl::MakeConstSpan(&copy, 1), nullptr));
+#ifdef MQA_WITH_CUDA
+          CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
+#endif
+          return absl::OkStatus();
+        }
       }
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status PagedKvCache::CopyBlocks(absl::Span<const BlockCopy> copies, void* cuda_stream) {
+  if (copies.empty()) return absl::OkStatus();
+  if (key_.empty() || key_[0].device() == Device::kCpu) {
+    for (const BlockCopy& c : copies) RETURN_IF_ERROR(CopyBlock(c.src, c.dst));
+    return absl::OkStatus();
+  }
+  std::vector<int32_t> pairs;
+  for (const BlockCopy& c : copies) {
+    if (c.src < 0 || c.src >= shape_.num_blocks || c.dst < 0 || c.dst >= shape_.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("block copy ", c.src, " -> ", c.dst,
+                                                     " outside [0, ", shape_.num_blocks, ")"));
+    }
+    if (c.src == c.dst) continue;
+    pairs.push_back(c.src);
+    pairs.push_back(c.dst);
+  }
+  if (pairs.empty()) return absl::OkStatus();
+#ifdef MQA_WITH_CUDA
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (!copy_pairs_.defined() || copy_pairs_.numel() < static_cast<int64_t>(pairs.size())) {
+    ASSIGN_OR_RETURN(copy_pairs_, Tensor::Empty({std::max<int64_t>(256, pairs.size())},
+                                                DType::kI32, Device::kCuda));
+  }
+  // From pageable memory: the copy is staged before cudaMemcpyAsync returns, so `pairs` may go.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copy_pairs_.raw(), pairs.data(),
+                                       pairs.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       stream));
+  BlockCopyParams p;
+  p.tensors = static_cast<void* const*>(tensor_table_.raw());
+  p.num_tensors = static_cast<int>(tensor_table_.numel());
+  p.pairs = copy_pairs_.data<int32_t>();
+  p.num_pairs = static_cast<int>(pairs.size() / 2);
+  p.block_bytes = key_[0].nbytes() / shape_.num_blocks;
+  return BlockCopyCuda(p, stream);
+#else
+  (void)cuda_stream;
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+#endif
 }
 
 // --- Step validation ------------------------------------------------------------------------
@@ -220,6 +286,7 @@ absl::StatusOr<std::unique_ptr<GptBigCode>> GptBigCode::Create(const GptBigCodeW
     RETURN_IF_ERROR(CheckTensor(L.mlp_proj_w, p + "mlp.c_proj.weight", {E, m.inner_}, dt, dev));
     RETURN_IF_ERROR(CheckTensor(L.mlp_proj_b, p + "mlp.c_proj.bias", {E}, dt, dev));
   }
+  if (dev == Device::kCuda) RETURN_IF_ERROR(m.InitCuda(options));
   RETURN_IF_ERROR(m.EnsureWorkspace(options.max_batched_tokens, options.max_logits_rows));
   return model;
 }
@@ -234,6 +301,7 @@ absl::Status GptBigCode::EnsureWorkspace(int64_t tokens, int64_t logits_rows) {
     ASSIGN_OR_RETURN(proj_, Tensor::Empty({tokens, embd_}, dtype_, dev));
     ASSIGN_OR_RETURN(mlp_, Tensor::Empty({tokens, inner_}, dtype_, dev));
     token_capacity_ = tokens;
+    if (dev == Device::kCuda) ClearCudaGraphs();
   }
   if (logits_rows > logits_capacity_) {
     const int64_t T = w_.shard.world_size;
@@ -241,6 +309,11 @@ absl::Status GptBigCode::EnsureWorkspace(int64_t tokens, int64_t logits_rows) {
     ASSIGN_OR_RETURN(rows_normed_, Tensor::Empty({logits_rows, embd_}, dtype_, dev));
     ASSIGN_OR_RETURN(local_logits_, Tensor::Empty({logits_rows, vocab_shard_}, dtype_, dev));
     ASSIGN_OR_RETURN(gathered_logits_, Tensor::Empty({T * logits_rows, vocab_shard_}, dtype_, dev));
+    if (dev == Device::kCuda) {
+      ASSIGN_OR_RETURN(logits_f32_,
+                       Tensor::Empty({logits_rows, w_.config.vocab_size}, DType::kF32, dev));
+      ClearCudaGraphs();
+    }
     logits_capacity_ = logits_rows;
   }
   return absl::OkStatus();
@@ -249,21 +322,18 @@ absl::Status GptBigCode::EnsureWorkspace(int64_t tokens, int64_t logits_rows) {
 absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndices(const StepInput& in) const {
   StepIndices idx;
   for (int32_t c : in.context_lens) idx.max_context_len = std::max(idx.max_context_len, c);
-  switch (ctx_.device) {
-    case Device::kCpu:
-      idx.token_ids = in.token_ids.data();
-      idx.positions = in.positions.data();
-      idx.query_start = in.query_start.data();
-      idx.context_lens = in.context_lens.data();
-      idx.slot_mapping = in.slot_mapping.data();
-      idx.block_tables = in.block_tables.data();
-      idx.logits_rows = in.logits_rows.data();
-      return idx;
-    case Device::kCuda:
-      // One host-to-device copy of all index arrays into a preallocated buffer goes here.
-      return absl::UnimplementedError("GptBigCode: CUDA index staging not implemented yet");
-  }
-  return absl::InternalError("unknown device");
+  idx.num_tokens = in.num_tokens();
+  idx.num_seqs = in.num_seqs();
+  idx.max_blocks_per_seq = in.max_blocks_per_seq;
+  idx.num_logits_rows = static_cast<int64_t>(in.logits_rows.size());
+  idx.token_ids = in.token_ids.data();
+  idx.positions = in.positions.data();
+  idx.query_start = in.query_start.data();
+  idx.context_lens = in.context_lens.data();
+  idx.slot_mapping = in.slot_mapping.data();
+  idx.block_tables = in.block_tables.data();
+  idx.logits_rows = in.logits_rows.data();
+  return idx;
 }
 
 absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& cache,
@@ -284,9 +354,63 @@ absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& ca
     if (num_rows != 0) return absl::InvalidArgumentError("logits rows in an empty step");
     return Tensor::Cpu({0, w_.config.vocab_size});
   }
+  if (ctx_.device == Device::kCuda) {
+#ifdef MQA_WITH_CUDA
+    int64_t rows = 0;
+    RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows));
+    if (rank != 0) return Tensor::Cpu({0, w_.config.vocab_size});
+    Tensor out = Tensor::Cpu({num_rows, w_.config.vocab_size}, DType::kF32);
+    const auto stream = static_cast<cudaStream_t>(ctx_.stream);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw(), logits_f32_.raw(), out.nbytes(),
+                                         cudaMemcpyDeviceToHost, stream));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    return out;
+#else
+    return absl::FailedPreconditionError("mqaserve was built without CUDA");
+#endif
+  }
   RETURN_IF_ERROR(EnsureWorkspace(n, num_rows));
   ASSIGN_OR_RETURN(const StepIndices idx, StageIndices(in));
+  RETURN_IF_ERROR(Trunk(idx, cache, collectives));
+  return Logits(num_rows, idx, collectives);
+}
 
+absl::StatusOr<std::vector<int32_t>> GptBigCode::ForwardSample(
+    const StepInput& in, PagedKvCache& cache, Collectives& collectives,
+    absl::Span<const RowSamplingParams> params) {
+  if (params.size() != in.logits_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSample: ", params.size(),
+                                                   " sampling rows for ", in.logits_rows.size(),
+                                                   " logits rows"));
+  }
+  const int64_t vocab = w_.config.vocab_size;
+  if (ctx_.device == Device::kCpu || in.num_tokens() == 0) {
+    ASSIGN_OR_RETURN(Tensor logits, Forward(in, cache, collectives));
+    std::vector<int32_t> tokens(logits.dim(0));
+    SampleTokensParams sp;
+    sp.logits = logits.data<float>();
+    sp.rows = logits.dim(0);
+    sp.vocab = vocab;
+    sp.ld = vocab;
+    sp.params = params.data();
+    sp.tokens = tokens.data();
+    RETURN_IF_ERROR(SampleTokensCpu(sp));
+    return tokens;
+  }
+#ifdef MQA_WITH_CUDA
+  int64_t rows = 0;
+  RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows));
+  if (w_.shard.rank != 0) return std::vector<int32_t>{};
+  return SampleCuda(params);
+#else
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+#endif
+}
+
+absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
+                               Collectives& collectives) {
+  const int64_t n = idx.num_tokens;
+  const int rank = w_.shard.rank;
   // Embedding: this rank's vocab shard (zeros for other ranks' tokens), positions added once.
   EmbeddingParams emb;
   emb.ids = idx.token_ids;
@@ -305,42 +429,40 @@ absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& ca
     Tensor h = hidden_.Rows(0, n);
     RETURN_IF_ERROR(collectives.AllReduceSum(h));
   }
-
   for (int64_t l = 0; l < w_.config.n_layer; ++l) {
-    RETURN_IF_ERROR(Layer(l, in, idx, cache, collectives));
+    RETURN_IF_ERROR(Layer(l, idx, cache, collectives));
   }
-  return Logits(num_rows, idx, collectives);
+  return absl::OkStatus();
 }
 
-absl::Status GptBigCode::RowParallelResidual(int64_t n, const Tensor& bias,
+absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
                                              Collectives& collectives) {
+  LinearParams lin;
+  lin.gemm = gemm;
+  lin.bias = bias.raw();
+  if (w_.shard.world_size == 1) {
+    lin.residual = hidden_.raw();
+    return Linear(ctx_, lin);
+  }
+  // The bias is zero on ranks other than 0 (weights.h), so adding it before the sum adds it once.
+  RETURN_IF_ERROR(Linear(ctx_, lin));
+  const int64_t n = gemm.m;
+  Tensor partial = proj_.Rows(0, n);
+  RETURN_IF_ERROR(collectives.AllReduceSum(partial));
   BiasActivationParams p;
   p.rows = n;
   p.cols = embd_;
   p.dtype = dtype_;
-  p.bias = bias.raw();
-  if (w_.shard.world_size == 1) {
-    p.input = proj_.raw();
-    p.residual = hidden_.raw();
-    p.output = hidden_.raw();
-    return BiasActivation(ctx_, p);
-  }
-  // The bias is zero on ranks other than 0 (weights.h), so adding it before the sum adds it once.
   p.input = proj_.raw();
-  p.output = proj_.raw();
-  RETURN_IF_ERROR(BiasActivation(ctx_, p));
-  Tensor partial = proj_.Rows(0, n);
-  RETURN_IF_ERROR(collectives.AllReduceSum(partial));
-  p.bias = nullptr;
   p.residual = hidden_.raw();
   p.output = hidden_.raw();
   return BiasActivation(ctx_, p);
 }
 
-absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices& idx,
-                               PagedKvCache& cache, Collectives& collectives) {
+absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& cache,
+                               Collectives& collectives) {
   const LayerWeights& L = w_.layers[l];
-  const int64_t n = in.num_tokens();
+  const int64_t n = idx.num_tokens;
   const int64_t D = head_dim_;
 
   LayerNormParams ln;
@@ -354,7 +476,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices
   ln.dtype = dtype_;
   RETURN_IF_ERROR(LayerNorm(ctx_, ln));
 
-  GemmParams gemm;
+  LinearParams qkv_lin;
+  GemmParams& gemm = qkv_lin.gemm;
   gemm.a = normed_.raw();
   gemm.lda = embd_;
   gemm.b = L.c_attn_w.raw();
@@ -365,16 +488,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices
   gemm.n = qkv_cols_;
   gemm.k = embd_;
   gemm.dtype = dtype_;
-  RETURN_IF_ERROR(Gemm(ctx_, gemm));
-
-  BiasActivationParams bias;
-  bias.input = qkv_.raw();
-  bias.bias = L.c_attn_b.raw();
-  bias.output = qkv_.raw();
-  bias.rows = n;
-  bias.cols = qkv_cols_;
-  bias.dtype = dtype_;
-  RETURN_IF_ERROR(BiasActivation(ctx_, bias));
+  qkv_lin.bias = L.c_attn_b.raw();
+  RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
 
   // qkv rows: [Q: heads * D | K: kv_heads * D | V: kv_heads * D].
   const size_t elem = DTypeSize(dtype_);
@@ -403,14 +518,15 @@ absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices
   att.block_tables = idx.block_tables;
   att.query_start = idx.query_start;
   att.context_lens = idx.context_lens;
-  att.num_seqs = in.num_seqs();
+  att.num_seqs = idx.num_seqs;
   att.num_tokens = static_cast<int>(n);
   att.num_heads = static_cast<int>(heads_);
   att.num_kv_heads = static_cast<int>(kv_heads_);
   att.head_dim = static_cast<int>(D);
   att.block_size = cache.block_size();
-  att.max_blocks_per_seq = in.max_blocks_per_seq;
+  att.max_blocks_per_seq = idx.max_blocks_per_seq;
   att.max_context_len = idx.max_context_len;
+  att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
   RETURN_IF_ERROR(PagedAttention(ctx_, att));
@@ -423,29 +539,25 @@ absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = heads_ * D;
-  RETURN_IF_ERROR(Gemm(ctx_, gemm));
-  RETURN_IF_ERROR(RowParallelResidual(n, L.c_proj_b, collectives));
+  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();
   RETURN_IF_ERROR(LayerNorm(ctx_, ln));
 
-  gemm.a = normed_.raw();
-  gemm.lda = embd_;
-  gemm.b = L.c_fc_w.raw();
-  gemm.ldb = embd_;
-  gemm.c = mlp_.raw();
-  gemm.ldc = inner_;
-  gemm.n = inner_;
-  gemm.k = embd_;
-  RETURN_IF_ERROR(Gemm(ctx_, gemm));
-
-  bias.input = mlp_.raw();
-  bias.bias = L.c_fc_b.raw();
-  bias.output = mlp_.raw();
-  bias.cols = inner_;
-  bias.activation = activation_;
-  RETURN_IF_ERROR(BiasActivation(ctx_, bias));
+  LinearParams fc;
+  fc.gemm = gemm;
+  fc.gemm.a = normed_.raw();
+  fc.gemm.lda = embd_;
+  fc.gemm.b = L.c_fc_w.raw();
+  fc.gemm.ldb = embd_;
+  fc.gemm.c = mlp_.raw();
+  fc.gemm.ldc = inner_;
+  fc.gemm.n = inner_;
+  fc.gemm.k = embd_;
+  fc.bias = L.c_fc_b.raw();
+  fc.activation = activation_;
+  RETURN_IF_ERROR(Linear(ctx_, fc));
 
   gemm.a = mlp_.raw();
   gemm.lda = inner_;
@@ -455,18 +567,13 @@ absl::Status GptBigCode::Layer(int64_t l, const StepInput& in, const StepIndices
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = inner_;
-  RETURN_IF_ERROR(Gemm(ctx_, gemm));
-  return RowParallelResidual(n, L.mlp_proj_b, collectives);
+  return RowParallelResidual(gemm, L.mlp_proj_b, collectives);
 }
 
-absl::StatusOr<Tensor> GptBigCode::Logits(int64_t num_rows, const StepIndices& idx,
-                                          Collectives& collectives) {
-  const int64_t vocab = w_.config.vocab_size;
-  const int T = w_.shard.world_size;
-  const int rank = w_.shard.rank;
-  if (num_rows == 0) return Tensor::Cpu({0, vocab});
-
-  // Only the requested rows go through ln_f and lm_head (a prefill needs just its last row).
+// The rows whose logits are needed go through ln_f and lm_head into local_logits_ (this rank's
+// vocab shard, model dtype).
+absl::Status GptBigCode::LogitsRows(const StepIndices& idx) {
+  const int64_t num_rows = idx.num_logits_rows;
   EmbeddingParams gather;
   gather.ids = idx.logits_rows;
   gather.table = hidden_.raw();
@@ -499,7 +606,16 @@ absl::StatusOr<Tensor> GptBigCode::Logits(int64_t num_rows, const StepIndices& i
   gemm.n = vocab_shard_;
   gemm.k = embd_;
   gemm.dtype = dtype_;
-  RETURN_IF_ERROR(Gemm(ctx_, gemm));
+  return Gemm(ctx_, gemm);
+}
+
+absl::StatusOr<Tensor> GptBigCode::Logits(int64_t num_rows, const StepIndices& idx,
+                                          Collectives& collectives) {
+  const int64_t vocab = w_.config.vocab_size;
+  const int T = w_.shard.world_size;
+  const int rank = w_.shard.rank;
+  if (num_rows == 0) return Tensor::Cpu({0, vocab});
+  RETURN_IF_ERROR(LogitsRows(idx));
 
   // Shard r holds vocab columns [r * vocab_shard, (r + 1) * vocab_shard); after the gather, rank
   // 0 interleaves them into full rows and drops the padding past vocab_size.
@@ -507,10 +623,6 @@ absl::StatusOr<Tensor> GptBigCode::Logits(int64_t num_rows, const StepIndices& i
   Tensor gathered = gathered_logits_.Rows(0, T * num_rows);
   RETURN_IF_ERROR(collectives.Gather(local, gathered, /*root=*/0));
   if (rank != 0) return Tensor::Cpu({0, vocab});
-  if (gathered.device() != Device::kCpu) {
-    // The CUDA backend copies `gathered` to pinned host memory here.
-    return absl::UnimplementedError("GptBigCode: device-to-host logits copy not implemented yet");
-  }
   Tensor out = Tensor::Cpu({num_rows, vocab}, DType::kF32);
   const size_t elem = DTypeSize(dtype_);
   const char* src = static_cast<const char*>(gathered.raw());

@@ -14,6 +14,13 @@
 // max_batched_tokens / max_logits_rows (grown once, at the start of a step, if a step needs more);
 // nothing is allocated per layer.
 //
+// CUDA backend: the model owns a stream, a CudaGemm (cuBLASLt + the skinny decode GEMM) and the
+// device buffers for the step's index arrays (one pinned host-to-device copy per step), the
+// attention workspace and fp32 logits. Decode-only steps of one rank (every query length 1, at most
+// max_graph_batch sequences) run as CUDA graphs, one per (batch bucket, context bucket): the batch
+// is padded to the bucket with sequences that write nothing, and the attention is sized for the
+// context bucket (the next power of two of the longest context, at least 256).
+//
 // Thread ownership: one thread (the runner's) calls Forward; not thread-safe.
 #pragma once
 
@@ -23,8 +30,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/activation.h"
 #include "kernels/ops.h"
+#include "kernels/sampling.h"
 #include "model/weights.h"
 #include "parallel/collectives.h"
 #include "runtime/model_runner.h"
@@ -60,11 +69,17 @@ class PagedKvCache {
   Tensor& key(int64_t layer) { return key_[layer]; }
   Tensor& value(int64_t layer) { return value_[layer]; }
   // Copies physical block src to dst in every layer's K and V (copy-on-write of a shared block).
+  // On the GPU: synchronous (the default stream); prefer CopyBlocks.
   absl::Status CopyBlock(int src, int dst);
+  // All copies in order (CPU), or in one kernel launch on `cuda_stream` (GPU; the pairs must not
+  // chain, which copy-on-write of fresh blocks guarantees).
+  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies, void* cuda_stream);
 
  private:
   Shape shape_;
   std::vector<Tensor> key_, value_;
+  Tensor tensor_table_;  // CUDA: device array of the 2 * num_layers cache pointers
+  Tensor copy_pairs_;    // CUDA: device staging of CopyBlocks' pairs
 };
 
 // What a step may contain, checked before anything runs: sizes agree, query_start is a partition
@@ -77,6 +92,10 @@ absl::Status ValidateStepInput(const StepInput& input, const ModelConfig& config
 struct GptBigCodeOptions {
   int64_t max_batched_tokens = 2048;  // workspace rows preallocated for token activations
   int64_t max_logits_rows = 256;      // workspace rows preallocated for logits
+  // CUDA backend only.
+  bool cuda_graphs = true;     // decode steps as CUDA graphs (one rank only)
+  int max_graph_batch = 256;   // larger decode batches run eagerly
+  bool skinny_gemm = true;     // the m <= 8 decode GEMM kernel (else cuBLASLt throughout)
 };
 
 class GptBigCode {
@@ -93,9 +112,26 @@ class GptBigCode {
   absl::StatusOr<Tensor> Forward(const StepInput& input, PagedKvCache& cache,
                                  Collectives& collectives);
 
+  // Forward, then one token per logits row drawn with `params` (one per row, kernels/sampling.h):
+  // on the GPU only the token ids come back to the host. Rank 0 gets the tokens, the others an
+  // empty vector.
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(const StepInput& input, PagedKvCache& cache,
+                                                     Collectives& collectives,
+                                                     absl::Span<const RowSamplingParams> params);
+
+  Device device() const { return ctx_.device; }
+  // The cudaStream_t every CUDA launch of this model goes to (null on the CPU).
+  void* cuda_stream() const { return ctx_.stream; }
+  // The CUDA GEMM (benchmarks switch the skinny kernel); null on the CPU.
+  void set_skinny_gemm(bool on);
+  // Graphs captured so far (tests, benchmarks).
+  int num_cuda_graphs() const;
+
+  ~GptBigCode();
+
  private:
-  // The per-step index arrays where the kernels can read them (host vectors on the CPU; the
-  // CUDA backend will copy them into preallocated device buffers here).
+  // The per-step index arrays where the kernels can read them (host vectors on the CPU, a device
+  // buffer on CUDA), and the step's shape as the kernels see it (padded to the graph bucket).
   struct StepIndices {
     const int32_t* token_ids = nullptr;
     const int32_t* positions = nullptr;
@@ -105,24 +141,56 @@ class GptBigCode {
     const int32_t* block_tables = nullptr;
     const int32_t* logits_rows = nullptr;
     int max_context_len = 0;
+    int64_t num_tokens = 0;
+    int num_seqs = 0;
+    int max_blocks_per_seq = 0;
+    int max_query_len = 0;  // 0: unknown (the CPU path)
+    int64_t num_logits_rows = 0;
+  };
+  struct CudaState;  // stream, GEMM, device buffers, graphs (gpt_bigcode.cc)
+  struct CudaStateDeleter {
+    void operator()(CudaState* s) const;
   };
 
   GptBigCode(const GptBigCodeWeights& weights, Activation activation);
   absl::Status EnsureWorkspace(int64_t tokens, int64_t logits_rows);
   absl::StatusOr<StepIndices> StageIndices(const StepInput& input) const;
-  absl::Status Layer(int64_t layer, const StepInput& input, const StepIndices& idx,
-                     PagedKvCache& cache, Collectives& collectives);
-  // h[0:n) += proj[0:n) + bias, with proj all-reduced over the ranks first when T > 1.
-  absl::Status RowParallelResidual(int64_t n, const Tensor& bias, Collectives& collectives);
+  absl::Status Layer(int64_t layer, const StepIndices& idx, PagedKvCache& cache,
+                     Collectives& collectives);
+  // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
+  // (gemm.c = proj_ is the scratch).
+  absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
+                                   Collectives& collectives);
+  // Embedding and every layer: the residual stream in hidden_.
+  absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
+  // ln_f and lm_head over the gathered logits rows into local_logits_.
+  absl::Status LogitsRows(const StepIndices& idx);
   absl::StatusOr<Tensor> Logits(int64_t num_rows, const StepIndices& idx, Collectives& collectives);
+
+  // CUDA backend (gpt_bigcode_cuda.cc).
+  absl::Status InitCuda(const GptBigCodeOptions& options);
+  // Copies the index arrays to the device; bucket_batch > 0 pads a decode step to that many
+  // sequences and sizes its attention for bucket_context tokens (a graph's fixed shape).
+  absl::StatusOr<StepIndices> StageIndicesCuda(const StepInput& input, int64_t bucket_batch,
+                                               int bucket_context);
+  // The step up to fp32 logits [logits rows, vocab] in logits_f32_ on rank 0 (asynchronous).
+  absl::Status ForwardCuda(const StepInput& input, PagedKvCache& cache, Collectives& collectives,
+                           int64_t* logits_rows);
+  absl::Status TrunkAndLogitsCuda(const StepIndices& idx, PagedKvCache& cache,
+                                  Collectives& collectives);
+  absl::StatusOr<std::vector<int32_t>> SampleCuda(absl::Span<const RowSamplingParams> params);
+  // Drops captured graphs (their baked pointers die with a reallocated buffer).
+  void ClearCudaGraphs();
 
   const GptBigCodeWeights& w_;
   const Activation activation_;
   OpContext ctx_;
+  std::unique_ptr<CudaState, CudaStateDeleter> cuda_;
   DType dtype_;
   // Geometry of this rank.
   int64_t embd_ = 0, head_dim_ = 0, heads_ = 0, kv_heads_ = 0, qkv_cols_ = 0, inner_ = 0;
   int64_t vocab_shard_ = 0;
+  int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;
   Tensor hidden_;  // [tokens, E]: the residual stream
@@ -135,6 +203,7 @@ class GptBigCode {
   Tensor rows_normed_;
   Tensor local_logits_;     // [logits rows, vocab_shard]
   Tensor gathered_logits_;  // [T * logits rows, vocab_shard]
+  Tensor logits_f32_;       // CUDA: [logits rows, vocab] fp32 (rank 0)
 };
 
 }  // namespace mqa

@@ -25,11 +25,20 @@ namespace mqa {
 struct GptBigCodeRunnerOptions {
   int block_size = 16;  // 8, 16 or 32
   // Size of the KV pool: num_kv_blocks when > 0, else as many blocks as fit in kv_cache_bytes
-  // (per rank, K and V of all layers). One of the two must be set.
+  // (per rank, K and V of all layers), else (CUDA) from free memory after a profiling forward:
+  // gpu_memory_utilization * total device memory - what the weights, workspace and the profile
+  // step use. One of the three must be set.
   int num_kv_blocks = 0;
   int64_t kv_cache_bytes = 0;
+  double gpu_memory_utilization = 0.0;  // CUDA only; e.g. 0.9 (vLLM's default)
   int64_t max_batched_tokens = 2048;  // workspace preallocation (grown if a step needs more)
   int64_t max_logits_rows = 256;
+  // Where the forward runs. kCuda needs float16 / bfloat16 weights; host weights are uploaded
+  // (the current CUDA device), weights already on the device are used as they are.
+  Device device = Device::kCpu;
+  bool cuda_graphs = true;   // decode steps as CUDA graphs (one rank)
+  int max_graph_batch = 256;
+  bool skinny_gemm = true;   // the m <= 8 GEMM kernel for small decode batches
 };
 
 class GptBigCodeRunner final : public ModelRunner {
@@ -39,6 +48,10 @@ class GptBigCodeRunner final : public ModelRunner {
       GptBigCodeWeights weights, Collectives* collectives, const GptBigCodeRunnerOptions& options);
 
   absl::StatusOr<Tensor> Execute(const StepInput& input) override;
+  // Execute, then one token per logits row drawn on the device (kernels/sampling.h; on the CPU
+  // with the same function): only token ids leave the GPU. params: one per logits row.
+  absl::StatusOr<std::vector<int32_t>> ExecuteAndSample(const StepInput& input,
+                                                        absl::Span<const RowSamplingParams> params);
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int num_kv_blocks() const override { return cache_.num_blocks(); }
   int block_size() const override { return cache_.block_size(); }
@@ -46,10 +59,16 @@ class GptBigCodeRunner final : public ModelRunner {
   const GptBigCodeWeights& weights() const { return weights_; }
   const ModelConfig& config() const { return weights_.config; }
   PagedKvCache& kv_cache() { return cache_; }
+  GptBigCode& model() { return *model_; }
+  // KV cache bytes per token on this rank (K and V of every layer): 20 KiB for StarCoder in fp16.
+  int64_t kv_bytes_per_token() const;
 
  private:
   GptBigCodeRunner(GptBigCodeWeights weights, Collectives* collectives)
       : weights_(std::move(weights)), collectives_(collectives) {}
+
+  absl::Status SizeKvPoolFromFreeMemory(const GptBigCodeRunnerOptions& options,
+                                        PagedKvCache::Shape& shape);
 
   GptBigCodeWeights weights_;
   Collectives* collectives_;
@@ -64,5 +83,9 @@ class GptBigCodeRunner final : public ModelRunner {
 //   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
 absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> CreateGptBigCodeRunnerFromDir(
     LoadOptions load, Collectives* collectives, const GptBigCodeRunnerOptions& options);
+
+// Copies every host tensor of `weights` to the current CUDA device (tied lm_head stays shared);
+// tensors already there are kept. FailedPrecondition without CUDA.
+absl::Status UploadWeightsToCuda(GptBigCodeWeights& weights);
 
 }  // namespace mqa

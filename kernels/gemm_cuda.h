@@ -1,0 +1,71 @@
+// GEMMs of the CUDA backend: C = act(A B^T + bias) [+ C] in PyTorch's weight layout (kernels/gemm.h),
+// fp16 / bf16 operands, fp32 accumulation.
+//
+// Two paths behind one call:
+//   - cuBLASLt, with the bias / GELU-tanh epilogues fused and beta = 1 for the residual add; the
+//     heuristic's first algorithm per shape is cached;
+//   - a skinny kernel for decode batches (m <= 8): each warp streams whole weight rows with 16-byte
+//     loads and reduces with shuffles; the epilogue is fused the same way. Used when m <= 8, k and
+//     the strides are multiples of 8 and the pointers 16-byte aligned (Options::skinny).
+//
+// Ownership: a CudaGemm owns its cuBLASLt handle and workspace (RAII). One thread uses it (the
+// model's); Run may be captured into a CUDA graph (it allocates nothing once a shape was seen).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/activation.h"
+#include "kernels/gemm.h"
+
+namespace mqa {
+
+struct GemmEpilogue {
+  const void* bias = nullptr;  // [n], the dtype of C; null: none
+  Activation activation = Activation::kIdentity;
+  // C += result (beta = 1): the residual add. Only with kIdentity.
+  bool accumulate = false;
+};
+
+class CudaGemm {
+ public:
+  struct Options {
+    size_t workspace_bytes = size_t{32} << 20;
+    bool skinny = true;      // the decode kernel for m <= kSkinnyMaxM
+  };
+  static constexpr int kSkinnyMaxM = 8;
+
+  static absl::StatusOr<std::unique_ptr<CudaGemm>> Create(const Options& options);
+  ~CudaGemm();
+  CudaGemm(const CudaGemm&) = delete;
+  CudaGemm& operator=(const CudaGemm&) = delete;
+
+  // fp16 / bf16 only (InvalidArgument otherwise); p.alpha and p.beta are ignored (1 and 0, or 1
+  // and 1 with accumulate). kGeluErf is not fused: call BiasActivationCuda after an identity GEMM.
+  absl::Status Run(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream);
+
+  void set_skinny(bool on) { options_.skinny = on; }
+  bool skinny() const { return options_.skinny; }
+
+ private:
+  struct Plan;  // cuBLASLt descriptors and algorithm of one shape
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
+  CudaGemm() = default;
+  absl::Status RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
+
+  Options options_;
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* workspace_ = nullptr;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+// The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
+absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream);
+
+}  // namespace mqa

@@ -1,0 +1,370 @@
+// The CUDA side of GptBigCode (model/gpt_bigcode.h): the stream, GEMM and device buffers, index
+// staging, decode steps as CUDA graphs per (batch bucket, context bucket), fp32 logits and
+// sampling on the device. Compiled in every build; without CUDA the entry points report it.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "model/gpt_bigcode.h"
+#include "runtime/status.h"
+
+#ifdef MQA_WITH_CUDA
+#include "kernels/gemm_cuda.h"
+#include "kernels/paged_attention_cuda.h"
+#include "kernels/sampling_cuda.h"
+#include "runtime/cuda_check.h"
+#endif
+
+namespace mqa {
+
+#ifdef MQA_WITH_CUDA
+
+namespace {
+
+// Pinned host memory that grows (its old contents are dropped).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&ptr_, bytes));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+int64_t BatchBucket(int64_t n) {
+  if (n <= 8) {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return b;
+  }
+  if (n <= 64) return (n + 7) / 8 * 8;
+  return (n + 31) / 32 * 32;
+}
+
+int ContextBucket(int max_context_len) {
+  int c = 256;
+  while (c < max_context_len) c *= 2;
+  return c;
+}
+
+}  // namespace
+
+struct GptBigCode::CudaState {
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<CudaGemm> gemm;
+  Tensor attention_workspace;
+  Tensor indices;  // device int32 staging of StepIndices
+  PinnedBuffer host_indices;
+  PinnedBuffer host_params;
+  PinnedBuffer host_tokens;
+  Tensor params;  // device RowSamplingParams
+  Tensor tokens;  // device int32
+  bool graphs_enabled = false;
+  int64_t max_graph_batch = 0;
+  using Key = std::tuple<int64_t, int, const void*>;
+  std::map<Key, cudaGraphExec_t> graphs;
+  std::set<Key> seen;  // buckets run once eagerly (plans and kernel attributes set up)
+
+  void ClearGraphs() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+    seen.clear();
+  }
+  ~CudaState() {
+    ClearGraphs();
+    gemm.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+void GptBigCode::CudaStateDeleter::operator()(CudaState* s) const { delete s; }
+
+GptBigCode::~GptBigCode() {
+  if (cuda_ && cuda_->stream) cudaStreamSynchronize(cuda_->stream);
+}
+
+void GptBigCode::ClearCudaGraphs() {
+  if (cuda_) cuda_->ClearGraphs();
+}
+
+void GptBigCode::set_skinny_gemm(bool on) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_skinny(on);
+  ClearCudaGraphs();
+}
+
+int GptBigCode::num_cuda_graphs() const {
+  return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
+}
+
+absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
+  if (dtype_ != DType::kF16 && dtype_ != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("the CUDA backend runs float16 or bfloat16 "
+                                                   "weights, not ",
+                                                   std::string(DTypeName(dtype_))));
+  }
+  cuda_.reset(new CudaState());
+  // A blocking stream: it orders itself with the legacy default stream that collectives and
+  // plain cudaMemcpy calls use.
+  CUDA_RETURN_IF_ERROR(cudaStreamCreate(&cuda_->stream));
+  ctx_.stream = cuda_->stream;
+  CudaGemm::Options gemm_options;
+  gemm_options.skinny = options.skinny_gemm;
+  ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
+  ctx_.gemm = cuda_->gemm.get();
+  cuda_->graphs_enabled = options.cuda_graphs && w_.shard.world_size == 1;
+  cuda_->max_graph_batch = options.max_graph_batch;
+
+  // Split-KV scratch for the largest shapes expected: decode batches at the longest context and
+  // one full prefill chunk; a smaller one only means fewer splits.
+  PagedAttentionParams p;
+  void* const fake = reinterpret_cast<void*>(256);  // sizing only: aligned, never dereferenced
+  p.query = fake;
+  p.output = fake;
+  p.key_cache = fake;
+  p.value_cache = fake;
+  p.block_tables = p.query_start = p.context_lens = reinterpret_cast<const int32_t*>(256);
+  p.num_heads = static_cast<int>(heads_);
+  p.num_kv_heads = static_cast<int>(kv_heads_);
+  p.head_dim = static_cast<int>(head_dim_);
+  p.query_stride = qkv_cols_;
+  p.block_size = 16;
+  p.max_context_len = static_cast<int>(ContextBucket(static_cast<int>(w_.config.n_positions)));
+  p.max_blocks_per_seq = p.max_context_len / p.block_size;
+  p.dtype = dtype_;
+  size_t bytes = 0;
+  for (int64_t b = 1; b <= std::max<int64_t>(256, options.max_graph_batch); b *= 2) {
+    p.num_seqs = p.num_tokens = static_cast<int>(b);
+    p.max_query_len = 1;
+    bytes = std::max(bytes, PagedAttentionCudaWorkspaceBytes(p));
+  }
+  p.num_seqs = 1;
+  p.num_tokens = static_cast<int>(std::min<int64_t>(options.max_batched_tokens, INT32_MAX));
+  p.max_query_len = p.num_tokens;
+  bytes = std::max(bytes, PagedAttentionCudaWorkspaceBytes(p));
+  bytes = std::min<size_t>(bytes, size_t{512} << 20);
+  if (bytes > 0) {
+    ASSIGN_OR_RETURN(cuda_->attention_workspace,
+                     Tensor::Empty({static_cast<int64_t>(bytes)}, DType::kI32, Device::kCuda));
+    ctx_.attention_workspace = cuda_->attention_workspace.raw();
+    ctx_.attention_workspace_bytes = cuda_->attention_workspace.nbytes();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndicesCuda(const StepInput& in,
+                                                                     int64_t bucket_batch,
+                                                                     int bucket_context) {
+  const int64_t n = in.num_tokens(), s = in.num_seqs();
+  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
+  const bool pad = bucket_batch > 0;
+  const int64_t N = pad ? bucket_batch : n;
+  const int64_t S = pad ? bucket_batch : s;
+  const int64_t R = pad ? bucket_batch : rows;
+  const int64_t MB = pad ? bucket_context / cache_block_size_ : in.max_blocks_per_seq;
+  auto round = [](int64_t x) { return (x + 31) / 32 * 32; };
+  const int64_t o_tok = 0, o_pos = o_tok + round(N), o_qs = o_pos + round(N);
+  const int64_t o_ctx = o_qs + round(S + 1), o_slot = o_ctx + round(S);
+  const int64_t o_bt = o_slot + round(N), o_rows = o_bt + round(S * MB);
+  const int64_t total = o_rows + round(R);
+
+  RETURN_IF_ERROR(cuda_->host_indices.Reserve(total * sizeof(int32_t)));
+  if (!cuda_->indices.defined() || cuda_->indices.numel() < total) {
+    ClearCudaGraphs();
+    ASSIGN_OR_RETURN(cuda_->indices,
+                     Tensor::Empty({std::max<int64_t>(total, 1 << 16)}, DType::kI32, Device::kCuda));
+  }
+  int32_t* h = cuda_->host_indices.get<int32_t>();
+  auto fill = [&](int64_t off, const std::vector<int32_t>& v, int64_t count, int32_t pad_value) {
+    std::copy(v.begin(), v.end(), h + off);
+    std::fill(h + off + v.size(), h + off + count, pad_value);
+  };
+  fill(o_tok, in.token_ids, N, 0);
+  fill(o_pos, in.positions, N, 0);
+  fill(o_ctx, in.context_lens, S, 1);
+  fill(o_slot, in.slot_mapping, N, -1);  // padded rows write nothing to the cache
+  fill(o_rows, in.logits_rows, R, 0);
+  std::copy(in.query_start.begin(), in.query_start.end(), h + o_qs);
+  for (int64_t i = s + 1; i <= S; ++i) h[o_qs + i] = static_cast<int32_t>(n + (i - s));
+  int max_ctx = 0, max_q = 0;
+  for (int64_t i = 0; i < s; ++i) {
+    max_ctx = std::max(max_ctx, in.context_lens[i]);
+    max_q = std::max(max_q, in.query_start[i + 1] - in.query_start[i]);
+  }
+  if (pad) {
+    std::fill(h + o_bt, h + o_bt + S * MB, 0);
+    const int64_t width = std::min<int64_t>(MB, in.max_blocks_per_seq);
+    for (int64_t i = 0; i < s; ++i) {
+      std::copy_n(in.block_tables.begin() + i * in.max_blocks_per_seq, width, h + o_bt + i * MB);
+    }
+  } else {
+    std::copy(in.block_tables.begin(), in.block_tables.end(), h + o_bt);
+  }
+  const auto stream = static_cast<cudaStream_t>(ctx_.stream);
+  int32_t* d = cuda_->indices.data<int32_t>();
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d, h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+
+  StepIndices idx;
+  idx.token_ids = d + o_tok;
+  idx.positions = d + o_pos;
+  idx.query_start = d + o_qs;
+  idx.context_lens = d + o_ctx;
+  idx.slot_mapping = d + o_slot;
+  idx.block_tables = d + o_bt;
+  idx.logits_rows = d + o_rows;
+  idx.max_context_len = pad ? bucket_context : max_ctx;
+  idx.num_tokens = N;
+  idx.num_seqs = static_cast<int>(S);
+  idx.max_blocks_per_seq = static_cast<int>(MB);
+  idx.max_query_len = pad ? 1 : max_q;
+  idx.num_logits_rows = R;
+  return idx;
+}
+
+absl::Status GptBigCode::TrunkAndLogitsCuda(const StepIndices& idx, PagedKvCache& cache,
+                                            Collectives& collectives) {
+  RETURN_IF_ERROR(Trunk(idx, cache, collectives));
+  const int64_t rows = idx.num_logits_rows;
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(LogitsRows(idx));
+  const int T = w_.shard.world_size;
+  LogitsToFloatParams lp;
+  lp.input = local_logits_.raw();
+  if (T > 1) {
+    const Tensor local = local_logits_.Rows(0, rows);
+    Tensor gathered = gathered_logits_.Rows(0, T * rows);
+    RETURN_IF_ERROR(collectives.Gather(local, gathered, /*root=*/0));
+    if (w_.shard.rank != 0) return absl::OkStatus();
+    lp.input = gathered.raw();
+  }
+  lp.shards = T;
+  lp.rows = rows;
+  lp.vocab_shard = vocab_shard_;
+  lp.vocab = w_.config.vocab_size;
+  lp.output = logits_f32_.data<float>();
+  lp.dtype = dtype_;
+  return LogitsToFloatCuda(lp, static_cast<cudaStream_t>(ctx_.stream));
+}
+
+absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
+                                     Collectives& collectives, int64_t* logits_rows) {
+  const int64_t n = in.num_tokens();
+  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
+  *logits_rows = rows;
+  cache_block_size_ = cache.block_size();
+  const auto stream = static_cast<cudaStream_t>(ctx_.stream);
+  bool decode = cuda_->graphs_enabled && n == in.num_seqs() && n <= cuda_->max_graph_batch &&
+                rows <= n;
+  for (int64_t i = 0; decode && i < in.num_seqs(); ++i) {
+    decode = in.query_start[i + 1] - in.query_start[i] == 1;
+  }
+  if (!decode) {
+    RETURN_IF_ERROR(EnsureWorkspace(n, rows));
+    ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, 0, 0));
+    return TrunkAndLogitsCuda(idx, cache, collectives);
+  }
+  const int64_t B = BatchBucket(n);
+  int max_ctx = 0;
+  for (int32_t c : in.context_lens) max_ctx = std::max(max_ctx, c);
+  const int C = ContextBucket(max_ctx);
+  RETURN_IF_ERROR(EnsureWorkspace(B, B));
+  ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, B, C));
+  const CudaState::Key key{B, C, cache.key(0).raw()};
+  if (auto it = cuda_->graphs.find(key); it != cuda_->graphs.end()) {
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream));
+    return absl::OkStatus();
+  }
+  if (!cuda_->seen.contains(key)) {
+    // First sight: run eagerly, which also creates the GEMM plans and kernel attributes that a
+    // capture must not create.
+    cuda_->seen.insert(key);
+    return TrunkAndLogitsCuda(idx, cache, collectives);
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status body = TrunkAndLogitsCuda(idx, cache, collectives);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!body.ok()) {
+    if (graph) cudaGraphDestroy(graph);
+    return body;
+  }
+  CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(inst);
+  cuda_->graphs.emplace(key, exec);
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> GptBigCode::SampleCuda(
+    absl::Span<const RowSamplingParams> params) {
+  const int64_t rows = static_cast<int64_t>(params.size());
+  if (rows == 0) return std::vector<int32_t>{};
+  const auto stream = static_cast<cudaStream_t>(ctx_.stream);
+  const size_t param_bytes = rows * sizeof(RowSamplingParams);
+  RETURN_IF_ERROR(cuda_->host_params.Reserve(param_bytes));
+  RETURN_IF_ERROR(cuda_->host_tokens.Reserve(rows * sizeof(int32_t)));
+  if (!cuda_->tokens.defined() || cuda_->tokens.numel() < rows) {
+    const int64_t cap = std::max<int64_t>(rows, 256);
+    ASSIGN_OR_RETURN(cuda_->tokens, Tensor::Empty({cap}, DType::kI32, Device::kCuda));
+    ASSIGN_OR_RETURN(cuda_->params,
+                     Tensor::Empty({cap * static_cast<int64_t>(sizeof(RowSamplingParams))},
+                                   DType::kI32, Device::kCuda));
+  }
+  std::memcpy(cuda_->host_params.get<void>(), params.data(), param_bytes);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->params.raw(), cuda_->host_params.get<void>(),
+                                       param_bytes, cudaMemcpyHostToDevice, stream));
+  SampleTokensParams sp;
+  sp.logits = logits_f32_.data<float>();
+  sp.rows = rows;
+  sp.vocab = w_.config.vocab_size;
+  sp.ld = w_.config.vocab_size;
+  sp.params = static_cast<const RowSamplingParams*>(cuda_->params.raw());
+  sp.tokens = cuda_->tokens.data<int32_t>();
+  RETURN_IF_ERROR(SampleTokensCuda(sp, stream));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->host_tokens.get<void>(), cuda_->tokens.raw(),
+                                       rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  const int32_t* t = cuda_->host_tokens.get<int32_t>();
+  return std::vector<int32_t>(t, t + rows);
+}
+
+#else  // !MQA_WITH_CUDA
+
+struct GptBigCode::CudaState {};
+void GptBigCode::CudaStateDeleter::operator()(CudaState* s) const { delete s; }
+GptBigCode::~GptBigCode() = default;
+void GptBigCode::ClearCudaGraphs() {}
+void GptBigCode::set_skinny_gemm(bool) {}
+int GptBigCode::num_cuda_graphs() const { return 0; }
+absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+
+#endif  // MQA_WITH_CUDA
+
+}  // namespace mqa
