@@ -138,6 +138,45 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   return absl::OkStatus();
 }
 
+// A plain fallback for shapes cuBLASLt's heuristic refuses (odd strides): one thread per output.
+template <typename T, int kAct>
+__global__ void SimpleGemmKernel(const T* __restrict__ a, int64_t lda, const T* __restrict__ b,
+                                 int64_t ldb, T* c, int64_t ldc, const T* __restrict__ bias, int m,
+                                 int n, int k, bool accumulate) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= static_cast<int64_t>(m) * n) return;
+  const int i = static_cast<int>(idx / n), j = static_cast<int>(idx % n);
+  float acc = 0;
+  for (int kk = 0; kk < k; ++kk) {
+    acc = fmaf(fwd::ToFloat(a[i * lda + kk]), fwd::ToFloat(b[j * ldb + kk]), acc);
+  }
+  if (bias != nullptr) acc += fwd::ToFloat(bias[j]);
+  acc = fwd::Activate<kAct>(acc);
+  T* out = c + i * ldc + j;
+  if (accumulate) acc += fwd::ToFloat(*out);
+  *out = fwd::FromFloat<T>(acc);
+}
+
+template <typename T>
+absl::Status LaunchSimple(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
+  const int64_t total = p.m * p.n;
+  const int64_t blocks = (total + 255) / 256;
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  T* c = static_cast<T*>(p.c);
+  const T* bias = static_cast<const T*>(e.bias);
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  if (e.activation == Activation::kGeluTanh) {
+    SimpleGemmKernel<T, 1><<<blocks, 256, 0, stream>>>(a, p.lda, b, p.ldb, c, p.ldc, bias, m, n, k,
+                                                       e.accumulate);
+  } else {
+    SimpleGemmKernel<T, 0><<<blocks, 256, 0, stream>>>(a, p.lda, b, p.ldb, c, p.ldc, bias, m, n, k,
+                                                       e.accumulate);
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
 // --- cuBLASLt --------------------------------------------------------------------------------
 
 #define LT_RETURN_IF_ERROR(expr)                                                              \
@@ -175,6 +214,7 @@ struct CudaGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool fallback = false;  // no cuBLASLt algorithm: the plain kernel
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -257,13 +297,17 @@ absl::Status CudaGemm::RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStr
         pref, 1, &result, &returned);
     cublasLtMatmulPreferenceDestroy(pref);
     if (hs != CUBLAS_STATUS_SUCCESS || returned == 0) {
-      return absl::InternalError(absl::StrCat("cuBLASLt: no algorithm for m ", p.m, " n ", p.n,
-                                              " k ", p.k, " epilogue ", static_cast<int>(epi)));
+      plan->fallback = true;
+    } else {
+      plan->algo = result.algo;
     }
-    plan->algo = result.algo;
     it = plans_.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;
+  if (plan.fallback) {
+    return p.dtype == DType::kF16 ? LaunchSimple<__half>(p, e, stream)
+                                  : LaunchSimple<__nv_bfloat16>(p, e, stream);
+  }
   if (e.bias) {
     LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));

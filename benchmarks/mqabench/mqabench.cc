@@ -1,0 +1,445 @@
+// mqabench: end-to-end GPU benchmarks of GptBigCodeRunner with dummy weights made on the device.
+//
+//   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
+//       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
+//       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|cublaslt|both]
+//     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
+//     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
+//     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
+//     (weight bytes / the device-to-device copy bandwidth measured in this run).
+//
+//   mqabench throughput --model configs/starcoder [--num-prompts 500] [--max-num-seqs 256]
+//       [--max-num-batched-tokens 4096] [--seed 0]
+//     Many requests of mixed lengths: prompt and output lengths from slices of this repository's
+//     source files (bytes as token ids: code-shaped lengths), continuous batching (prefills of
+//     whole prompts alongside the running decodes). Prints output tokens/s and the fraction of
+//     the compute roofline (2 x params FLOP per processed token over the GEMM rate measured here).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmarks/mqabench/device_fill.h"
+#include "model/config.h"
+#include "model/gpt_bigcode_runner.h"
+#include "parallel/collectives.h"
+
+namespace mqa::bench {
+namespace {
+
+struct Flags {
+  std::string mode;
+  std::string model = "configs/starcoder";
+  int batch_size = 1, input_len = 128, output_len = 128, num_iters = 3, num_iters_warmup = 1;
+  std::string load_format = "dummy", dtype = "float16", gemm = "skinny";
+  int block_size = 16;
+  bool cuda_graphs = true;
+  int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
+  uint64_t seed = 0;
+};
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  if (argc < 2) return absl::InvalidArgumentError("usage: mqabench latency|throughput [flags]");
+  f.mode = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> absl::StatusOr<std::string> {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    auto as_int = [&](int* out) -> absl::Status {
+      ASSIGN_OR_RETURN(std::string v, value());
+      *out = std::atoi(v.c_str());
+      return absl::OkStatus();
+    };
+    if (a == "--model") {
+      ASSIGN_OR_RETURN(f.model, value());
+    } else if (a == "--batch-size") {
+      RETURN_IF_ERROR(as_int(&f.batch_size));
+    } else if (a == "--input-len") {
+      RETURN_IF_ERROR(as_int(&f.input_len));
+    } else if (a == "--output-len") {
+      RETURN_IF_ERROR(as_int(&f.output_len));
+    } else if (a == "--num-iters") {
+      RETURN_IF_ERROR(as_int(&f.num_iters));
+    } else if (a == "--num-iters-warmup") {
+      RETURN_IF_ERROR(as_int(&f.num_iters_warmup));
+    } else if (a == "--load-format") {
+      ASSIGN_OR_RETURN(f.load_format, value());
+    } else if (a == "--dtype") {
+      ASSIGN_OR_RETURN(f.dtype, value());
+    } else if (a == "--gemm") {
+      ASSIGN_OR_RETURN(f.gemm, value());
+    } else if (a == "--block-size") {
+      RETURN_IF_ERROR(as_int(&f.block_size));
+    } else if (a == "--no-cuda-graphs") {
+      f.cuda_graphs = false;
+    } else if (a == "--num-prompts") {
+      RETURN_IF_ERROR(as_int(&f.num_prompts));
+    } else if (a == "--max-num-seqs") {
+      RETURN_IF_ERROR(as_int(&f.max_num_seqs));
+    } else if (a == "--max-num-batched-tokens") {
+      RETURN_IF_ERROR(as_int(&f.max_num_batched_tokens));
+    } else if (a == "--seed") {
+      int s = 0;
+      RETURN_IF_ERROR(as_int(&s));
+      f.seed = s;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
+    }
+  }
+  if (f.load_format != "dummy") {
+    return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
+  }
+  if (f.dtype != "float16" && f.dtype != "bfloat16" && f.dtype != "auto") {
+    return absl::InvalidArgumentError("--dtype auto|float16|bfloat16");
+  }
+  return f;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The KV block bookkeeping of the benchmark's sequences (blocks never shared).
+class Blocks {
+ public:
+  Blocks(int num_blocks, int block_size) : block_size_(block_size) {
+    for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  }
+  bool Reserve(std::vector<int32_t>& table, int tokens) {
+    while (static_cast<int>(table.size()) * block_size_ < tokens) {
+      if (free_.empty()) return false;
+      table.push_back(free_.back());
+      free_.pop_back();
+    }
+    return true;
+  }
+  void Release(std::vector<int32_t>& table) {
+    for (int32_t b : table) free_.push_back(b);
+    table.clear();
+  }
+  int free() const { return static_cast<int>(free_.size()); }
+  int block_size() const { return block_size_; }
+
+ private:
+  int block_size_;
+  std::vector<int32_t> free_;
+};
+
+struct Seq {
+  std::vector<int32_t> prompt;
+  int output_len = 0;
+  int generated = 0;
+  int context = 0;  // tokens in the cache
+  int32_t last = 0;
+  std::vector<int32_t> table;
+};
+
+// One step over `seqs`: seq i brings chunk[i] tokens; logits for each one's last row.
+StepInput MakeStep(const std::vector<Seq*>& seqs, const std::vector<std::vector<int32_t>>& chunk,
+                   int block_size) {
+  StepInput in;
+  in.query_start.push_back(0);
+  size_t width = 0;
+  for (const Seq* s : seqs) width = std::max(width, s->table.size());
+  in.max_blocks_per_seq = static_cast<int>(width);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Seq& s = *seqs[i];
+    in.seq_ids.push_back(i);
+    const int start = s.context;
+    for (size_t j = 0; j < chunk[i].size(); ++j) {
+      const int p = start + static_cast<int>(j);
+      in.token_ids.push_back(chunk[i][j]);
+      in.positions.push_back(p);
+      in.slot_mapping.push_back(s.table[p / block_size] * block_size + p % block_size);
+    }
+    in.query_start.push_back(in.num_tokens());
+    in.context_lens.push_back(start + static_cast<int>(chunk[i].size()));
+    in.logits_rows.push_back(in.num_tokens() - 1);
+    for (size_t b = 0; b < width; ++b) in.block_tables.push_back(b < s.table.size() ? s.table[b] : 0);
+  }
+  return in;
+}
+
+int64_t WeightBytes(const GptBigCodeWeights& w) {
+  int64_t bytes = w.lm_head.nbytes() + w.ln_f_w.nbytes() + w.ln_f_b.nbytes();
+  for (const LayerWeights& L : w.layers) {
+    for (const Tensor* t : {&L.ln_1_w, &L.ln_1_b, &L.c_attn_w, &L.c_attn_b, &L.c_proj_w,
+                            &L.c_proj_b, &L.ln_2_w, &L.ln_2_b, &L.c_fc_w, &L.c_fc_b,
+                            &L.mlp_proj_w, &L.mlp_proj_b}) {
+      bytes += t->nbytes();
+    }
+  }
+  return bytes;  // what a decode step reads (wte rows and wpe rows are negligible)
+}
+
+struct Setup {
+  ModelConfig config;
+  DType dtype = DType::kF16;
+  std::unique_ptr<Collectives> collectives;
+  std::unique_ptr<GptBigCodeRunner> runner;
+  int64_t weight_bytes = 0;
+  double copy_bw = 0;
+};
+
+absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_tokens,
+                                int64_t max_rows) {
+  Setup s;
+  ASSIGN_OR_RETURN(s.config, LoadModelConfig(f.model));
+  s.dtype = f.dtype == "bfloat16" ? DType::kBF16 : DType::kF16;
+  if (f.dtype == "auto" && s.config.checkpoint_dtype == DType::kBF16) s.dtype = DType::kBF16;
+  ASSIGN_OR_RETURN(s.copy_bw, MeasureCopyBandwidth(size_t{4} << 30));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(GptBigCodeWeights w, MakeDeviceDummyWeights(s.config, s.dtype, f.seed));
+  s.weight_bytes = WeightBytes(w);
+  std::printf("# %s: %lld layers, E %lld, %lld heads, vocab %lld; %s weights %.2f GB made on the "
+              "GPU in %.1f s; copy bandwidth %.2f TB/s (read + write)\n",
+              f.model.c_str(), (long long)s.config.n_layer, (long long)s.config.n_embd,
+              (long long)s.config.n_head, (long long)s.config.vocab_size,
+              std::string(DTypeName(s.dtype)).c_str(), s.weight_bytes / 1e9,
+              Seconds(t0, std::chrono::steady_clock::now()), s.copy_bw / 1e12);
+  s.collectives = MakeLocalCollectives();
+  GptBigCodeRunnerOptions o;
+  o.device = Device::kCuda;
+  o.block_size = f.block_size;
+  o.num_kv_blocks = num_blocks;
+  o.max_batched_tokens = max_tokens;
+  o.max_logits_rows = max_rows;
+  o.cuda_graphs = f.cuda_graphs;
+  o.skinny_gemm = f.gemm != "cublaslt";
+  ASSIGN_OR_RETURN(s.runner, GptBigCodeRunner::Create(std::move(w), s.collectives.get(), o));
+  std::printf("# KV bytes per token %lld (%.1f KiB), %d blocks of %d\n",
+              (long long)s.runner->kv_bytes_per_token(), s.runner->kv_bytes_per_token() / 1024.0,
+              s.runner->num_kv_blocks(), s.runner->block_size());
+  return s;
+}
+
+absl::Status Latency(const Flags& f) {
+  const int bs = f.block_size;
+  const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
+  ASSIGN_OR_RETURN(Setup s, MakeSetup(f, f.batch_size * per_seq + 8,
+                                      std::max<int64_t>(2048, int64_t(f.batch_size) * f.input_len),
+                                      std::max(256, f.batch_size)));
+  GptBigCodeRunner& r = *s.runner;
+  const double floor_ms = s.weight_bytes / s.copy_bw * 1e3;
+  std::vector<std::string> variants;
+  if (f.gemm == "both") {
+    variants = {"skinny", "cublaslt"};
+  } else {
+    variants = {f.gemm};
+  }
+  std::mt19937 rng(f.seed + 1);
+  for (const std::string& variant : variants) {
+    r.model().set_skinny_gemm(variant != "cublaslt");
+    std::vector<double> latencies, prefills, steps;
+    for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
+      Blocks blocks(r.num_kv_blocks(), bs);
+      std::vector<Seq> seqs(f.batch_size);
+      std::vector<Seq*> ptrs;
+      std::vector<std::vector<int32_t>> chunk;
+      for (Seq& q : seqs) {
+        q.prompt.resize(f.input_len);
+        for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
+        if (!blocks.Reserve(q.table, f.input_len + f.output_len)) {
+          return absl::InternalError("KV pool too small");
+        }
+        ptrs.push_back(&q);
+        chunk.push_back(q.prompt);
+      }
+      std::vector<RowSamplingParams> greedy(f.batch_size);
+      std::vector<double> iter_steps;
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(std::vector<int32_t> next,
+                       r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy));
+      const auto t1 = std::chrono::steady_clock::now();
+      for (Seq& q : seqs) q.context = f.input_len;
+      for (int step = 1; step < f.output_len; ++step) {
+        for (int i = 0; i < f.batch_size; ++i) chunk[i] = {next[i]};
+        const auto a = std::chrono::steady_clock::now();
+        ASSIGN_OR_RETURN(next, r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy));
+        iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
+        for (Seq& q : seqs) ++q.context;
+      }
+      const auto t2 = std::chrono::steady_clock::now();
+      if (iter >= f.num_iters_warmup) {
+        latencies.push_back(Seconds(t0, t2));
+        prefills.push_back(Seconds(t0, t1));
+        steps.insert(steps.end(), iter_steps.begin(), iter_steps.end());
+      }
+    }
+    double avg = 0;
+    for (double l : latencies) avg += l;
+    avg /= latencies.size();
+    const double step_ms = Median(steps) * 1e3;
+    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, cuda graphs %s\n",
+                f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+                std::string(DTypeName(s.dtype)).c_str(), variant.c_str(),
+                f.cuda_graphs ? "on" : "off");
+    std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
+                *std::min_element(latencies.begin(), latencies.end()),
+                *std::max_element(latencies.begin(), latencies.end()), latencies.size());
+    std::printf("  prefill %.2f ms; decode step median %.3f ms (weights floor %.3f ms = %.2f GB / "
+                "%.2f TB/s copy; %.0f%% of floor speed; effective %.2f TB/s)\n",
+                Median(prefills) * 1e3, step_ms, floor_ms, s.weight_bytes / 1e9, s.copy_bw / 1e12,
+                100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
+    std::printf("  CUDA graphs captured: %d\n", r.model().num_cuda_graphs());
+  }
+  return absl::OkStatus();
+}
+
+// Lengths cut from real code: slices of this repository's sources (the MQA_SOURCE_DIR or the
+// working directory), one byte per token.
+std::vector<std::string> CodeCorpus() {
+  std::vector<std::string> files;
+  const char* root = std::getenv("MQA_SOURCE_DIR");
+  const std::filesystem::path base(root ? root : ".");
+  for (const char* dir : {"kernels", "model", "runtime", "parallel", "launcher"}) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(base / dir, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (ext != ".cc" && ext != ".h" && ext != ".cu") continue;
+      std::ifstream in(e.path());
+      files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  }
+  return files;
+}
+
+absl::Status Throughput(const Flags& f) {
+  const std::vector<std::string> corpus = CodeCorpus();
+  if (corpus.empty()) return absl::NotFoundError("no source files found for prompts");
+  std::mt19937 rng(f.seed + 7);
+  std::deque<Seq> waiting;
+  int64_t total_prompt = 0, total_output = 0;
+  for (int i = 0; i < f.num_prompts; ++i) {
+    const std::string& file = corpus[rng() % corpus.size()];
+    // A prompt is a file's slice of 3.5 characters per token (code's usual ratio); the completion
+    // is the next function-sized piece.
+    const int len = std::uniform_int_distribution<int>(32, 1024)(rng);
+    const size_t chars = std::min<size_t>(file.size(), len * 7 / 2);
+    const size_t at = file.size() > chars ? rng() % (file.size() - chars) : 0;
+    Seq q;
+    for (size_t c = at; c < at + chars && q.prompt.size() < static_cast<size_t>(len); c += 3) {
+      q.prompt.push_back(static_cast<unsigned char>(file[c]) + 1);
+    }
+    if (q.prompt.empty()) q.prompt.push_back(1);
+    q.output_len = std::uniform_int_distribution<int>(16, 256)(rng);
+    total_prompt += q.prompt.size();
+    total_output += q.output_len;
+    waiting.push_back(std::move(q));
+  }
+  // KV pool: room for max_num_seqs sequences of the longest kind.
+  const int bs = f.block_size;
+  const int pool = f.max_num_seqs * ((1024 + 256 + bs - 1) / bs) / 2 + 64;
+  ASSIGN_OR_RETURN(Setup s, MakeSetup(f, pool, f.max_num_batched_tokens + f.max_num_seqs,
+                                      f.max_num_seqs));
+  ASSIGN_OR_RETURN(const double gemm_rate, MeasureGemmRate(8192, s.dtype));
+  GptBigCodeRunner& r = *s.runner;
+  Blocks blocks(r.num_kv_blocks(), bs);
+  std::vector<Seq> running;
+  running.reserve(f.num_prompts);
+  std::vector<Seq*> active;
+  int64_t processed = 0, generated = 0;
+  int steps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!waiting.empty() || !active.empty()) {
+    std::vector<Seq*> batch;
+    std::vector<std::vector<int32_t>> chunk;
+    int64_t budget = f.max_num_batched_tokens;
+    for (Seq* q : active) {  // decodes first
+      if (!blocks.Reserve(q->table, q->context + 1)) return absl::InternalError("pool too small");
+      batch.push_back(q);
+      chunk.push_back({q->last});
+      --budget;
+    }
+    while (!waiting.empty() && static_cast<int>(batch.size()) < f.max_num_seqs &&
+           static_cast<int64_t>(waiting.front().prompt.size()) <= budget &&
+           blocks.free() * bs >= static_cast<int>(waiting.front().prompt.size()) +
+                                     waiting.front().output_len) {
+      running.push_back(std::move(waiting.front()));
+      waiting.pop_front();
+      Seq* q = &running.back();
+      blocks.Reserve(q->table, q->prompt.size() + q->output_len);
+      budget -= q->prompt.size();
+      batch.push_back(q);
+      chunk.push_back(q->prompt);
+    }
+    if (batch.empty()) return absl::InternalError("throughput: nothing schedulable");
+    std::vector<RowSamplingParams> params(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      params[i].temperature = 0.8f;
+      params[i].top_p = 0.95f;
+      params[i].seed = i;
+      params[i].offset = batch[i]->generated;
+    }
+    ASSIGN_OR_RETURN(std::vector<int32_t> next,
+                     r.ExecuteAndSample(MakeStep(batch, chunk, bs), params));
+    ++steps;
+    std::vector<Seq*> still;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Seq* q = batch[i];
+      processed += chunk[i].size();
+      q->context += chunk[i].size();
+      q->last = next[i];
+      ++q->generated;
+      ++generated;
+      if (q->generated < q->output_len) {
+        still.push_back(q);
+      } else {
+        blocks.Release(q->table);
+      }
+    }
+    active = std::move(still);
+  }
+  const double secs = Seconds(t0, std::chrono::steady_clock::now());
+  const double params = static_cast<double>(s.weight_bytes) / DTypeSize(s.dtype);
+  const double flops = 2.0 * params * processed;
+  std::printf("throughput %s: %d requests (prompts %lld tokens, outputs %lld tokens, lengths cut "
+              "from this repository's code), %s, max %d seqs, %d batched tokens\n",
+              f.model.c_str(), f.num_prompts, (long long)total_prompt, (long long)total_output,
+              std::string(DTypeName(s.dtype)).c_str(), f.max_num_seqs, f.max_num_batched_tokens);
+  std::printf("  %.2f s, %d steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
+              "GEMM work = %.1f%% of the measured %.0f TFLOP/s (8192^3 GEMM)\n",
+              secs, steps, generated / secs, processed / secs, flops / secs / 1e12,
+              100.0 * flops / secs / gemm_rate, gemm_rate / 1e12);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace mqa::bench
+
+int main(int argc, char** argv) {
+  auto flags = mqa::bench::ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "mqabench: %s\n", flags.status().ToString().c_str());
+    return 2;
+  }
+  absl::Status st;
+  if (flags->mode == "latency") {
+    st = mqa::bench::Latency(*flags);
+  } else if (flags->mode == "throughput") {
+    st = mqa::bench::Throughput(*flags);
+  } else {
+    st = absl::InvalidArgumentError("mode must be latency or throughput");
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "mqabench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

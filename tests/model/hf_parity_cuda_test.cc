@@ -1,0 +1,259 @@
+// The CUDA forward against Hugging Face on every fixture (tests/fixtures/models), in float16 and
+// bfloat16: all prompts prefilled in one mixed batch (logits at every prompt position), then
+// decoded together greedily (decode steps padded to a graph bucket and replayed as CUDA graphs),
+// alternating host argmax of the returned logits with greedy sampling on the device. Reports the
+// largest relative logit error (max |ours - HF| / max |HF| per row); a sequence's greedy tokens
+// are compared until HF's own top-2 margin falls below what this dtype can resolve. Also: the KV
+// pool sized from free memory, and block copies on the device. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/gpt_bigcode_runner.h"
+#include "nlohmann/json.hpp"
+#include "parallel/collectives.h"
+
+namespace mqa {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string FixtureDir(const std::string& model) {
+  const char* src = std::getenv("MQA_SOURCE_DIR");
+  return std::string(src ? src : ".") + "/tests/fixtures/models/" + model;
+}
+
+struct Reference {
+  std::vector<int32_t> prompt;
+  std::vector<float> logits;  // [prompt_len, vocab]
+  std::vector<int32_t> greedy;
+  std::vector<double> margins;
+};
+
+std::vector<Reference> LoadReferences(const std::string& dir, int64_t vocab) {
+  std::ifstream f(dir + "/reference.json");
+  EXPECT_TRUE(f.good()) << "missing " << dir << "/reference.json";
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::vector<Reference> refs;
+  for (const auto& p : j["prompts"]) {
+    Reference r;
+    r.prompt = p["prompt"].get<std::vector<int32_t>>();
+    r.logits.resize(r.prompt.size() * vocab);
+    std::ifstream lf(dir + "/" + p["logits_file"].get<std::string>(), std::ios::binary);
+    lf.read(reinterpret_cast<char*>(r.logits.data()), r.logits.size() * sizeof(float));
+    for (const auto& s : p["greedy"]) {
+      r.greedy.push_back(s["token"].get<int32_t>());
+      r.margins.push_back(s["margin"].get<double>());
+    }
+    refs.push_back(std::move(r));
+  }
+  return refs;
+}
+
+// Sequence s owns blocks taken from a shuffled pool as it grows.
+struct Batch {
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> free;
+  int block_size = 16;
+  int32_t Slot(int s, int pos) {
+    while (static_cast<int>(tables[s].size()) * block_size <= pos) {
+      tables[s].push_back(free.back());
+      free.pop_back();
+    }
+    return tables[s][pos / block_size] * block_size + pos % block_size;
+  }
+  // One step: seq s brings tokens[s] at positions [start[s], ...); logits for `rows`.
+  StepInput Make(const std::vector<std::vector<int32_t>>& tokens, const std::vector<int>& start,
+                 bool all_rows) {
+    StepInput in;
+    in.query_start.push_back(0);
+    int max_blocks = 0;
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      in.seq_ids.push_back(s);
+      for (size_t i = 0; i < tokens[s].size(); ++i) {
+        in.token_ids.push_back(tokens[s][i]);
+        in.positions.push_back(start[s] + i);
+        in.slot_mapping.push_back(Slot(s, start[s] + i));
+        if (all_rows || i + 1 == tokens[s].size()) in.logits_rows.push_back(in.num_tokens() - 1);
+      }
+      in.query_start.push_back(in.num_tokens());
+      in.context_lens.push_back(start[s] + tokens[s].size());
+      max_blocks = std::max(max_blocks, static_cast<int>(tables[s].size()));
+    }
+    in.max_blocks_per_seq = max_blocks + 3;  // wider than needed, as an engine may send
+    for (const auto& t : tables) {
+      for (int i = 0; i < in.max_blocks_per_seq; ++i) {
+        in.block_tables.push_back(i < static_cast<int>(t.size()) ? t[i] : 0);
+      }
+    }
+    return in;
+  }
+};
+
+double RowRelError(const float* got, const float* want, int64_t vocab) {
+  double max_ref = 0, max_diff = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    max_ref = std::max(max_ref, std::abs(double(want[v])));
+    max_diff = std::max(max_diff, std::abs(double(got[v]) - want[v]));
+  }
+  return max_diff / max_ref;
+}
+
+int32_t Argmax(const float* row, int64_t vocab) {
+  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+}
+
+class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int>> {};
+
+TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const auto& [model, dtype, block_size] = GetParam();
+  auto collectives = MakeLocalCollectives();
+  LoadOptions load;
+  load.model_dir = FixtureDir(model);
+  load.dtype = dtype;
+  GptBigCodeRunnerOptions opts;
+  opts.block_size = block_size;
+  opts.num_kv_blocks = 256;
+  opts.device = Device::kCuda;
+  auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  GptBigCodeRunner& r = **runner;
+  const int64_t vocab = r.vocab_size();
+  const auto refs = LoadReferences(load.model_dir, vocab);
+  ASSERT_GE(refs.size(), 5u);
+  const size_t S = refs.size();
+
+  Batch batch;
+  batch.block_size = block_size;
+  batch.tables.resize(S);
+  batch.free.resize(opts.num_kv_blocks);
+  std::iota(batch.free.begin(), batch.free.end(), 0);
+  std::shuffle(batch.free.begin(), batch.free.end(), std::mt19937(7));
+
+  // Prefill every prompt in one step; logits at every position.
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<int> start(S, 0);
+  for (const Reference& ref : refs) tokens.push_back(ref.prompt);
+  auto logits = r.Execute(batch.Make(tokens, start, /*all_rows=*/true));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  double worst = 0;
+  int64_t row = 0;
+  std::vector<int32_t> next(S);
+  for (size_t s = 0; s < S; ++s) {
+    for (size_t i = 0; i < refs[s].prompt.size(); ++i, ++row) {
+      const double e = RowRelError(logits->data<float>() + row * vocab,
+                                   refs[s].logits.data() + i * vocab, vocab);
+      worst = std::max(worst, e);
+    }
+    next[s] = Argmax(logits->data<float>() + (row - 1) * vocab, vocab);
+    start[s] = static_cast<int>(refs[s].prompt.size());
+  }
+  const double logit_tol = dtype == DType::kF16 ? 2e-2 : 6e-2;
+  EXPECT_LT(worst, logit_tol) << model << " prefill";
+
+  // Greedy decode of the whole batch; sequence s is compared until HF's margin at a step is below
+  // what this dtype resolves (then its history may fork from HF's legitimately).
+  const double margin_floor = dtype == DType::kF16 ? 0.05 : 0.25;
+  std::vector<bool> comparing(S, true);
+  int compared = 0;
+  size_t steps = 0;
+  for (const Reference& ref : refs) steps = std::max(steps, ref.greedy.size());
+  for (size_t step = 0; step < steps; ++step) {
+    for (size_t s = 0; s < S; ++s) {
+      if (!comparing[s]) continue;
+      if (step >= refs[s].greedy.size() || refs[s].margins[step] < margin_floor) {
+        comparing[s] = false;
+        continue;
+      }
+      EXPECT_EQ(next[s], refs[s].greedy[step]) << model << " seq " << s << " step " << step;
+      if (next[s] != refs[s].greedy[step]) comparing[s] = false;
+      ++compared;
+    }
+    if (step + 1 == steps) break;
+    tokens.clear();
+    for (size_t s = 0; s < S; ++s) tokens.push_back({next[s]});
+    const StepInput in = batch.Make(tokens, start, false);
+    if (step % 2 == 0) {
+      auto out = r.Execute(in);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (size_t s = 0; s < S; ++s) next[s] = Argmax(out->data<float>() + s * vocab, vocab);
+    } else {
+      std::vector<RowSamplingParams> greedy(S);
+      auto out = r.ExecuteAndSample(in, greedy);
+      ASSERT_TRUE(out.ok()) << out.status();
+      next = *out;
+    }
+    for (size_t s = 0; s < S; ++s) ++start[s];
+  }
+  std::printf("%s %s block %d: largest relative logit error %.3g, %d greedy steps equal, "
+              "%d CUDA graphs\n",
+              model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, worst, compared,
+              r.model().num_cuda_graphs());
+  EXPECT_GT(compared, 40);
+  EXPECT_GT(r.model().num_cuda_graphs(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, HfParityCuda,
+    ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
+                       ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16)),
+    [](const auto& info) {
+      std::string name = std::get<0>(info.param) + "_" +
+                         std::string(DTypeName(std::get<1>(info.param))) + "_block" +
+                         std::to_string(std::get<2>(info.param));
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+TEST(GptBigCodeCuda, KvPoolSizedFromFreeMemoryAndBlockCopy) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto collectives = MakeLocalCollectives();
+  LoadOptions load;
+  load.model_dir = FixtureDir("tiny-mqa-d128");
+  load.dtype = DType::kF16;
+  GptBigCodeRunnerOptions opts;
+  opts.device = Device::kCuda;
+  opts.gpu_memory_utilization = 0.02;
+  auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  GptBigCodeRunner& r = **runner;
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  const int64_t per_block = r.kv_bytes_per_token() * r.block_size();
+  EXPECT_EQ(r.kv_bytes_per_token(), 2 * 1 * 128 * 2);  // K and V, 1 layer, D 128, fp16
+  EXPECT_GT(r.num_kv_blocks(), 0);
+  EXPECT_LE(r.num_kv_blocks() * per_block, 0.02 * total);
+
+  // Block copy on the device: fill two blocks through a step, copy one onto a third.
+  PagedKvCache& cache = r.kv_cache();
+  const int64_t block_bytes = cache.key(0).nbytes() / cache.num_blocks();
+  std::vector<uint8_t> pattern(block_bytes);
+  std::mt19937 rng(3);
+  for (auto& b : pattern) b = rng();
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(cache.value(0).raw()) + 1 * block_bytes, pattern.data(),
+                       block_bytes, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const BlockCopy copy{1, 5};
+  ASSERT_TRUE(cache.CopyBlocks(absl::MakeConstSpan(&copy, 1), r.model().cuda_stream()).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> got(block_bytes);
+  ASSERT_EQ(cudaMemcpy(got.data(), static_cast<char*>(cache.value(0).raw()) + 5 * block_bytes,
+                       block_bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(got, pattern);
+}
+
+}  // namespace
+}  // namespace mqa
