@@ -98,6 +98,8 @@ const std::map<std::string, Flag>& Flags() {
                              Text(&Options::served_model_name)}},
       {"shutdown-timeout", {"seconds to finish in-flight requests after SIGTERM",
                             Number(&Options::shutdown_timeout)}},
+      {"peer-timeout", {"seconds without an answer from another rank before the job is ended",
+                        Number(&Options::peer_timeout)}},
       {"prompt", {"generate: the prompt text", Text(&Options::prompt)}},
       {"max-tokens", {"generate: tokens to generate", Number(&Options::max_tokens)}},
       {"temperature", {"generate: 0 is greedy", Number(&Options::temperature)}},
@@ -161,6 +163,7 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError("generate needs --prompt");
   }
   if (o.port < 0 || o.port > 65535) return absl::InvalidArgumentError("--port out of range");
+  if (o.peer_timeout <= 0) return absl::InvalidArgumentError("--peer-timeout must be positive");
   return o;
 }
 

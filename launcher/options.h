@@ -41,6 +41,9 @@ struct Options {
   std::string api_key;
   std::string served_model_name;         // default: the model folder's name
   double shutdown_timeout = 10.0;        // seconds to finish in-flight requests on SIGTERM
+  // A collective or plan that another rank has not answered within this many seconds means that
+  // rank is gone or stuck: rank 0 fails the requests in flight and ends the job.
+  double peer_timeout = 30.0;
   // `generate` subcommand.
   std::string prompt;
   int max_tokens = 64;

@@ -385,7 +385,9 @@ absl::Status RunRank(const Options& o, const World& world) {
   if (world.size() == 1) {
     collectives = MakeLocalCollectives();
   } else {
-    ASSIGN_OR_RETURN(collectives, MakeMpiCollectives(world));
+    CollectivesOptions collectives_options;
+    collectives_options.timeout = absl::Seconds(o.peer_timeout);
+    ASSIGN_OR_RETURN(collectives, MakeMpiCollectives(world, collectives_options));
   }
   GptBigCodeRunnerOptions runner_options;
   runner_options.block_size = o.block_size;
@@ -410,10 +412,14 @@ absl::Status RunRank(const Options& o, const World& world) {
   PlanCodecOptions codec;
   codec.block_size = o.block_size;
   if (world.size() > 1) {
-    ASSIGN_OR_RETURN(channel, ControlChannel::Create(world));
+    ControlChannelOptions channel_options;
+    channel_options.send_timeout = absl::Seconds(o.peer_timeout);
+    ASSIGN_OR_RETURN(channel, ControlChannel::Create(world, channel_options));
     if (!world.is_root()) {
       WorkerOptions worker;
       worker.codec = codec;
+      // Rank 0 sends a keep-alive plan every second while idle.
+      worker.receive_timeout = absl::Seconds(std::max(o.peer_timeout, 5.0));
       return RunWorker(*channel, *runner, worker);
     }
     auto wrapped = std::make_unique<DistributedRunner>(std::move(runner), channel.get(), codec);
@@ -424,8 +430,10 @@ absl::Status RunRank(const Options& o, const World& world) {
   ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(runner), engine_options));
   absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len);
   // Workers leave their loop only on the shutdown plan (or their timeout).
-  bool workers_done = true;
-  if (distributed != nullptr) {
+  // (Not after a peer failure: a shutdown plan would only wait for the rank that is gone.)
+  const bool peer_failed = absl::IsDeadlineExceeded(result) || absl::IsInternal(result);
+  bool workers_done = !peer_failed;
+  if (distributed != nullptr && !peer_failed) {
     absl::Status shutdown = distributed->Shutdown();
     workers_done = shutdown.ok();
     if (result.ok()) result = shutdown;
