@@ -146,6 +146,15 @@ absl::Status CheckPortFree(const std::string& host, int port) {
   return absl::OkStatus();
 }
 
+// The host a client should use for --host: a wildcard bind (0.0.0.0, ::) is no use to someone
+// reading a batch job's output, so it names this node instead.
+std::string ConnectHost(const std::string& host) {
+  if (!host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]") return host;
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return host;
+  return name;
+}
+
 // Prints this rank's weight-loading progress (bytes, tensors, elapsed) to stderr at most once per
 // interval, so that loading a large checkpoint does not leave the terminal silent. The interval
 // is MQASERVE_PROGRESS_INTERVAL seconds (default 2; 0 prints every tensor). Called on the loading
@@ -289,7 +298,8 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
                                                started.message()));
   }
   std::fprintf(stderr, "mqaserve: serving %s on http://%s:%d (OpenAI API at /v1)\n",
-               server_options.served_model_name.c_str(), o.host.c_str(), server.port());
+               server_options.served_model_name.c_str(), ConnectHost(o.host).c_str(),
+               server.port());
   server.SetReady();
 
   // First signal: refuse new requests, let the ones in flight finish for up to
