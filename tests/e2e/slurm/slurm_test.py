@@ -11,6 +11,8 @@ Starts (installing it first if needed) the one-node cluster of scripts/slurm-set
      address rank 0 listens on, /health must turn 200, a /v1/completions request must return the
      same greedy text; then `scancel` must end every rank (their pids gone, both ranks log that
      they stopped) and leave the job CANCELLED.
+  3. start-up error: the same example with a missing model folder must end FAILED, non-zero,
+     with one `mqaserve: error:` line from rank 0.
 Everything is bounded in time; jobs are cancelled and the daemons this test started are stopped
 on the way out. Exit 0 when all checks pass, 1 otherwise, 77 (skipped) when Slurm cannot be set up
 here (not root).
@@ -225,6 +227,28 @@ def serve_job(mqaserve, model, env, tmp, expected, jobs):
         check("serve job: the endpoint is gone after scancel", True)
 
 
+def startup_error_job(mqaserve, env, tmp, jobs):
+    """The example job with a model folder that does not exist: the job must fail fast with one
+    line from rank 0 and a non-zero exit code."""
+    missing = os.path.join(tmp, "no-such-model")
+    out = os.path.join(tmp, "error-%j.out")
+    job_env = dict(env, MQASERVE=mqaserve, MQASERVE_MODEL=missing, MQASERVE_HOST="127.0.0.1",
+                   MQASERVE_PORT=str(free_port()))
+    job = run(["sbatch", "--parsable", f"--output={out}", f"--chdir={REPO}", "--time=00:05:00",
+               EXAMPLE], env=job_env).stdout.strip().split(";")[0]
+    jobs.append(job)
+    state = wait_state(job, env, TERMINAL, 120)
+    fields = job_fields(job, env)
+    text = read(out.replace("%j", job))
+    ours = [l for l in text.splitlines() if l.startswith("mqaserve")]
+    check("start-up error job: FAILED with a non-zero exit code",
+          state == "FAILED" and fields.get("ExitCode", "0:0") != "0:0",
+          f"state {state}, exit {fields.get('ExitCode')}")
+    check("start-up error job: one line from rank 0 names the missing folder",
+          len(ours) == 1 and ours[0].startswith("mqaserve: error: ") and missing in ours[0],
+          text)
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -246,6 +270,7 @@ def main():
             os.chmod(tmp, 0o755)
             generate_job(mqaserve, model, env, tmp, expected, jobs)
             serve_job(mqaserve, model, env, tmp, expected, jobs)
+            startup_error_job(mqaserve, env, tmp, jobs)
     except Exception as e:  # a broken step is a failure with its message, never a hang
         check("no unexpected error", False, f"{type(e).__name__}: {e}")
     finally:
