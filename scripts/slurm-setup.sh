@@ -28,8 +28,14 @@ NODE=$(hostname -s)
 
 log() { echo "slurm-setup: $*" >&2; }
 
-alive() {  # alive PIDFILE: the pid in the file is a running process
-  [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
+alive() {  # alive PIDFILE: the pid in the file is a running process (not a zombie: where pid 1
+           # does not reap orphans, a killed daemon stays a zombie that `kill -0` still finds)
+  [[ -f "$1" ]] || return 1
+  local pid state
+  pid=$(cat "$1")
+  kill -0 "$pid" 2>/dev/null || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)
+  [[ -n "$state" && "$state" != Z ]]
 }
 
 install_packages() {
@@ -122,8 +128,8 @@ stop_all() {
       pid=$(cat "$f")
       log "stopping $(basename "$f" .pid) (pid $pid)"
       kill "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do alive "$f" || break; sleep 0.2; done
+      if alive "$f"; then kill -9 "$pid" 2>/dev/null || true; fi
     fi
     rm -f "$f"
   done

@@ -17,6 +17,7 @@ Everything is bounded in time; jobs are cancelled and the daemons this test star
 on the way out. Exit 0 when all checks pass, 1 otherwise, 77 (skipped) when Slurm cannot be set up
 here (not root).
 """
+import fcntl
 import json
 import os
 import re
@@ -254,10 +255,22 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     mqaserve, model = (os.path.abspath(a) for a in sys.argv[1:])
-    was_running = subprocess.run([SETUP, "status"]).returncode == 0
-    if not was_running and os.geteuid() != 0:
+    if os.geteuid() != 0 and subprocess.run([SETUP, "status"]).returncode != 0:
         print("SKIP: needs root to install and start Slurm (scripts/slurm-setup.sh)")
         return 77
+    # One run at a time on a machine: another run's `stop` would end this run's jobs.
+    lock = open(os.path.join(tempfile.gettempdir(), "mqa-slurm-test.lock"), "w")
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                check("another Slurm test run ended in time", False, "waited 600 s for its lock")
+                return 1
+            time.sleep(1)
+    was_running = subprocess.run([SETUP, "status"]).returncode == 0
     jobs = []
     env = dict(os.environ)
     env["SLURM_CONF"] = run([SETUP, "env"]).stdout.strip().split("=", 1)[1]
