@@ -350,6 +350,7 @@ absl::Status RunRank(const Options& o, const World& world) {
   ModelConfig config;
   std::optional<Tokenizer> tokenizer;
   LoadOptions load;
+  int cuda_device = -1;  // --device cuda: this rank's GPU (its node-local rank)
   auto check = [&]() -> absl::Status {
     if (o.tensor_parallel_size > 0 && o.tensor_parallel_size != world.size()) {
       return absl::InvalidArgumentError(
@@ -373,7 +374,7 @@ absl::Status RunRank(const Options& o, const World& world) {
             " (none visible to the driver, or mqaserve was built without CUDA); "
             "use --device cpu or run where GPUs are"));
       }
-      RETURN_IF_ERROR(DeviceForRank(world, devices).status());
+      ASSIGN_OR_RETURN(cuda_device, DeviceForRank(world, devices));
       return absl::UnimplementedError("--device cuda: the CUDA forward is not wired in yet");
     }
     ASSIGN_OR_RETURN(load.dtype, ResolveDType(o, config));
