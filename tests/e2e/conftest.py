@@ -2,7 +2,8 @@
 
 Environment:
   MQA_SERVER_URL   base URL of the server (default http://127.0.0.1:8000).
-  MQA_SERVER_CMD   shell command that starts the server on that URL, e.g.
+  MQA_SERVER_CMD   shell command that starts the server on that URL (or, when it holds "{port}",
+                   on a free port of 127.0.0.1 put there), e.g.
                    "mpirun -np 2 build/bin/mqaserve --model models/demo --device cpu --port 8000".
                    Started once per session in its own process group, waited for until /health
                    answers 200, and stopped with SIGTERM at the end (SIGKILL after a grace period).
@@ -15,6 +16,7 @@ When neither MQA_SERVER_CMD is set nor a server answers at the URL, the tests ar
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -79,6 +81,12 @@ def server():
     api_key = os.environ.get("MQA_API_KEY", "")
     command = os.environ.get("MQA_SERVER_CMD")
     process = None
+    if command and "{port}" in command:  # a free port, so that runs never collide
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        command = command.replace("{port}", str(port))
+        url = f"http://127.0.0.1:{port}"
     if command:
         process = subprocess.Popen(command, shell=True, start_new_session=True)
         deadline = time.monotonic() + float(os.environ.get("MQA_SERVER_START_TIMEOUT", "300"))
