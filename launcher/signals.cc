@@ -1,5 +1,6 @@
 #include "launcher/signals.h"
 
+#include <atomic>
 #include <csignal>
 
 namespace mqa {
@@ -15,11 +16,32 @@ sigset_t WatchedSignals() {
   return set;
 }
 
+// Threads started before main (OpenBLAS's pool) do not inherit the blocked mask, so the kernel may
+// deliver SIGTERM to one of them. The handler passes it on to the watcher thread, or keeps it for
+// the watcher to find when none is running yet (workers never start one: they stop on rank 0's
+// shutdown plan).
+std::atomic<pthread_t*> g_watcher{nullptr};
+std::atomic<int> g_pending_signal{0};
+
+void ForwardToWatcher(int signal) {
+  if (pthread_t* watcher = g_watcher.load()) {
+    pthread_kill(*watcher, signal);  // async-signal-safe
+  } else {
+    g_pending_signal.store(signal);
+  }
+}
+
 }  // namespace
 
 void BlockTerminationSignals() {
   const sigset_t set = WatchedSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  struct sigaction action = {};
+  action.sa_handler = ForwardToWatcher;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
   // A client that disconnects mid-write must be an error return, not a dead process.
   std::signal(SIGPIPE, SIG_IGN);
 }
@@ -38,10 +60,15 @@ TerminationWatcher::TerminationWatcher(std::function<void()> on_first,
       }
     }
   });
+  handle_ = thread_.native_handle();
+  g_watcher.store(&handle_);
+  // A signal that arrived before there was a watcher.
+  if (const int pending = g_pending_signal.exchange(0)) pthread_kill(handle_, pending);
 }
 
 TerminationWatcher::~TerminationWatcher() {
-  pthread_kill(thread_.native_handle(), SIGUSR2);
+  g_watcher.store(nullptr);
+  pthread_kill(handle_, SIGUSR2);
   thread_.join();
 }
 

@@ -1,9 +1,10 @@
 // SIGTERM / SIGINT handling for a multi-threaded, MPI-launched process.
 //
-// BlockTerminationSignals() must run first in main, before MPI or any other thread starts, so
-// that every thread inherits the blocked mask and the signals are only ever taken by sigwait in
+// BlockTerminationSignals() must run first in main, before MPI or any other thread of ours starts,
+// so that every thread inherits the blocked mask and the signals are only ever taken by sigwait in
 // one place: a TerminationWatcher's thread (rank 0), or nowhere (workers, which stop when rank 0
-// sends the shutdown plan; mpirun forwards SIGTERM to every rank).
+// sends the shutdown plan; mpirun and Slurm signal every rank). Threads that libraries start
+// before main (OpenBLAS) keep the signals unblocked: a handler forwards what lands there.
 #pragma once
 
 #include <functional>
@@ -25,6 +26,7 @@ class TerminationWatcher {
 
  private:
   std::thread thread_;
+  pthread_t handle_;
 };
 
 }  // namespace mqa
