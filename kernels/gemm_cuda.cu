@@ -37,16 +37,16 @@ absl::Status CheckGemm(const GemmParams& p, const char* who) {
 // --- Skinny kernel ---------------------------------------------------------------------------
 
 constexpr int kSkinnyWarps = 4;
-constexpr int kSkinnyRows = 2;    // weight rows (output columns) per warp
 constexpr int kSkinnyUnroll = 4;  // 16-byte weight loads in flight per row and lane
 
-template <typename T, int M, int kAct>
+// R: weight rows (output columns) per warp.
+template <typename T, int M, int kAct, int R>
 __global__ void __launch_bounds__(kSkinnyWarps * 32)
     SkinnyGemmKernel(const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
                      T* c, int64_t ldc, const T* __restrict__ bias, int m, int n, int k,
                      bool accumulate) {
   using V = fwd::Vec16<T>;
-  constexpr int R = kSkinnyRows, U = kSkinnyUnroll, kV = V::kN;
+  constexpr int U = kSkinnyUnroll, kV = V::kN;
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5)) * R;
   if (n0 >= n) return;
@@ -113,9 +113,9 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   }
 }
 
-template <typename T, int M>
+template <typename T, int M, int R>
 absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
-  const int per_block = kSkinnyWarps * kSkinnyRows;
+  const int per_block = kSkinnyWarps * R;
   const int64_t blocks = (p.n + per_block - 1) / per_block;
   const T* a = static_cast<const T*>(p.a);
   const T* b = static_cast<const T*>(p.b);
@@ -124,11 +124,11 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   switch (e.activation) {
     case Activation::kIdentity:
-      SkinnyGemmKernel<T, M, 0><<<blocks, kSkinnyWarps * 32, 0, stream>>>(
+      SkinnyGemmKernel<T, M, 0, R><<<blocks, kSkinnyWarps * 32, 0, stream>>>(
           a, p.lda, b, p.ldb, c, p.ldc, bias, m, n, k, e.accumulate);
       break;
     case Activation::kGeluTanh:
-      SkinnyGemmKernel<T, M, 1><<<blocks, kSkinnyWarps * 32, 0, stream>>>(
+      SkinnyGemmKernel<T, M, 1, R><<<blocks, kSkinnyWarps * 32, 0, stream>>>(
           a, p.lda, b, p.ldb, c, p.ldc, bias, m, n, k, e.accumulate);
       break;
     case Activation::kGeluErf:
@@ -190,7 +190,8 @@ absl::Status LaunchSimple(const GemmParams& p, const GemmEpilogue& e, cudaStream
 
 }  // namespace
 
-absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
+absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                            int rows_per_warp) {
   RETURN_IF_ERROR(CheckGemm(p, "SkinnyGemmCuda"));
   if (e.accumulate && e.activation != Activation::kIdentity) {
     return absl::InvalidArgumentError("GEMM: accumulate needs the identity activation");
@@ -200,11 +201,21 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
       !fwd::Aligned16(p.a) || !fwd::Aligned16(p.b) || e.activation == Activation::kGeluErf) {
     return absl::UnimplementedError("SkinnyGemmCuda: shape or alignment not supported");
   }
+  auto with_rows = [&]<typename T, int R>() -> absl::Status {
+    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream);
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream);
+    return LaunchSkinny<T, 8, R>(p, e, stream);
+  };
   auto with_type = [&]<typename T>() -> absl::Status {
-    if (p.m == 1) return LaunchSkinny<T, 1>(p, e, stream);
-    if (p.m == 2) return LaunchSkinny<T, 2>(p, e, stream);
-    if (p.m <= 4) return LaunchSkinny<T, 4>(p, e, stream);
-    return LaunchSkinny<T, 8>(p, e, stream);
+    switch (rows_per_warp) {
+      case 1:
+        return with_rows.template operator()<T, 1>();
+      case 4:
+        return with_rows.template operator()<T, 4>();
+      default:
+        return with_rows.template operator()<T, 2>();
+    }
   };
   return p.dtype == DType::kF16 ? with_type.template operator()<__half>()
                                 : with_type.template operator()<__nv_bfloat16>();
@@ -251,7 +262,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   if (options_.skinny) {
-    const absl::Status s = SkinnyGemmCuda(p, e, stream);
+    const absl::Status s = SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp);
     if (!absl::IsUnimplemented(s)) return s;
   }
   return RunLt(p, e, stream);

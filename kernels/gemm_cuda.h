@@ -38,6 +38,7 @@ class CudaGemm {
   struct Options {
     size_t workspace_bytes = size_t{32} << 20;
     bool skinny = true;      // the decode kernel for m <= kSkinnyMaxM
+    int skinny_rows_per_warp = 2;  // weight rows one warp streams at a time: 1, 2 or 4
   };
   static constexpr int kSkinnyMaxM = 8;
 
@@ -51,6 +52,7 @@ class CudaGemm {
   absl::Status Run(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream);
 
   void set_skinny(bool on) { options_.skinny = on; }
+  void set_skinny_rows_per_warp(int rows) { options_.skinny_rows_per_warp = rows; }
   bool skinny() const { return options_.skinny; }
 
  private:
@@ -66,6 +68,7 @@ class CudaGemm {
 };
 
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
-absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream);
+absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
+                            int rows_per_warp = 2);
 
 }  // namespace mqa

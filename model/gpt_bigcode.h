@@ -122,8 +122,9 @@ class GptBigCode {
   Device device() const { return ctx_.device; }
   // The cudaStream_t every CUDA launch of this model goes to (null on the CPU).
   void* cuda_stream() const { return ctx_.stream; }
-  // The CUDA GEMM (benchmarks switch the skinny kernel); null on the CPU.
-  void set_skinny_gemm(bool on);
+  // Benchmarks switch the skinny decode GEMM (and its weight rows per warp: 1, 2 or 4); no-op on
+  // the CPU. Drops captured graphs.
+  void set_skinny_gemm(bool on, int rows_per_warp = 2);
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
 

@@ -108,9 +108,10 @@ void GptBigCode::ClearCudaGraphs() {
   if (cuda_) cuda_->ClearGraphs();
 }
 
-void GptBigCode::set_skinny_gemm(bool on) {
+void GptBigCode::set_skinny_gemm(bool on, int rows_per_warp) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny(on);
+  cuda_->gemm->set_skinny_rows_per_warp(rows_per_warp);
   ClearCudaGraphs();
 }
 
@@ -359,7 +360,7 @@ struct GptBigCode::CudaState {};
 void GptBigCode::CudaStateDeleter::operator()(CudaState* s) const { delete s; }
 GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
-void GptBigCode::set_skinny_gemm(bool) {}
+void GptBigCode::set_skinny_gemm(bool, int) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

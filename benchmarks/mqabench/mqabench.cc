@@ -2,7 +2,7 @@
 //
 //   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
-//       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|cublaslt|both]
+//       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -237,15 +237,19 @@ absl::Status Latency(const Flags& f) {
                                       std::max(256, f.batch_size)));
   GptBigCodeRunner& r = *s.runner;
   const double floor_ms = s.weight_bytes / s.copy_bw * 1e3;
+  // skinny = skinny2 (two weight rows per warp); "both": skinny2 and cuBLASLt; "all": every one.
   std::vector<std::string> variants;
   if (f.gemm == "both") {
-    variants = {"skinny", "cublaslt"};
+    variants = {"skinny2", "cublaslt"};
+  } else if (f.gemm == "all") {
+    variants = {"skinny1", "skinny2", "skinny4", "cublaslt"};
   } else {
-    variants = {f.gemm};
+    variants = {f.gemm == "skinny" ? "skinny2" : f.gemm};
   }
   std::mt19937 rng(f.seed + 1);
   for (const std::string& variant : variants) {
-    r.model().set_skinny_gemm(variant != "cublaslt");
+    const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
+    r.model().set_skinny_gemm(variant != "cublaslt", rows);
     std::vector<double> latencies, prefills, steps;
     for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
       Blocks blocks(r.num_kv_blocks(), bs);

@@ -21,7 +21,7 @@ struct Shape {
   int64_t m, n, k, pad;  // pad: extra elements at the end of each row of A and B
 };
 
-class GemmCudaTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {
+class GemmCudaTest : public ::testing::TestWithParam<std::tuple<DType, int>> {
  protected:
   void SetUp() override {
     if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -30,9 +30,11 @@ class GemmCudaTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {
 };
 
 TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
-  const auto [t, skinny] = GetParam();
+  const auto [t, rows] = GetParam();  // rows: the skinny kernel's rows per warp; 0: cuBLASLt only
+  const bool skinny = rows > 0;
   CudaGemm::Options options;
   options.skinny = skinny;
+  options.skinny_rows_per_warp = rows;
   auto gemm = CudaGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   const Shape shapes[] = {{1, 6400, 6144, 0}, {3, 2304, 2048, 8}, {8, 4096, 1024, 0},
@@ -93,8 +95,8 @@ TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
 }
 
 TEST_P(GemmCudaTest, SkinnyKernelRefusesWhatItCannotDo) {
-  const auto [t, skinny] = GetParam();
-  if (!skinny) GTEST_SKIP() << "skinny-only";
+  const auto [t, rows] = GetParam();
+  if (rows != 2) GTEST_SKIP() << "once is enough";
   GemmParams p;
   p.a = p.b = p.c = reinterpret_cast<void*>(256);
   p.m = 9;
@@ -108,10 +110,11 @@ TEST_P(GemmCudaTest, SkinnyKernelRefusesWhatItCannotDo) {
 
 INSTANTIATE_TEST_SUITE_P(All, GemmCudaTest,
                          ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16),
-                                            ::testing::Bool()),
+                                            ::testing::Values(0, 1, 2, 4)),
                          [](const auto& info) {
+                           const int rows = std::get<1>(info.param);
                            return std::string(DTypeName(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) ? "_skinny" : "_cublaslt");
+                                  (rows ? "_skinny" + std::to_string(rows) : "_cublaslt");
                          });
 
 }  // namespace
