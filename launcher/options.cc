@@ -100,6 +100,8 @@ const std::map<std::string, Flag>& Flags() {
                             Number(&Options::shutdown_timeout)}},
       {"peer-timeout", {"seconds without an answer from another rank before the job is ended",
                         Number(&Options::peer_timeout)}},
+      {"debug-check-mirror", Switch(&Options::debug_check_mirror, true,
+                                    "workers check their block tables against rank 0's each step")},
       {"prompt", {"generate: the prompt text", Text(&Options::prompt)}},
       {"max-tokens", {"generate: tokens to generate", Number(&Options::max_tokens)}},
       {"temperature", {"generate: 0 is greedy", Number(&Options::temperature)}},

@@ -44,6 +44,8 @@ struct Options {
   // A collective or plan that another rank has not answered within this many seconds means that
   // rank is gone or stuck: rank 0 fails the requests in flight and ends the job.
   double peer_timeout = 30.0;
+  // Debug: every StepPlan carries a hash of rank 0's block-table mirror; workers check theirs.
+  bool debug_check_mirror = false;
   // `generate` subcommand.
   std::string prompt;
   int max_tokens = 64;

@@ -422,6 +422,7 @@ absl::Status RunRank(const Options& o, const World& world) {
   DistributedRunner* distributed = nullptr;
   PlanCodecOptions codec;
   codec.block_size = o.block_size;
+  codec.send_mirror_hash = o.debug_check_mirror;
   if (world.size() > 1) {
     ControlChannelOptions channel_options;
     channel_options.send_timeout = absl::Seconds(o.peer_timeout);

@@ -31,7 +31,7 @@ for t in (1, 2, 4):
         failed += 1
         print(f"T={t}: greedy differs from HF\n{greedy}\n---\n{hf}")
     sampled[t] = generate(t, "--max-tokens", "40", "--temperature", "0.8", "--top-p", "0.95",
-                          "--sample-seed", "1234")
+                          "--sample-seed", "1234", "--debug-check-mirror")
 for t in (2, 4):
     if sampled[t] == sampled[1]:
         passed += 1
