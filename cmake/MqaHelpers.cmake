@@ -35,3 +35,34 @@ function(mqa_add_test)
     set_tests_properties(${T_NAME} PROPERTIES TIMEOUT 300)
   endif()
 endfunction()
+
+# mqa_add_script_test(NAME name COMMAND cmd args... [LABELS ...] [TIMEOUT s] [ENVIRONMENT k=v ...]
+#                     [SERIAL] [NO_SKIPS] [SKIP_RETURN_CODE n])
+#
+# A test that runs a command (a Python test driving the built binaries, a fuzzer): MQA_SOURCE_DIR
+# and mpirun's run-as-root variables are set. NO_SKIPS fails a pytest run that skipped anything
+# (the server it needs is always started, so a skip would hide a failure).
+function(mqa_add_script_test)
+  cmake_parse_arguments(T "SERIAL;NO_SKIPS" "NAME;TIMEOUT;SKIP_RETURN_CODE"
+                        "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
+  add_test(NAME ${T_NAME} COMMAND ${T_COMMAND})
+  set_tests_properties(${T_NAME} PROPERTIES
+    ENVIRONMENT "MQA_SOURCE_DIR=${PROJECT_SOURCE_DIR};OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;${T_ENVIRONMENT}")
+  if(T_TIMEOUT)
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
+  else()
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT 300)
+  endif()
+  if(T_LABELS)
+    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+  if(T_SERIAL)
+    set_tests_properties(${T_NAME} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+  if(T_NO_SKIPS)
+    set_tests_properties(${T_NAME} PROPERTIES FAIL_REGULAR_EXPRESSION "[0-9]+ skipped")
+  endif()
+  if(T_SKIP_RETURN_CODE)
+    set_tests_properties(${T_NAME} PROPERTIES SKIP_RETURN_CODE ${T_SKIP_RETURN_CODE})
+  endif()
+endfunction()
