@@ -9,6 +9,10 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }
 
+absl::Status SetCudaDevice(int) {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+
 absl::StatusOr<double> CudaSmokeSum(int, float) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }

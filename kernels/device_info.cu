@@ -35,6 +35,11 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal) {
   return info;
 }
 
+absl::Status SetCudaDevice(int ordinal) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> CudaSmokeSum(int n, float scale) {
   float* d = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMalloc(&d, sizeof(float) * n));

@@ -22,6 +22,10 @@ int CudaDeviceCount();
 // Properties of device `ordinal`; an error in a CPU-only build or for a bad ordinal.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal);
 
+// Makes `ordinal` the calling thread's current device (cudaSetDevice); an error in a CPU-only
+// build or for a bad ordinal.
+absl::Status SetCudaDevice(int ordinal);
+
 // A trivial kernel round-trip (fills a device buffer with `n` floats i*scale and copies back):
 // proves that the binary, its bundled libraries and the driver work together.
 absl::StatusOr<double> CudaSmokeSum(int n, float scale);

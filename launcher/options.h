@@ -46,6 +46,9 @@ struct Options {
   double peer_timeout = 30.0;
   // Debug: every StepPlan carries a hash of rank 0's block-table mirror; workers check theirs.
   bool debug_check_mirror = false;
+  // Testing: several ranks of a node share its GPUs (rank r uses GPU r % count) and talk over MPI
+  // (host-staged) instead of NCCL, which refuses two ranks on one device.
+  bool share_gpu = false;
   // `generate` subcommand.
   std::string prompt;
   int max_tokens = 64;

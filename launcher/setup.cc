@@ -215,7 +215,10 @@ absl::StatusOr<DType> ResolveDType(const Options& o, const ModelConfig& config) 
   }
   if (o.dtype == "float16") return DType::kF16;
   if (o.dtype == "bfloat16") return DType::kBF16;
-  if (o.dtype == "float32") return DType::kF32;
+  if (o.dtype == "float32") {
+    return absl::InvalidArgumentError(
+        "--dtype float32: the CUDA backend runs float16 or bfloat16 (use auto, float16 or bfloat16)");
+  }
   return config.checkpoint_dtype == DType::kBF16 ? DType::kBF16 : DType::kF16;
 }
 
@@ -374,8 +377,12 @@ absl::Status RunRank(const Options& o, const World& world) {
             " (none visible to the driver, or mqaserve was built without CUDA); "
             "use --device cpu or run where GPUs are"));
       }
-      ASSIGN_OR_RETURN(cuda_device, DeviceForRank(world, devices));
-      return absl::UnimplementedError("--device cuda: the CUDA forward is not wired in yet");
+      if (o.share_gpu) {
+        cuda_device = world.local_rank() % devices;
+      } else {
+        ASSIGN_OR_RETURN(cuda_device, DeviceForRank(world, devices));
+      }
+      RETURN_IF_ERROR(SetCudaDevice(cuda_device));
     }
     ASSIGN_OR_RETURN(load.dtype, ResolveDType(o, config));
     if (world.is_root()) {
@@ -392,18 +399,29 @@ absl::Status RunRank(const Options& o, const World& world) {
   load.seed = o.seed;
   LoadProgress progress(world, config);
   load.progress = [&progress](uint64_t bytes, int64_t tensors) { progress(bytes, tensors); };
+  const bool cuda = o.device == "cuda";
   std::unique_ptr<Collectives> collectives;
+  CollectivesOptions collectives_options;
+  collectives_options.timeout = absl::Seconds(o.peer_timeout);
   if (world.size() == 1) {
     collectives = MakeLocalCollectives();
+  } else if (cuda && !o.share_gpu) {
+    ASSIGN_OR_RETURN(collectives, MakeNcclCollectives(world, cuda_device, collectives_options));
   } else {
-    CollectivesOptions collectives_options;
-    collectives_options.timeout = absl::Seconds(o.peer_timeout);
     ASSIGN_OR_RETURN(collectives, MakeMpiCollectives(world, collectives_options));
   }
   GptBigCodeRunnerOptions runner_options;
   runner_options.block_size = o.block_size;
   runner_options.num_kv_blocks = o.num_kv_blocks;
-  runner_options.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_memory_gib * (1LL << 30));
+  if (cuda) {
+    runner_options.device = Device::kCuda;
+    // The pool is sized from free memory after a profiling forward unless --num-kv-blocks says.
+    // Ranks that share a GPU (--share-gpu) share its memory too.
+    runner_options.gpu_memory_utilization =
+        o.gpu_memory_utilization / (o.share_gpu ? world.local_size() : 1);
+  } else {
+    runner_options.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_memory_gib * (1LL << 30));
+  }
   runner_options.max_batched_tokens = o.max_num_batched_tokens;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
