@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "model/gpt_bigcode_runner.h"
-#include "nlohmann/json.hpp"
 #include "parallel/collectives.h"
 #include "runtime/engine.h"
+#include "tests/model/hf_fixture.h"
 
 namespace mqa {
 namespace {
@@ -23,22 +23,16 @@ struct Case {
   std::vector<int32_t> greedy;  // HF's tokens, cut before the first step with a margin < 1e-4
 };
 
-std::string FixtureDir(const std::string& model) {
-  const char* src = std::getenv("MQA_SOURCE_DIR");
-  return std::string(src ? src : ".") + "/tests/fixtures/models/" + model;
-}
+using testing::FixtureModelDir;
 
+// HF's prompts and greedy tokens, cut before the first step whose top-1 margin is under 1e-4.
 std::vector<Case> LoadCases(const std::string& dir) {
-  std::ifstream f(dir + "/reference.json");
-  EXPECT_TRUE(f.good()) << dir;
-  const nlohmann::json j = nlohmann::json::parse(f);
   std::vector<Case> cases;
-  for (const auto& p : j["prompts"]) {
+  for (const testing::HfReference& r : testing::LoadHfReferences(dir, /*vocab=*/0)) {
     Case c;
-    c.prompt = p["prompt"].get<std::vector<int32_t>>();
-    for (const auto& s : p["greedy"]) {
-      if (s["margin"].get<double>() < 1e-4) break;
-      c.greedy.push_back(s["token"].get<int32_t>());
+    c.prompt = r.prompt;
+    for (size_t i = 0; i < r.greedy.size() && r.margins[i] >= 1e-4; ++i) {
+      c.greedy.push_back(r.greedy[i]);
     }
     cases.push_back(std::move(c));
   }
@@ -62,7 +56,7 @@ struct RunResult {
 RunResult RunEngine(const std::string& model, const std::vector<Case>& cases, const EngineSetup& s) {
   auto collectives = MakeLocalCollectives();
   LoadOptions load;
-  load.model_dir = FixtureDir(model);
+  load.model_dir = FixtureModelDir(model);
   GptBigCodeRunnerOptions ro;
   ro.block_size = s.block_size;
   ro.num_kv_blocks = s.num_kv_blocks;
@@ -126,7 +120,7 @@ class EngineHfParity : public ::testing::TestWithParam<std::string> {
  protected:
   void Check(const EngineSetup& setup, const char* what, bool expect_preemption = false,
              bool expect_cache_hits = false) {
-    std::vector<Case> cases = LoadCases(FixtureDir(GetParam()));
+    std::vector<Case> cases = LoadCases(FixtureModelDir(GetParam()));
     ASSERT_GE(cases.size(), 5u);
     // Repeat the longest prompts, so that prefix caching has something to find.
     cases.push_back(cases[4]);

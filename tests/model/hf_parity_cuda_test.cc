@@ -21,6 +21,7 @@
 #include "model/gpt_bigcode_runner.h"
 #include "nlohmann/json.hpp"
 #include "parallel/collectives.h"
+#include "tests/model/hf_fixture.h"
 
 namespace mqa {
 namespace {
@@ -30,37 +31,8 @@ bool HaveGpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-std::string FixtureDir(const std::string& model) {
-  const char* src = std::getenv("MQA_SOURCE_DIR");
-  return std::string(src ? src : ".") + "/tests/fixtures/models/" + model;
-}
-
-struct Reference {
-  std::vector<int32_t> prompt;
-  std::vector<float> logits;  // [prompt_len, vocab]
-  std::vector<int32_t> greedy;
-  std::vector<double> margins;
-};
-
-std::vector<Reference> LoadReferences(const std::string& dir, int64_t vocab) {
-  std::ifstream f(dir + "/reference.json");
-  EXPECT_TRUE(f.good()) << "missing " << dir << "/reference.json";
-  nlohmann::json j = nlohmann::json::parse(f);
-  std::vector<Reference> refs;
-  for (const auto& p : j["prompts"]) {
-    Reference r;
-    r.prompt = p["prompt"].get<std::vector<int32_t>>();
-    r.logits.resize(r.prompt.size() * vocab);
-    std::ifstream lf(dir + "/" + p["logits_file"].get<std::string>(), std::ios::binary);
-    lf.read(reinterpret_cast<char*>(r.logits.data()), r.logits.size() * sizeof(float));
-    for (const auto& s : p["greedy"]) {
-      r.greedy.push_back(s["token"].get<int32_t>());
-      r.margins.push_back(s["margin"].get<double>());
-    }
-    refs.push_back(std::move(r));
-  }
-  return refs;
-}
+using testing::FixtureModelDir;
+using Reference = testing::HfReference;
 
 // Sequence s owns blocks taken from a shuffled pool as it grows.
 struct Batch {
@@ -122,7 +94,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   const auto& [model, dtype, block_size] = GetParam();
   auto collectives = MakeLocalCollectives();
   LoadOptions load;
-  load.model_dir = FixtureDir(model);
+  load.model_dir = FixtureModelDir(model);
   load.dtype = dtype;
   GptBigCodeRunnerOptions opts;
   opts.block_size = block_size;
@@ -132,7 +104,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
   const int64_t vocab = r.vocab_size();
-  const auto refs = LoadReferences(load.model_dir, vocab);
+  const auto refs = testing::LoadHfReferences(load.model_dir, vocab);
   ASSERT_GE(refs.size(), 5u);
   const size_t S = refs.size();
 
@@ -230,7 +202,7 @@ TEST(GptBigCodeCuda, KvPoolSizedFromFreeMemoryAndBlockCopy) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto collectives = MakeLocalCollectives();
   LoadOptions load;
-  load.model_dir = FixtureDir("tiny-mqa-d128");
+  load.model_dir = FixtureModelDir("tiny-mqa-d128");
   load.dtype = DType::kF16;
   GptBigCodeRunnerOptions opts;
   opts.device = Device::kCuda;
