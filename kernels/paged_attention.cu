@@ -30,6 +30,9 @@ using attention::WarpLayout;
 
 constexpr int kTileN = 64;  // KV tokens per pipeline stage
 constexpr int kMinSplitTokens = 128;
+// Block-table entries a CTA can hold in shared memory (variants 1 and 2); a split that spans
+// more blocks uses the per-stage fetch of variant 0.
+constexpr int kTableCap = 512;
 
 struct KernelArgs {
   const void* query = nullptr;
@@ -52,6 +55,9 @@ struct KernelArgs {
   int num_splits = 1;
   int chunk = 0;  // KV tokens per split, a multiple of kTileN
   float scale_log2 = 0.0f;
+  int variant = 0;       // PagedAttentionTuning::variant as launched (2 only when co-resident)
+  int table_blocks = 0;  // > 0: block-table entries per split loaded into shared memory
+  unsigned* counters = nullptr;  // variant 2: [num_seqs][num_kv_heads][row_tiles][2], zeroed
 };
 
 // --- PTX wrappers ------------------------------------------------------------------------------
@@ -100,6 +106,12 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
+__device__ __forceinline__ unsigned LdAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -144,6 +156,97 @@ struct Shape {
   static_assert(kWarpTokens % 16 == 0, "each warp needs whole k16 steps of tokens");
 };
 
+// Variant 2's in-kernel merge. Every split CTA of one (row tile, KV head, sequence) that has work
+// arrives at a counter after writing its partials and waits for the others (the launch is
+// cooperative, so they are all resident); then each merges a slice of the tile's (row, 4-dim)
+// items: `sub` lanes share an item, each folding every sub-th split with an online max, and
+// combine by shuffles. The last CTA to leave resets the counters for the next launch.
+template <typename T, int D, int kThreads>
+__device__ __forceinline__ void FusedMerge(const KernelArgs& a, int seq, int kvh, int row_tile,
+                                        int split, int row_begin, int row_last, int q_begin,
+                                        int pos0, int kv_end) {
+  const int tid = threadIdx.x;
+  const int nvalid = min(a.num_splits, (kv_end + a.chunk - 1) / a.chunk);
+  const int row_tiles = gridDim.x / a.num_splits;
+  unsigned* cnt =
+      a.counters + ((static_cast<int64_t>(seq) * a.num_kv_heads + kvh) * row_tiles + row_tile) * 2;
+  __threadfence();  // this thread's partials are visible device-wide before the arrival
+  __syncthreads();
+  if (tid == 0) {
+    atomicAdd(cnt, 1u);
+    while (LdAcquire(cnt) < static_cast<unsigned>(nvalid)) __nanosleep(32);
+    __threadfence();
+  }
+  __syncthreads();
+
+  constexpr int kC4 = D / 4;
+  const int G = a.group;
+  const int items = (row_last - row_begin + 1) * kC4;
+  const int per_cta = (items + nvalid - 1) / nvalid;
+  int sub = 32;
+  while (sub > 1 && sub * per_cta > kThreads) sub >>= 1;
+  const int groups = kThreads / sub;
+  const int iters = (per_cta + groups - 1) / groups;
+  const int j = tid & (sub - 1);
+  const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
+  for (int k = 0; k < iters; ++k) {  // uniform trip count: every lane reaches the shuffles
+    const int local = k * groups + tid / sub;
+    const int gi = split * per_cta + local;
+    const bool ok = local < per_cta && gi < items;
+    float m = -INFINITY, wsum = 0.0f;
+    float4 acc = make_float4(0, 0, 0, 0);
+    int64_t row0 = 0;
+    int c = 0;
+    if (ok) {
+      const int row = row_begin + gi / kC4;
+      c = gi % kC4;
+      const int token = q_begin + row / G;
+      const int head = kvh * G + row % G;
+      const int ns = min(a.num_splits, (pos0 + row / G) / a.chunk + 1);  // splits that saw it
+      row0 = static_cast<int64_t>(token) * a.num_heads + head;
+      for (int s = j; s < ns; s += sub) {
+        const float l = __ldcg(a.partial_lse + s * split_stride + row0);
+        const float4 x =
+            __ldcg(reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row0) * D) + c);
+        if (l == -INFINITY) continue;
+        if (l > m) {
+          const float f = Exp2(m - l);  // 0 while m is -inf
+          acc.x *= f, acc.y *= f, acc.z *= f, acc.w *= f;
+          wsum *= f;
+          m = l;
+        }
+        const float w = Exp2(l - m);
+        acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+        wsum += w;
+      }
+    }
+    float m_all = m;
+    for (int o = 1; o < sub; o <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
+    const float f = m == -INFINITY ? 0.0f : Exp2(m - m_all);
+    acc.x *= f, acc.y *= f, acc.z *= f, acc.w *= f;
+    wsum *= f;
+    for (int o = 1; o < sub; o <<= 1) {
+      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, o);
+      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, o);
+      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, o);
+      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, o);
+      wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+    }
+    if (ok && j == 0) {
+      const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+      uint2 packed;
+      packed.x = Pack2<T>(acc.x * inv, acc.y * inv);
+      packed.y = Pack2<T>(acc.z * inv, acc.w * inv);
+      *reinterpret_cast<uint2*>(static_cast<T*>(a.output) + row0 * D + c * 4) = packed;
+    }
+  }
+  __syncthreads();
+  if (tid == 0 && atomicAdd(cnt + 1, 1u) == static_cast<unsigned>(nvalid) - 1) {
+    atomicExch(cnt, 0u);  // every CTA of the group has passed its wait
+    atomicExch(cnt + 1, 0u);
+  }
+}
+
 template <typename T, int D, int WM, int WN>
 __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::kMinCtas)
     PagedAttentionKernel(const KernelArgs a) {
@@ -164,6 +267,20 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const int split = blockIdx.x % a.num_splits;
   // Reversed so that the causal prefill's heaviest (last) row tiles start first.
   const int row_tile = gridDim.x / a.num_splits - 1 - blockIdx.x / a.num_splits;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  const int kv_begin = split * a.chunk;
+
+  // Variants 1-2: the split's block ids in one coalesced round trip that needs no metadata (the
+  // split's range is known from the grid; entries past the context are loaded but never used), so
+  // it overlaps the query_start / context_lens loads below instead of following them.
+  __shared__ int32_t table_s[kTableCap];
+  const bool use_table = a.table_blocks > 0;
+  if (use_table) {
+    const int first = kv_begin >> a.block_shift;
+    for (int i = tid; i < a.table_blocks; i += S::kThreads) {
+      table_s[i] = table[min(first + i, a.max_blocks_per_seq - 1)];
+    }
+  }
 
   const int q_begin = a.query_start[seq];
   const int q_len = a.query_start[seq + 1] - q_begin;
@@ -176,7 +293,6 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const int pos0 = ctx - q_len;  // position of the sequence's first query
   const int min_pos = pos0 + row_begin / G;
   const int kv_end = pos0 + row_last / G + 1;
-  const int kv_begin = split * a.chunk;
   if (kv_begin >= kv_end) return;
   const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
   const int num_tiles = (kv_stop - kv_begin + kTileN - 1) / kTileN;
@@ -184,7 +300,6 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const T* query = static_cast<const T*>(a.query);
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
-  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
   const int block_mask = (1 << a.block_shift) - 1;
 
   // Q rows of this tile (zero rows past the end), one cp.async group of its own.
@@ -205,7 +320,9 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   __shared__ int32_t block_of_row[2][kTileN];
   auto fetch_block = [&](int tile) -> int32_t {
     const int tok = kv_begin + tile * kTileN + tid;
-    return tid < kTileN && tile < num_tiles && tok < kv_stop ? table[tok >> a.block_shift] : -1;
+    return !use_table && tid < kTileN && tile < num_tiles && tok < kv_stop
+               ? table[tok >> a.block_shift]
+               : -1;
   };
   auto store_block = [&](int tile, int32_t block) {
     if (tid < kTileN) block_of_row[tile & 1][tid] = block;
@@ -216,7 +333,13 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     const int base = kv_begin + tile * kTileN;
     for (int idx = tid; idx < kTileN * S::kChunks; idx += S::kThreads) {
       const int r = idx / S::kChunks, c = idx % S::kChunks;
-      const int32_t block = block_of_row[tile & 1][r];
+      int32_t block;
+      if (use_table) {
+        const int tok = base + r;
+        block = tok < kv_stop ? table_s[(tok >> a.block_shift) - (kv_begin >> a.block_shift)] : -1;
+      } else {
+        block = block_of_row[tile & 1][r];
+      }
       const bool valid = block >= 0;
       int64_t off = 0;
       if (valid) {
@@ -228,15 +351,24 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
       CpAsync16(vs + Swz<D>(r, c), value_cache + off, valid);
     }
   };
+  if (use_table) {
+    __syncthreads();  // table_s is visible; every prologue stage is issued without a wait
 #pragma unroll
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    store_block(s, fetch_block(s));
-    __syncthreads();
-    if (s < num_tiles) issue_tile(s, s);
-    CpAsyncCommit();
+    for (int s = 0; s < S::kStages - 1; ++s) {
+      if (s < num_tiles) issue_tile(s, s);
+      CpAsyncCommit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < S::kStages - 1; ++s) {
+      store_block(s, fetch_block(s));
+      __syncthreads();
+      if (s < num_tiles) issue_tile(s, s);
+      CpAsyncCommit();
+    }
+    __syncthreads();  // the prologue's reads of block_of_row are done before it is refilled
+    store_block(S::kStages - 1, fetch_block(S::kStages - 1));
   }
-  __syncthreads();  // the prologue's reads of block_of_row are done before it is refilled
-  store_block(S::kStages - 1, fetch_block(S::kStages - 1));
   int32_t pending_block = fetch_block(S::kStages);
 
   // This thread's two rows (g and g + 8 of the warp's 16) and their positions; rows past the end
@@ -358,6 +490,10 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     }
   }
 
+  // A merge kernel launched as a programmatic dependent (variant 1) may start now: it waits for
+  // this grid's completion before reading partials, so only its launch and prologue overlap.
+  if (a.variant == 1) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+
   // --- Epilogue: merge the WN warps that share rows, normalise, write. ---
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -435,6 +571,10 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
       if (c == 0) a.partial_lse[prow] = sum > 0.0f ? fin_s[r * 2] + __log2f(sum) : -INFINITY;
     }
   }
+  if (a.variant == 2 && a.num_splits > 1) {
+    FusedMerge<T, D, S::kThreads>(a, seq, kvh, row_tile, split, row_begin, row_last, q_begin, pos0,
+                                  kv_end);
+  }
 }
 
 // Merges the split-KV partials of one (query token, head) by log-sum-exp. Thread (group, c)
@@ -460,6 +600,9 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
+  // Variant 1 launches this as a programmatic dependent: everything above overlapped the
+  // attention kernel, whose partials are complete after this. A no-op for a plain launch.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   for (int s = tid; s < valid; s += 128) w_s[s] = a.partial_lse[s * split_stride + row0];
   __syncthreads();
@@ -577,6 +720,20 @@ size_t BytesPerSplit(const PagedAttentionParams& p) {
   return static_cast<size_t>(p.num_tokens) * p.num_heads * (p.head_dim + 1) * sizeof(float);
 }
 
+// Variant 2's arrival counters at the start of the workspace, rounded to 256 bytes; 0 otherwise.
+size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
+                    int row_tiles) {
+  if (tuning.variant != 2) return 0;
+  const size_t n = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * row_tiles * 2;
+  return (n * sizeof(unsigned) + 255) / 256 * 256;
+}
+
+int RowTiles(const PagedAttentionParams& p, const PagedAttentionTuning& tuning) {
+  const int group = p.num_heads / p.num_kv_heads;
+  return CeilDiv(static_cast<int64_t>(MaxQueryLen(p)) * group,
+                 16 * attention::WarpsM(ChooseLayout(p, tuning)));
+}
+
 // The whole launch geometry; `resident` is CTAs per SM of the chosen instantiation.
 Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning, int resident,
               size_t workspace_bytes) {
@@ -644,7 +801,9 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
   const absl::Status s = attention::DispatchAttention(
       p.dtype, p.head_dim, ChooseLayout(p, tuning), [&]<typename T, int D, int WM, int WN>() {
         const Plan plan = MakePlan(p, tuning, ResidentCtas<T, D, WM, WN>(), SIZE_MAX);
-        bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 : 0;
+        bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 +
+                                          CounterBytes(p, tuning, plan.row_tiles)
+                                    : 0;
         return absl::OkStatus();
       });
   return s.ok() ? bytes : 0;
@@ -663,7 +822,25 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           return absl::InternalError("CUDA attention: kernel cannot be resident (shared memory)");
         }
         const size_t usable = workspace == nullptr ? 0 : workspace_bytes;
-        const Plan plan = MakePlan(p, tuning, resident, usable >= 256 ? usable - 256 : 0);
+        // Variant 2 keeps its counters first; without room for them it runs as variant 1.
+        const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
+        int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
+        size_t head_bytes = 256 + counter_bytes;
+        if (variant == 2 && usable < head_bytes + 2 * BytesPerSplit(p)) {
+          variant = 1;
+          head_bytes = 256;
+        }
+        const Plan plan =
+            MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0);
+        const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
+        if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
+        const dim3 grid(static_cast<unsigned>(grid_x), p.num_kv_heads, p.num_seqs);
+        // The fused merge waits for its sibling CTAs: only when the whole grid is resident.
+        if (variant == 2 && (plan.num_splits == 1 ||
+                             grid_x * p.num_kv_heads * p.num_seqs >
+                                 static_cast<int64_t>(SmCount()) * resident)) {
+          variant = 1;
+        }
         KernelArgs a;
         a.query = p.query;
         a.query_stride = p.query_stride;
@@ -683,19 +860,51 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.num_splits = plan.num_splits;
         a.chunk = plan.chunk;
         a.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
+        a.variant = variant;
+        if (variant >= 1) {
+          const int first_span = (plan.chunk + p.block_size - 1) / p.block_size + 1;
+          a.table_blocks = first_span <= kTableCap ? first_span : 0;
+        }
         if (plan.num_splits > 1) {
-          // 256-byte aligned partials inside the caller's workspace.
+          // 256-byte aligned counters (variant 2) and partials inside the caller's workspace.
           const uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t{255};
-          a.partial_o = reinterpret_cast<float*>(base);
+          a.counters = variant == 2 ? reinterpret_cast<unsigned*>(base) : nullptr;
+          a.partial_o = reinterpret_cast<float*>(base + (variant == 2 ? counter_bytes : 0));
           a.partial_lse = a.partial_o + static_cast<size_t>(plan.num_splits) * p.num_tokens *
                                             p.num_heads * p.head_dim;
         }
-        const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
-        if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
-        const dim3 grid(static_cast<unsigned>(grid_x), p.num_kv_heads, p.num_seqs);
+        if (variant == 2) {
+          cudaLaunchConfig_t config = {};
+          config.gridDim = grid;
+          config.blockDim = dim3(S::kThreads);
+          config.dynamicSmemBytes = S::kSmemBytes;
+          config.stream = stream;
+          cudaLaunchAttribute attr[1];
+          attr[0].id = cudaLaunchAttributeCooperative;
+          attr[0].val.cooperative = 1;
+          config.attrs = attr;
+          config.numAttrs = 1;
+          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, PagedAttentionKernel<T, D, WM, WN>, a));
+          CUDA_RETURN_IF_LAUNCH_ERROR();
+          return absl::OkStatus();
+        }
         PagedAttentionKernel<T, D, WM, WN><<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
         CUDA_RETURN_IF_LAUNCH_ERROR();
-        if (plan.num_splits > 1) {
+        if (plan.num_splits > 1 && variant == 1) {
+          // Programmatic dependent launch: the merge launches while the attention kernel runs.
+          cudaLaunchConfig_t config = {};
+          config.gridDim = dim3(p.num_tokens, p.num_heads);
+          config.blockDim = dim3(128);
+          config.dynamicSmemBytes = plan.num_splits * sizeof(float);
+          config.stream = stream;
+          cudaLaunchAttribute attr[1];
+          attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          attr[0].val.programmaticStreamSerializationAllowed = 1;
+          config.attrs = attr;
+          config.numAttrs = 1;
+          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel<T, D>, a));
+          CUDA_RETURN_IF_LAUNCH_ERROR();
+        } else if (plan.num_splits > 1) {
           MergeSplitsKernel<T, D>
               <<<dim3(p.num_tokens, p.num_heads), 128, plan.num_splits * sizeof(float), stream>>>(
                   a);

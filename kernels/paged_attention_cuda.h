@@ -24,7 +24,23 @@ struct PagedAttentionTuning {
   int num_splits = 0;  // KV splits per sequence (split-KV); 0 chooses from the SM count
   // Warps along the query rows of a CTA (1, 2, 3, 4 or 8 picks that decode layout); 0: automatic.
   int warps_m = 0;
+  // Decode-path variant (kernels/ATTENTION_NOTES.md, version 3), to be measured side by side:
+  //  0: version 2 as measured (block ids fetched per stage, merge as a second plain launch);
+  //  1: the split's block-table entries loaded into shared memory at CTA start in one coalesced
+  //     round trip that does not wait for the metadata loads, all prologue stages issued at once,
+  //     and the merge launched with programmatic dependent launch (overlaps the tail);
+  //  2: as 1, with the merge fused into the attention kernel: a cooperative launch (every CTA
+  //     resident), the splits of one (sequence, KV head) meet at a counter in the workspace and
+  //     each merges a slice of the rows. Needs the workspace's first bytes zeroed once before
+  //     first use (cudaMemset of the whole workspace is fine); the kernel leaves them zeroed.
+  //     Falls back to 1 where the grid is not co-resident or the workspace has no room.
+  int variant = 0;
 };
+
+inline constexpr int kNumPagedAttentionVariants = 3;
+inline const char* PagedAttentionVariantName(int v) {
+  return v == 0 ? "v2" : v == 1 ? "smemtab+pdl" : v == 2 ? "fused" : "?";
+}
 
 // Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will
 // not split. A smaller workspace is allowed: the launch then uses fewer splits.

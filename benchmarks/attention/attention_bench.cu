@@ -2,6 +2,8 @@
 // batches, and causal prefill TFLOP/s, each beside the ceilings measured in the same run (a
 // large device-to-device copy, read + write bytes; a cuBLAS bf16 8192^3 GEMM on random data).
 // The KV pool rotates among several sets of block tables so that timed data is not L2-resident.
+// The last table compares the decode-path variants (PagedAttentionTuning::variant) side by side;
+// `attention_bench --variants-only` prints only that table.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -14,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <cstring>
 #include <vector>
 
 #include "kernels/paged_attention_cuda.h"
@@ -270,7 +273,10 @@ double TimeMqa(Workload& w, const PagedAttentionTuning& tuning, bool graph) {
   w.workspace_bytes = PagedAttentionCudaWorkspaceBytes(w.p, tuning);
   if (w.workspace) cudaFree(w.workspace);
   w.workspace = nullptr;
-  if (w.workspace_bytes) CHECK_CUDA(cudaMalloc(&w.workspace, w.workspace_bytes));
+  if (w.workspace_bytes) {
+    CHECK_CUDA(cudaMalloc(&w.workspace, w.workspace_bytes));
+    CHECK_CUDA(cudaMemset(w.workspace, 0, w.workspace_bytes));  // variant 2's counters
+  }
   const int sets = static_cast<int>(w.tables.size());
   auto call = [&](int i, cudaStream_t s) {
     PagedAttentionParams p = w.p;
@@ -280,6 +286,39 @@ double TimeMqa(Workload& w, const PagedAttentionTuning& tuning, bool graph) {
   const int iters = 20;
   if (graph) return TimeGraphUs(call, 9, iters);
   return TimeUs([&](int i) { call(i, nullptr); }, 9, iters);
+}
+
+// One call on a stream and one captured into a graph, reporting instead of exiting, so that a
+// variant the driver refuses (e.g. a cooperative launch in a graph) costs its column, not the run.
+bool VariantWorks(Workload& w, const PagedAttentionTuning& tuning) {
+  const size_t bytes = PagedAttentionCudaWorkspaceBytes(w.p, tuning);
+  void* ws = nullptr;
+  if (bytes) {
+    CHECK_CUDA(cudaMalloc(&ws, bytes));
+    CHECK_CUDA(cudaMemset(ws, 0, bytes));
+  }
+  bool ok = PagedAttentionCuda(w.p, nullptr, ws, bytes, tuning).ok() &&
+            cudaDeviceSynchronize() == cudaSuccess;
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  if (ok && cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    const bool launched = PagedAttentionCuda(w.p, s, ws, bytes, tuning).ok();
+    ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && launched;
+    cudaGraphExec_t exec = nullptr;
+    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
+         cudaGraphLaunch(exec, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess;
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  } else {
+    ok = false;
+  }
+  cudaStreamDestroy(s);
+  if (ws) cudaFree(ws);
+  (void)cudaGetLastError();
+  if (!ok) std::printf("variant %d: launch or graph capture failed; column left blank\n",
+                       tuning.variant);
+  return ok;
 }
 
 double TimeBaseline(Workload& w) {
@@ -293,12 +332,75 @@ double TimeBaseline(Workload& w) {
       5, 5);
 }
 
-int Main() {
+// The decode variants side by side on the integrator's configurations, printed last (the GPU
+// run's log shows only its tail): per variant graph and stream time, GB/s and % of the copy
+// ceiling of this run, beside the per-head baseline.
+void VariantTable(double copy_gbs, std::mt19937& rng) {
+  const int configs[][2] = {{64, 2048}, {1, 8192},  {8, 4096},
+                            {32, 2048}, {256, 1024}, {64, 8192}};
+  struct Row {
+    int batch, ctx, splits;
+    double base;
+    double graph[kNumPagedAttentionVariants], strm[kNumPagedAttentionVariants];
+    double gbs[kNumPagedAttentionVariants];
+  };
+  std::vector<Row> rows;
+  for (const auto& c : configs) {
+    Workload w = MakeWorkload(DType::kF16, c[0], c[1], 1, 48, 128, 16, rng);
+    Row r{c[0], c[1], 1, TimeBaseline(w), {}, {}, {}};
+    for (int v = 0; v < kNumPagedAttentionVariants; ++v) {
+      PagedAttentionTuning t;
+      t.variant = v;
+      if (!VariantWorks(w, t)) {
+        r.graph[v] = r.strm[v] = INFINITY;
+        r.gbs[v] = 0;
+        continue;
+      }
+      r.graph[v] = TimeMqa(w, t, true);
+      r.strm[v] = TimeMqa(w, t, false);
+      r.gbs[v] = (w.kv_bytes + w.io_bytes) / (r.graph[v] * 1e3);
+      if (v == 0) {
+        const size_t per_split =
+            static_cast<size_t>(w.p.num_tokens) * w.p.num_heads * (w.p.head_dim + 1) * 4;
+        r.splits = w.workspace_bytes ? int(w.workspace_bytes / per_split) : 1;
+      }
+    }
+    rows.push_back(r);
+    Free(w);
+  }
+  std::printf(
+      "\n== decode variants: 48 q-heads / 1 KV head, D=128, block 16, fp16; copy ceiling %.0f GB/s "
+      "(this run); us = graph (stream); GB/s and %%copy from graph time ==\n",
+      copy_gbs);
+  std::printf("%-11s %3s %9s", "batch x ctx", "spl", "perhead");
+  for (int v = 0; v < kNumPagedAttentionVariants; ++v) {
+    std::printf(" | %-29s", (std::to_string(v) + ":" + PagedAttentionVariantName(v)).c_str());
+  }
+  std::printf(" | best\n");
+  for (const Row& r : rows) {
+    std::printf("%4d x %-4d %3d %9.1f", r.batch, r.ctx, r.splits, r.base);
+    int best = 0;
+    for (int v = 0; v < kNumPagedAttentionVariants; ++v) {
+      std::printf(" | %6.2f (%6.2f) %5.0f %5.1f%%", r.graph[v], r.strm[v], r.gbs[v],
+                  100 * r.gbs[v] / copy_gbs);
+      if (r.graph[v] < r.graph[best]) best = v;
+    }
+    std::printf(" | %d %.2fx v0, %.0fx perhead\n", best, r.graph[0] / r.graph[best],
+                r.base / r.graph[best]);
+  }
+}
+
+int Main(bool variants_only) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
   const double copy_gbs = CopyCeilingGBs();
+  if (variants_only) {
+    std::mt19937 rng(42);
+    VariantTable(copy_gbs, rng);
+    return 0;
+  }
   const double gemm_tflops = GemmCeilingTflops();
   std::printf(
       "ceilings: device-to-device copy %.0f GB/s (read+write), cuBLAS bf16 8192^3 GEMM "
@@ -374,10 +476,13 @@ int Main() {
                 w.flops / (us * 1e6), 100 * w.flops / (us * 1e6) / gemm_tflops);
     Free(w);
   }
+  VariantTable(copy_gbs, rng);
   return 0;
 }
 
 }  // namespace
 }  // namespace mqa
 
-int main() { return mqa::Main(); }
+int main(int argc, char** argv) {
+  return mqa::Main(argc > 1 && std::strcmp(argv[1], "--variants-only") == 0);
+}

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -97,7 +98,9 @@ std::string Describe(const AttentionCase& c) {
   return s;
 }
 
-// Runs the CUDA kernel and the CPU reference on the same rounded inputs; returns rel. error.
+// Runs the CUDA kernel, every decode-path variant (PagedAttentionTuning::variant) twice on one
+// zeroed workspace (variant 2 must leave its counters reset), and the CPU reference on the same
+// rounded inputs; returns the worst relative error.
 double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   PagedBatch b =
       testing::MakePagedBatch(c.seqs, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size, rng);
@@ -108,7 +111,6 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
                dv = DeviceBuffer::From(v_bits), dt = DeviceBuffer::From(b.block_tables),
                dqs = DeviceBuffer::From(b.query_start), dctx = DeviceBuffer::From(b.context_lens);
   DeviceBuffer dout(q_bits.size() * 2);
-  EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
 
   PagedAttentionParams p;
   p.query = dq.get<void>();
@@ -132,15 +134,23 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   }
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.dtype = c.dtype;
-  PagedAttentionTuning tuning;
-  tuning.num_splits = c.force_splits;
-  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
-  DeviceBuffer ws(ws_bytes);
-  const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
-  EXPECT_TRUE(st.ok()) << st;
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<uint16_t> out_bits = dout.Download<uint16_t>();
+  std::vector<std::vector<uint16_t>> outs;  // [variant * 2 + run]
+  for (int variant = 0; variant < kNumPagedAttentionVariants; ++variant) {
+    PagedAttentionTuning tuning;
+    tuning.num_splits = c.force_splits;
+    tuning.variant = variant;
+    const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
+    DeviceBuffer ws(ws_bytes);
+    if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
+    for (int run = 0; run < 2; ++run) {
+      EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
+      const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
+      EXPECT_TRUE(st.ok()) << st << " variant " << variant;
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "variant " << variant;
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+      outs.push_back(dout.Download<uint16_t>());
+    }
+  }
 
   std::vector<float> ref(b.query.size());
   PagedAttentionParams cpu = p;
@@ -154,17 +164,26 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   cpu.dtype = DType::kF32;
   EXPECT_TRUE(PagedAttentionCpu(cpu).ok());
 
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const float x = FromBits(out_bits[i], c.dtype);
-    if (!std::isfinite(x)) {
-      ADD_FAILURE() << "element " << i << " not written / not finite";
-      return 1e9;
+  double worst = 0;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const std::vector<uint16_t>& out_bits = outs[k];
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float x = FromBits(out_bits[i], c.dtype);
+      if (!std::isfinite(x)) {
+        ADD_FAILURE() << "variant " << k / 2 << " run " << k % 2 << ": element " << i
+                      << " not written / not finite";
+        return 1e9;
+      }
+      num += (x - static_cast<double>(ref[i])) * (x - static_cast<double>(ref[i]));
+      den += static_cast<double>(ref[i]) * ref[i];
     }
-    num += (x - static_cast<double>(ref[i])) * (x - static_cast<double>(ref[i]));
-    den += static_cast<double>(ref[i]) * ref[i];
+    const double err = std::sqrt(num / den);
+    EXPECT_LT(err, 1e-2) << "variant " << k / 2 << " (" << PagedAttentionVariantName(k / 2)
+                         << ") run " << k % 2;
+    worst = std::max(worst, err);
   }
-  return std::sqrt(num / den);
+  return worst;
 }
 
 class AttentionCudaTest : public ::testing::Test {
@@ -232,6 +251,17 @@ TEST_F(AttentionCudaTest, LargeDecodeBatchWithoutSplits) {
   EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << Describe(c);
   c.force_splits = 0;  // automatic
   EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << "auto splits";
+}
+
+// The benchmark's decode shapes in small: one long sequence (many splits: variant 2's merge with
+// several lanes per item) and a mid-size batch (few splits, several items per lane).
+TEST_F(AttentionCudaTest, DecodeVariantsOnBenchmarkShapes) {
+  std::mt19937 rng(std::random_device{}());
+  AttentionCase one{DType::kF16, 128, 16, 48, 1, {{RandomContext(rng, 8000, 8192, 16), 1}}};
+  EXPECT_LT(RunAttentionCase(one, rng), 1e-2) << Describe(one);
+  AttentionCase mid{DType::kF16, 128, 16, 48, 1, {}};
+  for (int i = 0; i < 40; ++i) mid.seqs.push_back({RandomContext(rng, 1, 2048, 16), 1});
+  EXPECT_LT(RunAttentionCase(mid, rng), 1e-2) << Describe(mid);
 }
 
 TEST_F(AttentionCudaTest, ForcedSplitsOnPrefillMergeCorrectly) {
