@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the CUDA binaries here (no GPU needed) and gathers them, with the non-system shared
-# libraries they need, into gpu-bundle/ (git-ignored). On the H200 machine, from the repository
-# root: `gpu-bundle/run.sh LOGDIR` runs every GPU test and benchmark and writes logs to LOGDIR.
-# Send it with the device tool: carry ["gpu-bundle"].
+# libraries they need, into gpu-bundle/ (git-ignored): run.sh and payload.tar.xz. On the H200
+# machine, from the repository root, `gpu-bundle/run.sh LOGDIR` runs every GPU test (ctest label
+# gpu: test binaries, under mpirun where they ask for ranks, and script tests) and every benchmark
+# of scripts/gpu-benchmarks.txt, writing logs to LOGDIR. Send it with the device tool:
+# carry ["gpu-bundle"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -11,33 +13,44 @@ source scripts/env.sh
 grep -q "CUDA backend ON" build-gpu.cmake.log || { echo "gpu-bundle: nvcc not found"; exit 1; }
 ninja -C build-gpu -j "${JOBS:-$(nproc)}" "$@"
 
-rm -rf gpu-bundle
-mkdir -p gpu-bundle/bin gpu-bundle/tests gpu-bundle/lib
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/tests" "$stage/lib"
 
-# Tests: every ctest entry labelled gpu, with its command (plain, or under mpirun).
+# GPU-labelled ctest entries: binaries ("name ranks" in tests.txt) and script tests (scripts.txt,
+# the command with @BIN@ for the bundle's bin/ and @SRC@ for the repository root).
 ctest --test-dir build-gpu -L gpu --show-only=json-v1 >build-gpu/gpu-tests.json
-python3 - build-gpu/gpu-tests.json gpu-bundle/tests.txt <<'PY'
-import json, os, sys
+python3 - build-gpu/gpu-tests.json "$stage" "$PWD" <<'PY'
+import json, os, shlex, sys
 tests = json.load(open(sys.argv[1]))["tests"]
-with open(sys.argv[2], "w") as out:
+stage, src = sys.argv[2], sys.argv[3]
+bin_dir = os.path.join(src, "build-gpu", "bin")
+with open(f"{stage}/tests.txt", "w") as binaries, open(f"{stage}/scripts.txt", "w") as scripts:
     for t in tests:
         cmd = t["command"]
-        exe = next(c for c in cmd if os.path.basename(c) == t["name"])
-        ranks = cmd[cmd.index("-np") + 1] if "-np" in cmd else "1"
-        out.write(f"{t['name']} {ranks}\n")
+        if any(os.path.basename(c) == t["name"] for c in cmd):
+            ranks = cmd[cmd.index("-np") + 1] if "-np" in cmd else "1"
+            binaries.write(f"{t['name']} {ranks}\n")
+        else:
+            args = [a.replace(bin_dir, "@BIN@").replace(src, "@SRC@") for a in cmd]
+            scripts.write(t["name"] + " " + shlex.join(args) + "\n")
 PY
-while read -r name _; do cp "build-gpu/tests/$name" gpu-bundle/tests/; done <gpu-bundle/tests.txt
-# Benchmarks and the server.
-for f in build-gpu/bin/*; do [[ -x "$f" && -f "$f" ]] && cp "$f" gpu-bundle/bin/; done
-strip --strip-unneeded gpu-bundle/tests/* gpu-bundle/bin/* 2>/dev/null || true
+while read -r name _; do cp "build-gpu/tests/$name" "$stage/tests/"; done <"$stage/tests.txt"
+for f in build-gpu/bin/*; do [[ -x "$f" && -f "$f" ]] && cp "$f" "$stage/bin/"; done
+strip --strip-unneeded "$stage"/tests/* "$stage"/bin/* 2>/dev/null || true
+grep -v '^#' scripts/gpu-benchmarks.txt >"$stage/benchmarks.txt"
 
-# Libraries the H200 machine lacks (GPU-MACHINE.md): Abseil, protobuf, httplib, utf8proc,
+# Libraries the H200 machine lacks (GPU-MACHINE.md): Abseil, protobuf, httplib, utf8proc, ICU,
 # OpenBLAS. Its own libc, libstdc++, CUDA, cuBLAS, MPI, and NCCL (from its Python wheel) are used.
-for f in gpu-bundle/tests/* gpu-bundle/bin/*; do
+for f in "$stage"/tests/* "$stage"/bin/*; do
   ldd "$f" | awk '/=> \//{print $3}'
-done | sort -u | grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu' |
-  while read -r lib; do cp -L "$lib" gpu-bundle/lib/; done
+done | sort -u |
+  grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu' |
+  while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 
+rm -rf gpu-bundle
+mkdir -p gpu-bundle
+tar cJf gpu-bundle/payload.tar.xz -C "$stage" .
 cp scripts/gpu-run.sh gpu-bundle/run.sh
 du -sh gpu-bundle
-echo "gpu-bundle: $(wc -l <gpu-bundle/tests.txt) GPU tests, $(ls gpu-bundle/bin | wc -l) binaries"
+echo "gpu-bundle: $(wc -l <"$stage/tests.txt") GPU test binaries, $(wc -l <"$stage/scripts.txt") script tests, $(ls "$stage/bin" | wc -l) binaries"
