@@ -34,7 +34,9 @@ struct PagedAttentionTuning {
   //     each merges a slice of the rows. Needs the workspace's first bytes zeroed once before
   //     first use (cudaMemset of the whole workspace is fine); the kernel leaves them zeroed.
   //     Falls back to 1 where the grid is not co-resident or the workspace has no room.
-  int variant = 0;
+  // Default 1: fastest or within 3% of the fastest at every benchmark shape on the H200
+  // (2026-12-02: 64 x 2048 33.6 us vs 36.3 for 0; 32 x 2048 21.8 vs 23.9; BENCHMARKS.md).
+  int variant = 1;
 };
 
 inline constexpr int kNumPagedAttentionVariants = 3;
