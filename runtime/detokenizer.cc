@@ -9,7 +9,9 @@ namespace mqa {
 
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer,
                                            StreamingDetokenizerOptions options)
-    : tokenizer_(tokenizer), options_(std::move(options)) {}
+    : tokenizer_(tokenizer),
+      options_(std::move(options)),
+      stops_(options_.stop_strings, options_.include_stop_string) {}
 
 StreamingDetokenizer::Delta StreamingDetokenizer::Push(int32_t id) {
   if (stopped()) return {"", true, stop_index_};
@@ -38,48 +40,14 @@ std::string StreamingDetokenizer::Flush() {
 }
 
 StreamingDetokenizer::Delta StreamingDetokenizer::TakeText(std::string text, bool final) {
-  const size_t old_size = held_.size();
-  held_ += text;
   Delta delta;
-  // The stop that ends first; every earlier occurrence was found on an earlier call, so the
-  // search starts where a new one could.
-  size_t best_end = std::string::npos;
-  size_t best_begin = 0;
-  for (size_t s = 0; s < options_.stop_strings.size(); ++s) {
-    const std::string& stop = options_.stop_strings[s];
-    if (stop.empty()) continue;
-    const size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
-    const size_t at = held_.find(stop, from);
-    if (at == std::string::npos) continue;
-    const size_t end = at + stop.size();
-    if (end < best_end || (end == best_end && at < best_begin)) {
-      best_end = end;
-      best_begin = at;
-      stop_index_ = static_cast<int>(s);
-    }
-  }
-  if (stopped()) {
-    delta.text = held_.substr(0, options_.include_stop_string ? best_end : best_begin);
-    delta.stopped = true;
-    delta.stop_index = stop_index_;
-    held_.clear();
-    return delta;
-  }
-  // Hold back the longest tail that is a proper prefix of a stop string: it may complete.
-  size_t keep = 0;
-  if (!final) {
-    for (const std::string& stop : options_.stop_strings) {
-      for (size_t len = std::min(stop.size() - (stop.empty() ? 0 : 1), held_.size()); len > keep;
-           --len) {
-        if (held_.compare(held_.size() - len, len, stop, 0, len) == 0) {
-          keep = len;
-          break;
-        }
-      }
-    }
-  }
-  delta.text = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
+  StopStringMatcher::Result r = stops_.Push(text);
+  delta.text = std::move(r.text);
+  // At the end, a held-back partial stop string is ordinary text.
+  if (final && !r.stopped) delta.text += stops_.Flush();
+  delta.stopped = r.stopped;
+  delta.stop_index = r.stop_index;
+  if (r.stopped) stop_index_ = r.stop_index;
   return delta;
 }
 

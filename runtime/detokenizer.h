@@ -55,7 +55,7 @@ class StreamingDetokenizer : public IncrementalDetokenizer {
   const Tokenizer& tokenizer_;
   StreamingDetokenizerOptions options_;
   std::string pending_bytes_;  // an incomplete UTF-8 sequence waiting for its next bytes
-  std::string held_;           // complete text that may be the start of a stop string
+  StopStringMatcher stops_;    // holds back text that may be the start of a stop string
   int stop_index_ = -1;
 };
 

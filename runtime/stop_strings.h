@@ -22,7 +22,10 @@ class IncrementalDetokenizer {
   virtual std::string Flush() { return {}; }
 };
 
-// Not thread-safe; one per sample.
+// Finds stop strings in a stream of text, holding back any tail that may still grow into one. The
+// stop reported is the one that ends first in the text (ties: the longer), so the result does not
+// depend on how the text was split into pieces. Empty stop strings are ignored. Used by the
+// engine (per sample) and by StreamingDetokenizer. Not thread-safe; one per sample.
 class StopStringMatcher {
  public:
   explicit StopStringMatcher(std::vector<std::string> stops, bool include_stop = false);
@@ -31,13 +34,17 @@ class StopStringMatcher {
     std::string text;  // safe to emit now
     bool stopped = false;
     std::string stop;  // the stop string found
+    int stop_index = -1;  // its index in the constructor's list
   };
   // Feeds new text. Once stopped, further calls return nothing.
   Result Push(const std::string& delta);
-  // The held-back tail, when generation ends for another reason.
+  // The held-back tail, when generation ends for another reason. Empty after a stop.
   std::string Flush();
+  bool stopped() const { return stopped_; }
 
  private:
+  Result Take(const std::string& delta, bool final);
+
   std::vector<std::string> stops_;
   bool include_stop_;
   std::string held_;
