@@ -15,6 +15,8 @@ template <typename T, int kVec, int kAct>
 __global__ void BiasActivationKernel(const T* in, const T* __restrict__ bias, const T* res, T* out,
                                      int64_t groups, int64_t col_groups) {
   using V = fwd::Vec16<T>;
+  fwd::PdlWait();  // PDL: the inputs are the previous kernel's (forward_cuda_common.cuh)
+  fwd::PdlTrigger();
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t cg = g % col_groups;
@@ -47,7 +49,7 @@ __global__ void BiasActivationKernel(const T* in, const T* __restrict__ bias, co
 }
 
 template <typename T, int kVec>
-absl::Status Launch(const BiasActivationParams& p, cudaStream_t stream) {
+absl::Status Launch(const BiasActivationParams& p, cudaStream_t stream, bool pdl) {
   const int64_t groups = p.rows * p.cols / kVec;
   const int64_t col_groups = p.cols / kVec;
   constexpr int kThreads = 256;
@@ -56,18 +58,19 @@ absl::Status Launch(const BiasActivationParams& p, cudaStream_t stream) {
   const T* bias = static_cast<const T*>(p.bias);
   const T* res = static_cast<const T*>(p.residual);
   T* out = static_cast<T*>(p.output);
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
   switch (p.activation) {
     case Activation::kIdentity:
-      BiasActivationKernel<T, kVec, 0><<<blocks, kThreads, 0, stream>>>(in, bias, res, out, groups,
-                                                                        col_groups);
+      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl, BiasActivationKernel<T, kVec, 0>, grid, block,
+                                                stream, in, bias, res, out, groups, col_groups));
       break;
     case Activation::kGeluTanh:
-      BiasActivationKernel<T, kVec, 1><<<blocks, kThreads, 0, stream>>>(in, bias, res, out, groups,
-                                                                        col_groups);
+      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl, BiasActivationKernel<T, kVec, 1>, grid, block,
+                                                stream, in, bias, res, out, groups, col_groups));
       break;
     case Activation::kGeluErf:
-      BiasActivationKernel<T, kVec, 2><<<blocks, kThreads, 0, stream>>>(in, bias, res, out, groups,
-                                                                        col_groups);
+      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl, BiasActivationKernel<T, kVec, 2>, grid, block,
+                                                stream, in, bias, res, out, groups, col_groups));
       break;
   }
   CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -76,7 +79,7 @@ absl::Status Launch(const BiasActivationParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-absl::Status BiasActivationCuda(const BiasActivationParams& p, cudaStream_t stream) {
+absl::Status BiasActivationCuda(const BiasActivationParams& p, cudaStream_t stream, bool pdl) {
   if (p.rows < 0 || p.cols < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("BiasActivationCuda: rows ", p.rows, ", cols ", p.cols));
@@ -88,7 +91,7 @@ absl::Status BiasActivationCuda(const BiasActivationParams& p, cudaStream_t stre
     const bool vec = p.cols % kVec == 0 && fwd::Aligned16(p.input) && fwd::Aligned16(p.output) &&
                      (!p.bias || fwd::Aligned16(p.bias)) &&
                      (!p.residual || fwd::Aligned16(p.residual));
-    return vec ? Launch<T, kVec>(p, stream) : Launch<T, 1>(p, stream);
+    return vec ? Launch<T, kVec>(p, stream, pdl) : Launch<T, 1>(p, stream, pdl);
   });
 }
 

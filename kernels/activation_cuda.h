@@ -10,6 +10,8 @@
 namespace mqa {
 
 // Device pointers; asynchronous on `stream`; output may alias input or residual.
-absl::Status BiasActivationCuda(const BiasActivationParams& p, cudaStream_t stream);
+// pdl: launched as a programmatic dependent of the previous kernel (forward_cuda_common.cuh).
+absl::Status BiasActivationCuda(const BiasActivationParams& p, cudaStream_t stream,
+                                bool pdl = false);
 
 }  // namespace mqa

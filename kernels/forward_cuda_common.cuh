@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -78,6 +79,42 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch /* [33] shared
 }  // namespace mqa::fwd
 
 namespace mqa::fwd {
+
+// Programmatic dependent launch (PDL). A kernel launched with LaunchMaybePdl(pdl = true) may start
+// while the previous kernel in the stream is still running (once every CTA of that one has
+// called PdlTrigger or exited); it must call PdlWait before it reads the previous kernel's output
+// or writes anything (PdlWait returns once the previous grid has completed and its writes are
+// visible). Without the launch attribute both are no-ops, so the kernels call them always.
+// Every PDL-launched kernel calls PdlWait in at least one thread, so its completion still
+// implies the completion of everything before it (the chain stays transitive).
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void PdlTrigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
+// cudaLaunchKernelEx with the programmatic-stream-serialization attribute when `pdl` (works
+// inside CUDA graph capture: the edge becomes a programmatic one).
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchMaybePdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                           cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 // GELU and friends in fp32 (kernels/activation.h gives the formulas).
 template <int kAct>

@@ -39,23 +39,101 @@ absl::Status CheckGemm(const GemmParams& p, const char* who) {
 constexpr int kSkinnyWarps = 4;
 constexpr int kSkinnyUnroll = 4;  // 16-byte weight loads in flight per row and lane
 
-// R: weight rows (output columns) per warp.
-template <typename T, int M, int kAct, int R>
-__global__ void __launch_bounds__(kSkinnyWarps * 32)
-    SkinnyGemmKernel(const T* __restrict__ a, int64_t lda, const T* __restrict__ b, int64_t ldb,
-                     T* c, int64_t ldc, const T* __restrict__ bias, int m, int n, int k,
-                     bool accumulate) {
+template <typename T>
+struct SkinnyArgs {
+  const T* a = nullptr;
+  int64_t lda = 0;
+  const T* b = nullptr;
+  int64_t ldb = 0;
+  T* c = nullptr;
+  int64_t ldc = 0;
+  const T* bias = nullptr;
+  int m = 0, n = 0, k = 0;
+  bool accumulate = false;
+  // Fused layer norm of A's rows (kLn): weight and bias [k].
+  const T* ln_w = nullptr;
+  const T* ln_b = nullptr;
+  float ln_eps = 1e-5f;
+  // Fused KV-cache write (key_cache non-null): columns [kv_col0, kv_col0 + 2 kv_width).
+  T* key_cache = nullptr;
+  T* value_cache = nullptr;
+  const int32_t* slots = nullptr;
+  int kv_col0 = 0, kv_width = 0;
+};
+
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first (each
+// warp computes the row statistics itself: A is m <= 8 rows, in L1/L2), rounded to T as the
+// separate LayerNormCuda would write them.
+//
+// PDL (forward_cuda_common.cuh): the first unrolled group of weight loads and an L2 prefetch of
+// the next 4 KiB of each weight row are issued before PdlWait; weights never depend on the
+// previous kernel.
+template <typename T, int M, int kAct, int R, bool kLn>
+__global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const SkinnyArgs<T> p) {
   using V = fwd::Vec16<T>;
-  constexpr int U = kSkinnyUnroll, kV = V::kN;
+  constexpr int U = kSkinnyUnroll, kV = V::kN, kStep = U * 32 * kV;
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5)) * R;
-  if (n0 >= n) return;
+  const int m = p.m, n = p.n, k = p.k;
   const T* brow[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) brow[r] = b + static_cast<int64_t>(min(n0 + r, n - 1)) * ldb;
+  for (int r = 0; r < R; ++r) brow[r] = p.b + static_cast<int64_t>(min(n0 + r, n - 1)) * p.ldb;
+  int kk = lane * kV;
+  const bool live = n0 < n;
+  const bool have_first = live && kk + (U - 1) * 32 * kV < k;
+  V first[U][R];
+  if (have_first) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) first[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
+  }
+  if (live) {
+    constexpr int kLine = 128 / sizeof(T);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int off = kStep + lane * kLine;
+      if (off < k) PrefetchL2(brow[r] + off);
+    }
+  }
+  fwd::PdlWait();
+  fwd::PdlTrigger();
+  if (!live) return;
+
   const T* arow[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) arow[i] = a + static_cast<int64_t>(min(i, m - 1)) * lda;
+  for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
+  float mean[M], rstd[M];
+  if constexpr (kLn) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float s = 0.0f;
+      for (int j = lane * kV; j < k; j += 32 * kV) {
+        const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) s += fwd::ToFloat(av.v[e]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      mean[i] = s / k;
+      float q = 0.0f;
+      for (int j = lane * kV; j < k; j += 32 * kV) {
+        const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float d = fwd::ToFloat(av.v[e]) - mean[i];
+          q += d * d;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+      rstd[i] = rsqrtf(q / k + p.ln_eps);
+    }
+  }
   float acc[M][R];
 #pragma unroll
   for (int i = 0; i < M; ++i)
@@ -63,19 +141,36 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
     for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
 
   auto fma_group = [&](const V (&bv)[R], int kk) {
+    float lw[kV], lb[kV];
+    if constexpr (kLn) {
+      const V wv = *reinterpret_cast<const V*>(p.ln_w + kk);
+      const V bv2 = *reinterpret_cast<const V*>(p.ln_b + kk);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        lw[e] = fwd::ToFloat(wv.v[e]);
+        lb[e] = fwd::ToFloat(bv2.v[e]);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       const V av = *reinterpret_cast<const V*>(arow[i] + kk);
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        const float x = fwd::ToFloat(av.v[e]);
+        float x = fwd::ToFloat(av.v[e]);
+        if constexpr (kLn) {
+          x = fwd::ToFloat(fwd::FromFloat<T>((x - mean[i]) * rstd[i] * lw[e] + lb[e]));
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[i][r] = fmaf(x, fwd::ToFloat(bv[r].v[e]), acc[i][r]);
       }
     }
   };
-  int kk = lane * kV;
-  for (; kk + (U - 1) * 32 * kV < k; kk += U * 32 * kV) {
+  if (have_first) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) fma_group(first[u], kk + u * 32 * kV);
+    kk += kStep;
+  }
+  for (; kk + (U - 1) * 32 * kV < k; kk += kStep) {
     V bv[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -102,39 +197,73 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (lane == i * R + r && i < m && n0 + r < n) {
+        const int col = n0 + r;
         float v = acc[i][r];
-        if (bias != nullptr) v += fwd::ToFloat(bias[n0 + r]);
+        if (p.bias != nullptr) v += fwd::ToFloat(p.bias[col]);
         v = fwd::Activate<kAct>(v);
-        T* out = c + static_cast<int64_t>(i) * ldc + n0 + r;
-        if (accumulate) v += fwd::ToFloat(*out);
-        *out = fwd::FromFloat<T>(v);
+        T* out = p.c + static_cast<int64_t>(i) * p.ldc + col;
+        if (p.accumulate) v += fwd::ToFloat(*out);
+        const T o = fwd::FromFloat<T>(v);
+        *out = o;
+        const int j = col - p.kv_col0;
+        if (p.key_cache != nullptr && j >= 0 && j < 2 * p.kv_width) {
+          const int64_t slot = p.slots[i];
+          if (slot >= 0) {
+            if (j < p.kv_width) {
+              p.key_cache[slot * p.kv_width + j] = o;
+            } else {
+              p.value_cache[slot * p.kv_width + (j - p.kv_width)] = o;
+            }
+          }
+        }
       }
     }
   }
 }
 
 template <typename T, int M, int R>
-absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
+absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          bool pdl) {
   const int per_block = kSkinnyWarps * R;
   const int64_t blocks = (p.n + per_block - 1) / per_block;
-  const T* a = static_cast<const T*>(p.a);
-  const T* b = static_cast<const T*>(p.b);
-  T* c = static_cast<T*>(p.c);
-  const T* bias = static_cast<const T*>(e.bias);
-  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  SkinnyArgs<T> a;
+  a.a = static_cast<const T*>(p.a);
+  a.lda = p.lda;
+  a.b = static_cast<const T*>(p.b);
+  a.ldb = p.ldb;
+  a.c = static_cast<T*>(p.c);
+  a.ldc = p.ldc;
+  a.bias = static_cast<const T*>(e.bias);
+  a.m = static_cast<int>(p.m);
+  a.n = static_cast<int>(p.n);
+  a.k = static_cast<int>(p.k);
+  a.accumulate = e.accumulate;
+  a.ln_w = static_cast<const T*>(e.ln_weight);
+  a.ln_b = static_cast<const T*>(e.ln_bias);
+  a.ln_eps = e.ln_epsilon;
+  a.key_cache = static_cast<T*>(e.key_cache);
+  a.value_cache = static_cast<T*>(e.value_cache);
+  a.slots = e.slot_mapping;
+  a.kv_col0 = static_cast<int>(e.kv_col0);
+  a.kv_width = static_cast<int>(e.kv_width);
+  const bool ln = e.ln_weight != nullptr;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kSkinnyWarps * 32);
   switch (e.activation) {
     case Activation::kIdentity:
-      SkinnyGemmKernel<T, M, 0, R><<<blocks, kSkinnyWarps * 32, 0, stream>>>(
-          a, p.lda, b, p.ldb, c, p.ldc, bias, m, n, k, e.accumulate);
+      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl,
+                                               ln ? SkinnyGemmKernel<T, M, 0, R, true>
+                                                  : SkinnyGemmKernel<T, M, 0, R, false>,
+                                               grid, block, stream, a));
       break;
     case Activation::kGeluTanh:
-      SkinnyGemmKernel<T, M, 1, R><<<blocks, kSkinnyWarps * 32, 0, stream>>>(
-          a, p.lda, b, p.ldb, c, p.ldc, bias, m, n, k, e.accumulate);
+      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl,
+                                               ln ? SkinnyGemmKernel<T, M, 1, R, true>
+                                                  : SkinnyGemmKernel<T, M, 1, R, false>,
+                                               grid, block, stream, a));
       break;
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
   }
-  CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
@@ -191,7 +320,7 @@ absl::Status LaunchSimple(const GemmParams& p, const GemmEpilogue& e, cudaStream
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp) {
+                            int rows_per_warp, bool pdl) {
   RETURN_IF_ERROR(CheckGemm(p, "SkinnyGemmCuda"));
   if (e.accumulate && e.activation != Activation::kIdentity) {
     return absl::InvalidArgumentError("GEMM: accumulate needs the identity activation");
@@ -201,11 +330,21 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
       !fwd::Aligned16(p.a) || !fwd::Aligned16(p.b) || e.activation == Activation::kGeluErf) {
     return absl::UnimplementedError("SkinnyGemmCuda: shape or alignment not supported");
   }
+  if ((e.ln_weight != nullptr) != (e.ln_bias != nullptr) ||
+      (e.ln_weight && (!fwd::Aligned16(e.ln_weight) || !fwd::Aligned16(e.ln_bias)))) {
+    return absl::UnimplementedError("SkinnyGemmCuda: layer norm needs aligned weight and bias");
+  }
+  if (e.key_cache != nullptr) {
+    if (!e.value_cache || !e.slot_mapping || e.kv_col0 < 0 || e.kv_width <= 0 ||
+        e.kv_col0 + 2 * e.kv_width > p.n || e.accumulate) {
+      return absl::InvalidArgumentError("SkinnyGemmCuda: bad fused KV-cache write");
+    }
+  }
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
-    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream);
-    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream);
-    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream);
-    return LaunchSkinny<T, 8, R>(p, e, stream);
+    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl);
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl);
+    return LaunchSkinny<T, 8, R>(p, e, stream, pdl);
   };
   auto with_type = [&]<typename T>() -> absl::Status {
     switch (rows_per_warp) {
@@ -261,9 +400,13 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
     return absl::UnimplementedError("CudaGemm: GELU (erf) is not fused; use BiasActivationCuda");
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
+  const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
   if (options_.skinny) {
-    const absl::Status s = SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp);
-    if (!absl::IsUnimplemented(s)) return s;
+    const absl::Status s =
+        SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl);
+    if (!absl::IsUnimplemented(s) || fused) return s;
+  } else if (fused) {
+    return absl::UnimplementedError("CudaGemm: fused layer norm / KV write need the skinny kernel");
   }
   return RunLt(p, e, stream);
 }

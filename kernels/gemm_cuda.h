@@ -31,6 +31,20 @@ struct GemmEpilogue {
   Activation activation = Activation::kIdentity;
   // C += result (beta = 1): the residual add. Only with kIdentity.
   bool accumulate = false;
+  // Skinny kernel only (elsewhere Unimplemented: the caller runs LayerNormCuda / KvCacheWriteCuda
+  // itself). A's rows are replaced by LayerNorm(A) (weight, bias [k], 16-byte aligned), computed
+  // inside the GEMM: the separate layer-norm launch goes away.
+  const void* ln_weight = nullptr;
+  const void* ln_bias = nullptr;
+  float ln_epsilon = 1e-5f;
+  // Skinny kernel only: output columns [kv_col0, kv_col0 + kv_width) of row i are also written to
+  // key_cache row slot_mapping[i] and [kv_col0 + kv_width, kv_col0 + 2 kv_width) to value_cache
+  // (rows of kv_width elements, i.e. kv_heads * head_dim of a [blocks, block_size, kv_heads,
+  // head_dim] cache; slot < 0: skipped): KvCacheWriteCuda folded into the QKV projection.
+  void* key_cache = nullptr;
+  void* value_cache = nullptr;
+  const int32_t* slot_mapping = nullptr;
+  int64_t kv_col0 = 0, kv_width = 0;
 };
 
 class CudaGemm {
@@ -39,6 +53,9 @@ class CudaGemm {
     size_t workspace_bytes = size_t{32} << 20;
     bool skinny = true;      // the decode kernel for m <= kSkinnyMaxM
     int skinny_rows_per_warp = 2;  // weight rows one warp streams at a time: 1, 2 or 4
+    // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
+    // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
+    bool pdl = false;
   };
   static constexpr int kSkinnyMaxM = 8;
 
@@ -53,6 +70,8 @@ class CudaGemm {
 
   void set_skinny(bool on) { options_.skinny = on; }
   void set_skinny_rows_per_warp(int rows) { options_.skinny_rows_per_warp = rows; }
+  void set_pdl(bool on) { options_.pdl = on; }
+  bool pdl() const { return options_.pdl; }
   bool skinny() const { return options_.skinny; }
 
  private:
@@ -69,6 +88,6 @@ class CudaGemm {
 
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
-                            int rows_per_warp = 2);
+                            int rows_per_warp = 2, bool pdl = false);
 
 }  // namespace mqa

@@ -22,6 +22,9 @@ __global__ void __launch_bounds__(kThreads) LayerNormKernel(const T* __restrict_
   const T* x = in + row * cols;
   T* y = out + row * cols;
   const int groups = cols / kVec;
+  // PDL: nothing before this reads the previous kernel's output (kernels/forward_cuda_common.cuh).
+  fwd::PdlWait();
+  fwd::PdlTrigger();
   auto load = [&](const T* p, int g, float* f) {
     if constexpr (kVec == 1) {
       f[0] = fwd::ToFloat(p[g]);
@@ -65,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) LayerNormKernel(const T* __restrict_
 
 }  // namespace
 
-absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream) {
+absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream, bool pdl) {
   if (p.input == nullptr || p.output == nullptr || p.weight == nullptr || p.bias == nullptr ||
       p.cols <= 0 || p.rows < 0 || p.cols > INT32_MAX) {
     return absl::InvalidArgumentError(
@@ -82,12 +85,10 @@ absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream) {
     const bool vec = p.cols % kVec == 0 && fwd::Aligned16(in) && fwd::Aligned16(out) &&
                      fwd::Aligned16(w) && fwd::Aligned16(b);
     const int cols = static_cast<int>(p.cols);
-    if (vec) {
-      LayerNormKernel<T, kVec><<<p.rows, kThreads, 0, stream>>>(in, out, w, b, cols, p.epsilon);
-    } else {
-      LayerNormKernel<T, 1><<<p.rows, kThreads, 0, stream>>>(in, out, w, b, cols, p.epsilon);
-    }
-    CUDA_RETURN_IF_LAUNCH_ERROR();
+    const dim3 grid(static_cast<unsigned>(p.rows));
+    CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(
+        pdl, vec ? LayerNormKernel<T, kVec> : LayerNormKernel<T, 1>, grid, dim3(kThreads), stream,
+        in, out, w, b, cols, p.epsilon));
     return absl::OkStatus();
   });
 }

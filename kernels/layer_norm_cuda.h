@@ -11,6 +11,8 @@ namespace mqa {
 
 // Device pointers; asynchronous on `stream`. InvalidArgument for null pointers, cols <= 0 or
 // an integer dtype.
-absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream);
+// pdl: launched as a programmatic dependent of the previous kernel in `stream`
+// (kernels/forward_cuda_common.cuh).
+absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream, bool pdl = false);
 
 }  // namespace mqa

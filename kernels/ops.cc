@@ -37,7 +37,7 @@ absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p) {
       return LayerNormCpu(p);
     case Device::kCuda:
 #ifdef MQA_WITH_CUDA
-      return LayerNormCuda(p, Stream(ctx));
+      return LayerNormCuda(p, Stream(ctx), ctx.pdl);
 #else
       return NoCuda("LayerNorm");
 #endif
@@ -51,7 +51,7 @@ absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p)
       return BiasActivationCpu(p);
     case Device::kCuda:
 #ifdef MQA_WITH_CUDA
-      return BiasActivationCuda(p, Stream(ctx));
+      return BiasActivationCuda(p, Stream(ctx), ctx.pdl);
 #else
       return NoCuda("BiasActivation");
 #endif
@@ -125,13 +125,46 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
         return gemm->Run(g, e, Stream(ctx));
       }
       RETURN_IF_ERROR(gemm->Run(g, GemmEpilogue{}, Stream(ctx)));
-      return BiasActivationCuda(post, Stream(ctx));
+      return BiasActivationCuda(post, Stream(ctx), ctx.pdl);
 #else
       return NoCuda("Linear");
 #endif
     }
   }
   return absl::InternalError("Linear: unknown device");
+}
+
+absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const LinearFusion& f) {
+  switch (ctx.device) {
+    case Device::kCpu:
+      return absl::UnimplementedError("FusedLinear: CUDA only");
+    case Device::kCuda: {
+#ifdef MQA_WITH_CUDA
+      if (p.residual != nullptr || p.activation == Activation::kGeluErf) {
+        return absl::UnimplementedError("FusedLinear: no residual, no GELU-erf");
+      }
+      if (p.gemm.ldc != p.gemm.n) {
+        return absl::InvalidArgumentError("FusedLinear: C must be contiguous (ldc == n)");
+      }
+      ASSIGN_OR_RETURN(CudaGemm * gemm, GemmOf(ctx));
+      GemmEpilogue e;
+      e.bias = p.bias;
+      e.activation = p.activation;
+      e.ln_weight = f.ln_weight;
+      e.ln_bias = f.ln_bias;
+      e.ln_epsilon = f.ln_epsilon;
+      e.key_cache = f.key_cache;
+      e.value_cache = f.value_cache;
+      e.slot_mapping = f.slot_mapping;
+      e.kv_col0 = f.kv_col0;
+      e.kv_width = f.kv_width;
+      return gemm->Run(p.gemm, e, Stream(ctx));
+#else
+      return NoCuda("FusedLinear");
+#endif
+    }
+  }
+  return absl::InternalError("FusedLinear: unknown device");
 }
 
 absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {

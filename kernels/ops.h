@@ -26,6 +26,10 @@ struct OpContext {
   // Device scratch for PagedAttentionCuda's split-KV partials (may be null: fewer splits).
   void* attention_workspace = nullptr;
   size_t attention_workspace_bytes = 0;
+  // CUDA: launch the small kernels (layer norm, bias / activation) as programmatic dependents of
+  // the previous kernel (kernels/forward_cuda_common.cuh). The GEMM's own switch is
+  // CudaGemm::set_pdl.
+  bool pdl = false;
 };
 
 // A Linear layer: gemm (C = A B^T), then C = act(C + bias), or, with `residual`, residual +=
@@ -38,6 +42,26 @@ struct LinearParams {
   Activation activation = Activation::kIdentity;
   void* residual = nullptr;
 };
+
+// What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),
+// and the output columns [kv_col0, kv_col0 + kv_width) / [kv_col0 + kv_width, + kv_width) of
+// token i written to key_cache / value_cache at slot_mapping[i] too (key_cache non-null; caches
+// [blocks, block_size, kv_heads, head_dim] with kv_width = kv_heads * head_dim; slot < 0 skips).
+struct LinearFusion {
+  const void* ln_weight = nullptr;
+  const void* ln_bias = nullptr;
+  float ln_epsilon = 1e-5f;
+  void* key_cache = nullptr;
+  void* value_cache = nullptr;
+  const int32_t* slot_mapping = nullptr;
+  int64_t kv_col0 = 0, kv_width = 0;
+};
+
+// Linear (no residual) with LinearFusion's extra work done inside the GEMM: launches removed on
+// the CUDA decode path (the skinny GEMM, m <= 8). Unimplemented where that is not available (the
+// CPU, larger m, cuBLASLt only, GELU-erf): the caller then runs LayerNorm, Linear and
+// KvCacheWrite itself. Same results as that sequence up to fp32 summation order.
+absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const LinearFusion& f);
 
 absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p);
 absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p);

@@ -474,7 +474,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   ln.cols = embd_;
   ln.epsilon = w_.config.layer_norm_epsilon;
   ln.dtype = dtype_;
-  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
 
   LinearParams qkv_lin;
   GemmParams& gemm = qkv_lin.gemm;
@@ -489,7 +488,29 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.k = embd_;
   gemm.dtype = dtype_;
   qkv_lin.bias = L.c_attn_b.raw();
-  RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
+  // fuse_ (CUDA decode): ln_1 and the KV-cache write inside the QKV GEMM; else (and always on
+  // the CPU) the three ops below.
+  bool qkv_fused = false;
+  if (fuse_) {
+    LinearFusion f;
+    f.ln_weight = L.ln_1_w.raw();
+    f.ln_bias = L.ln_1_b.raw();
+    f.ln_epsilon = ln.epsilon;
+    f.key_cache = cache.key(l).raw();
+    f.value_cache = cache.value(l).raw();
+    f.slot_mapping = idx.slot_mapping;
+    f.kv_col0 = heads_ * D;
+    f.kv_width = kv_heads_ * D;
+    LinearParams fused = qkv_lin;
+    fused.gemm.a = hidden_.raw();
+    const absl::Status st = FusedLinear(ctx_, fused, f);
+    if (!st.ok() && !absl::IsUnimplemented(st)) return st;
+    qkv_fused = st.ok();
+  }
+  if (!qkv_fused) {
+    RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+    RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
+  }
 
   // qkv rows: [Q: heads * D | K: kv_heads * D | V: kv_heads * D].
   const size_t elem = DTypeSize(dtype_);
@@ -507,7 +528,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   kv.head_dim = static_cast<int>(D);
   kv.block_size = cache.block_size();
   kv.dtype = dtype_;
-  RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
+  if (!qkv_fused) RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
 
   PagedAttentionParams att;
   att.query = qkv;
@@ -543,7 +564,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();
-  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
 
   LinearParams fc;
   fc.gemm = gemm;
@@ -557,7 +577,22 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   fc.gemm.k = embd_;
   fc.bias = L.c_fc_b.raw();
   fc.activation = activation_;
-  RETURN_IF_ERROR(Linear(ctx_, fc));
+  bool fc_fused = false;
+  if (fuse_) {
+    LinearFusion f;
+    f.ln_weight = ln.weight;
+    f.ln_bias = ln.bias;
+    f.ln_epsilon = ln.epsilon;
+    LinearParams fused = fc;
+    fused.gemm.a = hidden_.raw();
+    const absl::Status st = FusedLinear(ctx_, fused, f);
+    if (!st.ok() && !absl::IsUnimplemented(st)) return st;
+    fc_fused = st.ok();
+  }
+  if (!fc_fused) {
+    RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+    RETURN_IF_ERROR(Linear(ctx_, fc));
+  }
 
   gemm.a = mlp_.raw();
   gemm.lda = inner_;
@@ -593,7 +628,6 @@ absl::Status GptBigCode::LogitsRows(const StepIndices& idx) {
   ln.cols = embd_;
   ln.epsilon = w_.config.layer_norm_epsilon;
   ln.dtype = dtype_;
-  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
 
   GemmParams gemm;
   gemm.a = rows_normed_.raw();
@@ -606,6 +640,18 @@ absl::Status GptBigCode::LogitsRows(const StepIndices& idx) {
   gemm.n = vocab_shard_;
   gemm.k = embd_;
   gemm.dtype = dtype_;
+  if (fuse_) {  // ln_f inside the lm_head GEMM (CUDA decode)
+    LinearFusion f;
+    f.ln_weight = ln.weight;
+    f.ln_bias = ln.bias;
+    f.ln_epsilon = ln.epsilon;
+    LinearParams fused;
+    fused.gemm = gemm;
+    fused.gemm.a = rows_.raw();
+    const absl::Status st = FusedLinear(ctx_, fused, f);
+    if (!absl::IsUnimplemented(st)) return st;
+  }
+  RETURN_IF_ERROR(LayerNorm(ctx_, ln));
   return Gemm(ctx_, gemm);
 }
 

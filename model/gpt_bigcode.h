@@ -96,6 +96,13 @@ struct GptBigCodeOptions {
   bool cuda_graphs = true;     // decode steps as CUDA graphs (one rank only)
   int max_graph_batch = 256;   // larger decode batches run eagerly
   bool skinny_gemm = true;     // the m <= 8 decode GEMM kernel (else cuBLASLt throughout)
+  // Launch-latency knobs of the decode path (off until measured on the H200; mqabench --fast):
+  // pdl: layer norm, bias/activation and the skinny GEMM launched as programmatic dependents
+  //   (the GEMM loads its first weights before waiting on the previous kernel);
+  // fuse_small_kernels: where the skinny GEMM runs (m <= 8), ln_1 / ln_2 / ln_f are computed
+  //   inside the following GEMM and the KV-cache write inside the QKV GEMM (3 launches a layer).
+  bool pdl = false;
+  bool fuse_small_kernels = false;
 };
 
 class GptBigCode {
@@ -125,6 +132,9 @@ class GptBigCode {
   // Benchmarks switch the skinny decode GEMM (and its weight rows per warp: 1, 2 or 4); no-op on
   // the CPU. Drops captured graphs.
   void set_skinny_gemm(bool on, int rows_per_warp = 2);
+  // Benchmarks and tests switch GptBigCodeOptions::pdl / fuse_small_kernels; no-op on the CPU.
+  // Drops captured graphs.
+  void set_fast_paths(bool pdl, bool fuse_small_kernels);
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
 
@@ -192,6 +202,7 @@ class GptBigCode {
   int64_t embd_ = 0, head_dim_ = 0, heads_ = 0, kv_heads_ = 0, qkv_cols_ = 0, inner_ = 0;
   int64_t vocab_shard_ = 0;
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
+  bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;
   Tensor hidden_;  // [tokens, E]: the residual stream

@@ -115,6 +115,14 @@ void GptBigCode::set_skinny_gemm(bool on, int rows_per_warp) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
+  if (!cuda_ || !cuda_->gemm) return;
+  ctx_.pdl = pdl;
+  cuda_->gemm->set_pdl(pdl);
+  fuse_ = fuse_small_kernels;
+  ClearCudaGraphs();
+}
+
 int GptBigCode::num_cuda_graphs() const {
   return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
 }
@@ -134,6 +142,9 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny = options.skinny_gemm;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
+  ctx_.pdl = options.pdl;
+  cuda_->gemm->set_pdl(options.pdl);
+  fuse_ = options.fuse_small_kernels;
   cuda_->graphs_enabled = options.cuda_graphs && w_.shard.world_size == 1;
   cuda_->max_graph_batch = options.max_graph_batch;
 
@@ -361,6 +372,7 @@ void GptBigCode::CudaStateDeleter::operator()(CudaState* s) const { delete s; }
 GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
+void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

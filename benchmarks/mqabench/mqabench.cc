@@ -3,6 +3,9 @@
 //   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
+//       [--fast off|pdl|fuse|pdl+fuse|all]
+//     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
+//     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -23,6 +26,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +45,7 @@ struct Flags {
   std::string load_format = "dummy", dtype = "float16", gemm = "skinny";
   int block_size = 16;
   bool cuda_graphs = true;
+  std::string fast = "off";
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -78,6 +83,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.dtype, value());
     } else if (a == "--gemm") {
       ASSIGN_OR_RETURN(f.gemm, value());
+    } else if (a == "--fast") {
+      ASSIGN_OR_RETURN(f.fast, value());
     } else if (a == "--block-size") {
       RETURN_IF_ERROR(as_int(&f.block_size));
     } else if (a == "--no-cuda-graphs") {
@@ -246,10 +253,25 @@ absl::Status Latency(const Flags& f) {
   } else {
     variants = {f.gemm == "skinny" ? "skinny2" : f.gemm};
   }
+  std::vector<std::string> fasts;
+  if (f.fast == "all") {
+    fasts = {"off", "pdl", "fuse", "pdl+fuse"};
+  } else if (f.fast == "off" || f.fast == "pdl" || f.fast == "fuse" || f.fast == "pdl+fuse") {
+    fasts = {f.fast};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fast ", f.fast, ": off|pdl|fuse|pdl+fuse|all"));
+  }
+  std::vector<std::pair<std::string, std::string>> runs;  // (gemm variant, fast knobs)
+  for (const std::string& v : variants) {
+    for (const std::string& k : fasts) runs.emplace_back(v, k);
+  }
   std::mt19937 rng(f.seed + 1);
-  for (const std::string& variant : variants) {
+  for (const auto& [variant, fast] : runs) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
+    r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
+                             fast == "fuse" || fast == "pdl+fuse");
     std::vector<double> latencies, prefills, steps;
     for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
       Blocks blocks(r.num_kv_blocks(), bs);
@@ -290,9 +312,9 @@ absl::Status Latency(const Flags& f) {
     for (double l : latencies) avg += l;
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
-    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, cuda graphs %s\n",
+    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
-                std::string(DTypeName(s.dtype)).c_str(), variant.c_str(),
+                std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
                 f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),

@@ -50,7 +50,14 @@ TEST_P(ForwardKernels, LayerNormMatchesCpu) {
       p.rows = rows;
       p.cols = cols;
       p.dtype = t;
-      ASSERT_TRUE(LayerNormCuda(p, nullptr).ok());
+      // In place also as a PDL launch right after the upload (a real stream, then synchronised).
+      cudaStream_t stream = nullptr;
+      if (in_place) ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+      ASSERT_TRUE(LayerNormCuda(p, stream, /*pdl=*/in_place).ok());
+      if (stream) {
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        cudaStreamDestroy(stream);
+      }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<float> want(x.size());
       LayerNormParams c = p;
@@ -88,7 +95,13 @@ TEST_P(ForwardKernels, BiasActivationMatchesCpu) {
         p.cols = cols;
         p.activation = act;
         p.dtype = t;
-        ASSERT_TRUE(BiasActivationCuda(p, nullptr).ok());
+        cudaStream_t stream = nullptr;  // variant 2 also as a PDL launch on a real stream
+        if (variant == 2) ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+        ASSERT_TRUE(BiasActivationCuda(p, stream, /*pdl=*/variant == 2).ok());
+        if (stream) {
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          cudaStreamDestroy(stream);
+        }
         std::vector<float> want(x.size());
         BiasActivationParams c = p;
         c.input = x.data();

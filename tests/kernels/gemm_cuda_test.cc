@@ -7,6 +7,7 @@
 #include <random>
 
 #include "kernels/gemm_cuda.h"
+#include "kernels/layer_norm.h"
 #include "tests/kernels/forward_cuda_test_util.h"
 
 namespace mqa {
@@ -25,8 +26,13 @@ class GemmCudaTest : public ::testing::TestWithParam<std::tuple<DType, int>> {
  protected:
   void SetUp() override {
     if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
   }
   std::mt19937 rng_{std::random_device{}()};
+  cudaStream_t stream_ = nullptr;  // a real stream: the PDL launches are not on the legacy one
 };
 
 TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
@@ -66,7 +72,8 @@ TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
       e.bias = epi >= 1 ? dbias->get() : nullptr;
       e.activation = epi == 2 ? Activation::kGeluTanh : Activation::kIdentity;
       e.accumulate = epi == 3;
-      const absl::Status st = (*gemm)->Run(p, e, nullptr);
+      (*gemm)->set_pdl(epi % 2 == 1);  // PDL launch (no previous kernel: a no-op wait)
+      const absl::Status st = (*gemm)->Run(p, e, stream_);
       ASSERT_TRUE(st.ok()) << st;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -90,6 +97,126 @@ TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
       EXPECT_LT(RelError(got, want), 1e-2)
           << "m " << s.m << " n " << s.n << " k " << s.k << " pad " << s.pad << " epilogue "
           << epi << " skinny " << skinny;
+    }
+  }
+}
+
+// The fused decode paths (GemmEpilogue::ln_weight, key_cache) with and without PDL launch:
+// C = act(LN(A) B^T + bias) against LayerNormCpu -> rounding to the dtype -> GemmCpu ->
+// BiasActivationCpu; the K/V columns land at their slots (bit-equal to C's), every other cache row
+// keeps its old contents. C poisoned. cuBLASLt-only refuses the fusion (Unimplemented).
+TEST_P(GemmCudaTest, FusedLayerNormAndKvWriteMatchCpu) {
+  const auto [t, rows] = GetParam();
+  CudaGemm::Options options;
+  options.skinny = rows > 0;
+  options.skinny_rows_per_warp = rows;
+  auto gemm = CudaGemm::Create(options);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  struct FShape {
+    int64_t m, n, k, pad, kv_width;  // n = q columns + 2 kv_width
+  };
+  const FShape shapes[] = {{1, 2048 + 256, 2048, 0, 128}, {3, 640 + 2 * 64, 512, 8, 64},
+                           {8, 1000, 264, 0, 0},          {2, 4096, 1024, 0, 0}};
+  for (const FShape& s : shapes) {
+    for (int variant = 0; variant < 4; ++variant) {  // bit 0: PDL, bit 1: GELU-tanh
+      const bool pdl = variant & 1;
+      const Activation act = variant & 2 ? Activation::kGeluTanh : Activation::kIdentity;
+      (*gemm)->set_pdl(pdl);
+      const int64_t lda = s.k + s.pad;
+      std::vector<float> a, b, bias, lw, lb, cache0;
+      auto ab = RandomRounded(a, s.m * lda, t, rng_, 2.0f, 0.5f);
+      auto bb = RandomRounded(b, s.n * s.k, t, rng_, 0.05f);
+      auto biasb = RandomRounded(bias, s.n, t, rng_);
+      auto lwb = RandomRounded(lw, s.k, t, rng_, 0.5f, 1.0f);
+      auto lbb = RandomRounded(lb, s.k, t, rng_, 0.5f);
+      const int64_t num_slots = 3 * s.m + 2;
+      auto cb = RandomRounded(cache0, num_slots * std::max<int64_t>(s.kv_width, 1) * 2, t, rng_);
+      std::vector<int32_t> slots(s.m);
+      for (int64_t i = 0; i < s.m; ++i) slots[i] = i == 1 ? -1 : static_cast<int32_t>(3 * i + 1);
+      auto da = DeviceMem::From(ab), db = DeviceMem::From(bb), dbias = DeviceMem::From(biasb);
+      auto dlw = DeviceMem::From(lwb), dlb = DeviceMem::From(lbb), dslots = DeviceMem::From(slots);
+      const std::vector<uint16_t> kc(cb.begin(), cb.begin() + cb.size() / 2);
+      const std::vector<uint16_t> vc(cb.begin() + cb.size() / 2, cb.end());
+      auto dk = DeviceMem::From(kc), dv = DeviceMem::From(vc);
+      DeviceMem dc(s.m * s.n * 2);
+      dc.Poison();
+      GemmParams p;
+      p.a = da->get();
+      p.b = db->get();
+      p.c = dc.get();
+      p.lda = lda;
+      p.ldb = s.k;
+      p.ldc = s.n;
+      p.m = s.m;
+      p.n = s.n;
+      p.k = s.k;
+      p.dtype = t;
+      GemmEpilogue e;
+      e.bias = dbias->get();
+      e.activation = act;
+      e.ln_weight = dlw->get();
+      e.ln_bias = dlb->get();
+      e.ln_epsilon = 1e-5f;
+      const int64_t kv_col0 = s.n - 2 * s.kv_width;
+      if (s.kv_width > 0) {
+        e.key_cache = dk->get();
+        e.value_cache = dv->get();
+        e.slot_mapping = dslots->get<int32_t>();
+        e.kv_col0 = kv_col0;
+        e.kv_width = s.kv_width;
+      }
+      const absl::Status st = (*gemm)->Run(p, e, stream_);
+      if (rows == 0) {
+        EXPECT_TRUE(absl::IsUnimplemented(st)) << st;
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+      std::vector<float> dense(s.m * s.k), normed(s.m * s.k);
+      for (int64_t i = 0; i < s.m; ++i) {
+        std::copy_n(a.begin() + i * lda, s.k, dense.begin() + i * s.k);
+      }
+      LayerNormParams ln;
+      ln.input = dense.data();
+      ln.output = normed.data();
+      ln.weight = lw.data();
+      ln.bias = lb.data();
+      ln.rows = s.m;
+      ln.cols = s.k;
+      ASSERT_TRUE(LayerNormCpu(ln).ok());
+      for (float& x : normed) x = testing::FromBits(testing::ToBits(x, t), t);
+      std::vector<float> prod(s.m * s.n), want(s.m * s.n);
+      GemmParams c = p;
+      c.a = normed.data();
+      c.lda = s.k;
+      c.b = b.data();
+      c.c = prod.data();
+      c.dtype = DType::kF32;
+      ASSERT_TRUE(GemmCpu(c).ok());
+      BiasActivationParams post;
+      post.input = prod.data();
+      post.bias = bias.data();
+      post.output = want.data();
+      post.rows = s.m;
+      post.cols = s.n;
+      post.activation = act;
+      ASSERT_TRUE(BiasActivationCpu(post).ok());
+      const auto got_bits = dc.Download<uint16_t>();
+      EXPECT_LT(RelError(Widen(got_bits, t), want), 1e-2)
+          << "m " << s.m << " n " << s.n << " k " << s.k << " variant " << variant;
+      if (s.kv_width == 0) continue;
+      const auto got_k = dk->Download<uint16_t>(), got_v = dv->Download<uint16_t>();
+      std::vector<uint16_t> want_k = kc, want_v = vc;
+      for (int64_t i = 0; i < s.m; ++i) {
+        if (slots[i] < 0) continue;
+        for (int64_t j = 0; j < s.kv_width; ++j) {
+          want_k[slots[i] * s.kv_width + j] = got_bits[i * s.n + kv_col0 + j];
+          want_v[slots[i] * s.kv_width + j] = got_bits[i * s.n + kv_col0 + s.kv_width + j];
+        }
+      }
+      EXPECT_EQ(got_k, want_k) << "m " << s.m << " variant " << variant;
+      EXPECT_EQ(got_v, want_v) << "m " << s.m << " variant " << variant;
     }
   }
 }

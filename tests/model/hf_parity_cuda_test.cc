@@ -87,11 +87,14 @@ int32_t Argmax(const float* row, int64_t vocab) {
   return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
 }
 
-class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int>> {};
+// Params: fixture, dtype, KV block size, decode knobs (bit 0: GptBigCodeRunnerOptions::pdl,
+// bit 1: fuse_small_kernels).
+class HfParityCuda
+    : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const auto& [model, dtype, block_size] = GetParam();
+  const auto& [model, dtype, block_size, knobs] = GetParam();
   auto collectives = MakeLocalCollectives();
   LoadOptions load;
   load.model_dir = FixtureModelDir(model);
@@ -100,6 +103,8 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.block_size = block_size;
   opts.num_kv_blocks = 256;
   opts.device = Device::kCuda;
+  opts.pdl = knobs & 1;
+  opts.fuse_small_kernels = knobs & 2;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
@@ -176,10 +181,10 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
     }
     for (size_t s = 0; s < S; ++s) ++start[s];
   }
-  std::printf("%s %s block %d: largest relative logit error %.3g, %d greedy steps equal, "
-              "%d CUDA graphs\n",
-              model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, worst, compared,
-              r.model().num_cuda_graphs());
+  std::printf("%s %s block %d knobs %d: largest relative logit error %.3g, %d greedy steps "
+              "equal, %d CUDA graphs\n",
+              model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, knobs, worst,
+              compared, r.model().num_cuda_graphs());
   // fp16 resolves the fixtures' greedy paths for long stretches; bf16's 8-bit mantissa forks
   // early on these random tiny models (first GPU run: 3 to 11 steps compared before a fork).
   EXPECT_GT(compared, dtype == DType::kF16 ? 40 : 0);
@@ -189,11 +194,13 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfParityCuda,
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
-                       ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16)),
+                       ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
+                       ::testing::Values(0, 3)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
-                         std::to_string(std::get<2>(info.param));
+                         std::to_string(std::get<2>(info.param)) +
+                         (std::get<3>(info.param) ? "_pdl_fuse" : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
