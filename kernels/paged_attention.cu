@@ -57,8 +57,20 @@ struct KernelArgs {
   float scale_log2 = 0.0f;
   int variant = 0;       // PagedAttentionTuning::variant as launched (2 only when co-resident)
   int table_blocks = 0;  // > 0: block-table entries per split loaded into shared memory
-  unsigned* counters = nullptr;  // variant 2: [num_seqs][num_kv_heads][row_tiles][2], zeroed
+  unsigned* counters = nullptr;  // variants 2, 4, 5: [num_seqs][num_kv_heads][row_tiles][2], zeroed
+  // Variants 3-5: partial outputs stored in T (half the bytes of fp32; the lse stays fp32).
+  bool narrow_partials = false;
+  // Variants 1, 3-5 (when a merge kernel follows): trigger the programmatic dependent launch.
+  bool pdl = false;
+  // Variants 4-5: the last split CTA of a (sequence, KV head, row tile) to finish merges, in this
+  // kernel (no merge launch); set only when num_splits <= the variant's cap.
+  bool inline_merge = false;
 };
+
+// Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
+constexpr int kInlineMergeCap4 = 8;
+constexpr int kInlineMergeCap5 = 32;
+
 
 // --- PTX wrappers ------------------------------------------------------------------------------
 
@@ -116,6 +128,15 @@ __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+template <typename T>
+__device__ __forceinline__ float2 Unpack2(uint32_t u) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  }
 }
 
 template <typename T>
@@ -247,10 +268,96 @@ __device__ __forceinline__ void FusedMerge(const KernelArgs& a, int seq, int kvh
   }
 }
 
-template <typename T, int D, int WM, int WN>
+// Variants 4-5's in-kernel merge, with no waiting (so no cooperative launch): every split CTA of
+// one (row tile, KV head, sequence) that has work writes its partials (T outputs, fp32 lse),
+// fences and counts itself in; the one that arrives last merges all of the tile's rows and resets
+// the counter for the next launch. Pass 1 loads every (split, row) lse into shared memory in one
+// coalesced round trip and turns them into weights; pass 2 gives each thread 16-byte chunks of
+// output whose split loads are independent (their addresses do not wait on each other).
+// `scratch` holds kMaxSplits x kRows + kRows floats (the free KV stages).
+template <typename T, int D, int kThreads, int kRows>
+__device__ __forceinline__ void LastArriverMerge(const KernelArgs& a, int seq, int kvh,
+                                                 int row_tile, int row_begin, int row_last,
+                                                 int q_begin, int kv_end, float* scratch) {
+  __shared__ int is_last_s;
+  const int tid = threadIdx.x;
+  const int nvalid = min(a.num_splits, (kv_end + a.chunk - 1) / a.chunk);
+  const int row_tiles = gridDim.x / a.num_splits;
+  unsigned* cnt =
+      a.counters + ((static_cast<int64_t>(seq) * a.num_kv_heads + kvh) * row_tiles + row_tile) * 2;
+  __threadfence();  // this thread's partials are visible device-wide before the arrival
+  __syncthreads();
+  if (tid == 0) {
+    const bool last = atomicAdd(cnt, 1u) == static_cast<unsigned>(nvalid) - 1;
+    if (last) atomicExch(cnt, 0u);  // every CTA of the group has arrived: ready for next launch
+    is_last_s = last;
+  }
+  __syncthreads();
+  if (!is_last_s) return;
+  __threadfence();  // acquire side: the other CTAs' partials are read after their arrivals
+
+  const int G = a.group;
+  const int nr = row_last - row_begin + 1;
+  const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
+  float* w_s = scratch;                     // [nvalid][kRows]: lse, then weights
+  float* inv_s = scratch + nvalid * kRows;  // [kRows]: 1 / sum of weights
+  auto row0_of = [&](int r) -> int64_t {
+    const int row = row_begin + r;
+    return static_cast<int64_t>(q_begin + row / G) * a.num_heads + kvh * G + row % G;
+  };
+  for (int idx = tid; idx < nvalid * nr; idx += kThreads) {
+    const int s = idx / nr, r = idx % nr;
+    w_s[s * kRows + r] = __ldcg(a.partial_lse + s * split_stride + row0_of(r));
+  }
+  __syncthreads();
+  for (int r = tid; r < nr; r += kThreads) {
+    float m = -INFINITY;
+    for (int s = 0; s < nvalid; ++s) m = fmaxf(m, w_s[s * kRows + r]);
+    // Split 0 saw every row's first token, so m is finite.
+    float sum = 0.0f;
+    for (int s = 0; s < nvalid; ++s) {
+      const float l = w_s[s * kRows + r];
+      const float w = l == -INFINITY ? 0.0f : Exp2(l - m);
+      w_s[s * kRows + r] = w;
+      sum += w;
+    }
+    inv_s[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  constexpr int kC8 = D / 8;
+  const T* part = reinterpret_cast<const T*>(a.partial_o);
+  for (int it = tid; it < nr * kC8; it += kThreads) {
+    const int r = it / kC8, c = it % kC8;
+    const int64_t row0 = row0_of(r);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 4
+    for (int s = 0; s < nvalid; ++s) {
+      const float w = w_s[s * kRows + r];
+      if (w == 0.0f) continue;  // a split that saw none of this row's tokens
+      const uint4 x = __ldcg(reinterpret_cast<const uint4*>(part + (s * split_stride + row0) * D) + c);
+      const float2 f0 = Unpack2<T>(x.x), f1 = Unpack2<T>(x.y), f2 = Unpack2<T>(x.z),
+                   f3 = Unpack2<T>(x.w);
+      acc[0] += w * f0.x, acc[1] += w * f0.y, acc[2] += w * f1.x, acc[3] += w * f1.y;
+      acc[4] += w * f2.x, acc[5] += w * f2.y, acc[6] += w * f3.x, acc[7] += w * f3.y;
+    }
+    const float inv = inv_s[r];
+    uint4 packed;
+    packed.x = Pack2<T>(acc[0] * inv, acc[1] * inv);
+    packed.y = Pack2<T>(acc[2] * inv, acc[3] * inv);
+    packed.z = Pack2<T>(acc[4] * inv, acc[5] * inv);
+    packed.w = Pack2<T>(acc[6] * inv, acc[7] * inv);
+    *reinterpret_cast<uint4*>(static_cast<T*>(a.output) + row0 * D + c * 8) = packed;
+  }
+}
+
+// kNarrow: variants 3-5 (T partials, the inline merge), a separate instantiation so that
+// variants 0-2 keep their measured register allocation (3x2 D128 is capped at 168).
+template <typename T, int D, int WM, int WN, bool kNarrow>
 __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::kMinCtas)
     PagedAttentionKernel(const KernelArgs a) {
   using S = Shape<D, WM, WN>;
+  static_assert(S::kKvBytes >= (kInlineMergeCap5 + 1) * S::kRows * sizeof(float),
+                "the inline merge's scratch lives in the KV stages");
   constexpr int kNT = S::kWarpTokens / 8;   // score n-tiles per warp
   constexpr int kKT = S::kWarpTokens / 16;  // PV k-steps per warp
   constexpr int kStageElems = kTileN * D;
@@ -492,7 +599,7 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
 
   // A merge kernel launched as a programmatic dependent (variant 1) may start now: it waits for
   // this grid's completion before reading partials, so only its launch and prologue overlap.
-  if (a.variant == 1) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  if (a.pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::);
 
   // --- Epilogue: merge the WN warps that share rows, normalise, write. ---
 #pragma unroll
@@ -564,22 +671,39 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     } else {
       const int64_t prow =
           (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
-      float* dst = a.partial_o + prow * D + c * 8;
-      *reinterpret_cast<float4*>(dst) = make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
-      *reinterpret_cast<float4*>(dst + 4) =
-          make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
+      if constexpr (kNarrow) {
+        uint4 packed;
+        packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
+        packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
+        packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
+        packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
+        *reinterpret_cast<uint4*>(reinterpret_cast<T*>(a.partial_o) + prow * D + c * 8) = packed;
+      } else {
+        float* dst = a.partial_o + prow * D + c * 8;
+        *reinterpret_cast<float4*>(dst) =
+            make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
+        *reinterpret_cast<float4*>(dst + 4) =
+            make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
+      }
       if (c == 0) a.partial_lse[prow] = sum > 0.0f ? fin_s[r * 2] + __log2f(sum) : -INFINITY;
     }
   }
-  if (a.variant == 2 && a.num_splits > 1) {
+  if (!kNarrow && a.variant == 2 && a.num_splits > 1) {
     FusedMerge<T, D, S::kThreads>(a, seq, kvh, row_tile, split, row_begin, row_last, q_begin, pos0,
                                   kv_end);
+  }
+  if (kNarrow && a.inline_merge) {
+    // The KV stages (ep_s) are free scratch once every thread is past the epilogue; the merge
+    // starts with a barrier.
+    LastArriverMerge<T, D, S::kThreads, S::kRows>(a, seq, kvh, row_tile, row_begin, row_last,
+                                                  q_begin, kv_end, ep_s);
   }
 }
 
 // Merges the split-KV partials of one (query token, head) by log-sum-exp. Thread (group, c)
-// sums 4 dims of every kGroups-th split; the groups meet in shared memory.
-template <typename T, int D>
+// sums 4 dims of every kGroups-th split; the groups meet in shared memory. P is the partial
+// outputs' type: float (variants 0-2) or T (3-5).
+template <typename T, int D, typename P>
 __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   constexpr int kChunks = D / 4;
   constexpr int kGroups = 128 / kChunks;
@@ -619,8 +743,15 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   float4 acc = make_float4(0, 0, 0, 0);
   for (int s = group; s < valid; s += kGroups) {
     const float w = w_s[s];
-    const float4 x =
-        *reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row0) * D + c * 4);
+    float4 x;
+    if constexpr (std::is_same_v<P, float>) {
+      x = *reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row0) * D + c * 4);
+    } else {
+      const uint2 u = *reinterpret_cast<const uint2*>(reinterpret_cast<const T*>(a.partial_o) +
+                                                      (s * split_stride + row0) * D + c * 4);
+      const float2 lo = Unpack2<T>(u.x), hi = Unpack2<T>(u.y);
+      x = make_float4(lo.x, lo.y, hi.x, hi.y);
+    }
     acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
   }
   acc_s[group][c] = acc;
@@ -697,11 +828,11 @@ WarpLayout ChooseLayout(const PagedAttentionParams& p, const PagedAttentionTunin
 }
 
 // Resident CTAs per SM of one instantiation (sets its shared-memory limit on first use).
-template <typename T, int D, int WM, int WN>
+template <typename T, int D, int WM, int WN, bool kNarrow>
 int ResidentCtas() {
   static const int ctas = [] {
     using S = Shape<D, WM, WN>;
-    auto kernel = PagedAttentionKernel<T, D, WM, WN>;
+    auto kernel = PagedAttentionKernel<T, D, WM, WN, kNarrow>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(S::kSmemBytes)) != cudaSuccess) {
       return 0;
@@ -723,7 +854,7 @@ size_t BytesPerSplit(const PagedAttentionParams& p) {
 // Variant 2's arrival counters at the start of the workspace, rounded to 256 bytes; 0 otherwise.
 size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
                     int row_tiles) {
-  if (tuning.variant != 2) return 0;
+  if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5) return 0;
   const size_t n = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * row_tiles * 2;
   return (n * sizeof(unsigned) + 255) / 256 * 256;
 }
@@ -800,7 +931,7 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
   size_t bytes = 0;
   const absl::Status s = attention::DispatchAttention(
       p.dtype, p.head_dim, ChooseLayout(p, tuning), [&]<typename T, int D, int WM, int WN>() {
-        const Plan plan = MakePlan(p, tuning, ResidentCtas<T, D, WM, WN>(), SIZE_MAX);
+        const Plan plan = MakePlan(p, tuning, ResidentCtas<T, D, WM, WN, false>(), SIZE_MAX);
         bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 +
                                           CounterBytes(p, tuning, plan.row_tiles)
                                     : 0;
@@ -817,17 +948,21 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
       p.dtype, p.head_dim, ChooseLayout(p, tuning),
       [&]<typename T, int D, int WM, int WN>() -> absl::Status {
         using S = Shape<D, WM, WN>;
-        const int resident = ResidentCtas<T, D, WM, WN>();
+        // The instantiation that will launch (variants 3-5 never fall back below 3): this also
+        // raises its shared-memory limit before the launch.
+        const int resident = tuning.variant >= 3 ? ResidentCtas<T, D, WM, WN, true>()
+                                                 : ResidentCtas<T, D, WM, WN, false>();
         if (resident == 0) {
           return absl::InternalError("CUDA attention: kernel cannot be resident (shared memory)");
         }
         const size_t usable = workspace == nullptr ? 0 : workspace_bytes;
-        // Variant 2 keeps its counters first; without room for them it runs as variant 1.
+        // Variants 2, 4, 5 keep their counters first; without room for them 2 runs as variant 1,
+        // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
         size_t head_bytes = 256 + counter_bytes;
-        if (variant == 2 && usable < head_bytes + 2 * BytesPerSplit(p)) {
-          variant = 1;
+        if (counter_bytes > 0 && usable < head_bytes + 2 * BytesPerSplit(p)) {
+          variant = variant == 2 ? 1 : 3;
           head_bytes = 256;
         }
         const Plan plan =
@@ -861,6 +996,14 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.chunk = plan.chunk;
         a.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
         a.variant = variant;
+        a.narrow_partials = variant >= 3;
+        a.inline_merge =
+            plan.num_splits > 1 &&
+            ((variant == 4 && plan.num_splits <= kInlineMergeCap4) ||
+             (variant == 5 && plan.num_splits <= kInlineMergeCap5));
+        // A merge kernel follows (variants 1 and 3, and 4-5 past their cap): launched early.
+        const bool merge_launch = plan.num_splits > 1 && variant != 2 && !a.inline_merge;
+        a.pdl = merge_launch && variant != 0;
         if (variant >= 1) {
           const int first_span = (plan.chunk + p.block_size - 1) / p.block_size + 1;
           a.table_blocks = first_span <= kTableCap ? first_span : 0;
@@ -868,8 +1011,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         if (plan.num_splits > 1) {
           // 256-byte aligned counters (variant 2) and partials inside the caller's workspace.
           const uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t{255};
-          a.counters = variant == 2 ? reinterpret_cast<unsigned*>(base) : nullptr;
-          a.partial_o = reinterpret_cast<float*>(base + (variant == 2 ? counter_bytes : 0));
+          const bool counters = variant == 2 || variant == 4 || variant == 5;
+          a.counters = counters ? reinterpret_cast<unsigned*>(base) : nullptr;
+          a.partial_o = reinterpret_cast<float*>(base + (counters ? counter_bytes : 0));
           a.partial_lse = a.partial_o + static_cast<size_t>(plan.num_splits) * p.num_tokens *
                                             p.num_heads * p.head_dim;
         }
@@ -884,13 +1028,17 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           attr[0].val.cooperative = 1;
           config.attrs = attr;
           config.numAttrs = 1;
-          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, PagedAttentionKernel<T, D, WM, WN>, a));
+          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, PagedAttentionKernel<T, D, WM, WN, false>, a));
           CUDA_RETURN_IF_LAUNCH_ERROR();
           return absl::OkStatus();
         }
-        PagedAttentionKernel<T, D, WM, WN><<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
+        auto kernel = a.narrow_partials ? PagedAttentionKernel<T, D, WM, WN, true>
+                                        : PagedAttentionKernel<T, D, WM, WN, false>;
+        kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
         CUDA_RETURN_IF_LAUNCH_ERROR();
-        if (plan.num_splits > 1 && variant == 1) {
+        if (!merge_launch) return absl::OkStatus();
+        auto merge = a.narrow_partials ? MergeSplitsKernel<T, D, T> : MergeSplitsKernel<T, D, float>;
+        if (a.pdl) {
           // Programmatic dependent launch: the merge launches while the attention kernel runs.
           cudaLaunchConfig_t config = {};
           config.gridDim = dim3(p.num_tokens, p.num_heads);
@@ -902,12 +1050,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           attr[0].val.programmaticStreamSerializationAllowed = 1;
           config.attrs = attr;
           config.numAttrs = 1;
-          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel<T, D>, a));
+          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, merge, a));
           CUDA_RETURN_IF_LAUNCH_ERROR();
-        } else if (plan.num_splits > 1) {
-          MergeSplitsKernel<T, D>
-              <<<dim3(p.num_tokens, p.num_heads), 128, plan.num_splits * sizeof(float), stream>>>(
-                  a);
+        } else {
+          merge<<<dim3(p.num_tokens, p.num_heads), 128, plan.num_splits * sizeof(float), stream>>>(
+              a);
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }
         return absl::OkStatus();

@@ -34,14 +34,28 @@ struct PagedAttentionTuning {
   //     each merges a slice of the rows. Needs the workspace's first bytes zeroed once before
   //     first use (cudaMemset of the whole workspace is fine); the kernel leaves them zeroed.
   //     Falls back to 1 where the grid is not co-resident or the workspace has no room.
+  //  3: as 1, with the split partial outputs stored in the element type (fp16/bf16) instead of
+  //     fp32: half the partial-write and merge-read bytes (the merge kernel reads T).
+  //  4: as 3, but with no merge launch when there are at most 8 splits: each split CTA counts
+  //     itself in at a counter in the workspace and the last one to arrive merges the row tile
+  //     (no waiting, no cooperative launch; works in graphs). More than 8 splits: runs as 3.
+  //     Workspace: as 2 (first bytes zeroed once; the kernel leaves them zeroed); without room
+  //     for the counters it runs as 3.
+  //  5: as 4 with the in-kernel merge up to 32 splits.
   // Default 1: fastest or within 3% of the fastest at every benchmark shape on the H200
   // (2026-12-02: 64 x 2048 33.6 us vs 36.3 for 0; 32 x 2048 21.8 vs 23.9; BENCHMARKS.md).
   int variant = 1;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 3;
+inline constexpr int kNumPagedAttentionVariants = 6;
 inline const char* PagedAttentionVariantName(int v) {
-  return v == 0 ? "v2" : v == 1 ? "smemtab+pdl" : v == 2 ? "fused" : "?";
+  return v == 0   ? "v2"
+         : v == 1 ? "smemtab+pdl"
+         : v == 2 ? "fused"
+         : v == 3 ? "halfpart"
+         : v == 4 ? "lastmerge8"
+         : v == 5 ? "lastmerge32"
+                  : "?";
 }
 
 // Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will
