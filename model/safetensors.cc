@@ -100,16 +100,10 @@ absl::Status SafetensorsFile::ReadSliceInto(const SafetensorsTensorInfo& info,
                                                  info.dtype_name,
                                                  "; mqaserve reads F32, F16 and BF16 tensors"));
   }
-  switch (dst_dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      break;
-    case DType::kI32:
-    case DType::kI64:
-      return absl::InvalidArgumentError(absl::StrCat(path(), ": tensor '", info.name,
-                                                     "': cannot convert to ",
-                                                     std::string(DTypeName(dst_dtype))));
+  if (!IsFloatDType(dst_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(path(), ": tensor '", info.name,
+                                                   "': cannot convert to ",
+                                                   std::string(DTypeName(dst_dtype))));
   }
   ASSIGN_OR_RETURN(ResolvedSlice r, ResolveSlice(info, slice, path()));
   const DType src_dtype = *info.dtype;

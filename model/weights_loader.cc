@@ -400,16 +400,10 @@ absl::StatusOr<ShardInfo> MakeShardInfo(const ModelConfig& c, int rank, int worl
 }
 
 absl::StatusOr<GptBigCodeWeights> LoadWeights(const LoadOptions& opts) {
-  switch (opts.dtype) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      break;
-    case DType::kI32:
-    case DType::kI64:
-      return absl::InvalidArgumentError(
-          absl::StrCat("weights can be loaded as float32, float16 or bfloat16, not ",
-                       std::string(DTypeName(opts.dtype))));
+  if (!IsFloatDType(opts.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights can be loaded as float32, float16 or bfloat16, not ",
+                     std::string(DTypeName(opts.dtype))));
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(opts.model_dir));
   ASSIGN_OR_RETURN(ShardInfo shard, MakeShardInfo(config, opts.rank, opts.world_size));

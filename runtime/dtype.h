@@ -32,6 +32,20 @@ constexpr std::string_view DTypeName(DType t) {
   return "?";
 }
 
+// The element types that weights, activations and caches can have.
+constexpr bool IsFloatDType(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return true;
+    case DType::kI32:
+    case DType::kI64:
+      return false;
+  }
+  return false;
+}
+
 // IEEE binary16 -> binary32, exact (normals, subnormals, inf, nan).
 inline float HalfBitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
