@@ -255,7 +255,7 @@ absl::Status Latency(const Flags& f) {
   }
   std::vector<std::string> fasts;
   if (f.fast == "all") {
-    fasts = {"off", "pdl", "fuse", "pdl+fuse"};
+    fasts = {"off", "fuse", "pdl", "pdl+fuse"};  // PDL last: fuse measured even if it fails
   } else if (f.fast == "off" || f.fast == "pdl" || f.fast == "fuse" || f.fast == "pdl+fuse") {
     fasts = {f.fast};
   } else {
@@ -267,13 +267,15 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& k : fasts) runs.emplace_back(v, k);
   }
   std::mt19937 rng(f.seed + 1);
+  absl::Status first_failure;  // returned after every row ran
   for (const auto& [variant, fast] : runs) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     std::vector<double> latencies, prefills, steps;
-    for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
+    absl::Status failed;
+    for (int iter = 0; iter < f.num_iters_warmup + f.num_iters && failed.ok(); ++iter) {
       Blocks blocks(r.num_kv_blocks(), bs);
       std::vector<Seq> seqs(f.batch_size);
       std::vector<Seq*> ptrs;
@@ -290,23 +292,40 @@ absl::Status Latency(const Flags& f) {
       std::vector<RowSamplingParams> greedy(f.batch_size);
       std::vector<double> iter_steps;
       const auto t0 = std::chrono::steady_clock::now();
-      ASSIGN_OR_RETURN(std::vector<int32_t> next,
-                       r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy));
+      auto first = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
+      if (!first.ok()) {  // one knob failing must not hide the other rows
+        failed = first.status();
+        break;
+      }
+      std::vector<int32_t> next = *std::move(first);
       const auto t1 = std::chrono::steady_clock::now();
       for (Seq& q : seqs) q.context = f.input_len;
       for (int step = 1; step < f.output_len; ++step) {
         for (int i = 0; i < f.batch_size; ++i) chunk[i] = {next[i]};
         const auto a = std::chrono::steady_clock::now();
-        ASSIGN_OR_RETURN(next, r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy));
+        auto out = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
+        if (!out.ok()) {
+          failed = out.status();
+          break;
+        }
+        next = *std::move(out);
         iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
         for (Seq& q : seqs) ++q.context;
       }
+      if (!failed.ok()) break;
       const auto t2 = std::chrono::steady_clock::now();
       if (iter >= f.num_iters_warmup) {
         latencies.push_back(Seconds(t0, t2));
         prefills.push_back(Seconds(t0, t1));
         steps.insert(steps.end(), iter_steps.begin(), iter_steps.end());
       }
+    }
+    if (!failed.ok()) {
+      std::printf("latency %s: batch %d, gemm %s, fast %s: FAILED %s\n", f.model.c_str(),
+                  f.batch_size, variant.c_str(), fast.c_str(), failed.ToString().c_str());
+      std::fflush(stdout);
+      if (first_failure.ok()) first_failure = failed;
+      continue;
     }
     double avg = 0;
     for (double l : latencies) avg += l;
@@ -325,7 +344,7 @@ absl::Status Latency(const Flags& f) {
                 100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
     std::printf("  CUDA graphs captured: %d\n", r.model().num_cuda_graphs());
   }
-  return absl::OkStatus();
+  return first_failure;
 }
 
 // Lengths cut from real code: slices of this repository's sources (the MQA_SOURCE_DIR or the
