@@ -109,29 +109,40 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
   for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
   float mean[M], rstd[M];
   if constexpr (kLn) {
+    // All M rows per pass (their loads in flight together): sum, then the centred squares.
+    float sum[M], sq[M];
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      float s = 0.0f;
-      for (int j = lane * kV; j < k; j += 32 * kV) {
+    for (int i = 0; i < M; ++i) sum[i] = sq[i] = 0.0f;
+    for (int j = lane * kV; j < k; j += 32 * kV) {
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
         const V av = *reinterpret_cast<const V*>(arow[i] + j);
 #pragma unroll
-        for (int e = 0; e < kV; ++e) s += fwd::ToFloat(av.v[e]);
+        for (int e = 0; e < kV; ++e) sum[i] += fwd::ToFloat(av.v[e]);
       }
+    }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      mean[i] = s / k;
-      float q = 0.0f;
-      for (int j = lane * kV; j < k; j += 32 * kV) {
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+      mean[i] = sum[i] / k;
+    }
+    for (int j = lane * kV; j < k; j += 32 * kV) {
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
         const V av = *reinterpret_cast<const V*>(arow[i] + j);
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
           const float d = fwd::ToFloat(av.v[e]) - mean[i];
-          q += d * d;
+          sq[i] += d * d;
         }
       }
+    }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-      rstd[i] = rsqrtf(q / k + p.ln_eps);
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
+      rstd[i] = rsqrtf(sq[i] / k + p.ln_eps);
     }
   }
   float acc[M][R];
