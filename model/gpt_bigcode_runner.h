@@ -39,7 +39,7 @@ struct GptBigCodeRunnerOptions {
   bool cuda_graphs = true;   // decode steps as CUDA graphs (one rank)
   int max_graph_batch = 256;
   bool skinny_gemm = true;   // the m <= 8 GEMM kernel for small decode batches
-  bool pdl = false;                 // GptBigCodeOptions::pdl
+  bool pdl = true;                  // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
 };
 

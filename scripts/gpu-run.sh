@@ -43,9 +43,11 @@ while read -r name cmd; do
   record "$name" $? "$logs/$name.log"
 done <"$b/scripts.txt"
 
+line=0
 while read -r secs name args; do
   [[ -z "$secs" ]] && continue
-  log="$logs/bench-$name-$(echo "$args" | tr -c 'a-zA-Z0-9' '_' | cut -c1-60).log"
+  line=$((line + 1))
+  log="$logs/bench-$line-$name.log"
   timeout "$secs" "$b/bin/$name" $args >"$log" 2>&1
   summary+=("BENCH rc=$? $name $args")
 done <"$b/benchmarks.txt"

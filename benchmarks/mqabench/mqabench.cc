@@ -45,7 +45,7 @@ struct Flags {
   std::string load_format = "dummy", dtype = "float16", gemm = "skinny";
   int block_size = 16;
   bool cuda_graphs = true;
-  std::string fast = "off";
+  std::string fast = "pdl";  // the runner's default
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
