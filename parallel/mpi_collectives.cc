@@ -21,19 +21,6 @@
 namespace mqa {
 namespace {
 
-bool IsFloat(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return true;
-    case DType::kI32:
-    case DType::kI64:
-      return false;
-  }
-  return false;
-}
-
 // A grow-only host buffer; page-locked (cudaMallocHost) when `pinned`, for fast device copies.
 class HostScratch {
  public:
@@ -95,7 +82,7 @@ class MpiCollectives final : public Collectives {
 
   absl::Status AllReduceSum(Tensor& tensor) override {
     RETURN_IF_ERROR(broken_);
-    if (!IsFloat(tensor.dtype())) {
+    if (!IsFloatDType(tensor.dtype())) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllReduceSum: not a float tensor: ", tensor.DebugString()));
     }
