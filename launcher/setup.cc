@@ -28,6 +28,7 @@
 #include "parallel/collectives.h"
 #include "parallel/control_channel.h"
 #include "parallel/distributed_runner.h"
+#include "parallel/mpi_wait.h"
 #include "runtime/detokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/http/server.h"
@@ -312,6 +313,9 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
         std::fprintf(stderr, "mqaserve: shutting down: no new requests, finishing those in flight "
                              "(up to %.0f s)\n", o.shutdown_timeout);
         server.SetFailed(absl::UnavailableError("the server is shutting down"));
+        // The launcher SIGTERMs us too when another rank died: a step stuck waiting for it
+        // then fails at once, so that its requests get an error before the SIGKILL.
+        AbandonStuckWaits();
         const absl::Time deadline = absl::Now() + absl::Seconds(o.shutdown_timeout);
         while (absl::Now() < deadline) {
           const EngineMetrics m = engine.metrics();
@@ -324,7 +328,7 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
   absl::Status run = engine.Run();
   if (!run.ok()) {
     server.SetFailed(run);
-    absl::SleepFor(absl::Milliseconds(500));  // let the failed requests' errors reach clients
+    absl::SleepFor(absl::Milliseconds(200));  // let the failed requests' errors reach clients
   }
   server.Stop();
   return run;
@@ -461,7 +465,8 @@ absl::Status RunRank(const Options& o, const World& world) {
   absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len);
   // Workers leave their loop only on the shutdown plan (or their timeout).
   // (Not after a peer failure: a shutdown plan would only wait for the rank that is gone.)
-  const bool peer_failed = absl::IsDeadlineExceeded(result) || absl::IsInternal(result);
+  const bool peer_failed =
+      absl::IsDeadlineExceeded(result) || absl::IsInternal(result) || absl::IsAborted(result);
   bool workers_done = !peer_failed;
   if (distributed != nullptr && !peer_failed) {
     absl::Status shutdown = distributed->Shutdown();

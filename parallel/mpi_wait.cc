@@ -1,12 +1,21 @@
 #include "parallel/mpi_wait.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/status.h"
 
 namespace mqa {
+namespace {
+
+std::atomic<bool> g_abandon_stuck_waits{false};
+constexpr absl::Duration kPatienceWhenEnding = absl::Milliseconds(400);
+
+}  // namespace
+
+void AbandonStuckWaits() { g_abandon_stuck_waits.store(true); }
 
 absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::string_view what,
                             const BackoffPolicy& policy) {
@@ -29,6 +38,11 @@ absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::str
           what, ": no answer from the other ranks after ", absl::FormatDuration(now - start)));
     }
     const absl::Duration waited = now - start;
+    if (waited >= kPatienceWhenEnding && g_abandon_stuck_waits.load(std::memory_order_relaxed)) {
+      return absl::AbortedError(absl::StrCat(
+          what, ": the job is being ended and the other ranks have not answered for ",
+          absl::FormatDuration(waited), ": a rank has died or stopped"));
+    }
     if (waited < policy.spin) continue;
     if (waited > policy.spin + policy.hold) sleep = std::min(sleep * 1.5, policy.max_sleep);
     std::this_thread::sleep_for(absl::ToChronoNanoseconds(std::min(sleep, deadline - now)));

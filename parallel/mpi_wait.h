@@ -24,6 +24,14 @@ struct BackoffPolicy {
   absl::Duration max_sleep = absl::Milliseconds(5);
 };
 
+// Any thread, e.g. on SIGTERM. From then on a wait that has lasted 0.4 s gives up with Aborted:
+// healthy collectives take microseconds to milliseconds (a CPU step of a large model can take
+// longer: its drain would fail), so a wait that long after the launcher
+// started ending the job means a peer is gone. mpirun and Slurm SIGTERM the surviving ranks when
+// one dies and SIGKILL them about a second later; this lets rank 0 fail its requests and say why
+// in that second.
+void AbandonStuckWaits();
+
 // Waits until `*request` completes (then it is MPI_REQUEST_NULL) or `deadline` passes: then
 // DeadlineExceeded naming `what`, with the request still pending (the caller may wait again or
 // give up on the job; MPI cannot cancel a collective). An MPI error is an Internal status.
