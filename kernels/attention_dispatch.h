@@ -51,50 +51,7 @@ inline int WarpsM(WarpLayout w) {
   return 0;
 }
 
-// Calls f.template operator()<T, kHeadDim, kWarpsM, kWarpsN>() for the compiled combination.
-template <typename F>
-absl::Status DispatchAttention(DType dtype, int head_dim, WarpLayout layout, F&& f) {
-  auto with_layout = [&]<typename T, int D>() -> absl::Status {
-    switch (layout) {
-      case WarpLayout::k8x1:
-        return f.template operator()<T, D, 8, 1>();
-      case WarpLayout::k4x2:
-        return f.template operator()<T, D, 4, 2>();
-      case WarpLayout::k3x2:
-        return f.template operator()<T, D, 3, 2>();
-      case WarpLayout::k2x2:
-        return f.template operator()<T, D, 2, 2>();
-      case WarpLayout::k1x4:
-        return f.template operator()<T, D, 1, 4>();
-    }
-    return absl::InternalError("bad warp layout");
-  };
-  auto with_dim = [&]<typename T>() -> absl::Status {
-    switch (head_dim) {
-      case 64:
-        return with_layout.template operator()<T, 64>();
-      case 128:
-        return with_layout.template operator()<T, 128>();
-    }
-    return absl::InvalidArgumentError(absl::StrCat("CUDA attention: head_dim ", head_dim,
-                                                   " is not compiled (supported: 64, 128)"));
-  };
-  switch (dtype) {
-    case DType::kF16:
-      return with_dim.template operator()<__half>();
-    case DType::kBF16:
-      return with_dim.template operator()<__nv_bfloat16>();
-    case DType::kF32:
-    case DType::kI32:
-    case DType::kI64:
-      break;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("CUDA attention: dtype ", std::string(DTypeName(dtype)),
-                   " is not supported (supported: float16, bfloat16)"));
-}
-
-// Element type and head size only (the baseline kernel).
+// Calls f.template operator()<T, kHeadDim>() for the compiled element type and head size.
 template <typename F>
 absl::Status DispatchTypeAndDim(DType dtype, int head_dim, F&& f) {
   auto with_dim = [&]<typename T>() -> absl::Status {
@@ -120,6 +77,26 @@ absl::Status DispatchTypeAndDim(DType dtype, int head_dim, F&& f) {
   return absl::InvalidArgumentError(
       absl::StrCat("CUDA attention: dtype ", std::string(DTypeName(dtype)),
                    " is not supported (supported: float16, bfloat16)"));
+}
+
+// Calls f.template operator()<T, kHeadDim, kWarpsM, kWarpsN>() for the compiled combination.
+template <typename F>
+absl::Status DispatchAttention(DType dtype, int head_dim, WarpLayout layout, F&& f) {
+  return DispatchTypeAndDim(dtype, head_dim, [&]<typename T, int D>() -> absl::Status {
+    switch (layout) {
+      case WarpLayout::k8x1:
+        return f.template operator()<T, D, 8, 1>();
+      case WarpLayout::k4x2:
+        return f.template operator()<T, D, 4, 2>();
+      case WarpLayout::k3x2:
+        return f.template operator()<T, D, 3, 2>();
+      case WarpLayout::k2x2:
+        return f.template operator()<T, D, 2, 2>();
+      case WarpLayout::k1x4:
+        return f.template operator()<T, D, 1, 4>();
+    }
+    return absl::InternalError("bad warp layout");
+  });
 }
 
 }  // namespace mqa::attention
