@@ -168,18 +168,26 @@ def test_concurrent_streams_all_finish_and_free_their_blocks(server):
             for choice in chunk.choices:
                 text += choice.text
                 finish = choice.finish_reason or finish
-        return finish, tokens
+        return finish, tokens, text
 
     async def run_all():
         c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused",
                                max_retries=0)
-        return await asyncio.gather(*(one(c, i) for i in range(32)))
+        return await asyncio.gather(*(one(c, i) for i in range(64)))
 
     before = metric(server, "mqaserve_generation_tokens_total")
     results = asyncio.run(run_all())
-    assert all(finish in ("stop", "length") and tokens for finish, tokens in results)
+    assert all(finish in ("stop", "length") and tokens for finish, tokens, _ in results)
+    # Correct output: each seeded stream equals the same request made alone, without streaming
+    # (a seed gives the same sample whatever else shares the batch).
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "unused")
+    for i in (0, 17, 42, 63):
+        alone = client.completions.create(model=server.model,
+                                          prompt=PROMPTS[i % len(PROMPTS)] + f"# {i}\n",
+                                          max_tokens=16, temperature=0.7, seed=i)
+        assert alone.choices[0].text == results[i][2], i
     assert wait_idle(server, 2.0) is not None
-    assert metric(server, "mqaserve_generation_tokens_total") - before >= sum(t for _, t in results)
+    assert metric(server, "mqaserve_generation_tokens_total") - before >= sum(t for _, t, _ in results)
 
 
 def test_disconnect_mid_stream_frees_blocks_within_a_second(server):
