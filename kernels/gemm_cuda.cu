@@ -7,6 +7,8 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/forward_cuda_common.cuh"
@@ -374,8 +376,10 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
 struct CudaGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algo{};  // the heuristic's first choice
   bool fallback = false;  // no cuBLASLt algorithm: the plain kernel
+  bool tuned = false;     // tuned_algo holds the fastest timed algorithm (Options::autotune)
+  cublasLtMatmulAlgo_t tuned_algo{};
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -477,10 +481,140 @@ absl::Status CudaGemm::RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStr
     LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
   }
+  const cublasLtMatmulAlgo_t* algo = &plan.algo;
+  if (options_.autotune) {
+    if (!plan.tuned) RETURN_IF_ERROR(Tune(plan, p, e, stream));
+    if (plan.tuned) algo = &plan.tuned_algo;
+  }
   const float alpha = 1.0f, beta = e.accumulate ? 1.0f : 0.0f;
   LT_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, p.b,
-                                    plan.a, p.a, plan.b, &beta, p.c, plan.c, p.c, plan.c,
-                                    &plan.algo, workspace_, options_.workspace_bytes, stream));
+                                    plan.a, p.a, plan.b, &beta, p.c, plan.c, p.c, plan.c, algo,
+                                    workspace_, options_.workspace_bytes, stream));
+  return absl::OkStatus();
+}
+
+namespace {
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~EventPair() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+};
+
+struct DeviceScratch {
+  void* ptr = nullptr;
+  ~DeviceScratch() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+}  // namespace
+
+absl::Status CudaGemm::Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e,
+                            cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();  // untuned: next time
+  const auto t0 = std::chrono::steady_clock::now();
+  // Any early exit below keeps the heuristic's choice for good (tuning is not retried).
+  plan.tuned = true;
+  plan.tuned_algo = plan.algo;
+  ++stats_.shapes;
+
+  const auto handle = static_cast<cublasLtHandle_t>(handle_);
+  const size_t ws = options_.workspace_bytes;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  cublasLtMatmulHeuristicResult_t results[kAutotuneAlgos] = {};
+  int returned = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, kAutotuneAlgos, results, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  // Candidate 0 is the heuristic's first choice (the untuned path's algorithm); the others are
+  // kept only if they fit the workspace.
+  // (A plain array: nvcc's front end fails on a std::vector of the unnamed algo struct.)
+  cublasLtMatmulAlgo_t candidates[kAutotuneAlgos + 1];
+  candidates[0] = plan.algo;
+  int num_candidates = 1;
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws) continue;
+    if (std::memcmp(&results[i].algo, &plan.algo, sizeof(plan.algo)) == 0) continue;
+    candidates[num_candidates++] = results[i].algo;
+  }
+  if (num_candidates < 2) return absl::OkStatus();
+
+  // With accumulate (beta = 1) every timing run would add into C again: time on a copy.
+  void* c = p.c;
+  DeviceScratch scratch;
+  if (e.accumulate) {
+    const size_t bytes = static_cast<size_t>((p.m - 1) * p.ldc + p.n) * DTypeSize(p.dtype);
+    if (cudaMalloc(&scratch.ptr, bytes) != cudaSuccess) {
+      cudaGetLastError();  // out of memory: not sticky; keep the heuristic's choice
+      scratch.ptr = nullptr;
+      return absl::OkStatus();
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch.ptr, p.c, bytes, cudaMemcpyDeviceToDevice, stream));
+    c = scratch.ptr;
+  }
+  EventPair ev;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.stop));
+  const float alpha = 1.0f, beta = e.accumulate ? 1.0f : 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle, plan.desc, &alpha, p.b, plan.a, p.a, plan.b, &beta, c, plan.c,
+                          c, plan.c, &algo, workspace_, ws, stream) == CUBLAS_STATUS_SUCCESS;
+  };
+  // Milliseconds per run over `reps` back-to-back runs; < 0 if a launch failed.
+  auto time = [&](const cublasLtMatmulAlgo_t& algo, int reps, double* out) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream));
+    bool ok = true;
+    for (int r = 0; r < reps && ok; ++r) ok = run(algo);
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.stop));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+    *out = ok ? static_cast<double>(ms) / reps : -1.0;
+    return absl::OkStatus();
+  };
+  int reps = 0;  // sized so one candidate takes about a millisecond (2..20 runs)
+  int best = -1;
+  double best_score = 0, best_ms = 0, first_ms = -1;
+  int timed = 0;
+  for (int i = 0; i < num_candidates; ++i) {
+    if (!run(candidates[i])) continue;  // warm-up; an algorithm that fails to launch is dropped
+    if (reps == 0) {
+      double once = 0;
+      RETURN_IF_ERROR(time(candidates[i], 1, &once));
+      if (once < 0) continue;
+      reps = std::clamp(static_cast<int>(1.0 / std::max(once, 1e-3)) + 1, 2, 20);
+    }
+    double ms = 0;
+    RETURN_IF_ERROR(time(candidates[i], reps, &ms));
+    if (ms < 0) continue;
+    ++timed;
+    if (i == 0) first_ms = ms;
+    // A 1% edge for the heuristic's choice: noise alone does not switch algorithms.
+    const double score = i == 0 ? ms * 0.99 : ms;
+    if (best < 0 || score < best_score) {
+      best = i;
+      best_score = score;
+      best_ms = ms;
+    }
+  }
+  if (best >= 0) plan.tuned_algo = candidates[best];
+  stats_.candidates += timed;
+  if (best > 0) ++stats_.changed;
+  if (first_ms >= 0) {
+    stats_.first_ms += first_ms;
+    stats_.best_ms += best_ms;
+  }
+  stats_.seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return absl::OkStatus();
 }
 

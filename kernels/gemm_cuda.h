@@ -3,7 +3,10 @@
 //
 // Two paths behind one call:
 //   - cuBLASLt, with the bias / GELU-tanh epilogues fused and beta = 1 for the residual add; the
-//     heuristic's first algorithm per shape is cached;
+//     heuristic's first algorithm per shape is cached, or with Options::autotune the fastest of
+//     the heuristic's first kAutotuneAlgos, timed with CUDA events on the real operands the first
+//     time a shape is run outside a graph capture (while capturing, an untuned shape runs the
+//     heuristic's choice and stays untuned);
 //   - a skinny kernel for decode batches (m <= 8): each warp streams whole weight rows with 16-byte
 //     loads and reduces with shuffles; the epilogue is fused the same way. Used when m <= 8, k and
 //     the strides are multiples of 8 and the pointers 16-byte aligned (Options::skinny).
@@ -56,8 +59,24 @@ class CudaGemm {
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
+    // cuBLASLt shapes: time up to kAutotuneAlgos heuristic algorithms once per shape and keep the
+    // fastest (a one-off synchronisation of the stream per new shape). Results stay correct:
+    // overwriting epilogues time on the real C (the real run rewrites it), accumulating ones on a
+    // scratch copy of C.
+    bool autotune = false;
   };
   static constexpr int kSkinnyMaxM = 8;
+  static constexpr int kAutotuneAlgos = 8;
+
+  // What autotuning did so far (benchmarks print it).
+  struct AutotuneStats {
+    int shapes = 0;          // shapes tuned (timed, or left with the only candidate)
+    int changed = 0;         // of which the fastest was not the heuristic's first choice
+    int candidates = 0;      // algorithms timed in all
+    double seconds = 0;      // wall time spent tuning
+    double first_ms = 0;     // sum over shapes of one run with the heuristic's first choice
+    double best_ms = 0;      // ... and with the chosen algorithm
+  };
 
   static absl::StatusOr<std::unique_ptr<CudaGemm>> Create(const Options& options);
   ~CudaGemm();
@@ -73,17 +92,26 @@ class CudaGemm {
   void set_pdl(bool on) { options_.pdl = on; }
   bool pdl() const { return options_.pdl; }
   bool skinny() const { return options_.skinny; }
+  // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
+  // when it is turned on again.
+  void set_autotune(bool on) { options_.autotune = on; }
+  bool autotune() const { return options_.autotune; }
+  const AutotuneStats& autotune_stats() const { return stats_; }
 
  private:
   struct Plan;  // cuBLASLt descriptors and algorithm of one shape
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
   CudaGemm() = default;
   absl::Status RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
+  // Times the candidates of `plan` on p's operands and sets plan.tuned_algo (plan.tuned = true).
+  // Leaves the plan untuned while `stream` is capturing.
+  absl::Status Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
 
   Options options_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  AutotuneStats stats_;
 };
 
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,6 +107,9 @@ struct GptBigCodeOptions {
   //   inside the following GEMM and the KV-cache write inside the QKV GEMM (3 launches a layer).
   bool pdl = true;
   bool fuse_small_kernels = false;
+  // cuBLASLt shapes (m > 8, or skinny_gemm off): time up to 8 heuristic algorithms per GEMM shape
+  // on its first eager run and keep the fastest (CudaGemm::Options::autotune; mqabench --autotune).
+  bool gemm_autotune = false;
 };
 
 class GptBigCode {
@@ -138,6 +142,13 @@ class GptBigCode {
   // Benchmarks and tests switch GptBigCodeOptions::pdl / fuse_small_kernels; no-op on the CPU.
   // Drops captured graphs.
   void set_fast_paths(bool pdl, bool fuse_small_kernels);
+  // Benchmarks switch GptBigCodeOptions::gemm_autotune (tuned shapes are kept while off); no-op on
+  // the CPU. Drops captured graphs (and their eager first runs, where new shapes get tuned).
+  void set_gemm_autotune(bool on);
+  // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
+  // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
+  // CPU.
+  std::string gemm_autotune_summary() const;
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
 

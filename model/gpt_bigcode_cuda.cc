@@ -2,6 +2,7 @@
 // staging, decode steps as CUDA graphs per (batch bucket, context bucket), fp32 logits and
 // sampling on the device. Compiled in every build; without CUDA the entry points report it.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -127,6 +128,23 @@ int GptBigCode::num_cuda_graphs() const {
   return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
 }
 
+void GptBigCode::set_gemm_autotune(bool on) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_autotune(on);
+  ClearCudaGraphs();
+}
+
+std::string GptBigCode::gemm_autotune_summary() const {
+  if (!cuda_ || !cuda_->gemm) return "";
+  const CudaGemm::AutotuneStats& s = cuda_->gemm->autotune_stats();
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "gemm autotune: %d shapes tuned (%d algorithms timed), %d changed algorithm; one "
+                "run of each: heuristic %.3f ms, tuned %.3f ms; %.2f s spent tuning",
+                s.shapes, s.candidates, s.changed, s.first_ms, s.best_ms, s.seconds);
+  return line;
+}
+
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   if (dtype_ != DType::kF16 && dtype_ != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("the CUDA backend runs float16 or bfloat16 "
@@ -140,6 +158,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.stream = cuda_->stream;
   CudaGemm::Options gemm_options;
   gemm_options.skinny = options.skinny_gemm;
+  gemm_options.autotune = options.gemm_autotune;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
   ctx_.pdl = options.pdl;
@@ -374,6 +393,8 @@ void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
+void GptBigCode::set_gemm_autotune(bool) {}
+std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.skinny_gemm = options.skinny_gemm;
   model_options.pdl = options.pdl;
   model_options.fuse_small_kernels = options.fuse_small_kernels;
+  model_options.gemm_autotune = options.gemm_autotune;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

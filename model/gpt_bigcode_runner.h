@@ -41,6 +41,7 @@ struct GptBigCodeRunnerOptions {
   bool skinny_gemm = true;   // the m <= 8 GEMM kernel for small decode batches
   bool pdl = true;                  // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
+  bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
 };
 
 class GptBigCodeRunner final : public ModelRunner {

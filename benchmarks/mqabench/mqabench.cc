@@ -3,9 +3,11 @@
 //   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
-//       [--fast off|pdl|fuse|pdl+fuse|all]
+//       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both]
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
+//     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
+//     "both" runs off, then on, on the same runner (one row each, with the tuning summary).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -46,6 +48,7 @@ struct Flags {
   int block_size = 16;
   bool cuda_graphs = true;
   std::string fast = "pdl";  // the runner's default
+  std::string autotune = "off";
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -85,6 +88,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.gemm, value());
     } else if (a == "--fast") {
       ASSIGN_OR_RETURN(f.fast, value());
+    } else if (a == "--autotune") {
+      ASSIGN_OR_RETURN(f.autotune, value());
     } else if (a == "--block-size") {
       RETURN_IF_ERROR(as_int(&f.block_size));
     } else if (a == "--no-cuda-graphs") {
@@ -102,6 +107,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
     }
+  }
+  if (f.autotune != "off" && f.autotune != "on" && f.autotune != "both") {
+    return absl::InvalidArgumentError("--autotune off|on|both");
   }
   if (f.load_format != "dummy") {
     return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
@@ -229,6 +237,7 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   o.max_logits_rows = max_rows;
   o.cuda_graphs = f.cuda_graphs;
   o.skinny_gemm = f.gemm != "cublaslt";
+  o.gemm_autotune = f.autotune == "on";
   ASSIGN_OR_RETURN(s.runner, GptBigCodeRunner::Create(std::move(w), s.collectives.get(), o));
   std::printf("# KV bytes per token %lld (%.1f KiB), %d blocks of %d\n",
               (long long)s.runner->kv_bytes_per_token(), s.runner->kv_bytes_per_token() / 1024.0,
@@ -262,17 +271,26 @@ absl::Status Latency(const Flags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--fast ", f.fast, ": off|pdl|fuse|pdl+fuse|all"));
   }
-  std::vector<std::pair<std::string, std::string>> runs;  // (gemm variant, fast knobs)
+  const std::vector<std::string> tunes =
+      f.autotune == "both" ? std::vector<std::string>{"off", "on"}
+                           : std::vector<std::string>{f.autotune};
+  struct Run {
+    std::string variant, fast, autotune;
+  };
+  std::vector<Run> runs;
   for (const std::string& v : variants) {
-    for (const std::string& k : fasts) runs.emplace_back(v, k);
+    for (const std::string& k : fasts) {
+      for (const std::string& a : tunes) runs.push_back({v, k, a});
+    }
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast] : runs) {
+  for (const auto& [variant, fast, autotune] : runs) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
+    r.model().set_gemm_autotune(autotune == "on");
     std::vector<double> latencies, prefills, steps;
     absl::Status failed;
     for (int iter = 0; iter < f.num_iters_warmup + f.num_iters && failed.ok(); ++iter) {
@@ -321,8 +339,9 @@ absl::Status Latency(const Flags& f) {
       }
     }
     if (!failed.ok()) {
-      std::printf("latency %s: batch %d, gemm %s, fast %s: FAILED %s\n", f.model.c_str(),
-                  f.batch_size, variant.c_str(), fast.c_str(), failed.ToString().c_str());
+      std::printf("latency %s: batch %d, gemm %s, fast %s, autotune %s: FAILED %s\n",
+                  f.model.c_str(), f.batch_size, variant.c_str(), fast.c_str(), autotune.c_str(),
+                  failed.ToString().c_str());
       std::fflush(stdout);
       if (first_failure.ok()) first_failure = failed;
       continue;
@@ -331,10 +350,11 @@ absl::Status Latency(const Flags& f) {
     for (double l : latencies) avg += l;
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
-    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, cuda graphs %s\n",
+    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, cuda "
+                "graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                f.cuda_graphs ? "on" : "off");
+                autotune.c_str(), f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());
@@ -343,6 +363,7 @@ absl::Status Latency(const Flags& f) {
                 Median(prefills) * 1e3, step_ms, floor_ms, s.weight_bytes / 1e9, s.copy_bw / 1e12,
                 100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
     std::printf("  CUDA graphs captured: %d\n", r.model().num_cuda_graphs());
+    if (autotune == "on") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
   }
   return first_failure;
 }

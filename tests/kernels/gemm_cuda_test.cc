@@ -1,9 +1,11 @@
 // CudaGemm (cuBLASLt and the skinny decode kernel) against GemmCpu + BiasActivationCpu on fresh
 // random fp16 / bf16 inputs: decode (m 1..8) and prefill shapes, odd sizes that fall back to
 // cuBLASLt, every epilogue (bias, GELU-tanh, residual accumulate), padded strides; the output is
-// poisoned first (except with accumulate, where it holds the residual). Skips without a GPU.
+// poisoned first (except with accumulate, where it holds the residual); the same with cuBLASLt
+// autotuning on. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <random>
 
 #include "kernels/gemm_cuda.h"
@@ -219,6 +221,110 @@ TEST_P(GemmCudaTest, FusedLayerNormAndKvWriteMatchCpu) {
       EXPECT_EQ(got_v, want_v) << "m " << s.m << " variant " << variant;
     }
   }
+}
+
+// Options::autotune: each shape is timed over several cuBLASLt algorithms on its first run, then
+// the cached choice is used. Every epilogue, each shape run twice (tuning run and cached run), C
+// poisoned before each run (accumulate: reset to the residual, which timing must not add into
+// more than once). A shape first seen inside a graph capture is not tuned and still correct.
+TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
+  const auto [t, rows] = GetParam();
+  if (rows != 0) GTEST_SKIP() << "cuBLASLt only";
+  CudaGemm::Options options;
+  options.skinny = false;
+  options.autotune = true;
+  auto gemm = CudaGemm::Create(options);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  CudaGemm& g = **gemm;
+  const Shape shapes[] = {{32, 6400, 6144, 0}, {32, 1024, 4096, 8}, {300, 520, 256, 0},
+                          {48, 768, 512, 0}};
+  int tuned_shapes = 0;
+  for (size_t si = 0; si < std::size(shapes); ++si) {
+    const Shape& s = shapes[si];
+    const bool in_graph = si == std::size(shapes) - 1;
+    for (int epi = 0; epi < 4; ++epi) {  // none, bias, bias + GELU-tanh, bias + accumulate
+      std::vector<float> a, b, bias, c0;
+      const int64_t lda = s.k + s.pad, ldb = s.k + s.pad;
+      auto ab = RandomRounded(a, s.m * lda, t, rng_);
+      auto bb = RandomRounded(b, s.n * ldb, t, rng_, 0.05f);
+      auto biasb = RandomRounded(bias, s.n, t, rng_);
+      auto cb = RandomRounded(c0, s.m * s.n, t, rng_);
+      auto da = DeviceMem::From(ab), db = DeviceMem::From(bb), dbias = DeviceMem::From(biasb);
+      auto dc = DeviceMem::From(cb);
+      GemmParams p;
+      p.a = da->get();
+      p.b = db->get();
+      p.c = dc->get();
+      p.lda = lda;
+      p.ldb = ldb;
+      p.ldc = s.n;
+      p.m = s.m;
+      p.n = s.n;
+      p.k = s.k;
+      p.dtype = t;
+      GemmEpilogue e;
+      e.bias = epi >= 1 ? dbias->get() : nullptr;
+      e.activation = epi == 2 ? Activation::kGeluTanh : Activation::kIdentity;
+      e.accumulate = epi == 3;
+
+      std::vector<float> prod(s.m * s.n), want(s.m * s.n);
+      GemmParams c = p;
+      c.a = a.data();
+      c.b = b.data();
+      c.c = prod.data();
+      c.dtype = DType::kF32;
+      ASSERT_TRUE(GemmCpu(c).ok());
+      BiasActivationParams post;
+      post.input = prod.data();
+      post.bias = e.bias ? bias.data() : nullptr;
+      post.residual = e.accumulate ? c0.data() : nullptr;
+      post.output = want.data();
+      post.rows = s.m;
+      post.cols = s.n;
+      post.activation = e.activation;
+      ASSERT_TRUE(BiasActivationCpu(post).ok());
+
+      for (int run = 0; run < 2; ++run) {  // tuning run, then the cached choice
+        if (e.accumulate) {
+          ASSERT_EQ(cudaMemcpy(dc->get(), cb.data(), cb.size() * 2, cudaMemcpyHostToDevice),
+                    cudaSuccess);
+        } else {
+          dc->Poison();
+        }
+        const int before = g.autotune_stats().shapes;
+        if (in_graph && run == 0) {
+          ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          const absl::Status st = g.Run(p, e, stream_);
+          cudaGraph_t graph = nullptr;
+          ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+          ASSERT_TRUE(st.ok()) << st;
+          cudaGraphExec_t exec = nullptr;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+          ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(graph);
+          EXPECT_EQ(g.autotune_stats().shapes, before) << "tuned while capturing";
+        } else {
+          const absl::Status st = g.Run(p, e, stream_);
+          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          // A shape is tuned on its first eager run and only then.
+          EXPECT_EQ(g.autotune_stats().shapes, before + (run == 0 || in_graph ? 1 : 0))
+              << "m " << s.m << " epilogue " << epi << " run " << run;
+          tuned_shapes = g.autotune_stats().shapes;
+        }
+        const auto got = Widen(dc->Download<uint16_t>(), t);
+        EXPECT_LT(RelError(got, want), 1e-2)
+            << "m " << s.m << " n " << s.n << " k " << s.k << " epilogue " << epi << " run "
+            << run << (in_graph ? " (graph first)" : "");
+      }
+    }
+  }
+  EXPECT_EQ(tuned_shapes, static_cast<int>(std::size(shapes)) * 4);
+  EXPECT_GE(g.autotune_stats().candidates, tuned_shapes);
+  EXPECT_GT(g.autotune_stats().best_ms, 0.0);
+  EXPECT_LE(g.autotune_stats().best_ms, g.autotune_stats().first_ms * 1.02);
 }
 
 TEST_P(GemmCudaTest, SkinnyKernelRefusesWhatItCannotDo) {
