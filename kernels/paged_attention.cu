@@ -434,19 +434,44 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   auto store_block = [&](int tile, int32_t block) {
     if (tid < kTileN) block_of_row[tile & 1][tid] = block;
   };
+  // Variants 1-5 (block ids in table_s): thread tid always copies the 16-byte column `cc` of
+  // token rows rr0, rr0 + kRowStep, ... of a tile, so its shared-memory columns are fixed and a
+  // copy costs a table read and one address computation. (The first version recomputed row,
+  // chunk and block from a flat index per 16 bytes: ~50 integer instructions a copy, which made
+  // the decode kernel issue-bound, ncu 2026-12-02.)
+  static_assert(S::kThreads % S::kChunks == 0, "whole rows per pass");
+  constexpr int kRowStep = S::kThreads / S::kChunks;
+  constexpr int kCopyIters = (kTileN + kRowStep - 1) / kRowStep;
+  const int cc = tid % S::kChunks, rr0 = tid / S::kChunks;
+  const int first_block = kv_begin >> a.block_shift;
+  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
+  const int64_t col_off = static_cast<int64_t>(kvh) * D + cc * 8;
   auto issue_tile = [&](int tile, int stage) {
     T* ks = kv_s + stage * 2 * kStageElems;
     T* vs = ks + kStageElems;
     const int base = kv_begin + tile * kTileN;
+    if (use_table) {
+#pragma unroll
+      for (int k = 0; k < kCopyIters; ++k) {
+        const int r = rr0 + k * kRowStep;
+        if (kTileN % kRowStep != 0 && k == kCopyIters - 1 && r >= kTileN) break;
+        const int tok = base + r;
+        const bool valid = tok < kv_stop;
+        int64_t off = 0;
+        if (valid) {
+          const int32_t block = table_s[(tok >> a.block_shift) - first_block];
+          off = ((static_cast<int64_t>(block) << a.block_shift) + (tok & block_mask)) * slot_elems +
+                col_off;
+        }
+        const int so = Swz<D>(r, cc);
+        CpAsync16(ks + so, key_cache + off, valid);
+        CpAsync16(vs + so, value_cache + off, valid);
+      }
+      return;
+    }
     for (int idx = tid; idx < kTileN * S::kChunks; idx += S::kThreads) {
       const int r = idx / S::kChunks, c = idx % S::kChunks;
-      int32_t block;
-      if (use_table) {
-        const int tok = base + r;
-        block = tok < kv_stop ? table_s[(tok >> a.block_shift) - (kv_begin >> a.block_shift)] : -1;
-      } else {
-        block = block_of_row[tile & 1][r];
-      }
+      const int32_t block = block_of_row[tile & 1][r];
       const bool valid = block >= 0;
       int64_t off = 0;
       if (valid) {
@@ -535,18 +560,17 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
 
     const int tile_base = kv_begin + t * kTileN;
     const bool need_mask = tile_base + kTileN > min(min_pos + 1, kv_stop);
+    // Raw scores here; the scale (> 0, so the max commutes with it) is folded into the exponent.
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = s[n][e] * a.scale_log2;
         if (need_mask) {
           const int tok = tile_base + tok0 + n * 8 + quad * 2 + (e & 1);
-          if (tok >= kv_stop || tok > my_pos[e >> 1]) v = -INFINITY;
+          if (tok >= kv_stop || tok > my_pos[e >> 1]) s[n][e] = -INFINITY;
         }
-        s[n][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
     }
     float alpha[2];
@@ -554,7 +578,7 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m[i], mx[i]);
+      const float m_new = fmaxf(m[i], mx[i] * a.scale_log2);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row so far
       alpha[i] = Exp2(m[i] - m_use);
       m[i] = m_new;
@@ -565,18 +589,22 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     for (int n = 0; n < kNT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] = Exp2(s[n][e] - mx[e >> 1]);
+        s[n][e] = Exp2(fmaf(s[n][e], a.scale_log2, -mx[e >> 1]));
         rs[e >> 1] += s[n][e];
       }
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+    // Once the running maxima settle (most decode tiles), alpha is exactly 1 for the warp's rows:
+    // skip the 64-element rescale (warp-uniform test).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
     }
 
 #pragma unroll

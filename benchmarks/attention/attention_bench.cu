@@ -431,11 +431,13 @@ int Main(bool variants_only) {
   }
 
   // (The layout sweep is dropped: 3x2 won at every decode shape on the H200, 2026-12-02.)
-  std::printf("\nsplit sweep at 1 x 8192 and 64 x 2048 (graph us):\n");
-  for (const auto& c : {std::pair{1, 8192}, std::pair{64, 2048}}) {
+  std::printf("\nsplit sweep (graph us; 0 = the launcher's choice):\n");
+  for (const auto& c : {std::pair{1, 8192}, std::pair{64, 2048}, std::pair{1, 256},
+                        std::pair{1, 1024}}) {
     Workload w = MakeWorkload(DType::kF16, c.first, c.second, 1, 48, 128, 16, rng);
     std::printf("%d x %d:", c.first, c.second);
-    for (int s : {1, 2, 4, 8, 16, 32, 64, 128}) {
+    for (int s : {0, 1, 2, 4, 8, 16, 32, 64, 128}) {
+      if (s * 64 > c.second) continue;  // more splits than KV tiles
       PagedAttentionTuning t;
       t.num_splits = s;
       const double us = TimeMqa(w, t, true);
@@ -482,8 +484,41 @@ int Main(bool variants_only) {
 }
 
 }  // namespace
+
+int ProfileOne(int batch, int ctx, int variant, int splits, int q_len) {
+  std::mt19937 rng(42);
+  Workload w = MakeWorkload(DType::kF16, batch, ctx, q_len, 48, 128, 16, rng);
+  PagedAttentionTuning t;
+  t.variant = variant;
+  t.num_splits = splits;
+  if (std::getenv("MQA_PROFILE_ONLY") == nullptr) {
+    const double us = TimeMqa(w, t, true);
+    std::printf("%d x %d (q_len %d) variant %d splits %d: %.2f us (graph of 20)\n", batch, ctx,
+                q_len, variant, splits, us);
+  } else {
+    w.workspace_bytes = PagedAttentionCudaWorkspaceBytes(w.p, t);
+    if (w.workspace_bytes) {
+      CHECK_CUDA(cudaMalloc(&w.workspace, w.workspace_bytes));
+      CHECK_CUDA(cudaMemset(w.workspace, 0, w.workspace_bytes));
+    }
+  }
+  // Three plain launches: a profiler skips the first two.
+  for (int i = 0; i < 3; ++i) {
+    CHECK_OK(PagedAttentionCuda(w.p, nullptr, w.workspace, w.workspace_bytes, t));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  Free(w);
+  return 0;
+}
+
 }  // namespace mqa
 
 int main(int argc, char** argv) {
+  // `--one BATCH CTX [VARIANT [SPLITS [Q_LEN]]]`: a few plain launches of one configuration and
+  // nothing else, for a profiler (ncu) to look at.
+  if (argc > 3 && std::strcmp(argv[1], "--one") == 0) {
+    return mqa::ProfileOne(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? std::atoi(argv[4]) : 1,
+                           argc > 5 ? std::atoi(argv[5]) : 0, argc > 6 ? std::atoi(argv[6]) : 1);
+  }
   return mqa::Main(argc > 1 && std::strcmp(argv[1], "--variants-only") == 0);
 }
