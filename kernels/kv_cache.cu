@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/forward_cuda_common.cuh"
 #include "kernels/kv_cache_cuda.h"
 #include "runtime/cuda_check.h"
 
@@ -24,7 +25,9 @@ struct CopyArgs {
 template <typename Word>
 __global__ void __launch_bounds__(128) KvCacheWriteKernel(const CopyArgs a) {
   const int t = blockIdx.x;
-  const int64_t slot = a.slot_mapping[t];
+  const int64_t slot = a.slot_mapping[t];  // step metadata: may be read before the PDL wait
+  fwd::PdlWait();
+  fwd::PdlTrigger();
   if (slot < 0) return;
   const int64_t words = a.row_bytes / sizeof(Word);
   const Word* k = reinterpret_cast<const Word*>(a.key + t * a.key_stride_bytes);
@@ -39,7 +42,7 @@ __global__ void __launch_bounds__(128) KvCacheWriteKernel(const CopyArgs a) {
 
 }  // namespace
 
-absl::Status KvCacheWriteCuda(const KvCacheWriteParams& p, cudaStream_t stream) {
+absl::Status KvCacheWriteCuda(const KvCacheWriteParams& p, cudaStream_t stream, bool pdl) {
   RETURN_IF_ERROR(ValidateKvCacheWriteShape(p));
   if (p.num_tokens == 0) return absl::OkStatus();
   const int64_t esize = static_cast<int64_t>(DTypeSize(p.dtype));
@@ -58,11 +61,9 @@ absl::Status KvCacheWriteCuda(const KvCacheWriteParams& p, cudaStream_t stream) 
                           static_cast<const void*>(p.value_cache)}) {
     aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
   }
-  if (aligned) {
-    KvCacheWriteKernel<uint4><<<p.num_tokens, 128, 0, stream>>>(a);
-  } else {
-    KvCacheWriteKernel<unsigned char><<<p.num_tokens, 128, 0, stream>>>(a);
-  }
+  CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(
+      pdl, aligned ? KvCacheWriteKernel<uint4> : KvCacheWriteKernel<unsigned char>,
+      dim3(static_cast<unsigned>(p.num_tokens)), dim3(128), stream, a));
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

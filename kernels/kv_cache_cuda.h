@@ -8,7 +8,9 @@
 
 namespace mqa {
 
-// Any dtype (a byte copy of each token row); device pointers; asynchronous on `stream`.
-absl::Status KvCacheWriteCuda(const KvCacheWriteParams& p, cudaStream_t stream);
+// Any dtype (a byte copy of each token row); device pointers; asynchronous on `stream`. `pdl`:
+// launched as a programmatic dependent of the previous kernel (kernels/forward_cuda_common.cuh);
+// slot_mapping is read before the wait.
+absl::Status KvCacheWriteCuda(const KvCacheWriteParams& p, cudaStream_t stream, bool pdl = false);
 
 }  // namespace mqa

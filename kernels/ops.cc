@@ -173,7 +173,7 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
       return KvCacheWriteCpu(p);
     case Device::kCuda:
 #ifdef MQA_WITH_CUDA
-      return KvCacheWriteCuda(p, Stream(ctx));
+      return KvCacheWriteCuda(p, Stream(ctx), ctx.pdl);
 #else
       return NoCuda("KvCacheWrite");
 #endif
@@ -187,8 +187,12 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
       return PagedAttentionCpu(p);
     case Device::kCuda:
 #ifdef MQA_WITH_CUDA
+    {
+      PagedAttentionTuning tuning;
+      tuning.pdl = ctx.pdl;
       return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
-                                ctx.attention_workspace_bytes);
+                                ctx.attention_workspace_bytes, tuning);
+    }
 #else
       return NoCuda("PagedAttention");
 #endif

@@ -409,6 +409,12 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int block_mask = (1 << a.block_shift) - 1;
 
+  // Launched as a programmatic dependent (PagedAttentionTuning::pdl), this CTA may be running
+  // before the kernel that wrote Q and the new KV rows has finished: everything above read only
+  // step metadata (written before the step's first kernel); Q, the KV cache and every write come
+  // after this wait. A no-op for a plain launch.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
   // Q rows of this tile (zero rows past the end), one cp.async group of its own.
   for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
     const int r = idx / S::kChunks, c = idx % S::kChunks;
@@ -625,9 +631,10 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     }
   }
 
-  // A merge kernel launched as a programmatic dependent (variant 1) may start now: it waits for
-  // this grid's completion before reading partials, so only its launch and prologue overlap.
-  if (a.pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  // A kernel launched as a programmatic dependent (the merge, or the next layer's kernel) may
+  // start now: it waits for this grid's completion before reading its output, so only its
+  // launch and prologue overlap. A no-op when nothing dependent was launched.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
 
   // --- Epilogue: merge the WN warps that share rows, normalise, write. ---
 #pragma unroll
@@ -755,6 +762,7 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   // Variant 1 launches this as a programmatic dependent: everything above overlapped the
   // attention kernel, whose partials are complete after this. A no-op for a plain launch.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // a PDL successor may launch
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   for (int s = tid; s < valid; s += 128) w_s[s] = a.partial_lse[s * split_stride + row0];
   __syncthreads();
@@ -1062,8 +1070,20 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         auto kernel = a.narrow_partials ? PagedAttentionKernel<T, D, WM, WN, true>
                                         : PagedAttentionKernel<T, D, WM, WN, false>;
-        kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
-        CUDA_RETURN_IF_LAUNCH_ERROR();
+        {
+          cudaLaunchConfig_t config = {};
+          config.gridDim = grid;
+          config.blockDim = dim3(S::kThreads);
+          config.dynamicSmemBytes = S::kSmemBytes;
+          config.stream = stream;
+          cudaLaunchAttribute attr[1];
+          attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          attr[0].val.programmaticStreamSerializationAllowed = 1;
+          config.attrs = attr;
+          config.numAttrs = tuning.pdl ? 1 : 0;
+          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+          CUDA_RETURN_IF_LAUNCH_ERROR();
+        }
         if (!merge_launch) return absl::OkStatus();
         auto merge = a.narrow_partials ? MergeSplitsKernel<T, D, T> : MergeSplitsKernel<T, D, float>;
         if (a.pdl) {

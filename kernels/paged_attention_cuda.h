@@ -45,6 +45,11 @@ struct PagedAttentionTuning {
   // Default 1: fastest or within 3% of the fastest at every benchmark shape on the H200
   // (2026-12-02: 64 x 2048 33.6 us vs 36.3 for 0; 32 x 2048 21.8 vs 23.9; BENCHMARKS.md).
   int variant = 1;
+  // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
+  // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
+  // kernel's tail. The previous kernel must not write the step metadata (query_start,
+  // context_lens, block_tables), which the kernel reads before its wait.
+  bool pdl = false;
 };
 
 inline constexpr int kNumPagedAttentionVariants = 6;

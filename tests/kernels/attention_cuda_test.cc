@@ -99,7 +99,7 @@ std::string Describe(const AttentionCase& c) {
 }
 
 // Runs the CUDA kernel, every decode-path variant (PagedAttentionTuning::variant) twice on one
-// zeroed workspace (variant 2 must leave its counters reset), and the CPU reference on the same
+// zeroed workspace (variant 2 must leave its counters reset; the second run with pdl), and the CPU reference on the same
 // rounded inputs; returns the worst relative error.
 double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   PagedBatch b =
@@ -143,6 +143,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     DeviceBuffer ws(ws_bytes);
     if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
     for (int run = 0; run < 2; ++run) {
+      tuning.pdl = run == 1;  // the second run as a programmatic dependent launch
       EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
       const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
       EXPECT_TRUE(st.ok()) << st << " variant " << variant;
