@@ -29,7 +29,11 @@ namespace {
 using attention::WarpLayout;
 
 constexpr int kTileN = 64;  // KV tokens per pipeline stage
-constexpr int kMinSplitTokens = 128;
+constexpr int kMinSplitTokens = 64;
+// More splits than this cost more in partial writes and merge work than they gain (H200 split
+// sweep, 2026-12-02 after the copy-path fix: 1 x 8192 12.5 us at 64 splits, 14.7 at 128;
+// 1 x 1024 8.6 us at 16 splits of 64 tokens vs 10.2 at 8; 1 x 256 8.3 us at 4 vs 10.0 at 2).
+constexpr int kMaxAutoSplits = 64;
 // Block-table entries a CTA can hold in shared memory (variants 1 and 2); a split that spans
 // more blocks uses the per-stage fetch of variant 0.
 constexpr int kTableCap = 512;
@@ -919,9 +923,9 @@ Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
     const int64_t slots = static_cast<int64_t>(SmCount()) * std::max(1, resident);
     splits = static_cast<int>(std::max<int64_t>(1, slots / std::max<int64_t>(1, base)));
     if (base < SmCount()) splits = std::max(splits, 2);
-    // Splits shorter than kMinSplitTokens cost more in prologue, partial writes and merge work
-    // than they gain in parallelism (v2 sweep: 1 x 8192 fastest at 64 splits of 128 tokens).
-    splits = std::min(splits, CeilDiv(max_ctx, kMinSplitTokens));
+    // Splits shorter than kMinSplitTokens (one KV tile) cannot help; past kMaxAutoSplits the
+    // merge costs more than the parallelism gains.
+    splits = std::min({splits, CeilDiv(max_ctx, kMinSplitTokens), kMaxAutoSplits});
   }
   splits = std::clamp(splits, 1, max_tiles);
   if (splits > 1 && workspace_bytes != SIZE_MAX) {

@@ -42,9 +42,10 @@ struct PagedAttentionTuning {
   //     Workspace: as 2 (first bytes zeroed once; the kernel leaves them zeroed); without room
   //     for the counters it runs as 3.
   //  5: as 4 with the in-kernel merge up to 32 splits.
-  // Default 1: fastest or within 3% of the fastest at every benchmark shape on the H200
-  // (2026-12-02: 64 x 2048 33.6 us vs 36.3 for 0; 32 x 2048 21.8 vs 23.9; BENCHMARKS.md).
-  int variant = 1;
+  // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
+  // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
+  // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
+  int variant = 3;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
   // kernel's tail. The previous kernel must not write the step metadata (query_start,

@@ -433,7 +433,7 @@ int Main(bool variants_only) {
   // (The layout sweep is dropped: 3x2 won at every decode shape on the H200, 2026-12-02.)
   std::printf("\nsplit sweep (graph us; 0 = the launcher's choice):\n");
   for (const auto& c : {std::pair{1, 8192}, std::pair{64, 2048}, std::pair{1, 256},
-                        std::pair{1, 1024}}) {
+                        std::pair{1, 1024}, std::pair{8, 2048}, std::pair{32, 640}}) {
     Workload w = MakeWorkload(DType::kF16, c.first, c.second, 1, 48, 128, 16, rng);
     std::printf("%d x %d:", c.first, c.second);
     for (int s : {0, 1, 2, 4, 8, 16, 32, 64, 128}) {
