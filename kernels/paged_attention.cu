@@ -456,27 +456,31 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const int first_block = kv_begin >> a.block_shift;
   const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
   const int64_t col_off = static_cast<int64_t>(kvh) * D + cc * 8;
+  // Row pass k of a tile's copies (block-table path): rows rr0 + k * kRowStep.
+  auto issue_pass = [&](int tile, int stage, int k) {
+    const int r = rr0 + k * kRowStep;
+    if (kTileN % kRowStep != 0 && r >= kTileN) return;
+    T* ks = kv_s + stage * 2 * kStageElems;
+    T* vs = ks + kStageElems;
+    const int tok = kv_begin + tile * kTileN + r;
+    const bool valid = tok < kv_stop;
+    int64_t off = 0;
+    if (valid) {
+      const int32_t block = table_s[(tok >> a.block_shift) - first_block];
+      off = ((static_cast<int64_t>(block) << a.block_shift) + (tok & block_mask)) * slot_elems +
+            col_off;
+    }
+    const int so = Swz<D>(r, cc);
+    CpAsync16(ks + so, key_cache + off, valid);
+    CpAsync16(vs + so, value_cache + off, valid);
+  };
   auto issue_tile = [&](int tile, int stage) {
     T* ks = kv_s + stage * 2 * kStageElems;
     T* vs = ks + kStageElems;
     const int base = kv_begin + tile * kTileN;
     if (use_table) {
 #pragma unroll
-      for (int k = 0; k < kCopyIters; ++k) {
-        const int r = rr0 + k * kRowStep;
-        if (kTileN % kRowStep != 0 && k == kCopyIters - 1 && r >= kTileN) break;
-        const int tok = base + r;
-        const bool valid = tok < kv_stop;
-        int64_t off = 0;
-        if (valid) {
-          const int32_t block = table_s[(tok >> a.block_shift) - first_block];
-          off = ((static_cast<int64_t>(block) << a.block_shift) + (tok & block_mask)) * slot_elems +
-                col_off;
-        }
-        const int so = Swz<D>(r, cc);
-        CpAsync16(ks + so, key_cache + off, valid);
-        CpAsync16(vs + so, value_cache + off, valid);
-      }
+      for (int k = 0; k < kCopyIters; ++k) issue_pass(tile, stage, k);
       return;
     }
     for (int idx = tid; idx < kTileN * S::kChunks; idx += S::kThreads) {
@@ -542,10 +546,13 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   for (int t = 0; t < num_tiles; ++t) {
     CpAsyncWait<S::kStages - 2>();
     __syncthreads();  // tile t is visible to all; everyone is done with tile t - 1's stage
-    if (t + S::kStages - 1 < num_tiles) {
-      issue_tile(t + S::kStages - 1, (t + S::kStages - 1) % S::kStages);
-    }
-    CpAsyncCommit();
+    // The copies of tile t + kStages - 1 go into the stage tile t - 1 used. On the block-table
+    // path their row passes are interleaved with the score MMAs below (the address arithmetic
+    // fills the tensor-core latency); the per-stage fetch path issues them here.
+    const int next = t + S::kStages - 1;
+    const bool issue_next = next < num_tiles;
+    const int next_stage = next % S::kStages;
+    if (!use_table && issue_next) issue_tile(next, next_stage);
     store_block(t + S::kStages, pending_block);  // read after the next iteration's barrier
     pending_block = fetch_block(t + S::kStages + 1);
 
@@ -566,7 +573,13 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
         Mma<T>(s[2 * np], qf[kk], b[0], b[1]);
         Mma<T>(s[2 * np + 1], qf[kk], b[2], b[3]);
       }
+      if (kk < kCopyIters && use_table && issue_next) issue_pass(next, next_stage, kk);
     }
+#pragma unroll
+    for (int k = D / 16; k < kCopyIters; ++k) {
+      if (use_table && issue_next) issue_pass(next, next_stage, k);
+    }
+    CpAsyncCommit();
 
     const int tile_base = kv_begin + t * kTileN;
     const bool need_mask = tile_base + kTileN > min(min_pos + 1, kv_stop);
