@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "kernels/activation_cuda.h"
 #include "kernels/block_copy.h"
@@ -69,6 +70,98 @@ TEST_P(ForwardKernels, LayerNormMatchesCpu) {
       ASSERT_TRUE(LayerNormCpu(c).ok());
       const auto got = Widen((in_place ? *dxi : out).Download<uint16_t>(), t);
       EXPECT_LT(RelError(got, want), 1e-2) << rows << "x" << cols << " in place " << in_place;
+    }
+  }
+}
+
+// LayerNormCudaKernel::kRegisters: rows of 1, 8 and 33 tokens; the model widths, a width it
+// covers that is no power of two (1600), one it leaves to kThreePass (1001: not a multiple of
+// 16 bytes) and one too wide for it (16392); rows with a large mean (no cancellation in the
+// variance). Out of place, in place as a PDL launch, and inside a CUDA graph (two launches in a
+// row, the second in place on the first's output), the graph launched twice.
+TEST_P(ForwardKernels, LayerNormRegistersMatchesCpu) {
+  const DType t = GetParam();
+  auto cpu = [](const LayerNormParams& p, const float* x, const std::vector<float>& w,
+                const std::vector<float>& b) {
+    std::vector<float> y(size_t(p.rows) * p.cols);
+    LayerNormParams c = p;
+    c.input = x;
+    c.output = y.data();
+    c.weight = w.data();
+    c.bias = b.data();
+    c.dtype = DType::kF32;
+    EXPECT_TRUE(LayerNormCpu(c).ok());
+    return y;
+  };
+  for (int cols : {2048, 6144, 1600, 1001, 16392}) {
+    for (int rows : {1, 8, 33}) {
+      for (float mean : {0.5f, 300.0f}) {
+        const std::string what =
+            std::to_string(rows) + "x" + std::to_string(cols) + " mean " + std::to_string(mean);
+        std::vector<float> x, w, b;
+        auto xb = RandomRounded(x, size_t(rows) * cols, t, rng_, 3.0f, mean);
+        auto wb = RandomRounded(w, cols, t, rng_, 0.5f, 1.0f);
+        auto bb = RandomRounded(b, cols, t, rng_, 0.5f);
+        auto dw = DeviceMem::From(wb), db = DeviceMem::From(bb);
+        const std::vector<float> want = [&] {
+          LayerNormParams p;
+          p.rows = rows;
+          p.cols = cols;
+          return cpu(p, x.data(), w, b);
+        }();
+        // Rounded to the dtype, as the graph's second launch reads it.
+        std::vector<float> want_rounded = want;
+        for (float& v : want_rounded) v = testing::FromBits(testing::ToBits(v, t), t);
+        LayerNormParams p;
+        p.weight = dw->get();
+        p.bias = db->get();
+        p.rows = rows;
+        p.cols = cols;
+        p.dtype = t;
+        for (bool in_place : {false, true}) {
+          auto dx = DeviceMem::From(xb);
+          DeviceMem out(xb.size() * 2);
+          out.Poison();
+          p.input = dx->get();
+          p.output = in_place ? dx->get() : out.get();
+          cudaStream_t stream = nullptr;
+          if (in_place) ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+          ASSERT_TRUE(
+              LayerNormCuda(p, stream, /*pdl=*/in_place, LayerNormCudaKernel::kRegisters).ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          if (stream) cudaStreamDestroy(stream);
+          const auto got = Widen((in_place ? *dx : out).Download<uint16_t>(), t);
+          EXPECT_LT(RelError(got, want), 1e-2) << what << " in place " << in_place;
+        }
+        // Graph: out = LN(x) with PDL, then LN(out) in place with PDL; launched twice, the
+        // output poisoned before each launch.
+        auto dx = DeviceMem::From(xb);
+        DeviceMem out(xb.size() * 2);
+        cudaStream_t stream;
+        ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        p.input = dx->get();
+        p.output = out.get();
+        const bool first = LayerNormCuda(p, stream, true, LayerNormCudaKernel::kRegisters).ok();
+        p.input = out.get();
+        const bool second = LayerNormCuda(p, stream, true, LayerNormCudaKernel::kRegisters).ok();
+        cudaGraph_t graph;
+        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+        ASSERT_TRUE(first && second);
+        cudaGraphExec_t exec;
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        const std::vector<float> want2 = cpu(p, want_rounded.data(), w, b);
+        for (int launch = 0; launch < 2; ++launch) {
+          out.Poison();
+          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          const auto got = Widen(out.Download<uint16_t>(), t);
+          EXPECT_LT(RelError(got, want2), 1e-2) << what << " graph launch " << launch;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaStreamDestroy(stream);
+      }
     }
   }
 }
