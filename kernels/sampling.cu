@@ -1,6 +1,8 @@
 // GPU sampling (see sampling.h for the function computed) and the logits conversion.
 #include <cfloat>
 
+#include <cooperative_groups.h>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/sampling_cuda.h"
@@ -8,6 +10,8 @@
 
 namespace mqa {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 
@@ -48,14 +52,13 @@ __device__ __forceinline__ int BlockMinIndex(int v, int* scratch) {
   return scratch[32];
 }
 
-__global__ void __launch_bounds__(kThreads)
-    SampleKernel(const float* __restrict__ logits, int vocab, int64_t ld,
-                 const RowSamplingParams* __restrict__ params, int32_t* tokens) {
+// One row's token with the whole CTA (kThreads threads), the function of sampling.h; every
+// thread of the CTA calls it; thread 0 writes *token.
+__device__ __forceinline__ void SampleRowBlock(const float* __restrict__ row, int vocab,
+                                               const RowSamplingParams rp, int32_t* token) {
   __shared__ float fscratch[33];
   __shared__ int iscratch[33];
   __shared__ float chunk_sum[kThreads];
-  const float* row = logits + blockIdx.x * ld;
-  const RowSamplingParams rp = params[blockIdx.x];
   const int tid = threadIdx.x;
 
   if (rp.temperature <= 0.0f) {
@@ -70,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     idx = BlockMinIndex(idx, iscratch);
-    if (tid == 0) tokens[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+    if (tid == 0) *token = idx == INT_MAX ? 0 : idx;
     return;
   }
   const float t = rp.temperature;
@@ -168,7 +171,141 @@ __global__ void __launch_bounds__(kThreads)
   if (found == INT_MAX) {  // rounding left the target at the very end: the last kept index
     found = -BlockMinIndex(last_kept < 0 ? INT_MAX : -last_kept, iscratch);
   }
-  if (tid == 0) tokens[blockIdx.x] = found;
+  if (tid == 0) *token = found;
+}
+
+// SampleTokensCudaKernel::kOneCtaPerRow: one CTA per row.
+__global__ void __launch_bounds__(kThreads)
+    SampleKernel(const float* __restrict__ logits, int vocab, int64_t ld,
+                 const RowSamplingParams* __restrict__ params, int32_t* tokens) {
+  SampleRowBlock(logits + blockIdx.x * ld, vocab, params[blockIdx.x], tokens + blockIdx.x);
+}
+
+// SampleTokensCudaKernel::kGreedyCluster: one cluster of kGreedyCluster CTAs per row. A greedy
+// row is split into kGreedyCluster contiguous slices, each CTA reduces its slice to (largest
+// value, smallest index holding it) and stores that pair into CTA 0's shared memory
+// (distributed shared memory); after a cluster barrier CTA 0 reduces the kGreedyCluster pairs.
+// No global workspace, so it runs inside CUDA graphs and on concurrent streams as it is. A
+// sampled row (temperature > 0) runs SampleRowBlock in CTA 0 while the other CTAs exit: every
+// CTA of a cluster reads the same row's parameters, so the branch is uniform over the cluster.
+constexpr int kGreedyCluster = 8;
+constexpr int kGreedyLoads = 4;  // loads in flight per thread and round (vocab 49152: one round)
+
+// (v, i) replaces (best, best_i) when larger, or equal with a smaller index: the first index of
+// the largest value, as std::max_element. NaN never wins (as fmaxf in SampleRowBlock).
+__device__ __forceinline__ void KeepBetter(float& best, int& best_i, float v, int i) {
+  if (v > best || (v == best && i < best_i)) {
+    best = v;
+    best_i = i;
+  }
+}
+
+__device__ __forceinline__ void WarpArgMax(float& best, int& best_i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+    KeepBetter(best, best_i, v, i);
+  }
+}
+
+// Split cluster barrier (PTX barrier.cluster): every thread of every CTA of the cluster executes
+// each of these, in the same order. arrive.relaxed orders no memory; arrive (release) and wait
+// (acquire) make the shared-memory stores before the arrive visible after the wait.
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// kVec4: logits 16-byte aligned and ld % 4 == 0 (float4 loads; the vocab % 4 last values scalar).
+template <bool kVec4>
+__global__ void __cluster_dims__(kGreedyCluster, 1, 1) __launch_bounds__(kThreads)
+    SampleGreedyClusterKernel(const float* __restrict__ logits, int vocab, int64_t ld,
+                              const RowSamplingParams* __restrict__ params, int32_t* tokens) {
+  __shared__ float slice_best[kGreedyCluster];  // CTA 0's: one pair per CTA of the cluster
+  __shared__ int slice_index[kGreedyCluster];
+  __shared__ float warp_best[kThreads / 32];
+  __shared__ int warp_index[kThreads / 32];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t r = blockIdx.x / kGreedyCluster;
+  const float* row = logits + r * ld;
+  if (!(params[r].temperature <= 0.0f)) {  // sampled: SampleRowBlock's test, NaN included
+    if (rank == 0) SampleRowBlock(row, vocab, params[r], tokens + r);
+    return;
+  }
+  // Arrive now, wait before the store into CTA 0's shared memory: by then every CTA of the
+  // cluster has started (a CTA's shared memory may be written only while it runs).
+  ClusterArriveRelaxed();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int units = kVec4 ? vocab / 4 : vocab;
+  const int per_cta = (units + kGreedyCluster - 1) / kGreedyCluster;
+  const int begin = min(units, rank * per_cta), end = min(units, begin + per_cta);
+  float best = -INFINITY;
+  int best_i = INT_MAX;
+  for (int base = begin + tid; base < end; base += kGreedyLoads * kThreads) {
+    if constexpr (kVec4) {
+      float4 v[kGreedyLoads];
+#pragma unroll
+      for (int k = 0; k < kGreedyLoads; ++k) {
+        const int g = base + k * kThreads;
+        if (g < end) v[k] = reinterpret_cast<const float4*>(row)[g];
+      }
+#pragma unroll
+      for (int k = 0; k < kGreedyLoads; ++k) {
+        const int g = base + k * kThreads;
+        if (g < end) {
+          KeepBetter(best, best_i, v[k].x, 4 * g);
+          KeepBetter(best, best_i, v[k].y, 4 * g + 1);
+          KeepBetter(best, best_i, v[k].z, 4 * g + 2);
+          KeepBetter(best, best_i, v[k].w, 4 * g + 3);
+        }
+      }
+    } else {
+      float v[kGreedyLoads];
+#pragma unroll
+      for (int k = 0; k < kGreedyLoads; ++k) {
+        const int g = base + k * kThreads;
+        if (g < end) v[k] = row[g];
+      }
+#pragma unroll
+      for (int k = 0; k < kGreedyLoads; ++k) {
+        const int g = base + k * kThreads;
+        if (g < end) KeepBetter(best, best_i, v[k], g);
+      }
+    }
+  }
+  if (kVec4 && rank == kGreedyCluster - 1 && 4 * units + tid < vocab) {
+    KeepBetter(best, best_i, row[4 * units + tid], 4 * units + tid);
+  }
+  WarpArgMax(best, best_i);
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_index[warp] = best_i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < kThreads / 32 ? warp_best[lane] : -INFINITY;
+    best_i = lane < kThreads / 32 ? warp_index[lane] : INT_MAX;
+    WarpArgMax(best, best_i);
+  }
+  ClusterWait();
+  if (tid == 0) {
+    *cluster.map_shared_rank(&slice_best[rank], 0) = best;
+    *cluster.map_shared_rank(&slice_index[rank], 0) = best_i;
+  }
+  ClusterArrive();
+  ClusterWait();
+  if (rank == 0 && warp == 0) {
+    best = lane < kGreedyCluster ? slice_best[lane] : -INFINITY;
+    best_i = lane < kGreedyCluster ? slice_index[lane] : INT_MAX;
+    WarpArgMax(best, best_i);
+    if (lane == 0) tokens[r] = best_i == INT_MAX ? 0 : best_i;
+  }
 }
 
 template <typename T>
@@ -185,7 +322,8 @@ __global__ void LogitsToFloatKernel(const T* __restrict__ in, int shards, int64_
 
 }  // namespace
 
-absl::Status SampleTokensCuda(const SampleTokensParams& p, cudaStream_t stream) {
+absl::Status SampleTokensCuda(const SampleTokensParams& p, cudaStream_t stream,
+                              SampleTokensCudaKernel kernel) {
   if (p.vocab <= 0 || p.ld < p.vocab || p.rows < 0 || p.vocab > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("SampleTokensCuda: vocab ", p.vocab, ", ld ", p.ld, ", rows ", p.rows));
@@ -194,8 +332,24 @@ absl::Status SampleTokensCuda(const SampleTokensParams& p, cudaStream_t stream) 
   if (!p.logits || !p.params || !p.tokens) {
     return absl::InvalidArgumentError("SampleTokensCuda: null pointer");
   }
-  SampleKernel<<<p.rows, kThreads, 0, stream>>>(p.logits, static_cast<int>(p.vocab), p.ld,
-                                                p.params, p.tokens);
+  const int vocab = static_cast<int>(p.vocab);
+  switch (kernel) {
+    case SampleTokensCudaKernel::kOneCtaPerRow:
+      SampleKernel<<<p.rows, kThreads, 0, stream>>>(p.logits, vocab, p.ld, p.params, p.tokens);
+      break;
+    case SampleTokensCudaKernel::kGreedyCluster: {
+      if (p.rows > INT32_MAX / kGreedyCluster) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("SampleTokensCuda: ", p.rows, " rows (greedy cluster kernel)"));
+      }
+      const bool vec4 = fwd::Aligned16(p.logits) && p.ld % 4 == 0;
+      const dim3 grid(static_cast<unsigned>(p.rows * kGreedyCluster));
+      auto* greedy_kernel =
+          vec4 ? SampleGreedyClusterKernel<true> : SampleGreedyClusterKernel<false>;
+      greedy_kernel<<<grid, kThreads, 0, stream>>>(p.logits, vocab, p.ld, p.params, p.tokens);
+      break;
+    }
+  }
   CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

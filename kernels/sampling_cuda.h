@@ -10,10 +10,22 @@
 
 namespace mqa {
 
-// One CTA per row: argmax for greedy rows; for sampled rows bisections over the order-preserving
-// integer keys of the floats find the top-k and top-p thresholds exactly, then a block scan finds
-// the drawn index. p.params and p.tokens are device arrays.
-absl::Status SampleTokensCuda(const SampleTokensParams& p, cudaStream_t stream);
+// Which kernel SampleTokensCuda runs. Both give the same tokens.
+enum class SampleTokensCudaKernel {
+  // One CTA per row: argmax for greedy rows; for sampled rows bisections over the
+  // order-preserving integer keys of the floats find the top-k and top-p thresholds exactly,
+  // then a block scan finds the drawn index.
+  kOneCtaPerRow,
+  // A cluster of 8 CTAs per row: a greedy row's argmax split 8 ways (its CTAs combine their
+  // results through distributed shared memory, no global workspace); a sampled row runs the
+  // kOneCtaPerRow code in the cluster's first CTA. Mixed batches need nothing special.
+  kGreedyCluster,
+};
+
+// p.params and p.tokens are device arrays. Works inside CUDA graph capture.
+absl::Status SampleTokensCuda(
+    const SampleTokensParams& p, cudaStream_t stream,
+    SampleTokensCudaKernel kernel = SampleTokensCudaKernel::kOneCtaPerRow);
 
 struct LogitsToFloatParams {
   const void* input = nullptr;  // [shards * rows, vocab_shard] of `dtype` (gathered shards)
