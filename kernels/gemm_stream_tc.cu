@@ -1,0 +1,550 @@
+// Weight-streaming tensor-core decode GEMM (see gemm_stream_tc.h).
+//
+// Tiles: a weight tile is kBM = 128 rows x kBK = 64 columns (16 KiB of fp16 / bf16, 128 bytes of
+// each row); its activation tile is the kMP (m padded) rows of A over the same 64 columns. Both
+// land in shared memory through 16-byte cp.async, rows of 8 16-byte chunks with chunk c of row r
+// stored at chunk c ^ (r & 7), so that the 8 row addresses of every ldmatrix phase hit 8 different
+// bank groups. Rows past n or m and columns past k are zero-filled (cp.async src-size 0).
+//
+// Warps: 4, each owns 32 weight rows (two m16 tiles) of the CTA's row block and all of its
+// columns: per 16-column step it loads its two weight fragments (ldmatrix.x4) and every
+// activation fragment (ldmatrix.x4 per pair of n8 tiles) and issues 2 * NT mma.m16n8k16.
+//
+// Work: the T = row_blocks * k_tiles tiles, in order (row block major), are split into `grid`
+// contiguous ranges of q or q + 1 tiles. A CTA walks its range; whenever its piece of a row block
+// ends it either writes C (it covered the whole block) or stores its fp32 accumulators to its
+// partial slot (2 per CTA: its range's first and last row block) and bumps the block's counter
+// (kept at index "CTA holding the block's first tile", unique among shared blocks); the last to
+// arrive sums every contributor's slot in CTA order (so the result does not depend on who was
+// last), applies the epilogue and zeroes the counter.
+#include "kernels/gemm_stream_tc.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/forward_cuda_common.cuh"
+#include "runtime/cuda_check.h"
+
+namespace mqa {
+namespace {
+
+constexpr int kBM = 128;               // weight rows per tile
+constexpr int kBK = 64;                // columns per tile
+constexpr int kRowBytes = kBK * 2;     // one tile row in shared memory
+constexpr int kChunks = kRowBytes / 16;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxCtasPerSm = 2;       // the workspace size assumes no more
+constexpr int kDefaultMinTiles = 8;
+constexpr int kCounterBytes = 4096;    // one int per CTA: grids of up to 1024 CTAs
+constexpr int kMaxGrid = kCounterBytes / static_cast<int>(sizeof(int));
+constexpr int kStageBudget = 112 * 1024;  // shared memory per CTA (two fit on an SM)
+
+static_assert(kChunks == 8, "the swizzle assumes 8 chunks of 16 bytes per tile row");
+static_assert(kBM == kWarps * 32, "each warp owns 32 weight rows");
+
+// NT: n8 tiles of activation rows (m padded to 8 * NT).
+template <int NT>
+struct Config {
+  static constexpr int kMP = 8 * NT;
+  static constexpr int kWBytes = kBM * kRowBytes;
+  static constexpr int kABytes = kMP * kRowBytes;
+  static constexpr int kStageBytes = kWBytes + kABytes;
+  static constexpr int kStages = std::min(6, kStageBudget / kStageBytes);
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kSlotFloats = kBM * kMP;  // one fp32 partial of a row block
+  static_assert(kStages >= 3, "pipeline too shallow");
+  static_assert(NT == 1 || NT % 2 == 0, "activation fragments are loaded in pairs of n8 tiles");
+};
+
+template <typename T>
+struct StreamArgs {
+  const T* a = nullptr;
+  const T* b = nullptr;
+  T* c = nullptr;
+  const T* bias = nullptr;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int m = 0, n = 0, k = 0;
+  int k_tiles = 0;  // tiles per row block
+  int q = 0;        // CTA i runs q + (i < rem) tiles
+  int rem = 0;
+  bool accumulate = false;
+  int* counters = nullptr;   // [grid]; null when every CTA runs whole row blocks
+  float* partials = nullptr; // [grid][2][kSlotFloats]
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void Ldmatrix2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
+// d += a (16x16, row-major) * b (16x8, column-major), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Byte offset of 16-byte chunk `chunk` of tile row `row` (the XOR swizzle).
+__device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+template <typename T, int NT, int kAct>
+__global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
+    StreamTcKernel(const StreamArgs<T> p) {
+  using Cfg = Config<NT>;
+  constexpr int S = Cfg::kStages;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cta = blockIdx.x;
+  const int kt_count = p.k_tiles;
+  const int64_t begin = static_cast<int64_t>(cta) * p.q + min(cta, p.rem);
+  const int count = p.q + (cta < p.rem ? 1 : 0);
+  const uint32_t smem0 = SmemAddr(smem);
+
+  // Loader: thread t copies chunk t % 8 of tile rows t / 8 + 16 j.
+  const int ld_row = tid >> 3, ld_chunk = tid & 7;
+  const uint32_t ld_off = Swizzle(ld_row, ld_chunk);  // + j * 16 rows (the swizzle repeats)
+  auto load_w = [&](int stage, int rb, int kt) {
+    const uint32_t dst = smem0 + stage * Cfg::kStageBytes + ld_off;
+    const int col = kt * kBK + ld_chunk * 8;
+    const int row0 = rb * kBM + ld_row;
+    const T* src = p.b + static_cast<int64_t>(row0) * p.ldb + col;
+#pragma unroll
+    for (int j = 0; j < kBM / 16; ++j) {
+      const bool valid = col < p.k && row0 + 16 * j < p.n;
+      CpAsync16(dst + j * 16 * kRowBytes, valid ? src + j * 16 * p.ldb : p.b, valid);
+    }
+  };
+  auto load_a = [&](int stage, int kt) {
+    const uint32_t dst = smem0 + stage * Cfg::kStageBytes + Cfg::kWBytes + ld_off;
+    const int col = kt * kBK + ld_chunk * 8;
+#pragma unroll
+    for (int j = 0; j < (Cfg::kMP + 15) / 16; ++j) {
+      const int row = ld_row + 16 * j;
+      if (row < Cfg::kMP) {
+        const bool valid = col < p.k && row < p.m;
+        CpAsync16(dst + j * 16 * kRowBytes, valid ? p.a + row * p.lda + col : p.a, valid);
+      }
+    }
+  };
+  auto advance = [kt_count](int& rb, int& kt) {
+    if (++kt == kt_count) {
+      kt = 0;
+      ++rb;
+    }
+  };
+
+  // Prologue: the weights of the first S - 1 tiles (independent of the previous kernel) in one
+  // group before the PDL wait, then their activations one group per tile. Groups: W, A_0 ..
+  // A_{S-2}, then one per main-loop iteration; waiting until at most S - 2 are pending at
+  // iteration i completes tile i.
+  int lrb = static_cast<int>(begin / kt_count), lkt = static_cast<int>(begin % kt_count);
+  {
+    int rb = lrb, kt = lkt;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < count) load_w(s, rb, kt);
+      advance(rb, kt);
+    }
+    CpAsyncCommit();
+  }
+  fwd::PdlWait();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < count) load_a(s, lkt);
+    CpAsyncCommit();
+    advance(lrb, lkt);
+  }
+
+  // Fragment addresses (see the header comment of this file for the layouts).
+  const int frag_x = lane & 7;
+  uint32_t w_row_off[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) w_row_off[mt] = (warp * 32 + mt * 16 + (lane & 15)) * kRowBytes;
+  const int w_chunk_hi = lane >> 4;
+  const int a_row = frag_x + ((lane >> 4) << 3);  // + 16 per pair of n8 tiles
+  const int a_chunk_hi = (lane >> 3) & 1;
+
+  float acc[2][NT][4];
+  auto zero_acc = [&] {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+  };
+  zero_acc();
+
+  auto compute = [&](int stage) {
+    const uint32_t w_base = smem0 + stage * Cfg::kStageBytes;
+    const uint32_t a_base = w_base + Cfg::kWBytes;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        Ldmatrix4(af[mt], w_base + w_row_off[mt] + (((2 * ks + w_chunk_hi) ^ frag_x) << 4));
+      }
+      uint32_t bf[NT][2];
+      if constexpr (NT == 1) {
+        Ldmatrix2(bf[0], a_base + frag_x * kRowBytes + (((2 * ks + a_chunk_hi) ^ frag_x) << 4));
+      } else {
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t r[4];
+          Ldmatrix4(r, a_base + (np * 16 + a_row) * kRowBytes +
+                           (((2 * ks + a_chunk_hi) ^ frag_x) << 4));
+          bf[2 * np][0] = r[0];
+          bf[2 * np][1] = r[1];
+          bf[2 * np + 1][0] = r[2];
+          bf[2 * np + 1][1] = r[3];
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) Mma16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+    }
+  };
+
+  // Accumulator (mt, nt, e) of this thread is C[col][row]: weight row `row` = output column,
+  // activation row `col` = output row (the mma's D fragment: rows g, g + 8; columns 2t, 2t + 1).
+  const int g = lane >> 2, t = lane & 3;
+  auto epilogue = [&](int rb) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = rb * kBM + warp * 32 + mt * 16 + half * 8 + g;
+        if (row >= p.n) continue;
+        const float bias = p.bias != nullptr ? fwd::ToFloat(p.bias[row]) : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = nt * 8 + 2 * t + e;
+            if (col >= p.m) continue;
+            float v = fwd::Activate<kAct>(acc[mt][nt][half * 2 + e] + bias);
+            T* out = p.c + col * p.ldc + row;
+            if (p.accumulate) v += fwd::ToFloat(*out);
+            *out = fwd::FromFloat<T>(v);
+          }
+        }
+      }
+    }
+  };
+
+  // Partials are stored in fragment order: thread-private, fully coalesced float4s.
+  auto slot_of = [&](int owner, int piece) {
+    return p.partials + (static_cast<int64_t>(owner) * 2 + piece) * Cfg::kSlotFloats +
+           warp * (2 * NT * 128) + lane * 4;
+  };
+  auto start_of = [&](int i) { return static_cast<int64_t>(i) * p.q + min(i, p.rem); };
+  auto owner_of = [&](int64_t tile) {
+    const int64_t big = static_cast<int64_t>(p.rem) * (p.q + 1);
+    return static_cast<int>(tile < big ? tile / (p.q + 1) : p.rem + (tile - big) / p.q);
+  };
+  const int first_rb = static_cast<int>(begin / kt_count);
+
+  // Ends this CTA's piece of row block rb (tiles [piece_kt0, last_kt] of it are in acc).
+  auto finish_piece = [&](int rb, bool whole) {
+    if (whole) {
+      epilogue(rb);
+      return;
+    }
+    const int piece = rb == first_rb ? 0 : 1;
+    float* mine = slot_of(cta, piece);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        __stcg(reinterpret_cast<float4*>(mine + (mt * NT + nt) * 128),
+               make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
+      }
+    const int64_t tile0 = static_cast<int64_t>(rb) * kt_count;
+    const int first = owner_of(tile0), last = owner_of(tile0 + kt_count - 1);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&p.counters[first], 1) == last - first;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    zero_acc();
+    for (int o = first; o <= last; ++o) {
+      const float* src = slot_of(o, start_of(o) / kt_count == rb ? 0 : 1);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(src + (mt * NT + nt) * 128));
+          acc[mt][nt][0] += v.x;
+          acc[mt][nt][1] += v.y;
+          acc[mt][nt][2] += v.z;
+          acc[mt][nt][3] += v.w;
+        }
+    }
+    epilogue(rb);
+    if (tid == 0) p.counters[first] = 0;
+  };
+
+  int crb = first_rb, ckt = static_cast<int>(begin % kt_count);
+  int piece_kt0 = ckt;
+  int cstage = 0, lstage = S - 1;
+  for (int i = 0; i < count; ++i) {
+    CpAsyncWait<S - 2>();
+    __syncthreads();  // tile i visible to all; everyone is done with the stage refilled below
+    if (i + S - 1 < count) {
+      load_w(lstage, lrb, lkt);
+      load_a(lstage, lkt);
+    }
+    CpAsyncCommit();
+    advance(lrb, lkt);
+    lstage = lstage + 1 == S ? 0 : lstage + 1;
+
+    compute(cstage);
+    cstage = cstage + 1 == S ? 0 : cstage + 1;
+
+    const bool last_tile = i + 1 == count;
+    if (last_tile) fwd::PdlTrigger();
+    if (ckt + 1 == kt_count || last_tile) {
+      finish_piece(crb, piece_kt0 == 0 && ckt + 1 == kt_count);
+      zero_acc();
+      piece_kt0 = 0;
+    }
+    advance(crb, ckt);
+  }
+  CpAsyncWait<0>();
+}
+
+template <int NT>
+size_t SlotBytes() {
+  return static_cast<size_t>(Config<NT>::kSlotFloats) * sizeof(float);
+}
+
+int NtFor(int64_t m) {
+  if (m <= 8) return 1;
+  if (m <= 16) return 2;
+  if (m <= 32) return 4;
+  if (m <= 48) return 6;
+  return 8;
+}
+
+// Sets the kernel's shared-memory limit and reads the SM count and residency once per thread and
+// device.
+struct KernelInfo {
+  int device = -1;
+  int sms = 0;
+  int resident = 0;  // CTAs per SM
+};
+
+template <typename T, int NT, int kAct>
+absl::Status GetInfo(KernelInfo& out) {
+  static thread_local KernelInfo info;
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (info.device != device) {
+    auto kernel = StreamTcKernel<T, NT, kAct>;
+    KernelInfo fresh;
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              Config<NT>::kSmemBytes));
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &fresh.resident, kernel, kThreads, Config<NT>::kSmemBytes));
+    fresh.device = device;
+    info = fresh;
+  }
+  out = info;
+  return absl::OkStatus();
+}
+
+template <typename T, int NT, int kAct>
+absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
+                    void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  KernelInfo info;
+  RETURN_IF_ERROR((GetInfo<T, NT, kAct>(info)));
+  if (info.resident < 1) {
+    return absl::InternalError("StreamTcGemmCuda: the kernel does not fit on an SM");
+  }
+  StreamArgs<T> s;
+  s.a = static_cast<const T*>(p.a);
+  s.b = static_cast<const T*>(p.b);
+  s.c = static_cast<T*>(p.c);
+  s.bias = static_cast<const T*>(e.bias);
+  s.lda = p.lda;
+  s.ldb = p.ldb;
+  s.ldc = p.ldc;
+  s.m = static_cast<int>(p.m);
+  s.n = static_cast<int>(p.n);
+  s.k = static_cast<int>(p.k);
+  s.accumulate = e.accumulate;
+  const int64_t row_blocks = (p.n + kBM - 1) / kBM;
+  s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + kBK - 1) / kBK));
+  const int64_t tiles = row_blocks * s.k_tiles;
+  if (tiles > INT32_MAX) return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
+
+  const int per_sm = std::clamp(tuning.ctas_per_sm > 0 ? tuning.ctas_per_sm : kMaxCtasPerSm, 1,
+                                std::min(info.resident, kMaxCtasPerSm));
+  const int64_t min_tiles =
+      tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles;
+  int64_t grid = std::min<int64_t>(int64_t{info.sms} * per_sm, kMaxGrid);
+  grid = std::max<int64_t>(1, std::min(grid, tiles / min_tiles));
+  const size_t need = kCounterBytes + static_cast<size_t>(grid) * 2 * SlotBytes<NT>();
+  const bool aligned_ws = reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
+  if (workspace == nullptr || !aligned_ws || workspace_bytes < need) {
+    grid = row_blocks;  // one whole row block per CTA: no partials, no counters
+  } else {
+    s.counters = static_cast<int*>(workspace);
+    s.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + kCounterBytes);
+  }
+  s.q = static_cast<int>(tiles / grid);
+  s.rem = static_cast<int>(tiles % grid);
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Config<NT>::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StreamTcKernel<T, NT, kAct>, s));
+  return absl::OkStatus();
+}
+
+template <typename T, int NT>
+absl::Status LaunchAct(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
+                       void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  switch (e.activation) {
+    case Activation::kIdentity:
+      return Launch<T, NT, 0>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case Activation::kGeluTanh:
+      return Launch<T, NT, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case Activation::kGeluErf:
+      break;
+  }
+  return absl::UnimplementedError("StreamTcGemmCuda: GELU (erf) is not fused");
+}
+
+template <typename T>
+absl::Status LaunchType(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
+                        void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  switch (NtFor(p.m)) {
+    case 1:
+      return LaunchAct<T, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case 2:
+      return LaunchAct<T, 2>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case 4:
+      return LaunchAct<T, 4>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case 6:
+      return LaunchAct<T, 6>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    default:
+      return LaunchAct<T, 8>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+  }
+}
+
+absl::Status CheckParams(const GemmParams& p, const GemmEpilogue& e) {
+  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("StreamTcGemmCuda: dtype ",
+                                                   std::string(DTypeName(p.dtype)),
+                                                   " unsupported (float16, bfloat16)"));
+  }
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.lda < p.k || p.ldb < p.k || p.ldc < p.n) {
+    return absl::InvalidArgumentError(absl::StrCat("StreamTcGemmCuda: m ", p.m, " n ", p.n, " k ",
+                                                   p.k, " lda ", p.lda, " ldb ", p.ldb, " ldc ",
+                                                   p.ldc));
+  }
+  if (p.m > 0 && p.n > 0 && (!p.a || !p.b || !p.c)) {
+    return absl::InvalidArgumentError("StreamTcGemmCuda: null pointer");
+  }
+  if (p.n > INT32_MAX || p.k > INT32_MAX) {
+    return absl::InvalidArgumentError("StreamTcGemmCuda: dimension over 2^31");
+  }
+  if (e.accumulate && e.activation != Activation::kIdentity) {
+    return absl::InvalidArgumentError("StreamTcGemmCuda: accumulate needs the identity activation");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t StreamTcCounterBytes() { return kCounterBytes; }
+
+size_t StreamTcGemmWorkspaceBytes(int num_sms, int64_t max_m) {
+  const int64_t m = std::clamp<int64_t>(max_m, 1, kStreamTcMaxM);
+  const int64_t grid = std::min<int64_t>(int64_t{std::max(num_sms, 1)} * kMaxCtasPerSm, kMaxGrid);
+  const size_t slot = static_cast<size_t>(kBM) * 8 * NtFor(m) * sizeof(float);
+  return kCounterBytes + static_cast<size_t>(grid) * 2 * slot;
+}
+
+bool StreamTcGemmSupported(const GemmParams& p, const GemmEpilogue& e) {
+  if (!CheckParams(p, e).ok()) return false;
+  return p.m >= 1 && p.m <= kStreamTcMaxM && p.k % 8 == 0 && p.lda % 8 == 0 && p.ldb % 8 == 0 &&
+         fwd::Aligned16(p.a) && fwd::Aligned16(p.b) && e.activation != Activation::kGeluErf &&
+         e.ln_weight == nullptr && e.ln_bias == nullptr && e.key_cache == nullptr &&
+         e.value_cache == nullptr;
+}
+
+absl::Status StreamTcGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                              bool pdl, void* workspace, size_t workspace_bytes,
+                              const StreamTcTuning& tuning) {
+  RETURN_IF_ERROR(CheckParams(p, e));
+  if (p.m == 0 || p.n == 0) return absl::OkStatus();
+  if (!StreamTcGemmSupported(p, e)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "StreamTcGemmCuda: unsupported (m ", p.m, " k ", p.k, " lda ", p.lda, " ldb ", p.ldb,
+        ", 16-byte alignment, GELU-erf, layer-norm or KV-write fusion)"));
+  }
+  return p.dtype == DType::kF16
+             ? LaunchType<__half>(p, e, stream, pdl, workspace, workspace_bytes, tuning)
+             : LaunchType<__nv_bfloat16>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+}
+
+}  // namespace mqa
