@@ -57,6 +57,7 @@ struct Config {
   static constexpr int kStages = std::min(6, kStageBudget / kStageBytes);
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static constexpr int kSlotFloats = kBM * kMP;  // one fp32 partial of a row block
+  static constexpr int kFixupSlots = NT <= 2 ? 8 / NT : (NT <= 6 ? 2 : 1);  // loaded at once
   static_assert(kStages >= 3, "pipeline too shallow");
   static_assert(NT == 1 || NT % 2 == 0, "activation fragments are loaded in pairs of n8 tiles");
 };
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     StreamTcKernel(const StreamArgs<T> p) {
   using Cfg = Config<NT>;
   constexpr int S = Cfg::kStages;
+  constexpr int kFixupSlots = Cfg::kFixupSlots;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_last;
 
@@ -315,18 +317,35 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     if (!s_last) return;
     __threadfence();
     zero_acc();
-    for (int o = first; o <= last; ++o) {
-      const float* src = slot_of(o, start_of(o) / kt_count == rb ? 0 : 1);
+    // kFixupSlots contributors' loads in flight at once (this runs in the kernel's tail), summed
+    // in CTA order.
+    for (int o0 = first; o0 <= last; o0 += kFixupSlots) {
+      float4 v[kFixupSlots][2][NT];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int u = 0; u < kFixupSlots; ++u) {
+        const int o = o0 + u;
+        if (o > last) break;
+        const float* src = slot_of(o, start_of(o) / kt_count == rb ? 0 : 1);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(src + (mt * NT + nt) * 128));
-          acc[mt][nt][0] += v.x;
-          acc[mt][nt][1] += v.y;
-          acc[mt][nt][2] += v.z;
-          acc[mt][nt][3] += v.w;
-        }
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            v[u][mt][nt] = __ldcg(reinterpret_cast<const float4*>(src + (mt * NT + nt) * 128));
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < kFixupSlots; ++u) {
+        if (o0 + u > last) break;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            acc[mt][nt][0] += v[u][mt][nt].x;
+            acc[mt][nt][1] += v[u][mt][nt].y;
+            acc[mt][nt][2] += v[u][mt][nt].z;
+            acc[mt][nt][3] += v[u][mt][nt].w;
+          }
+      }
     }
     epilogue(rb);
     if (tid == 0) p.counters[first] = 0;
