@@ -37,7 +37,9 @@ absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p) {
       return LayerNormCpu(p);
     case Device::kCuda:
 #ifdef MQA_WITH_CUDA
-      return LayerNormCuda(p, Stream(ctx), ctx.pdl);
+      return LayerNormCuda(p, Stream(ctx), ctx.pdl,
+                           ctx.ln_registers ? LayerNormCudaKernel::kRegisters
+                                            : LayerNormCudaKernel::kThreePass);
 #else
       return NoCuda("LayerNorm");
 #endif

@@ -30,6 +30,9 @@ struct OpContext {
   // the previous kernel (kernels/forward_cuda_common.cuh). The GEMM's own switch is
   // CudaGemm::set_pdl.
   bool pdl = false;
+  // CUDA: LayerNormCudaKernel::kRegisters (the row held in registers, weights loaded before the
+  // PDL wait) instead of kThreePass.
+  bool ln_registers = false;
 };
 
 // A Linear layer: gemm (C = A B^T), then C = act(C + bias), or, with `residual`, residual +=

@@ -110,6 +110,11 @@ struct GptBigCodeOptions {
   // cuBLASLt shapes (m > 8, or skinny_gemm off): time up to 8 heuristic algorithms per GEMM shape
   // on its first eager run and keep the fastest (CudaGemm::Options::autotune; mqabench --autotune).
   bool gemm_autotune = false;
+  // Small decode kernels (mqabench --small): layer norm with the row in registers
+  // (LayerNormCudaKernel::kRegisters) and greedy argmax split over a cluster of 8 CTAs
+  // (SampleTokensCudaKernel::kGreedyCluster).
+  bool ln_registers = false;
+  bool greedy_cluster = false;
 };
 
 class GptBigCode {
@@ -145,6 +150,9 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::gemm_autotune (tuned shapes are kept while off); no-op on
   // the CPU. Drops captured graphs (and their eager first runs, where new shapes get tuned).
   void set_gemm_autotune(bool on);
+  // Benchmarks switch GptBigCodeOptions::ln_registers / greedy_cluster; no-op on the CPU. Drops
+  // captured graphs.
+  void set_small_kernels(bool ln_registers, bool greedy_cluster);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

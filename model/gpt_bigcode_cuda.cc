@@ -82,6 +82,7 @@ struct GptBigCode::CudaState {
   Tensor params;  // device RowSamplingParams
   Tensor tokens;  // device int32
   bool graphs_enabled = false;
+  bool greedy_cluster = false;  // GptBigCodeOptions::greedy_cluster
   int64_t max_graph_batch = 0;
   using Key = std::tuple<int64_t, int, const void*>;
   std::map<Key, cudaGraphExec_t> graphs;
@@ -121,6 +122,13 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ctx_.pdl = pdl;
   cuda_->gemm->set_pdl(pdl);
   fuse_ = fuse_small_kernels;
+  ClearCudaGraphs();
+}
+
+void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
+  if (!cuda_) return;
+  ctx_.ln_registers = ln_registers;
+  cuda_->greedy_cluster = greedy_cluster;
   ClearCudaGraphs();
 }
 
@@ -164,6 +172,8 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.pdl = options.pdl;
   cuda_->gemm->set_pdl(options.pdl);
   fuse_ = options.fuse_small_kernels;
+  ctx_.ln_registers = options.ln_registers;
+  cuda_->greedy_cluster = options.greedy_cluster;
   cuda_->graphs_enabled = options.cuda_graphs && w_.shard.world_size == 1;
   cuda_->max_graph_batch = options.max_graph_batch;
 
@@ -376,7 +386,9 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::SampleCuda(
   sp.ld = w_.config.vocab_size;
   sp.params = static_cast<const RowSamplingParams*>(cuda_->params.raw());
   sp.tokens = cuda_->tokens.data<int32_t>();
-  RETURN_IF_ERROR(SampleTokensCuda(sp, stream));
+  RETURN_IF_ERROR(SampleTokensCuda(sp, stream,
+                                   cuda_->greedy_cluster ? SampleTokensCudaKernel::kGreedyCluster
+                                                         : SampleTokensCudaKernel::kOneCtaPerRow));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->host_tokens.get<void>(), cuda_->tokens.raw(),
                                        rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -394,6 +406,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_gemm_autotune(bool) {}
+void GptBigCode::set_small_kernels(bool, bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

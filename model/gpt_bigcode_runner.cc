@@ -52,6 +52,8 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.pdl = options.pdl;
   model_options.fuse_small_kernels = options.fuse_small_kernels;
   model_options.gemm_autotune = options.gemm_autotune;
+  model_options.ln_registers = options.ln_registers;
+  model_options.greedy_cluster = options.greedy_cluster;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

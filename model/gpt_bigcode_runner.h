@@ -42,6 +42,8 @@ struct GptBigCodeRunnerOptions {
   bool pdl = true;                  // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
   bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
+  bool ln_registers = false;        // GptBigCodeOptions::ln_registers
+  bool greedy_cluster = false;      // GptBigCodeOptions::greedy_cluster
 };
 
 class GptBigCodeRunner final : public ModelRunner {

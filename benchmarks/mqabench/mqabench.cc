@@ -8,6 +8,8 @@
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
 //     "both" runs off, then on, on the same runner (one row each, with the tuning summary).
+//     --small off|on|both: GptBigCodeOptions::ln_registers and greedy_cluster together (the
+//     register-resident layer norm and the cluster argmax); "both" gives one row each.
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -49,6 +51,7 @@ struct Flags {
   bool cuda_graphs = true;
   std::string fast = "pdl";  // the runner's default
   std::string autotune = "off";
+  std::string small = "off";
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -90,6 +93,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.fast, value());
     } else if (a == "--autotune") {
       ASSIGN_OR_RETURN(f.autotune, value());
+    } else if (a == "--small") {
+      ASSIGN_OR_RETURN(f.small, value());
     } else if (a == "--block-size") {
       RETURN_IF_ERROR(as_int(&f.block_size));
     } else if (a == "--no-cuda-graphs") {
@@ -110,6 +115,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   if (f.autotune != "off" && f.autotune != "on" && f.autotune != "both") {
     return absl::InvalidArgumentError("--autotune off|on|both");
+  }
+  if (f.small != "off" && f.small != "on" && f.small != "both") {
+    return absl::InvalidArgumentError("--small off|on|both");
   }
   if (f.load_format != "dummy") {
     return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
@@ -274,23 +282,28 @@ absl::Status Latency(const Flags& f) {
   const std::vector<std::string> tunes =
       f.autotune == "both" ? std::vector<std::string>{"off", "on"}
                            : std::vector<std::string>{f.autotune};
+  const std::vector<std::string> smalls =
+      f.small == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.small};
   struct Run {
-    std::string variant, fast, autotune;
+    std::string variant, fast, autotune, small;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
     for (const std::string& k : fasts) {
-      for (const std::string& a : tunes) runs.push_back({v, k, a});
+      for (const std::string& a : tunes) {
+        for (const std::string& m : smalls) runs.push_back({v, k, a, m});
+      }
     }
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune] : runs) {
+  for (const auto& [variant, fast, autotune, small] : runs) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune == "on");
+    r.model().set_small_kernels(small == "on", small == "on");
     std::vector<double> latencies, prefills, steps;
     absl::Status failed;
     for (int iter = 0; iter < f.num_iters_warmup + f.num_iters && failed.ok(); ++iter) {
@@ -350,11 +363,11 @@ absl::Status Latency(const Flags& f) {
     for (double l : latencies) avg += l;
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
-    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, cuda "
-                "graphs %s\n",
+    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
+                "%s, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), f.cuda_graphs ? "on" : "off");
+                autotune.c_str(), small.c_str(), f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());
@@ -416,6 +429,7 @@ absl::Status Throughput(const Flags& f) {
                                       f.max_num_seqs));
   ASSIGN_OR_RETURN(const double gemm_rate, MeasureGemmRate(8192, s.dtype));
   GptBigCodeRunner& r = *s.runner;
+  if (f.small == "on") r.model().set_small_kernels(true, true);
   Blocks blocks(r.num_kv_blocks(), bs);
   std::vector<Seq> running;
   running.reserve(f.num_prompts);

@@ -88,7 +88,7 @@ int32_t Argmax(const float* row, int64_t vocab) {
 }
 
 // Params: fixture, dtype, KV block size, decode knobs (bit 0: GptBigCodeRunnerOptions::pdl,
-// bit 1: fuse_small_kernels).
+// bit 1: fuse_small_kernels, bit 2: ln_registers and greedy_cluster).
 class HfParityCuda
     : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
@@ -105,6 +105,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.device = Device::kCuda;
   opts.pdl = knobs & 1;
   opts.fuse_small_kernels = knobs & 2;
+  opts.ln_registers = opts.greedy_cluster = knobs & 4;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
@@ -195,12 +196,14 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfParityCuda,
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
-                       ::testing::Values(0, 3)),
+                       ::testing::Values(0, 3, 5)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
                          std::to_string(std::get<2>(info.param)) +
-                         (std::get<3>(info.param) ? "_pdl_fuse" : "");
+                         (std::get<3>(info.param) == 3   ? "_pdl_fuse"
+                          : std::get<3>(info.param) == 5 ? "_pdl_small"
+                                                         : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
