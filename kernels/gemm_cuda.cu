@@ -7,6 +7,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -65,6 +66,29 @@ struct SkinnyArgs {
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// The fused epilogue of one output element (i, col) whose dot product is `v`: bias, activation,
+// residual, the store, and the fused KV-cache write.
+template <typename T, int kAct>
+__device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v) {
+  if (p.bias != nullptr) v += fwd::ToFloat(p.bias[col]);
+  v = fwd::Activate<kAct>(v);
+  T* out = p.c + static_cast<int64_t>(i) * p.ldc + col;
+  if (p.accumulate) v += fwd::ToFloat(*out);
+  const T o = fwd::FromFloat<T>(v);
+  *out = o;
+  const int j = col - p.kv_col0;
+  if (p.key_cache != nullptr && j >= 0 && j < 2 * p.kv_width) {
+    const int64_t slot = p.slots[i];
+    if (slot >= 0) {
+      if (j < p.kv_width) {
+        p.key_cache[slot * p.kv_width + j] = o;
+      } else {
+        p.value_cache[slot * p.kv_width + (j - p.kv_width)] = o;
+      }
+    }
+  }
 }
 
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first (each
@@ -209,36 +233,13 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
   for (int i = 0; i < M; ++i) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      if (lane == i * R + r && i < m && n0 + r < n) {
-        const int col = n0 + r;
-        float v = acc[i][r];
-        if (p.bias != nullptr) v += fwd::ToFloat(p.bias[col]);
-        v = fwd::Activate<kAct>(v);
-        T* out = p.c + static_cast<int64_t>(i) * p.ldc + col;
-        if (p.accumulate) v += fwd::ToFloat(*out);
-        const T o = fwd::FromFloat<T>(v);
-        *out = o;
-        const int j = col - p.kv_col0;
-        if (p.key_cache != nullptr && j >= 0 && j < 2 * p.kv_width) {
-          const int64_t slot = p.slots[i];
-          if (slot >= 0) {
-            if (j < p.kv_width) {
-              p.key_cache[slot * p.kv_width + j] = o;
-            } else {
-              p.value_cache[slot * p.kv_width + (j - p.kv_width)] = o;
-            }
-          }
-        }
-      }
+      if (lane == i * R + r && i < m && n0 + r < n) SkinnyStore<T, kAct>(p, i, n0 + r, acc[i][r]);
     }
   }
 }
 
-template <typename T, int M, int R>
-absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                          bool pdl) {
-  const int per_block = kSkinnyWarps * R;
-  const int64_t blocks = (p.n + per_block - 1) / per_block;
+template <typename T>
+SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   SkinnyArgs<T> a;
   a.a = static_cast<const T*>(p.a);
   a.lda = p.lda;
@@ -259,6 +260,15 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   a.slots = e.slot_mapping;
   a.kv_col0 = static_cast<int>(e.kv_col0);
   a.kv_width = static_cast<int>(e.kv_width);
+  return a;
+}
+
+template <typename T, int M, int R>
+absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          bool pdl) {
+  const int per_block = kSkinnyWarps * R;
+  const int64_t blocks = (p.n + per_block - 1) / per_block;
+  const SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kSkinnyWarps * 32);
   switch (e.activation) {
@@ -277,6 +287,398 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
   }
+  return absl::OkStatus();
+}
+
+// --- Split-K skinny kernel (CudaGemm::Options::skinny_split_k) -------------------------------
+//
+// The weight stream is cut into steps of kSplitRows rows x 32 * 16 bytes (one 16-byte load per
+// lane and row). Row group g (rows g R .. g R + R - 1) has I = ceil(k / (32 kV)) steps; the G I
+// steps of the whole GEMM, row group after row group, are dealt out to W warps in W contiguous,
+// equal ranges: warp w streams steps [w G I / W, (w + 1) G I / W). W is what fits on the device at
+// once (one wave: every SM gets the same share and all finish together) or, for a small GEMM,
+// fewer: no more warps than batches of SplitUnroll(M) steps. A warp streams its range a batch at a
+// time (SplitUnroll(M) x kSplitRows 16-byte loads in flight per lane) with the next batch
+// prefetched into L2. A row group covered by one warp is finished by that warp. A row group
+// shared by several warps gets one partial sum (M x R floats) from each into the workspace; the
+// last to arrive (an atomic counter, which it resets to zero) adds them in warp order
+// (deterministic) and applies the epilogue: no second launch, nothing to clear between launches.
+//
+// Every warp's range is non-empty (W <= G I), so a shared row group's contributors are the warps
+// first..last that hold its first and last step, and all of them but `first` start inside it.
+// The counter of a shared group is indexed by `last` (a warp starts inside at most one group);
+// each warp has two partial slots: its first row group (head) and its last one (tail).
+//
+// Workspace: counters [max warps] (zero on entry and exit), then partials [2 x max warps][32];
+// max warps = SMs x kSplitMaxCtasPerSm x kSplitWarps.
+
+constexpr int kSplitWarps = 4;
+constexpr int kSplitRows = 2;  // weight rows per step
+// Steps per batch (16-byte loads in flight per row and lane): 8, or 4 for M >= 4, whose A rows
+// take the registers.
+constexpr int SplitUnroll(int m) { return m >= 4 ? 4 : 8; }
+constexpr int kSplitMaxCtasPerSm = 8;
+// Registers capped at 128 (4 CTAs of 128 threads per SM): 16 warps x 4-8 KiB of weights in flight
+// per SM, and without the cap ptxas hoists a whole batch of A loads (up to 250 registers).
+constexpr int kSplitMinCtasPerSm = 4;
+constexpr int kSplitSlot = 32;  // floats per partial: M x R <= 32, one per lane
+static_assert(CudaGemm::kSkinnyMaxM * kSplitRows <= kSplitSlot);
+
+int64_t SplitMaxWarps(int num_sms) { return int64_t{num_sms} * kSplitMaxCtasPerSm * kSplitWarps; }
+
+template <typename T>
+struct SplitArgs {
+  SkinnyArgs<T> g;              // operands and epilogue
+  int64_t steps_per_group = 0;  // I (at least 1)
+  int64_t total_steps = 0;      // G I
+  int num_warps = 0;            // W, 1..G I
+  int* counters = nullptr;      // [max warps]
+  float* partials = nullptr;    // [2 max warps][kSplitSlot]
+};
+
+// 16 bytes at ptr if `ok`, else zeros (ptr is not read), without a branch; kept as four 32-bit
+// words (a Vec16 of 16-bit elements would take a register per element). Weights (kStream) are
+// read once: not kept in L1, the L2 fetch widened to 256 bytes. A and the layer-norm parameters
+// are read by every warp: plain (coherent, L1-cached) loads, as A is the previous kernel's output.
+template <bool kStream>
+__device__ __forceinline__ uint4 LoadOrZero(const void* ptr, bool ok) {
+  uint4 u;
+  if constexpr (kStream) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(ptr), "r"(static_cast<int>(ok)));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(ptr), "r"(static_cast<int>(ok)));
+  }
+  return u;
+}
+
+// The two 16-bit elements of a word as floats (element 0 is the low half).
+template <typename T>
+__device__ __forceinline__ float2 Unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(w));
+    memcpy(&h, &w, sizeof(w));
+    return __half22float2(h);
+  } else {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+}
+
+// Element e (0..7) of a 16-byte word group as a float.
+template <typename T>
+__device__ __forceinline__ void Unpack8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 t = Unpack2<T>(w[q]);
+    f[2 * q] = t.x;
+    f[2 * q + 1] = t.y;
+  }
+}
+
+// The warp whose range holds step `step` (the largest w with w total / W <= step).
+__device__ __forceinline__ int64_t SplitWarpOf(int64_t step, int64_t total, int64_t warps) {
+  return ((step + 1) * warps - 1) / total;
+}
+
+// PDL as SkinnyGemmKernel: the first batch of weight loads and the L2 prefetch of the second are
+// issued before PdlWait; A, the workspace and the outputs are touched only after it (the
+// workspace is also used by the previous split-K GEMM, which has completed by then).
+template <typename T, int M, int kAct, bool kLn>
+__global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
+    SplitKSkinnyGemmKernel(const SplitArgs<T> s) {
+  using V = fwd::Vec16<T>;
+  constexpr int R = kSplitRows, U = SplitUnroll(M), kV = V::kN, kStep = 32 * kV;
+  static_assert(kV == 8, "16-bit elements");
+  constexpr int kLine = 128 / sizeof(T);  // elements per 128-byte line
+  constexpr int kLinesPerStep = kStep / kLine;
+  static_assert(U * kLinesPerStep <= 32, "one L2 prefetch per lane and row covers a batch");
+  const SkinnyArgs<T>& p = s.g;
+  const int lane = threadIdx.x & 31;
+  const int64_t w = int64_t{blockIdx.x} * kSplitWarps + (threadIdx.x >> 5);
+  const int64_t I = s.steps_per_group, total = s.total_steps, W = s.num_warps;
+  const int m = p.m, n = p.n, k = p.k;
+  const bool live = w < W;
+  const int64_t begin = live ? w * total / W : 0;
+  const int64_t end = live ? (w + 1) * total / W : 0;
+
+  // The current row group g and the steps [sl, se) of it that this warp streams.
+  int64_t g = begin / I;
+  int64_t sl = begin - g * I, se = min(end - g * I, I);
+  auto set_rows = [&](int64_t group, const T*(&rows)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      rows[r] = p.b + min(group * R + r, static_cast<int64_t>(n - 1)) * p.ldb;
+    }
+  };
+  const T* brow[R];
+  set_rows(g, brow);
+  uint4 bv[U][R];
+  auto load_batch = [&]() {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = (sl + u) * kStep + lane * kV;
+      const bool ok = sl + u < se && kk < k;
+#pragma unroll
+      for (int r = 0; r < R; ++r) bv[u][r] = LoadOrZero<true>(brow[r] + kk, ok);
+    }
+  };
+  // The batch after the one at sl (in this group, else the next group's first one, if this warp
+  // has it) into L2: lane l takes line l % kLinesPerStep of step l / kLinesPerStep of each row.
+  auto prefetch_next = [&]() {
+    int64_t ps = sl + U, pe = se;
+    const T* prow[R];
+    if (ps < se) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) prow[r] = brow[r];
+    } else {
+      if ((g + 1) * I >= end) return;
+      ps = 0;
+      pe = min(end - (g + 1) * I, I);
+      set_rows(g + 1, prow);
+    }
+    const int64_t step = ps + lane / kLinesPerStep;
+    const int64_t off = step * kStep + (lane % kLinesPerStep) * kLine;
+    if (lane < U * kLinesPerStep && step < pe && off < k) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) PrefetchL2(prow[r] + off);
+    }
+  };
+  if (live) {
+    load_batch();
+    prefetch_next();
+  }
+  fwd::PdlWait();
+  fwd::PdlTrigger();
+
+  const T* arow[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
+  float mean[M], rstd[M];
+  if constexpr (kLn) {
+    // Row statistics once per CTA (two passes, as SkinnyGemmKernel), before idle warps leave.
+    __shared__ float red[2][kSplitWarps][M];
+    const int warp = threadIdx.x >> 5;
+    float sum[M], sq[M];
+#pragma unroll
+    for (int i = 0; i < M; ++i) sum[i] = sq[i] = 0.0f;
+    for (int j = threadIdx.x * kV; j < k; j += kSplitWarps * 32 * kV) {
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sum[i] += fwd::ToFloat(av.v[e]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+      if (lane == 0) red[0][warp][i] = sum[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float t = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kSplitWarps; ++q) t += red[0][q][i];
+      mean[i] = t / k;
+    }
+    for (int j = threadIdx.x * kV; j < k; j += kSplitWarps * 32 * kV) {
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float d = fwd::ToFloat(av.v[e]) - mean[i];
+          sq[i] += d * d;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
+      if (lane == 0) red[1][warp][i] = sq[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float t = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kSplitWarps; ++q) t += red[1][q][i];
+      rstd[i] = rsqrtf(t / k + p.ln_eps);
+    }
+  }
+  if (!live) return;
+
+  float acc[M][R];
+  // The batch in bv (steps sl .. sl + U - 1; those past se or k are zeros, and so is their A).
+  auto fma_batch = [&]() {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk64 = (sl + u) * kStep + lane * kV;
+      const bool ok = sl + u < se && kk64 < k;
+      const int kk = ok ? static_cast<int>(kk64) : 0;
+      float b[R][kV];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Unpack8<T>(bv[u][r], b[r]);
+      float lw[kV], lb[kV];
+      if constexpr (kLn) {
+        Unpack8<T>(LoadOrZero<false>(p.ln_w + kk, ok), lw);
+        Unpack8<T>(LoadOrZero<false>(p.ln_b + kk, ok), lb);
+      }
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        float x[kV];
+        Unpack8<T>(LoadOrZero<false>(arow[i] + kk, ok), x);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          if constexpr (kLn) {
+            x[e] = ok ? fwd::ToFloat(fwd::FromFloat<T>((x[e] - mean[i]) * rstd[i] * lw[e] + lb[e]))
+                      : 0.0f;
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[i][r] = fmaf(x[e], b[r][e], acc[i][r]);
+        }
+      }
+    }
+  };
+
+  bool loaded = true;  // bv holds the first batch (loaded before PdlWait)
+  bool head = true;    // g is this warp's first row group
+  for (;;) {
+    const bool whole = sl == 0 && se == I;
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+    for (; sl < se; sl += U) {
+      if (!loaded) {
+        load_batch();
+        prefetch_next();
+      }
+      loaded = false;
+      fma_batch();
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
+    // Lane i * R + r owns output (i, g R + r).
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (lane == i * R + r) v = acc[i][r];
+    bool finish = true;
+    if (!whole) {
+      float* slot = s.partials + (2 * w + (head ? 0 : 1)) * kSplitSlot;
+      if (lane < M * R) __stcg(slot + lane, v);
+      __threadfence();
+      __syncwarp();
+      const int64_t first = SplitWarpOf(g * I, total, W);
+      const int64_t last = SplitWarpOf((g + 1) * I - 1, total, W);
+      int arrived = 0;
+      if (lane == 0) arrived = atomicAdd(s.counters + last, 1);
+      arrived = __shfl_sync(0xffffffffu, arrived, 0);
+      finish = arrived == last - first;
+      if (finish) {
+        __threadfence();
+        v = 0.0f;
+#pragma unroll 4
+        for (int64_t c = first; c <= last; ++c) {
+          const bool c_head = c * total / W >= g * I;
+          const float* ps = s.partials + (2 * c + (c_head ? 0 : 1)) * kSplitSlot;
+          if (lane < M * R) v += __ldcg(ps + lane);
+        }
+        if (lane == 0) s.counters[last] = 0;
+      }
+    }
+    if (finish) {
+      const int i = lane / R;
+      const int64_t col = g * R + lane % R;
+      if (lane < M * R && i < m && col < n) SkinnyStore<T, kAct>(p, i, static_cast<int>(col), v);
+    }
+    if ((g + 1) * I >= end) break;
+    ++g;
+    head = false;
+    sl = 0;
+    se = min(end - g * I, I);
+    set_rows(g, brow);
+  }
+}
+
+template <typename T, int M>
+absl::Status LaunchSplitK(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          void* workspace, size_t workspace_bytes, const SkinnySplitKOptions& o) {
+  using Kernel = void (*)(SplitArgs<T>);
+  const bool ln = e.ln_weight != nullptr;
+  Kernel kernel = nullptr;
+  int act = 0;
+  switch (e.activation) {
+    case Activation::kIdentity:
+      kernel = ln ? SplitKSkinnyGemmKernel<T, M, 0, true> : SplitKSkinnyGemmKernel<T, M, 0, false>;
+      break;
+    case Activation::kGeluTanh:
+      kernel = ln ? SplitKSkinnyGemmKernel<T, M, 1, true> : SplitKSkinnyGemmKernel<T, M, 1, false>;
+      act = 1;
+      break;
+    case Activation::kGeluErf:
+      return absl::UnimplementedError("SkinnySplitKGemmCuda: GELU (erf) is not fused");
+  }
+  int device = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (workspace == nullptr || workspace_bytes < SkinnySplitKWorkspaceBytes(sms)) {
+    return absl::InvalidArgumentError(absl::StrCat("SkinnySplitKGemmCuda: workspace of ",
+                                                   workspace_bytes, " bytes, needs ",
+                                                   SkinnySplitKWorkspaceBytes(sms)));
+  }
+  int per_sm = o.ctas_per_sm;
+  if (per_sm <= 0) {
+    // CTAs of this kernel that fit on one SM (registers); the same on every device of a process
+    // in practice, so asked once per kernel.
+    static std::atomic<int> fits[2][2];
+    per_sm = fits[act][ln].load(std::memory_order_relaxed);
+    if (per_sm <= 0) {
+      CUDA_RETURN_IF_ERROR(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSplitWarps * 32, 0));
+      fits[act][ln].store(per_sm, std::memory_order_relaxed);
+    }
+  }
+  per_sm = std::clamp(per_sm, 1, kSplitMaxCtasPerSm);
+
+  constexpr int64_t kStep = 32 * fwd::Vec16<T>::kN;
+  SplitArgs<T> s;
+  s.g = MakeSkinnyArgs<T>(p, e);
+  const int64_t groups = (p.n + kSplitRows - 1) / kSplitRows;
+  s.steps_per_group = std::max<int64_t>(1, (p.k + kStep - 1) / kStep);
+  s.total_steps = groups * s.steps_per_group;
+  const int64_t batches = (s.total_steps + SplitUnroll(M) - 1) / SplitUnroll(M);
+  s.num_warps = static_cast<int>(std::min<int64_t>(int64_t{sms} * per_sm * kSplitWarps, batches));
+  if (s.total_steps > (int64_t{1} << 62) / (s.num_warps + 1)) {
+    return absl::UnimplementedError("SkinnySplitKGemmCuda: shape too large");
+  }
+  s.counters = static_cast<int*>(workspace);
+  s.partials =
+      reinterpret_cast<float*>(static_cast<char*>(workspace) + SkinnySplitKCounterBytes(sms));
+  const int64_t blocks = (s.num_warps + kSplitWarps - 1) / kSplitWarps;
+  CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(o.pdl, kernel, dim3(static_cast<unsigned>(blocks)),
+                                           dim3(kSplitWarps * 32), stream, s));
   return absl::OkStatus();
 }
 
@@ -332,27 +734,41 @@ absl::Status LaunchSimple(const GemmParams& p, const GemmEpilogue& e, cudaStream
 
 }  // namespace
 
-absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp, bool pdl) {
-  RETURN_IF_ERROR(CheckGemm(p, "SkinnyGemmCuda"));
+namespace {
+
+// What both skinny kernels accept. OK with m or n zero (nothing to do: *empty set).
+absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char* who,
+                         bool* empty) {
+  RETURN_IF_ERROR(CheckGemm(p, who));
   if (e.accumulate && e.activation != Activation::kIdentity) {
     return absl::InvalidArgumentError("GEMM: accumulate needs the identity activation");
   }
-  if (p.m == 0 || p.n == 0) return absl::OkStatus();
+  *empty = p.m == 0 || p.n == 0;
+  if (*empty) return absl::OkStatus();
   if (p.m > CudaGemm::kSkinnyMaxM || p.k % 8 != 0 || p.lda % 8 != 0 || p.ldb % 8 != 0 ||
       !fwd::Aligned16(p.a) || !fwd::Aligned16(p.b) || e.activation == Activation::kGeluErf) {
-    return absl::UnimplementedError("SkinnyGemmCuda: shape or alignment not supported");
+    return absl::UnimplementedError(absl::StrCat(who, ": shape or alignment not supported"));
   }
   if ((e.ln_weight != nullptr) != (e.ln_bias != nullptr) ||
       (e.ln_weight && (!fwd::Aligned16(e.ln_weight) || !fwd::Aligned16(e.ln_bias)))) {
-    return absl::UnimplementedError("SkinnyGemmCuda: layer norm needs aligned weight and bias");
+    return absl::UnimplementedError(absl::StrCat(who, ": layer norm needs aligned weight and bias"));
   }
   if (e.key_cache != nullptr) {
     if (!e.value_cache || !e.slot_mapping || e.kv_col0 < 0 || e.kv_width <= 0 ||
         e.kv_col0 + 2 * e.kv_width > p.n || e.accumulate) {
-      return absl::InvalidArgumentError("SkinnyGemmCuda: bad fused KV-cache write");
+      return absl::InvalidArgumentError(absl::StrCat(who, ": bad fused KV-cache write"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                            int rows_per_warp, bool pdl) {
+  bool empty = false;
+  RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
+  if (empty) return absl::OkStatus();
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
     if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl);
     if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl);
@@ -368,6 +784,31 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
       default:
         return with_rows.template operator()<T, 2>();
     }
+  };
+  return p.dtype == DType::kF16 ? with_type.template operator()<__half>()
+                                : with_type.template operator()<__nv_bfloat16>();
+}
+
+size_t SkinnySplitKCounterBytes(int num_sms) {
+  return static_cast<size_t>((SplitMaxWarps(num_sms) * sizeof(int) + 255) / 256 * 256);
+}
+
+size_t SkinnySplitKWorkspaceBytes(int num_sms) {
+  return SkinnySplitKCounterBytes(num_sms) +
+         static_cast<size_t>(SplitMaxWarps(num_sms)) * 2 * kSplitSlot * sizeof(float);
+}
+
+absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                                  void* workspace, size_t workspace_bytes,
+                                  const SkinnySplitKOptions& options) {
+  bool empty = false;
+  RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnySplitKGemmCuda", &empty));
+  if (empty) return absl::OkStatus();
+  auto with_type = [&]<typename T>() -> absl::Status {
+    if (p.m == 1) return LaunchSplitK<T, 1>(p, e, stream, workspace, workspace_bytes, options);
+    if (p.m == 2) return LaunchSplitK<T, 2>(p, e, stream, workspace, workspace_bytes, options);
+    if (p.m <= 4) return LaunchSplitK<T, 4>(p, e, stream, workspace, workspace_bytes, options);
+    return LaunchSplitK<T, 8>(p, e, stream, workspace, workspace_bytes, options);
   };
   return p.dtype == DType::kF16 ? with_type.template operator()<__half>()
                                 : with_type.template operator()<__nv_bfloat16>();
@@ -397,12 +838,17 @@ absl::StatusOr<std::unique_ptr<CudaGemm>> CudaGemm::Create(const Options& option
   if (options.workspace_bytes > 0) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, options.workspace_bytes));
   }
+  if (options.skinny_split_k) {
+    ASSIGN_OR_RETURN(const bool ready, g->EnsureSplitWorkspace(nullptr));
+    (void)ready;  // the legacy stream is never capturing here
+  }
   return g;
 }
 
 CudaGemm::~CudaGemm() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
+  if (split_workspace_) cudaFree(split_workspace_);
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
@@ -417,13 +863,49 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
   if (options_.skinny) {
-    const absl::Status s =
-        SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl);
+    bool split = false;
+    if (options_.skinny_split_k && p.m <= kSkinnyMaxM) {
+      ASSIGN_OR_RETURN(split, EnsureSplitWorkspace(stream));
+    }
+    const absl::Status s = [&] {
+      if (split) {
+        SkinnySplitKOptions o;
+        o.pdl = options_.pdl;
+        o.ctas_per_sm = options_.skinny_split_ctas_per_sm;
+        absl::Status st =
+            SkinnySplitKGemmCuda(p, e, stream, split_workspace_, split_workspace_bytes_, o);
+        if (!absl::IsUnimplemented(st)) return st;
+      }
+      return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl);
+    }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {
     return absl::UnimplementedError("CudaGemm: fused layer norm / KV write need the skinny kernel");
   }
   return RunLt(p, e, stream);
+}
+
+absl::StatusOr<bool> CudaGemm::EnsureSplitWorkspace(cudaStream_t stream) {
+  if (split_workspace_ != nullptr) return true;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  int device = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const size_t bytes = SkinnySplitKWorkspaceBytes(sms);
+  void* ws = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, bytes));
+  // Zeroed before any kernel can use it, whatever stream or graph launches that one.
+  cudaError_t rc = cudaMemset(ws, 0, bytes);
+  if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+  if (rc != cudaSuccess) {
+    cudaFree(ws);
+    CUDA_RETURN_IF_ERROR(rc);
+  }
+  split_workspace_ = ws;
+  split_workspace_bytes_ = bytes;
+  return true;
 }
 
 absl::Status CudaGemm::RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {

@@ -9,10 +9,17 @@
 //     heuristic's choice and stays untuned);
 //   - a skinny kernel for decode batches (m <= 8): each warp streams whole weight rows with 16-byte
 //     loads and reduces with shuffles; the epilogue is fused the same way. Used when m <= 8, k and
-//     the strides are multiples of 8 and the pointers 16-byte aligned (Options::skinny).
+//     the strides are multiples of 8 and the pointers 16-byte aligned (Options::skinny);
+//   - for the same shapes, with Options::skinny_split_k, a split-K variant: the weight stream is
+//     dealt out in equal contiguous pieces to one wave of warps (rows and k split alike), deeper
+//     loads in flight, and the row groups that several warps share are summed and finished by the
+//     last warp to arrive (an atomic counter in a workspace the kernel leaves zeroed). Same
+//     epilogues, same PDL behaviour.
 //
-// Ownership: a CudaGemm owns its cuBLASLt handle and workspace (RAII). One thread uses it (the
-// model's); Run may be captured into a CUDA graph (it allocates nothing once a shape was seen).
+// Ownership: a CudaGemm owns its cuBLASLt handle and workspaces (RAII). One thread uses it (the
+// model's), on one stream at a time: split-K runs share one workspace, so two of them must not
+// run concurrently. Run may be captured into a CUDA graph (it allocates nothing once a shape was
+// seen; the split-K workspace is allocated at Create or on the first eager split-K Run).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -64,6 +71,11 @@ class CudaGemm {
     // overwriting epilogues time on the real C (the real run rewrites it), accumulating ones on a
     // scratch copy of C.
     bool autotune = false;
+    // The split-K decode kernel (SkinnySplitKGemmCuda) in place of the skinny kernel, for the same
+    // shapes. Its workspace is allocated by Create when on, else by the first eager Run with it
+    // on; a Run captured into a graph before then uses the skinny kernel (and the graph keeps it).
+    bool skinny_split_k = false;
+    int skinny_split_ctas_per_sm = 0;  // split-K grid: CTAs per SM; 0: as many as fit (<= 8)
   };
   static constexpr int kSkinnyMaxM = 8;
   static constexpr int kAutotuneAlgos = 8;
@@ -92,6 +104,9 @@ class CudaGemm {
   void set_pdl(bool on) { options_.pdl = on; }
   bool pdl() const { return options_.pdl; }
   bool skinny() const { return options_.skinny; }
+  void set_skinny_split_k(bool on) { options_.skinny_split_k = on; }
+  bool skinny_split_k() const { return options_.skinny_split_k; }
+  void set_skinny_split_ctas_per_sm(int ctas) { options_.skinny_split_ctas_per_sm = ctas; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again.
   void set_autotune(bool on) { options_.autotune = on; }
@@ -106,10 +121,15 @@ class CudaGemm {
   // Times the candidates of `plan` on p's operands and sets plan.tuned_algo (plan.tuned = true).
   // Leaves the plan untuned while `stream` is capturing.
   absl::Status Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
+  // Allocates and zeroes the split-K workspace unless done; false (nothing done) while `stream`
+  // is capturing.
+  absl::StatusOr<bool> EnsureSplitWorkspace(cudaStream_t stream);
 
   Options options_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
+  void* split_workspace_ = nullptr;  // SkinnySplitKWorkspaceBytes(SMs of the device)
+  size_t split_workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   AutotuneStats stats_;
 };
@@ -117,5 +137,20 @@ class CudaGemm {
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
                             int rows_per_warp = 2, bool pdl = false);
+
+// The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
+// same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least
+// SkinnySplitKWorkspaceBytes(SMs of the current device) bytes, 16-byte aligned) starts with
+// SkinnySplitKCounterBytes of counters that must be zero before the first call; every call leaves
+// them zero. Calls sharing a workspace must not run concurrently (stream order or PDL is fine).
+struct SkinnySplitKOptions {
+  bool pdl = false;     // launched as a programmatic dependent (as SkinnyGemmCuda's pdl)
+  int ctas_per_sm = 0;  // the grid is sized for this many CTAs per SM; 0: as many as fit (<= 8)
+};
+size_t SkinnySplitKWorkspaceBytes(int num_sms);
+size_t SkinnySplitKCounterBytes(int num_sms);
+absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue,
+                                  cudaStream_t stream, void* workspace, size_t workspace_bytes,
+                                  const SkinnySplitKOptions& options = {});
 
 }  // namespace mqa
