@@ -1,0 +1,376 @@
+// Decode GEMM benchmark: CudaGemm's skinny kernel (m <= 8), its split-K variant
+// (Options::skinny_split_k), each with and without PDL launch, and cuBLASLt, on the Linear shapes
+// of StarCoder (E 6144, 40 layers) and SantaCoder (E 2048, 24 layers) at m = 1 and 8, and
+// cuBLASLt alone at m = 32, fp16 (--dtype bfloat16 for bf16). Each time is one call of a CUDA
+// graph of 20 calls that rotate over copies of the weight (together >= 256 MB, so the weights
+// stream from HBM, not L2), median of 9 replays. TB/s counts the weight bytes only, beside the
+// copy ceiling measured in the same run (cudaMemcpy D2D of 2 GiB, read + write). Per model and m:
+// one decode step's GEMM time (layers x the four per-layer GEMMs + lm_head) against the weight
+// bytes at the copy ceiling.
+//
+//   gemm_bench [--dtype float16|bfloat16] [--m 1,8,32] [--model starcoder|santacoder|both]
+//              [--split-ctas N]   (split-K grid: N CTAs per SM; 0, the default: as many as fit)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm_cuda.h"
+
+namespace mqa {
+namespace {
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_OK(x)                                                                          \
+  do {                                                                                       \
+    absl::Status s_ = (x);                                                                   \
+    if (!s_.ok()) {                                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.ToString().c_str()); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+// Uniform [-scale, scale) from a hash of the index.
+template <typename T>
+__global__ void FillRandom(T* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float f = scale * ((x & 0xffffff) / 8388608.0f - 1.0f);
+    if constexpr (std::is_same_v<T, __half>) {
+      p[i] = __float2half(f);
+    } else {
+      p[i] = __float2bfloat16(f);
+    }
+  }
+}
+
+void Fill(DType t, void* p, size_t n, uint32_t seed, float scale) {
+  if (t == DType::kF16) {
+    FillRandom<__half><<<1024, 256>>>(static_cast<__half*>(p), n, seed, scale);
+  } else {
+    FillRandom<__nv_bfloat16><<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale);
+  }
+  CHECK_CUDA(cudaGetLastError());
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct Events {
+  cudaEvent_t a = nullptr, b = nullptr;
+  Events() {
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  float Ms() const {
+    float ms = 0;
+    CHECK_CUDA(cudaEventSynchronize(b));
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double CopyCeilingGBs() {
+  const size_t bytes = size_t{2} << 30;
+  DeviceBuffer src(bytes), dst(bytes);
+  Fill(DType::kF16, src.ptr, bytes / 2, 1, 1.0f);
+  Events ev;
+  std::vector<double> t;
+  for (int r = 0; r < 6; ++r) {
+    CHECK_CUDA(cudaEventRecord(ev.a));
+    CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(ev.b));
+    if (r > 0) t.push_back(ev.Ms());  // the first is a warm-up
+  }
+  return 2.0 * bytes / (Median(t) * 1e6);
+}
+
+constexpr int kCalls = 20;  // calls per graph
+constexpr int kReplays = 9;
+
+// Microseconds per call: `calls` of fn(i, stream) captured into a graph, median over replays.
+// Negative when a call fails (its status is printed once).
+template <typename F>
+double TimeGraphUs(cudaStream_t s, F&& fn) {
+  for (int i = 0; i < 2; ++i) {  // eager warm-up: plans, workspaces
+    const absl::Status st = fn(i, s);
+    if (!st.ok()) {
+      std::fprintf(stderr, "  %s\n", st.ToString().c_str());
+      return -1;
+    }
+  }
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  for (int i = 0; i < kCalls; ++i) ok = ok && fn(i, s).ok();
+  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  if (!ok) {
+    cudaGraphDestroy(graph);
+    return -1;
+  }
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  Events ev;
+  std::vector<double> t;
+  for (int r = 0; r < kReplays; ++r) {
+    CHECK_CUDA(cudaEventRecord(ev.a, s));
+    CHECK_CUDA(cudaGraphLaunch(exec, s));
+    CHECK_CUDA(cudaEventRecord(ev.b, s));
+    t.push_back(1000.0 * ev.Ms() / kCalls);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return Median(t);
+}
+
+enum class Gemm { kCAttn, kAttnProj, kFc, kMlpProj, kLmHead };
+constexpr Gemm kGemms[] = {Gemm::kCAttn, Gemm::kAttnProj, Gemm::kFc, Gemm::kMlpProj, Gemm::kLmHead};
+
+const char* GemmName(Gemm g) {
+  switch (g) {
+    case Gemm::kCAttn:
+      return "c_attn";
+    case Gemm::kAttnProj:
+      return "attn.c_proj";
+    case Gemm::kFc:
+      return "c_fc";
+    case Gemm::kMlpProj:
+      return "mlp.c_proj";
+    case Gemm::kLmHead:
+      return "lm_head";
+  }
+  return "?";
+}
+
+struct Model {
+  const char* name;
+  int64_t embed, layers, vocab, head_dim;
+};
+constexpr Model kModels[] = {{"starcoder", 6144, 40, 49152, 128},
+                             {"santacoder", 2048, 24, 49152, 128}};
+
+// n, k and the model's epilogue (bias; GELU-tanh on c_fc; the residual add on the projections).
+struct Shape {
+  int64_t n, k;
+  bool bias, gelu, accumulate;
+};
+Shape ShapeOf(const Model& md, Gemm g) {
+  const int64_t e = md.embed;
+  switch (g) {
+    case Gemm::kCAttn:
+      return {e + 2 * md.head_dim, e, true, false, false};  // MQA: one K and one V head
+    case Gemm::kAttnProj:
+      return {e, e, true, false, true};
+    case Gemm::kFc:
+      return {4 * e, e, true, true, false};
+    case Gemm::kMlpProj:
+      return {e, 4 * e, true, false, true};
+    case Gemm::kLmHead:
+      return {md.vocab, e, false, false, false};
+  }
+  return {};
+}
+
+struct Variant {
+  const char* name;
+  bool skinny, split_k, pdl;
+};
+constexpr Variant kVariants[] = {{"skinny", true, false, false},
+                                 {"skinny+pdl", true, false, true},
+                                 {"split-K", true, true, false},
+                                 {"split-K+pdl", true, true, true},
+                                 {"cuBLASLt", false, false, false}};
+constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
+
+std::vector<int> ParseList(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    p = std::strchr(p, ',');
+    if (!p) break;
+    ++p;
+  }
+  return v;
+}
+
+int Main(int argc, char** argv) {
+  DType dtype = DType::kF16;
+  std::vector<int> ms = {1, 8, 32};
+  std::string model_flag = "both";
+  int split_ctas = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--dtype") == 0) {
+      dtype = std::strcmp(argv[i + 1], "bfloat16") == 0 ? DType::kBF16 : DType::kF16;
+    } else if (std::strcmp(argv[i], "--m") == 0) {
+      ms = ParseList(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--model") == 0) {
+      model_flag = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--split-ctas") == 0) {
+      split_ctas = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--dtype float16|bfloat16] [--m 1,8,32] [--model "
+                   "starcoder|santacoder|both] [--split-ctas N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB; %s; split-K CTAs per SM: %s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              std::string(DTypeName(dtype)).c_str(),
+              split_ctas > 0 ? std::to_string(split_ctas).c_str() : "as many as fit");
+  const double ceiling = CopyCeilingGBs();
+  std::printf("copy ceiling: %.0f GB/s (cudaMemcpy D2D of 2 GiB, read + write)\n", ceiling);
+  std::printf(
+      "per call: us (graph of %d calls over rotating weight copies, median of %d) and "
+      "weight TB/s (%% of the copy ceiling)\n\n",
+      kCalls, kReplays);
+
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto gemm_or = CudaGemm::Create(CudaGemm::Options{});
+  CHECK_OK(gemm_or.status());
+  CudaGemm& gemm = **gemm_or;
+  gemm.set_skinny_split_ctas_per_sm(split_ctas);
+
+  std::printf("%-10s %-11s %3s %6s %6s %7s", "model", "gemm", "m", "n", "k", "MB");
+  for (const Variant& v : kVariants) std::printf(" | %-18s", v.name);
+  std::printf("\n");
+
+  // step_us[model][m][variant]: one decode step's GEMMs (negative: a variant did not run).
+  std::map<std::string, std::map<int, std::vector<double>>> step_us;
+  std::map<std::string, double> step_bytes;
+  for (const Model& md : kModels) {
+    if (model_flag != "both" && model_flag != md.name) continue;
+    double bytes_step = 0;
+    for (Gemm g : kGemms) {
+      const Shape sh = ShapeOf(md, g);
+      const double per_step = g == Gemm::kLmHead ? 1.0 : static_cast<double>(md.layers);
+      const size_t weight_bytes = static_cast<size_t>(sh.n * sh.k) * 2;
+      bytes_step += per_step * weight_bytes;
+      const int copies =
+          static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / weight_bytes + 1, 2, kCalls));
+      std::vector<std::unique_ptr<DeviceBuffer>> weights;
+      for (int c = 0; c < copies; ++c) {
+        weights.push_back(std::make_unique<DeviceBuffer>(weight_bytes));
+        Fill(dtype, weights.back()->ptr, weight_bytes / 2, 100 + c, 1.0f / 64);
+      }
+      const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+      DeviceBuffer a(max_m * sh.k * 2), c(max_m * sh.n * 2), bias(sh.n * 2);
+      Fill(dtype, a.ptr, max_m * sh.k, 7, 1.0f);
+      Fill(dtype, c.ptr, max_m * sh.n, 8, 1.0f);
+      Fill(dtype, bias.ptr, sh.n, 9, 0.1f);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      for (const int m : ms) {
+        auto& row = step_us[md.name][m];
+        row.resize(kNumVariants, 0.0);
+        std::printf("%-10s %-11s %3d %6lld %6lld %7.1f", md.name, GemmName(g), m,
+                    static_cast<long long>(sh.n), static_cast<long long>(sh.k), weight_bytes / 1e6);
+        for (int vi = 0; vi < kNumVariants; ++vi) {
+          const Variant& v = kVariants[vi];
+          if (m > CudaGemm::kSkinnyMaxM && v.skinny) {  // CudaGemm would run cuBLASLt
+            std::printf(" | %-18s", "-");
+            row[vi] = -1;
+            continue;
+          }
+          gemm.set_skinny(v.skinny);
+          gemm.set_skinny_split_k(v.split_k);
+          gemm.set_pdl(v.pdl);
+          const double us = TimeGraphUs(stream, [&](int i, cudaStream_t s) {
+            GemmParams p;
+            p.a = a.ptr;
+            p.b = weights[i % copies]->ptr;
+            p.c = c.ptr;
+            p.lda = sh.k;
+            p.ldb = sh.k;
+            p.ldc = sh.n;
+            p.m = m;
+            p.n = sh.n;
+            p.k = sh.k;
+            p.dtype = dtype;
+            GemmEpilogue e;
+            e.bias = sh.bias ? bias.ptr : nullptr;
+            e.activation = sh.gelu ? Activation::kGeluTanh : Activation::kIdentity;
+            e.accumulate = sh.accumulate;
+            return gemm.Run(p, e, s);
+          });
+          if (us < 0) {
+            std::printf(" | %-18s", "failed");
+            row[vi] = -1;
+            continue;
+          }
+          const double tbs = weight_bytes / (us * 1e6);
+          std::printf(" | %7.1f %4.2f %3.0f%%", us, tbs, 100.0 * tbs * 1e3 / ceiling);
+          if (row[vi] >= 0) row[vi] += per_step * us;
+        }
+        std::printf("\n");
+      }
+    }
+    step_bytes[md.name] = bytes_step;
+  }
+
+  std::printf(
+      "\none decode step's GEMMs (layers x 4 + lm_head), ms, and the share of the floor "
+      "(weight bytes at the copy ceiling):\n");
+  for (const auto& [name, by_m] : step_us) {
+    const double floor_ms = step_bytes[name] / (ceiling * 1e6);
+    for (const auto& [m, row] : by_m) {
+      std::printf("%-10s m %2d: %.2f GB of weights, floor %.3f ms:", name.c_str(), m,
+                  step_bytes[name] / 1e9, floor_ms);
+      for (int vi = 0; vi < kNumVariants; ++vi) {
+        if (row[vi] < 0) continue;
+        std::printf("  %s %.3f ms (%.0f%%)", kVariants[vi].name, row[vi] / 1e3,
+                    100.0 * floor_ms / (row[vi] / 1e3));
+      }
+      std::printf("\n");
+    }
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+}  // namespace mqa
+
+int main(int argc, char** argv) { return mqa::Main(argc, argv); }
