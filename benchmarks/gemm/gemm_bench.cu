@@ -233,6 +233,7 @@ std::vector<int> ParseList(const char* s) {
 }
 
 int Main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured
   DType dtype = DType::kF16;
   std::vector<int> ms = {1, 8, 32};
   std::string model_flag = "both";
