@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/gemm_cuda.h"
+#include "kernels/gemm_stream_tc.h"
 #include "runtime/cuda_check.h"
 
 namespace mqa {
@@ -838,9 +839,21 @@ absl::StatusOr<std::unique_ptr<CudaGemm>> CudaGemm::Create(const Options& option
   if (options.workspace_bytes > 0) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, options.workspace_bytes));
   }
-  if (options.skinny_split_k) {
-    ASSIGN_OR_RETURN(const bool ready, g->EnsureSplitWorkspace(nullptr));
-    (void)ready;  // the legacy stream is never capturing here
+  if (options.skinny_split_k || options.stream_tc) {
+    ASSIGN_OR_RETURN(const int sms, DeviceSms());
+    // The legacy stream is never capturing here: these allocate.
+    if (options.skinny_split_k) {
+      ASSIGN_OR_RETURN(const bool ready, g->EnsureWorkspace(&g->split_workspace_,
+                                                            &g->split_workspace_bytes_,
+                                                            SkinnySplitKWorkspaceBytes(sms), nullptr));
+      (void)ready;
+    }
+    if (options.stream_tc) {
+      ASSIGN_OR_RETURN(const bool ready, g->EnsureWorkspace(&g->stream_tc_workspace_,
+                                                            &g->stream_tc_workspace_bytes_,
+                                                            StreamTcGemmWorkspaceBytes(sms), nullptr));
+      (void)ready;
+    }
   }
   return g;
 }
@@ -849,6 +862,7 @@ CudaGemm::~CudaGemm() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
   if (split_workspace_) cudaFree(split_workspace_);
+  if (stream_tc_workspace_) cudaFree(stream_tc_workspace_);
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
@@ -865,7 +879,9 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   if (options_.skinny) {
     bool split = false;
     if (options_.skinny_split_k && p.m <= kSkinnyMaxM) {
-      ASSIGN_OR_RETURN(split, EnsureSplitWorkspace(stream));
+      ASSIGN_OR_RETURN(const int sms, DeviceSms());
+      ASSIGN_OR_RETURN(split, EnsureWorkspace(&split_workspace_, &split_workspace_bytes_,
+                                              SkinnySplitKWorkspaceBytes(sms), stream));
     }
     const absl::Status s = [&] {
       if (split) {
@@ -882,29 +898,44 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   } else if (fused) {
     return absl::UnimplementedError("CudaGemm: fused layer norm / KV write need the skinny kernel");
   }
+  if (options_.stream_tc && p.m <= kStreamTcMaxM && StreamTcGemmSupported(p, e)) {
+    ASSIGN_OR_RETURN(const int sms, DeviceSms());
+    ASSIGN_OR_RETURN(const bool ready,
+                     EnsureWorkspace(&stream_tc_workspace_, &stream_tc_workspace_bytes_,
+                                     StreamTcGemmWorkspaceBytes(sms), stream));
+    if (ready) {
+      const absl::Status s = StreamTcGemmCuda(p, e, stream, options_.pdl, stream_tc_workspace_,
+                                              stream_tc_workspace_bytes_);
+      if (!absl::IsUnimplemented(s)) return s;
+    }
+  }
   return RunLt(p, e, stream);
 }
 
-absl::StatusOr<bool> CudaGemm::EnsureSplitWorkspace(cudaStream_t stream) {
-  if (split_workspace_ != nullptr) return true;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return false;
+absl::StatusOr<int> CudaGemm::DeviceSms() {
   int device = 0, sms = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const size_t bytes = SkinnySplitKWorkspaceBytes(sms);
-  void* ws = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMalloc(&ws, bytes));
+  return sms;
+}
+
+absl::StatusOr<bool> CudaGemm::EnsureWorkspace(void** ws, size_t* bytes, size_t need,
+                                               cudaStream_t stream) {
+  if (*ws != nullptr) return true;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, need));
   // Zeroed before any kernel can use it, whatever stream or graph launches that one.
-  cudaError_t rc = cudaMemset(ws, 0, bytes);
+  cudaError_t rc = cudaMemset(p, 0, need);
   if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
   if (rc != cudaSuccess) {
-    cudaFree(ws);
+    cudaFree(p);
     CUDA_RETURN_IF_ERROR(rc);
   }
-  split_workspace_ = ws;
-  split_workspace_bytes_ = bytes;
+  *ws = p;
+  *bytes = need;
   return true;
 }
 

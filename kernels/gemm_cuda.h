@@ -76,6 +76,11 @@ class CudaGemm {
     // on; a Run captured into a graph before then uses the skinny kernel (and the graph keeps it).
     bool skinny_split_k = false;
     int skinny_split_ctas_per_sm = 0;  // split-K grid: CTAs per SM; 0: as many as fit (<= 8)
+    // Decode batches above kSkinnyMaxM (or any m with skinny off) up to kStreamTcMaxM rows: the
+    // weight-streaming tensor-core kernel (kernels/gemm_stream_tc.h) in place of cuBLASLt, where it
+    // supports the call. Workspace as for skinny_split_k (the first eager Run allocates it; a Run
+    // captured before then uses cuBLASLt, and the graph keeps it).
+    bool stream_tc = false;
   };
   static constexpr int kSkinnyMaxM = 8;
   static constexpr int kAutotuneAlgos = 8;
@@ -107,6 +112,8 @@ class CudaGemm {
   void set_skinny_split_k(bool on) { options_.skinny_split_k = on; }
   bool skinny_split_k() const { return options_.skinny_split_k; }
   void set_skinny_split_ctas_per_sm(int ctas) { options_.skinny_split_ctas_per_sm = ctas; }
+  void set_stream_tc(bool on) { options_.stream_tc = on; }
+  bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again.
   void set_autotune(bool on) { options_.autotune = on; }
@@ -121,15 +128,19 @@ class CudaGemm {
   // Times the candidates of `plan` on p's operands and sets plan.tuned_algo (plan.tuned = true).
   // Leaves the plan untuned while `stream` is capturing.
   absl::Status Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
-  // Allocates and zeroes the split-K workspace unless done; false (nothing done) while `stream`
-  // is capturing.
-  absl::StatusOr<bool> EnsureSplitWorkspace(cudaStream_t stream);
+  // Allocates and zeroes a kernel workspace (*ws, *bytes) of `need` bytes unless done; false
+  // (nothing done) while `stream` is capturing.
+  absl::StatusOr<bool> EnsureWorkspace(void** ws, size_t* bytes, size_t need, cudaStream_t stream);
+  // SMs of the current device.
+  static absl::StatusOr<int> DeviceSms();
 
   Options options_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   void* split_workspace_ = nullptr;  // SkinnySplitKWorkspaceBytes(SMs of the device)
   size_t split_workspace_bytes_ = 0;
+  void* stream_tc_workspace_ = nullptr;  // StreamTcGemmWorkspaceBytes(SMs of the device)
+  size_t stream_tc_workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   AutotuneStats stats_;
 };

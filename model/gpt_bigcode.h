@@ -115,6 +115,10 @@ struct GptBigCodeOptions {
   // (SampleTokensCudaKernel::kGreedyCluster).
   bool ln_registers = false;
   bool greedy_cluster = false;
+  // Decode GEMM kernels (mqabench --gemm splitk,tc): CudaGemm::Options::skinny_split_k (m <= 8)
+  // and stream_tc (8 < m <= 64, in place of cuBLASLt).
+  bool gemm_split_k = false;
+  bool gemm_stream_tc = false;
 };
 
 class GptBigCode {
@@ -153,6 +157,9 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::ln_registers / greedy_cluster; no-op on the CPU. Drops
   // captured graphs.
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
+  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc; no-op on the CPU. Drops
+  // captured graphs.
+  void set_gemm_kernels(bool split_k, bool stream_tc);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

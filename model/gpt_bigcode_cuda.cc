@@ -125,6 +125,13 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_skinny_split_k(split_k);
+  cuda_->gemm->set_stream_tc(stream_tc);
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   if (!cuda_) return;
   ctx_.ln_registers = ln_registers;
@@ -167,6 +174,8 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   CudaGemm::Options gemm_options;
   gemm_options.skinny = options.skinny_gemm;
   gemm_options.autotune = options.gemm_autotune;
+  gemm_options.skinny_split_k = options.gemm_split_k;
+  gemm_options.stream_tc = options.gemm_stream_tc;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
   ctx_.pdl = options.pdl;
@@ -407,6 +416,7 @@ void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_gemm_autotune(bool) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
+void GptBigCode::set_gemm_kernels(bool, bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -54,6 +54,8 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.gemm_autotune = options.gemm_autotune;
   model_options.ln_registers = options.ln_registers;
   model_options.greedy_cluster = options.greedy_cluster;
+  model_options.gemm_split_k = options.gemm_split_k;
+  model_options.gemm_stream_tc = options.gemm_stream_tc;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

@@ -44,6 +44,8 @@ struct GptBigCodeRunnerOptions {
   bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
   bool ln_registers = false;        // GptBigCodeOptions::ln_registers
   bool greedy_cluster = false;      // GptBigCodeOptions::greedy_cluster
+  bool gemm_split_k = false;        // GptBigCodeOptions::gemm_split_k
+  bool gemm_stream_tc = false;      // GptBigCodeOptions::gemm_stream_tc
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -3,7 +3,9 @@
 //   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
-//       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both]
+//       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
+//     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
+//     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc.
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -33,7 +35,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "benchmarks/mqabench/device_fill.h"
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
@@ -268,7 +272,17 @@ absl::Status Latency(const Flags& f) {
   } else if (f.gemm == "all") {
     variants = {"skinny1", "skinny2", "skinny4", "cublaslt"};
   } else {
-    variants = {f.gemm == "skinny" ? "skinny2" : f.gemm};
+    // A comma-separated list: skinny (= skinny2), skinny1, skinny4, cublaslt, splitk (the split-K
+    // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc.
+    for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
+      variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
+    }
+  }
+  for (const std::string& v : variants) {
+    if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
+        v != "tc" && v != "splitk+tc") {
+      return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
+    }
   }
   std::vector<std::string> fasts;
   if (f.fast == "all") {
@@ -300,6 +314,8 @@ absl::Status Latency(const Flags& f) {
   for (const auto& [variant, fast, autotune, small] : runs) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
+    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
+                               variant == "tc" || variant == "splitk+tc");
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune == "on");
@@ -430,6 +446,9 @@ absl::Status Throughput(const Flags& f) {
   ASSIGN_OR_RETURN(const double gemm_rate, MeasureGemmRate(8192, s.dtype));
   GptBigCodeRunner& r = *s.runner;
   if (f.small == "on") r.model().set_small_kernels(true, true);
+  // One GEMM variant for the whole run: --gemm splitk, tc or splitk+tc switch those kernels on.
+  r.model().set_gemm_kernels(absl::StrContains(f.gemm, "splitk"),
+                             f.gemm == "tc" || absl::StrContains(f.gemm, "+tc"));
   Blocks blocks(r.num_kv_blocks(), bs);
   std::vector<Seq> running;
   running.reserve(f.num_prompts);
