@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine, from the repository root (fixtures and configs are read from there):
 # every GPU test of the bundle (binaries, under mpirun where a test asks for ranks; then script
-# tests), then every benchmark of benchmarks.txt (unless $2 is "tests"). Logs go to $1; a summary
-# table is printed last.
+# tests), then every benchmark of benchmarks.txt (unless $2 is "tests"; "bench" skips the tests;
+# $3, a file of "timeout_seconds binary args..." lines, replaces benchmarks.txt). Logs go to $1;
+# a summary table is printed last.
 # Builds nothing.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${1:?usage: run.sh LOGDIR [tests]}
-only_tests=${2:-}  # "tests": skip the benchmarks
+mode=${2:-}  # "tests": skip the benchmarks; "bench": skip the tests
+bench_list=${3:-}
 mkdir -p "$logs"
 b=/tmp/mqa-gpu-bundle
 rm -rf "$b" && mkdir -p "$b" && tar xJf "$here/payload.tar.xz" -C "$b"
@@ -27,6 +29,8 @@ record() {  # name rc log; a test binary that ran no test at all (no device) is 
     passed=$((passed + 1)); summary+=("PASS $1")
   fi
 }
+[[ "$mode" == bench ]] && : >"$b/tests.txt" && : >"$b/scripts.txt"
+[[ -n "$bench_list" ]] && grep -v '^#' "$bench_list" >"$b/benchmarks.txt"
 while read -r name ranks; do
   [[ -z "$name" ]] && continue
   if [[ "$ranks" == 1 ]]; then
@@ -46,7 +50,7 @@ while read -r name cmd; do
 done <"$b/scripts.txt"
 
 line=0
-[[ "$only_tests" == tests ]] && : >"$b/benchmarks.txt"
+[[ "$mode" == tests ]] && : >"$b/benchmarks.txt"
 while read -r secs name args; do
   [[ -z "$secs" ]] && continue
   line=$((line + 1))
