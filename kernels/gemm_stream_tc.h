@@ -13,8 +13,9 @@
 // block that the kernel leaves at zero), in a fixed order, so results are deterministic.
 //
 // PDL: with `pdl`, the kernel is launched as a programmatic dependent (forward_cuda_common.cuh):
-// the cp.async of its first weight tiles is issued before griddepcontrol.wait; A, C, the bias and
-// the workspace are touched only after it. Dependents are released once the main loop is done.
+// the cp.async of its first weight tiles is issued before griddepcontrol.wait (so B must not be
+// written by the kernel just before); A, C, the bias and the workspace are touched only after it.
+// Dependents are released once the main loop is done.
 //
 // Thread safety: stateless apart from a per-thread cache of the kernels' device attributes. Calls
 // that share a workspace must not run concurrently (stream order, graphs and PDL chains are fine).
