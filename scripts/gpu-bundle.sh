@@ -37,8 +37,20 @@ with open(f"{stage}/tests.txt", "w") as binaries, open(f"{stage}/scripts.txt", "
                 args[0] = "python3"  # this machine's interpreter path means nothing there
             scripts.write(t["name"] + " " + shlex.join(args) + "\n")
 PY
+# The device tool carries at most 64 MiB (tree + bundle) and every binary holds all of the CUDA
+# code, so a run can take a subset: MQA_BUNDLE_BINS="a b" (only these of bin/), MQA_BUNDLE_TESTS=0
+# (no test binaries or script tests).
+if [[ "${MQA_BUNDLE_TESTS:-1}" == 0 ]]; then : >"$stage/tests.txt"; : >"$stage/scripts.txt"; fi
+if [[ -n "${MQA_BUNDLE_BINS:-}" && " $MQA_BUNDLE_BINS " != *" mqaserve "* ]]; then
+  : >"$stage/scripts.txt"  # the script tests run mqaserve
+fi
 while read -r name _; do cp "build-gpu/tests/$name" "$stage/tests/"; done <"$stage/tests.txt"
-for f in build-gpu/bin/*; do [[ -x "$f" && -f "$f" ]] && cp "$f" "$stage/bin/"; done
+for f in build-gpu/bin/*; do
+  if [[ -n "${MQA_BUNDLE_BINS:-}" && " $MQA_BUNDLE_BINS " != *" $(basename "$f") "* ]]; then
+    continue
+  fi
+  [[ -x "$f" && -f "$f" ]] && cp "$f" "$stage/bin/"
+done
 strip --strip-unneeded "$stage"/tests/* "$stage"/bin/* 2>/dev/null || true
 grep -v '^#' scripts/gpu-benchmarks.txt >"$stage/benchmarks.txt"
 
