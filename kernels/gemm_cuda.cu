@@ -876,7 +876,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
-  if (options_.skinny) {
+  if (options_.skinny && (fused || p.m <= options_.skinny_max_m)) {
     bool split = false;
     if (options_.skinny_split_k && p.m <= kSkinnyMaxM) {
       ASSIGN_OR_RETURN(const int sms, DeviceSms());

@@ -62,6 +62,10 @@ class CudaGemm {
   struct Options {
     size_t workspace_bytes = size_t{32} << 20;
     bool skinny = true;      // the decode kernel for m <= kSkinnyMaxM
+    // ... but unfused calls (no layer norm / KV write in the epilogue) take it only up to this m:
+    // gemm_bench on the H200 (2026-12-02 ~23:00 UTC) ran StarCoder's decode GEMMs at m = 1 in
+    // 7.90 ms skinny vs 8.06 cuBLASLt, at m = 8 in 15.8 ms skinny vs 8.0 cuBLASLt.
+    int skinny_max_m = 1;
     int skinny_rows_per_warp = 2;  // weight rows one warp streams at a time: 1, 2 or 4
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
@@ -105,6 +109,7 @@ class CudaGemm {
   absl::Status Run(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream);
 
   void set_skinny(bool on) { options_.skinny = on; }
+  void set_skinny_max_m(int m) { options_.skinny_max_m = m; }
   void set_skinny_rows_per_warp(int rows) { options_.skinny_rows_per_warp = rows; }
   void set_pdl(bool on) { options_.pdl = on; }
   bool pdl() const { return options_.pdl; }

@@ -112,9 +112,10 @@ struct GptBigCodeOptions {
   bool gemm_autotune = false;
   // Small decode kernels (mqabench --small): layer norm with the row in registers
   // (LayerNormCudaKernel::kRegisters) and greedy argmax split over a cluster of 8 CTAs
-  // (SampleTokensCudaKernel::kGreedyCluster).
-  bool ln_registers = false;
-  bool greedy_cluster = false;
+  // (SampleTokensCudaKernel::kGreedyCluster). On since the H200 run of 2026-12-02 ~23:00 UTC:
+  // StarCoder batch 1 8.777 -> 8.497 ms a step, SantaCoder 1.177 -> 1.141 ms (BENCHMARKS.md).
+  bool ln_registers = true;
+  bool greedy_cluster = true;
   // Decode GEMM kernels (mqabench --gemm splitk,tc): CudaGemm::Options::skinny_split_k (m <= 8)
   // and stream_tc (8 < m <= 64, in place of cuBLASLt).
   bool gemm_split_k = false;

@@ -42,8 +42,8 @@ struct GptBigCodeRunnerOptions {
   bool pdl = true;                  // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
   bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
-  bool ln_registers = false;        // GptBigCodeOptions::ln_registers
-  bool greedy_cluster = false;      // GptBigCodeOptions::greedy_cluster
+  bool ln_registers = true;         // GptBigCodeOptions::ln_registers
+  bool greedy_cluster = true;       // GptBigCodeOptions::greedy_cluster
   bool gemm_split_k = false;        // GptBigCodeOptions::gemm_split_k
   bool gemm_stream_tc = false;      // GptBigCodeOptions::gemm_stream_tc
 };

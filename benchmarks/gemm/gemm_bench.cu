@@ -274,6 +274,7 @@ int Main(int argc, char** argv) {
   CHECK_OK(gemm_or.status());
   CudaGemm& gemm = **gemm_or;
   gemm.set_skinny_split_ctas_per_sm(split_ctas);
+  gemm.set_skinny_max_m(CudaGemm::kSkinnyMaxM);  // the skinny columns mean the skinny kernel
 
   std::printf("%-10s %-11s %3s %6s %6s %7s", "model", "gemm", "m", "n", "k", "MB");
   for (const Variant& v : kVariants) std::printf(" | %-18s", v.name);

@@ -45,6 +45,7 @@ TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
   CudaGemm::Options options;
   options.skinny = skinny;
   options.skinny_rows_per_warp = rows;
+  options.skinny_max_m = CudaGemm::kSkinnyMaxM;  // the skinny kernel up to m = 8
   auto gemm = CudaGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   const Shape shapes[] = {{1, 6400, 6144, 0}, {3, 2304, 2048, 8}, {8, 4096, 1024, 0},
@@ -243,6 +244,7 @@ TEST_P(GemmCudaTest, FusedLayerNormAndKvWriteMatchCpu) {
   CudaGemm::Options options;
   options.skinny = rows > 0;
   options.skinny_rows_per_warp = rows;
+  options.skinny_max_m = CudaGemm::kSkinnyMaxM;  // the skinny kernel up to m = 8
   auto gemm = CudaGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   for (const FShape& s : kFusedShapes) {
@@ -263,6 +265,7 @@ TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
   CudaGemm::Options options;
   options.skinny = false;
   options.autotune = true;
+  options.skinny_max_m = CudaGemm::kSkinnyMaxM;  // the skinny kernel up to m = 8
   auto gemm = CudaGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   CudaGemm& g = **gemm;
@@ -542,6 +545,7 @@ TEST_P(GemmSplitKTest, CudaGemmFusedLayerNormAndKvWriteMatchCpu) {
   CudaGemm::Options options;
   options.skinny_split_k = true;
   options.skinny_split_ctas_per_sm = 1;
+  options.skinny_max_m = CudaGemm::kSkinnyMaxM;
   auto gemm2 = CudaGemm::Create(options);
   ASSERT_TRUE(gemm2.ok()) << gemm2.status();
   for (const FShape& s : kFusedShapes) {
