@@ -19,126 +19,44 @@
 #include <cstring>
 #include <vector>
 
+#include "benchmarks/bench_util.cuh"
 #include "kernels/paged_attention_cuda.h"
 
 namespace mqa {
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_OK(x)                                                                          \
-  do {                                                                                       \
-    absl::Status s_ = (x);                                                                   \
-    if (!s_.ok()) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.ToString().c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-template <typename T>
-__global__ void FillRandom(T* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    const float f = (x & 0xffffff) / 8388608.0f - 1.0f;  // [-1, 1)
-    if constexpr (std::is_same_v<T, __half>) {
-      p[i] = __float2half(f);
-    } else {
-      p[i] = __float2bfloat16(f);
-    }
-  }
-}
-
-template <typename T>
-void Fill(void* p, size_t n, uint32_t seed) {
-  FillRandom<T><<<1024, 256>>>(static_cast<T*>(p), n, seed);
-  CHECK_CUDA(cudaGetLastError());
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Fill;
 
 // Median over `reps` of the mean time (µs) of `iters` calls of fn(i).
 template <typename F>
 double TimeUs(F&& fn, int reps, int iters) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
+  bench::Events ev;
   for (int i = 0; i < 3; ++i) fn(i);
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(a));
+    CHECK_CUDA(cudaEventRecord(ev.a));
     for (int i = 0; i < iters; ++i) fn(r * iters + i);
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1000.0 * ms / iters);
+    CHECK_CUDA(cudaEventRecord(ev.b));
+    t.push_back(1000.0 * ev.Ms() / iters);
   }
   CHECK_CUDA(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return Median(t);
+  return bench::Median(t);
 }
 
 // Same, but the `iters` calls are captured once into a CUDA graph and the graph is replayed.
 template <typename F>
 double TimeGraphUs(F&& fn, int reps, int iters) {
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < iters; ++i) fn(i, s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaGraphLaunch(exec, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1000.0 * ms / iters);
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaStreamDestroy(s);
-  return Median(t);
+  bench::Stream s;
+  return bench::TimeGraphUs(s.s, iters, /*warmups=*/1, reps, fn);
 }
 
 double CopyCeilingGBs() {
   const size_t bytes = size_t{2} << 30;
-  void *src, *dst;
-  CHECK_CUDA(cudaMalloc(&src, bytes));
-  CHECK_CUDA(cudaMalloc(&dst, bytes));
-  Fill<__half>(src, bytes / 2, 1);
-  const double us =
-      TimeUs([&](int) { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); }, 7, 3);
-  cudaFree(src);
-  cudaFree(dst);
+  bench::DeviceBuffer src(bytes), dst(bytes);
+  Fill<__half>(src.ptr, bytes / 2, 1);
+  const double us = TimeUs(
+      [&](int) { cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice); }, 7, 3);
   return 2.0 * bytes / (us * 1e3);
 }
 
@@ -201,13 +119,8 @@ Workload MakeWorkload(DType dtype, int batch, int ctx, int q_len, int heads, int
   void *kc, *vc;
   CHECK_CUDA(cudaMalloc(&kc, cache_elems * 2));
   CHECK_CUDA(cudaMalloc(&vc, cache_elems * 2));
-  if (dtype == DType::kF16) {
-    Fill<__half>(kc, cache_elems, 11);
-    Fill<__half>(vc, cache_elems, 12);
-  } else {
-    Fill<__nv_bfloat16>(kc, cache_elems, 11);
-    Fill<__nv_bfloat16>(vc, cache_elems, 12);
-  }
+  Fill(dtype, kc, cache_elems, 11);
+  Fill(dtype, vc, cache_elems, 12);
   std::vector<int32_t> perm(pool_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
@@ -222,11 +135,7 @@ Workload MakeWorkload(DType dtype, int batch, int ctx, int q_len, int heads, int
   void *q, *o;
   CHECK_CUDA(cudaMalloc(&q, static_cast<size_t>(tokens) * heads * d * 2));
   CHECK_CUDA(cudaMalloc(&o, static_cast<size_t>(tokens) * heads * d * 2));
-  if (dtype == DType::kF16) {
-    Fill<__half>(q, static_cast<size_t>(tokens) * heads * d, 13);
-  } else {
-    Fill<__nv_bfloat16>(q, static_cast<size_t>(tokens) * heads * d, 13);
-  }
+  Fill(dtype, q, static_cast<size_t>(tokens) * heads * d, 13);
   PagedAttentionParams& p = w.p;
   p.query = q;
   p.query_stride = int64_t{heads} * d;

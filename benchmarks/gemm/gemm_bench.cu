@@ -24,101 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_util.cuh"
 #include "kernels/gemm_cuda.h"
 
 namespace mqa {
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_OK(x)                                                                          \
-  do {                                                                                       \
-    absl::Status s_ = (x);                                                                   \
-    if (!s_.ok()) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.ToString().c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-// Uniform [-scale, scale) from a hash of the index.
-template <typename T>
-__global__ void FillRandom(T* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    const float f = scale * ((x & 0xffffff) / 8388608.0f - 1.0f);
-    if constexpr (std::is_same_v<T, __half>) {
-      p[i] = __float2half(f);
-    } else {
-      p[i] = __float2bfloat16(f);
-    }
-  }
-}
-
-void Fill(DType t, void* p, size_t n, uint32_t seed, float scale) {
-  if (t == DType::kF16) {
-    FillRandom<__half><<<1024, 256>>>(static_cast<__half*>(p), n, seed, scale);
-  } else {
-    FillRandom<__nv_bfloat16><<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale);
-  }
-  CHECK_CUDA(cudaGetLastError());
-}
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-struct Events {
-  cudaEvent_t a = nullptr, b = nullptr;
-  Events() {
-    CHECK_CUDA(cudaEventCreate(&a));
-    CHECK_CUDA(cudaEventCreate(&b));
-  }
-  ~Events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  float Ms() const {
-    float ms = 0;
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-  }
-};
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::DeviceBuffer;
+using bench::Fill;
 
 double CopyCeilingGBs() {
-  const size_t bytes = size_t{2} << 30;
-  DeviceBuffer src(bytes), dst(bytes);
-  Fill(DType::kF16, src.ptr, bytes / 2, 1, 1.0f);
-  Events ev;
-  std::vector<double> t;
-  for (int r = 0; r < 6; ++r) {
-    CHECK_CUDA(cudaEventRecord(ev.a));
-    CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(ev.b));
-    if (r > 0) t.push_back(ev.Ms());  // the first is a warm-up
-  }
-  return 2.0 * bytes / (Median(t) * 1e6);
+  return 2.0 * bench::kCopyCeilingBytes / (bench::CopyCeilingMs(nullptr) * 1e6);
 }
 
 constexpr int kCalls = 20;  // calls per graph
@@ -136,30 +52,16 @@ double TimeGraphUs(cudaStream_t s, F&& fn) {
     }
   }
   CHECK_CUDA(cudaStreamSynchronize(s));
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   bool ok = true;
-  for (int i = 0; i < kCalls; ++i) ok = ok && fn(i, s).ok();
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  cudaGraph_t graph =
+      bench::CaptureGraph(s, kCalls, [&](int i, cudaStream_t st) { ok = ok && fn(i, st).ok(); });
   if (!ok) {
     cudaGraphDestroy(graph);
     return -1;
   }
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  Events ev;
-  std::vector<double> t;
-  for (int r = 0; r < kReplays; ++r) {
-    CHECK_CUDA(cudaEventRecord(ev.a, s));
-    CHECK_CUDA(cudaGraphLaunch(exec, s));
-    CHECK_CUDA(cudaEventRecord(ev.b, s));
-    t.push_back(1000.0 * ev.Ms() / kCalls);
-  }
-  cudaGraphExecDestroy(exec);
+  const double us = bench::ReplayGraphUs(s, graph, kCalls, /*warmups=*/1, kReplays);
   cudaGraphDestroy(graph);
-  return Median(t);
+  return us;
 }
 
 enum class Gemm { kCAttn, kAttnProj, kFc, kMlpProj, kLmHead };

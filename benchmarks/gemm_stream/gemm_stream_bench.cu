@@ -21,116 +21,28 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_util.cuh"
 #include "kernels/gemm_cuda.h"
 #include "kernels/gemm_stream_tc.h"
 
 namespace mqa {
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_OK(x)                                                                          \
-  do {                                                                                       \
-    absl::Status s_ = (x);                                                                   \
-    if (!s_.ok()) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.ToString().c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
 constexpr int kCallsPerGraph = 20;
 constexpr int kReplays = 7;
 constexpr size_t kRotateBytes = size_t{400} << 20;  // weights touched per graph, at least
 
-__global__ void FillRandom(__half* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    p[i] = __float2half(scale * ((x & 0xffffff) / 8388608.0f - 1.0f));
-  }
-}
-
-void Fill(void* p, size_t n, uint32_t seed, float scale) {
-  FillRandom<<<1024, 256>>>(static_cast<__half*>(p), n, seed, scale);
-  CHECK_CUDA(cudaGetLastError());
-}
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::DeviceBuffer;
+using bench::Fill;
 
 // Microseconds per call: fn(i, stream) for i < kCallsPerGraph captured into one graph, replayed.
 template <typename F>
 double TimeGraphUs(cudaStream_t s, F&& fn) {
-  cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCallsPerGraph; ++i) fn(i, s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  CHECK_CUDA(cudaGraphLaunch(exec, s));  // warm-up
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int r = 0; r < kReplays; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaGraphLaunch(exec, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1000.0 * ms / kCallsPerGraph);
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return Median(t);
+  return bench::TimeGraphUs(s, kCallsPerGraph, /*warmups=*/1, kReplays, fn);
 }
 
 double CopyCeilingTBs(cudaStream_t s) {
-  const size_t bytes = size_t{2} << 30;
-  DeviceBuffer src(bytes), dst(bytes);
-  Fill(src.ptr, bytes / 2, 1, 1.0f);
-  CHECK_CUDA(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < 6; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    if (r > 0) t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return 2.0 * bytes / (Median(t) * 1e-3) / 1e12;
+  return 2.0 * bench::kCopyCeilingBytes / (bench::CopyCeilingMs(s) * 1e-3) / 1e12;
 }
 
 struct Projection {
@@ -207,12 +119,12 @@ int Main(int argc, char** argv) {
   // One pool of weight copies for every shape (the largest needs two 604 MB copies).
   const size_t pool_bytes = size_t{1300} << 20;
   DeviceBuffer pool(pool_bytes);
-  Fill(pool.ptr, pool_bytes / 2, 7, 0.05f);
+  Fill<__half>(pool.ptr, pool_bytes / 2, 7, 0.05f);
   const int64_t max_m = 64, max_k = 24576, max_n = 49152;
   DeviceBuffer a(max_m * max_k * 2), c(max_m * max_n * 2), bias(max_n * 2);
-  Fill(a.ptr, max_m * max_k, 11, 1.0f);
-  Fill(c.ptr, max_m * max_n, 13, 1.0f);
-  Fill(bias.ptr, max_n, 17, 0.1f);
+  Fill<__half>(a.ptr, max_m * max_k, 11, 1.0f);
+  Fill<__half>(c.ptr, max_m * max_n, 13, 1.0f);
+  Fill<__half>(bias.ptr, max_n, 17, 0.1f);
   const size_t ws_bytes = StreamTcGemmWorkspaceBytes(sms);
   DeviceBuffer ws(ws_bytes);
   CHECK_CUDA(cudaMemset(ws.ptr, 0, ws_bytes));

@@ -15,6 +15,7 @@
 #include <functional>
 #include <vector>
 
+#include "benchmarks/bench_util.cuh"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/layer_norm_cuda.h"
 #include "kernels/sampling_cuda.h"
@@ -22,93 +23,21 @@
 namespace mqa {
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_OK(x)                                                                          \
-  do {                                                                                       \
-    absl::Status s_ = (x);                                                                   \
-    if (!s_.ok()) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_.ToString().c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
 constexpr int kCallsPerGraph = 50;
 constexpr int kReps = 21;
-
-__device__ __forceinline__ float Hash01(size_t i, uint32_t seed) {
-  uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return (x & 0xffffff) / 16777216.0f;  // [0, 1)
-}
-
-__global__ void FillHalf(__half* p, size_t n, uint32_t seed, float scale, float offset) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    p[i] = __float2half((Hash01(i, seed) * 2.0f - 1.0f) * scale + offset);
-  }
-}
-
-__global__ void FillFloat(float* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    p[i] = (Hash01(i, seed) * 2.0f - 1.0f) * scale;
-  }
-}
 
 __global__ void EmptyKernel() {
   fwd::PdlWait();
   fwd::PdlTrigger();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // µs per call: `call(i, stream)` captured kCallsPerGraph times into one graph, the graph replayed
 // kReps times after a warm-up; the median replay over kCallsPerGraph.
 double TimeGraphUs(const std::function<void(int, cudaStream_t)>& call) {
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCallsPerGraph; ++i) call(i, s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> t;
-  for (int r = 0; r < kReps; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    CHECK_CUDA(cudaGraphLaunch(exec, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1000.0 * ms / kCallsPerGraph);
-  }
+  bench::Stream s;
+  const double us = bench::TimeGraphUs(s.s, kCallsPerGraph, /*warmups=*/3, kReps, call);
   CHECK_CUDA(cudaGetLastError());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaStreamDestroy(s);
-  return Median(t);
+  return us;
 }
 
 double EmptyKernelUs(bool pdl) {
@@ -124,9 +53,9 @@ void BenchLayerNorm() {
   CHECK_CUDA(cudaMalloc(&b, kMaxRows * kMaxCols * sizeof(__half)));
   CHECK_CUDA(cudaMalloc(&w, kMaxCols * sizeof(__half)));
   CHECK_CUDA(cudaMalloc(&bias, kMaxCols * sizeof(__half)));
-  FillHalf<<<256, 256>>>(a, kMaxRows * kMaxCols, 1, 3.0f, 0.5f);
-  FillHalf<<<64, 256>>>(w, kMaxCols, 2, 0.5f, 1.0f);
-  FillHalf<<<64, 256>>>(bias, kMaxCols, 3, 0.5f, 0.0f);
+  bench::FillRandom<__half><<<256, 256>>>(a, kMaxRows * kMaxCols, 1, 3.0f, 0.5f);
+  bench::FillRandom<__half><<<64, 256>>>(w, kMaxCols, 2, 0.5f, 1.0f);
+  bench::FillRandom<__half><<<64, 256>>>(bias, kMaxCols, 3, 0.5f, 0.0f);
   CHECK_CUDA(cudaDeviceSynchronize());
   std::printf("layer norm fp16, µs per call (graph of %d chained calls)\n", kCallsPerGraph);
   std::printf("%6s %6s | %10s %10s | %10s %10s\n", "rows", "cols", "3pass", "registers",
@@ -168,7 +97,7 @@ void BenchSampling() {
   CHECK_CUDA(cudaMalloc(&logits, kMaxRows * kVocab * sizeof(float)));
   CHECK_CUDA(cudaMalloc(&params, 2 * kMaxRows * sizeof(RowSamplingParams)));
   CHECK_CUDA(cudaMalloc(&tokens, kMaxRows * sizeof(int32_t)));
-  FillFloat<<<256, 256>>>(logits, kMaxRows * kVocab, 4, 10.0f);
+  bench::FillRandom<float><<<256, 256>>>(logits, kMaxRows * kVocab, 4, 10.0f, 0.0f);
   // params[0, 8): greedy; params[8, 16): every other row sampled (temperature, top-k, top-p).
   std::vector<RowSamplingParams> host(2 * kMaxRows);
   for (int r = 0; r < kMaxRows; ++r) {
