@@ -356,6 +356,9 @@ absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& ca
   }
   if (ctx_.device == Device::kCuda) {
 #ifdef MQA_WITH_CUDA
+    if (pending_launches() > 0) {
+      return absl::FailedPreconditionError("Forward with LaunchSample steps not collected");
+    }
     int64_t rows = 0;
     RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows));
     if (rank != 0) return Tensor::Cpu({0, w_.config.vocab_size});
@@ -377,7 +380,7 @@ absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& ca
 
 absl::StatusOr<std::vector<int32_t>> GptBigCode::ForwardSample(
     const StepInput& in, PagedKvCache& cache, Collectives& collectives,
-    absl::Span<const RowSamplingParams> params) {
+    absl::Span<const RowSamplingParams> params, Tensor* logits_out) {
   if (params.size() != in.logits_rows.size()) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardSample: ", params.size(),
                                                    " sampling rows for ", in.logits_rows.size(),
@@ -386,6 +389,7 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::ForwardSample(
   const int64_t vocab = w_.config.vocab_size;
   if (ctx_.device == Device::kCpu || in.num_tokens() == 0) {
     ASSIGN_OR_RETURN(Tensor logits, Forward(in, cache, collectives));
+    if (logits_out != nullptr) *logits_out = logits;
     std::vector<int32_t> tokens(logits.dim(0));
     SampleTokensParams sp;
     sp.logits = logits.data<float>();
@@ -398,10 +402,21 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::ForwardSample(
     return tokens;
   }
 #ifdef MQA_WITH_CUDA
+  if (pending_launches() > 0) {
+    return absl::FailedPreconditionError("ForwardSample with LaunchSample steps not collected");
+  }
   int64_t rows = 0;
   RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows));
   if (w_.shard.rank != 0) return std::vector<int32_t>{};
-  return SampleCuda(params);
+  if (logits_out != nullptr) {
+    *logits_out = Tensor::Cpu({rows, vocab}, DType::kF32);
+    // Ordered before the sampling on the stream; SampleCuda's synchronize covers it.
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_out->raw(), logits_f32_.raw(),
+                                         logits_out->nbytes(), cudaMemcpyDeviceToHost,
+                                         static_cast<cudaStream_t>(ctx_.stream)));
+  }
+  RETURN_IF_ERROR(LaunchSampleCuda(params));
+  return CollectSampleCuda();
 #else
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 #endif

@@ -139,9 +139,24 @@ class GptBigCode {
   // Forward, then one token per logits row drawn with `params` (one per row, kernels/sampling.h):
   // on the GPU only the token ids come back to the host. Rank 0 gets the tokens, the others an
   // empty vector.
+  // logits (optional): also the fp32 logits of the rows, on the host (rank 0), as Forward returns
+  // them.
   absl::StatusOr<std::vector<int32_t>> ForwardSample(const StepInput& input, PagedKvCache& cache,
                                                      Collectives& collectives,
-                                                     absl::Span<const RowSamplingParams> params);
+                                                     absl::Span<const RowSamplingParams> params,
+                                                     Tensor* logits = nullptr);
+
+  // Asynchronous decoding: the host prepares step t + 1 while the GPU runs step t (CUDA, one rank:
+  // FailedPrecondition otherwise).
+  // LaunchSample enqueues a step and its sampling and returns at once; CollectSample waits for the
+  // oldest launched step and returns its tokens (rank 0). At most two launches are outstanding;
+  // ForwardSample and Forward need none. feed_rows: token rows [0, feed_rows) of `input` take
+  // the tokens that the previous launch sampled for its rows [0, feed_rows), on the device (what
+  // input.token_ids holds there is ignored), so step t + 1 can be launched before step t's tokens
+  // reach the host.
+  absl::Status LaunchSample(const StepInput& input, PagedKvCache& cache, Collectives& collectives,
+                            absl::Span<const RowSamplingParams> params, int feed_rows = 0);
+  absl::StatusOr<std::vector<int32_t>> CollectSample();
 
   Device device() const { return ctx_.device; }
   // The cudaStream_t every CUDA launch of this model goes to (null on the CPU).
@@ -167,6 +182,13 @@ class GptBigCode {
   std::string gemm_autotune_summary() const;
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
+  // Benchmarks: time each decode graph launch with CUDA events (the GPU's time from the graph's
+  // first node to its last, without the host's step preparation and the sampling that follow).
+  // last_graph_ms() is that time for the most recent graph launch once the stream has passed it
+  // (any ForwardSample / Forward call returns after that), or a negative value when the last step
+  // ran no graph or timing is off. No-op on the CPU.
+  void set_time_graphs(bool on);
+  double last_graph_ms() const;
 
   ~GptBigCode();
 
@@ -215,11 +237,17 @@ class GptBigCode {
   absl::StatusOr<StepIndices> StageIndicesCuda(const StepInput& input, int64_t bucket_batch,
                                                int bucket_context);
   // The step up to fp32 logits [logits rows, vocab] in logits_f32_ on rank 0 (asynchronous).
+  // feed_rows > 0: token rows [0, feed_rows) take the previous LaunchSample's tokens on the device.
   absl::Status ForwardCuda(const StepInput& input, PagedKvCache& cache, Collectives& collectives,
-                           int64_t* logits_rows);
+                           int64_t* logits_rows, int feed_rows = 0);
   absl::Status TrunkAndLogitsCuda(const StepIndices& idx, PagedKvCache& cache,
                                   Collectives& collectives);
-  absl::StatusOr<std::vector<int32_t>> SampleCuda(absl::Span<const RowSamplingParams> params);
+  // Sampling after ForwardCuda: the kernel and the token copy to pinned memory, then an event
+  // (LaunchSampleCuda); CollectSampleCuda waits for the oldest launch's event.
+  absl::Status LaunchSampleCuda(absl::Span<const RowSamplingParams> params);
+  absl::Status FeedTokens(const StepIndices& idx, int feed_rows);
+  int pending_launches() const;  // LaunchSample steps not collected
+  absl::StatusOr<std::vector<int32_t>> CollectSampleCuda();
   // Drops captured graphs (their baked pointers die with a reallocated buffer).
   void ClearCudaGraphs();
 

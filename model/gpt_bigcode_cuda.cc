@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <tuple>
@@ -76,9 +77,16 @@ struct GptBigCode::CudaState {
   std::unique_ptr<CudaGemm> gemm;
   Tensor attention_workspace;
   Tensor indices;  // device int32 staging of StepIndices
-  PinnedBuffer host_indices;
-  PinnedBuffer host_params;
-  PinnedBuffer host_tokens;
+  // Host staging, two of each: the buffers of launch k + 1 are written while launch k's copies
+  // may still be queued (LaunchSample). `slot` is the one the next launch writes.
+  PinnedBuffer host_indices[2];
+  PinnedBuffer host_params[2];
+  PinnedBuffer host_tokens[2];
+  cudaEvent_t sampled[2] = {nullptr, nullptr};  // the launch's tokens are in host_tokens[slot]
+  int64_t sampled_rows[2] = {0, 0};
+  int slot = 0;
+  std::deque<int> pending;   // slots launched and not yet collected, oldest first
+  int64_t last_sampled_rows = 0;  // rows the newest launch sampled (what feed_rows may use)
   Tensor params;  // device RowSamplingParams
   Tensor tokens;  // device int32
   bool graphs_enabled = false;
@@ -87,6 +95,8 @@ struct GptBigCode::CudaState {
   using Key = std::tuple<int64_t, int, const void*>;
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> seen;  // buckets run once eagerly (plans and kernel attributes set up)
+  cudaEvent_t graph_events[2] = {nullptr, nullptr};  // set_time_graphs
+  bool graph_timed = false;                          // the last step launched a timed graph
 
   void ClearGraphs() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
@@ -95,6 +105,12 @@ struct GptBigCode::CudaState {
   }
   ~CudaState() {
     ClearGraphs();
+    for (cudaEvent_t e : graph_events) {
+      if (e) cudaEventDestroy(e);
+    }
+    for (cudaEvent_t e : sampled) {
+      if (e) cudaEventDestroy(e);
+    }
     gemm.reset();
     if (stream) cudaStreamDestroy(stream);
   }
@@ -108,6 +124,28 @@ GptBigCode::~GptBigCode() {
 
 void GptBigCode::ClearCudaGraphs() {
   if (cuda_) cuda_->ClearGraphs();
+}
+
+void GptBigCode::set_time_graphs(bool on) {
+  if (!cuda_) return;
+  for (cudaEvent_t& e : cuda_->graph_events) {
+    if (on && !e) {
+      if (cudaEventCreate(&e) != cudaSuccess) e = nullptr;
+    } else if (!on && e) {
+      cudaEventDestroy(e);
+      e = nullptr;
+    }
+  }
+  cuda_->graph_timed = false;
+}
+
+double GptBigCode::last_graph_ms() const {
+  if (!cuda_ || !cuda_->graph_timed || !cuda_->graph_events[1]) return -1;
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, cuda_->graph_events[0], cuda_->graph_events[1]) != cudaSuccess) {
+    return -1;
+  }
+  return ms;
 }
 
 void GptBigCode::set_skinny_gemm(bool on, int rows_per_warp) {
@@ -239,13 +277,14 @@ absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndicesCuda(const StepI
   const int64_t o_bt = o_slot + round(N), o_rows = o_bt + round(S * MB);
   const int64_t total = o_rows + round(R);
 
-  RETURN_IF_ERROR(cuda_->host_indices.Reserve(total * sizeof(int32_t)));
+  PinnedBuffer& host = cuda_->host_indices[cuda_->slot];
+  RETURN_IF_ERROR(host.Reserve(total * sizeof(int32_t)));
   if (!cuda_->indices.defined() || cuda_->indices.numel() < total) {
     ClearCudaGraphs();
     ASSIGN_OR_RETURN(cuda_->indices,
                      Tensor::Empty({std::max<int64_t>(total, 1 << 16)}, DType::kI32, Device::kCuda));
   }
-  int32_t* h = cuda_->host_indices.get<int32_t>();
+  int32_t* h = host.get<int32_t>();
   auto fill = [&](int64_t off, const std::vector<int32_t>& v, int64_t count, int32_t pad_value) {
     std::copy(v.begin(), v.end(), h + off);
     std::fill(h + off + v.size(), h + off + count, pad_value);
@@ -319,11 +358,13 @@ absl::Status GptBigCode::TrunkAndLogitsCuda(const StepIndices& idx, PagedKvCache
 }
 
 absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
-                                     Collectives& collectives, int64_t* logits_rows) {
+                                     Collectives& collectives, int64_t* logits_rows,
+                                     int feed_rows) {
   const int64_t n = in.num_tokens();
   const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
   *logits_rows = rows;
   cache_block_size_ = cache.block_size();
+  cuda_->graph_timed = false;
   const auto stream = static_cast<cudaStream_t>(ctx_.stream);
   bool decode = cuda_->graphs_enabled && n == in.num_seqs() && n <= cuda_->max_graph_batch &&
                 rows <= n;
@@ -333,6 +374,7 @@ absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
   if (!decode) {
     RETURN_IF_ERROR(EnsureWorkspace(n, rows));
     ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, 0, 0));
+    RETURN_IF_ERROR(FeedTokens(idx, feed_rows));
     return TrunkAndLogitsCuda(idx, cache, collectives);
   }
   const int64_t B = BatchBucket(n);
@@ -341,11 +383,17 @@ absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
   const int C = ContextBucket(max_ctx);
   RETURN_IF_ERROR(EnsureWorkspace(B, B));
   ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, B, C));
+  RETURN_IF_ERROR(FeedTokens(idx, feed_rows));
   const CudaState::Key key{B, C, cache.key(0).raw()};
-  if (auto it = cuda_->graphs.find(key); it != cuda_->graphs.end()) {
-    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream));
+  const bool timed = cuda_->graph_events[0] != nullptr && cuda_->graph_events[1] != nullptr;
+  auto launch = [&](cudaGraphExec_t exec) -> absl::Status {
+    if (timed) CUDA_RETURN_IF_ERROR(cudaEventRecord(cuda_->graph_events[0], stream));
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+    if (timed) CUDA_RETURN_IF_ERROR(cudaEventRecord(cuda_->graph_events[1], stream));
+    cuda_->graph_timed = timed;
     return absl::OkStatus();
-  }
+  };
+  if (auto it = cuda_->graphs.find(key); it != cuda_->graphs.end()) return launch(it->second);
   if (!cuda_->seen.contains(key)) {
     // First sight: run eagerly, which also creates the GEMM plans and kernel attributes that a
     // capture must not create.
@@ -366,43 +414,105 @@ absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
   cudaGraphDestroy(graph);
   CUDA_RETURN_IF_ERROR(inst);
   cuda_->graphs.emplace(key, exec);
-  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  return launch(exec);
+}
+
+absl::Status GptBigCode::FeedTokens(const StepIndices& idx, int feed_rows) {
+  if (feed_rows <= 0) return absl::OkStatus();
+  // The previous launch's tokens, still on the device, ordered after its sampling kernel.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<int32_t*>(idx.token_ids), cuda_->tokens.raw(),
+                                       feed_rows * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                                       static_cast<cudaStream_t>(ctx_.stream)));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> GptBigCode::SampleCuda(
-    absl::Span<const RowSamplingParams> params) {
+absl::Status GptBigCode::LaunchSampleCuda(absl::Span<const RowSamplingParams> params) {
   const int64_t rows = static_cast<int64_t>(params.size());
-  if (rows == 0) return std::vector<int32_t>{};
   const auto stream = static_cast<cudaStream_t>(ctx_.stream);
-  const size_t param_bytes = rows * sizeof(RowSamplingParams);
-  RETURN_IF_ERROR(cuda_->host_params.Reserve(param_bytes));
-  RETURN_IF_ERROR(cuda_->host_tokens.Reserve(rows * sizeof(int32_t)));
-  if (!cuda_->tokens.defined() || cuda_->tokens.numel() < rows) {
-    const int64_t cap = std::max<int64_t>(rows, 256);
-    ASSIGN_OR_RETURN(cuda_->tokens, Tensor::Empty({cap}, DType::kI32, Device::kCuda));
-    ASSIGN_OR_RETURN(cuda_->params,
-                     Tensor::Empty({cap * static_cast<int64_t>(sizeof(RowSamplingParams))},
-                                   DType::kI32, Device::kCuda));
+  const int slot = cuda_->slot;
+  if (!cuda_->sampled[slot]) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&cuda_->sampled[slot], cudaEventDisableTiming));
   }
-  std::memcpy(cuda_->host_params.get<void>(), params.data(), param_bytes);
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->params.raw(), cuda_->host_params.get<void>(),
-                                       param_bytes, cudaMemcpyHostToDevice, stream));
-  SampleTokensParams sp;
-  sp.logits = logits_f32_.data<float>();
-  sp.rows = rows;
-  sp.vocab = w_.config.vocab_size;
-  sp.ld = w_.config.vocab_size;
-  sp.params = static_cast<const RowSamplingParams*>(cuda_->params.raw());
-  sp.tokens = cuda_->tokens.data<int32_t>();
-  RETURN_IF_ERROR(SampleTokensCuda(sp, stream,
-                                   cuda_->greedy_cluster ? SampleTokensCudaKernel::kGreedyCluster
-                                                         : SampleTokensCudaKernel::kOneCtaPerRow));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->host_tokens.get<void>(), cuda_->tokens.raw(),
-                                       rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  const int32_t* t = cuda_->host_tokens.get<int32_t>();
-  return std::vector<int32_t>(t, t + rows);
+  if (rows > 0) {
+    const size_t param_bytes = rows * sizeof(RowSamplingParams);
+    PinnedBuffer& host_params = cuda_->host_params[slot];
+    RETURN_IF_ERROR(host_params.Reserve(param_bytes));
+    RETURN_IF_ERROR(cuda_->host_tokens[slot].Reserve(rows * sizeof(int32_t)));
+    if (!cuda_->tokens.defined() || cuda_->tokens.numel() < rows) {
+      const int64_t cap = std::max<int64_t>(rows, 256);
+      ASSIGN_OR_RETURN(cuda_->tokens, Tensor::Empty({cap}, DType::kI32, Device::kCuda));
+      ASSIGN_OR_RETURN(cuda_->params,
+                       Tensor::Empty({cap * static_cast<int64_t>(sizeof(RowSamplingParams))},
+                                     DType::kI32, Device::kCuda));
+    }
+    std::memcpy(host_params.get<void>(), params.data(), param_bytes);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->params.raw(), host_params.get<void>(),
+                                         param_bytes, cudaMemcpyHostToDevice, stream));
+    SampleTokensParams sp;
+    sp.logits = logits_f32_.data<float>();
+    sp.rows = rows;
+    sp.vocab = w_.config.vocab_size;
+    sp.ld = w_.config.vocab_size;
+    sp.params = static_cast<const RowSamplingParams*>(cuda_->params.raw());
+    sp.tokens = cuda_->tokens.data<int32_t>();
+    RETURN_IF_ERROR(SampleTokensCuda(sp, stream,
+                                     cuda_->greedy_cluster ? SampleTokensCudaKernel::kGreedyCluster
+                                                           : SampleTokensCudaKernel::kOneCtaPerRow));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cuda_->host_tokens[slot].get<void>(), cuda_->tokens.raw(),
+                                         rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(cuda_->sampled[slot], stream));
+  cuda_->sampled_rows[slot] = rows;
+  cuda_->last_sampled_rows = rows;
+  cuda_->pending.push_back(slot);
+  cuda_->slot ^= 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSampleCuda() {
+  if (cuda_->pending.empty()) return absl::FailedPreconditionError("CollectSample: nothing launched");
+  const int slot = cuda_->pending.front();
+  cuda_->pending.pop_front();
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(cuda_->sampled[slot]));
+  const int32_t* t = cuda_->host_tokens[slot].get<int32_t>();
+  return std::vector<int32_t>(t, t + cuda_->sampled_rows[slot]);
+}
+
+absl::Status GptBigCode::LaunchSample(const StepInput& in, PagedKvCache& cache,
+                                      Collectives& collectives,
+                                      absl::Span<const RowSamplingParams> params, int feed_rows) {
+  if (ctx_.device != Device::kCuda || !cuda_) {
+    return absl::FailedPreconditionError("LaunchSample runs on the CUDA backend only");
+  }
+  if (params.size() != in.logits_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchSample: ", params.size(),
+                                                   " sampling rows for ", in.logits_rows.size(),
+                                                   " logits rows"));
+  }
+  if (cuda_->pending.size() >= 2) {
+    return absl::FailedPreconditionError("LaunchSample: two launches outstanding; collect first");
+  }
+  if (w_.shard.world_size > 1) {
+    // The sampled tokens live on rank 0 only; the other ranks' inputs come from the host.
+    return absl::FailedPreconditionError("LaunchSample needs one rank (tensor parallel size 1)");
+  }
+  if (feed_rows < 0 || feed_rows > in.num_tokens() || feed_rows > cuda_->last_sampled_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LaunchSample: feed_rows ", feed_rows, " with ", in.num_tokens(), " token rows and ",
+        cuda_->last_sampled_rows, " rows sampled by the previous launch"));
+  }
+  int64_t rows = 0;
+  RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows, feed_rows));
+  return LaunchSampleCuda(params);
+}
+
+int GptBigCode::pending_launches() const {
+  return cuda_ ? static_cast<int>(cuda_->pending.size()) : 0;
+}
+
+absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
+  if (!cuda_) return absl::FailedPreconditionError("CollectSample: nothing launched");
+  return CollectSampleCuda();
 }
 
 #else  // !MQA_WITH_CUDA
@@ -414,6 +524,16 @@ void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
+void GptBigCode::set_time_graphs(bool) {}
+absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
+                                      absl::Span<const RowSamplingParams>, int) {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+int GptBigCode::pending_launches() const { return 0; }
+double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, bool) {}

@@ -208,10 +208,28 @@ absl::StatusOr<Tensor> GptBigCodeRunner::Execute(const StepInput& input) {
 
 absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
     const StepInput& input, absl::Span<const RowSamplingParams> params) {
+  ASSIGN_OR_RETURN(SampledStep step, ExecuteSampled(input, params, /*with_logits=*/false));
+  return std::move(step.tokens);
+}
+
+absl::Status GptBigCodeRunner::LaunchSample(const StepInput& input,
+                                            absl::Span<const RowSamplingParams> params,
+                                            int feed_rows) {
   RETURN_IF_ERROR(
       ValidateStepInput(input, weights_.config, cache_.num_blocks(), cache_.block_size()));
   RETURN_IF_ERROR(cache_.CopyBlocks(input.block_copies, model_->cuda_stream()));
-  return model_->ForwardSample(input, cache_, *collectives_, params);
+  return model_->LaunchSample(input, cache_, *collectives_, params, feed_rows);
+}
+
+absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
+    const StepInput& input, absl::Span<const RowSamplingParams> params, bool with_logits) {
+  RETURN_IF_ERROR(
+      ValidateStepInput(input, weights_.config, cache_.num_blocks(), cache_.block_size()));
+  RETURN_IF_ERROR(cache_.CopyBlocks(input.block_copies, model_->cuda_stream()));
+  SampledStep out;
+  ASSIGN_OR_RETURN(out.tokens, model_->ForwardSample(input, cache_, *collectives_, params,
+                                                     with_logits ? &out.logits : nullptr));
+  return out;
 }
 
 absl::Status UploadWeightsToCuda(GptBigCodeWeights& w) {

@@ -59,6 +59,17 @@ class GptBigCodeRunner final : public ModelRunner {
   // with the same function): only token ids leave the GPU. params: one per logits row.
   absl::StatusOr<std::vector<int32_t>> ExecuteAndSample(const StepInput& input,
                                                         absl::Span<const RowSamplingParams> params);
+  // GptBigCode::LaunchSample / CollectSample after this runner's checks and block copies: the
+  // next step is launched before the previous one's tokens are on the host (CUDA, one rank).
+  absl::Status LaunchSample(const StepInput& input, absl::Span<const RowSamplingParams> params,
+                            int feed_rows = 0);
+  absl::StatusOr<std::vector<int32_t>> CollectSample() { return model_->CollectSample(); }
+  // True on the GPU: the engine's sampling goes through ExecuteSampled (on the CPU the engine
+  // keeps its own sampler).
+  bool samples_on_device() const override { return model_->device() == Device::kCuda; }
+  absl::StatusOr<SampledStep> ExecuteSampled(const StepInput& input,
+                                             absl::Span<const RowSamplingParams> params,
+                                             bool with_logits) override;
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int num_kv_blocks() const override { return cache_.num_blocks(); }
   int block_size() const override { return cache_.block_size(); }

@@ -11,11 +11,21 @@ DistributedRunner::DistributedRunner(std::unique_ptr<ModelRunner> local, Control
                                      const PlanCodecOptions& codec)
     : local_(std::move(local)), channel_(channel), encoder_(codec) {}
 
-absl::StatusOr<Tensor> DistributedRunner::Execute(const StepInput& input) {
+absl::Status DistributedRunner::SendPlan(const StepInput& input) {
   if (shut_down_) return absl::FailedPreconditionError("the workers have been shut down");
   ASSIGN_OR_RETURN(const pb::StepPlan plan, encoder_.Encode(input));
-  RETURN_IF_ERROR(channel_->Send(plan));
+  return channel_->Send(plan);
+}
+
+absl::StatusOr<Tensor> DistributedRunner::Execute(const StepInput& input) {
+  RETURN_IF_ERROR(SendPlan(input));
   return local_->Execute(input);
+}
+
+absl::StatusOr<SampledStep> DistributedRunner::ExecuteSampled(
+    const StepInput& input, absl::Span<const RowSamplingParams> params, bool with_logits) {
+  RETURN_IF_ERROR(SendPlan(input));
+  return local_->ExecuteSampled(input, params, with_logits);
 }
 
 absl::Status DistributedRunner::KeepAlive() {

@@ -27,6 +27,12 @@ class DistributedRunner final : public ModelRunner {
                     const PlanCodecOptions& codec);
 
   absl::StatusOr<Tensor> Execute(const StepInput& input) override;
+  // The plan goes out as for Execute; rank 0's shard samples (the workers run Execute: the same
+  // forward and collectives).
+  bool samples_on_device() const override { return local_->samples_on_device(); }
+  absl::StatusOr<SampledStep> ExecuteSampled(const StepInput& input,
+                                             absl::Span<const RowSamplingParams> params,
+                                             bool with_logits) override;
   int64_t vocab_size() const override { return local_->vocab_size(); }
   int num_kv_blocks() const override { return local_->num_kv_blocks(); }
   int block_size() const override { return local_->block_size(); }
@@ -38,6 +44,9 @@ class DistributedRunner final : public ModelRunner {
   const ControlChannel& channel() const { return *channel_; }
 
  private:
+  // Encodes the step and broadcasts it to the workers.
+  absl::Status SendPlan(const StepInput& input);
+
   std::unique_ptr<ModelRunner> local_;
   ControlChannel* channel_;
   PlanEncoder encoder_;

@@ -256,10 +256,51 @@ absl::Status Engine::Step() {
     }
   }
 
-  absl::StatusOr<Tensor> logits = runner_->Execute(plan.input);
-  if (logits.ok()) {
+  // Rows sampled on the device get their RowSamplingParams; the rest (host sampler) need logits.
+  const auto rows = static_cast<int64_t>(plan.input.logits_rows.size());
+  const bool on_device = options_.device_sampling && runner_->samples_on_device();
+  std::vector<RowSamplingParams> row_params;
+  std::vector<char> device_row;  // per logits row
+  bool host_rows = !on_device && rows > 0;
+  if (on_device) {
+    row_params.resize(rows);
+    device_row.assign(rows, 0);
+    for (const ScheduledSeq& s : plan.scheduled) {
+      if (s.logits_index < 0) continue;
+      const SamplingParams& params = s.group->params();
+      if (!DeviceSamplable(params)) {
+        host_rows = true;
+        continue;
+      }
+      RowSamplingParams& row = row_params[s.logits_index];
+      row.temperature = params.temperature;
+      row.top_k = params.top_k;
+      row.top_p = params.top_p;
+      row.seed = SampleSeed(s.group->seed(), s.seq->sample_index());
+      // Every draw of this sequence is a device draw: its output count is its draw count.
+      row.offset = static_cast<uint64_t>(s.seq->num_output_tokens());
+      device_row[s.logits_index] = 1;
+    }
+  }
+  std::vector<int32_t> device_tokens;
+  absl::StatusOr<Tensor> logits = Tensor();
+  if (on_device) {
+    absl::StatusOr<SampledStep> sampled = runner_->ExecuteSampled(plan.input, row_params, host_rows);
+    if (!sampled.ok()) {
+      logits = sampled.status();
+    } else {
+      device_tokens = std::move(sampled->tokens);
+      logits = std::move(sampled->logits);
+      if (static_cast<int64_t>(device_tokens.size()) != rows) {
+        logits = absl::InternalError(absl::StrCat("the runner sampled ", device_tokens.size(),
+                                                  " tokens for ", rows, " logits rows"));
+      }
+    }
+  } else {
+    logits = runner_->Execute(plan.input);
+  }
+  if (logits.ok() && host_rows) {
     const Tensor& t = *logits;
-    const auto rows = static_cast<int64_t>(plan.input.logits_rows.size());
     if (!t.defined() || t.rank() != 2 || t.dim(0) != rows || t.dim(1) != runner_->vocab_size() ||
         t.dtype() != DType::kF32 || t.device() != Device::kCpu) {
       logits = absl::InternalError(
@@ -284,6 +325,12 @@ absl::Status Engine::Step() {
     RequestState& state = requests_.at(group.request_id());
     if (!outputs.contains(&group)) order.push_back(&group);
     RequestOutput& output = outputs[&group];
+    if (on_device && device_row[s.logits_index]) {
+      SampleResult result;
+      result.token_id = device_tokens[s.logits_index];
+      ProcessSample(group, state, *s.seq, result, output);
+      continue;
+    }
     absl::Span<const float> row(logits->data<float>() + s.logits_index * vocab, vocab);
 
     std::vector<Sequence*> samples = {s.seq};
@@ -313,6 +360,12 @@ absl::Status Engine::Step() {
   for (const auto& group : scheduler_.TakeFinishedGroups()) requests_.erase(group->request_id());
   PublishMetrics();
   return absl::OkStatus();
+}
+
+bool DeviceSamplable(const SamplingParams& params) {
+  return params.n == 1 && params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
+         params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
+         !params.logprobs.has_value();
 }
 
 void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,

@@ -49,7 +49,17 @@ struct EngineOptions {
   uint64_t seed = 0;
   // While idle, Run() calls ModelRunner::KeepAlive this often.
   absl::Duration keep_alive_interval = absl::Seconds(1);
+  // Where the runner samples on the device (ModelRunner::samples_on_device), requests whose
+  // parameters the device sampler covers (DeviceSamplable) are sampled there: only their token ids
+  // come back to the host. Others, and every request when off, use the host sampler on copied
+  // logits. A request's sampler depends only on its own parameters, never on its batch.
+  bool device_sampling = true;
 };
+
+// Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
+// draws exactly what a request asks for: one sample, no penalties, min-p, min_tokens masking or
+// logprobs.
+bool DeviceSamplable(const SamplingParams& params);
 
 // New output of one sample since the previous RequestOutput.
 struct SampleOutput {

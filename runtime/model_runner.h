@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "runtime/row_sampling.h"
 #include "runtime/tensor.h"
 
 namespace mqa {
@@ -43,12 +45,33 @@ struct StepInput {
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
 };
 
+// What ExecuteSampled returns on rank 0.
+struct SampledStep {
+  std::vector<int32_t> tokens;  // one per logits row, drawn with that row's RowSamplingParams
+  Tensor logits;                // fp32 [logits_rows, vocab] on the host when asked for, else empty
+};
+
 // Thread ownership: one thread (the engine's) calls a runner; runners are not thread-safe.
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
   // Runs one step. Returns fp32 logits on the host, [logits_rows.size(), vocab_size], on rank 0.
   virtual absl::StatusOr<Tensor> Execute(const StepInput& input) = 0;
+  // Whether ExecuteSampled draws the tokens where the logits are (the GPU): the engine then sends
+  // per-row sampling parameters and gets token ids back instead of copying every logits row to
+  // the host. False: the engine samples on the host from Execute's logits.
+  virtual bool samples_on_device() const { return false; }
+  // Runs one step and draws one token per logits row with params[row] (runtime/row_sampling.h,
+  // kernels/sampling.h). with_logits: also return the logits (for rows the engine samples on the
+  // host: penalties, logprobs, ...). Rank 0 only gets tokens; other ranks run it like Execute.
+  virtual absl::StatusOr<SampledStep> ExecuteSampled(const StepInput& input,
+                                                     absl::Span<const RowSamplingParams> params,
+                                                     bool with_logits) {
+    (void)input;
+    (void)params;
+    (void)with_logits;
+    return absl::UnimplementedError("this runner does not sample on the device");
+  }
   virtual int64_t vocab_size() const = 0;
   // Physical KV blocks available to the block manager, and their size in tokens.
   virtual int num_kv_blocks() const = 0;

@@ -4,6 +4,7 @@
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
+//       [--async off|on|both]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc.
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
@@ -11,7 +12,11 @@
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
 //     "both" runs off, then on, on the same runner (one row each, with the tuning summary).
 //     --small off|on|both: GptBigCodeOptions::ln_registers and greedy_cluster together (the
-//     register-resident layer norm and the cluster argmax); "both" gives one row each.
+//     register-resident layer norm and the cluster argmax; default on, as in the runner); "both"
+//     gives one row each.
+//     --async off|on|both: on = GptBigCodeRunner::LaunchSample / CollectSample, step t + 1
+//     launched (its tokens fed from step t's on the device) before step t's tokens are read back,
+//     so the host's step preparation overlaps the GPU; "both" gives one row each.
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -55,7 +60,8 @@ struct Flags {
   bool cuda_graphs = true;
   std::string fast = "pdl";  // the runner's default
   std::string autotune = "off";
-  std::string small = "off";
+  std::string small = "on";  // the runner's default
+  std::string async = "off";
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -99,6 +105,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.autotune, value());
     } else if (a == "--small") {
       ASSIGN_OR_RETURN(f.small, value());
+    } else if (a == "--async") {
+      ASSIGN_OR_RETURN(f.async, value());
     } else if (a == "--block-size") {
       RETURN_IF_ERROR(as_int(&f.block_size));
     } else if (a == "--no-cuda-graphs") {
@@ -122,6 +130,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   if (f.small != "off" && f.small != "on" && f.small != "both") {
     return absl::InvalidArgumentError("--small off|on|both");
+  }
+  if (f.async != "off" && f.async != "on" && f.async != "both") {
+    return absl::InvalidArgumentError("--async off|on|both");
   }
   if (f.load_format != "dummy") {
     return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
@@ -298,20 +309,24 @@ absl::Status Latency(const Flags& f) {
                            : std::vector<std::string>{f.autotune};
   const std::vector<std::string> smalls =
       f.small == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.small};
+  const std::vector<std::string> asyncs =
+      f.async == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.async};
   struct Run {
-    std::string variant, fast, autotune, small;
+    std::string variant, fast, autotune, small, async;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
     for (const std::string& k : fasts) {
       for (const std::string& a : tunes) {
-        for (const std::string& m : smalls) runs.push_back({v, k, a, m});
+        for (const std::string& m : smalls) {
+          for (const std::string& y : asyncs) runs.push_back({v, k, a, m, y});
+        }
       }
     }
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small] : runs) {
+  for (const auto& [variant, fast, autotune, small, async] : runs) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
@@ -320,8 +335,9 @@ absl::Status Latency(const Flags& f) {
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune == "on");
     r.model().set_small_kernels(small == "on", small == "on");
-    std::vector<double> latencies, prefills, steps;
+    std::vector<double> latencies, prefills, steps, graph_ms;
     absl::Status failed;
+    r.model().set_time_graphs(true);
     for (int iter = 0; iter < f.num_iters_warmup + f.num_iters && failed.ok(); ++iter) {
       Blocks blocks(r.num_kv_blocks(), bs);
       std::vector<Seq> seqs(f.batch_size);
@@ -347,17 +363,47 @@ absl::Status Latency(const Flags& f) {
       std::vector<int32_t> next = *std::move(first);
       const auto t1 = std::chrono::steady_clock::now();
       for (Seq& q : seqs) q.context = f.input_len;
-      for (int step = 1; step < f.output_len; ++step) {
-        for (int i = 0; i < f.batch_size; ++i) chunk[i] = {next[i]};
-        const auto a = std::chrono::steady_clock::now();
-        auto out = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
-        if (!out.ok()) {
-          failed = out.status();
-          break;
+      if (async == "on") {
+        // Step t + 1 is launched (tokens fed on the device) before step t's tokens are read:
+        // a step's time is the interval between two collections.
+        auto a = std::chrono::steady_clock::now();
+        for (int step = 1; step <= f.output_len && failed.ok(); ++step) {
+          if (step < f.output_len) {
+            for (int i = 0; i < f.batch_size; ++i) chunk[i] = {step == 1 ? next[i] : 0};
+            failed = r.LaunchSample(MakeStep(ptrs, chunk, bs), greedy,
+                                    step == 1 ? 0 : f.batch_size);
+            for (Seq& q : seqs) ++q.context;
+          }
+          if (step > 1 && failed.ok()) {
+            auto out = r.CollectSample();
+            if (!out.ok()) {
+              failed = out.status();
+              break;
+            }
+            next = *std::move(out);
+            const auto b = std::chrono::steady_clock::now();
+            if (step > 2) iter_steps.push_back(Seconds(a, b));
+            a = b;
+          }
         }
-        next = *std::move(out);
-        iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
-        for (Seq& q : seqs) ++q.context;
+        while (r.model().CollectSample().ok()) {  // drain after a failure
+        }
+      } else {
+        for (int step = 1; step < f.output_len; ++step) {
+          for (int i = 0; i < f.batch_size; ++i) chunk[i] = {next[i]};
+          const auto a = std::chrono::steady_clock::now();
+          auto out = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
+          if (!out.ok()) {
+            failed = out.status();
+            break;
+          }
+          next = *std::move(out);
+          iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
+          if (const double g = r.model().last_graph_ms(); g >= 0 && iter >= f.num_iters_warmup) {
+            graph_ms.push_back(g);
+          }
+          for (Seq& q : seqs) ++q.context;
+        }
       }
       if (!failed.ok()) break;
       const auto t2 = std::chrono::steady_clock::now();
@@ -380,10 +426,10 @@ absl::Status Latency(const Flags& f) {
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, cuda graphs %s\n",
+                "%s, async %s, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), small.c_str(), f.cuda_graphs ? "on" : "off");
+                autotune.c_str(), small.c_str(), async.c_str(), f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());
@@ -391,6 +437,15 @@ absl::Status Latency(const Flags& f) {
                 "%.2f TB/s copy; %.0f%% of floor speed; effective %.2f TB/s)\n",
                 Median(prefills) * 1e3, step_ms, floor_ms, s.weight_bytes / 1e9, s.copy_bw / 1e12,
                 100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
+    if (!graph_ms.empty()) {
+      // What the host adds to a step: preparing and staging the next step's indices, the launch,
+      // the sampling kernel and the token copy back, all while the GPU waits.
+      const double g = Median(graph_ms);
+      std::printf("  decode graph on the GPU: median %.3f ms (%zu launches timed by events); the "
+                  "rest of the step (host preparation, launch, sampling, token copy) %.3f ms = "
+                  "%.1f%% of the step\n",
+                  g, graph_ms.size(), step_ms - g, 100.0 * (step_ms - g) / step_ms);
+    }
     std::printf("  CUDA graphs captured: %d\n", r.model().num_cuda_graphs());
     if (autotune == "on") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
   }

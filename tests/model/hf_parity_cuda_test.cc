@@ -176,11 +176,22 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
       auto out = r.Execute(in);
       ASSERT_TRUE(out.ok()) << out.status();
       for (size_t s = 0; s < S; ++s) next[s] = Argmax(out->data<float>() + s * vocab, vocab);
-    } else {
+    } else if (step % 4 == 1) {
       std::vector<RowSamplingParams> greedy(S);
       auto out = r.ExecuteAndSample(in, greedy);
       ASSERT_TRUE(out.ok()) << out.status();
       next = *out;
+    } else {
+      // The engine's path for a batch that also has host-sampled rows: tokens and logits.
+      std::vector<RowSamplingParams> greedy(S);
+      auto out = r.ExecuteSampled(in, greedy, /*with_logits=*/true);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_EQ(out->logits.dim(0), static_cast<int64_t>(S));
+      for (size_t s = 0; s < S; ++s) {
+        EXPECT_EQ(out->tokens[s], Argmax(out->logits.data<float>() + s * vocab, vocab))
+            << "device greedy token vs host argmax of the returned logits, seq " << s;
+      }
+      next = out->tokens;
     }
     for (size_t s = 0; s < S; ++s) ++start[s];
   }
@@ -210,6 +221,91 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
+
+// LaunchSample / CollectSample with tokens fed on the device give the same greedy tokens as
+// one synchronous ExecuteAndSample per step (two runners over the same weights, same blocks).
+TEST(GptBigCodeCuda, AsyncLaunchEqualsSynchronousSteps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto collectives = MakeLocalCollectives();
+  LoadOptions load;
+  load.model_dir = FixtureModelDir("tiny-mqa-d128");
+  load.dtype = DType::kF16;
+  GptBigCodeRunnerOptions opts;
+  opts.device = Device::kCuda;
+  opts.num_kv_blocks = 256;
+  auto sync_runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
+  auto async_runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
+  ASSERT_TRUE(sync_runner.ok()) << sync_runner.status();
+  ASSERT_TRUE(async_runner.ok()) << async_runner.status();
+  const auto refs = testing::LoadHfReferences(load.model_dir, (*sync_runner)->vocab_size());
+  const size_t S = refs.size();
+  constexpr int kSteps = 24;
+  std::vector<RowSamplingParams> params(S);
+  for (size_t s = 0; s < S; ++s) {  // greedy and seeded sampling rows
+    if (s % 2 == 1) {
+      params[s].temperature = 0.9f;
+      params[s].top_k = 20;
+      params[s].seed = 100 + s;
+    }
+  }
+  auto run = [&](GptBigCodeRunner& r, bool async) -> std::vector<std::vector<int32_t>> {
+    Batch batch;
+    batch.tables.resize(S);
+    batch.free.resize(opts.num_kv_blocks);
+    std::iota(batch.free.begin(), batch.free.end(), 0);
+    std::shuffle(batch.free.begin(), batch.free.end(), std::mt19937(11));
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int> start(S, 0);
+    for (const Reference& ref : refs) tokens.push_back(ref.prompt);
+    std::vector<std::vector<int32_t>> out(S);
+    auto first = r.ExecuteAndSample(batch.Make(tokens, start, false), params);
+    EXPECT_TRUE(first.ok()) << first.status();
+    if (!first.ok()) return out;
+    std::vector<int32_t> next = *first;
+    for (size_t s = 0; s < S; ++s) {
+      out[s].push_back(next[s]);
+      start[s] = static_cast<int>(refs[s].prompt.size());
+    }
+    auto offsets = [&](int step) {
+      std::vector<RowSamplingParams> p = params;
+      for (auto& row : p) row.offset = step;
+      return p;
+    };
+    for (int step = 1; step <= kSteps + (async ? 1 : 0); ++step) {
+      if (step <= kSteps) {
+        tokens.clear();
+        for (size_t s = 0; s < S; ++s) tokens.push_back({async && step > 1 ? 0 : next[s]});
+        const StepInput in = batch.Make(tokens, start, false);
+        if (async) {
+          const absl::Status launched =
+              r.LaunchSample(in, offsets(step), step > 1 ? static_cast<int>(S) : 0);
+          EXPECT_TRUE(launched.ok()) << launched;
+          if (!launched.ok()) return out;
+        } else {
+          auto got = r.ExecuteAndSample(in, offsets(step));
+          EXPECT_TRUE(got.ok()) << got.status();
+          if (!got.ok()) return out;
+          next = *got;
+          for (size_t s = 0; s < S; ++s) out[s].push_back(next[s]);
+        }
+        for (size_t s = 0; s < S; ++s) ++start[s];
+      }
+      if (async && step > 1) {  // the previous launch's tokens, while this one runs
+        auto got = r.CollectSample();
+        EXPECT_TRUE(got.ok()) << got.status();
+        if (!got.ok()) return out;
+        for (size_t s = 0; s < S; ++s) out[s].push_back((*got)[s]);
+      }
+    }
+    return out;
+  };
+  const auto want = run(**sync_runner, false);
+  const auto got = run(**async_runner, true);
+  ASSERT_EQ(want[0].size(), static_cast<size_t>(kSteps + 1));
+  EXPECT_EQ(got, want);
+  // Collecting with nothing outstanding is refused.
+  EXPECT_FALSE((*async_runner)->CollectSample().ok());
+}
 
 TEST(GptBigCodeCuda, KvPoolSizedFromFreeMemoryAndBlockCopy) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

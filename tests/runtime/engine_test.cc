@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/sampling.h"
 #include "tests/runtime/fake_runner.h"
 
 namespace mqa {
@@ -32,16 +33,37 @@ struct Expected {
   FinishReason reason = FinishReason::kLength;
 };
 
-// One sample of a request, computed alone without the engine.
+// One sample of a request, computed alone without the engine. device_sampler: the runner samples
+// on the device, so a request the device sampler covers (DeviceSamplable) is drawn with its
+// function (SampleTokensCpu: seed from the sample, offset = tokens drawn so far), others with the
+// host Sampler.
 Expected Oracle(const std::vector<int32_t>& prompt, const SamplingParams& params, int sample_index,
-                int vocab, int max_model_len) {
+                int vocab, int max_model_len, bool device_sampler = false) {
   SampleRng rng(SampleSeed(*params.seed, sample_index));
+  const bool on_device = device_sampler && DeviceSamplable(params);
   std::vector<int32_t> history = prompt;
   Expected expected;
   while (true) {
     const std::vector<float> logits = ReferenceLogits(history, vocab);
-    SamplingContext context{&params, prompt, expected.tokens, kEos, &rng};
-    const int32_t token = Sample(logits, context).token_id;
+    int32_t token = 0;
+    if (on_device) {
+      RowSamplingParams row;
+      row.temperature = params.temperature;
+      row.top_k = params.top_k;
+      row.top_p = params.top_p;
+      row.seed = SampleSeed(*params.seed, sample_index);
+      row.offset = expected.tokens.size();
+      SampleTokensParams sp;
+      sp.logits = logits.data();
+      sp.rows = 1;
+      sp.vocab = sp.ld = vocab;
+      sp.params = &row;
+      sp.tokens = &token;
+      MQA_CHECK_OK(SampleTokensCpu(sp));
+    } else {
+      SamplingContext context{&params, prompt, expected.tokens, kEos, &rng};
+      token = Sample(logits, context).token_id;
+    }
     history.push_back(token);
     expected.tokens.push_back(token);
     const bool stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
@@ -116,7 +138,8 @@ class Harness {
       EXPECT_EQ(got.outputs_after_finish, 0) << id;
       for (int i = 0; i < params.n; ++i) {
         const Expected want =
-            Oracle(prompt, params, i, runner_options_.vocab_size, options_.max_model_len);
+            Oracle(prompt, params, i, runner_options_.vocab_size, options_.max_model_len,
+                   runner_options_.device_sampling && options_.device_sampling);
         ASSERT_TRUE(got.reasons.contains(i)) << id << " sample " << i;
         const std::vector<int32_t> tokens =
             got.tokens.contains(i) ? got.tokens.at(i) : std::vector<int32_t>{};
@@ -223,6 +246,7 @@ struct OracleCase {
   bool prefix_caching;
   bool chunked_prefill;
   bool staggered;  // requests arrive over time instead of all at once
+  bool device_sampling = false;  // the runner samples on the device (FakeRunnerOptions)
 };
 
 class EngineOracleTest : public ::testing::TestWithParam<OracleCase> {};
@@ -232,6 +256,7 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   FakeRunnerOptions runner_options;
   runner_options.num_blocks = c.num_blocks;
   runner_options.block_size = c.block_size;
+  runner_options.device_sampling = c.device_sampling;
   EngineOptions options;
   options.max_num_seqs = 16;
   options.max_num_batched_tokens = c.max_num_batched_tokens;
@@ -270,6 +295,12 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   if (c.num_blocks <= 40) EXPECT_GT(m.num_preemptions, 0) << "the pool should force preemption";
   if (c.num_blocks > 400) EXPECT_EQ(m.num_preemptions, 0);
   if (c.prefix_caching) EXPECT_GT(m.prefix_cache_hit_blocks, 0);
+  if (c.device_sampling) {
+    // The random parameters mix device-samplable requests with host-sampled ones (penalties,
+    // min-p, min_tokens, n > 1): both kinds of step happened.
+    EXPECT_GT(h.runner().sampled_steps_without_logits + h.runner().sampled_steps_with_logits, 0);
+    EXPECT_GT(h.runner().sampled_steps_with_logits, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -279,8 +310,55 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleCase{"TinyPoolPrefixCache", 32, 8, 24, true, true, true},
                       OracleCase{"LargePoolPrefixCache", 1024, 16, 512, true, true, true},
                       OracleCase{"NoChunkedPrefill", 40, 8, 64, true, false, false},
-                      OracleCase{"Block32Preempts", 12, 32, 32, true, true, true}),
+                      OracleCase{"Block32Preempts", 12, 32, 32, true, true, true},
+                      OracleCase{"DeviceSamplingLargePool", 1024, 8, 512, false, true, false, true},
+                      OracleCase{"DeviceSamplingTinyPool", 32, 8, 24, true, true, true, true}),
     [](const ::testing::TestParamInfo<OracleCase>& info) { return info.param.name; });
+
+// A batch the device sampler covers entirely: only token ids come back (no logits copied), and
+// every request gets the device sampler's draws, which differ from the host sampler's.
+TEST(Engine, DeviceSamplingShipsNoLogitsAndUsesTheDeviceDraws) {
+  FakeRunnerOptions runner_options;
+  runner_options.device_sampling = true;
+  EngineOptions options;
+  options.max_model_len = 64;
+  options.eos_token_id = kEos;
+  Harness h(runner_options, options);
+  std::mt19937_64 rng(5);
+  int differs_from_host = 0;
+  for (int i = 0; i < 12; ++i) {
+    SamplingParams params;
+    params.seed = rng();
+    params.max_tokens = 12;
+    params.ignore_eos = true;
+    params.temperature = i % 3 == 0 ? 0.0f : 1.0f;
+    if (i % 3 == 1) params.top_k = 5;
+    if (i % 3 == 2) params.top_p = 0.8f;
+    std::vector<int32_t> prompt = {1 + i, 2, 3 + i % 5};
+    const Expected host = Oracle(prompt, params, 0, runner_options.vocab_size, 64);
+    const Expected device = Oracle(prompt, params, 0, runner_options.vocab_size, 64, true);
+    if (host.tokens != device.tokens) ++differs_from_host;
+    ASSERT_TRUE(h.Add(absl::StrCat(i), prompt, params).ok());
+  }
+  EXPECT_GT(differs_from_host, 4) << "the test cannot tell the samplers apart";
+  h.RunToCompletion();
+  h.ExpectMatchesOracle();
+  EXPECT_GT(h.runner().sampled_steps_without_logits, 0);
+  EXPECT_EQ(h.runner().sampled_steps_with_logits, 0);
+
+  // Off: the same requests through the host sampler.
+  options.device_sampling = false;
+  Harness off(runner_options, options);
+  ASSERT_TRUE(off.Add("a", {1, 2, 3}, [] {
+                   SamplingParams p;
+                   p.seed = 9;
+                   p.max_tokens = 8;
+                   return p;
+                 }()).ok());
+  off.RunToCompletion();
+  off.ExpectMatchesOracle();
+  EXPECT_EQ(off.runner().sampled_steps_without_logits + off.runner().sampled_steps_with_logits, 0);
+}
 
 // The literal statement: a request's output is the same alone as in company.
 TEST(Engine, OutputAloneEqualsOutputTogether) {

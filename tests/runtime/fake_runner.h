@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "kernels/sampling.h"
 #include "runtime/model_runner.h"
 
 namespace mqa::testing {
@@ -57,6 +58,9 @@ struct FakeRunnerOptions {
   int num_blocks = 64;
   int block_size = 8;
   int fail_at_step = -1;  // Execute returns an error on this step (0-based)
+  // samples_on_device(): ExecuteSampled draws with SampleTokensCpu, the CPU reference of the
+  // CUDA sampling kernel, standing in for the GPU.
+  bool device_sampling = false;
 };
 
 class FakeRunner : public ModelRunner {
@@ -119,6 +123,38 @@ class FakeRunner : public ModelRunner {
     }
     return logits;
   }
+  bool samples_on_device() const override { return options_.device_sampling; }
+  absl::StatusOr<SampledStep> ExecuteSampled(const StepInput& in,
+                                             absl::Span<const RowSamplingParams> params,
+                                             bool with_logits) override {
+    if (!options_.device_sampling) return ModelRunner::ExecuteSampled(in, params, with_logits);
+    if (params.size() != in.logits_rows.size()) {
+      return absl::InvalidArgumentError("one RowSamplingParams per logits row");
+    }
+    absl::StatusOr<Tensor> logits = Execute(in);
+    if (!logits.ok()) return logits.status();
+    SampledStep out;
+    out.tokens.resize(params.size());
+    SampleTokensParams sp;
+    sp.logits = logits->data<float>();
+    sp.rows = static_cast<int64_t>(params.size());
+    sp.vocab = sp.ld = options_.vocab_size;
+    sp.params = params.data();
+    sp.tokens = out.tokens.data();
+    if (!params.empty()) {
+      if (absl::Status s = SampleTokensCpu(sp); !s.ok()) return s;
+    }
+    if (with_logits) {
+      out.logits = *std::move(logits);
+      ++sampled_steps_with_logits;
+    } else {
+      ++sampled_steps_without_logits;
+    }
+    return out;
+  }
+  int sampled_steps_with_logits = 0;
+  int sampled_steps_without_logits = 0;
+
   absl::Status KeepAlive() override {
     ++keep_alives;
     return keep_alive_status;
