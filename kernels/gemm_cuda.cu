@@ -92,6 +92,42 @@ __device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int c
   }
 }
 
+// One pass of the fused layer norm's row statistics over A's M rows: this thread's sum over the
+// elements j0, j0 + stride, ... < k of each row, of x (kSquares false) or of the centred square
+// (x - mean)^2 (kSquares true; `mean` is read only then), the rows' loads of a step in flight
+// together; then for each row i in turn, the sum reduced over the warp's lanes and
+// per_row(i, warp_sum) (every lane gets the warp's sum).
+template <typename T, int M, bool kSquares, typename F>
+__device__ __forceinline__ void WarpRowSums(const T* const (&arow)[M], int j0, int stride, int k,
+                                            const float (&mean)[M], F&& per_row) {
+  using V = fwd::Vec16<T>;
+  constexpr int kV = V::kN;
+  float sum[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) sum[i] = 0.0f;
+  for (int j = j0; j < k; j += stride) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        if constexpr (kSquares) {
+          const float d = fwd::ToFloat(av.v[e]) - mean[i];
+          sum[i] += d * d;
+        } else {
+          sum[i] += fwd::ToFloat(av.v[e]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+    per_row(i, sum[i]);
+  }
+}
+
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first (each
 // warp computes the row statistics itself: A is m <= 8 rows, in L1/L2), rounded to T as the
 // separate LayerNormCuda would write them.
@@ -137,40 +173,10 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
   float mean[M], rstd[M];
   if constexpr (kLn) {
     // All M rows per pass (their loads in flight together): sum, then the centred squares.
-    float sum[M], sq[M];
-#pragma unroll
-    for (int i = 0; i < M; ++i) sum[i] = sq[i] = 0.0f;
-    for (int j = lane * kV; j < k; j += 32 * kV) {
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        const V av = *reinterpret_cast<const V*>(arow[i] + j);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) sum[i] += fwd::ToFloat(av.v[e]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
-      mean[i] = sum[i] / k;
-    }
-    for (int j = lane * kV; j < k; j += 32 * kV) {
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        const V av = *reinterpret_cast<const V*>(arow[i] + j);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          const float d = fwd::ToFloat(av.v[e]) - mean[i];
-          sq[i] += d * d;
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
-      rstd[i] = rsqrtf(sq[i] / k + p.ln_eps);
-    }
+    WarpRowSums<T, M, false>(arow, lane * kV, 32 * kV, k, mean,
+                             [&](int i, float sum) { mean[i] = sum / k; });
+    WarpRowSums<T, M, true>(arow, lane * kV, 32 * kV, k, mean,
+                            [&](int i, float sq) { rstd[i] = rsqrtf(sq / k + p.ln_eps); });
   }
   float acc[M][R];
 #pragma unroll
@@ -470,23 +476,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
     // Row statistics once per CTA (two passes, as SkinnyGemmKernel), before idle warps leave.
     __shared__ float red[2][kSplitWarps][M];
     const int warp = threadIdx.x >> 5;
-    float sum[M], sq[M];
-#pragma unroll
-    for (int i = 0; i < M; ++i) sum[i] = sq[i] = 0.0f;
-    for (int j = threadIdx.x * kV; j < k; j += kSplitWarps * 32 * kV) {
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        const V av = *reinterpret_cast<const V*>(arow[i] + j);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) sum[i] += fwd::ToFloat(av.v[e]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
-      if (lane == 0) red[0][warp][i] = sum[i];
-    }
+    WarpRowSums<T, M, false>(arow, threadIdx.x * kV, kSplitWarps * 32 * kV, k, mean,
+                             [&](int i, float sum) {
+                               if (lane == 0) red[0][warp][i] = sum;
+                             });
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -495,23 +488,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
       for (int q = 0; q < kSplitWarps; ++q) t += red[0][q][i];
       mean[i] = t / k;
     }
-    for (int j = threadIdx.x * kV; j < k; j += kSplitWarps * 32 * kV) {
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        const V av = *reinterpret_cast<const V*>(arow[i] + j);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          const float d = fwd::ToFloat(av.v[e]) - mean[i];
-          sq[i] += d * d;
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
-      if (lane == 0) red[1][warp][i] = sq[i];
-    }
+    WarpRowSums<T, M, true>(arow, threadIdx.x * kV, kSplitWarps * 32 * kV, k, mean,
+                            [&](int i, float sq) {
+                              if (lane == 0) red[1][warp][i] = sq;
+                            });
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < M; ++i) {
