@@ -1,5 +1,6 @@
 // Shared by the forward-kernel GPU tests (cudafwd): device buffers, fp16/bf16 rounding, the
-// relative-error norm, and NaN poisoning so that every output element must be written.
+// relative-error norm, NaN poisoning so that every output element must be written, and the
+// fixture base that skips without a GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -89,5 +91,26 @@ inline bool HaveGpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+
+// Base of the GPU tests' fixtures: skips without a device; a real stream (the PDL launches are
+// not on the legacy one), the device's SM count and a freshly seeded random engine. A derived
+// SetUp calls this one first and returns if IsSkipped() or HasFatalFailure().
+template <typename Param>
+class CudaStreamTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+    int device = 0;
+    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  std::mt19937 rng_{std::random_device{}()};
+  cudaStream_t stream_ = nullptr;
+  int sms_ = 0;
+};
 
 }  // namespace mqa::testing

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "kernels/gemm_cuda.h"
 #include "kernels/layer_norm.h"
@@ -26,18 +28,75 @@ struct Shape {
   int64_t m, n, k, pad;  // pad: extra elements at the end of each row of A and B
 };
 
-class GemmCudaTest : public ::testing::TestWithParam<std::tuple<DType, int>> {
- protected:
-  void SetUp() override {
-    if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+class GemmCudaTest : public testing::CudaStreamTest<std::tuple<DType, int>> {};
+
+// One case of the epilogue tests: fresh random A [m, k + pad], B [n, k + pad], bias [n] and C
+// [m, n] (the residual) rounded to `t`, on the host and the device; the GemmParams and
+// GemmEpilogue of epilogue `epi` (0 none, 1 bias, 2 bias + GELU-tanh, 3 bias + accumulate); and
+// the CPU reference `want`, GemmCpu then BiasActivationCpu.
+struct EpilogueCase {
+  std::vector<float> a, b, bias, c0, want;
+  std::vector<uint16_t> c0_bits;
+  std::unique_ptr<DeviceMem> da, db, dbias, dc;  // dc starts as the residual
+  GemmParams p;
+  GemmEpilogue e;
+
+  // Before a run: C back to the residual with accumulate, else poisoned.
+  void ResetC() const {
+    if (e.accumulate) {
+      ASSERT_EQ(
+          cudaMemcpy(dc->get(), c0_bits.data(), c0_bits.size() * 2, cudaMemcpyHostToDevice),
+          cudaSuccess);
+    } else {
+      dc->Poison();
+    }
   }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  std::mt19937 rng_{std::random_device{}()};
-  cudaStream_t stream_ = nullptr;  // a real stream: the PDL launches are not on the legacy one
 };
+
+void MakeEpilogueCase(const Shape& s, int epi, DType t, std::mt19937& rng, EpilogueCase& ec) {
+  const int64_t lda = s.k + s.pad, ldb = s.k + s.pad;
+  auto ab = RandomRounded(ec.a, s.m * lda, t, rng);
+  auto bb = RandomRounded(ec.b, s.n * ldb, t, rng, 0.05f);
+  auto biasb = RandomRounded(ec.bias, s.n, t, rng);
+  ec.c0_bits = RandomRounded(ec.c0, s.m * s.n, t, rng);
+  ec.da = DeviceMem::From(ab);
+  ec.db = DeviceMem::From(bb);
+  ec.dbias = DeviceMem::From(biasb);
+  ec.dc = DeviceMem::From(ec.c0_bits);
+  GemmParams& p = ec.p;
+  p.a = ec.da->get();
+  p.b = ec.db->get();
+  p.c = ec.dc->get();
+  p.lda = lda;
+  p.ldb = ldb;
+  p.ldc = s.n;
+  p.m = s.m;
+  p.n = s.n;
+  p.k = s.k;
+  p.dtype = t;
+  GemmEpilogue& e = ec.e;
+  e.bias = epi >= 1 ? ec.dbias->get() : nullptr;
+  e.activation = epi == 2 ? Activation::kGeluTanh : Activation::kIdentity;
+  e.accumulate = epi == 3;
+
+  std::vector<float> prod(s.m * s.n);
+  ec.want.resize(s.m * s.n);
+  GemmParams c = p;
+  c.a = ec.a.data();
+  c.b = ec.b.data();
+  c.c = prod.data();
+  c.dtype = DType::kF32;
+  ASSERT_TRUE(GemmCpu(c).ok());
+  BiasActivationParams post;
+  post.input = prod.data();
+  post.bias = e.bias ? ec.bias.data() : nullptr;
+  post.residual = e.accumulate ? ec.c0.data() : nullptr;
+  post.output = ec.want.data();
+  post.rows = s.m;
+  post.cols = s.n;
+  post.activation = e.activation;
+  ASSERT_TRUE(BiasActivationCpu(post).ok());
+}
 
 TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
   const auto [t, rows] = GetParam();  // rows: the skinny kernel's rows per warp; 0: cuBLASLt only
@@ -53,53 +112,15 @@ TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
                           {2, 77, 40, 0},     {7, 130, 13, 3}};
   for (const Shape& s : shapes) {
     for (int epi = 0; epi < 4; ++epi) {  // none, bias, bias + GELU-tanh, bias + accumulate
-      std::vector<float> a, b, bias, c0;
-      const int64_t lda = s.k + s.pad, ldb = s.k + s.pad;
-      auto ab = RandomRounded(a, s.m * lda, t, rng_);
-      auto bb = RandomRounded(b, s.n * ldb, t, rng_, 0.05f);
-      auto biasb = RandomRounded(bias, s.n, t, rng_);
-      auto cb = RandomRounded(c0, s.m * s.n, t, rng_);
-      auto da = DeviceMem::From(ab), db = DeviceMem::From(bb), dbias = DeviceMem::From(biasb);
-      auto dc = DeviceMem::From(cb);
-      if (epi != 3) dc->Poison();
-      GemmParams p;
-      p.a = da->get();
-      p.b = db->get();
-      p.c = dc->get();
-      p.lda = lda;
-      p.ldb = ldb;
-      p.ldc = s.n;
-      p.m = s.m;
-      p.n = s.n;
-      p.k = s.k;
-      p.dtype = t;
-      GemmEpilogue e;
-      e.bias = epi >= 1 ? dbias->get() : nullptr;
-      e.activation = epi == 2 ? Activation::kGeluTanh : Activation::kIdentity;
-      e.accumulate = epi == 3;
+      EpilogueCase ec;
+      ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, epi, t, rng_, ec));
+      ASSERT_NO_FATAL_FAILURE(ec.ResetC());
       (*gemm)->set_pdl(epi % 2 == 1);  // PDL launch (no previous kernel: a no-op wait)
-      const absl::Status st = (*gemm)->Run(p, e, stream_);
+      const absl::Status st = (*gemm)->Run(ec.p, ec.e, stream_);
       ASSERT_TRUE(st.ok()) << st;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-
-      std::vector<float> prod(s.m * s.n), want(s.m * s.n);
-      GemmParams c = p;
-      c.a = a.data();
-      c.b = b.data();
-      c.c = prod.data();
-      c.dtype = DType::kF32;
-      ASSERT_TRUE(GemmCpu(c).ok());
-      BiasActivationParams post;
-      post.input = prod.data();
-      post.bias = e.bias ? bias.data() : nullptr;
-      post.residual = e.accumulate ? c0.data() : nullptr;
-      post.output = want.data();
-      post.rows = s.m;
-      post.cols = s.n;
-      post.activation = e.activation;
-      ASSERT_TRUE(BiasActivationCpu(post).ok());
-      const auto got = Widen(dc->Download<uint16_t>(), t);
-      EXPECT_LT(RelError(got, want), 1e-2)
+      const auto got = Widen(ec.dc->Download<uint16_t>(), t);
+      EXPECT_LT(RelError(got, ec.want), 1e-2)
           << "m " << s.m << " n " << s.n << " k " << s.k << " pad " << s.pad << " epilogue "
           << epi << " skinny " << skinny;
     }
@@ -276,58 +297,17 @@ TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
     const Shape& s = shapes[si];
     const bool in_graph = si == std::size(shapes) - 1;
     for (int epi = 0; epi < 4; ++epi) {  // none, bias, bias + GELU-tanh, bias + accumulate
-      std::vector<float> a, b, bias, c0;
-      const int64_t lda = s.k + s.pad, ldb = s.k + s.pad;
-      auto ab = RandomRounded(a, s.m * lda, t, rng_);
-      auto bb = RandomRounded(b, s.n * ldb, t, rng_, 0.05f);
-      auto biasb = RandomRounded(bias, s.n, t, rng_);
-      auto cb = RandomRounded(c0, s.m * s.n, t, rng_);
-      auto da = DeviceMem::From(ab), db = DeviceMem::From(bb), dbias = DeviceMem::From(biasb);
-      auto dc = DeviceMem::From(cb);
-      GemmParams p;
-      p.a = da->get();
-      p.b = db->get();
-      p.c = dc->get();
-      p.lda = lda;
-      p.ldb = ldb;
-      p.ldc = s.n;
-      p.m = s.m;
-      p.n = s.n;
-      p.k = s.k;
-      p.dtype = t;
-      GemmEpilogue e;
-      e.bias = epi >= 1 ? dbias->get() : nullptr;
-      e.activation = epi == 2 ? Activation::kGeluTanh : Activation::kIdentity;
-      e.accumulate = epi == 3;
-
-      std::vector<float> prod(s.m * s.n), want(s.m * s.n);
-      GemmParams c = p;
-      c.a = a.data();
-      c.b = b.data();
-      c.c = prod.data();
-      c.dtype = DType::kF32;
-      ASSERT_TRUE(GemmCpu(c).ok());
-      BiasActivationParams post;
-      post.input = prod.data();
-      post.bias = e.bias ? bias.data() : nullptr;
-      post.residual = e.accumulate ? c0.data() : nullptr;
-      post.output = want.data();
-      post.rows = s.m;
-      post.cols = s.n;
-      post.activation = e.activation;
-      ASSERT_TRUE(BiasActivationCpu(post).ok());
+      EpilogueCase ec;
+      ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, epi, t, rng_, ec));
+      const GemmParams& p = ec.p;
+      const GemmEpilogue& e = ec.e;
 
       // Eager shapes: the tuning run, then the cached choice. The graph shape (as the model does
       // it): an eager run with autotune off (the plan is made), a captured run with autotune on
       // (no tuning while capturing), then an eager run that tunes.
       const int runs = in_graph ? 3 : 2;
       for (int run = 0; run < runs; ++run) {
-        if (e.accumulate) {
-          ASSERT_EQ(cudaMemcpy(dc->get(), cb.data(), cb.size() * 2, cudaMemcpyHostToDevice),
-                    cudaSuccess);
-        } else {
-          dc->Poison();
-        }
+        ASSERT_NO_FATAL_FAILURE(ec.ResetC());
         const int before = g.autotune_stats().shapes;
         g.set_autotune(!(in_graph && run == 0));
         if (in_graph && run == 1) {
@@ -353,8 +333,8 @@ TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
               << "m " << s.m << " epilogue " << epi << " run " << run;
           tuned_shapes = g.autotune_stats().shapes;
         }
-        const auto got = Widen(dc->Download<uint16_t>(), t);
-        EXPECT_LT(RelError(got, want), 1e-2)
+        const auto got = Widen(ec.dc->Download<uint16_t>(), t);
+        EXPECT_LT(RelError(got, ec.want), 1e-2)
             << "m " << s.m << " n " << s.n << " k " << s.k << " epilogue " << epi << " run "
             << run << (in_graph ? " (graph shape)" : "");
       }
@@ -391,22 +371,7 @@ INSTANTIATE_TEST_SUITE_P(All, GemmCudaTest,
 
 // --- Split-K decode kernel (SkinnySplitKGemmCuda, CudaGemm::Options::skinny_split_k) ----------
 
-class GemmSplitKTest : public ::testing::TestWithParam<DType> {
- protected:
-  void SetUp() override {
-    if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-    int device = 0;
-    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  std::mt19937 rng_{std::random_device{}()};
-  cudaStream_t stream_ = nullptr;
-  int sms_ = 0;
-};
+class GemmSplitKTest : public testing::CudaStreamTest<DType> {};
 
 // Against GemmCpu + BiasActivationCpu for m = 1, 2, 5, 8: decode shapes of both models, long k
 // over few rows (a row group shared by many warps), k not a multiple of a step or a batch, odd n,
@@ -434,59 +399,18 @@ TEST_P(GemmSplitKTest, MatchesCpuWithEveryEpilogue) {
   for (const int ctas_per_sm : {0, 1}) {
     for (const Shape& s : shapes) {
       for (int epi = 0; epi < 4; ++epi) {  // none, bias, bias + GELU-tanh, bias + accumulate
-        std::vector<float> a, b, bias, c0;
-        const int64_t lda = s.k + s.pad, ldb = s.k + s.pad;
-        auto ab = RandomRounded(a, s.m * lda, t, rng_);
-        auto bb = RandomRounded(b, s.n * ldb, t, rng_, 0.05f);
-        auto biasb = RandomRounded(bias, s.n, t, rng_);
-        auto cb = RandomRounded(c0, s.m * s.n, t, rng_);
-        auto da = DeviceMem::From(ab), db = DeviceMem::From(bb), dbias = DeviceMem::From(biasb);
-        auto dc = DeviceMem::From(cb);
-        GemmParams p;
-        p.a = da->get();
-        p.b = db->get();
-        p.c = dc->get();
-        p.lda = lda;
-        p.ldb = ldb;
-        p.ldc = s.n;
-        p.m = s.m;
-        p.n = s.n;
-        p.k = s.k;
-        p.dtype = t;
-        GemmEpilogue e;
-        e.bias = epi >= 1 ? dbias->get() : nullptr;
-        e.activation = epi == 2 ? Activation::kGeluTanh : Activation::kIdentity;
-        e.accumulate = epi == 3;
+        EpilogueCase ec;
+        ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, epi, t, rng_, ec));
+        const GemmParams& p = ec.p;
+        const GemmEpilogue& e = ec.e;
         SkinnySplitKOptions o;
         o.pdl = epi % 2 == 1;  // PDL launch (no previous kernel: a no-op wait)
         o.ctas_per_sm = ctas_per_sm;
 
-        std::vector<float> prod(s.m * s.n), want(s.m * s.n);
-        GemmParams c = p;
-        c.a = a.data();
-        c.b = b.data();
-        c.c = prod.data();
-        c.dtype = DType::kF32;
-        ASSERT_TRUE(GemmCpu(c).ok());
-        BiasActivationParams post;
-        post.input = prod.data();
-        post.bias = e.bias ? bias.data() : nullptr;
-        post.residual = e.accumulate ? c0.data() : nullptr;
-        post.output = want.data();
-        post.rows = s.m;
-        post.cols = s.n;
-        post.activation = e.activation;
-        ASSERT_TRUE(BiasActivationCpu(post).ok());
-
         cudaGraphExec_t exec = nullptr;
         std::vector<uint16_t> first;
         for (int run = 0; run < 4; ++run) {  // 0, 1: eager; 2, 3: the same graph replayed
-          if (e.accumulate) {
-            ASSERT_EQ(cudaMemcpy(dc->get(), cb.data(), cb.size() * 2, cudaMemcpyHostToDevice),
-                      cudaSuccess);
-          } else {
-            dc->Poison();
-          }
+          ASSERT_NO_FATAL_FAILURE(ec.ResetC());
           if (run < 2) {
             const absl::Status st = SkinnySplitKGemmCuda(p, e, stream_, ws.get(), ws_bytes, o);
             ASSERT_TRUE(st.ok()) << st;
@@ -504,8 +428,8 @@ TEST_P(GemmSplitKTest, MatchesCpuWithEveryEpilogue) {
             ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
           }
           ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-          const auto bits = dc->Download<uint16_t>();
-          EXPECT_LT(RelError(Widen(bits, t), want), 1e-2)
+          const auto bits = ec.dc->Download<uint16_t>();
+          EXPECT_LT(RelError(Widen(bits, t), ec.want), 1e-2)
               << "m " << s.m << " n " << s.n << " k " << s.k << " pad " << s.pad << " epilogue "
               << epi << " ctas/SM " << ctas_per_sm << " run " << run;
           EXPECT_TRUE(counters_zero())

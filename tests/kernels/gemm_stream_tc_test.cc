@@ -136,22 +136,15 @@ struct Problem {
   }
 };
 
-class StreamTcGemmTest : public ::testing::TestWithParam<DType> {
+class StreamTcGemmTest : public testing::CudaStreamTest<DType> {
  protected:
   void SetUp() override {
-    if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-    int device = 0;
-    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+    CudaStreamTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     workspace_bytes_ = StreamTcGemmWorkspaceBytes(sms_);
     workspace_ = std::make_unique<DeviceMem>(workspace_bytes_);
     ASSERT_EQ(cudaMemset(workspace_->get(), 0, workspace_bytes_), cudaSuccess);
   }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-
   void ExpectCountersZero() {
     std::vector<int> counters(StreamTcCounterBytes() / sizeof(int));
     ASSERT_EQ(cudaMemcpy(counters.data(), workspace_->get(), StreamTcCounterBytes(),
@@ -160,9 +153,6 @@ class StreamTcGemmTest : public ::testing::TestWithParam<DType> {
     for (size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "counter " << i;
   }
 
-  std::mt19937 rng_{std::random_device{}()};
-  cudaStream_t stream_ = nullptr;  // a real stream: the PDL launches are not on the legacy one
-  int sms_ = 0;
   std::unique_ptr<DeviceMem> workspace_;
   size_t workspace_bytes_ = 0;
 };
