@@ -192,6 +192,7 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
     {
       PagedAttentionTuning tuning;
       tuning.pdl = ctx.pdl;
+      tuning.variant = ctx.attention_variant;
       return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
                                 ctx.attention_workspace_bytes, tuning);
     }

@@ -33,6 +33,9 @@ struct OpContext {
   // CUDA: LayerNormCudaKernel::kRegisters (the row held in registers, weights loaded before the
   // PDL wait) instead of kThreePass.
   bool ln_registers = false;
+  // CUDA: PagedAttentionTuning::variant (kernels/paged_attention_cuda.h). Variants 2, 4 and 5
+  // keep counters in attention_workspace: it must be zeroed once before their first use.
+  int attention_variant = 3;
 };
 
 // A Linear layer: gemm (C = A B^T), then C = act(C + bias), or, with `residual`, residual +=

@@ -120,6 +120,10 @@ struct GptBigCodeOptions {
   // and stream_tc (8 < m <= 64, in place of cuBLASLt).
   bool gemm_split_k = false;
   bool gemm_stream_tc = false;
+  // PagedAttentionTuning::variant for the model's attention (mqabench --attn): 3 = split partials
+  // in fp16/bf16 merged by a second kernel; 5 = the last split CTA of a row tile to finish merges
+  // it in the attention kernel (no merge launch, up to 32 splits).
+  int attention_variant = 3;
 };
 
 class GptBigCode {
@@ -173,6 +177,8 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::ln_registers / greedy_cluster; no-op on the CPU. Drops
   // captured graphs.
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
+  // Benchmarks switch GptBigCodeOptions::attention_variant; no-op on the CPU. Drops captured graphs.
+  void set_attention_variant(int variant);
   // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc; no-op on the CPU. Drops
   // captured graphs.
   void set_gemm_kernels(bool split_k, bool stream_tc);

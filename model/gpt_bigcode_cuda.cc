@@ -177,6 +177,12 @@ void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_attention_variant(int variant) {
+  if (!cuda_) return;
+  ctx_.attention_variant = variant;
+  ClearCudaGraphs();
+}
+
 int GptBigCode::num_cuda_graphs() const {
   return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
 }
@@ -220,6 +226,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   cuda_->gemm->set_pdl(options.pdl);
   fuse_ = options.fuse_small_kernels;
   ctx_.ln_registers = options.ln_registers;
+  ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
   cuda_->graphs_enabled = options.cuda_graphs && w_.shard.world_size == 1;
   cuda_->max_graph_batch = options.max_graph_batch;
@@ -255,6 +262,9 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   if (bytes > 0) {
     ASSIGN_OR_RETURN(cuda_->attention_workspace,
                      Tensor::Empty({static_cast<int64_t>(bytes)}, DType::kI32, Device::kCuda));
+    // Zeroed once: the in-kernel merge variants count split arrivals there (and leave it zeroed).
+    CUDA_RETURN_IF_ERROR(cudaMemset(cuda_->attention_workspace.raw(), 0,
+                                    cuda_->attention_workspace.nbytes()));
     ctx_.attention_workspace = cuda_->attention_workspace.raw();
     ctx_.attention_workspace_bytes = cuda_->attention_workspace.nbytes();
   }
@@ -525,6 +535,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
+void GptBigCode::set_attention_variant(int) {}
 absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
                                       absl::Span<const RowSamplingParams>, int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

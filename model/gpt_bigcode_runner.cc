@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.greedy_cluster = options.greedy_cluster;
   model_options.gemm_split_k = options.gemm_split_k;
   model_options.gemm_stream_tc = options.gemm_stream_tc;
+  model_options.attention_variant = options.attention_variant;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

@@ -46,6 +46,7 @@ struct GptBigCodeRunnerOptions {
   bool greedy_cluster = true;       // GptBigCodeOptions::greedy_cluster
   bool gemm_split_k = false;        // GptBigCodeOptions::gemm_split_k
   bool gemm_stream_tc = false;      // GptBigCodeOptions::gemm_stream_tc
+  int attention_variant = 3;        // GptBigCodeOptions::attention_variant
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -4,7 +4,7 @@
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
-//       [--async off|on|both]
+//       [--async off|on|both] [--attn 3[,5...]]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc.
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
@@ -17,6 +17,8 @@
 //     --async off|on|both: on = GptBigCodeRunner::LaunchSample / CollectSample, step t + 1
 //     launched (its tokens fed from step t's on the device) before step t's tokens are read back,
 //     so the host's step preparation overlaps the GPU; "both" gives one row each.
+//     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
+//     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/mqabench/device_fill.h"
@@ -62,6 +65,7 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
+  std::string attn = "3";  // comma list of PagedAttentionTuning variants
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -107,6 +111,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.small, value());
     } else if (a == "--async") {
       ASSIGN_OR_RETURN(f.async, value());
+    } else if (a == "--attn") {
+      ASSIGN_OR_RETURN(f.attn, value());
     } else if (a == "--block-size") {
       RETURN_IF_ERROR(as_int(&f.block_size));
     } else if (a == "--no-cuda-graphs") {
@@ -311,22 +317,34 @@ absl::Status Latency(const Flags& f) {
       f.small == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.small};
   const std::vector<std::string> asyncs =
       f.async == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.async};
+  std::vector<int> attns;
+  for (absl::string_view v : absl::StrSplit(f.attn, ',')) {
+    int a = 0;
+    if (!absl::SimpleAtoi(v, &a) || a < 0 || a > 5) {
+      return absl::InvalidArgumentError(absl::StrCat("--attn ", f.attn, ": variants 0..5"));
+    }
+    attns.push_back(a);
+  }
   struct Run {
     std::string variant, fast, autotune, small, async;
+    int attn = 3;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
     for (const std::string& k : fasts) {
       for (const std::string& a : tunes) {
         for (const std::string& m : smalls) {
-          for (const std::string& y : asyncs) runs.push_back({v, k, a, m, y});
+          for (const std::string& y : asyncs) {
+            for (int t : attns) runs.push_back({v, k, a, m, y, t});
+          }
         }
       }
     }
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async] : runs) {
+  for (const auto& [variant, fast, autotune, small, async, attn] : runs) {
+    r.model().set_attention_variant(attn);
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
@@ -426,10 +444,11 @@ absl::Status Latency(const Flags& f) {
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, async %s, cuda graphs %s\n",
+                "%s, async %s, attention variant %d, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), small.c_str(), async.c_str(), f.cuda_graphs ? "on" : "off");
+                autotune.c_str(), small.c_str(), async.c_str(), attn,
+                f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());
