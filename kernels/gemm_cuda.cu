@@ -398,6 +398,28 @@ __device__ __forceinline__ int64_t SplitWarpOf(int64_t step, int64_t total, int6
   return ((step + 1) * warps - 1) / total;
 }
 
+// WarpRowSums over the CTA (each thread takes every kSplitWarps * 32-th 16-byte group), the warps'
+// sums added through `red` in shared memory; then per_row(i, cta_sum) for each row i (every
+// thread gets the CTA's sum).
+template <typename T, int M, bool kSquares, typename F>
+__device__ __forceinline__ void CtaRowSums(const T* const (&arow)[M], int k, const float (&mean)[M],
+                                           float (&red)[kSplitWarps][M], F&& per_row) {
+  constexpr int kV = fwd::Vec16<T>::kN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  WarpRowSums<T, M, kSquares>(arow, threadIdx.x * kV, kSplitWarps * 32 * kV, k, mean,
+                              [&](int i, float sum) {
+                                if (lane == 0) red[warp][i] = sum;
+                              });
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    float t = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kSplitWarps; ++q) t += red[q][i];
+    per_row(i, t);
+  }
+}
+
 // PDL as SkinnyGemmKernel: the first batch of weight loads and the L2 prefetch of the second are
 // issued before PdlWait; A, the workspace and the outputs are touched only after it (the
 // workspace is also used by the previous split-K GEMM, which has completed by then).
@@ -475,31 +497,9 @@ __global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
   if constexpr (kLn) {
     // Row statistics once per CTA (two passes, as SkinnyGemmKernel), before idle warps leave.
     __shared__ float red[2][kSplitWarps][M];
-    const int warp = threadIdx.x >> 5;
-    WarpRowSums<T, M, false>(arow, threadIdx.x * kV, kSplitWarps * 32 * kV, k, mean,
-                             [&](int i, float sum) {
-                               if (lane == 0) red[0][warp][i] = sum;
-                             });
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      float t = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kSplitWarps; ++q) t += red[0][q][i];
-      mean[i] = t / k;
-    }
-    WarpRowSums<T, M, true>(arow, threadIdx.x * kV, kSplitWarps * 32 * kV, k, mean,
-                            [&](int i, float sq) {
-                              if (lane == 0) red[1][warp][i] = sq;
-                            });
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      float t = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kSplitWarps; ++q) t += red[1][q][i];
-      rstd[i] = rsqrtf(t / k + p.ln_eps);
-    }
+    CtaRowSums<T, M, false>(arow, k, mean, red[0], [&](int i, float sum) { mean[i] = sum / k; });
+    CtaRowSums<T, M, true>(arow, k, mean, red[1],
+                           [&](int i, float sq) { rstd[i] = rsqrtf(sq / k + p.ln_eps); });
   }
   if (!live) return;
 
