@@ -141,6 +141,21 @@ constexpr FShape kFusedShapes[] = {{1, 2048 + 256, 2048, 0, 128},
 
 enum class RunMode { kEager, kGraph, kRefused };
 
+// gemm.Run(p, e) captured into a CUDA graph on `stream`; the graph launched once and awaited.
+void RunInGraph(CudaGemm& gemm, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = gemm.Run(p, e, stream);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 // Runs one fused case through `gemm` (eagerly, or captured into a CUDA graph and replayed) and
 // checks it; kRefused expects Unimplemented.
 void CheckFused(CudaGemm& gemm, DType t, const FShape& s, int variant, RunMode mode,
@@ -192,17 +207,7 @@ void CheckFused(CudaGemm& gemm, DType t, const FShape& s, int variant, RunMode m
     e.kv_width = s.kv_width;
   }
   if (mode == RunMode::kGraph) {
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::Status st = gemm.Run(p, e, stream);
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-    ASSERT_TRUE(st.ok()) << st;
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    ASSERT_NO_FATAL_FAILURE(RunInGraph(gemm, p, e, stream));
   } else {
     const absl::Status st = gemm.Run(p, e, stream);
     if (mode == RunMode::kRefused) {
@@ -311,17 +316,7 @@ TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
         const int before = g.autotune_stats().shapes;
         g.set_autotune(!(in_graph && run == 0));
         if (in_graph && run == 1) {
-          ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          const absl::Status st = g.Run(p, e, stream_);
-          cudaGraph_t graph = nullptr;
-          ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
-          ASSERT_TRUE(st.ok()) << st;
-          cudaGraphExec_t exec = nullptr;
-          ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-          ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
-          ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-          cudaGraphExecDestroy(exec);
-          cudaGraphDestroy(graph);
+          ASSERT_NO_FATAL_FAILURE(RunInGraph(g, p, e, stream_));
           EXPECT_EQ(g.autotune_stats().shapes, before) << "tuned while capturing";
         } else {
           const absl::Status st = g.Run(p, e, stream_);
