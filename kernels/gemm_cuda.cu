@@ -42,6 +42,10 @@ absl::Status CheckGemm(const GemmParams& p, const char* who) {
 
 constexpr int kSkinnyWarps = 4;
 constexpr int kSkinnyUnroll = 4;  // 16-byte weight loads in flight per row and lane
+// CudaGemm::Options::skinny_deep_unroll: m = 1 GEMMs whose warps are few (at most this many per
+// SM) stream with twice the loads in flight per lane, and load twice as much before PdlWait.
+constexpr int kSkinnyDeepUnroll = 8;
+constexpr int kSkinnyDeepMaxWarpsPerSm = 16;
 
 template <typename T>
 struct SkinnyArgs {
@@ -134,11 +138,12 @@ __device__ __forceinline__ void WarpRowSums(const T* const (&arow)[M], int j0, i
 //
 // PDL (forward_cuda_common.cuh): the first unrolled group of weight loads and an L2 prefetch of
 // the next 4 KiB of each weight row are issued before PdlWait; weights never depend on the
-// previous kernel.
-template <typename T, int M, int kAct, int R, bool kLn>
+// previous kernel. U: 16-byte weight loads in flight per row and lane (kSkinnyUnroll, or
+// kSkinnyDeepUnroll for narrow m = 1 GEMMs).
+template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll>
 __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const SkinnyArgs<T> p) {
   using V = fwd::Vec16<T>;
-  constexpr int U = kSkinnyUnroll, kV = V::kN, kStep = U * 32 * kV;
+  constexpr int kV = V::kN, kStep = U * 32 * kV;
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5)) * R;
   const int m = p.m, n = p.n, k = p.k;
@@ -270,31 +275,46 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   return a;
 }
 
-template <typename T, int M, int R>
-absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                          bool pdl) {
-  const int per_block = kSkinnyWarps * R;
-  const int64_t blocks = (p.n + per_block - 1) / per_block;
-  const SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
-  const bool ln = e.ln_weight != nullptr;
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kSkinnyWarps * 32);
-  switch (e.activation) {
+template <typename T, int M, int R, int U>
+absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
+                                  cudaStream_t stream, bool pdl) {
+  const dim3 block(kSkinnyWarps * 32);
+  switch (act) {
     case Activation::kIdentity:
       CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl,
-                                               ln ? SkinnyGemmKernel<T, M, 0, R, true>
-                                                  : SkinnyGemmKernel<T, M, 0, R, false>,
+                                               ln ? SkinnyGemmKernel<T, M, 0, R, true, U>
+                                                  : SkinnyGemmKernel<T, M, 0, R, false, U>,
                                                grid, block, stream, a));
       break;
     case Activation::kGeluTanh:
       CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl,
-                                               ln ? SkinnyGemmKernel<T, M, 1, R, true>
-                                                  : SkinnyGemmKernel<T, M, 1, R, false>,
+                                               ln ? SkinnyGemmKernel<T, M, 1, R, true, U>
+                                                  : SkinnyGemmKernel<T, M, 1, R, false, U>,
                                                grid, block, stream, a));
       break;
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
   }
   return absl::OkStatus();
+}
+
+// deep_max_warps > 0: an m = 1 call of at most that many warps runs with kSkinnyDeepUnroll
+// (instantiated for 2 rows per warp only).
+template <typename T, int M, int R>
+absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          bool pdl, int64_t deep_max_warps) {
+  const int per_block = kSkinnyWarps * R;
+  const int64_t blocks = (p.n + per_block - 1) / per_block;
+  const SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
+  const bool ln = e.ln_weight != nullptr;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if constexpr (M == 1 && R == 2) {
+    if (deep_max_warps > 0 && blocks * kSkinnyWarps <= deep_max_warps) {
+      return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll>(a, ln, e.activation, grid, stream,
+                                                              pdl);
+    }
+  }
+  return LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll>(a, ln, e.activation, grid, stream, pdl);
 }
 
 // --- Split-K skinny kernel (CudaGemm::Options::skinny_split_k) -------------------------------
@@ -746,15 +766,22 @@ absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char*
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp, bool pdl) {
+                            int rows_per_warp, bool pdl, bool deep_unroll) {
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
   if (empty) return absl::OkStatus();
+  int64_t deep_max_warps = 0;
+  if (deep_unroll && p.m == 1) {
+    int device = 0, sms = 0;
+    CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    deep_max_warps = static_cast<int64_t>(sms) * kSkinnyDeepMaxWarpsPerSm;
+  }
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
-    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl);
-    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl);
-    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl);
-    return LaunchSkinny<T, 8, R>(p, e, stream, pdl);
+    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps);
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl, 0);
+    return LaunchSkinny<T, 8, R>(p, e, stream, pdl, 0);
   };
   auto with_type = [&]<typename T>() -> absl::Status {
     switch (rows_per_warp) {
@@ -872,7 +899,8 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
             SkinnySplitKGemmCuda(p, e, stream, split_workspace_, split_workspace_bytes_, o);
         if (!absl::IsUnimplemented(st)) return st;
       }
-      return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl);
+      return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl,
+                            options_.skinny_deep_unroll);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {

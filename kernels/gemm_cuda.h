@@ -67,6 +67,10 @@ class CudaGemm {
     // 7.90 ms skinny vs 8.06 cuBLASLt, at m = 8 in 15.8 ms skinny vs 8.0 cuBLASLt.
     int skinny_max_m = 1;
     int skinny_rows_per_warp = 2;  // weight rows one warp streams at a time: 1, 2 or 4
+    // m = 1 GEMMs with at most 16 warps per SM (two rows a warp: SantaCoder's QKV, c_proj and
+    // mlp c_proj, not StarCoder's) keep 8 instead of 4 16-byte weight loads per row and lane in
+    // flight, and load twice as many before the PDL wait (a 4 KiB row all of it).
+    bool skinny_deep_unroll = false;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -118,6 +122,7 @@ class CudaGemm {
   bool skinny_split_k() const { return options_.skinny_split_k; }
   void set_skinny_split_ctas_per_sm(int ctas) { options_.skinny_split_ctas_per_sm = ctas; }
   void set_stream_tc(bool on) { options_.stream_tc = on; }
+  void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again.
@@ -151,8 +156,9 @@ class CudaGemm {
 };
 
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
+// deep_unroll: as CudaGemm::Options::skinny_deep_unroll.
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
-                            int rows_per_warp = 2, bool pdl = false);
+                            int rows_per_warp = 2, bool pdl = false, bool deep_unroll = false);
 
 // The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
 // same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least

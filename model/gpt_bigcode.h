@@ -124,6 +124,9 @@ struct GptBigCodeOptions {
   // in fp16/bf16 merged by a second kernel; 5 = the last split CTA of a row tile to finish merges
   // it in the attention kernel (no merge launch, up to 32 splits).
   int attention_variant = 3;
+  // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
+  // the weight loads in flight.
+  bool gemm_deep_unroll = false;
 };
 
 class GptBigCode {
@@ -181,7 +184,7 @@ class GptBigCode {
   void set_attention_variant(int variant);
   // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc; no-op on the CPU. Drops
   // captured graphs.
-  void set_gemm_kernels(bool split_k, bool stream_tc);
+  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll = false);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

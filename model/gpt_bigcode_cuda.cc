@@ -163,10 +163,11 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc) {
+void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
   cuda_->gemm->set_stream_tc(stream_tc);
+  cuda_->gemm->set_skinny_deep_unroll(deep_unroll);
   ClearCudaGraphs();
 }
 
@@ -219,6 +220,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny = options.skinny_gemm;
   gemm_options.autotune = options.gemm_autotune;
   gemm_options.skinny_split_k = options.gemm_split_k;
+  gemm_options.skinny_deep_unroll = options.gemm_deep_unroll;
   gemm_options.stream_tc = options.gemm_stream_tc;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
@@ -547,7 +549,7 @@ int GptBigCode::pending_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
-void GptBigCode::set_gemm_kernels(bool, bool) {}
+void GptBigCode::set_gemm_kernels(bool, bool, bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

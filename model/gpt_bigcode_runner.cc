@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.gemm_split_k = options.gemm_split_k;
   model_options.gemm_stream_tc = options.gemm_stream_tc;
   model_options.attention_variant = options.attention_variant;
+  model_options.gemm_deep_unroll = options.gemm_deep_unroll;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

@@ -6,7 +6,8 @@
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
-//     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc.
+//     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
+//     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -290,14 +291,15 @@ absl::Status Latency(const Flags& f) {
     variants = {"skinny1", "skinny2", "skinny4", "cublaslt"};
   } else {
     // A comma-separated list: skinny (= skinny2), skinny1, skinny4, cublaslt, splitk (the split-K
-    // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc.
+    // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
+    // with CudaGemm::Options::skinny_deep_unroll).
     for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
       variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
     }
   }
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && v != "splitk+tc") {
+        v != "tc" && v != "splitk+tc" && v != "skinnyd") {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -348,7 +350,7 @@ absl::Status Latency(const Flags& f) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
-                               variant == "tc" || variant == "splitk+tc");
+                               variant == "tc" || variant == "splitk+tc", variant == "skinnyd");
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune == "on");

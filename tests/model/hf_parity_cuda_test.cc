@@ -39,6 +39,16 @@ struct Batch {
   std::vector<std::vector<int32_t>> tables;
   std::vector<int32_t> free;
   int block_size = 16;
+  // `seqs` empty tables over a pool of `blocks` blocks handed out in a shuffled order.
+  static Batch Shuffled(size_t seqs, int blocks, int block_size, unsigned seed) {
+    Batch b;
+    b.block_size = block_size;
+    b.tables.resize(seqs);
+    b.free.resize(blocks);
+    std::iota(b.free.begin(), b.free.end(), 0);
+    std::shuffle(b.free.begin(), b.free.end(), std::mt19937(seed));
+    return b;
+  }
   int32_t Slot(int s, int pos) {
     while (static_cast<int>(tables[s].size()) * block_size <= pos) {
       tables[s].push_back(free.back());
@@ -89,7 +99,7 @@ int32_t Argmax(const float* row, int64_t vocab) {
 
 // Params: fixture, dtype, KV block size, decode knobs (bit 0: GptBigCodeRunnerOptions::pdl,
 // bit 1: fuse_small_kernels, bit 2: ln_registers and greedy_cluster, bit 3: gemm_split_k and
-// gemm_stream_tc, bit 4: attention variant 5, the in-kernel split merge).
+// gemm_stream_tc, bit 4: attention variant 5, the in-kernel split merge, bit 5: gemm_deep_unroll).
 class HfParityCuda
     : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
@@ -109,6 +119,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.ln_registers = opts.greedy_cluster = knobs & 4;
   opts.gemm_split_k = opts.gemm_stream_tc = knobs & 8;
   if (knobs & 16) opts.attention_variant = 5;
+  opts.gemm_deep_unroll = knobs & 32;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
@@ -117,12 +128,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   ASSERT_GE(refs.size(), 5u);
   const size_t S = refs.size();
 
-  Batch batch;
-  batch.block_size = block_size;
-  batch.tables.resize(S);
-  batch.free.resize(opts.num_kv_blocks);
-  std::iota(batch.free.begin(), batch.free.end(), 0);
-  std::shuffle(batch.free.begin(), batch.free.end(), std::mt19937(7));
+  Batch batch = Batch::Shuffled(S, opts.num_kv_blocks, block_size, 7);
 
   // Prefill every prompt in one step; logits at every position.
   std::vector<std::vector<int32_t>> tokens;
@@ -210,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfParityCuda,
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
-                       ::testing::Values(0, 3, 5, 9, 21)),
+                       ::testing::Values(0, 3, 5, 9, 21, 37)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -219,27 +225,35 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 5 ? "_pdl_small"
                           : std::get<3>(info.param) == 9 ? "_pdl_gemms"
                           : std::get<3>(info.param) == 21 ? "_pdl_small_attn5"
+                          : std::get<3>(info.param) == 37 ? "_pdl_small_deep"
                                                          : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
+
+// The tiny-mqa-d128 fixture in float16 on the GPU with these options.
+absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> TinyCudaRunner(Collectives* collectives,
+                                                                  GptBigCodeRunnerOptions opts) {
+  LoadOptions load;
+  load.model_dir = FixtureModelDir("tiny-mqa-d128");
+  load.dtype = DType::kF16;
+  opts.device = Device::kCuda;
+  return CreateGptBigCodeRunnerFromDir(load, collectives, opts);
+}
 
 // LaunchSample / CollectSample with tokens fed on the device give the same greedy tokens as
 // one synchronous ExecuteAndSample per step (two runners over the same weights, same blocks).
 TEST(GptBigCodeCuda, AsyncLaunchEqualsSynchronousSteps) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto collectives = MakeLocalCollectives();
-  LoadOptions load;
-  load.model_dir = FixtureModelDir("tiny-mqa-d128");
-  load.dtype = DType::kF16;
   GptBigCodeRunnerOptions opts;
-  opts.device = Device::kCuda;
   opts.num_kv_blocks = 256;
-  auto sync_runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
-  auto async_runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
+  auto sync_runner = TinyCudaRunner(collectives.get(), opts);
+  auto async_runner = TinyCudaRunner(collectives.get(), opts);
   ASSERT_TRUE(sync_runner.ok()) << sync_runner.status();
   ASSERT_TRUE(async_runner.ok()) << async_runner.status();
-  const auto refs = testing::LoadHfReferences(load.model_dir, (*sync_runner)->vocab_size());
+  const auto refs =
+      testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), (*sync_runner)->vocab_size());
   const size_t S = refs.size();
   constexpr int kSteps = 24;
   std::vector<RowSamplingParams> params(S);
@@ -251,11 +265,7 @@ TEST(GptBigCodeCuda, AsyncLaunchEqualsSynchronousSteps) {
     }
   }
   auto run = [&](GptBigCodeRunner& r, bool async) -> std::vector<std::vector<int32_t>> {
-    Batch batch;
-    batch.tables.resize(S);
-    batch.free.resize(opts.num_kv_blocks);
-    std::iota(batch.free.begin(), batch.free.end(), 0);
-    std::shuffle(batch.free.begin(), batch.free.end(), std::mt19937(11));
+    Batch batch = Batch::Shuffled(S, opts.num_kv_blocks, opts.block_size, 11);
     std::vector<std::vector<int32_t>> tokens;
     std::vector<int> start(S, 0);
     for (const Reference& ref : refs) tokens.push_back(ref.prompt);
@@ -312,13 +322,9 @@ TEST(GptBigCodeCuda, AsyncLaunchEqualsSynchronousSteps) {
 TEST(GptBigCodeCuda, KvPoolSizedFromFreeMemoryAndBlockCopy) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto collectives = MakeLocalCollectives();
-  LoadOptions load;
-  load.model_dir = FixtureModelDir("tiny-mqa-d128");
-  load.dtype = DType::kF16;
   GptBigCodeRunnerOptions opts;
-  opts.device = Device::kCuda;
   opts.gpu_memory_utilization = 0.02;
-  auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
+  auto runner = TinyCudaRunner(collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
   size_t free_bytes = 0, total = 0;
