@@ -907,7 +907,9 @@ size_t BytesPerSplit(const PagedAttentionParams& p) {
 // Variant 2's arrival counters at the start of the workspace, rounded to 256 bytes; 0 otherwise.
 size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
                     int row_tiles) {
-  if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5) return 0;
+  if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5 && tuning.variant != 6) {
+    return 0;
+  }
   const size_t n = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * row_tiles * 2;
   return (n * sizeof(unsigned) + 255) / 256 * 256;
 }
@@ -1013,6 +1015,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
+        // 6 launches as 5; whether it merges in the kernel depends on the plan (below).
+        const bool auto_merge = variant == 6;
+        if (auto_merge) variant = 5;
         size_t head_bytes = 256 + counter_bytes;
         if (counter_bytes > 0 && usable < head_bytes + 2 * BytesPerSplit(p)) {
           variant = variant == 2 ? 1 : 3;
@@ -1053,7 +1058,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.inline_merge =
             plan.num_splits > 1 &&
             ((variant == 4 && plan.num_splits <= kInlineMergeCap4) ||
-             (variant == 5 && plan.num_splits <= kInlineMergeCap5));
+             (variant == 5 && plan.num_splits <= kInlineMergeCap5 &&
+              (!auto_merge ||
+               (plan.num_splits <= kAutoMergeSplits && plan.chunk <= kAutoMergeTokens))));
         // A merge kernel follows (variants 1 and 3, and 4-5 past their cap): launched early.
         const bool merge_launch = plan.num_splits > 1 && variant != 2 && !a.inline_merge;
         a.pdl = merge_launch && variant != 0;

@@ -42,6 +42,11 @@ struct PagedAttentionTuning {
   //     Workspace: as 2 (first bytes zeroed once; the kernel leaves them zeroed); without room
   //     for the counters it runs as 3.
   //  5: as 4 with the in-kernel merge up to 32 splits.
+  //  6: as 5 where a split is short and few (at most kAutoMergeSplits splits of at most
+  //     kAutoMergeTokens tokens each: decode batches at short contexts, where the merge launch is
+  //     a large share), else as 3. From the 2026-12-03 H200 run: 5 ran StarCoder batch 1 and 32
+  //     and SantaCoder batch 1 faster end to end (2-4 splits of one tile; 8 splits of two), but
+  //     32 x 2048 (8 splits of 4 tiles) 28.3 us vs 21.1 and 8 x 4096 (32 splits) 47.3 vs 16.9.
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -53,7 +58,9 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 6;
+inline constexpr int kNumPagedAttentionVariants = 7;
+inline constexpr int kAutoMergeSplits = 8;
+inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
   return v == 0   ? "v2"
          : v == 1 ? "smemtab+pdl"
@@ -61,6 +68,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 3 ? "halfpart"
          : v == 4 ? "lastmerge8"
          : v == 5 ? "lastmerge32"
+         : v == 6 ? "auto(3|5)"
                   : "?";
 }
 

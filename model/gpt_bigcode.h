@@ -122,11 +122,15 @@ struct GptBigCodeOptions {
   bool gemm_stream_tc = false;
   // PagedAttentionTuning::variant for the model's attention (mqabench --attn): 3 = split partials
   // in fp16/bf16 merged by a second kernel; 5 = the last split CTA of a row tile to finish merges
-  // it in the attention kernel (no merge launch, up to 32 splits).
-  int attention_variant = 3;
+  // it in the attention kernel (no merge launch, up to 32 splits); 6 = 5 for few short splits,
+  // else 3. Default 6 since the H200 run of 2026-12-03 ~07:10 UTC: variant 5 ran StarCoder b1
+  // 1.0885 -> 1.0767 s, SantaCoder b1 0.1480 -> 0.1458 s, StarCoder b32 1.9461 -> 1.9366 s, but
+  // lost in attention_bench at 8 x 4096 and 32 x 2048 (BENCHMARKS.md).
+  int attention_variant = 6;
   // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
-  // the weight loads in flight.
-  bool gemm_deep_unroll = false;
+  // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
+  // (StarCoder's GEMMs are too wide to take it).
+  bool gemm_deep_unroll = true;
 };
 
 class GptBigCode {

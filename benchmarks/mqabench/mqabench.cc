@@ -7,7 +7,8 @@
 //       [--async off|on|both] [--attn 3[,5...]]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
-//     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs).
+//     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
+//     "skinny" is without it).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -19,7 +20,8 @@
 //     launched (its tokens fed from step t's on the device) before step t's tokens are read back,
 //     so the host's step preparation overlaps the GPU; "both" gives one row each.
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
-//     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish).
+//     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6, the
+//     default: 5 for few short splits, else 3).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -48,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/mqabench/device_fill.h"
+#include "kernels/paged_attention_cuda.h"
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
 #include "parallel/collectives.h"
@@ -59,14 +62,14 @@ struct Flags {
   std::string mode;
   std::string model = "configs/starcoder";
   int batch_size = 1, input_len = 128, output_len = 128, num_iters = 3, num_iters_warmup = 1;
-  std::string load_format = "dummy", dtype = "float16", gemm = "skinny";
+  std::string load_format = "dummy", dtype = "float16", gemm = "skinnyd";  // the runner's default
   int block_size = 16;
   bool cuda_graphs = true;
   std::string fast = "pdl";  // the runner's default
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
-  std::string attn = "3";  // comma list of PagedAttentionTuning variants
+  std::string attn = "6";  // comma list of PagedAttentionTuning variants (6: the runner's default)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -322,8 +325,9 @@ absl::Status Latency(const Flags& f) {
   std::vector<int> attns;
   for (absl::string_view v : absl::StrSplit(f.attn, ',')) {
     int a = 0;
-    if (!absl::SimpleAtoi(v, &a) || a < 0 || a > 5) {
-      return absl::InvalidArgumentError(absl::StrCat("--attn ", f.attn, ": variants 0..5"));
+    if (!absl::SimpleAtoi(v, &a) || a < 0 || a >= kNumPagedAttentionVariants) {
+      return absl::InvalidArgumentError(absl::StrCat("--attn ", f.attn, ": variants 0..",
+                                                     kNumPagedAttentionVariants - 1));
     }
     attns.push_back(a);
   }
@@ -524,7 +528,8 @@ absl::Status Throughput(const Flags& f) {
   if (f.small == "on") r.model().set_small_kernels(true, true);
   // One GEMM variant for the whole run: --gemm splitk, tc or splitk+tc switch those kernels on.
   r.model().set_gemm_kernels(absl::StrContains(f.gemm, "splitk"),
-                             f.gemm == "tc" || absl::StrContains(f.gemm, "+tc"));
+                             f.gemm == "tc" || absl::StrContains(f.gemm, "+tc"),
+                             f.gemm == "skinnyd");
   Blocks blocks(r.num_kv_blocks(), bs);
   std::vector<Seq> running;
   running.reserve(f.num_prompts);
