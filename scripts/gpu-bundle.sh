@@ -58,6 +58,7 @@ grep -v '^#' scripts/gpu-benchmarks.txt >"$stage/benchmarks.txt"
 
 # Libraries the H200 machine lacks (GPU-MACHINE.md): Abseil, protobuf, httplib, utf8proc, ICU,
 # OpenBLAS. Its own libc, libstdc++, CUDA, cuBLAS, MPI, and NCCL (from its Python wheel) are used.
+shopt -s nullglob  # a bundle may hold no test binaries (MQA_BUNDLE_TESTS=scripts)
 for f in "$stage"/tests/* "$stage"/bin/*; do
   ldd "$f" | awk '/=> \//{print $3}'
 done | sort -u |
