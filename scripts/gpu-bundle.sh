@@ -39,10 +39,18 @@ with open(f"{stage}/tests.txt", "w") as binaries, open(f"{stage}/scripts.txt", "
 PY
 # The device tool carries at most 64 MiB (tree + bundle) and every binary holds all of the CUDA
 # code, so a run can take a subset: MQA_BUNDLE_BINS="a b" (only these of bin/), MQA_BUNDLE_TESTS=0
-# (no test binaries or script tests) or =scripts (script tests only).
+# (no test binaries or script tests), =scripts (script tests only) or ="name ..." (these test
+# binaries and the script tests).
 # MQA_BUNDLE_TESTS=scripts: only the script tests (with MQA_BUNDLE_BINS including mqaserve).
 if [[ "${MQA_BUNDLE_TESTS:-1}" == 0 ]]; then : >"$stage/tests.txt"; : >"$stage/scripts.txt"; fi
 if [[ "${MQA_BUNDLE_TESTS:-1}" == scripts ]]; then : >"$stage/tests.txt"; fi
+# MQA_BUNDLE_TESTS="name ...": only these test binaries (and the script tests).
+if [[ "${MQA_BUNDLE_TESTS:-1}" == *[a-z]*" "* || "${MQA_BUNDLE_TESTS:-1}" == *_test* ]]; then
+  while read -r name ranks; do
+    [[ " $MQA_BUNDLE_TESTS " == *" $name "* ]] && echo "$name $ranks"
+  done <"$stage/tests.txt" >"$stage/tests.keep"
+  mv "$stage/tests.keep" "$stage/tests.txt"
+fi
 if [[ -n "${MQA_BUNDLE_BINS:-}" && " $MQA_BUNDLE_BINS " != *" mqaserve "* ]]; then
   : >"$stage/scripts.txt"  # the script tests run mqaserve
 fi
