@@ -362,11 +362,8 @@ absl::StatusOr<Tensor> GptBigCode::Forward(const StepInput& in, PagedKvCache& ca
     int64_t rows = 0;
     RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows));
     if (rank != 0) return Tensor::Cpu({0, w_.config.vocab_size});
-    Tensor out = Tensor::Cpu({num_rows, w_.config.vocab_size}, DType::kF32);
-    const auto stream = static_cast<cudaStream_t>(ctx_.stream);
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw(), logits_f32_.raw(), out.nbytes(),
-                                         cudaMemcpyDeviceToHost, stream));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    ASSIGN_OR_RETURN(Tensor out, LogitsToHostCuda(num_rows));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream)));
     return out;
 #else
     return absl::FailedPreconditionError("mqaserve was built without CUDA");
@@ -409,11 +406,8 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::ForwardSample(
   RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows));
   if (w_.shard.rank != 0) return std::vector<int32_t>{};
   if (logits_out != nullptr) {
-    *logits_out = Tensor::Cpu({rows, vocab}, DType::kF32);
-    // Ordered before the sampling on the stream; SampleCuda's synchronize covers it.
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_out->raw(), logits_f32_.raw(),
-                                         logits_out->nbytes(), cudaMemcpyDeviceToHost,
-                                         static_cast<cudaStream_t>(ctx_.stream)));
+    // Ordered before the sampling on the stream; CollectSampleCuda's wait covers it.
+    ASSIGN_OR_RETURN(*logits_out, LogitsToHostCuda(rows));
   }
   RETURN_IF_ERROR(LaunchSampleCuda(params));
   return CollectSampleCuda();

@@ -186,9 +186,9 @@ class GptBigCode {
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
   // Benchmarks switch GptBigCodeOptions::attention_variant; no-op on the CPU. Drops captured graphs.
   void set_attention_variant(int variant);
-  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc; no-op on the CPU. Drops
-  // captured graphs.
-  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll = false);
+  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll; no-op
+  // on the CPU. Drops captured graphs.
+  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.
@@ -259,6 +259,9 @@ class GptBigCode {
   // (LaunchSampleCuda); CollectSampleCuda waits for the oldest launch's event.
   absl::Status LaunchSampleCuda(absl::Span<const RowSamplingParams> params);
   absl::Status FeedTokens(const StepIndices& idx, int feed_rows);
+  // The first `rows` rows of logits_f32_ into a new host tensor, enqueued on the model's stream
+  // (complete once the stream has passed it).
+  absl::StatusOr<Tensor> LogitsToHostCuda(int64_t rows);
   int pending_launches() const;  // LaunchSample steps not collected
   absl::StatusOr<std::vector<int32_t>> CollectSampleCuda();
   // Drops captured graphs (their baked pointers die with a reallocated buffer).

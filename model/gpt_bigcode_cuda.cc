@@ -85,8 +85,9 @@ struct GptBigCode::CudaState {
   cudaEvent_t sampled[2] = {nullptr, nullptr};  // the launch's tokens are in host_tokens[slot]
   int64_t sampled_rows[2] = {0, 0};
   int slot = 0;
-  std::deque<int> pending;   // slots launched and not yet collected, oldest first
-  int64_t last_sampled_rows = 0;  // rows the newest launch sampled (what feed_rows may use)
+  std::deque<int> pending;  // slots launched and not yet collected, oldest first
+  // Rows the newest launch sampled (what feed_rows may use): that launch wrote the other slot.
+  int64_t last_sampled_rows() const { return sampled_rows[slot ^ 1]; }
   Tensor params;  // device RowSamplingParams
   Tensor tokens;  // device int32
   bool graphs_enabled = false;
@@ -429,6 +430,14 @@ absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
   return launch(exec);
 }
 
+absl::StatusOr<Tensor> GptBigCode::LogitsToHostCuda(int64_t rows) {
+  Tensor out = Tensor::Cpu({rows, w_.config.vocab_size}, DType::kF32);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw(), logits_f32_.raw(), out.nbytes(),
+                                       cudaMemcpyDeviceToHost,
+                                       static_cast<cudaStream_t>(ctx_.stream)));
+  return out;
+}
+
 absl::Status GptBigCode::FeedTokens(const StepIndices& idx, int feed_rows) {
   if (feed_rows <= 0) return absl::OkStatus();
   // The previous launch's tokens, still on the device, ordered after its sampling kernel.
@@ -475,7 +484,6 @@ absl::Status GptBigCode::LaunchSampleCuda(absl::Span<const RowSamplingParams> pa
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(cuda_->sampled[slot], stream));
   cuda_->sampled_rows[slot] = rows;
-  cuda_->last_sampled_rows = rows;
   cuda_->pending.push_back(slot);
   cuda_->slot ^= 1;
   return absl::OkStatus();
@@ -508,10 +516,10 @@ absl::Status GptBigCode::LaunchSample(const StepInput& in, PagedKvCache& cache,
     // The sampled tokens live on rank 0 only; the other ranks' inputs come from the host.
     return absl::FailedPreconditionError("LaunchSample needs one rank (tensor parallel size 1)");
   }
-  if (feed_rows < 0 || feed_rows > in.num_tokens() || feed_rows > cuda_->last_sampled_rows) {
+  if (feed_rows < 0 || feed_rows > in.num_tokens() || feed_rows > cuda_->last_sampled_rows()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "LaunchSample: feed_rows ", feed_rows, " with ", in.num_tokens(), " token rows and ",
-        cuda_->last_sampled_rows, " rows sampled by the previous launch"));
+        cuda_->last_sampled_rows(), " rows sampled by the previous launch"));
   }
   int64_t rows = 0;
   RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows, feed_rows));

@@ -195,16 +195,14 @@ absl::Status GptBigCodeRunner::SizeKvPoolFromFreeMemory(const GptBigCodeRunnerOp
 #endif
 }
 
-absl::StatusOr<Tensor> GptBigCodeRunner::Execute(const StepInput& input) {
+absl::Status GptBigCodeRunner::PrepareStep(const StepInput& input) {
   RETURN_IF_ERROR(
       ValidateStepInput(input, weights_.config, cache_.num_blocks(), cache_.block_size()));
-  if (model_->device() == Device::kCpu) {
-    for (const BlockCopy& copy : input.block_copies) {
-      RETURN_IF_ERROR(cache_.CopyBlock(copy.src, copy.dst));
-    }
-  } else {
-    RETURN_IF_ERROR(cache_.CopyBlocks(input.block_copies, model_->cuda_stream()));
-  }
+  return cache_.CopyBlocks(input.block_copies, model_->cuda_stream());
+}
+
+absl::StatusOr<Tensor> GptBigCodeRunner::Execute(const StepInput& input) {
+  RETURN_IF_ERROR(PrepareStep(input));
   return model_->Forward(input, cache_, *collectives_);
 }
 
@@ -217,17 +215,13 @@ absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
 absl::Status GptBigCodeRunner::LaunchSample(const StepInput& input,
                                             absl::Span<const RowSamplingParams> params,
                                             int feed_rows) {
-  RETURN_IF_ERROR(
-      ValidateStepInput(input, weights_.config, cache_.num_blocks(), cache_.block_size()));
-  RETURN_IF_ERROR(cache_.CopyBlocks(input.block_copies, model_->cuda_stream()));
+  RETURN_IF_ERROR(PrepareStep(input));
   return model_->LaunchSample(input, cache_, *collectives_, params, feed_rows);
 }
 
 absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
     const StepInput& input, absl::Span<const RowSamplingParams> params, bool with_logits) {
-  RETURN_IF_ERROR(
-      ValidateStepInput(input, weights_.config, cache_.num_blocks(), cache_.block_size()));
-  RETURN_IF_ERROR(cache_.CopyBlocks(input.block_copies, model_->cuda_stream()));
+  RETURN_IF_ERROR(PrepareStep(input));
   SampledStep out;
   ASSIGN_OR_RETURN(out.tokens, model_->ForwardSample(input, cache_, *collectives_, params,
                                                      with_logits ? &out.logits : nullptr));

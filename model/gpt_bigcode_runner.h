@@ -87,6 +87,9 @@ class GptBigCodeRunner final : public ModelRunner {
   GptBigCodeRunner(GptBigCodeWeights weights, Collectives* collectives)
       : weights_(std::move(weights)), collectives_(collectives) {}
 
+  // Every step's start: validates it (InvalidArgument before any collective or cache write) and
+  // applies its block copies (in order on the CPU, one launch on the model's stream on the GPU).
+  absl::Status PrepareStep(const StepInput& input);
   absl::Status SizeKvPoolFromFreeMemory(const GptBigCodeRunnerOptions& options,
                                         PagedKvCache::Shape& shape);
 

@@ -260,11 +260,9 @@ absl::Status Engine::Step() {
   const auto rows = static_cast<int64_t>(plan.input.logits_rows.size());
   const bool on_device = options_.device_sampling && runner_->samples_on_device();
   std::vector<RowSamplingParams> row_params;
-  std::vector<char> device_row;  // per logits row
   bool host_rows = !on_device && rows > 0;
   if (on_device) {
     row_params.resize(rows);
-    device_row.assign(rows, 0);
     for (const ScheduledSeq& s : plan.scheduled) {
       if (s.logits_index < 0) continue;
       const SamplingParams& params = s.group->params();
@@ -279,7 +277,6 @@ absl::Status Engine::Step() {
       row.seed = SampleSeed(s.group->seed(), s.seq->sample_index());
       // Every draw of this sequence is a device draw: its output count is its draw count.
       row.offset = static_cast<uint64_t>(s.seq->num_output_tokens());
-      device_row[s.logits_index] = 1;
     }
   }
   std::vector<int32_t> device_tokens;
@@ -325,7 +322,7 @@ absl::Status Engine::Step() {
     RequestState& state = requests_.at(group.request_id());
     if (!outputs.contains(&group)) order.push_back(&group);
     RequestOutput& output = outputs[&group];
-    if (on_device && device_row[s.logits_index]) {
+    if (on_device && DeviceSamplable(group.params())) {
       SampleResult result;
       result.token_id = device_tokens[s.logits_index];
       ProcessSample(group, state, *s.seq, result, output);
