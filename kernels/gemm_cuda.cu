@@ -766,17 +766,10 @@ absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char*
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp, bool pdl, bool deep_unroll) {
+                            int rows_per_warp, bool pdl, int64_t deep_max_warps) {
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
   if (empty) return absl::OkStatus();
-  int64_t deep_max_warps = 0;
-  if (deep_unroll && p.m == 1) {
-    int device = 0, sms = 0;
-    CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    deep_max_warps = static_cast<int64_t>(sms) * kSkinnyDeepMaxWarpsPerSm;
-  }
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
     if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps);
     if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0);
@@ -846,19 +839,19 @@ absl::StatusOr<std::unique_ptr<CudaGemm>> CudaGemm::Create(const Options& option
   if (options.workspace_bytes > 0) {
     CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, options.workspace_bytes));
   }
+  ASSIGN_OR_RETURN(g->sms_, DeviceSms());
   if (options.skinny_split_k || options.stream_tc) {
-    ASSIGN_OR_RETURN(const int sms, DeviceSms());
     // The legacy stream is never capturing here: these allocate.
     if (options.skinny_split_k) {
-      ASSIGN_OR_RETURN(const bool ready, g->EnsureWorkspace(&g->split_workspace_,
-                                                            &g->split_workspace_bytes_,
-                                                            SkinnySplitKWorkspaceBytes(sms), nullptr));
+      ASSIGN_OR_RETURN(const bool ready,
+                       g->EnsureWorkspace(&g->split_workspace_, &g->split_workspace_bytes_,
+                                          SkinnySplitKWorkspaceBytes(g->sms_), nullptr));
       (void)ready;
     }
     if (options.stream_tc) {
-      ASSIGN_OR_RETURN(const bool ready, g->EnsureWorkspace(&g->stream_tc_workspace_,
-                                                            &g->stream_tc_workspace_bytes_,
-                                                            StreamTcGemmWorkspaceBytes(sms), nullptr));
+      ASSIGN_OR_RETURN(const bool ready,
+                       g->EnsureWorkspace(&g->stream_tc_workspace_, &g->stream_tc_workspace_bytes_,
+                                          StreamTcGemmWorkspaceBytes(g->sms_), nullptr));
       (void)ready;
     }
   }
@@ -886,9 +879,8 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   if (options_.skinny && (fused || p.m <= options_.skinny_max_m)) {
     bool split = false;
     if (options_.skinny_split_k && p.m <= kSkinnyMaxM) {
-      ASSIGN_OR_RETURN(const int sms, DeviceSms());
       ASSIGN_OR_RETURN(split, EnsureWorkspace(&split_workspace_, &split_workspace_bytes_,
-                                              SkinnySplitKWorkspaceBytes(sms), stream));
+                                              SkinnySplitKWorkspaceBytes(sms_), stream));
     }
     const absl::Status s = [&] {
       if (split) {
@@ -899,18 +891,19 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
             SkinnySplitKGemmCuda(p, e, stream, split_workspace_, split_workspace_bytes_, o);
         if (!absl::IsUnimplemented(st)) return st;
       }
+      const int64_t deep_max_warps =
+          options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
       return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl,
-                            options_.skinny_deep_unroll);
+                            deep_max_warps);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {
     return absl::UnimplementedError("CudaGemm: fused layer norm / KV write need the skinny kernel");
   }
   if (options_.stream_tc && p.m <= kStreamTcMaxM && StreamTcGemmSupported(p, e)) {
-    ASSIGN_OR_RETURN(const int sms, DeviceSms());
     ASSIGN_OR_RETURN(const bool ready,
                      EnsureWorkspace(&stream_tc_workspace_, &stream_tc_workspace_bytes_,
-                                     StreamTcGemmWorkspaceBytes(sms), stream));
+                                     StreamTcGemmWorkspaceBytes(sms_), stream));
     if (ready) {
       const absl::Status s = StreamTcGemmCuda(p, e, stream, options_.pdl, stream_tc_workspace_,
                                               stream_tc_workspace_bytes_);

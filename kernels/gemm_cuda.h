@@ -143,6 +143,7 @@ class CudaGemm {
   absl::StatusOr<bool> EnsureWorkspace(void** ws, size_t* bytes, size_t need, cudaStream_t stream);
   // SMs of the current device.
   static absl::StatusOr<int> DeviceSms();
+  int sms_ = 0;  // of the device current at Create
 
   Options options_;
   void* handle_ = nullptr;  // cublasLtHandle_t
@@ -156,9 +157,10 @@ class CudaGemm {
 };
 
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
-// deep_unroll: as CudaGemm::Options::skinny_deep_unroll.
+// deep_max_warps > 0: an m = 1 call of at most that many warps (two rows a warp) keeps twice the
+// weight loads in flight (CudaGemm passes 16 per SM when Options::skinny_deep_unroll is on).
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
-                            int rows_per_warp = 2, bool pdl = false, bool deep_unroll = false);
+                            int rows_per_warp = 2, bool pdl = false, int64_t deep_max_warps = 0);
 
 // The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
 // same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least
