@@ -315,13 +315,12 @@ absl::Status Latency(const Flags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--fast ", f.fast, ": off|pdl|fuse|pdl+fuse|all"));
   }
-  const std::vector<std::string> tunes =
-      f.autotune == "both" ? std::vector<std::string>{"off", "on"}
-                           : std::vector<std::string>{f.autotune};
-  const std::vector<std::string> smalls =
-      f.small == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.small};
-  const std::vector<std::string> asyncs =
-      f.async == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{f.async};
+  // An off|on|both flag as the rows it asks for.
+  auto rows_of = [](const std::string& flag) {
+    return flag == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{flag};
+  };
+  const std::vector<std::string> tunes = rows_of(f.autotune), smalls = rows_of(f.small),
+                                 asyncs = rows_of(f.async);
   std::vector<int> attns;
   for (absl::string_view v : absl::StrSplit(f.attn, ',')) {
     int a = 0;
