@@ -32,6 +32,7 @@ absl::Status NoCuda(const char* op) {
 }  // namespace
 
 absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p) {
+  if (ctx.skip & kSkipLayerNorm) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return LayerNormCpu(p);
@@ -48,6 +49,7 @@ absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p) {
 }
 
 absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p) {
+  if (ctx.skip & kSkipActivation) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return BiasActivationCpu(p);
@@ -62,6 +64,7 @@ absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p)
 }
 
 absl::Status Embedding(const OpContext& ctx, const EmbeddingParams& p) {
+  if (ctx.skip & kSkipActivation) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return EmbeddingCpu(p);
@@ -76,6 +79,7 @@ absl::Status Embedding(const OpContext& ctx, const EmbeddingParams& p) {
 }
 
 absl::Status Gemm(const OpContext& ctx, const GemmParams& p) {
+  if (ctx.skip & kSkipGemm) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return GemmCpu(p);
@@ -95,6 +99,7 @@ absl::Status Gemm(const OpContext& ctx, const GemmParams& p) {
 }
 
 absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
+  if (ctx.skip & kSkipGemm) return absl::OkStatus();
   BiasActivationParams post;
   post.input = p.gemm.c;
   post.bias = p.bias;
@@ -137,6 +142,7 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
 }
 
 absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const LinearFusion& f) {
+  if (ctx.skip & kSkipGemm) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return absl::UnimplementedError("FusedLinear: CUDA only");
@@ -170,6 +176,7 @@ absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const Line
 }
 
 absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
+  if (ctx.skip & kSkipKvWrite) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return KvCacheWriteCpu(p);
@@ -184,6 +191,7 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
 }
 
 absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p) {
+  if (ctx.skip & kSkipAttention) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
       return PagedAttentionCpu(p);

@@ -36,6 +36,19 @@ struct OpContext {
   // CUDA: PagedAttentionTuning::variant (kernels/paged_attention_cuda.h). Variants 2, 4 and 5
   // keep counters in attention_workspace: it must be zeroed once before their first use.
   int attention_variant = 3;
+  // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
+  // launching anything, so their outputs are garbage. A step timed with and without an op gives
+  // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),
+  // which isolated kernel timings cannot.
+  uint32_t skip = 0;
+};
+
+enum OpSkip : uint32_t {
+  kSkipLayerNorm = 1u << 0,   // LayerNorm
+  kSkipKvWrite = 1u << 1,     // KvCacheWrite (a KV write fused into a GEMM is skipped with it)
+  kSkipAttention = 1u << 2,   // PagedAttention
+  kSkipGemm = 1u << 3,        // Gemm, Linear, FusedLinear (with what they fuse)
+  kSkipActivation = 1u << 4,  // BiasActivation, Embedding
 };
 
 // A Linear layer: gemm (C = A B^T), then C = act(C + bias), or, with `residual`, residual +=

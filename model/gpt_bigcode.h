@@ -186,6 +186,9 @@ class GptBigCode {
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
   // Benchmarks switch GptBigCodeOptions::attention_variant; no-op on the CPU. Drops captured graphs.
   void set_attention_variant(int variant);
+  // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
+  // both devices; drops captured graphs.
+  void set_skip_ops(uint32_t skip);
   // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll; no-op
   // on the CPU. Drops captured graphs.
   void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll);

@@ -185,6 +185,11 @@ void GptBigCode::set_attention_variant(int variant) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_skip_ops(uint32_t skip) {
+  ctx_.skip = skip;
+  if (cuda_) ClearCudaGraphs();
+}
+
 int GptBigCode::num_cuda_graphs() const {
   return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
 }
@@ -546,6 +551,7 @@ void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention_variant(int) {}
+void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }
 absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
                                       absl::Span<const RowSamplingParams>, int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -4,7 +4,7 @@
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
-//       [--async off|on|both] [--attn 3[,5...]]
+//       [--async off|on|both] [--attn 3[,5...]] [--skip none,attn,ln+kvw,...]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -22,6 +22,9 @@
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
 //     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6, the
 //     default: 5 for few short splits, else 3).
+//     --skip: a comma list of rows, each "none" or a '+'-joined set of ln, kvw, attn, gemm, act:
+//     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
+//     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -50,6 +53,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/mqabench/device_fill.h"
+#include "kernels/ops.h"
 #include "kernels/paged_attention_cuda.h"
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
@@ -70,6 +74,7 @@ struct Flags {
   std::string small = "on";  // the runner's default
   std::string async = "off";
   std::string attn = "6";  // comma list of PagedAttentionTuning variants (6: the runner's default)
+  std::string skip = "none";  // comma list of op sets left out (timing only)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -117,6 +122,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.async, value());
     } else if (a == "--attn") {
       ASSIGN_OR_RETURN(f.attn, value());
+    } else if (a == "--skip") {
+      ASSIGN_OR_RETURN(f.skip, value());
     } else if (a == "--block-size") {
       RETURN_IF_ERROR(as_int(&f.block_size));
     } else if (a == "--no-cuda-graphs") {
@@ -330,9 +337,36 @@ absl::Status Latency(const Flags& f) {
     }
     attns.push_back(a);
   }
+  std::vector<std::pair<std::string, uint32_t>> skips;
+  for (absl::string_view row : absl::StrSplit(f.skip, ',')) {
+    uint32_t bits = 0;
+    if (row != "none") {
+      for (absl::string_view op : absl::StrSplit(row, '+')) {
+        if (op == "ln") {
+          bits |= kSkipLayerNorm;
+        } else if (op == "kvw") {
+          bits |= kSkipKvWrite;
+        } else if (op == "attn") {
+          bits |= kSkipAttention;
+        } else if (op == "gemm") {
+          bits |= kSkipGemm;
+        } else if (op == "act") {
+          bits |= kSkipActivation;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--skip ", f.skip, ": none or ln, kvw, attn, gemm, act joined by +"));
+        }
+      }
+    }
+    skips.emplace_back(std::string(row), bits);
+  }
+  if (f.skip != "none" && f.async != "off") {
+    return absl::InvalidArgumentError("--skip runs with --async off only");
+  }
   struct Run {
     std::string variant, fast, autotune, small, async;
     int attn = 3;
+    std::pair<std::string, uint32_t> skip;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
@@ -340,7 +374,9 @@ absl::Status Latency(const Flags& f) {
       for (const std::string& a : tunes) {
         for (const std::string& m : smalls) {
           for (const std::string& y : asyncs) {
-            for (int t : attns) runs.push_back({v, k, a, m, y, t});
+            for (int t : attns) {
+              for (const auto& x : skips) runs.push_back({v, k, a, m, y, t, x});
+            }
           }
         }
       }
@@ -348,8 +384,9 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async, attn] : runs) {
+  for (const auto& [variant, fast, autotune, small, async, attn, skip] : runs) {
     r.model().set_attention_variant(attn);
+    r.model().set_skip_ops(skip.second);
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
@@ -384,6 +421,9 @@ absl::Status Latency(const Flags& f) {
         break;
       }
       std::vector<int32_t> next = *std::move(first);
+      if (skip.second != 0) {
+        for (int32_t& t : next) t = std::clamp<int32_t>(t, 0, s.config.vocab_size - 1);
+      }
       const auto t1 = std::chrono::steady_clock::now();
       for (Seq& q : seqs) q.context = f.input_len;
       if (async == "on") {
@@ -421,6 +461,10 @@ absl::Status Latency(const Flags& f) {
             break;
           }
           next = *std::move(out);
+          // Skipped ops leave garbage logits: keep the fed tokens valid ids.
+          if (skip.second != 0) {
+            for (int32_t& t : next) t = std::clamp<int32_t>(t, 0, s.config.vocab_size - 1);
+          }
           iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
           if (const double g = r.model().last_graph_ms(); g >= 0 && iter >= f.num_iters_warmup) {
             graph_ms.push_back(g);
@@ -449,10 +493,10 @@ absl::Status Latency(const Flags& f) {
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, async %s, attention variant %d, cuda graphs %s\n",
+                "%s, async %s, attention variant %d, skip %s, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), small.c_str(), async.c_str(), attn,
+                autotune.c_str(), small.c_str(), async.c_str(), attn, skip.first.c_str(),
                 f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/ops.h"
 #include "model/gpt_bigcode_runner.h"
 #include "parallel/collectives.h"
 #include "tests/model/gpt_bigcode_test_util.h"
@@ -165,6 +166,29 @@ TEST_P(GptBigCodeTest, ReportsOnlyRequestedRowsInRequestedOrder) {
     const float* row = logits->data<float>() + i * config_.vocab_size;
     ExpectLogitsNear(std::vector<float>(row, row + config_.vocab_size), ref[order[i]], "row");
   }
+}
+
+// The benchmark-only skip knob (mqabench --skip): a skipped op really is left out (the logits
+// move away from the reference), and clearing the knob restores the exact forward.
+TEST_P(GptBigCodeTest, SkippedOpsLeaveTheStepAndClearingRestoresIt) {
+  const std::vector<int32_t> first = RandomTokens(20, 40), second = RandomTokens(20, 41);
+  const auto ref = DenseReference(weights_, second);
+  PagedSession session(runner_.get(), /*seed=*/9);
+  ASSERT_TRUE(session.Step({{session.AddSequence(first), 20}}, /*all_rows=*/false).ok());
+  runner_->model().set_skip_ops(kSkipAttention);
+  const int s = session.AddSequence(second);
+  const auto skipped = session.Step({{s, 20}}, /*all_rows=*/false);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  double diff = 0;
+  for (size_t i = 0; i < ref[19].size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>((*skipped)[0].logits[i]) - ref[19][i]));
+  }
+  EXPECT_GT(diff, 1e-3) << "attention was not skipped";
+  runner_->model().set_skip_ops(0);
+  const int t = session.AddSequence(second);
+  const auto again = session.Step({{t, 20}}, /*all_rows=*/false);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectLogitsNear((*again)[0].logits, ref[19], "after clearing the skip");
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GptBigCodeTest,
