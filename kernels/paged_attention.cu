@@ -11,6 +11,7 @@
 // range is split across CTAs (split-KV) and a second kernel merges the partial results by
 // log-sum-exp.
 #include <cuda_bf16.h>
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -69,11 +70,20 @@ struct KernelArgs {
   // Variants 4-5: the last split CTA of a (sequence, KV head, row tile) to finish merges, in this
   // kernel (no merge launch); set only when num_splits <= the variant's cap.
   bool inline_merge = false;
+  // Variants 7-8: the KV rows of positions before the step's first query (written by earlier
+  // steps, not by the kernel this one may overlap under PDL) are copied before griddepcontrol.wait.
+  bool early_kv = false;
+  // Variant 8 with 2..kClusterMergeCap splits: the splits of a row tile run as one thread-block
+  // cluster and merge through distributed shared memory (no partials in global memory, no merge
+  // launch, no counters).
+  bool cluster_merge = false;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
 constexpr int kInlineMergeCap4 = 8;
 constexpr int kInlineMergeCap5 = 32;
+// Variant 8: the most splits merged inside a cluster (the portable cluster size).
+constexpr int kClusterMergeCap = 8;
 
 
 // --- PTX wrappers ------------------------------------------------------------------------------
@@ -356,6 +366,62 @@ __device__ __forceinline__ void LastArriverMerge(const KernelArgs& a, int seq, i
 
 // kNarrow: variants 3-5 (T partials, the inline merge), a separate instantiation so that
 // variants 0-2 keep their measured register allocation (3x2 D128 is capped at 168).
+// Variant 8's merge. Each CTA of the cluster (one per split of a row tile) holds its normalised
+// partial output rows in ep_s ([kRows][kEpStride] fp32) and their log2-sum-exp in lse_s
+// ([kRows]; -inf: the split saw none of the row's keys, its ep_s row is not read). After a cluster
+// barrier, CTA `rank` merges every n-th 16-byte output chunk of the tile from all n CTAs' shared
+// memory; a second barrier keeps every CTA's shared memory alive until its peers are done.
+template <typename T, int D, int kThreads, int kRows, int kEpStride>
+__device__ __forceinline__ void ClusterMerge(const KernelArgs& a, int kvh, int row_begin,
+                                             int total_rows, int q_begin, float* ep_s,
+                                             float* lse_s) {
+  namespace cg = cooperative_groups;
+  constexpr int kChunks = D / 8;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int n = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");  // release: ep_s, lse_s
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");    // acquire: the peers'
+  const int G = a.group;
+  for (int idx = rank * kThreads + threadIdx.x; idx < kRows * kChunks; idx += n * kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int row = row_begin + r;
+    if (row >= total_rows) continue;
+    float lse[kClusterMergeCap];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kClusterMergeCap; ++j) {
+      lse[j] = j < n ? *cluster.map_shared_rank(lse_s + r, j) : -INFINITY;
+      mx = fmaxf(mx, lse[j]);
+    }
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float wsum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kClusterMergeCap; ++j) {
+      if (lse[j] == -INFINITY) continue;  // also j >= n
+      const float w = exp2f(lse[j] - mx);
+      wsum += w;
+      const float* src = cluster.map_shared_rank(ep_s + r * kEpStride + c * 8, j);
+      const float4 x = *reinterpret_cast<const float4*>(src);
+      const float4 y = *reinterpret_cast<const float4*>(src + 4);
+      v[0] += w * x.x, v[1] += w * x.y, v[2] += w * x.z, v[3] += w * x.w;
+      v[4] += w * y.x, v[5] += w * y.y, v[6] += w * y.z, v[7] += w * y.w;
+    }
+    const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+    uint4 packed;
+    packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
+    packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
+    packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
+    packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
+    const int64_t token = q_begin + row / G;
+    const int head = kvh * G + row % G;
+    *reinterpret_cast<uint4*>(static_cast<T*>(a.output) + (token * a.num_heads + head) * D +
+                              c * 8) = packed;
+  }
+  asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
 template <typename T, int D, int WM, int WN, bool kNarrow>
 __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::kMinCtas)
     PagedAttentionKernel(const KernelArgs a) {
@@ -404,7 +470,19 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const int pos0 = ctx - q_len;  // position of the sequence's first query
   const int min_pos = pos0 + row_begin / G;
   const int kv_end = pos0 + row_last / G + 1;
-  if (kv_begin >= kv_end) return;
+  if (kv_begin >= kv_end) {
+    if constexpr (kNarrow) {
+      if (a.cluster_merge) {
+        // A split past this sequence's context still takes part in its cluster's merge (the
+        // barriers count every CTA), contributing nothing; it writes outputs, hence the wait.
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+        for (int r = tid; r < S::kRows; r += S::kThreads) ml_s[r] = -INFINITY;
+        ClusterMerge<T, D, S::kThreads, S::kRows, S::kEpStride>(a, kvh, row_begin, total_rows,
+                                                                q_begin, ep_s, ml_s);
+      }
+    }
+    return;
+  }
   const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
   const int num_tiles = (kv_stop - kv_begin + kTileN - 1) / kTileN;
 
@@ -412,23 +490,6 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int block_mask = (1 << a.block_shift) - 1;
-
-  // Launched as a programmatic dependent (PagedAttentionTuning::pdl), this CTA may be running
-  // before the kernel that wrote Q and the new KV rows has finished: everything above read only
-  // step metadata (written before the step's first kernel); Q, the KV cache and every write come
-  // after this wait. A no-op for a plain launch.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-
-  // Q rows of this tile (zero rows past the end), one cp.async group of its own.
-  for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
-    const int r = idx / S::kChunks, c = idx % S::kChunks;
-    const int row = row_begin + r;
-    const bool valid = row < total_rows;
-    const int token = q_begin + (valid ? row / G : 0);
-    const int head = kvh * G + (valid ? row % G : 0);
-    CpAsync16(q_s + Swz<D>(r, c), query + token * a.query_stride + head * D + c * 8, valid);
-  }
-  CpAsyncCommit();
 
   // The physical block of each of a tile's token rows, double-buffered in shared memory. Threads
   // below kTileN load them from the block table two tiles ahead of the copies (the load's latency
@@ -456,14 +517,17 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   const int first_block = kv_begin >> a.block_shift;
   const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
   const int64_t col_off = static_cast<int64_t>(kvh) * D + cc * 8;
-  // Row pass k of a tile's copies (block-table path): rows rr0 + k * kRowStep.
-  auto issue_pass = [&](int tile, int stage, int k) {
+  // Row pass k of a tile's copies (block-table path): rows rr0 + k * kRowStep. part 0: every
+  // row; 1: the rows the kernel this one overlaps under PDL cannot be writing (positions before
+  // the step's first query, and rows past the split, which are zero-filled); 2: the others.
+  auto issue_pass = [&](int tile, int stage, int k, int part = 0) {
     const int r = rr0 + k * kRowStep;
     if (kTileN % kRowStep != 0 && r >= kTileN) return;
     T* ks = kv_s + stage * 2 * kStageElems;
     T* vs = ks + kStageElems;
     const int tok = kv_begin + tile * kTileN + r;
     const bool valid = tok < kv_stop;
+    if (part != 0 && (part == 2) != (valid && tok >= pos0)) return;
     int64_t off = 0;
     if (valid) {
       const int32_t block = table_s[(tok >> a.block_shift) - first_block];
@@ -474,13 +538,13 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     CpAsync16(ks + so, key_cache + off, valid);
     CpAsync16(vs + so, value_cache + off, valid);
   };
-  auto issue_tile = [&](int tile, int stage) {
+  auto issue_tile = [&](int tile, int stage, int part = 0) {
     T* ks = kv_s + stage * 2 * kStageElems;
     T* vs = ks + kStageElems;
     const int base = kv_begin + tile * kTileN;
     if (use_table) {
 #pragma unroll
-      for (int k = 0; k < kCopyIters; ++k) issue_pass(tile, stage, k);
+      for (int k = 0; k < kCopyIters; ++k) issue_pass(tile, stage, k, part);
       return;
     }
     for (int idx = tid; idx < kTileN * S::kChunks; idx += S::kThreads) {
@@ -497,11 +561,39 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
       CpAsync16(vs + Swz<D>(r, c), value_cache + off, valid);
     }
   };
-  if (use_table) {
-    __syncthreads();  // table_s is visible; every prologue stage is issued without a wait
+  // Variants 7-8: the prologue's rows that no kernel of this step writes are copied before the
+  // wait below, overlapping the previous kernel's tail; they join Q's cp.async group.
+  const bool early = a.early_kv && use_table;
+  if (early) {
+    __syncthreads();  // table_s is visible
 #pragma unroll
     for (int s = 0; s < S::kStages - 1; ++s) {
-      if (s < num_tiles) issue_tile(s, s);
+      if (s < num_tiles) issue_tile(s, s, 1);
+    }
+  }
+
+  // Launched as a programmatic dependent (PagedAttentionTuning::pdl), this CTA may be running
+  // before the kernel that wrote Q and the new KV rows has finished: everything above read only
+  // step metadata (written before the step's first kernel) and KV rows of earlier steps; Q, the
+  // step's own KV rows and every write come after this wait. A no-op for a plain launch.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+  // Q rows of this tile (zero rows past the end), one cp.async group of its own.
+  for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
+    const int r = idx / S::kChunks, c = idx % S::kChunks;
+    const int row = row_begin + r;
+    const bool valid = row < total_rows;
+    const int token = q_begin + (valid ? row / G : 0);
+    const int head = kvh * G + (valid ? row % G : 0);
+    CpAsync16(q_s + Swz<D>(r, c), query + token * a.query_stride + head * D + c * 8, valid);
+  }
+  CpAsyncCommit();
+
+  if (use_table) {
+    if (!early) __syncthreads();  // table_s is visible; every prologue stage is issued at once
+#pragma unroll
+    for (int s = 0; s < S::kStages - 1; ++s) {
+      if (s < num_tiles) issue_tile(s, s, early ? 2 : 0);
       CpAsyncCommit();
     }
   } else {
@@ -710,6 +802,16 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     }
     const float sum = fin_s[r * 2 + 1];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (kNarrow && a.cluster_merge) {
+      // This thread alone reads and writes chunk c of row r: the sum goes to the first slot.
+      float* dst = ep_s + r * S::kEpStride + c * 8;
+      *reinterpret_cast<float4*>(dst) =
+          make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
+      *reinterpret_cast<float4*>(dst + 4) =
+          make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
+      if (c == 0) ml_s[r] = sum > 0.0f ? fin_s[r * 2] + __log2f(sum) : -INFINITY;
+      continue;
+    }
     const int64_t token = q_begin + row / G;
     const int head = kvh * G + row % G;
     if (a.num_splits == 1) {
@@ -743,6 +845,12 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   if (!kNarrow && a.variant == 2 && a.num_splits > 1) {
     FusedMerge<T, D, S::kThreads>(a, seq, kvh, row_tile, split, row_begin, row_last, q_begin, pos0,
                                   kv_end);
+  }
+  if constexpr (kNarrow) {
+    if (a.cluster_merge) {
+      ClusterMerge<T, D, S::kThreads, S::kRows, S::kEpStride>(a, kvh, row_begin, total_rows,
+                                                              q_begin, ep_s, ml_s);
+    }
   }
   if (kNarrow && a.inline_merge) {
     // The KV stages (ep_s) are free scratch once every thread is past the epilogue; the merge
@@ -907,7 +1015,8 @@ size_t BytesPerSplit(const PagedAttentionParams& p) {
 // Variant 2's arrival counters at the start of the workspace, rounded to 256 bytes; 0 otherwise.
 size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
                     int row_tiles) {
-  if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5 && tuning.variant != 6) {
+  if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5 && tuning.variant != 6 &&
+      tuning.variant != 7) {
     return 0;
   }
   const size_t n = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * row_tiles * 2;
@@ -1015,6 +1124,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
+        // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below).
+        const bool early_kv = variant >= 7;
+        const bool cluster = variant == 8;
+        if (variant == 7) variant = 6;
+        if (variant == 8) variant = 3;
         // 6 launches as 5; whether it merges in the kernel depends on the plan (below).
         const bool auto_merge = variant == 6;
         if (auto_merge) variant = 5;
@@ -1061,8 +1175,13 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
              (variant == 5 && plan.num_splits <= kInlineMergeCap5 &&
               (!auto_merge ||
                (plan.num_splits <= kAutoMergeSplits && plan.chunk <= kAutoMergeTokens))));
-        // A merge kernel follows (variants 1 and 3, and 4-5 past their cap): launched early.
-        const bool merge_launch = plan.num_splits > 1 && variant != 2 && !a.inline_merge;
+        a.early_kv = early_kv;
+        a.cluster_merge =
+            cluster && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap;
+        // A merge kernel follows (variants 1 and 3, 4-5 past their cap, 8 past the cluster cap):
+        // launched early.
+        const bool merge_launch =
+            plan.num_splits > 1 && variant != 2 && !a.inline_merge && !a.cluster_merge;
         a.pdl = merge_launch && variant != 0;
         if (variant >= 1) {
           const int first_span = (plan.chunk + p.block_size - 1) / p.block_size + 1;
@@ -1100,11 +1219,20 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           config.blockDim = dim3(S::kThreads);
           config.dynamicSmemBytes = S::kSmemBytes;
           config.stream = stream;
-          cudaLaunchAttribute attr[1];
-          attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          attr[0].val.programmaticStreamSerializationAllowed = 1;
+          cudaLaunchAttribute attr[2];
+          unsigned n = 0;
+          if (tuning.pdl) {
+            attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[n++].val.programmaticStreamSerializationAllowed = 1;
+          }
+          if (a.cluster_merge) {  // the splits of a row tile are consecutive in x
+            attr[n].id = cudaLaunchAttributeClusterDimension;
+            attr[n].val.clusterDim.x = static_cast<unsigned>(plan.num_splits);
+            attr[n].val.clusterDim.y = 1;
+            attr[n++].val.clusterDim.z = 1;
+          }
           config.attrs = attr;
-          config.numAttrs = tuning.pdl ? 1 : 0;
+          config.numAttrs = n;
           CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }

@@ -47,6 +47,12 @@ struct PagedAttentionTuning {
   //     a large share), else as 3. From the 2026-12-03 H200 run: 5 ran StarCoder batch 1 and 32
   //     and SantaCoder batch 1 faster end to end (2-4 splits of one tile; 8 splits of two), but
   //     32 x 2048 (8 splits of 4 tiles) 28.3 us vs 21.1 and 8 x 4096 (32 splits) 47.3 vs 16.9.
+  //  7: as 6, and the KV rows of positions before the step's first query are copied before the
+  //     PDL wait (they were written by earlier steps, not by the kernel this one overlaps):
+  //     only Q and the step's own rows are loaded after it.
+  //  8: as 3 with 7's early copies, and with 2..8 splits no partials in global memory: the
+  //     splits of a row tile run as one thread-block cluster and merge through distributed
+  //     shared memory after a cluster barrier (no counters, no merge launch, no last arriver).
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -58,7 +64,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 7;
+inline constexpr int kNumPagedAttentionVariants = 9;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -69,6 +75,8 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 4 ? "lastmerge8"
          : v == 5 ? "lastmerge32"
          : v == 6 ? "auto(3|5)"
+         : v == 7 ? "auto+earlykv"
+         : v == 8 ? "cluster+earlykv"
                   : "?";
 }
 

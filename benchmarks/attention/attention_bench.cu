@@ -245,8 +245,10 @@ double TimeBaseline(Workload& w) {
 // run's log shows only its tail): per variant graph and stream time, GB/s and % of the copy
 // ceiling of this run, beside the per-head baseline.
 void VariantTable(double copy_gbs, std::mt19937& rng) {
-  const int configs[][2] = {{64, 2048}, {1, 8192},  {8, 4096},
-                            {32, 2048}, {256, 1024}, {64, 8192}};
+  // The last two: the model's decode steps of mqabench latency (StarCoder batch 1 at 128 + 64
+  // tokens, batch 32 at 512 + 64).
+  const int configs[][2] = {{64, 2048},  {1, 8192},   {8, 4096}, {32, 2048},
+                            {256, 1024}, {64, 8192},  {1, 192},  {32, 576}};
   struct Row {
     int batch, ctx, splits;
     double base;
