@@ -438,6 +438,11 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   float* ml_s = reinterpret_cast<float*>(smem + S::kQBytes + S::kKvBytes);  // [WN][kRows][2]
   float* fin_s = ml_s + WN * S::kRows * 2;                                  // [kRows][2]
 
+  // Variants 7-8: the next kernel (the attention projection's GEMM, or a merge kernel) may launch
+  // at once and run its own prologue (weight loads) beside this one; its griddepcontrol.wait
+  // still waits for this grid to complete. Safe for ordering: this kernel's pre-wait reads touch
+  // nothing that kernel writes before its wait.
+  if (a.early_kv) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
   const int seq = blockIdx.z, kvh = blockIdx.y;
@@ -1016,7 +1021,7 @@ size_t BytesPerSplit(const PagedAttentionParams& p) {
 size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
                     int row_tiles) {
   if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5 && tuning.variant != 6 &&
-      tuning.variant != 7) {
+      tuning.variant != 7 && tuning.variant != 9) {
     return 0;
   }
   const size_t n = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * row_tiles * 2;
@@ -1124,10 +1129,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
-        // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below).
+        // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
+        // with the cluster merge where the grid fits in one CTA per SM.
         const bool early_kv = variant >= 7;
-        const bool cluster = variant == 8;
-        if (variant == 7) variant = 6;
+        const bool cluster = variant == 8 || variant == 9;
+        const bool cluster_if_small = variant == 9;
+        if (variant == 7 || variant == 9) variant = 6;
         if (variant == 8) variant = 3;
         // 6 launches as 5; whether it merges in the kernel depends on the plan (below).
         const bool auto_merge = variant == 6;
@@ -1169,15 +1176,16 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
         a.variant = variant;
         a.narrow_partials = variant >= 3;
+        a.early_kv = early_kv;
+        a.cluster_merge = cluster && plan.num_splits > 1 &&
+                          plan.num_splits <= kClusterMergeCap &&
+                          (!cluster_if_small || grid_x * p.num_kv_heads * p.num_seqs <= SmCount());
         a.inline_merge =
-            plan.num_splits > 1 &&
+            !a.cluster_merge && plan.num_splits > 1 &&
             ((variant == 4 && plan.num_splits <= kInlineMergeCap4) ||
              (variant == 5 && plan.num_splits <= kInlineMergeCap5 &&
               (!auto_merge ||
                (plan.num_splits <= kAutoMergeSplits && plan.chunk <= kAutoMergeTokens))));
-        a.early_kv = early_kv;
-        a.cluster_merge =
-            cluster && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap;
         // A merge kernel follows (variants 1 and 3, 4-5 past their cap, 8 past the cluster cap):
         // launched early.
         const bool merge_launch =

@@ -49,10 +49,17 @@ struct PagedAttentionTuning {
   //     32 x 2048 (8 splits of 4 tiles) 28.3 us vs 21.1 and 8 x 4096 (32 splits) 47.3 vs 16.9.
   //  7: as 6, and the KV rows of positions before the step's first query are copied before the
   //     PDL wait (they were written by earlier steps, not by the kernel this one overlaps):
-  //     only Q and the step's own rows are loaded after it.
+  //     only Q and the step's own rows are loaded after it; and the next kernel's programmatic
+  //     launch is released at the start (its weight loads overlap this kernel), not after the
+  //     main loop.
   //  8: as 3 with 7's early copies, and with 2..8 splits no partials in global memory: the
   //     splits of a row tile run as one thread-block cluster and merge through distributed
   //     shared memory after a cluster barrier (no counters, no merge launch, no last arriver).
+  //  9: as 7, but as 8 (cluster merge) where the whole grid fits in one CTA per SM: from the
+  //     H200 run of 2026-12-03 ~09:20 UTC, 8 ran StarCoder batch 1 1.1432 -> 1.1130 s and
+  //     SantaCoder batch 1 0.1651 -> 0.1519 s against 7, but StarCoder batch 32 (32 clusters of
+  //     5 splits, 160 CTAs) 2.0383 -> 2.0673 s, and large grids far slower (64 x 2048 54.5 us
+  //     vs 33.6): cluster scheduling costs where the grid is more than a wave.
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -64,7 +71,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 9;
+inline constexpr int kNumPagedAttentionVariants = 10;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -77,6 +84,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 6 ? "auto(3|5)"
          : v == 7 ? "auto+earlykv"
          : v == 8 ? "cluster+earlykv"
+         : v == 9 ? "auto(7|8)"
                   : "?";
 }
 

@@ -125,8 +125,11 @@ struct GptBigCodeOptions {
   // it in the attention kernel (no merge launch, up to 32 splits); 6 = 5 for few short splits,
   // else 3. Default 6 since the H200 run of 2026-12-03 ~07:10 UTC: variant 5 ran StarCoder b1
   // 1.0885 -> 1.0767 s, SantaCoder b1 0.1480 -> 0.1458 s, StarCoder b32 1.9461 -> 1.9366 s, but
-  // lost in attention_bench at 8 x 4096 and 32 x 2048 (BENCHMARKS.md).
-  int attention_variant = 6;
+  // lost in attention_bench at 8 x 4096 and 32 x 2048 (BENCHMARKS.md). 9 = 6 with the step's
+  // older KV rows copied before the PDL wait, the next kernel released at once, and the split
+  // merge inside a thread-block cluster where the grid fits in one CTA per SM: the default since
+  // the H200 run of 2026-12-03 ~09:20 UTC (kernels/paged_attention_cuda.h).
+  int attention_variant = 9;
   // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).

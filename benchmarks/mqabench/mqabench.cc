@@ -20,8 +20,9 @@
 //     launched (its tokens fed from step t's on the device) before step t's tokens are read back,
 //     so the host's step preparation overlaps the GPU; "both" gives one row each.
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
-//     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6, the
-//     default: 5 for few short splits, else 3).
+//     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6: 5
+//     for few short splits, else 3; 9, the default: 6 with early KV copies and the cluster merge
+//     for grids of at most one CTA per SM).
 //     --skip: a comma list of rows, each "none" or a '+'-joined set of ln, kvw, attn, gemm, act:
 //     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
 //     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
@@ -73,7 +74,7 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
-  std::string attn = "6";  // comma list of PagedAttentionTuning variants (6: the runner's default)
+  std::string attn = "9";  // comma list of PagedAttentionTuning variants (9: the runner's default)
   std::string skip = "none";  // comma list of op sets left out (timing only)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;

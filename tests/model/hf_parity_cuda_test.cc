@@ -100,7 +100,7 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // Params: fixture, dtype, KV block size, decode knobs (bit 0: GptBigCodeRunnerOptions::pdl,
 // bit 1: fuse_small_kernels, bit 2: ln_registers and greedy_cluster, bit 3: gemm_split_k and
 // gemm_stream_tc, bit 4: attention variant 5, the in-kernel split merge, bit 5: gemm_deep_unroll,
-// bit 6: attention variant 6, bit 7: variant 8 (cluster merge, early KV copies), bit 8: variant 7
+// bit 6: the runner's default attention variant (GptBigCodeRunnerOptions), bit 7: variant 8 (cluster merge, early KV copies), bit 8: variant 7
 // (6 with the early KV copies); without bits 4, 6, 7 and 8, variant 3. 101: the runner's
 // defaults).
 class HfParityCuda
@@ -121,7 +121,11 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.fuse_small_kernels = knobs & 2;
   opts.ln_registers = opts.greedy_cluster = knobs & 4;
   opts.gemm_split_k = opts.gemm_stream_tc = knobs & 8;
-  opts.attention_variant = knobs & 128 ? 8 : knobs & 256 ? 7 : knobs & 16 ? 5 : knobs & 64 ? 6 : 3;
+  opts.attention_variant = knobs & 128  ? 8
+                           : knobs & 256 ? 7
+                           : knobs & 16  ? 5
+                           : knobs & 64  ? GptBigCodeRunnerOptions().attention_variant
+                                         : 3;
   opts.gemm_deep_unroll = knobs & 32;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
