@@ -583,16 +583,41 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   // step's own KV rows and every write come after this wait. A no-op for a plain launch.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
-  // Q rows of this tile (zero rows past the end), one cp.async group of its own.
-  for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
-    const int r = idx / S::kChunks, c = idx % S::kChunks;
-    const int row = row_begin + r;
-    const bool valid = row < total_rows;
-    const int token = q_begin + (valid ? row / G : 0);
-    const int head = kvh * G + (valid ? row % G : 0);
-    CpAsync16(q_s + Swz<D>(r, c), query + token * a.query_stride + head * D + c * 8, valid);
+  // Q rows of this tile (zero rows past the end), one cp.async group of its own; with the early
+  // copies, plain L2 loads instead (cp.async groups complete in order, and Q must not wait behind
+  // the KV rows issued before the wait; the barrier before its use publishes the stores).
+  if (early) {
+    constexpr int kQIters = (S::kRows * S::kChunks + S::kThreads - 1) / S::kThreads;
+    uint4 qv[kQIters];
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = tid + i * S::kThreads;
+      const int r = idx / S::kChunks, c = idx % S::kChunks;
+      const int row = row_begin + r;
+      qv[i] = make_uint4(0, 0, 0, 0);
+      if (idx < S::kRows * S::kChunks && row < total_rows) {
+        qv[i] = __ldcg(reinterpret_cast<const uint4*>(query + (q_begin + row / G) * a.query_stride +
+                                                      (kvh * G + row % G) * D + c * 8));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = tid + i * S::kThreads;
+      if (idx < S::kRows * S::kChunks) {
+        *reinterpret_cast<uint4*>(q_s + Swz<D>(idx / S::kChunks, idx % S::kChunks)) = qv[i];
+      }
+    }
+  } else {
+    for (int idx = tid; idx < S::kRows * S::kChunks; idx += S::kThreads) {
+      const int r = idx / S::kChunks, c = idx % S::kChunks;
+      const int row = row_begin + r;
+      const bool valid = row < total_rows;
+      const int token = q_begin + (valid ? row / G : 0);
+      const int head = kvh * G + (valid ? row % G : 0);
+      CpAsync16(q_s + Swz<D>(r, c), query + token * a.query_stride + head * D + c * 8, valid);
+    }
+    CpAsyncCommit();
   }
-  CpAsyncCommit();
 
   if (use_table) {
     if (!early) __syncthreads();  // table_s is visible; every prologue stage is issued at once
@@ -624,6 +649,8 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     my_pos[i] = pos0 + row / G;
   }
 
+  // Q's group (without the early copies; with them Q was stored directly and this returns at
+  // once: only the kStages - 1 prologue groups are pending).
   CpAsyncWait<S::kStages - 1>();
   __syncthreads();
   uint32_t qf[D / 16][4];
@@ -1130,12 +1157,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
-        // with the cluster merge where the grid fits in one CTA per SM.
+        // and 10 is 8 with the cluster merge only where the grid fits in one CTA per SM.
         const bool early_kv = variant >= 7;
-        const bool cluster = variant == 8 || variant == 9;
-        const bool cluster_if_small = variant == 9;
+        const bool cluster = variant >= 8;
+        const bool cluster_if_small = variant >= 9;
         if (variant == 7 || variant == 9) variant = 6;
-        if (variant == 8) variant = 3;
+        if (variant == 8 || variant == 10) variant = 3;
         // 6 launches as 5; whether it merges in the kernel depends on the plan (below).
         const bool auto_merge = variant == 6;
         if (auto_merge) variant = 5;

@@ -60,6 +60,8 @@ struct PagedAttentionTuning {
   //     SantaCoder batch 1 0.1651 -> 0.1519 s against 7, but StarCoder batch 32 (32 clusters of
   //     5 splits, 160 CTAs) 2.0383 -> 2.0673 s, and large grids far slower (64 x 2048 54.5 us
   //     vs 33.6): cluster scheduling costs where the grid is more than a wave.
+  // 10: as 9, but past one CTA per SM as 3 with the early copies (the merge kernel, not the last
+  //     arriving split).
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -71,7 +73,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 10;
+inline constexpr int kNumPagedAttentionVariants = 11;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -85,6 +87,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 7 ? "auto+earlykv"
          : v == 8 ? "cluster+earlykv"
          : v == 9 ? "auto(7|8)"
+         : v == 10 ? "auto(3e|8)"
                   : "?";
 }
 
