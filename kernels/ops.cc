@@ -201,6 +201,7 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
       PagedAttentionTuning tuning;
       tuning.pdl = ctx.pdl;
       tuning.variant = ctx.attention_variant;
+      tuning.warps_m = ctx.attention_warps_m;
       return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
                                 ctx.attention_workspace_bytes, tuning);
     }

@@ -36,6 +36,8 @@ struct OpContext {
   // CUDA: PagedAttentionTuning::variant (kernels/paged_attention_cuda.h). Variants 2, 4 and 5
   // keep counters in attention_workspace: it must be zeroed once before their first use.
   int attention_variant = 3;
+  // CUDA: PagedAttentionTuning::warps_m (0: the launcher's automatic layout).
+  int attention_warps_m = 0;
   // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
   // launching anything, so their outputs are garbage. A step timed with and without an op gives
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),

@@ -189,6 +189,9 @@ class GptBigCode {
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
   // Benchmarks switch GptBigCodeOptions::attention_variant; no-op on the CPU. Drops captured graphs.
   void set_attention_variant(int variant);
+  // Benchmarks: PagedAttentionTuning::warps_m of the model's attention (0: automatic); no-op on
+  // the CPU. Drops captured graphs.
+  void set_attention_warps_m(int warps_m);
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);
