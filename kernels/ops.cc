@@ -202,6 +202,7 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
       tuning.pdl = ctx.pdl;
       tuning.variant = ctx.attention_variant;
       tuning.warps_m = ctx.attention_warps_m;
+      tuning.num_splits = ctx.attention_splits;
       return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
                                 ctx.attention_workspace_bytes, tuning);
     }

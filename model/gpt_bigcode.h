@@ -192,6 +192,9 @@ class GptBigCode {
   // Benchmarks: PagedAttentionTuning::warps_m of the model's attention (0: automatic); no-op on
   // the CPU. Drops captured graphs.
   void set_attention_warps_m(int warps_m);
+  // Benchmarks: PagedAttentionTuning::num_splits of the model's attention (0: automatic); no-op on
+  // the CPU. Drops captured graphs.
+  void set_attention_splits(int splits);
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);

@@ -191,6 +191,12 @@ void GptBigCode::set_attention_warps_m(int warps_m) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_attention_splits(int splits) {
+  if (!cuda_) return;
+  ctx_.attention_splits = splits;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_skip_ops(uint32_t skip) {
   ctx_.skip = skip;
   if (cuda_) ClearCudaGraphs();
@@ -558,6 +564,7 @@ int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention_variant(int) {}
 void GptBigCode::set_attention_warps_m(int) {}
+void GptBigCode::set_attention_splits(int) {}
 void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }
 absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
                                       absl::Span<const RowSamplingParams>, int) {

@@ -4,7 +4,8 @@
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
-//       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--skip none,attn,...]
+//       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
+//       [--skip none,attn,...]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -25,6 +26,8 @@
 //     for grids of at most one CTA per SM).
 //     --attn-wm: PagedAttentionTuning::warps_m of the model's attention (0: automatic; 1, 2, 3, 4
 //     or 8 force that decode layout), a comma list gives one row each.
+//     --attn-splits: PagedAttentionTuning::num_splits of the model's attention (0: automatic),
+//     for every attention call of the run (prefill too); a comma list gives one row each.
 //     --skip: a comma list of rows, each "none" or a '+'-joined set of ln, kvw, attn, gemm, act:
 //     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
 //     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
@@ -79,6 +82,7 @@ struct Flags {
   std::string attn = "9";  // comma list of PagedAttentionTuning variants (9: the runner's default)
   std::string skip = "none";  // comma list of op sets left out (timing only)
   std::string attn_wm = "0";  // comma list of attention warps_m (0: automatic)
+  std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -126,6 +130,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.async, value());
     } else if (a == "--attn") {
       ASSIGN_OR_RETURN(f.attn, value());
+    } else if (a == "--attn-splits") {
+      ASSIGN_OR_RETURN(f.attn_splits, value());
     } else if (a == "--attn-wm") {
       ASSIGN_OR_RETURN(f.attn_wm, value());
     } else if (a == "--skip") {
@@ -377,11 +383,20 @@ absl::Status Latency(const Flags& f) {
     }
     wms.push_back(w);
   }
+  std::vector<int> split_rows;
+  for (absl::string_view v : absl::StrSplit(f.attn_splits, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--attn-splits ", f.attn_splits));
+    }
+    split_rows.push_back(n);
+  }
   struct Run {
     std::string variant, fast, autotune, small, async;
     int attn = 3;
     std::pair<std::string, uint32_t> skip;
     int wm = 0;
+    int splits = 0;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
@@ -391,7 +406,9 @@ absl::Status Latency(const Flags& f) {
           for (const std::string& y : asyncs) {
             for (int t : attns) {
               for (const auto& x : skips) {
-                for (int w : wms) runs.push_back({v, k, a, m, y, t, x, w});
+                for (int w : wms) {
+                  for (int n : split_rows) runs.push_back({v, k, a, m, y, t, x, w, n});
+                }
               }
             }
           }
@@ -401,9 +418,10 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm] : runs) {
+  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits] : runs) {
     r.model().set_attention_variant(attn);
     r.model().set_attention_warps_m(wm);
+    r.model().set_attention_splits(splits);
     r.model().set_skip_ops(skip.second);
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
@@ -511,10 +529,11 @@ absl::Status Latency(const Flags& f) {
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, async %s, attention variant %d (warps_m %d), skip %s, cuda graphs %s\n",
+                "%s, async %s, attention variant %d (warps_m %d, splits %d), skip %s, cuda graphs "
+                "%s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), small.c_str(), async.c_str(), attn, wm, skip.first.c_str(),
+                autotune.c_str(), small.c_str(), async.c_str(), attn, wm, splits, skip.first.c_str(),
                 f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
