@@ -187,14 +187,10 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::ln_registers / greedy_cluster; no-op on the CPU. Drops
   // captured graphs.
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
-  // Benchmarks switch GptBigCodeOptions::attention_variant; no-op on the CPU. Drops captured graphs.
-  void set_attention_variant(int variant);
-  // Benchmarks: PagedAttentionTuning::warps_m of the model's attention (0: automatic); no-op on
-  // the CPU. Drops captured graphs.
-  void set_attention_warps_m(int warps_m);
-  // Benchmarks: PagedAttentionTuning::num_splits of the model's attention (0: automatic); no-op on
-  // the CPU. Drops captured graphs.
-  void set_attention_splits(int splits);
+  // Benchmarks switch the model's attention: GptBigCodeOptions::attention_variant and
+  // PagedAttentionTuning::warps_m / num_splits (0: automatic, as the runner uses). No-op on the
+  // CPU. Drops captured graphs.
+  void set_attention(int variant, int warps_m, int splits);
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);

@@ -179,20 +179,10 @@ void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_attention_variant(int variant) {
+void GptBigCode::set_attention(int variant, int warps_m, int splits) {
   if (!cuda_) return;
   ctx_.attention_variant = variant;
-  ClearCudaGraphs();
-}
-
-void GptBigCode::set_attention_warps_m(int warps_m) {
-  if (!cuda_) return;
   ctx_.attention_warps_m = warps_m;
-  ClearCudaGraphs();
-}
-
-void GptBigCode::set_attention_splits(int splits) {
-  if (!cuda_) return;
   ctx_.attention_splits = splits;
   ClearCudaGraphs();
 }
@@ -562,9 +552,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
-void GptBigCode::set_attention_variant(int) {}
-void GptBigCode::set_attention_warps_m(int) {}
-void GptBigCode::set_attention_splits(int) {}
+void GptBigCode::set_attention(int, int, int) {}
 void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }
 absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
                                       absl::Span<const RowSamplingParams>, int) {

@@ -419,9 +419,7 @@ absl::Status Latency(const Flags& f) {
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
   for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits] : runs) {
-    r.model().set_attention_variant(attn);
-    r.model().set_attention_warps_m(wm);
-    r.model().set_attention_splits(splits);
+    r.model().set_attention(attn, wm, splits);
     r.model().set_skip_ops(skip.second);
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
