@@ -70,10 +70,11 @@ struct KernelArgs {
   // Variants 4-5: the last split CTA of a (sequence, KV head, row tile) to finish merges, in this
   // kernel (no merge launch); set only when num_splits <= the variant's cap.
   bool inline_merge = false;
-  // Variants 7-8: the KV rows of positions before the step's first query (written by earlier
-  // steps, not by the kernel this one may overlap under PDL) are copied before griddepcontrol.wait.
+  // Variants 7-10: the KV rows of positions before the step's first query (written by earlier
+  // steps, not by the kernel this one may overlap under PDL) are copied before griddepcontrol.wait,
+  // and the next kernel's launch is released at the start.
   bool early_kv = false;
-  // Variant 8 with 2..kClusterMergeCap splits: the splits of a row tile run as one thread-block
+  // Variants 8-10 with 2..kClusterMergeCap splits: the splits of a row tile run as one thread-block
   // cluster and merge through distributed shared memory (no partials in global memory, no merge
   // launch, no counters).
   bool cluster_merge = false;
@@ -82,7 +83,7 @@ struct KernelArgs {
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
 constexpr int kInlineMergeCap4 = 8;
 constexpr int kInlineMergeCap5 = 32;
-// Variant 8: the most splits merged inside a cluster (the portable cluster size).
+// Variants 8-10: the most splits merged inside a cluster (the portable cluster size).
 constexpr int kClusterMergeCap = 8;
 
 
@@ -162,6 +163,22 @@ __device__ __forceinline__ uint32_t Pack2(float x, float y) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
     return *reinterpret_cast<uint32_t*>(&h);
   }
+}
+
+// 16 bytes of output: v[0..7] * inv rounded to T (one uint4 store), or kept in fp32 (two float4).
+template <typename T>
+__device__ __forceinline__ void StoreScaled8(T* dst, const float (&v)[8], float inv) {
+  uint4 packed;
+    packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
+    packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
+    packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
+    packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
+  *reinterpret_cast<uint4*>(dst) = packed;
+}
+__device__ __forceinline__ void StoreScaled8(float* dst, const float (&v)[8], float inv) {
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
+  *reinterpret_cast<float4*>(dst + 4) =
+      make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
 }
 
 // Element offset of (row, 16-byte chunk) in a [rows][D] shared tile. The XOR swizzle puts the 8
@@ -364,10 +381,8 @@ __device__ __forceinline__ void LastArriverMerge(const KernelArgs& a, int seq, i
   }
 }
 
-// kNarrow: variants 3-5 (T partials, the inline merge), a separate instantiation so that
-// variants 0-2 keep their measured register allocation (3x2 D128 is capped at 168).
-// Variant 8's merge. Each CTA of the cluster (one per split of a row tile) holds its normalised
-// partial output rows in ep_s ([kRows][kEpStride] fp32) and their log2-sum-exp in lse_s
+// The cluster merge (variants 8-10). Each CTA of the cluster (one per split of a row tile) holds
+// its normalised partial output rows in ep_s ([kRows][kEpStride] fp32) and their log2-sum-exp in lse_s
 // ([kRows]; -inf: the split saw none of the row's keys, its ep_s row is not read). After a cluster
 // barrier, CTA `rank` merges every n-th 16-byte output chunk of the tile from all n CTAs' shared
 // memory; a second barrier keeps every CTA's shared memory alive until its peers are done.
@@ -407,21 +422,18 @@ __device__ __forceinline__ void ClusterMerge(const KernelArgs& a, int kvh, int r
       v[0] += w * x.x, v[1] += w * x.y, v[2] += w * x.z, v[3] += w * x.w;
       v[4] += w * y.x, v[5] += w * y.y, v[6] += w * y.z, v[7] += w * y.w;
     }
-    const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-    uint4 packed;
-    packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
-    packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
-    packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
-    packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
     const int64_t token = q_begin + row / G;
     const int head = kvh * G + row % G;
-    *reinterpret_cast<uint4*>(static_cast<T*>(a.output) + (token * a.num_heads + head) * D +
-                              c * 8) = packed;
+    StoreScaled8(static_cast<T*>(a.output) + (token * a.num_heads + head) * D + c * 8, v,
+                 wsum > 0.0f ? 1.0f / wsum : 0.0f);
   }
   asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
+// kNarrow: variants 3-10 (T partials, the inline and cluster merges, the early copies), a
+// separate instantiation so that variants 0-2 keep their measured register allocation (3x2 D128
+// is capped at 168).
 template <typename T, int D, int WM, int WN, bool kNarrow>
 __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::kMinCtas)
     PagedAttentionKernel(const KernelArgs a) {
@@ -438,7 +450,7 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   float* ml_s = reinterpret_cast<float*>(smem + S::kQBytes + S::kKvBytes);  // [WN][kRows][2]
   float* fin_s = ml_s + WN * S::kRows * 2;                                  // [kRows][2]
 
-  // Variants 7-8: the next kernel (the attention projection's GEMM, or a merge kernel) may launch
+  // Variants 7-10: the next kernel (the attention projection's GEMM, or a merge kernel) may launch
   // at once and run its own prologue (weight loads) beside this one; its griddepcontrol.wait
   // still waits for this grid to complete. Safe for ordering: this kernel's pre-wait reads touch
   // nothing that kernel writes before its wait.
@@ -566,8 +578,8 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
       CpAsync16(vs + Swz<D>(r, c), value_cache + off, valid);
     }
   };
-  // Variants 7-8: the prologue's rows that no kernel of this step writes are copied before the
-  // wait below, overlapping the previous kernel's tail; they join Q's cp.async group.
+  // Variants 7-10: the prologue's rows that no kernel of this step writes are copied before the
+  // wait below, overlapping the previous kernel's tail; they join the first prologue group.
   const bool early = a.early_kv && use_table;
   if (early) {
     __syncthreads();  // table_s is visible
@@ -836,40 +848,21 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     if (kNarrow && a.cluster_merge) {
       // This thread alone reads and writes chunk c of row r: the sum goes to the first slot.
-      float* dst = ep_s + r * S::kEpStride + c * 8;
-      *reinterpret_cast<float4*>(dst) =
-          make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
-      *reinterpret_cast<float4*>(dst + 4) =
-          make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
+      StoreScaled8(ep_s + r * S::kEpStride + c * 8, v, inv);
       if (c == 0) ml_s[r] = sum > 0.0f ? fin_s[r * 2] + __log2f(sum) : -INFINITY;
       continue;
     }
     const int64_t token = q_begin + row / G;
     const int head = kvh * G + row % G;
     if (a.num_splits == 1) {
-      uint4 packed;
-      packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
-      packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
-      packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
-      packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
-      *reinterpret_cast<uint4*>(static_cast<T*>(a.output) + (token * a.num_heads + head) * D +
-                                c * 8) = packed;
+      StoreScaled8(static_cast<T*>(a.output) + (token * a.num_heads + head) * D + c * 8, v, inv);
     } else {
       const int64_t prow =
           (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
       if constexpr (kNarrow) {
-        uint4 packed;
-        packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
-        packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
-        packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
-        packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
-        *reinterpret_cast<uint4*>(reinterpret_cast<T*>(a.partial_o) + prow * D + c * 8) = packed;
+        StoreScaled8(reinterpret_cast<T*>(a.partial_o) + prow * D + c * 8, v, inv);
       } else {
-        float* dst = a.partial_o + prow * D + c * 8;
-        *reinterpret_cast<float4*>(dst) =
-            make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
-        *reinterpret_cast<float4*>(dst + 4) =
-            make_float4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv);
+        StoreScaled8(a.partial_o + prow * D + c * 8, v, inv);
       }
       if (c == 0) a.partial_lse[prow] = sum > 0.0f ? fin_s[r * 2] + __log2f(sum) : -INFINITY;
     }

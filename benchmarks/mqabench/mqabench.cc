@@ -340,15 +340,24 @@ absl::Status Latency(const Flags& f) {
   };
   const std::vector<std::string> tunes = rows_of(f.autotune), smalls = rows_of(f.small),
                                  asyncs = rows_of(f.async);
-  std::vector<int> attns;
-  for (absl::string_view v : absl::StrSplit(f.attn, ',')) {
-    int a = 0;
-    if (!absl::SimpleAtoi(v, &a) || a < 0 || a >= kNumPagedAttentionVariants) {
-      return absl::InvalidArgumentError(absl::StrCat("--attn ", f.attn, ": variants 0..",
-                                                     kNumPagedAttentionVariants - 1));
+  // A comma list of integers as rows; `ok` says which values the flag takes.
+  auto int_rows = [](const std::string& list, const char* flag, const char* allowed,
+                     auto ok) -> absl::StatusOr<std::vector<int>> {
+    std::vector<int> rows;
+    for (absl::string_view v : absl::StrSplit(list, ',')) {
+      int x = 0;
+      if (!absl::SimpleAtoi(v, &x) || !ok(x)) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", list, ": ", allowed));
+      }
+      rows.push_back(x);
     }
-    attns.push_back(a);
-  }
+    return rows;
+  };
+  ASSIGN_OR_RETURN(
+      const std::vector<int> attns,
+      int_rows(f.attn, "--attn",
+               absl::StrCat("variants 0..", kNumPagedAttentionVariants - 1).c_str(),
+               [](int a) { return a >= 0 && a < kNumPagedAttentionVariants; }));
   std::vector<std::pair<std::string, uint32_t>> skips;
   for (absl::string_view row : absl::StrSplit(f.skip, ',')) {
     uint32_t bits = 0;
@@ -375,22 +384,13 @@ absl::Status Latency(const Flags& f) {
   if (f.skip != "none" && f.async != "off") {
     return absl::InvalidArgumentError("--skip runs with --async off only");
   }
-  std::vector<int> wms;
-  for (absl::string_view v : absl::StrSplit(f.attn_wm, ',')) {
-    int w = 0;
-    if (!absl::SimpleAtoi(v, &w) || (w != 0 && w != 1 && w != 2 && w != 3 && w != 4 && w != 8)) {
-      return absl::InvalidArgumentError(absl::StrCat("--attn-wm ", f.attn_wm, ": 0, 1, 2, 3, 4, 8"));
-    }
-    wms.push_back(w);
-  }
-  std::vector<int> split_rows;
-  for (absl::string_view v : absl::StrSplit(f.attn_splits, ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(v, &n) || n < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--attn-splits ", f.attn_splits));
-    }
-    split_rows.push_back(n);
-  }
+  ASSIGN_OR_RETURN(const std::vector<int> wms,
+                   int_rows(f.attn_wm, "--attn-wm", "0, 1, 2, 3, 4, 8", [](int w) {
+                     return w == 0 || w == 1 || w == 2 || w == 3 || w == 4 || w == 8;
+                   }));
+  ASSIGN_OR_RETURN(const std::vector<int> split_rows,
+                   int_rows(f.attn_splits, "--attn-splits", "counts >= 0",
+                            [](int n) { return n >= 0; }));
   struct Run {
     std::string variant, fast, autotune, small, async;
     int attn = 3;
@@ -421,6 +421,11 @@ absl::Status Latency(const Flags& f) {
   for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits] : runs) {
     r.model().set_attention(attn, wm, splits);
     r.model().set_skip_ops(skip.second);
+    // Skipped ops leave garbage logits: keep the fed tokens valid ids.
+    auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
+      if (bits == 0) return;
+      for (int32_t& t : ids) t = std::clamp<int32_t>(t, 0, s.config.vocab_size - 1);
+    };
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
@@ -455,9 +460,7 @@ absl::Status Latency(const Flags& f) {
         break;
       }
       std::vector<int32_t> next = *std::move(first);
-      if (skip.second != 0) {
-        for (int32_t& t : next) t = std::clamp<int32_t>(t, 0, s.config.vocab_size - 1);
-      }
+      valid_ids(next);
       const auto t1 = std::chrono::steady_clock::now();
       for (Seq& q : seqs) q.context = f.input_len;
       if (async == "on") {
@@ -495,10 +498,7 @@ absl::Status Latency(const Flags& f) {
             break;
           }
           next = *std::move(out);
-          // Skipped ops leave garbage logits: keep the fed tokens valid ids.
-          if (skip.second != 0) {
-            for (int32_t& t : next) t = std::clamp<int32_t>(t, 0, s.config.vocab_size - 1);
-          }
+          valid_ids(next);
           iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
           if (const double g = r.model().last_graph_ms(); g >= 0 && iter >= f.num_iters_warmup) {
             graph_ms.push_back(g);
