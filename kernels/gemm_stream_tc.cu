@@ -1,14 +1,23 @@
 // Weight-streaming tensor-core decode GEMM (see gemm_stream_tc.h).
 //
-// Tiles: a weight tile is kBM = 128 rows x kBK = 64 columns (16 KiB of fp16 / bf16, 128 bytes of
-// each row); its activation tile is the kMP (m padded) rows of A over the same 64 columns. Both
-// land in shared memory through 16-byte cp.async, rows of 8 16-byte chunks with chunk c of row r
-// stored at chunk c ^ (r & 7), so that the 8 row addresses of every ldmatrix phase hit 8 different
-// bank groups. Rows past n or m and columns past k are zero-filled (cp.async src-size 0).
+// Tiles: a weight tile is BM rows x BK columns (BM * BK * 2 bytes; the shapes of StreamTcShape);
+// its activation tile is the kMP (m padded) rows of A over the same BK columns. Both land in
+// shared memory through 16-byte cp.async, rows of BK / 8 16-byte chunks with chunk c of row r
+// stored at chunk c ^ (r & 7) (the XOR flips the low three bits only, i.e. within each 128-byte
+// segment), so that the 8 row addresses of every ldmatrix phase hit 8 different bank groups. Rows
+// past n or m and columns past k are zero-filled (cp.async src-size 0).
 //
-// Warps: 4, each owns 32 weight rows (two m16 tiles) of the CTA's row block and all of its
-// columns: per 16-column step it loads its two weight fragments (ldmatrix.x4) and every
-// activation fragment (ldmatrix.x4 per pair of n8 tiles) and issues 2 * NT mma.m16n8k16.
+// Why wide tiles: a weight row is contiguous in memory, the rows of a tile are k * 2 bytes apart.
+// With BK = 64 each tile reads 128 bytes of each of 128 rows, and HBM serves such short runs far
+// below its streaming rate (ncu, StarCoder QKV at m = 32: 52% of DRAM peak, the SMs mostly idle
+// waiting); BK = 256 reads 512-byte runs, as the skinny kernel's warps do.
+//
+// Warps: (BM / 32) row groups x (BK / 64) column slices; warp (rg, ks) owns 32 weight rows (two
+// m16 tiles) and 64 columns of every tile: per 16-column step it loads its two weight fragments
+// (ldmatrix.x4) and every activation fragment (ldmatrix.x4 per pair of n8 tiles) and issues
+// 2 * NT mma.m16n8k16. With several column slices, the slices' accumulators are summed through
+// shared memory (the stage just consumed) whenever a row block's piece ends, each warp of a row
+// group then owning every (BK / 64)-th accumulator fragment.
 //
 // Work: the T = row_blocks * k_tiles tiles, in order (row block major), are split into `grid`
 // contiguous ranges of q or q + 1 tiles. A CTA walks its range; whenever its piece of a row block
@@ -32,34 +41,42 @@
 namespace mqa {
 namespace {
 
-constexpr int kBM = 128;               // weight rows per tile
-constexpr int kBK = 64;                // columns per tile
-constexpr int kRowBytes = kBK * 2;     // one tile row in shared memory
-constexpr int kChunks = kRowBytes / 16;
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kMaxBM = 128;            // the workspace's partial slots assume no taller tile
 constexpr int kMaxCtasPerSm = 2;       // the workspace size assumes no more
 constexpr int kDefaultMinTiles = 8;
 constexpr int kCounterBytes = 4096;    // one int per CTA: grids of up to 1024 CTAs
 constexpr int kMaxGrid = kCounterBytes / static_cast<int>(sizeof(int));
-constexpr int kStageBudget = 112 * 1024;  // shared memory per CTA (two fit on an SM)
+constexpr int kTwoCtaBudget = 112 * 1024;  // shared memory per CTA when two fit on an SM
+constexpr int kOneCtaBudget = 220 * 1024;  // ... when only one does
 
-static_assert(kChunks == 8, "the swizzle assumes 8 chunks of 16 bytes per tile row");
-static_assert(kBM == kWarps * 32, "each warp owns 32 weight rows");
-
-// NT: n8 tiles of activation rows (m padded to 8 * NT).
-template <int NT>
+// NT: n8 tiles of activation rows (m padded to 8 * NT); BM x BK: the weight tile.
+template <int NT, int BM, int BK>
 struct Config {
   static constexpr int kMP = 8 * NT;
-  static constexpr int kWBytes = kBM * kRowBytes;
+  static constexpr int kRowBytes = BK * 2;
+  static constexpr int kChunks = kRowBytes / 16;  // per tile row
+  static constexpr int kRowGroups = BM / 32;
+  static constexpr int kSlices = BK / 64;
+  static constexpr int kWarps = kRowGroups * kSlices;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kLoadRows = kThreads / kChunks;  // tile rows one pass of the loader covers
+  static constexpr int kWBytes = BM * kRowBytes;
   static constexpr int kABytes = kMP * kRowBytes;
   static constexpr int kStageBytes = kWBytes + kABytes;
-  static constexpr int kStages = std::min(6, kStageBudget / kStageBytes);
+  static constexpr bool kTwoPerSm = kTwoCtaBudget / kStageBytes >= 3;
+  static constexpr int kStages =
+      std::min(6, (kTwoPerSm ? kTwoCtaBudget : kOneCtaBudget) / kStageBytes);
+  static constexpr int kMinCtas = kTwoPerSm ? 2 : 1;
   static constexpr int kSmemBytes = kStages * kStageBytes;
-  static constexpr int kSlotFloats = kBM * kMP;  // one fp32 partial of a row block
+  static constexpr int kFrags = 2 * NT;          // accumulator fragments (mt, nt) of a warp
+  static constexpr int kSlotFloats = BM * kMP;   // one fp32 partial of a row block
   static constexpr int kFixupSlots = NT <= 2 ? 8 / NT : (NT <= 6 ? 2 : 1);  // loaded at once
+  static_assert(BM % 32 == 0 && BM <= kMaxBM && BK % 64 == 0, "tile shape");
+  static_assert(kThreads % kChunks == 0 && BM % kLoadRows == 0, "loader covers whole rows");
   static_assert(kStages >= 3, "pipeline too shallow");
   static_assert(NT == 1 || NT % 2 == 0, "activation fragments are loaded in pairs of n8 tiles");
+  static_assert(kSlices == 1 || kStageBytes >= kWarps * kFrags * 128 * 4,
+                "the slice reduction lives in one stage");
 };
 
 template <typename T>
@@ -126,50 +143,57 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-// Byte offset of 16-byte chunk `chunk` of tile row `row` (the XOR swizzle).
-__device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+// Byte offset of 16-byte chunk `chunk` of tile row `row` (the XOR swizzle) in rows of
+// `row_bytes`.
+__device__ __forceinline__ uint32_t Swizzle(int row, int chunk, int row_bytes) {
+  return static_cast<uint32_t>(row * row_bytes + ((chunk ^ (row & 7)) << 4));
 }
 
-template <typename T, int NT, int kAct>
-__global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
+template <typename T, int NT, int kAct, int BM, int BK>
+__global__ void __launch_bounds__(Config<NT, BM, BK>::kThreads, Config<NT, BM, BK>::kMinCtas)
     StreamTcKernel(const StreamArgs<T> p) {
-  using Cfg = Config<NT>;
+  using Cfg = Config<NT, BM, BK>;
   constexpr int S = Cfg::kStages;
+  constexpr int kRowBytes = Cfg::kRowBytes;
+  constexpr int kSlices = Cfg::kSlices;
+  constexpr int kFrags = Cfg::kFrags;
   constexpr int kFixupSlots = Cfg::kFixupSlots;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rg = warp / kSlices, slice = warp % kSlices;  // row group, column slice
   const int cta = blockIdx.x;
   const int kt_count = p.k_tiles;
   const int64_t begin = static_cast<int64_t>(cta) * p.q + min(cta, p.rem);
   const int count = p.q + (cta < p.rem ? 1 : 0);
   const uint32_t smem0 = SmemAddr(smem);
 
-  // Loader: thread t copies chunk t % 8 of tile rows t / 8 + 16 j.
-  const int ld_row = tid >> 3, ld_chunk = tid & 7;
-  const uint32_t ld_off = Swizzle(ld_row, ld_chunk);  // + j * 16 rows (the swizzle repeats)
+  // Loader: thread t copies chunk t % kChunks of tile rows t / kChunks + kLoadRows j.
+  const int ld_row = tid / Cfg::kChunks, ld_chunk = tid % Cfg::kChunks;
   auto load_w = [&](int stage, int rb, int kt) {
-    const uint32_t dst = smem0 + stage * Cfg::kStageBytes + ld_off;
-    const int col = kt * kBK + ld_chunk * 8;
-    const int row0 = rb * kBM + ld_row;
+    const uint32_t dst = smem0 + stage * Cfg::kStageBytes;
+    const int col = kt * BK + ld_chunk * 8;
+    const int row0 = rb * BM + ld_row;
     const T* src = p.b + static_cast<int64_t>(row0) * p.ldb + col;
 #pragma unroll
-    for (int j = 0; j < kBM / 16; ++j) {
-      const bool valid = col < p.k && row0 + 16 * j < p.n;
-      CpAsync16(dst + j * 16 * kRowBytes, valid ? src + j * 16 * p.ldb : p.b, valid);
+    for (int j = 0; j < BM / Cfg::kLoadRows; ++j) {
+      const int row = ld_row + j * Cfg::kLoadRows;
+      const bool valid = col < p.k && row0 + j * Cfg::kLoadRows < p.n;
+      CpAsync16(dst + Swizzle(row, ld_chunk, kRowBytes),
+                valid ? src + static_cast<int64_t>(j * Cfg::kLoadRows) * p.ldb : p.b, valid);
     }
   };
   auto load_a = [&](int stage, int kt) {
-    const uint32_t dst = smem0 + stage * Cfg::kStageBytes + Cfg::kWBytes + ld_off;
-    const int col = kt * kBK + ld_chunk * 8;
+    const uint32_t dst = smem0 + stage * Cfg::kStageBytes + Cfg::kWBytes;
+    const int col = kt * BK + ld_chunk * 8;
 #pragma unroll
-    for (int j = 0; j < (Cfg::kMP + 15) / 16; ++j) {
-      const int row = ld_row + 16 * j;
+    for (int j = 0; j < (Cfg::kMP + Cfg::kLoadRows - 1) / Cfg::kLoadRows; ++j) {
+      const int row = ld_row + j * Cfg::kLoadRows;
       if (row < Cfg::kMP) {
         const bool valid = col < p.k && row < p.m;
-        CpAsync16(dst + j * 16 * kRowBytes, valid ? p.a + row * p.lda + col : p.a, valid);
+        CpAsync16(dst + Swizzle(row, ld_chunk, kRowBytes), valid ? p.a + row * p.lda + col : p.a,
+                  valid);
       }
     }
   };
@@ -202,11 +226,13 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     advance(lrb, lkt);
   }
 
-  // Fragment addresses (see the header comment of this file for the layouts).
+  // Fragment addresses (see the header comment of this file for the layouts). Chunks are counted
+  // from the warp's column slice (8 chunks of 16 bytes = 64 columns).
   const int frag_x = lane & 7;
+  const int chunk0 = slice * 8;
   uint32_t w_row_off[2];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) w_row_off[mt] = (warp * 32 + mt * 16 + (lane & 15)) * kRowBytes;
+  for (int mt = 0; mt < 2; ++mt) w_row_off[mt] = (rg * 32 + mt * 16 + (lane & 15)) * kRowBytes;
   const int w_chunk_hi = lane >> 4;
   const int a_row = frag_x + ((lane >> 4) << 3);  // + 16 per pair of n8 tiles
   const int a_chunk_hi = (lane >> 3) & 1;
@@ -226,21 +252,22 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     const uint32_t w_base = smem0 + stage * Cfg::kStageBytes;
     const uint32_t a_base = w_base + Cfg::kWBytes;
 #pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
+    for (int ks = 0; ks < 4; ++ks) {
+      const int chunk = chunk0 + 2 * ks;
       uint32_t af[2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        Ldmatrix4(af[mt], w_base + w_row_off[mt] + (((2 * ks + w_chunk_hi) ^ frag_x) << 4));
+        Ldmatrix4(af[mt], w_base + w_row_off[mt] + (((chunk + w_chunk_hi) ^ frag_x) << 4));
       }
       uint32_t bf[NT][2];
       if constexpr (NT == 1) {
-        Ldmatrix2(bf[0], a_base + frag_x * kRowBytes + (((2 * ks + a_chunk_hi) ^ frag_x) << 4));
+        Ldmatrix2(bf[0], a_base + frag_x * kRowBytes + (((chunk + a_chunk_hi) ^ frag_x) << 4));
       } else {
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           uint32_t r[4];
           Ldmatrix4(r, a_base + (np * 16 + a_row) * kRowBytes +
-                           (((2 * ks + a_chunk_hi) ^ frag_x) << 4));
+                           (((chunk + a_chunk_hi) ^ frag_x) << 4));
           bf[2 * np][0] = r[0];
           bf[2 * np][1] = r[1];
           bf[2 * np + 1][0] = r[2];
@@ -254,6 +281,47 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     }
   };
 
+  // Fragment f = mt * NT + nt of a warp; with several slices, the warp of slice s owns (writes,
+  // stores, fixes up) the fragments f with f % kSlices == s after the slice reduction.
+  auto owned = [&](int mt, int nt) { return kSlices == 1 || (mt * NT + nt) % kSlices == slice; };
+
+  // Sums the row group's slices into the owners' acc. `stage`: the stage just computed (all of
+  // its cp.async complete; the next refill of it follows the next iteration's barrier).
+  auto reduce_slices = [&](int stage) {
+    if constexpr (kSlices > 1) {
+      float* red = reinterpret_cast<float*>(smem + stage * Cfg::kStageBytes);
+      __syncthreads();  // every warp done reading the stage
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          *reinterpret_cast<float4*>(red + ((warp * kFrags + mt * NT + nt) * 32 + lane) * 4) =
+              make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]);
+        }
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          if (!owned(mt, nt)) continue;
+          float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+          for (int s = 0; s < kSlices; ++s) {  // in slice order: deterministic
+            const float4 v = *reinterpret_cast<const float4*>(
+                red + (((rg * kSlices + s) * kFrags + mt * NT + nt) * 32 + lane) * 4);
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
+          }
+          acc[mt][nt][0] = sum.x;
+          acc[mt][nt][1] = sum.y;
+          acc[mt][nt][2] = sum.z;
+          acc[mt][nt][3] = sum.w;
+        }
+    }
+  };
+
   // Accumulator (mt, nt, e) of this thread is C[col][row]: weight row `row` = output column,
   // activation row `col` = output row (the mma's D fragment: rows g, g + 8; columns 2t, 2t + 1).
   const int g = lane >> 2, t = lane & 3;
@@ -262,11 +330,12 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = rb * kBM + warp * 32 + mt * 16 + half * 8 + g;
+        const int row = rb * BM + rg * 32 + mt * 16 + half * 8 + g;
         if (row >= p.n) continue;
         const float bias = p.bias != nullptr ? fwd::ToFloat(p.bias[row]) : 0.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
+          if (!owned(mt, nt)) continue;
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = nt * 8 + 2 * t + e;
@@ -284,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
   // Partials are stored in fragment order: thread-private, fully coalesced float4s.
   auto slot_of = [&](int owner, int piece) {
     return p.partials + (static_cast<int64_t>(owner) * 2 + piece) * Cfg::kSlotFloats +
-           warp * (2 * NT * 128) + lane * 4;
+           rg * (kFrags * 128) + lane * 4;
   };
   auto start_of = [&](int i) { return static_cast<int64_t>(i) * p.q + min(i, p.rem); };
   auto owner_of = [&](int64_t tile) {
@@ -293,7 +362,8 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
   };
   const int first_rb = static_cast<int>(begin / kt_count);
 
-  // Ends this CTA's piece of row block rb (tiles [piece_kt0, last_kt] of it are in acc).
+  // Ends this CTA's piece of row block rb (tiles [piece_kt0, last_kt] of it are in acc, summed
+  // over the slices by reduce_slices).
   auto finish_piece = [&](int rb, bool whole) {
     if (whole) {
       epilogue(rb);
@@ -305,6 +375,7 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
+        if (!owned(mt, nt)) continue;
         __stcg(reinterpret_cast<float4*>(mine + (mt * NT + nt) * 128),
                make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
       }
@@ -330,6 +401,7 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
+            if (!owned(mt, nt)) continue;
             v[u][mt][nt] = __ldcg(reinterpret_cast<const float4*>(src + (mt * NT + nt) * 128));
           }
       }
@@ -340,6 +412,7 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
+            if (!owned(mt, nt)) continue;
             acc[mt][nt][0] += v[u][mt][nt].x;
             acc[mt][nt][1] += v[u][mt][nt].y;
             acc[mt][nt][2] += v[u][mt][nt].z;
@@ -366,23 +439,24 @@ __global__ void __launch_bounds__(kThreads, kMaxCtasPerSm)
     lstage = lstage + 1 == S ? 0 : lstage + 1;
 
     compute(cstage);
-    cstage = cstage + 1 == S ? 0 : cstage + 1;
 
     const bool last_tile = i + 1 == count;
     if (last_tile) fwd::PdlTrigger();
     if (ckt + 1 == kt_count || last_tile) {
+      reduce_slices(cstage);
       finish_piece(crb, piece_kt0 == 0 && ckt + 1 == kt_count);
       zero_acc();
       piece_kt0 = 0;
     }
+    cstage = cstage + 1 == S ? 0 : cstage + 1;
     advance(crb, ckt);
   }
   CpAsyncWait<0>();
 }
 
-template <int NT>
+template <int NT, int BM, int BK>
 size_t SlotBytes() {
-  return static_cast<size_t>(Config<NT>::kSlotFloats) * sizeof(float);
+  return static_cast<size_t>(Config<NT, BM, BK>::kSlotFloats) * sizeof(float);
 }
 
 int NtFor(int64_t m) {
@@ -401,20 +475,21 @@ struct KernelInfo {
   int resident = 0;  // CTAs per SM
 };
 
-template <typename T, int NT, int kAct>
+template <typename T, int NT, int kAct, int BM, int BK>
 absl::Status GetInfo(KernelInfo& out) {
+  using Cfg = Config<NT, BM, BK>;
   static thread_local KernelInfo info;
   int device = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (info.device != device) {
-    auto kernel = StreamTcKernel<T, NT, kAct>;
+    auto kernel = StreamTcKernel<T, NT, kAct, BM, BK>;
     KernelInfo fresh;
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              Config<NT>::kSmemBytes));
+                                              Cfg::kSmemBytes));
     CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device));
     CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fresh.resident, kernel, kThreads, Config<NT>::kSmemBytes));
+        &fresh.resident, kernel, Cfg::kThreads, Cfg::kSmemBytes));
     fresh.device = device;
     info = fresh;
   }
@@ -422,11 +497,12 @@ absl::Status GetInfo(KernelInfo& out) {
   return absl::OkStatus();
 }
 
-template <typename T, int NT, int kAct>
+template <typename T, int NT, int kAct, int BM, int BK>
 absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
                     void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  using Cfg = Config<NT, BM, BK>;
   KernelInfo info;
-  RETURN_IF_ERROR((GetInfo<T, NT, kAct>(info)));
+  RETURN_IF_ERROR((GetInfo<T, NT, kAct, BM, BK>(info)));
   if (info.resident < 1) {
     return absl::InternalError("StreamTcGemmCuda: the kernel does not fit on an SM");
   }
@@ -442,18 +518,20 @@ absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t str
   s.n = static_cast<int>(p.n);
   s.k = static_cast<int>(p.k);
   s.accumulate = e.accumulate;
-  const int64_t row_blocks = (p.n + kBM - 1) / kBM;
-  s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + kBK - 1) / kBK));
+  const int64_t row_blocks = (p.n + BM - 1) / BM;
+  s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + BK - 1) / BK));
   const int64_t tiles = row_blocks * s.k_tiles;
   if (tiles > INT32_MAX) return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
 
   const int per_sm = std::clamp(tuning.ctas_per_sm > 0 ? tuning.ctas_per_sm : kMaxCtasPerSm, 1,
                                 std::min(info.resident, kMaxCtasPerSm));
-  const int64_t min_tiles =
-      tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles;
+  // min_tiles_per_cta counts 16 KiB tiles (128 x 64); larger tiles count for more.
+  const int64_t min_tiles = std::max<int64_t>(
+      1, (tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles) * 128 * 64 /
+             (BM * BK));
   int64_t grid = std::min<int64_t>(int64_t{info.sms} * per_sm, kMaxGrid);
   grid = std::max<int64_t>(1, std::min(grid, tiles / min_tiles));
-  const size_t need = kCounterBytes + static_cast<size_t>(grid) * 2 * SlotBytes<NT>();
+  const size_t need = kCounterBytes + static_cast<size_t>(grid) * 2 * SlotBytes<NT, BM, BK>();
   const bool aligned_ws = reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
   if (workspace == nullptr || !aligned_ws || workspace_bytes < need) {
     grid = row_blocks;  // one whole row block per CTA: no partials, no counters
@@ -466,16 +544,34 @@ absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t str
 
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Config<NT>::kSmemBytes;
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StreamTcKernel<T, NT, kAct>, s));
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StreamTcKernel<T, NT, kAct, BM, BK>, s));
   return absl::OkStatus();
+}
+
+// The tile shapes of StreamTcShape.
+template <typename T, int NT, int kAct>
+absl::Status LaunchShape(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                         bool pdl, void* workspace, size_t workspace_bytes,
+                         const StreamTcTuning& tuning) {
+  const int shape = tuning.shape > 0 ? tuning.shape : static_cast<int>(kStreamTcDefaultShape);
+  switch (static_cast<StreamTcShape>(shape)) {
+    case StreamTcShape::k64x128:
+      return Launch<T, NT, kAct, 64, 128>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case StreamTcShape::k32x256:
+      return Launch<T, NT, kAct, 32, 256>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case StreamTcShape::k64x256:
+      return Launch<T, NT, kAct, 64, 256>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    default:
+      return Launch<T, NT, kAct, 128, 64>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+  }
 }
 
 template <typename T, int NT>
@@ -483,9 +579,9 @@ absl::Status LaunchAct(const GemmParams& p, const GemmEpilogue& e, cudaStream_t 
                        void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
   switch (e.activation) {
     case Activation::kIdentity:
-      return Launch<T, NT, 0>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+      return LaunchShape<T, NT, 0>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
     case Activation::kGeluTanh:
-      return Launch<T, NT, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+      return LaunchShape<T, NT, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
     case Activation::kGeluErf:
       break;
   }
@@ -539,7 +635,7 @@ size_t StreamTcCounterBytes() { return kCounterBytes; }
 size_t StreamTcGemmWorkspaceBytes(int num_sms, int64_t max_m) {
   const int64_t m = std::clamp<int64_t>(max_m, 1, kStreamTcMaxM);
   const int64_t grid = std::min<int64_t>(int64_t{std::max(num_sms, 1)} * kMaxCtasPerSm, kMaxGrid);
-  const size_t slot = static_cast<size_t>(kBM) * 8 * NtFor(m) * sizeof(float);
+  const size_t slot = static_cast<size_t>(kMaxBM) * 8 * NtFor(m) * sizeof(float);
   return kCounterBytes + static_cast<size_t>(grid) * 2 * slot;
 }
 
