@@ -85,6 +85,13 @@ constexpr int kInlineMergeCap4 = 8;
 constexpr int kInlineMergeCap5 = 32;
 // Variants 8-10: the most splits merged inside a cluster (the portable cluster size).
 constexpr int kClusterMergeCap = 8;
+// Variants 9 and 10, automatic splits: when splitting each sequence into at most one wave of
+// cluster-merged CTAs (grid <= SMs) leaves no CTA more than this many KV tiles, that plan is taken
+// over the fill-every-slot one (H200, 2026-12-03, 32 x 576, variant 9: 3 splits of 3 tiles in 96
+// CTAs with the cluster merge 14.6 us against the fill rule's 5 splits of 2 tiles in 160 CTAs and
+// the last-arriver merge 20.7 us; 64 x 2048 with 2 splits of 16 tiles lost to 4 splits, 39.7 vs
+// 32.1 us).
+constexpr int kClusterWaveMaxTiles = 4;
 
 
 // --- PTX wrappers ------------------------------------------------------------------------------
@@ -1055,8 +1062,9 @@ int RowTiles(const PagedAttentionParams& p, const PagedAttentionTuning& tuning) 
 }
 
 // The whole launch geometry; `resident` is CTAs per SM of the chosen instantiation.
+// one_wave_cluster: variants 9 and 10 (see kClusterWaveMaxTiles).
 Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning, int resident,
-              size_t workspace_bytes) {
+              size_t workspace_bytes, bool one_wave_cluster = false) {
   Plan plan;
   plan.layout = ChooseLayout(p, tuning);
   const int group = p.num_heads / p.num_kv_heads;
@@ -1072,6 +1080,10 @@ Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
     const int64_t slots = static_cast<int64_t>(SmCount()) * std::max(1, resident);
     splits = static_cast<int>(std::max<int64_t>(1, slots / std::max<int64_t>(1, base)));
     if (base < SmCount()) splits = std::max(splits, 2);
+    if (one_wave_cluster && 2 * base <= SmCount()) {
+      const int one_wave = static_cast<int>(std::min<int64_t>(kClusterMergeCap, SmCount() / base));
+      if (CeilDiv(max_tiles, one_wave) <= kClusterWaveMaxTiles) splits = one_wave;
+    }
     // Splits shorter than kMinSplitTokens (one KV tile) cannot help; past kMaxAutoSplits the
     // merge costs more than the parallelism gains.
     splits = std::min({splits, CeilDiv(max_ctx, kMinSplitTokens), kMaxAutoSplits});
@@ -1165,7 +1177,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           head_bytes = 256;
         }
         const Plan plan =
-            MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0);
+            MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0,
+                     cluster_if_small);
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
         if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
         const dim3 grid(static_cast<unsigned>(grid_x), p.num_kv_heads, p.num_seqs);
