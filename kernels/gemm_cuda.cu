@@ -905,9 +905,8 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
                      EnsureWorkspace(&stream_tc_workspace_, &stream_tc_workspace_bytes_,
                                      StreamTcGemmWorkspaceBytes(sms_), stream));
     if (ready) {
-      const absl::Status s =
-          StreamTcGemmCuda(p, e, stream, options_.pdl, stream_tc_workspace_,
-                           stream_tc_workspace_bytes_, {.shape = options_.stream_tc_shape});
+      const absl::Status s = StreamTcGemmCuda(p, e, stream, options_.pdl, stream_tc_workspace_,
+                                              stream_tc_workspace_bytes_);
       if (!absl::IsUnimplemented(s)) return s;
     }
   }

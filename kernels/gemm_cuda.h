@@ -89,7 +89,6 @@ class CudaGemm {
     // supports the call. Workspace as for skinny_split_k (the first eager Run allocates it; a Run
     // captured before then uses cuBLASLt, and the graph keeps it).
     bool stream_tc = false;
-    int stream_tc_shape = 0;  // StreamTcTuning::shape (a StreamTcShape; 0: the kernel's default)
   };
   static constexpr int kSkinnyMaxM = 8;
   static constexpr int kAutotuneAlgos = 8;
@@ -122,10 +121,7 @@ class CudaGemm {
   void set_skinny_split_k(bool on) { options_.skinny_split_k = on; }
   bool skinny_split_k() const { return options_.skinny_split_k; }
   void set_skinny_split_ctas_per_sm(int ctas) { options_.skinny_split_ctas_per_sm = ctas; }
-  void set_stream_tc(bool on, int shape = 0) {
-    options_.stream_tc = on;
-    options_.stream_tc_shape = shape;
-  }
+  void set_stream_tc(bool on) { options_.stream_tc = on; }
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for

@@ -1,6 +1,6 @@
 // Weight-streaming tensor-core decode GEMM (see gemm_stream_tc.h).
 //
-// Tiles: a weight tile is BM rows x BK columns (BM * BK * 2 bytes; the shapes of StreamTcShape);
+// Tiles: a weight tile is BM rows x BK columns (BM * BK * 2 bytes; LaunchShape picks them by m);
 // its activation tile is the kMP (m padded) rows of A over the same BK columns. Both land in
 // shared memory through 16-byte cp.async, rows of BK / 8 16-byte chunks with chunk c of row r
 // stored at chunk c ^ (r & 7) (the XOR flips the low three bits only, i.e. within each 128-byte
@@ -8,9 +8,11 @@
 // past n or m and columns past k are zero-filled (cp.async src-size 0).
 //
 // Why wide tiles: a weight row is contiguous in memory, the rows of a tile are k * 2 bytes apart.
-// With BK = 64 each tile reads 128 bytes of each of 128 rows, and HBM serves such short runs far
+// With BK = 64 each tile reads 128 bytes of each of 128 rows, and HBM serves such short runs
 // below its streaming rate (ncu, StarCoder QKV at m = 32: 52% of DRAM peak, the SMs mostly idle
-// waiting); BK = 256 reads 512-byte runs, as the skinny kernel's warps do.
+// waiting); BK = 256 reads 512-byte runs, as the skinny kernel's warps do. Measured (H200,
+// 2026-12-03): a StarCoder step's GEMMs at m = 32 take 8.87 ms with 64 x 256 tiles against 10.23
+// with 128 x 64 — still behind cuBLASLt's 7.80, so CudaGemm keeps this kernel off by default.
 //
 // Warps: (BM / 32) row groups x (BK / 64) column slices; warp (rg, ks) owns 32 weight rows (two
 // m16 tiles) and 64 columns of every tile: per 16-column step it loads its two weight fragments
@@ -556,21 +558,18 @@ absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t str
   return absl::OkStatus();
 }
 
-// The tile shapes of StreamTcShape.
+// The weight tile: 64 x 256 (8 warps, one CTA an SM) up to m = 32, 128 x 64 (4 warps, two CTAs an
+// SM) above, where the wide tile's activation stages no longer leave room for a deep pipeline
+// (H200, gemm_stream_bench, StarCoder decode GEMMs a step: m = 32 8.87 ms vs 10.23 with 128 x 64,
+// m = 64 13.69 vs 12.54; 64 x 128 and 32 x 256 lay between or below).
 template <typename T, int NT, int kAct>
 absl::Status LaunchShape(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
                          bool pdl, void* workspace, size_t workspace_bytes,
                          const StreamTcTuning& tuning) {
-  const int shape = tuning.shape > 0 ? tuning.shape : static_cast<int>(kStreamTcDefaultShape);
-  switch (static_cast<StreamTcShape>(shape)) {
-    case StreamTcShape::k64x128:
-      return Launch<T, NT, kAct, 64, 128>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
-    case StreamTcShape::k32x256:
-      return Launch<T, NT, kAct, 32, 256>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
-    case StreamTcShape::k64x256:
-      return Launch<T, NT, kAct, 64, 256>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
-    default:
-      return Launch<T, NT, kAct, 128, 64>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+  if constexpr (NT <= 4) {
+    return Launch<T, NT, kAct, 64, 256>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+  } else {
+    return Launch<T, NT, kAct, 128, 64>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
   }
 }
 

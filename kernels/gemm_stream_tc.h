@@ -4,8 +4,8 @@
 // cuBLASLt (CudaGemm::Run); the skinny CUDA-core kernel stays the better choice for m <= 8.
 //
 // "Swap AB": the weight's rows are the MMA's M dimension (mma.sync m16n8k16), the m activation
-// rows its N dimension (padded to 8, 16, 32, 48 or 64). Each CTA streams weight tiles (128 x 64
-// to 32 x 256: StreamTcShape) through a multi-stage cp.async pipeline in shared memory, beside the matching
+// rows its N dimension (padded to 8, 16, 32, 48 or 64). Each CTA streams weight tiles (64 x 256
+// for m <= 32, 128 x 64 above) through a multi-stage cp.async pipeline in shared memory, beside the matching
 // activation tile (L2-resident, re-read by every CTA). The tiles of the whole GEMM (row blocks x
 // k tiles, k fastest) are dealt out in equal contiguous ranges to one resident wave of CTAs
 // ("stream-K"): no wave quantisation, whatever n is. A row block that several CTAs share is
@@ -32,22 +32,10 @@
 
 namespace mqa {
 
-// Weight tile shapes, rows x columns (gemm_stream_tc.cu says why the wide ones exist): how many
-// bytes of each weight row one tile reads contiguously (128, 256 or 512).
-enum class StreamTcShape : int {
-  kDefault = 0,  // kStreamTcDefaultShape
-  k128x64 = 1,   // 4 warps
-  k64x128 = 2,   // 4 warps, two column slices
-  k32x256 = 3,   // 4 warps, four column slices
-  k64x256 = 4,   // 8 warps, four column slices
-};
-inline constexpr StreamTcShape kStreamTcDefaultShape = StreamTcShape::k128x64;
-
 // Tuning knobs (benchmarks sweep them; the defaults are the measured choice).
 struct StreamTcTuning {
   int ctas_per_sm = 0;        // CTAs per SM in the grid; 0: as many as fit, at most 2
   int min_tiles_per_cta = 0;  // each CTA streams at least this many 16 KiB of weight tiles; 0: 8
-  int shape = 0;              // a StreamTcShape; 0: kStreamTcDefaultShape
 };
 
 // Largest m the kernel takes.

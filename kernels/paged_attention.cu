@@ -85,12 +85,14 @@ constexpr int kInlineMergeCap4 = 8;
 constexpr int kInlineMergeCap5 = 32;
 // Variants 8-10: the most splits merged inside a cluster (the portable cluster size).
 constexpr int kClusterMergeCap = 8;
-// Variants 9 and 10, automatic splits: when splitting each sequence into at most one wave of
-// cluster-merged CTAs (grid <= SMs) leaves no CTA more than this many KV tiles, that plan is taken
-// over the fill-every-slot one (H200, 2026-12-03, 32 x 576, variant 9: 3 splits of 3 tiles in 96
-// CTAs with the cluster merge 14.6 us against the fill rule's 5 splits of 2 tiles in 160 CTAs and
-// the last-arriver merge 20.7 us; 64 x 2048 with 2 splits of 16 tiles lost to 4 splits, 39.7 vs
-// 32.1 us).
+// Variants 9 and 10, automatic splits: when the fill-every-slot rule gives CTAs of more than one
+// KV tile and splitting each sequence into one wave of cluster-merged CTAs (grid <= SMs) leaves no
+// CTA more than this many tiles, the cluster plan is taken. H200, 2026-12-03, variant 9, graph us:
+// 32 x 576: 3 splits of 3 tiles, 96 CTAs, cluster merge 14.6 against the fill rule's 5 splits of
+// 2 tiles, 160 CTAs, last-arriver merge 20.7; 32 x 1024: 4 splits of 4 tiles 20.7 against 8 of 2
+// tiles 25.0; but 16 x 1024: the fill rule's 16 one-tile splits (256 CTAs, merge kernel) 13.7
+// against 8 splits of 2 tiles in clusters 16.9; and 64 x 2048 with 2 splits of 16 tiles lost to
+// 4 splits, 39.7 vs 32.1.
 constexpr int kClusterWaveMaxTiles = 4;
 
 
@@ -1080,13 +1082,13 @@ Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
     const int64_t slots = static_cast<int64_t>(SmCount()) * std::max(1, resident);
     splits = static_cast<int>(std::max<int64_t>(1, slots / std::max<int64_t>(1, base)));
     if (base < SmCount()) splits = std::max(splits, 2);
-    if (one_wave_cluster && 2 * base <= SmCount()) {
-      const int one_wave = static_cast<int>(std::min<int64_t>(kClusterMergeCap, SmCount() / base));
-      if (CeilDiv(max_tiles, one_wave) <= kClusterWaveMaxTiles) splits = one_wave;
-    }
     // Splits shorter than kMinSplitTokens (one KV tile) cannot help; past kMaxAutoSplits the
     // merge costs more than the parallelism gains.
     splits = std::min({splits, CeilDiv(max_ctx, kMinSplitTokens), kMaxAutoSplits});
+    if (one_wave_cluster && 2 * base <= SmCount() && CeilDiv(max_tiles, splits) > 1) {
+      const int one_wave = static_cast<int>(std::min<int64_t>(kClusterMergeCap, SmCount() / base));
+      if (CeilDiv(max_tiles, one_wave) <= kClusterWaveMaxTiles) splits = one_wave;
+    }
   }
   splits = std::clamp(splits, 1, max_tiles);
   if (splits > 1 && workspace_bytes != SIZE_MAX) {

@@ -194,10 +194,9 @@ class GptBigCode {
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);
-  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll, and
-  // the stream-TC kernel's tile shape (StreamTcShape; 0: its default); no-op on the CPU. Drops
-  // captured graphs.
-  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int stream_tc_shape = 0);
+  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll; no-op
+  // on the CPU. Drops captured graphs.
+  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

@@ -164,11 +164,10 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll,
-                                  int stream_tc_shape) {
+void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
-  cuda_->gemm->set_stream_tc(stream_tc, stream_tc_shape);
+  cuda_->gemm->set_stream_tc(stream_tc);
   cuda_->gemm->set_skinny_deep_unroll(deep_unroll);
   ClearCudaGraphs();
 }
@@ -566,7 +565,7 @@ int GptBigCode::pending_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
-void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
+void GptBigCode::set_gemm_kernels(bool, bool, bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

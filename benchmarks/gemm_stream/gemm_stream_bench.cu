@@ -10,8 +10,6 @@
 // four projections + lm_head) for each path.
 //
 //   gemm_stream_bench [--model starcoder|santacoder] [--m 32] [--ctas-per-sm N] [--min-tiles N]
-//                     [--shape N] (StreamTcShape: 1 = 128 x 64, 2 = 64 x 128, 3 = 32 x 256,
-//                     4 = 64 x 256; 0: the default)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -93,12 +91,10 @@ Args Parse(int argc, char** argv) {
       a.tuning.ctas_per_sm = std::atoi(argv[++i]);
     } else if (flag == "--min-tiles" && has_value) {
       a.tuning.min_tiles_per_cta = std::atoi(argv[++i]);
-    } else if (flag == "--shape" && has_value) {
-      a.tuning.shape = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: gemm_stream_bench [--model starcoder|santacoder] [--m M] "
-                   "[--ctas-per-sm N] [--min-tiles N] [--shape 1|2|3|4]\n");
+                   "[--ctas-per-sm N] [--min-tiles N]\n");
       std::exit(2);
     }
   }
@@ -117,9 +113,8 @@ int Main(int argc, char** argv) {
   const double ceiling = CopyCeilingTBs(stream);
   std::printf("%s, %d SMs; device-to-device copy ceiling %.2f TB/s (read + write)\n", prop.name,
               sms, ceiling);
-  std::printf("tuning: ctas_per_sm %d, min_tiles_per_cta %d, shape %d (0: defaults; shapes 1 = "
-              "128 x 64, 2 = 64 x 128, 3 = 32 x 256, 4 = 64 x 256)\n",
-              args.tuning.ctas_per_sm, args.tuning.min_tiles_per_cta, args.tuning.shape);
+  std::printf("tuning: ctas_per_sm %d, min_tiles_per_cta %d (0: defaults)\n",
+              args.tuning.ctas_per_sm, args.tuning.min_tiles_per_cta);
 
   // One pool of weight copies for every shape (the largest needs two 604 MB copies).
   const size_t pool_bytes = size_t{1300} << 20;

@@ -9,8 +9,7 @@
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
-//     "skinny" is without it), tc1 .. tc4 (tc with that StreamTcShape tile, and skinnyd's deep
-//     unroll for m = 1).
+//     "skinny" is without it).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -298,12 +297,6 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   return s;
 }
 
-// The StreamTcShape of a --gemm variant "tc1" .. "tc4"; -1 for any other.
-int TcShape(absl::string_view v) {
-  if (v.size() != 3 || !absl::StartsWith(v, "tc") || v[2] < '1' || v[2] > '4') return -1;
-  return v[2] - '0';
-}
-
 absl::Status Latency(const Flags& f) {
   const int bs = f.block_size;
   const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
@@ -321,15 +314,14 @@ absl::Status Latency(const Flags& f) {
   } else {
     // A comma-separated list: skinny (= skinny2), skinny1, skinny4, cublaslt, splitk (the split-K
     // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
-    // with CudaGemm::Options::skinny_deep_unroll), tc1 .. tc4 (tc with that tile shape, and the
-    // deep unroll).
+    // with CudaGemm::Options::skinny_deep_unroll).
     for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
       variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
     }
   }
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && v != "splitk+tc" && v != "skinnyd" && TcShape(v) < 0) {
+        v != "tc" && v != "splitk+tc" && v != "skinnyd") {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -436,10 +428,8 @@ absl::Status Latency(const Flags& f) {
     };
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
-    const int tc_shape = TcShape(variant);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
-                               variant == "tc" || variant == "splitk+tc" || tc_shape >= 0,
-                               variant == "skinnyd" || tc_shape >= 0, std::max(tc_shape, 0));
+                               variant == "tc" || variant == "splitk+tc", variant == "skinnyd");
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune == "on");
@@ -615,10 +605,9 @@ absl::Status Throughput(const Flags& f) {
   GptBigCodeRunner& r = *s.runner;
   if (f.small == "on") r.model().set_small_kernels(true, true);
   // One GEMM variant for the whole run: --gemm splitk, tc or splitk+tc switch those kernels on.
-  const int tc_shape = TcShape(f.gemm);
   r.model().set_gemm_kernels(absl::StrContains(f.gemm, "splitk"),
-                             f.gemm == "tc" || absl::StrContains(f.gemm, "+tc") || tc_shape >= 0,
-                             f.gemm == "skinnyd" || tc_shape >= 0, std::max(tc_shape, 0));
+                             f.gemm == "tc" || absl::StrContains(f.gemm, "+tc"),
+                             f.gemm == "skinnyd");
   Blocks blocks(r.num_kv_blocks(), bs);
   std::vector<Seq> running;
   running.reserve(f.num_prompts);
