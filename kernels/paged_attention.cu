@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention_dispatch.h"
 #include "kernels/paged_attention_cuda.h"
+#include "kernels/wgmma.cuh"
 #include "runtime/cuda_check.h"
 
 namespace mqa {
@@ -968,6 +969,8 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   }
 }
 
+#include "kernels/paged_attention_hopper.cuh"
+
 // --- Host side ---------------------------------------------------------------------------------
 
 int SmCount() {
@@ -1163,6 +1166,16 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
+        // 11 (wgmma) plans and merges as 3; shapes it does not take run as 9.
+        bool hopper = false;
+        if (variant == 11) {
+          if constexpr (D == 64 || D == 128) {
+            hopper = static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads) <=
+                         hopper::kRows &&
+                     hopper::HopperResident<T, D>() > 0;
+          }
+          variant = hopper ? 3 : 9;
+        }
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
         // and 10 is 8 with the cluster merge only where the grid fits in one CTA per SM.
         const bool early_kv = variant >= 7;
@@ -1178,9 +1191,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           variant = variant == 2 ? 1 : 3;
           head_bytes = 256;
         }
-        const Plan plan =
-            MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0,
-                     cluster_if_small);
+        Plan plan = MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0,
+                             cluster_if_small);
+        if (hopper) plan.row_tiles = 1;  // every query row of a (sequence, KV head) in one CTA
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
         if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
         const dim3 grid(static_cast<unsigned>(grid_x), p.num_kv_heads, p.num_seqs);
@@ -1256,7 +1269,25 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         auto kernel = a.narrow_partials ? PagedAttentionKernel<T, D, WM, WN, true>
                                         : PagedAttentionKernel<T, D, WM, WN, false>;
-        {
+        hopper = hopper && a.table_blocks > 0;  // else the split's block ids do not fit: as 3
+        if (hopper) {
+          if constexpr (D == 64 || D == 128) {
+            cudaLaunchConfig_t config = {};
+            config.gridDim = dim3(static_cast<unsigned>(plan.num_splits), p.num_kv_heads,
+                                  p.num_seqs);
+            config.blockDim = dim3(hopper::kThreads);
+            config.dynamicSmemBytes = hopper::HShape<D>::kSmemBytes;
+            config.stream = stream;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[0].val.programmaticStreamSerializationAllowed = 1;
+            config.attrs = attr;
+            config.numAttrs = tuning.pdl ? 1 : 0;
+            CUDA_RETURN_IF_ERROR(
+                cudaLaunchKernelEx(&config, hopper::HopperDecodeKernel<T, D>, a));
+            CUDA_RETURN_IF_LAUNCH_ERROR();
+          }
+        } else {
           cudaLaunchConfig_t config = {};
           config.gridDim = grid;
           config.blockDim = dim3(S::kThreads);

@@ -62,6 +62,11 @@ struct PagedAttentionTuning {
   //     vs 33.6): cluster scheduling costs where the grid is more than a wave.
   // 10: as 9, but past one CTA per SM as 3 with the early copies (the merge kernel, not the last
   //     arriving split).
+  // 11: Hopper warpgroup MMA (wgmma; kernels/paged_attention_hopper.cuh): one 128-thread
+  //     warpgroup per (sequence, KV head, split) holds all of its <= 64 query rows, S = Q K^T and
+  //     O += P V as asynchronous wgmma with P from registers; splits and merge as 3. Shapes it
+  //     does not take (head_dim other than 64 / 128, more than 64 query rows per KV head, a
+  //     split whose block ids overflow the shared table) run as 9 (or 3 for the last).
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -73,7 +78,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 11;
+inline constexpr int kNumPagedAttentionVariants = 12;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -88,7 +93,8 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 8 ? "cluster+earlykv"
          : v == 9 ? "auto(7|8)"
          : v == 10 ? "auto(3e|8)"
-                  : "?";
+         : v == 11 ? "hopper"
+                   : "?";
 }
 
 // Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will

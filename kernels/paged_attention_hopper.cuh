@@ -1,0 +1,282 @@
+// Variant 11 ("hopper"): paged decode attention on Hopper's warpgroup MMA (wgmma). Included by
+// kernels/paged_attention.cu inside its anonymous namespace (it shares KernelArgs, the copy and
+// pack helpers and the split-KV merge kernel).
+//
+// Why: the mma.sync kernel is latency-bound at every size (ncu 2026-12-03: 64 x 8192 at 61% of
+// DRAM with 11.5 warps an SM and no eligible warp in 54% of cycles; ~1 us of per-tile work for a
+// lone CTA). Here one warpgroup (4 warps, 128 threads) owns all <= 64 query rows of a (sequence,
+// KV head, split) — the heads sharing the KV head, padded to the wgmma's M = 64 — and each KV tile
+// costs a handful of asynchronous instructions: S = Q K^T as D / 16 wgmma.m64n32k16 (Q and K from
+// shared memory), then O += P V as 2 wgmma.m64n{D}k16 with P straight from the registers the
+// softmax left it in.
+//
+// Shared memory (128-byte swizzle, kernels/wgmma.cuh): Q as D / 64 column slabs of 64 rows x 128
+// bytes; each of kStages stages holds the K and the V tile (kTN tokens) in the same slab layout.
+// Q and K are K-major operands; V, stored token-major, is the MN-major B of P V (N = D contiguous).
+// Tiles arrive through 16-byte cp.async (the paged cache is not a TMA-describable tensor), made
+// visible to the async proxy with fence.proxy.async before the barrier that publishes a stage.
+// Splits, partials and the merge kernel are variant 3's (T partials, fp32 log2-domain lse).
+//
+// Limits (the host falls back to the mma.sync kernel otherwise): head_dim 64 or 128; query rows
+// per (sequence, KV head) <= 64, i.e. decode with group <= 64 or short multi-token queries; the
+// split's block-table entries fit the shared table (kTableCap).
+namespace hopper {
+
+constexpr int kTN = 32;  // KV tokens per stage
+constexpr int kThreads = 128;
+constexpr int kRows = 64;  // the wgmma's M: query rows per CTA
+
+template <int D>
+struct HShape {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kSlabs = D / 64;              // 64-column (128-byte) slabs
+  static constexpr int kQSlabBytes = kRows * 128;    // 8 KiB
+  static constexpr int kKvSlabBytes = kTN * 128;     // 4 KiB
+  static constexpr int kQBytes = kSlabs * kQSlabBytes;
+  static constexpr int kTileBytes = kSlabs * kKvSlabBytes;  // K or V of one stage
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kStages = D == 128 ? 5 : 6;
+  // + 1024: the dynamic shared memory is aligned up to the 128-byte swizzle's 1024-byte pattern.
+  static constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes;
+  static constexpr int kChunks = D / 8;                 // 16-byte chunks per row
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kKvPasses = kTN / kRowsPerPass;
+  static constexpr int kQPasses = kRows / kRowsPerPass;
+  static constexpr int kSN = kTN / 2;  // S accumulators per thread (m64 x kTN / 128)
+  static constexpr int kON = D / 2;    // O accumulators per thread
+};
+
+// Byte offset of 16-byte chunk c of row r in the slab layout (slab = c / 8, swizzled within it).
+template <int kSlabBytes>
+__device__ __forceinline__ uint32_t SlabOffset(int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * kSlabBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Keeps the compiler from moving reads or writes of wgmma accumulators across the wait that
+// completes them (the asm statements that issue the MMA name them, but the hardware writes them
+// later).
+template <int N>
+__device__ __forceinline__ void FenceRegs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelArgs a) {
+  using H = HShape<D>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int32_t table_s[kTableCap];
+  const uint32_t raw = SmemAddr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  unsigned char* q_s = smem;
+  unsigned char* kv_s = smem + H::kQBytes;
+  const uint32_t q_addr = SmemAddr(q_s), kv_addr = SmemAddr(kv_s);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  const int kv_begin = split * a.chunk;
+  const int first_block = kv_begin >> a.block_shift;
+  for (int i = tid; i < a.table_blocks; i += kThreads) {
+    table_s[i] = table[min(first_block + i, a.max_blocks_per_seq - 1)];
+  }
+  const int q_begin = a.query_start[seq];
+  const int q_len = a.query_start[seq + 1] - q_begin;
+  const int ctx = a.context_lens[seq];
+  const int G = a.group;
+  const int total_rows = q_len * G;
+  const int pos0 = ctx - q_len;
+  const int kv_end = pos0 + (total_rows - 1) / G + 1;
+  if (total_rows <= 0 || kv_begin >= kv_end) return;  // the merge skips splits past a query
+  const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
+  const int num_tiles = (kv_stop - kv_begin + kTN - 1) / kTN;
+
+  const T* query = static_cast<const T*>(a.query);
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int block_mask = (1 << a.block_shift) - 1;
+  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
+  const int cc = tid % H::kChunks, rr0 = tid / H::kChunks;
+  const int64_t col_off = static_cast<int64_t>(kvh) * D + cc * 8;
+
+  // Everything above reads only step metadata and block tables; Q and the KV rows may be written
+  // by the kernel this one follows under PDL.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  __syncthreads();  // table_s
+
+#pragma unroll
+  for (int k = 0; k < H::kQPasses; ++k) {
+    const int r = rr0 + k * H::kRowsPerPass;
+    const bool valid = r < total_rows;
+    const int64_t token = q_begin + r / G;
+    const int head = kvh * G + r % G;
+    CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
+              valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
+  }
+  auto issue_tile = [&](int tile) {
+    unsigned char* ks = kv_s + (tile % H::kStages) * H::kStageBytes;
+    unsigned char* vs = ks + H::kTileBytes;
+#pragma unroll
+    for (int k = 0; k < H::kKvPasses; ++k) {
+      const int r = rr0 + k * H::kRowsPerPass;
+      const int tok = kv_begin + tile * kTN + r;
+      const bool valid = tok < kv_stop;
+      int64_t off = 0;
+      if (valid) {
+        const int32_t block = table_s[(tok >> a.block_shift) - first_block];
+        off = ((static_cast<int64_t>(block) << a.block_shift) + (tok & block_mask)) * slot_elems +
+              col_off;
+      }
+      const uint32_t so = SlabOffset<H::kKvSlabBytes>(r, cc);
+      CpAsync16(ks + so, key_cache + off, valid);
+      CpAsync16(vs + so, value_cache + off, valid);
+    }
+  };
+  // Groups: Q with tile 0, then one per tile (empty past the last), so that at iteration i
+  // waiting until at most kStages - 2 groups are pending completes tile i.
+#pragma unroll
+  for (int s = 0; s < H::kStages - 1; ++s) {
+    if (s < num_tiles) issue_tile(s);
+    CpAsyncCommit();
+  }
+
+  // This thread's rows: r0 = 16 warp + g and r1 = r0 + 8; a padding row (>= total_rows) takes no
+  // causal mask (its output is dropped).
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int qpos0 = r0 < total_rows ? pos0 + r0 / G : INT_MAX;
+  const int qpos1 = r1 < total_rows ? pos0 + r1 / G : INT_MAX;
+  float o[H::kON];
+#pragma unroll
+  for (int i = 0; i < H::kON; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int i = 0; i < num_tiles; ++i) {
+    CpAsyncWait<H::kStages - 2>();
+    wgmma::FenceProxyAsync();
+    __syncthreads();  // tile i visible to every warp; every warp is done with tile i - 1's stage
+    if (i + H::kStages - 1 < num_tiles) issue_tile(i + H::kStages - 1);
+    CpAsyncCommit();
+
+    const uint32_t k_addr = kv_addr + (i % H::kStages) * H::kStageBytes;
+    const uint32_t v_addr = k_addr + H::kTileBytes;
+    float s[H::kSN];
+    FenceRegs(s);
+    wgmma::Fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk & 3) * 32;
+      const uint64_t qd = wgmma::Desc128B(q_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
+      const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
+      wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
+    }
+    wgmma::Commit();
+    wgmma::Wait<0>();
+    FenceRegs(s);
+
+    // Online softmax over the tile (log2 domain, the scale folded into the exponent).
+    const int tok0 = kv_begin + i * kTN + 2 * t;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kTN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = tok0 + 8 * j + (e & 1);
+        const int qpos = e < 2 ? qpos0 : qpos1;
+        if (tok >= kv_stop || tok > qpos) s[4 * j + e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+      }
+    }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * a.scale_log2);
+      mu[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = Exp2(m[r] - mu[r]);
+      m[r] = m_new;
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < H::kSN; ++j) {
+      s[j] = Exp2(fmaf(s[j], a.scale_log2, -mu[(j >> 1) & 1]));
+      rs[(j >> 1) & 1] += s[j];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+    FenceRegs(o);
+#pragma unroll
+    for (int j = 0; j < H::kON; ++j) o[j] *= alpha[(j >> 1) & 1];
+
+    wgmma::Fence();
+#pragma unroll
+    for (int kk = 0; kk < kTN / 16; ++kk) {
+      const uint32_t pa[4] = {Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]),
+                              Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]),
+                              Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]),
+                              Pack2<T>(s[8 * kk + 6], s[8 * kk + 7])};
+      const uint64_t vd = wgmma::Desc128B(v_addr + kk * 16 * 128, H::kKvSlabBytes, 1024);
+      if constexpr (D == 128) {
+        wgmma::MmaRS_m64n128k16_tb<T>(o, pa, vd);
+      } else {
+        wgmma::MmaRS_m64n64k16_tb<T>(o, pa, vd);
+      }
+    }
+    wgmma::Commit();
+    wgmma::Wait<0>();
+    FenceRegs(o);
+  }
+  CpAsyncWait<0>();
+  // The merge kernel (a programmatic dependent) may launch; it waits for this grid to complete.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? r0 : r1;
+    if (row >= total_rows) continue;
+    const int64_t token = q_begin + row / G;
+    const int head = kvh * G + row % G;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    T* dst;
+    if (a.num_splits == 1) {
+      dst = static_cast<T*>(a.output) + (token * a.num_heads + head) * D;
+    } else {
+      const int64_t prow =
+          (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
+      dst = reinterpret_cast<T*>(a.partial_o) + prow * D;
+      if (t == 0) a.partial_lse[prow] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) =
+          Pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+  }
+}
+
+// Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
+template <typename T, int D>
+int HopperResident() {
+  static const int ctas = [] {
+    auto kernel = HopperDecodeKernel<T, D>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             HShape<D>::kSmemBytes) != cudaSuccess) {
+      return 0;
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads,
+                                                      HShape<D>::kSmemBytes) != cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  return ctas;
+}
+
+}  // namespace hopper
