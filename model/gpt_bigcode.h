@@ -128,8 +128,11 @@ struct GptBigCodeOptions {
   // lost in attention_bench at 8 x 4096 and 32 x 2048 (BENCHMARKS.md). 9 = 6 with the step's
   // older KV rows copied before the PDL wait, the next kernel released at once, and the split
   // merge inside a thread-block cluster where the grid fits in one CTA per SM: the default since
-  // the H200 run of 2026-12-03 ~09:20 UTC (kernels/paged_attention_cuda.h).
-  int attention_variant = 9;
+  // the H200 run of 2026-12-03 ~09:20 UTC (kernels/paged_attention_cuda.h). 11 = the wgmma
+  // kernel (kernels/paged_attention_hopper.cuh; shapes it does not take run as 9): the default
+  // since the H200 run of 2026-12-03 ~12:28 UTC, side by side with 9: StarCoder b1 1.1180 ->
+  // 1.0846 s, SantaCoder b1 0.1539 -> 0.1350 s, StarCoder b32 2.0035 -> 1.9596 s.
+  int attention_variant = 11;
   // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).

@@ -236,6 +236,7 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 37 ? "_pdl_small_deep"
                           : std::get<3>(info.param) == 165 ? "_pdl_small_deep_attn8"
                           : std::get<3>(info.param) == 293 ? "_pdl_small_deep_attn7"
+                          : std::get<3>(info.param) == 549 ? "_pdl_small_deep_attn11"
                           : std::get<3>(info.param) == 101 ? "_defaults"
                                                          : "");
       std::replace(name.begin(), name.end(), '-', '_');
