@@ -179,10 +179,10 @@ __device__ __forceinline__ uint32_t Pack2(float x, float y) {
 template <typename T>
 __device__ __forceinline__ void StoreScaled8(T* dst, const float (&v)[8], float inv) {
   uint4 packed;
-    packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
-    packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
-    packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
-    packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
+  packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
+  packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
+  packed.z = Pack2<T>(v[4] * inv, v[5] * inv);
+  packed.w = Pack2<T>(v[6] * inv, v[7] * inv);
   *reinterpret_cast<uint4*>(dst) = packed;
 }
 __device__ __forceinline__ void StoreScaled8(float* dst, const float (&v)[8], float inv) {
@@ -998,6 +998,9 @@ struct Plan {
 
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// Block-table entries a split of `chunk` tokens can touch (its first block may be partial).
+int TableSpan(int chunk, int block_size) { return CeilDiv(chunk, block_size) + 1; }
+
 int MaxQueryLen(const PagedAttentionParams& p) {
   if (p.max_query_len > 0) return p.max_query_len;
   return std::max(1, p.num_tokens - p.num_seqs + 1);
@@ -1193,6 +1196,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         Plan plan = MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0,
                              cluster_if_small);
+        // 11 keeps a split's block ids in its shared table: a longer split runs as 3, on the
+        // plan's own row tiles.
+        hopper = hopper && TableSpan(plan.chunk, p.block_size) <= kTableCap;
         if (hopper) plan.row_tiles = 1;  // every query row of a (sequence, KV head) in one CTA
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
         if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
@@ -1240,7 +1246,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             plan.num_splits > 1 && variant != 2 && !a.inline_merge && !a.cluster_merge;
         a.pdl = merge_launch && variant != 0;
         if (variant >= 1) {
-          const int first_span = (plan.chunk + p.block_size - 1) / p.block_size + 1;
+          const int first_span = TableSpan(plan.chunk, p.block_size);
           a.table_blocks = first_span <= kTableCap ? first_span : 0;
         }
         if (plan.num_splits > 1) {
@@ -1269,29 +1275,20 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         auto kernel = a.narrow_partials ? PagedAttentionKernel<T, D, WM, WN, true>
                                         : PagedAttentionKernel<T, D, WM, WN, false>;
-        hopper = hopper && a.table_blocks > 0;  // else the split's block ids do not fit: as 3
-        if (hopper) {
-          if constexpr (D == 64 || D == 128) {
-            cudaLaunchConfig_t config = {};
-            config.gridDim = dim3(static_cast<unsigned>(plan.num_splits), p.num_kv_heads,
-                                  p.num_seqs);
-            config.blockDim = dim3(hopper::kThreads);
-            config.dynamicSmemBytes = hopper::HShape<D>::kSmemBytes;
-            config.stream = stream;
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr[0].val.programmaticStreamSerializationAllowed = 1;
-            config.attrs = attr;
-            config.numAttrs = tuning.pdl ? 1 : 0;
-            CUDA_RETURN_IF_ERROR(
-                cudaLaunchKernelEx(&config, hopper::HopperDecodeKernel<T, D>, a));
-            CUDA_RETURN_IF_LAUNCH_ERROR();
+        unsigned threads = S::kThreads;
+        size_t smem_bytes = S::kSmemBytes;
+        if constexpr (D == 64 || D == 128) {
+          if (hopper) {  // same arguments and grid (one row tile): only the kernel differs
+            kernel = hopper::HopperDecodeKernel<T, D>;
+            threads = hopper::kThreads;
+            smem_bytes = hopper::HShape<D>::kSmemBytes;
           }
-        } else {
+        }
+        {
           cudaLaunchConfig_t config = {};
           config.gridDim = grid;
-          config.blockDim = dim3(S::kThreads);
-          config.dynamicSmemBytes = S::kSmemBytes;
+          config.blockDim = dim3(threads);
+          config.dynamicSmemBytes = smem_bytes;
           config.stream = stream;
           cudaLaunchAttribute attr[2];
           unsigned n = 0;

@@ -22,8 +22,8 @@
 //     so the host's step preparation overlaps the GPU; "both" gives one row each.
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
 //     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6: 5
-//     for few short splits, else 3; 9, the default: 6 with early KV copies and the cluster merge
-//     for grids of at most one CTA per SM).
+//     for few short splits, else 3; 9: 6 with early KV copies and the cluster merge for grids of
+//     at most one CTA per SM; 11, the default: the wgmma kernel, 9 for shapes it does not take).
 //     --attn-wm: PagedAttentionTuning::warps_m of the model's attention (0: automatic; 1, 2, 3, 4
 //     or 8 force that decode layout), a comma list gives one row each.
 //     --attn-splits: PagedAttentionTuning::num_splits of the model's attention (0: automatic),
