@@ -1024,6 +1024,16 @@ struct DeviceScratch {
   }
 };
 
+int SplitKNum(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splits = 1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                           sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS) {
+    return 1;
+  }
+  return std::max(splits, int32_t{1});
+}
+
 }  // namespace
 
 absl::Status CudaGemm::Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e,
@@ -1052,13 +1062,59 @@ absl::Status CudaGemm::Tune(Plan& plan, const GemmParams& p, const GemmEpilogue&
   // Candidate 0 is the heuristic's first choice (the untuned path's algorithm); the others are
   // kept only if they fit the workspace.
   // (A plain array: nvcc's front end fails on a std::vector of the unnamed algo struct.)
-  cublasLtMatmulAlgo_t candidates[kAutotuneAlgos + 1];
+  cublasLtMatmulAlgo_t candidates[kMaxCandidates];
   candidates[0] = plan.algo;
   int num_candidates = 1;
   for (int i = 0; i < returned; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws) continue;
     if (std::memcmp(&results[i].algo, &plan.algo, sizeof(plan.algo)) == 0) continue;
     candidates[num_candidates++] = results[i].algo;
+  }
+  // Split-K versions of the heuristic's first kAutotuneSplitKBase choices: a decode GEMM whose
+  // output tiles are fewer than the SMs (StarCoder's QKV and attention projection at m = 32: ~100
+  // tiles on 132 SMs, 3.5 TB/s against 4.2 for the MLP's) streams its weights on more SMs when K is
+  // cut. Each is checked by cuBLASLt (cublasLtMatmulAlgoCheck) and kept only within the workspace.
+  const int num_base = std::min(num_candidates, kAutotuneSplitKBase);
+  for (int i = 0; i < num_base; ++i) {
+    int32_t splitk_support = 0;
+    uint32_t schemes = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&candidates[i], CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+                                          &splitk_support, sizeof(splitk_support),
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        splitk_support == 0) {
+      continue;
+    }
+    cublasLtMatmulAlgoCapGetAttribute(&candidates[i], CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                                      &schemes, sizeof(schemes), &written);
+    // In-place reduction needs no workspace; else a compute-type (fp32) one.
+    const uint32_t scheme = (schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE)
+                                ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+                                : (schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                      ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                      : CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) continue;
+    for (const int32_t splits : kAutotuneSplitK) {
+      if (num_candidates == kMaxCandidates) break;
+      cublasLtMatmulAlgo_t algo = candidates[i];
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                               sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                               &scheme, sizeof(scheme)) != CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, &algo,
+                                  &check) != CUBLAS_STATUS_SUCCESS ||
+          check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > ws) {
+        continue;
+      }
+      bool seen = false;
+      for (int j = 0; j < num_candidates && !seen; ++j) {
+        seen = std::memcmp(&candidates[j], &algo, sizeof(algo)) == 0;
+      }
+      if (!seen) candidates[num_candidates++] = algo;
+    }
   }
   if (num_candidates < 2) return absl::OkStatus();
 
@@ -1113,7 +1169,8 @@ absl::Status CudaGemm::Tune(Plan& plan, const GemmParams& p, const GemmEpilogue&
     ++timed;
     if (i == 0) first_ms = ms;
     // A 1% edge for the heuristic's choice: noise alone does not switch algorithms.
-    const double score = i == 0 ? ms * 0.99 : ms;
+    double score = i == 0 ? ms * 0.99 : ms;
+    if (options_.autotune_prefer_split_k && SplitKNum(candidates[i]) == 1) score += 1e6;
     if (best < 0 || score < best_score) {
       best = i;
       best_score = score;
@@ -1122,7 +1179,16 @@ absl::Status CudaGemm::Tune(Plan& plan, const GemmParams& p, const GemmEpilogue&
   }
   if (best >= 0) plan.tuned_algo = candidates[best];
   stats_.candidates += timed;
-  if (best > 0) ++stats_.changed;
+  const int splits = best >= 0 ? SplitKNum(candidates[best]) : 1;
+  if (splits > 1) ++stats_.split_k;
+  if (best > 0) {
+    ++stats_.changed;
+    if (p.m <= 64 && first_ms >= 0) {
+      absl::StrAppend(&stats_.decode_changes, stats_.decode_changes.empty() ? "" : "; ", p.m,
+                      "x", p.n, "x", p.k, ": ", static_cast<int>(first_ms * 1000 + 0.5), " -> ",
+                      static_cast<int>(best_ms * 1000 + 0.5), " us (split-K ", splits, ")");
+    }
+  }
   if (first_ms >= 0) {
     stats_.first_ms += first_ms;
     stats_.best_ms += best_ms;

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -79,6 +80,9 @@ class CudaGemm {
     // overwriting epilogues time on the real C (the real run rewrites it), accumulating ones on a
     // scratch copy of C.
     bool autotune = false;
+    // Tests: autotuning keeps the fastest split-K candidate wherever there is one (so that the
+    // split-K path is checked against the CPU whatever the timings say).
+    bool autotune_prefer_split_k = false;
     // The split-K decode kernel (SkinnySplitKGemmCuda) in place of the skinny kernel, for the same
     // shapes. Its workspace is allocated by Create when on, else by the first eager Run with it
     // on; a Run captured into a graph before then uses the skinny kernel (and the graph keeps it).
@@ -92,15 +96,23 @@ class CudaGemm {
   };
   static constexpr int kSkinnyMaxM = 8;
   static constexpr int kAutotuneAlgos = 8;
+  // Autotuning also times the split-K versions (these splits) of the first kAutotuneSplitKBase
+  // candidates.
+  static constexpr int kAutotuneSplitKBase = 2;
+  static constexpr int32_t kAutotuneSplitK[] = {2, 3, 4};
+  static constexpr int kMaxCandidates = kAutotuneAlgos + 1 + kAutotuneSplitKBase * 3;
 
   // What autotuning did so far (benchmarks print it).
   struct AutotuneStats {
     int shapes = 0;          // shapes tuned (timed, or left with the only candidate)
     int changed = 0;         // of which the fastest was not the heuristic's first choice
     int candidates = 0;      // algorithms timed in all
+    int split_k = 0;         // shapes whose chosen algorithm cuts K (split-K number > 1)
     double seconds = 0;      // wall time spent tuning
     double first_ms = 0;     // sum over shapes of one run with the heuristic's first choice
     double best_ms = 0;      // ... and with the chosen algorithm
+    // Decode shapes (m <= 64) whose choice changed: "m x n x k: first -> best us (split-K s)".
+    std::string decode_changes;
   };
 
   static absl::StatusOr<std::unique_ptr<CudaGemm>> Create(const Options& options);

@@ -921,8 +921,12 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
   // Variant 1 launches this as a programmatic dependent: everything above overlapped the
   // attention kernel, whose partials are complete after this. A no-op for a plain launch.
+  // A PDL successor (the attention projection's GEMM) may launch: after the wait, or with the
+  // early copies (variants 7-10, 12) at once, so that its weight loads overlap the merge and the
+  // attention kernel still running.
+  if (a.early_kv) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // a PDL successor may launch
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   for (int s = tid; s < valid; s += 128) w_s[s] = a.partial_lse[s * split_stride + row0];
   __syncthreads();
@@ -1169,9 +1173,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
-        // 11 (wgmma) plans and merges as 3; shapes it does not take run as 9.
+        // 11 (wgmma) plans and merges as 3, 12 as 3 with the early copies; shapes they do not
+        // take run as 9.
         bool hopper = false;
-        if (variant == 11) {
+        const bool hopper_early = variant == 12;
+        if (variant == 11 || variant == 12) {
           if constexpr (D == 64 || D == 128) {
             hopper = static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads) <=
                          hopper::kRows &&
@@ -1181,7 +1187,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
         // and 10 is 8 with the cluster merge only where the grid fits in one CTA per SM.
-        const bool early_kv = variant >= 7;
+        const bool early_kv = variant >= 7 || hopper_early;
         const bool cluster = variant >= 8;
         const bool cluster_if_small = variant >= 9;
         if (variant == 7 || variant == 9) variant = 6;

@@ -67,6 +67,9 @@ struct PagedAttentionTuning {
   //     O += P V as asynchronous wgmma with P from registers; splits and merge as 3. Shapes it
   //     does not take (head_dim other than 64 / 128, more than 64 query rows per KV head, a
   //     split whose block ids overflow the shared table) run as 9 (or 3 for the last).
+  // 12: as 11, with 7's early start: the next kernel (the merge, then the attention projection's
+  //     GEMM; the merge releases its own successor at its start too) launched at the kernel's
+  //     start, and the KV rows of earlier steps copied before the PDL wait.
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -78,7 +81,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 12;
+inline constexpr int kNumPagedAttentionVariants = 13;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -94,6 +97,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 9 ? "auto(7|8)"
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
+         : v == 12 ? "hopper+earlykv"
                    : "?";
 }
 

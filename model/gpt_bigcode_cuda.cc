@@ -210,7 +210,8 @@ std::string GptBigCode::gemm_autotune_summary() const {
                 "gemm autotune: %d shapes tuned (%d algorithms timed), %d changed algorithm; one "
                 "run of each: heuristic %.3f ms, tuned %.3f ms; %.2f s spent tuning",
                 s.shapes, s.candidates, s.changed, s.first_ms, s.best_ms, s.seconds);
-  return line;
+  if (s.decode_changes.empty()) return line;
+  return std::string(line) + "\n  decode shapes changed: " + s.decode_changes;
 }
 
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {

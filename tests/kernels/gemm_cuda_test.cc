@@ -341,6 +341,41 @@ TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
   EXPECT_LE(g.autotune_stats().best_ms, g.autotune_stats().first_ms * 1.02);
 }
 
+// Autotuning's split-K candidates (cublasLtMatmulAlgoConfig SPLITK_NUM on the heuristic's first
+// choices), forced wherever one exists: decode-sized shapes with long K (StarCoder's QKV and
+// attention projection at m = 32) must offer one, and every epilogue, accumulate included, must
+// still match the CPU.
+TEST_P(GemmCudaTest, AutotuneSplitKMatchesCpu) {
+  const auto [t, rows] = GetParam();
+  if (rows != 0) GTEST_SKIP() << "cuBLASLt only";
+  CudaGemm::Options options;
+  options.skinny = false;
+  options.autotune = true;
+  options.autotune_prefer_split_k = true;
+  auto gemm = CudaGemm::Create(options);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  CudaGemm& g = **gemm;
+  const Shape shapes[] = {{32, 6400, 6144, 0}, {32, 6144, 6144, 0}, {8, 1000, 4104, 8}};
+  for (const Shape& s : shapes) {
+    for (int epi = 0; epi < 4; ++epi) {
+      EpilogueCase ec;
+      ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, epi, t, rng_, ec));
+      for (int run = 0; run < 2; ++run) {  // the tuning run, then the cached choice
+        ASSERT_NO_FATAL_FAILURE(ec.ResetC());
+        const absl::Status st = g.Run(ec.p, ec.e, stream_);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = Widen(ec.dc->Download<uint16_t>(), t);
+        EXPECT_LT(RelError(got, ec.want), 1e-2)
+            << "m " << s.m << " n " << s.n << " k " << s.k << " epilogue " << epi << " run " << run;
+      }
+    }
+  }
+  // At least the two long-K epilogue-free shapes offer split-K versions.
+  EXPECT_GE(g.autotune_stats().split_k, 2) << "split-K chosen for " << g.autotune_stats().split_k
+                                           << " of " << g.autotune_stats().shapes << " shapes";
+}
+
 // CudaGemm::Options::skinny_deep_unroll: narrow m = 1 GEMMs (at most 16 warps an SM) through the
 // 8-deep instantiation, every epilogue, with and without PDL, and the fused layer norm / KV write.
 TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
