@@ -16,8 +16,9 @@
 // Tiles arrive through 16-byte cp.async (the paged cache is not a TMA-describable tensor), made
 // visible to the async proxy with fence.proxy.async before the barrier that publishes a stage.
 // Splits, partials and the merge kernel are variant 3's (T partials, fp32 log2-domain lse).
-// Variant 12 adds variant 7's early start: the next kernel released at the kernel's start, and the
-// KV rows of earlier steps copied before griddepcontrol.wait (Q then comes through registers).
+// Variants 12-14 add variant 7's early start: the KV rows of earlier steps copied before
+// griddepcontrol.wait (Q then comes through registers) and (12, 14) the next kernel released at the
+// kernel's start (14: the merge kernel releases its own successor at its start too).
 //
 // Limits (the host falls back to the mma.sync kernel otherwise): head_dim 64 or 128; query rows
 // per (sequence, KV head) <= 64, i.e. decode with group <= 64 or short multi-token queries; the
@@ -76,10 +77,10 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // Variant 12: the next kernel (the merge, or the attention projection's GEMM) may launch at
-  // once and run its own prologue beside this one; its griddepcontrol.wait still waits for this
-  // grid to complete.
-  if (a.early_kv) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  // Variants 12 and 14: the next kernel (the merge, or the attention projection's GEMM) may
+  // launch at once and run its own prologue beside this one; its griddepcontrol.wait still waits
+  // for this grid to complete.
+  if (a.early_launch) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
   const int kv_begin = split * a.chunk;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
       CpAsync16(vs + so, value_cache + off, valid);
     }
   };
-  // Variant 12: the prologue's early rows are copied before the wait below, overlapping the
+  // Variants 12-14: the prologue's early rows are copied before the wait below, overlapping the
   // previous kernel's tail; they join the first group.
   const bool early = a.early_kv;
   if (early) {
