@@ -71,16 +71,10 @@ struct KernelArgs {
   // Variants 4-5: the last split CTA of a (sequence, KV head, row tile) to finish merges, in this
   // kernel (no merge launch); set only when num_splits <= the variant's cap.
   bool inline_merge = false;
-  // Variants 7-10, 12-14: the KV rows of positions before the step's first query (written by
-  // earlier steps, not by the kernel this one may overlap under PDL) are copied before
-  // griddepcontrol.wait; the mma kernel (7-10) then also releases the next kernel's launch at its
-  // start.
+  // Variants 7-10: the KV rows of positions before the step's first query (written by earlier
+  // steps, not by the kernel this one may overlap under PDL) are copied before griddepcontrol.wait,
+  // and the next kernel's launch is released at the start.
   bool early_kv = false;
-  // The wgmma kernel (12, 14): the next kernel's launch released at the start.
-  bool early_launch = false;
-  // 14: the merge kernel releases its successor (the attention projection's GEMM) at its start,
-  // not after its wait.
-  bool merge_early_launch = false;
   // Variants 8-10 with 2..kClusterMergeCap splits: the splits of a row tile run as one thread-block
   // cluster and merge through distributed shared memory (no partials in global memory, no merge
   // launch, no counters).
@@ -927,11 +921,8 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
   // Variant 1 launches this as a programmatic dependent: everything above overlapped the
   // attention kernel, whose partials are complete after this. A no-op for a plain launch.
-  // A PDL successor (the attention projection's GEMM) may launch: after the wait, or (variant 14)
-  // at once, so that its weight loads overlap the merge and the attention kernel still running.
-  if (a.merge_early_launch) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // a PDL successor may launch
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   for (int s = tid; s < valid; s += 128) w_s[s] = a.partial_lse[s * split_stride + row0];
   __syncthreads();
@@ -1178,13 +1169,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 4 and 5 as 3.
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
-        // 11 (wgmma) plans and merges as 3; 12-14 are 11 with the early copies and (12, 14) the
-        // early release (14: the merge's too). Shapes they do not take run as 9.
+        // 11 (wgmma) plans and merges as 3; shapes it does not take run as 9.
         bool hopper = false;
-        const bool hopper_early = variant >= 12 && variant <= 14;
-        const bool hopper_early_launch = variant == 12 || variant == 14;
-        const bool merge_early_launch = variant == 14;
-        if (variant >= 11 && variant <= 14) {
+        if (variant == 11) {
           if constexpr (D == 64 || D == 128) {
             hopper = static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads) <=
                          hopper::kRows &&
@@ -1194,7 +1181,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
         // and 10 is 8 with the cluster merge only where the grid fits in one CTA per SM.
-        const bool early_kv = variant >= 7 || hopper_early;
+        const bool early_kv = variant >= 7;
         const bool cluster = variant >= 8;
         const bool cluster_if_small = variant >= 9;
         if (variant == 7 || variant == 9) variant = 6;
@@ -1244,8 +1231,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.variant = variant;
         a.narrow_partials = variant >= 3;
         a.early_kv = early_kv;
-        a.early_launch = hopper && hopper_early_launch;
-        a.merge_early_launch = hopper && merge_early_launch;
         a.cluster_merge = cluster && plan.num_splits > 1 &&
                           plan.num_splits <= kClusterMergeCap &&
                           (!cluster_if_small || grid_x * p.num_kv_heads * p.num_seqs <= SmCount());

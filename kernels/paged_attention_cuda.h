@@ -67,13 +67,6 @@ struct PagedAttentionTuning {
   //     O += P V as asynchronous wgmma with P from registers; splits and merge as 3. Shapes it
   //     does not take (head_dim other than 64 / 128, more than 64 query rows per KV head, a
   //     split whose block ids overflow the shared table) run as 9 (or 3 for the last).
-  // 12: as 11, with 7's early start: the KV rows of earlier steps copied before the PDL wait, and
-  //     the next kernel (the merge, or the attention projection's GEMM) launched at the kernel's
-  //     start.
-  // 13: as 11 with the early copies only (the next kernel released after the main loop).
-  // 14: as 12, and the merge kernel releases its successor (the attention projection's GEMM) at
-  //     its start. Measured 2026-12-03 ~13:20 UTC on the H200 (this 14 was then named 12):
-  //     StarCoder b1 8.482 -> 9.009 ms a step against 11, SantaCoder b1 1.066 -> 1.112 ms.
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -85,7 +78,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 15;
+inline constexpr int kNumPagedAttentionVariants = 12;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -101,9 +94,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 9 ? "auto(7|8)"
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
-         : v == 12 ? "hopper+early"
-         : v == 13 ? "hopper+earlykv"
-         : v == 14 ? "hopper+early+mergeearly"
                    : "?";
 }
 

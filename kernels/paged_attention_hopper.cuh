@@ -16,9 +16,6 @@
 // Tiles arrive through 16-byte cp.async (the paged cache is not a TMA-describable tensor), made
 // visible to the async proxy with fence.proxy.async before the barrier that publishes a stage.
 // Splits, partials and the merge kernel are variant 3's (T partials, fp32 log2-domain lse).
-// Variants 12-14 add variant 7's early start: the KV rows of earlier steps copied before
-// griddepcontrol.wait (Q then comes through registers) and (12, 14) the next kernel released at the
-// kernel's start (14: the merge kernel releases its own successor at its start too).
 //
 // Limits (the host falls back to the mma.sync kernel otherwise): head_dim 64 or 128; query rows
 // per (sequence, KV head) <= 64, i.e. decode with group <= 64 or short multi-token queries; the
@@ -77,10 +74,6 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // Variants 12 and 14: the next kernel (the merge, or the attention projection's GEMM) may
-  // launch at once and run its own prologue beside this one; its griddepcontrol.wait still waits
-  // for this grid to complete.
-  if (a.early_launch) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
   const int kv_begin = split * a.chunk;
@@ -107,11 +100,21 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
   const int cc = tid % H::kChunks, rr0 = tid / H::kChunks;
   const int64_t col_off = static_cast<int64_t>(kvh) * D + cc * 8;
 
-  // Rows of a tile by who may write them: kAll; kEarly, the rows no kernel of this step writes
-  // (positions before the step's first query, which earlier steps wrote, and the zero-filled rows
-  // past the split); kLate, the step's own rows (written by the kernel this one may follow).
-  enum Rows { kAll, kEarly, kLate };
-  auto issue_tile = [&](int tile, Rows rows) {
+  // Everything above reads only step metadata and block tables; Q and the KV rows may be written
+  // by the kernel this one follows under PDL.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  __syncthreads();  // table_s
+
+#pragma unroll
+  for (int k = 0; k < H::kQPasses; ++k) {
+    const int r = rr0 + k * H::kRowsPerPass;
+    const bool valid = r < total_rows;
+    const int64_t token = q_begin + r / G;
+    const int head = kvh * G + r % G;
+    CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
+              valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
+  }
+  auto issue_tile = [&](int tile) {
     unsigned char* ks = kv_s + (tile % H::kStages) * H::kStageBytes;
     unsigned char* vs = ks + H::kTileBytes;
 #pragma unroll
@@ -119,7 +122,6 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
       const int r = rr0 + k * H::kRowsPerPass;
       const int tok = kv_begin + tile * kTN + r;
       const bool valid = tok < kv_stop;
-      if (rows != kAll && (rows == kLate) != (valid && tok >= pos0)) continue;
       int64_t off = 0;
       if (valid) {
         const int32_t block = table_s[(tok >> a.block_shift) - first_block];
@@ -131,56 +133,11 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
       CpAsync16(vs + so, value_cache + off, valid);
     }
   };
-  // Variants 12-14: the prologue's early rows are copied before the wait below, overlapping the
-  // previous kernel's tail; they join the first group.
-  const bool early = a.early_kv;
-  if (early) {
-    __syncthreads();  // table_s
-#pragma unroll
-    for (int s = 0; s < H::kStages - 1; ++s) {
-      if (s < num_tiles) issue_tile(s, kEarly);
-    }
-  }
-
-  // Everything above reads only step metadata, block tables and KV rows of earlier steps; Q and
-  // the step's own KV rows may be written by the kernel this one follows under PDL.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-
-  if (early) {
-    // Q through registers (plain L2 loads), so that it does not wait behind the early copies in
-    // cp.async group order; the loop's first fence and barrier publish it to the async proxy.
-    uint4 qv[H::kQPasses];
-#pragma unroll
-    for (int k = 0; k < H::kQPasses; ++k) {
-      const int r = rr0 + k * H::kRowsPerPass;
-      qv[k] = make_uint4(0, 0, 0, 0);
-      if (r < total_rows) {
-        qv[k] = __ldcg(reinterpret_cast<const uint4*>(
-            query + (q_begin + r / G) * a.query_stride + (kvh * G + r % G) * D + cc * 8));
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < H::kQPasses; ++k) {
-      const int r = rr0 + k * H::kRowsPerPass;
-      *reinterpret_cast<uint4*>(q_s + SlabOffset<H::kQSlabBytes>(r, cc)) = qv[k];
-    }
-  } else {
-    __syncthreads();  // table_s
-#pragma unroll
-    for (int k = 0; k < H::kQPasses; ++k) {
-      const int r = rr0 + k * H::kRowsPerPass;
-      const bool valid = r < total_rows;
-      const int64_t token = q_begin + r / G;
-      const int head = kvh * G + r % G;
-      CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
-                valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
-    }
-  }
-  // Groups: Q (or the early rows) with tile 0, then one per tile (empty past the last), so that
-  // at iteration i waiting until at most kStages - 2 groups are pending completes tile i.
+  // Groups: Q with tile 0, then one per tile (empty past the last), so that at iteration i
+  // waiting until at most kStages - 2 groups are pending completes tile i.
 #pragma unroll
   for (int s = 0; s < H::kStages - 1; ++s) {
-    if (s < num_tiles) issue_tile(s, early ? kLate : kAll);
+    if (s < num_tiles) issue_tile(s);
     CpAsyncCommit();
   }
 
@@ -198,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
     CpAsyncWait<H::kStages - 2>();
     wgmma::FenceProxyAsync();
     __syncthreads();  // tile i visible to every warp; every warp is done with tile i - 1's stage
-    if (i + H::kStages - 1 < num_tiles) issue_tile(i + H::kStages - 1, kAll);
+    if (i + H::kStages - 1 < num_tiles) issue_tile(i + H::kStages - 1);
     CpAsyncCommit();
 
     const uint32_t k_addr = kv_addr + (i % H::kStages) * H::kStageBytes;
@@ -271,8 +228,7 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
     FenceRegs(o);
   }
   CpAsyncWait<0>();
-  // Variant 11: the merge kernel (a programmatic dependent) may launch now; it waits for this
-  // grid to complete (a no-op where the kernel triggered at its start).
+  // The merge kernel (a programmatic dependent) may launch; it waits for this grid to complete.
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 
 #pragma unroll
