@@ -1071,13 +1071,14 @@ int RowTiles(const PagedAttentionParams& p, const PagedAttentionTuning& tuning) 
 
 // The whole launch geometry; `resident` is CTAs per SM of the chosen instantiation.
 // one_wave_cluster: variants 9 and 10 (see kClusterWaveMaxTiles).
+// tile_rows: query rows a CTA holds (0: the mma layout's 16 x warps_m; the wgmma kernel's 64).
 Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning, int resident,
-              size_t workspace_bytes, bool one_wave_cluster = false) {
+              size_t workspace_bytes, bool one_wave_cluster = false, int tile_rows = 0) {
   Plan plan;
   plan.layout = ChooseLayout(p, tuning);
   const int group = p.num_heads / p.num_kv_heads;
-  plan.row_tiles =
-      CeilDiv(static_cast<int64_t>(MaxQueryLen(p)) * group, 16 * attention::WarpsM(plan.layout));
+  if (tile_rows <= 0) tile_rows = 16 * attention::WarpsM(plan.layout);
+  plan.row_tiles = CeilDiv(static_cast<int64_t>(MaxQueryLen(p)) * group, tile_rows);
   const int64_t base = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * plan.row_tiles;
   const int max_ctx = std::max(1, p.max_context_len);
   const int max_tiles = CeilDiv(max_ctx, kTileN);
@@ -1170,13 +1171,14 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
         // 11 (wgmma) plans and merges as 3; shapes it does not take run as 9.
+        const int64_t max_rows =
+            static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
         bool hopper = false;
-        if (variant == 11) {
-          if constexpr (D == 64 || D == 128) {
-            hopper = static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads) <=
-                         hopper::kRows &&
-                     hopper::HopperResident<T, D>() > 0;
-          }
+        int hopper_resident = 0;
+        if (variant == 11 || variant == 12) {
+          if constexpr (D == 64 || D == 128) hopper_resident = hopper::HopperResident<T, D>();
+          // 12: decode only (more than 64 rows run as 9), as 11 was until 2026-12-03.
+          hopper = hopper_resident > 0 && (variant == 11 || max_rows <= hopper::kRows);
           variant = hopper ? 3 : 9;
         }
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
@@ -1194,12 +1196,22 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           variant = variant == 2 ? 1 : 3;
           head_bytes = 256;
         }
-        Plan plan = MakePlan(p, tuning, resident, usable >= head_bytes ? usable - head_bytes : 0,
-                             cluster_if_small);
-        // 11 keeps a split's block ids in its shared table: a longer split runs as 3, on the
-        // plan's own row tiles.
-        hopper = hopper && TableSpan(plan.chunk, p.block_size) <= kTableCap;
-        if (hopper) plan.row_tiles = 1;  // every query row of a (sequence, KV head) in one CTA
+        const size_t plan_bytes = usable >= head_bytes ? usable - head_bytes : 0;
+        Plan plan = MakePlan(p, tuning, resident, plan_bytes, cluster_if_small);
+        if (hopper) {
+          // Decode (<= 64 rows, one row tile) keeps the plan measured with it; past that (prefill,
+          // long multi-token queries) 11 plans its own 64-row tiles.
+          const Plan own = max_rows > hopper::kRows
+                               ? MakePlan(p, tuning, hopper_resident, plan_bytes, false, hopper::kRows)
+                               : plan;
+          // 11 keeps a split's block ids in its shared table: a longer split runs as 3, on the
+          // mma kernel's plan.
+          hopper = TableSpan(own.chunk, p.block_size) <= kTableCap;
+          if (hopper) {
+            plan = own;
+            plan.row_tiles = CeilDiv(max_rows, hopper::kRows);
+          }
+        }
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
         if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
         const dim3 grid(static_cast<unsigned>(grid_x), p.num_kv_heads, p.num_seqs);

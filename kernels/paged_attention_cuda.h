@@ -64,9 +64,12 @@ struct PagedAttentionTuning {
   //     arriving split).
   // 11: Hopper warpgroup MMA (wgmma; kernels/paged_attention_hopper.cuh): one 128-thread
   //     warpgroup per (sequence, KV head, split) holds all of its <= 64 query rows, S = Q K^T and
-  //     O += P V as asynchronous wgmma with P from registers; splits and merge as 3. Shapes it
-  //     does not take (head_dim other than 64 / 128, more than 64 query rows per KV head, a
-  //     split whose block ids overflow the shared table) run as 9 (or 3 for the last).
+  //     O += P V as asynchronous wgmma with P from registers; splits and merge as 3. Past 64
+  //     query rows (prefill) one CTA per 64-row tile. Shapes it does not take (head_dim other
+  //     than 64 / 128, a split whose block ids overflow the shared table) run as 9 (3 for the
+  //     last).
+  // 12: as 11 where it takes at most 64 query rows per (sequence, KV head), else as 9 (11 before
+  //     its multi-tile prefill; kept for side-by-side runs).
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -78,7 +81,7 @@ struct PagedAttentionTuning {
   bool pdl = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 12;
+inline constexpr int kNumPagedAttentionVariants = 13;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -94,6 +97,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 9 ? "auto(7|8)"
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
+         : v == 12 ? "hopper-decode"
                    : "?";
 }
 

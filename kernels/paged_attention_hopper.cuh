@@ -17,9 +17,11 @@
 // visible to the async proxy with fence.proxy.async before the barrier that publishes a stage.
 // Splits, partials and the merge kernel are variant 3's (T partials, fp32 log2-domain lse).
 //
-// Limits (the host falls back to the mma.sync kernel otherwise): head_dim 64 or 128; query rows
-// per (sequence, KV head) <= 64, i.e. decode with group <= 64 or short multi-token queries; the
-// split's block-table entries fit the shared table (kTableCap).
+// Query rows past 64 (prefill, multi-token queries with large groups) take several 64-row tiles,
+// one CTA each (grid x = row tile * splits + split), each over the KV range its last row sees.
+//
+// Limits (the host falls back to the mma.sync kernel otherwise): head_dim 64 or 128; the split's
+// block-table entries fit the shared table (kTableCap).
 namespace hopper {
 
 constexpr int kTN = 32;  // KV tokens per stage
@@ -74,7 +76,10 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+  // x = row tile * splits + split, the row tiles reversed so that a causal prefill's heaviest
+  // (last) tiles start first.
+  const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x % a.num_splits;
+  const int row_begin = (gridDim.x / a.num_splits - 1 - blockIdx.x / a.num_splits) * kRows;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
   const int kv_begin = split * a.chunk;
   const int first_block = kv_begin >> a.block_shift;
@@ -87,8 +92,10 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
   const int G = a.group;
   const int total_rows = q_len * G;
   const int pos0 = ctx - q_len;
-  const int kv_end = pos0 + (total_rows - 1) / G + 1;
-  if (total_rows <= 0 || kv_begin >= kv_end) return;  // the merge skips splits past a query
+  // Rows row_begin .. row_end - 1 of the (sequence, KV head); rows are (token, head) pairs.
+  const int row_end = min(row_begin + kRows, total_rows);
+  const int kv_end = pos0 + (row_end - 1) / G + 1;
+  if (row_begin >= row_end || kv_begin >= kv_end) return;  // the merge skips splits past a query
   const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
   const int num_tiles = (kv_stop - kv_begin + kTN - 1) / kTN;
 
@@ -107,10 +114,10 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 
 #pragma unroll
   for (int k = 0; k < H::kQPasses; ++k) {
-    const int r = rr0 + k * H::kRowsPerPass;
-    const bool valid = r < total_rows;
-    const int64_t token = q_begin + r / G;
-    const int head = kvh * G + r % G;
+    const int r = rr0 + k * H::kRowsPerPass, row = row_begin + r;
+    const bool valid = row < row_end;
+    const int64_t token = q_begin + row / G;
+    const int head = kvh * G + row % G;
     CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
               valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
   }
@@ -141,11 +148,11 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
     CpAsyncCommit();
   }
 
-  // This thread's rows: r0 = 16 warp + g and r1 = r0 + 8; a padding row (>= total_rows) takes no
-  // causal mask (its output is dropped).
-  const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const int qpos0 = r0 < total_rows ? pos0 + r0 / G : INT_MAX;
-  const int qpos1 = r1 < total_rows ? pos0 + r1 / G : INT_MAX;
+  // This thread's rows: r0 = row_begin + 16 warp + g and r1 = r0 + 8; a padding row (>= row_end)
+  // takes no causal mask (its output is dropped).
+  const int r0 = row_begin + warp * 16 + g, r1 = r0 + 8;
+  const int qpos0 = r0 < row_end ? pos0 + r0 / G : INT_MAX;
+  const int qpos1 = r1 < row_end ? pos0 + r1 / G : INT_MAX;
   float o[H::kON];
 #pragma unroll
   for (int i = 0; i < H::kON; ++i) o[i] = 0.0f;
@@ -239,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = r == 0 ? r0 : r1;
-    if (row >= total_rows) continue;
+    if (row >= row_end) continue;
     const int64_t token = q_begin + row / G;
     const int head = kvh * G + row % G;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;

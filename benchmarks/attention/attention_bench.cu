@@ -384,10 +384,14 @@ int Main(bool variants_only) {
   for (const Pre& pc : {Pre{DType::kBF16, 4096, 4096}, Pre{DType::kF16, 4096, 4096},
                         Pre{DType::kBF16, 4096, 512}, Pre{DType::kBF16, 1024, 1024}}) {
     Workload w = MakeWorkload(pc.dtype, 1, pc.ctx, pc.q_len, 48, 128, 16, rng);
-    const double us = TimeMqa(w, {}, false);
-    std::printf("%-9s q %5d ctx %5d: %9.1f us  %6.1f TFLOP/s (%.0f%% of GEMM)\n",
-                std::string(DTypeName(pc.dtype)).c_str(), pc.q_len, pc.ctx, us,
-                w.flops / (us * 1e6), 100 * w.flops / (us * 1e6) / gemm_tflops);
+    for (int variant : {3, 11}) {  // the mma.sync kernel; the wgmma kernel (the model's default)
+      PagedAttentionTuning t;
+      t.variant = variant;
+      const double us = TimeMqa(w, t, false);
+      std::printf("%-9s q %5d ctx %5d variant %2d: %9.1f us  %6.1f TFLOP/s (%.0f%% of GEMM)\n",
+                  std::string(DTypeName(pc.dtype)).c_str(), pc.q_len, pc.ctx, variant, us,
+                  w.flops / (us * 1e6), 100 * w.flops / (us * 1e6) / gemm_tflops);
+    }
     Free(w);
   }
   VariantTable(copy_gbs, rng);

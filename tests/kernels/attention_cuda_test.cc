@@ -291,6 +291,16 @@ TEST_F(AttentionCudaTest, ForcedSplitsOnPrefillMergeCorrectly) {
   }
 }
 
+// Causal prefill with StarCoder's 48 heads: hundreds of 64-row tiles per sequence for the wgmma
+// kernel (variant 11), a whole prompt and a chunk that starts mid-sequence.
+TEST_F(AttentionCudaTest, LongCausalPrefill) {
+  std::mt19937 rng(std::random_device{}());
+  for (const auto& [dtype, head_dim] : {std::pair{DType::kF16, 128}, std::pair{DType::kBF16, 64}}) {
+    AttentionCase c{dtype, head_dim, 16, 48, 1, {{600, 600}, {RandomContext(rng, 300, 500, 16), 150}}};
+    EXPECT_LT(RunAttentionCase(c, rng), 1e-2) << Describe(c);
+  }
+}
+
 TEST_F(AttentionCudaTest, UnknownMaxQueryLenStillCoversEveryRow) {
   std::mt19937 rng(std::random_device{}());
   AttentionCase c{DType::kF16, 64, 16, 12, 3, {{50, 17}, {33, 1}, {7, 7}}};
