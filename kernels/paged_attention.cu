@@ -1175,8 +1175,17 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
         bool hopper = false;
         int hopper_resident = 0;
+        // Its KV tokens a stage: 32 for decode, 64 past one row tile (prefill).
+        const int hopper_tn = tuning.hopper_tile_tokens == hopper::kPrefillTN ||
+                                      (tuning.hopper_tile_tokens == 0 && max_rows > hopper::kRows)
+                                  ? hopper::kPrefillTN
+                                  : hopper::kDecodeTN;
         if (variant == 11 || variant == 12) {
-          if constexpr (D == 64 || D == 128) hopper_resident = hopper::HopperResident<T, D>();
+          if constexpr (D == 64 || D == 128) {
+            hopper_resident = hopper_tn == hopper::kPrefillTN
+                                  ? hopper::HopperResident<T, D, hopper::kPrefillTN>()
+                                  : hopper::HopperResident<T, D, hopper::kDecodeTN>();
+          }
           // 12: decode only (more than 64 rows run as 9), as 11 was until 2026-12-03.
           hopper = hopper_resident > 0 && (variant == 11 || max_rows <= hopper::kRows);
           variant = hopper ? 3 : 9;
@@ -1290,10 +1299,13 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         unsigned threads = S::kThreads;
         size_t smem_bytes = S::kSmemBytes;
         if constexpr (D == 64 || D == 128) {
-          if (hopper) {  // same arguments and grid (one row tile): only the kernel differs
-            kernel = hopper::HopperDecodeKernel<T, D>;
+          if (hopper) {  // same arguments (and grid geometry): only the kernel differs
+            const bool wide = hopper_tn == hopper::kPrefillTN;
+            kernel = wide ? hopper::HopperDecodeKernel<T, D, hopper::kPrefillTN>
+                          : hopper::HopperDecodeKernel<T, D, hopper::kDecodeTN>;
             threads = hopper::kThreads;
-            smem_bytes = hopper::HShape<D>::kSmemBytes;
+            smem_bytes = wide ? hopper::HShape<D, hopper::kPrefillTN>::kSmemBytes
+                              : hopper::HShape<D, hopper::kDecodeTN>::kSmemBytes;
           }
         }
         {

@@ -79,6 +79,9 @@ struct PagedAttentionTuning {
   // kernel's tail. The previous kernel must not write the step metadata (query_start,
   // context_lens, block_tables), which the kernel reads before its wait.
   bool pdl = false;
+  // Variant 11's KV tokens per pipeline stage: 32 or 64; 0: 32 for decode (at most 64 query rows
+  // per sequence and KV head), 64 past that (prefill).
+  int hopper_tile_tokens = 0;
 };
 
 inline constexpr int kNumPagedAttentionVariants = 13;

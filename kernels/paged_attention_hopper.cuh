@@ -24,20 +24,25 @@
 // block-table entries fit the shared table (kTableCap).
 namespace hopper {
 
-constexpr int kTN = 32;  // KV tokens per stage
 constexpr int kThreads = 128;
 constexpr int kRows = 64;  // the wgmma's M: query rows per CTA
+// KV tokens per stage: decode 32 (short splits, deep pipeline); prefill 64 (the score MMA's N and
+// the per-tile barrier, wait and bookkeeping amortized over twice the tokens).
+constexpr int kDecodeTN = 32;
+constexpr int kPrefillTN = 64;
 
-template <int D>
+template <int D, int kTN>
 struct HShape {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(kTN == 32 || kTN == 64, "32 or 64 tokens a stage");
   static constexpr int kSlabs = D / 64;              // 64-column (128-byte) slabs
   static constexpr int kQSlabBytes = kRows * 128;    // 8 KiB
   static constexpr int kKvSlabBytes = kTN * 128;     // 4 KiB
   static constexpr int kQBytes = kSlabs * kQSlabBytes;
   static constexpr int kTileBytes = kSlabs * kKvSlabBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kStages = D == 128 ? 5 : 6;
+  // As many as leave two CTAs an SM (D = 128 with 64-token stages: 2).
+  static constexpr int kStages = D == 64 ? 6 : kTN == 32 ? 5 : 2;
   // + 1024: the dynamic shared memory is aligned up to the 128-byte swizzle's 1024-byte pattern.
   static constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes;
   static constexpr int kChunks = D / 8;                 // 16-byte chunks per row
@@ -63,9 +68,9 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <typename T, int D>
+template <typename T, int D, int kTN>
 __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelArgs a) {
-  using H = HShape<D>;
+  using H = HShape<D, kTN>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t table_s[kTableCap];
   const uint32_t raw = SmemAddr(smem_raw);
@@ -175,7 +180,11 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
       const uint32_t koff = (kk & 3) * 32;
       const uint64_t qd = wgmma::Desc128B(q_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
       const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
-      wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
+      if constexpr (kTN == 32) {
+        wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
+      } else {
+        wgmma::MmaSS_m64n64k16<T>(s, qd, kd, kk > 0);
+      }
     }
     wgmma::Commit();
     wgmma::Wait<0>();
@@ -268,17 +277,17 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
-template <typename T, int D>
+template <typename T, int D, int kTN>
 int HopperResident() {
   static const int ctas = [] {
-    auto kernel = HopperDecodeKernel<T, D>;
+    auto kernel = HopperDecodeKernel<T, D, kTN>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             HShape<D>::kSmemBytes) != cudaSuccess) {
+                             HShape<D, kTN>::kSmemBytes) != cudaSuccess) {
       return 0;
     }
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads,
-                                                      HShape<D>::kSmemBytes) != cudaSuccess) {
+                                                      HShape<D, kTN>::kSmemBytes) != cudaSuccess) {
       return 0;
     }
     return n;

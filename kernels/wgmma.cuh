@@ -48,6 +48,11 @@ __device__ __forceinline__ void FenceProxyAsync() {
   "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " " \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
   "%16, %17, p, 1, 1, 0, 0;\n}\n"
+#define MQA_WGMMA_SS_M64N64K16(TY) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+  "%32, %33, p, 1, 1, 0, 0;\n}\n"
 #define MQA_WGMMA_RS_M64N64K16_TB(TY) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
@@ -72,6 +77,19 @@ __device__ __forceinline__ void MmaSS_m64n32k16(float (&d)[16], uint64_t a, uint
     asm volatile(MQA_WGMMA_SS_M64N32K16("f16") : MQA_WGMMA_D16 : "l"(a), "l"(b), "r"(scale_d));
   } else {
     asm volatile(MQA_WGMMA_SS_M64N32K16("bf16") : MQA_WGMMA_D16 : "l"(a), "l"(b), "r"(scale_d));
+  }
+}
+
+// d[32] (+= when accumulate) A (64 x 16 from a descriptor, K-major) x B (16 x 64 from a
+// descriptor, K-major).
+template <typename T>
+__device__ __forceinline__ void MmaSS_m64n64k16(float (&d)[32], uint64_t a, uint64_t b,
+                                                bool accumulate) {
+  const int scale_d = accumulate ? 1 : 0;
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(MQA_WGMMA_SS_M64N64K16("f16") : MQA_WGMMA_D32 : "l"(a), "l"(b), "r"(scale_d));
+  } else {
+    asm volatile(MQA_WGMMA_SS_M64N64K16("bf16") : MQA_WGMMA_D32 : "l"(a), "l"(b), "r"(scale_d));
   }
 }
 
@@ -108,6 +126,7 @@ __device__ __forceinline__ void MmaRS_m64n128k16_tb(float (&d)[64], const uint32
 }
 
 #undef MQA_WGMMA_SS_M64N32K16
+#undef MQA_WGMMA_SS_M64N64K16
 #undef MQA_WGMMA_RS_M64N64K16_TB
 #undef MQA_WGMMA_RS_M64N128K16_TB
 #undef MQA_WGMMA_D16

@@ -134,11 +134,26 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   }
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.dtype = c.dtype;
-  std::vector<std::vector<uint16_t>> outs;  // [variant * 2 + run]
-  for (int variant = 0; variant < kNumPagedAttentionVariants; ++variant) {
+  // Configurations: every variant with its automatic choices, then variant 11 with 32 and with 64
+  // KV tokens a stage forced (its automatic choice takes one for decode, the other for prefill).
+  constexpr int kConfigs = kNumPagedAttentionVariants + 2;
+  auto config_variant = [](int k) { return k < kNumPagedAttentionVariants ? k : 11; };
+  auto config_name = [&](int k) {
+    std::string name = std::to_string(config_variant(k)) + " (" +
+                       PagedAttentionVariantName(config_variant(k));
+    if (k == kNumPagedAttentionVariants) name += ", 32-token stages";
+    if (k == kNumPagedAttentionVariants + 1) name += ", 64-token stages";
+    return name + ")";
+  };
+  std::vector<std::vector<uint16_t>> outs;  // [config * 2 + run]
+  for (int config = 0; config < kConfigs; ++config) {
+    const int variant = config_variant(config);
     PagedAttentionTuning tuning;
     tuning.num_splits = c.force_splits;
     tuning.variant = variant;
+    if (config >= kNumPagedAttentionVariants) {
+      tuning.hopper_tile_tokens = config == kNumPagedAttentionVariants ? 32 : 64;
+    }
     const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
     DeviceBuffer ws(ws_bytes);
     if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
@@ -172,16 +187,15 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     for (size_t i = 0; i < ref.size(); ++i) {
       const float x = FromBits(out_bits[i], c.dtype);
       if (!std::isfinite(x)) {
-        ADD_FAILURE() << "variant " << k / 2 << " run " << k % 2 << ": element " << i
-                      << " not written / not finite";
+        ADD_FAILURE() << "variant " << config_name(static_cast<int>(k / 2)) << " run " << k % 2
+                      << ": element " << i << " not written / not finite";
         return 1e9;
       }
       num += (x - static_cast<double>(ref[i])) * (x - static_cast<double>(ref[i]));
       den += static_cast<double>(ref[i]) * ref[i];
     }
     const double err = std::sqrt(num / den);
-    EXPECT_LT(err, 1e-2) << "variant " << k / 2 << " (" << PagedAttentionVariantName(k / 2)
-                         << ") run " << k % 2;
+    EXPECT_LT(err, 1e-2) << "variant " << config_name(static_cast<int>(k / 2)) << " run " << k % 2;
     worst = std::max(worst, err);
   }
   return worst;
