@@ -203,6 +203,7 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
       tuning.variant = ctx.attention_variant;
       tuning.warps_m = ctx.attention_warps_m;
       tuning.num_splits = ctx.attention_splits;
+      tuning.hopper_tile_tokens = ctx.attention_tile_tokens;
       return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
                                 ctx.attention_workspace_bytes, tuning);
     }

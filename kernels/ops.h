@@ -40,6 +40,8 @@ struct OpContext {
   int attention_warps_m = 0;
   // CUDA: PagedAttentionTuning::num_splits (0: automatic).
   int attention_splits = 0;
+  // CUDA: PagedAttentionTuning::hopper_tile_tokens (0: automatic).
+  int attention_tile_tokens = 0;
   // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
   // launching anything, so their outputs are garbage. A step timed with and without an op gives
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),

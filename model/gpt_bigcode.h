@@ -191,9 +191,9 @@ class GptBigCode {
   // captured graphs.
   void set_small_kernels(bool ln_registers, bool greedy_cluster);
   // Benchmarks switch the model's attention: GptBigCodeOptions::attention_variant and
-  // PagedAttentionTuning::warps_m / num_splits (0: automatic, as the runner uses). No-op on the
-  // CPU. Drops captured graphs.
-  void set_attention(int variant, int warps_m, int splits);
+  // PagedAttentionTuning::warps_m / num_splits / hopper_tile_tokens (0: automatic, as the runner
+  // uses). No-op on the CPU. Drops captured graphs.
+  void set_attention(int variant, int warps_m, int splits, int tile_tokens = 0);
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);

@@ -179,11 +179,12 @@ void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_attention(int variant, int warps_m, int splits) {
+void GptBigCode::set_attention(int variant, int warps_m, int splits, int tile_tokens) {
   if (!cuda_) return;
   ctx_.attention_variant = variant;
   ctx_.attention_warps_m = warps_m;
   ctx_.attention_splits = splits;
+  ctx_.attention_tile_tokens = tile_tokens;
   ClearCudaGraphs();
 }
 
@@ -553,7 +554,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
-void GptBigCode::set_attention(int, int, int) {}
+void GptBigCode::set_attention(int, int, int, int) {}
 void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }
 absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
                                       absl::Span<const RowSamplingParams>, int) {

@@ -5,6 +5,7 @@
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
+//       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
@@ -28,6 +29,8 @@
 //     or 8 force that decode layout), a comma list gives one row each.
 //     --attn-splits: PagedAttentionTuning::num_splits of the model's attention (0: automatic),
 //     for every attention call of the run (prefill too); a comma list gives one row each.
+//     --attn-tn: PagedAttentionTuning::hopper_tile_tokens (variant 11's KV tokens a stage; 0:
+//     automatic, 32 for decode and 64 for prefill; 32 or 64 force it for every call), one row each.
 //     --skip: a comma list of rows, each "none" or a '+'-joined set of ln, kvw, attn, gemm, act:
 //     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
 //     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
@@ -83,6 +86,7 @@ struct Flags {
   std::string skip = "none";  // comma list of op sets left out (timing only)
   std::string attn_wm = "0";  // comma list of attention warps_m (0: automatic)
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
+  std::string attn_tn = "0";  // comma list of variant 11's KV tokens a stage (0: automatic)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -132,6 +136,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.attn, value());
     } else if (a == "--attn-splits") {
       ASSIGN_OR_RETURN(f.attn_splits, value());
+    } else if (a == "--attn-tn") {
+      ASSIGN_OR_RETURN(f.attn_tn, value());
     } else if (a == "--attn-wm") {
       ASSIGN_OR_RETURN(f.attn_wm, value());
     } else if (a == "--skip") {
@@ -391,12 +397,16 @@ absl::Status Latency(const Flags& f) {
   ASSIGN_OR_RETURN(const std::vector<int> split_rows,
                    int_rows(f.attn_splits, "--attn-splits", "counts >= 0",
                             [](int n) { return n >= 0; }));
+  ASSIGN_OR_RETURN(const std::vector<int> tn_rows,
+                   int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
+                            [](int n) { return n == 0 || n == 32 || n == 64; }));
   struct Run {
     std::string variant, fast, autotune, small, async;
     int attn = 3;
     std::pair<std::string, uint32_t> skip;
     int wm = 0;
     int splits = 0;
+    int tn = 0;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
@@ -407,7 +417,9 @@ absl::Status Latency(const Flags& f) {
             for (int t : attns) {
               for (const auto& x : skips) {
                 for (int w : wms) {
-                  for (int n : split_rows) runs.push_back({v, k, a, m, y, t, x, w, n});
+                  for (int n : split_rows) {
+                    for (int tn : tn_rows) runs.push_back({v, k, a, m, y, t, x, w, n, tn});
+                  }
                 }
               }
             }
@@ -418,8 +430,8 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits] : runs) {
-    r.model().set_attention(attn, wm, splits);
+  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits, tn] : runs) {
+    r.model().set_attention(attn, wm, splits, tn);
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
     auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
@@ -527,12 +539,12 @@ absl::Status Latency(const Flags& f) {
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, async %s, attention variant %d (warps_m %d, splits %d), skip %s, cuda graphs "
-                "%s\n",
+                "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), skip "
+                "%s, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), small.c_str(), async.c_str(), attn, wm, splits, skip.first.c_str(),
-                f.cuda_graphs ? "on" : "off");
+                autotune.c_str(), small.c_str(), async.c_str(), attn, wm, splits, tn,
+                skip.first.c_str(), f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());
