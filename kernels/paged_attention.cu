@@ -1174,20 +1174,14 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const int64_t max_rows =
             static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
         bool hopper = false;
-        int hopper_resident = 0;
-        // Its KV tokens a stage: 32 for decode, 64 past one row tile (prefill).
-        const int hopper_tn = tuning.hopper_tile_tokens == hopper::kPrefillTN ||
-                                      (tuning.hopper_tile_tokens == 0 && max_rows > hopper::kRows)
-                                  ? hopper::kPrefillTN
-                                  : hopper::kDecodeTN;
+        hopper::Config hcfg;
         if (variant == 11 || variant == 12) {
           if constexpr (D == 64 || D == 128) {
-            hopper_resident = hopper_tn == hopper::kPrefillTN
-                                  ? hopper::HopperResident<T, D, hopper::kPrefillTN>()
-                                  : hopper::HopperResident<T, D, hopper::kDecodeTN>();
+            hcfg = hopper::ChooseConfig<T, D>(tuning.hopper_tile_tokens, tuning.hopper_warpgroups,
+                                              max_rows > hopper::kRows);
           }
           // 12: decode only (more than 64 rows run as 9), as 11 was until 2026-12-03.
-          hopper = hopper_resident > 0 && (variant == 11 || max_rows <= hopper::kRows);
+          hopper = hcfg.resident > 0 && (variant == 11 || max_rows <= hopper::kRows);
           variant = hopper ? 3 : 9;
         }
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
@@ -1210,15 +1204,15 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         if (hopper) {
           // Decode (<= 64 rows, one row tile) keeps the plan measured with it; past that (prefill,
           // long multi-token queries) 11 plans its own 64-row tiles.
-          const Plan own = max_rows > hopper::kRows
-                               ? MakePlan(p, tuning, hopper_resident, plan_bytes, false, hopper::kRows)
-                               : plan;
+          const Plan own = max_rows > hopper::kRows ? MakePlan(p, tuning, hcfg.resident, plan_bytes,
+                                                               false, hcfg.tile_rows)
+                                                    : plan;
           // 11 keeps a split's block ids in its shared table: a longer split runs as 3, on the
           // mma kernel's plan.
           hopper = TableSpan(own.chunk, p.block_size) <= kTableCap;
           if (hopper) {
             plan = own;
-            plan.row_tiles = CeilDiv(max_rows, hopper::kRows);
+            plan.row_tiles = CeilDiv(max_rows, hcfg.tile_rows);
           }
         }
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
@@ -1300,12 +1294,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         size_t smem_bytes = S::kSmemBytes;
         if constexpr (D == 64 || D == 128) {
           if (hopper) {  // same arguments (and grid geometry): only the kernel differs
-            const bool wide = hopper_tn == hopper::kPrefillTN;
-            kernel = wide ? hopper::HopperDecodeKernel<T, D, hopper::kPrefillTN>
-                          : hopper::HopperDecodeKernel<T, D, hopper::kDecodeTN>;
-            threads = hopper::kThreads;
-            smem_bytes = wide ? hopper::HShape<D, hopper::kPrefillTN>::kSmemBytes
-                              : hopper::HShape<D, hopper::kDecodeTN>::kSmemBytes;
+            kernel = hcfg.kernel;
+            threads = hcfg.threads;
+            smem_bytes = hcfg.smem_bytes;
           }
         }
         {

@@ -82,6 +82,9 @@ struct PagedAttentionTuning {
   // Variant 11's KV tokens per pipeline stage: 32 or 64; 0: 32 for decode (at most 64 query rows
   // per sequence and KV head), 64 past that (prefill).
   int hopper_tile_tokens = 0;
+  // Variant 11's warpgroups a CTA: 1 (64 query rows) or 2 (128 rows sharing each K / V stage,
+  // always with 64-token stages); 0: 1 for decode, 2 for prefill.
+  int hopper_warpgroups = 0;
 };
 
 inline constexpr int kNumPagedAttentionVariants = 13;

@@ -24,31 +24,37 @@
 // block-table entries fit the shared table (kTableCap).
 namespace hopper {
 
-constexpr int kThreads = 128;
-constexpr int kRows = 64;  // the wgmma's M: query rows per CTA
+constexpr int kRows = 64;  // the wgmma's M: query rows per warpgroup
 // KV tokens per stage: decode 32 (short splits, deep pipeline); prefill 64 (the score MMA's N and
 // the per-tile barrier, wait and bookkeeping amortized over twice the tokens).
 constexpr int kDecodeTN = 32;
 constexpr int kPrefillTN = 64;
 
-template <int D, int kTN>
+// kWG warpgroups a CTA (1, or 2 for prefill: 128 query rows sharing every K / V stage, half the
+// KV traffic per FLOP, one CTA an SM with a deeper pipeline).
+template <int D, int kTN, int kWG = 1>
 struct HShape {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(kTN == 32 || kTN == 64, "32 or 64 tokens a stage");
+  static_assert(kWG == 1 || kWG == 2, "one or two warpgroups");
+  static constexpr int kThreads = 128 * kWG;
+  static constexpr int kCtaRows = kRows * kWG;
   static constexpr int kSlabs = D / 64;              // 64-column (128-byte) slabs
-  static constexpr int kQSlabBytes = kRows * 128;    // 8 KiB
+  static constexpr int kQSlabBytes = kCtaRows * 128;  // 8 KiB a warpgroup
   static constexpr int kKvSlabBytes = kTN * 128;     // 4 KiB
   static constexpr int kQBytes = kSlabs * kQSlabBytes;
   static constexpr int kTileBytes = kSlabs * kKvSlabBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // As many as leave two CTAs an SM (D = 128 with 64-token stages: 2).
-  static constexpr int kStages = D == 64 ? 6 : kTN == 32 ? 5 : 2;
+  // One warpgroup: as many as leave two CTAs an SM (D = 128 with 64-token stages: 2); two: one
+  // CTA an SM, 5 stages of 64 tokens at D = 128.
+  static constexpr int kStages = D == 64 ? 6 : kTN == 32 ? 5 : kWG == 1 ? 2 : 5;
+  static constexpr int kMinCtas = kWG == 1 ? 2 : 1;
   // + 1024: the dynamic shared memory is aligned up to the 128-byte swizzle's 1024-byte pattern.
   static constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes;
   static constexpr int kChunks = D / 8;                 // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;
   static constexpr int kKvPasses = kTN / kRowsPerPass;
-  static constexpr int kQPasses = kRows / kRowsPerPass;
+  static constexpr int kQPasses = kCtaRows / kRowsPerPass;
   static constexpr int kSN = kTN / 2;  // S accumulators per thread (m64 x kTN / 128)
   static constexpr int kON = D / 2;    // O accumulators per thread
 };
@@ -68,9 +74,11 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <typename T, int D, int kTN>
-__global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelArgs a) {
-  using H = HShape<D, kTN>;
+template <typename T, int D, int kTN, int kWG>
+__global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, kWG>::kMinCtas)
+    HopperDecodeKernel(const KernelArgs a) {
+  using H = HShape<D, kTN, kWG>;
+  constexpr int kThreads = H::kThreads;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t table_s[kTableCap];
   const uint32_t raw = SmemAddr(smem_raw);
@@ -84,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
   // x = row tile * splits + split, the row tiles reversed so that a causal prefill's heaviest
   // (last) tiles start first.
   const int seq = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x % a.num_splits;
-  const int row_begin = (gridDim.x / a.num_splits - 1 - blockIdx.x / a.num_splits) * kRows;
+  const int row_begin = (gridDim.x / a.num_splits - 1 - blockIdx.x / a.num_splits) * H::kCtaRows;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
   const int kv_begin = split * a.chunk;
   const int first_block = kv_begin >> a.block_shift;
@@ -98,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
   const int total_rows = q_len * G;
   const int pos0 = ctx - q_len;
   // Rows row_begin .. row_end - 1 of the (sequence, KV head); rows are (token, head) pairs.
-  const int row_end = min(row_begin + kRows, total_rows);
+  const int row_end = min(row_begin + H::kCtaRows, total_rows);
   const int kv_end = pos0 + (row_end - 1) / G + 1;
   if (row_begin >= row_end || kv_begin >= kv_end) return;  // the merge skips splits past a query
   const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
@@ -153,8 +161,11 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
     CpAsyncCommit();
   }
 
-  // This thread's rows: r0 = row_begin + 16 warp + g and r1 = r0 + 8; a padding row (>= row_end)
-  // takes no causal mask (its output is dropped).
+  // This thread's rows: r0 = row_begin + 16 warp + g and r1 = r0 + 8 (warpgroup w holds rows
+  // 64 w .. 64 w + 63 of the CTA's); a padding row (>= row_end) takes no causal mask (its output
+  // is dropped).
+  const int wg = warp >> 2;
+  const uint32_t q_wg_addr = q_addr + wg * kRows * 128;  // the warpgroup's rows in each Q slab
   const int r0 = row_begin + warp * 16 + g, r1 = r0 + 8;
   const int qpos0 = r0 < row_end ? pos0 + r0 / G : INT_MAX;
   const int qpos1 = r1 < row_end ? pos0 + r1 / G : INT_MAX;
@@ -178,7 +189,8 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk & 3) * 32;
-      const uint64_t qd = wgmma::Desc128B(q_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
+      const uint64_t qd =
+          wgmma::Desc128B(q_wg_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
       const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
       if constexpr (kTN == 32) {
         wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
@@ -277,22 +289,50 @@ __global__ void __launch_bounds__(kThreads, 2) HopperDecodeKernel(const KernelAr
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
-template <typename T, int D, int kTN>
+template <typename T, int D, int kTN, int kWG>
 int HopperResident() {
+  using H = HShape<D, kTN, kWG>;
   static const int ctas = [] {
-    auto kernel = HopperDecodeKernel<T, D, kTN>;
+    auto kernel = HopperDecodeKernel<T, D, kTN, kWG>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             HShape<D, kTN>::kSmemBytes) != cudaSuccess) {
+                             H::kSmemBytes) != cudaSuccess) {
       return 0;
     }
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads,
-                                                      HShape<D, kTN>::kSmemBytes) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, H::kThreads, H::kSmemBytes) !=
+        cudaSuccess) {
       return 0;
     }
     return n;
   }();
   return ctas;
+}
+
+// One launchable form of the kernel: the host picks among decode (32-token stages, one
+// warpgroup), prefill with one warpgroup and prefill with two (64-token stages).
+struct Config {
+  void (*kernel)(const KernelArgs) = nullptr;
+  unsigned threads = 0;
+  int smem_bytes = 0;
+  int resident = 0;   // CTAs an SM (0: cannot be resident)
+  int tile_rows = 0;  // query rows a CTA
+};
+
+template <typename T, int D, int kTN, int kWG>
+Config MakeConfig() {
+  using H = HShape<D, kTN, kWG>;
+  return Config{HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes,
+                HopperResident<T, D, kTN, kWG>(), H::kCtaRows};
+}
+
+// tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one
+// warpgroup's rows per (sequence, KV head). Two warpgroups always take 64-token stages.
+template <typename T, int D>
+Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill) {
+  const int wg = warpgroups > 0 ? warpgroups : prefill ? 2 : 1;
+  if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2>();
+  const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
+  return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1>() : MakeConfig<T, D, kDecodeTN, 1>();
 }
 
 }  // namespace hopper

@@ -408,11 +408,13 @@ int ProfileOne(int batch, int ctx, int variant, int splits, int q_len) {
   t.num_splits = splits;
   // MQA_HOPPER_TN=32|64: variant 11's tokens a stage (PagedAttentionTuning::hopper_tile_tokens).
   if (const char* tn = std::getenv("MQA_HOPPER_TN")) t.hopper_tile_tokens = std::atoi(tn);
+  // MQA_HOPPER_WG=1|2: its warpgroups a CTA (PagedAttentionTuning::hopper_warpgroups).
+  if (const char* wg = std::getenv("MQA_HOPPER_WG")) t.hopper_warpgroups = std::atoi(wg);
   if (std::getenv("MQA_PROFILE_ONLY") == nullptr) {
     const double us = TimeMqa(w, t, true);
-    std::printf("%d x %d (q_len %d) variant %d splits %d (hopper tile tokens %d): %.2f us (graph "
-                "of 20), %.1f TFLOP/s\n",
-                batch, ctx, q_len, variant, splits, t.hopper_tile_tokens, us,
+    std::printf("%d x %d (q_len %d) variant %d splits %d (hopper tile tokens %d, warpgroups %d): "
+                "%.2f us (graph of 20), %.1f TFLOP/s\n",
+                batch, ctx, q_len, variant, splits, t.hopper_tile_tokens, t.hopper_warpgroups, us,
                 w.flops / (us * 1e6));
   } else {
     w.workspace_bytes = PagedAttentionCudaWorkspaceBytes(w.p, t);

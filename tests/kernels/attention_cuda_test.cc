@@ -134,15 +134,17 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   }
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.dtype = c.dtype;
-  // Configurations: every variant with its automatic choices, then variant 11 with 32 and with 64
-  // KV tokens a stage forced (its automatic choice takes one for decode, the other for prefill).
-  constexpr int kConfigs = kNumPagedAttentionVariants + 2;
+  // Configurations: every variant with its automatic choices, then variant 11 forced to each of
+  // its forms: one warpgroup with 32-token stages, with 64, and two warpgroups (its automatic
+  // choice takes the first for decode and the last for prefill).
+  constexpr int kConfigs = kNumPagedAttentionVariants + 3;
   auto config_variant = [](int k) { return k < kNumPagedAttentionVariants ? k : 11; };
   auto config_name = [&](int k) {
     std::string name = std::to_string(config_variant(k)) + " (" +
                        PagedAttentionVariantName(config_variant(k));
     if (k == kNumPagedAttentionVariants) name += ", 32-token stages";
     if (k == kNumPagedAttentionVariants + 1) name += ", 64-token stages";
+    if (k == kNumPagedAttentionVariants + 2) name += ", two warpgroups";
     return name + ")";
   };
   std::vector<std::vector<uint16_t>> outs;  // [config * 2 + run]
@@ -153,6 +155,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     tuning.variant = variant;
     if (config >= kNumPagedAttentionVariants) {
       tuning.hopper_tile_tokens = config == kNumPagedAttentionVariants ? 32 : 64;
+      tuning.hopper_warpgroups = config == kNumPagedAttentionVariants + 2 ? 2 : 1;
     }
     const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
     DeviceBuffer ws(ws_bytes);
