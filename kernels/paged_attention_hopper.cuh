@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   // This thread's rows: r0 = row_begin + 16 warp + g and r1 = r0 + 8 (warpgroup w holds rows
   // 64 w .. 64 w + 63 of the CTA's); a padding row (>= row_end) takes no causal mask (its output
   // is dropped).
-  const int wg = warp >> 2;
+  const int wg = kWG == 1 ? 0 : warp >> 2;
   const uint32_t q_wg_addr = q_addr + wg * kRows * 128;  // the warpgroup's rows in each Q slab
   const int r0 = row_begin + warp * 16 + g, r1 = r0 + 8;
   const int qpos0 = r0 < row_end ? pos0 + r0 / G : INT_MAX;

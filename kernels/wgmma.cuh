@@ -67,64 +67,41 @@ __device__ __forceinline__ void FenceProxyAsync() {
 #define MQA_WGMMA_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define MQA_WGMMA_D64 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-// d[16] (+= when accumulate) A (64 x 16 from a descriptor, K-major) x B (16 x 32 from a
-// descriptor, K-major).
-template <typename T>
-__device__ __forceinline__ void MmaSS_m64n32k16(float (&d)[16], uint64_t a, uint64_t b,
-                                                bool accumulate) {
-  const int scale_d = accumulate ? 1 : 0;
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(MQA_WGMMA_SS_M64N32K16("f16") : MQA_WGMMA_D16 : "l"(a), "l"(b), "r"(scale_d));
-  } else {
-    asm volatile(MQA_WGMMA_SS_M64N32K16("bf16") : MQA_WGMMA_D16 : "l"(a), "l"(b), "r"(scale_d));
+// One wrapper per shape; the f16 / bf16 dispatch is the same for all. SS: A and B from
+// descriptors (both K-major), d (+)= A B, accumulating when `accumulate`. RS_TB: A from four
+// registers per thread, B from a descriptor, MN-major (N contiguous), d += A B.
+#define MQA_WGMMA_DEFINE_SS(NAME, ASM, DN, DREGS)                                        \
+  template <typename T>                                                                  \
+  __device__ __forceinline__ void NAME(float(&d)[DN], uint64_t a, uint64_t b,            \
+                                       bool accumulate) {                                \
+    const int scale_d = accumulate ? 1 : 0;                                              \
+    if constexpr (std::is_same_v<T, __half>) {                                           \
+      asm volatile(ASM("f16") : DREGS : "l"(a), "l"(b), "r"(scale_d));                   \
+    } else {                                                                             \
+      asm volatile(ASM("bf16") : DREGS : "l"(a), "l"(b), "r"(scale_d));                  \
+    }                                                                                    \
   }
-}
-
-// d[32] (+= when accumulate) A (64 x 16 from a descriptor, K-major) x B (16 x 64 from a
-// descriptor, K-major).
-template <typename T>
-__device__ __forceinline__ void MmaSS_m64n64k16(float (&d)[32], uint64_t a, uint64_t b,
-                                                bool accumulate) {
-  const int scale_d = accumulate ? 1 : 0;
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(MQA_WGMMA_SS_M64N64K16("f16") : MQA_WGMMA_D32 : "l"(a), "l"(b), "r"(scale_d));
-  } else {
-    asm volatile(MQA_WGMMA_SS_M64N64K16("bf16") : MQA_WGMMA_D32 : "l"(a), "l"(b), "r"(scale_d));
+#define MQA_WGMMA_DEFINE_RS_TB(NAME, ASM, DN, DREGS)                                     \
+  template <typename T>                                                                  \
+  __device__ __forceinline__ void NAME(float(&d)[DN], const uint32_t(&a)[4], uint64_t b) { \
+    if constexpr (std::is_same_v<T, __half>) {                                           \
+      asm volatile(ASM("f16")                                                            \
+                   : DREGS                                                               \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));        \
+    } else {                                                                             \
+      asm volatile(ASM("bf16")                                                           \
+                   : DREGS                                                               \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));        \
+    }                                                                                    \
   }
-}
 
-// d[32] += A (64 x 16 from registers, four per thread) x B (16 x 64 from a descriptor,
-// MN-major: N contiguous).
-template <typename T>
-__device__ __forceinline__ void MmaRS_m64n64k16_tb(float (&d)[32], const uint32_t (&a)[4],
-                                                   uint64_t b) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(MQA_WGMMA_RS_M64N64K16_TB("f16")
-                 : MQA_WGMMA_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(MQA_WGMMA_RS_M64N64K16_TB("bf16")
-                 : MQA_WGMMA_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
-}
+MQA_WGMMA_DEFINE_SS(MmaSS_m64n32k16, MQA_WGMMA_SS_M64N32K16, 16, MQA_WGMMA_D16)
+MQA_WGMMA_DEFINE_SS(MmaSS_m64n64k16, MQA_WGMMA_SS_M64N64K16, 32, MQA_WGMMA_D32)
+MQA_WGMMA_DEFINE_RS_TB(MmaRS_m64n64k16_tb, MQA_WGMMA_RS_M64N64K16_TB, 32, MQA_WGMMA_D32)
+MQA_WGMMA_DEFINE_RS_TB(MmaRS_m64n128k16_tb, MQA_WGMMA_RS_M64N128K16_TB, 64, MQA_WGMMA_D64)
 
-// d[64] += A (64 x 16 from registers, four per thread) x B (16 x 128 from a descriptor,
-// MN-major: N contiguous).
-template <typename T>
-__device__ __forceinline__ void MmaRS_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4],
-                                                   uint64_t b) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(MQA_WGMMA_RS_M64N128K16_TB("f16")
-                 : MQA_WGMMA_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  } else {
-    asm volatile(MQA_WGMMA_RS_M64N128K16_TB("bf16")
-                 : MQA_WGMMA_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-  }
-}
-
+#undef MQA_WGMMA_DEFINE_SS
+#undef MQA_WGMMA_DEFINE_RS_TB
 #undef MQA_WGMMA_SS_M64N32K16
 #undef MQA_WGMMA_SS_M64N64K16
 #undef MQA_WGMMA_RS_M64N64K16_TB
