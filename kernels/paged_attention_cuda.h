@@ -83,7 +83,8 @@ struct PagedAttentionTuning {
   // per sequence and KV head), 64 past that (prefill).
   int hopper_tile_tokens = 0;
   // Variant 11's warpgroups a CTA: 1 (64 query rows) or 2 (128 rows sharing each K / V stage,
-  // always with 64-token stages); 0: 1 for decode, 2 for prefill.
+  // always with 64-token stages); 0: 2 for long prefills (kernels/paged_attention_hopper.cuh,
+  // kTwoWarpgroupMinContext), else 1.
   int hopper_warpgroups = 0;
 };
 

@@ -308,6 +308,14 @@ int HopperResident() {
   return ctas;
 }
 
+// Automatic two-warpgroup prefill: at least this long a context, and at least kTwoWarpgroupMinWaves
+// waves of 128-row CTAs (one an SM). Two warpgroups halve the L2 traffic per FLOP of a long prefix
+// but have half the CTA slots: on the H200 (2026-12-03 ~14:25 UTC, attention_bench --one, one vs
+// two warpgroups) 4096-token causal 661 -> 619 us, but 32 x 512 512 -> 532, a 512-token chunk at
+// 4096 (192 CTAs) 175 -> 186, 1024 tokens 54.4 -> 54.3.
+constexpr int kTwoWarpgroupMinContext = 2048;
+constexpr int kTwoWarpgroupMinWaves = 4;
+
 // One launchable form of the kernel: the host picks among decode (32-token stages, one
 // warpgroup), prefill with one warpgroup and prefill with two (64-token stages).
 struct Config {
@@ -326,10 +334,12 @@ Config MakeConfig() {
 }
 
 // tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one
-// warpgroup's rows per (sequence, KV head). Two warpgroups always take 64-token stages.
+// warpgroup's rows per (sequence, KV head); long_prefill: prefixes long enough and tiles many
+// enough for two warpgroups a CTA (kTwoWarpgroupMinContext). Two warpgroups always take 64-token
+// stages.
 template <typename T, int D>
-Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill) {
-  const int wg = warpgroups > 0 ? warpgroups : prefill ? 2 : 1;
+Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
+  const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;
   if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2>();
   const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
   return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1>() : MakeConfig<T, D, kDecodeTN, 1>();
