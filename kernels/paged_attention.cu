@@ -1135,6 +1135,13 @@ absl::Status ValidateForCuda(const PagedAttentionParams& p) {
 
 }  // namespace
 
+bool UseTwoWarpgroupPrefill(const PagedAttentionParams& p, int sms) {
+  const int64_t max_rows = static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
+  return max_rows > hopper::kRows && p.max_context_len >= kTwoWarpgroupMinContext &&
+         static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * CeilDiv(max_rows, 2 * hopper::kRows) >=
+             static_cast<int64_t>(kTwoWarpgroupMinWaves) * sms;
+}
+
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
                                         const PagedAttentionTuning& tuning) {
   if (!ValidateForCuda(p).ok() || p.num_tokens == 0) return 0;
@@ -1177,13 +1184,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         hopper::Config hcfg;
         if (variant == 11 || variant == 12) {
           if constexpr (D == 64 || D == 128) {
-            const bool prefill = max_rows > hopper::kRows;
-            const bool long_prefill =
-                prefill && p.max_context_len >= hopper::kTwoWarpgroupMinContext &&
-                static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * CeilDiv(max_rows, 2 * hopper::kRows) >=
-                    static_cast<int64_t>(hopper::kTwoWarpgroupMinWaves) * SmCount();
             hcfg = hopper::ChooseConfig<T, D>(tuning.hopper_tile_tokens, tuning.hopper_warpgroups,
-                                              prefill, long_prefill);
+                                              max_rows > hopper::kRows,
+                                              UseTwoWarpgroupPrefill(p, SmCount()));
           }
           // 12: decode only (more than 64 rows run as 9), as 11 was until 2026-12-03.
           hopper = hcfg.resident > 0 && (variant == 11 || max_rows <= hopper::kRows);

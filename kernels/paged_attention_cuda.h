@@ -83,8 +83,7 @@ struct PagedAttentionTuning {
   // per sequence and KV head), 64 past that (prefill).
   int hopper_tile_tokens = 0;
   // Variant 11's warpgroups a CTA: 1 (64 query rows) or 2 (128 rows sharing each K / V stage,
-  // always with 64-token stages); 0: 2 for long prefills (kernels/paged_attention_hopper.cuh,
-  // kTwoWarpgroupMinContext), else 1.
+  // always with 64-token stages); 0: 2 for long prefills (UseTwoWarpgroupPrefill), else 1.
   int hopper_warpgroups = 0;
 };
 
@@ -107,6 +106,14 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 12 ? "hopper-decode"
                    : "?";
 }
+
+// Variant 11's automatic form for `p` on a device of `sms` SMs: two warpgroups (128-row CTAs) for
+// a long prefill — more than 64 query rows per (sequence, KV head), a context of at least
+// kTwoWarpgroupMinContext tokens and at least kTwoWarpgroupMinWaves waves of 128-row CTAs — else
+// one (kernels/paged_attention_hopper.cuh has the measurements behind the thresholds).
+inline constexpr int kTwoWarpgroupMinContext = 2048;
+inline constexpr int kTwoWarpgroupMinWaves = 4;
+bool UseTwoWarpgroupPrefill(const PagedAttentionParams& p, int sms);
 
 // Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will
 // not split. A smaller workspace is allowed: the launch then uses fewer splits.

@@ -308,13 +308,11 @@ int HopperResident() {
   return ctas;
 }
 
-// Automatic two-warpgroup prefill: at least this long a context, and at least kTwoWarpgroupMinWaves
-// waves of 128-row CTAs (one an SM). Two warpgroups halve the L2 traffic per FLOP of a long prefix
-// but have half the CTA slots: on the H200 (2026-12-03 ~14:25 UTC, attention_bench --one, one vs
-// two warpgroups) 4096-token causal 661 -> 619 us, but 32 x 512 512 -> 532, a 512-token chunk at
-// 4096 (192 CTAs) 175 -> 186, 1024 tokens 54.4 -> 54.3.
-constexpr int kTwoWarpgroupMinContext = 2048;
-constexpr int kTwoWarpgroupMinWaves = 4;
+// Automatic two-warpgroup prefill (UseTwoWarpgroupPrefill, kernels/paged_attention_cuda.h): two
+// warpgroups halve the L2 traffic per FLOP of a long prefix but have half the CTA slots: on the
+// H200 (2026-12-03 ~14:25 UTC, attention_bench --one, one vs two warpgroups) 4096-token causal
+// 661 -> 619 us, but 32 x 512 512 -> 532, a 512-token chunk at 4096 (192 CTAs) 175 -> 186, 1024
+// tokens 54.4 -> 54.3.
 
 // One launchable form of the kernel: the host picks among decode (32-token stages, one
 // warpgroup), prefill with one warpgroup and prefill with two (64-token stages).
@@ -334,9 +332,8 @@ Config MakeConfig() {
 }
 
 // tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one
-// warpgroup's rows per (sequence, KV head); long_prefill: prefixes long enough and tiles many
-// enough for two warpgroups a CTA (kTwoWarpgroupMinContext). Two warpgroups always take 64-token
-// stages.
+// warpgroup's rows per (sequence, KV head); long_prefill: UseTwoWarpgroupPrefill. Two warpgroups
+// always take 64-token stages.
 template <typename T, int D>
 Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
   const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;

@@ -204,6 +204,28 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   return worst;
 }
 
+// Variant 11's automatic prefill form (host logic only: runs without a device). The measured shapes
+// of 2026-12-03 each get the form that was faster for them on the H200.
+TEST(HopperPrefillForm, TwoWarpgroupsOnlyForLongPrefills) {
+  auto params = [](int seqs, int q_len, int ctx) {
+    PagedAttentionParams p;
+    p.num_seqs = seqs;
+    p.num_tokens = seqs * q_len;
+    p.max_query_len = q_len;
+    p.max_context_len = ctx;
+    p.num_heads = 48;
+    p.num_kv_heads = 1;
+    return p;
+  };
+  constexpr int kH200Sms = 132;
+  EXPECT_TRUE(UseTwoWarpgroupPrefill(params(1, 4096, 4096), kH200Sms));    // 661 -> 619 us
+  EXPECT_FALSE(UseTwoWarpgroupPrefill(params(32, 512, 512), kH200Sms));    // 512 -> 532 us
+  EXPECT_FALSE(UseTwoWarpgroupPrefill(params(1, 512, 4096), kH200Sms));    // 175 -> 186 us
+  EXPECT_FALSE(UseTwoWarpgroupPrefill(params(1, 1024, 1024), kH200Sms));   // equal
+  EXPECT_FALSE(UseTwoWarpgroupPrefill(params(64, 1, 2048), kH200Sms));     // decode
+  EXPECT_TRUE(UseTwoWarpgroupPrefill(params(8, 2048, 8192), kH200Sms));    // chunks of long prompts
+}
+
 class AttentionCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
