@@ -969,6 +969,21 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   }
 }
 
+// CTAs per SM of `kernel` at this block size and dynamic shared memory, after raising its
+// shared-memory limit to that size; 0 when it cannot be resident. Callers cache it per kernel.
+int MaxResidentCtas(void (*kernel)(const KernelArgs), int threads, int smem_bytes) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) !=
+      cudaSuccess) {
+    return 0;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) !=
+      cudaSuccess) {
+    return 0;
+  }
+  return n;
+}
+
 #include "kernels/paged_attention_hopper.cuh"
 
 // --- Host side ---------------------------------------------------------------------------------
@@ -1006,6 +1021,11 @@ int MaxQueryLen(const PagedAttentionParams& p) {
   return std::max(1, p.num_tokens - p.num_seqs + 1);
 }
 
+// Query rows ((token, head) pairs) of the longest query per (sequence, KV head).
+int64_t MaxRows(const PagedAttentionParams& p) {
+  return static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
+}
+
 WarpLayout ChooseLayout(const PagedAttentionParams& p, const PagedAttentionTuning& tuning) {
   switch (tuning.warps_m) {
     case 1:
@@ -1031,20 +1051,9 @@ WarpLayout ChooseLayout(const PagedAttentionParams& p, const PagedAttentionTunin
 // Resident CTAs per SM of one instantiation (sets its shared-memory limit on first use).
 template <typename T, int D, int WM, int WN, bool kNarrow>
 int ResidentCtas() {
-  static const int ctas = [] {
-    using S = Shape<D, WM, WN>;
-    auto kernel = PagedAttentionKernel<T, D, WM, WN, kNarrow>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(S::kSmemBytes)) != cudaSuccess) {
-      return 0;
-    }
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, S::kThreads, S::kSmemBytes) !=
-        cudaSuccess) {
-      return 0;
-    }
-    return n;
-  }();
+  using S = Shape<D, WM, WN>;
+  static const int ctas = MaxResidentCtas(PagedAttentionKernel<T, D, WM, WN, kNarrow>, S::kThreads,
+                                          static_cast<int>(S::kSmemBytes));
   return ctas;
 }
 
@@ -1064,9 +1073,7 @@ size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& t
 }
 
 int RowTiles(const PagedAttentionParams& p, const PagedAttentionTuning& tuning) {
-  const int group = p.num_heads / p.num_kv_heads;
-  return CeilDiv(static_cast<int64_t>(MaxQueryLen(p)) * group,
-                 16 * attention::WarpsM(ChooseLayout(p, tuning)));
+  return CeilDiv(MaxRows(p), 16 * attention::WarpsM(ChooseLayout(p, tuning)));
 }
 
 // The whole launch geometry; `resident` is CTAs per SM of the chosen instantiation.
@@ -1076,9 +1083,8 @@ Plan MakePlan(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
               size_t workspace_bytes, bool one_wave_cluster = false, int tile_rows = 0) {
   Plan plan;
   plan.layout = ChooseLayout(p, tuning);
-  const int group = p.num_heads / p.num_kv_heads;
   if (tile_rows <= 0) tile_rows = 16 * attention::WarpsM(plan.layout);
-  plan.row_tiles = CeilDiv(static_cast<int64_t>(MaxQueryLen(p)) * group, tile_rows);
+  plan.row_tiles = CeilDiv(MaxRows(p), tile_rows);
   const int64_t base = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * plan.row_tiles;
   const int max_ctx = std::max(1, p.max_context_len);
   const int max_tiles = CeilDiv(max_ctx, kTileN);
@@ -1136,7 +1142,7 @@ absl::Status ValidateForCuda(const PagedAttentionParams& p) {
 }  // namespace
 
 bool UseTwoWarpgroupPrefill(const PagedAttentionParams& p, int sms) {
-  const int64_t max_rows = static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
+  const int64_t max_rows = MaxRows(p);
   return max_rows > hopper::kRows && p.max_context_len >= kTwoWarpgroupMinContext &&
          static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * CeilDiv(max_rows, 2 * hopper::kRows) >=
              static_cast<int64_t>(kTwoWarpgroupMinWaves) * sms;
@@ -1178,8 +1184,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const size_t counter_bytes = CounterBytes(p, tuning, RowTiles(p, tuning));
         int variant = std::clamp(tuning.variant, 0, kNumPagedAttentionVariants - 1);
         // 11 (wgmma) plans and merges as 3; shapes it does not take run as 9.
-        const int64_t max_rows =
-            static_cast<int64_t>(MaxQueryLen(p)) * (p.num_heads / p.num_kv_heads);
+        const int64_t max_rows = MaxRows(p);
         bool hopper = false;
         hopper::Config hcfg;
         if (variant == 11 || variant == 12) {

@@ -292,19 +292,8 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 template <typename T, int D, int kTN, int kWG>
 int HopperResident() {
   using H = HShape<D, kTN, kWG>;
-  static const int ctas = [] {
-    auto kernel = HopperDecodeKernel<T, D, kTN, kWG>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             H::kSmemBytes) != cudaSuccess) {
-      return 0;
-    }
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, H::kThreads, H::kSmemBytes) !=
-        cudaSuccess) {
-      return 0;
-    }
-    return n;
-  }();
+  static const int ctas =
+      MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes);
   return ctas;
 }
 
