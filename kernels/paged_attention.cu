@@ -1187,10 +1187,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const int64_t max_rows = MaxRows(p);
         bool hopper = false;
         hopper::Config hcfg;
-        // 13 and 14 are 11 with the cluster merge: 13 where the grid fits in one CTA per SM (on
-        // variant 9's one-wave plan), 14 wherever the whole grid is resident (on the fill plan).
-        const bool hopper_cluster = variant == 13, hopper_cluster_wave = variant == 14;
-        if (hopper_cluster || hopper_cluster_wave) variant = 11;
         if (variant == 11 || variant == 12) {
           if constexpr (D == 64 || D == 128) {
             hcfg = hopper::ChooseConfig<T, D>(tuning.hopper_tile_tokens, tuning.hopper_warpgroups,
@@ -1204,8 +1200,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // 7 and 8 are 6 and 3 with the early KV copies (8: and the cluster merge, below); 9 is 7
         // and 10 is 8 with the cluster merge only where the grid fits in one CTA per SM.
         const bool early_kv = variant >= 7;
-        const bool cluster = variant >= 8 || (hopper && (hopper_cluster || hopper_cluster_wave));
-        const bool cluster_if_small = variant >= 9 || (hopper && hopper_cluster);
+        const bool cluster = variant >= 8;
+        const bool cluster_if_small = variant >= 9;
         if (variant == 7 || variant == 9) variant = 6;
         if (variant == 8 || variant == 10) variant = 3;
         // 6 launches as 5; whether it merges in the kernel depends on the plan (below).
@@ -1263,12 +1259,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.variant = variant;
         a.narrow_partials = variant >= 3;
         a.early_kv = early_kv;
-        const int64_t ctas = grid_x * p.num_kv_heads * p.num_seqs;
-        a.cluster_merge =
-            cluster && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap &&
-            (hopper && hopper_cluster_wave
-                 ? ctas <= static_cast<int64_t>(SmCount()) * hcfg.resident
-                 : !cluster_if_small || ctas <= SmCount());
+        a.cluster_merge = cluster && plan.num_splits > 1 &&
+                          plan.num_splits <= kClusterMergeCap &&
+                          (!cluster_if_small || grid_x * p.num_kv_heads * p.num_seqs <= SmCount());
         a.inline_merge =
             !a.cluster_merge && plan.num_splits > 1 &&
             ((variant == 4 && plan.num_splits <= kInlineMergeCap4) ||

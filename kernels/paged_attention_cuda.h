@@ -70,11 +70,6 @@ struct PagedAttentionTuning {
   //     last).
   // 12: as 11 where it takes at most 64 query rows per (sequence, KV head), else as 9 (11 before
   //     its multi-tile prefill; kept for side-by-side runs).
-  // 13: as 11, with variant 9's cluster merge (2..8 splits of a row tile as one thread-block
-  //     cluster, merged through distributed shared memory; no partials, no merge launch) where
-  //     the grid fits in one CTA per SM, planned as 9 (one wave of clusters).
-  // 14: as 11 on its own (fill) plan, with the cluster merge wherever the whole grid is resident
-  //     (two CTAs an SM for decode).
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -92,7 +87,7 @@ struct PagedAttentionTuning {
   int hopper_warpgroups = 0;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 15;
+inline constexpr int kNumPagedAttentionVariants = 13;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -109,8 +104,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
          : v == 12 ? "hopper-decode"
-         : v == 13 ? "hopper-cluster"
-         : v == 14 ? "hopper-cluster-wave"
                    : "?";
 }
 

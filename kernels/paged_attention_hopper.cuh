@@ -15,9 +15,7 @@
 // Q and K are K-major operands; V, stored token-major, is the MN-major B of P V (N = D contiguous).
 // Tiles arrive through 16-byte cp.async (the paged cache is not a TMA-describable tensor), made
 // visible to the async proxy with fence.proxy.async before the barrier that publishes a stage.
-// Splits, partials and the merge kernel are variant 3's (T partials, fp32 log2-domain lse);
-// variants 13 and 14 merge 2..8 splits inside a thread-block cluster instead (ClusterMerge, as
-// variants 8-10: the normalised rows stay in shared memory, no partials, no merge launch).
+// Splits, partials and the merge kernel are variant 3's (T partials, fp32 log2-domain lse).
 //
 // Query rows past 64 (prefill, multi-token queries with large groups) take several 64-row tiles,
 // one CTA each (grid x = row tile * splits + split), each over the KV range its last row sees.
@@ -59,8 +57,6 @@ struct HShape {
   static constexpr int kQPasses = kCtaRows / kRowsPerPass;
   static constexpr int kSN = kTN / 2;  // S accumulators per thread (m64 x kTN / 128)
   static constexpr int kON = D / 2;    // O accumulators per thread
-  static constexpr int kEpStride = D + 8;  // the cluster merge's padded fp32 output row
-  static_assert(kCtaRows * (kEpStride + 1) * 4 <= kStages * kStageBytes, "epilogue overlays stages");
 };
 
 // Byte offset of 16-byte chunk c of row r in the slab layout (slab = c / 8, swizzled within it).
@@ -112,21 +108,7 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   // Rows row_begin .. row_end - 1 of the (sequence, KV head); rows are (token, head) pairs.
   const int row_end = min(row_begin + H::kCtaRows, total_rows);
   const int kv_end = pos0 + (row_end - 1) / G + 1;
-  // The cluster merge's shared memory, once the KV stages are done with: normalised fp32 output
-  // rows ([kCtaRows][kEpStride]; the 8-float pad puts a half-warp's float2 stores on distinct
-  // banks) and their log2-sum-exp.
-  float* ep_s = reinterpret_cast<float*>(kv_s);
-  float* lse_s = ep_s + H::kCtaRows * H::kEpStride;
-  if (row_begin >= row_end || kv_begin >= kv_end) {
-    if (!a.cluster_merge) return;  // the merge kernel skips splits past a query
-    // A split past this sequence's context still takes part in its cluster's merge (it writes
-    // output chunks: after the wait, as every writer).
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    for (int r = tid; r < H::kCtaRows; r += kThreads) lse_s[r] = -INFINITY;
-    ClusterMerge<T, D, kThreads, H::kCtaRows, H::kEpStride>(a, kvh, row_begin, total_rows,
-                                                             q_begin, ep_s, lse_s);
-    return;
-  }
+  if (row_begin >= row_end || kv_begin >= kv_end) return;  // the merge skips splits past a query
   const int kv_stop = split == a.num_splits - 1 ? kv_end : min(kv_begin + a.chunk, kv_end);
   const int num_tiles = (kv_stop - kv_begin + kTN - 1) / kTN;
 
@@ -281,24 +263,6 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  if (a.cluster_merge) {
-    __syncthreads();  // every warp is done with the KV stages that ep_s overlays
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = (r == 0 ? r0 : r1) - row_begin;
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      float* dst = ep_s + local * H::kEpStride + 2 * t;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-      }
-      if (t == 0) lse_s[local] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
-    }
-    ClusterMerge<T, D, kThreads, H::kCtaRows, H::kEpStride>(a, kvh, row_begin, total_rows,
-                                                             q_begin, ep_s, lse_s);
-    return;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
