@@ -70,8 +70,6 @@ struct PagedAttentionTuning {
   //     last).
   // 12: as 11 where it takes at most 64 query rows per (sequence, KV head), else as 9 (11 before
   //     its multi-tile prefill; kept for side-by-side runs).
-  // 13: as 11, with the decode form's loop overlapped: tile i + 1's scores (S = Q K^T) are
-  //     issued before tile i's softmax and computed during it (one tile fewer in flight).
   // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
   // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
   // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
@@ -89,7 +87,7 @@ struct PagedAttentionTuning {
   int hopper_warpgroups = 0;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 14;
+inline constexpr int kNumPagedAttentionVariants = 13;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -106,7 +104,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
          : v == 12 ? "hopper-decode"
-         : v == 13 ? "hopper-overlap"
                    : "?";
 }
 

@@ -74,14 +74,10 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// kOverlap (variant 13): the scores of tile i + 1 are issued before tile i's softmax, so the
-// tensor cores compute them while the warpgroup works through the softmax (one S accumulator
-// more, tile i + 1 must have landed a tile earlier: one tile fewer in flight).
-template <typename T, int D, int kTN, int kWG, bool kOverlap = false>
+template <typename T, int D, int kTN, int kWG>
 __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, kWG>::kMinCtas)
     HopperDecodeKernel(const KernelArgs a) {
   using H = HShape<D, kTN, kWG>;
-  static_assert(!kOverlap || H::kStages >= 3, "the overlap keeps two tiles and a refill resident");
   constexpr int kThreads = H::kThreads;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t table_s[kTableCap];
@@ -178,10 +174,17 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   for (int i = 0; i < H::kON; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  // S = Q K^T of `tile` into acc, issued and committed (not waited for).
-  auto issue_scores = [&](int tile, float (&acc)[H::kSN]) {
-    const uint32_t k_addr = kv_addr + (tile % H::kStages) * H::kStageBytes;
-    FenceRegs(acc);
+  for (int i = 0; i < num_tiles; ++i) {
+    CpAsyncWait<H::kStages - 2>();
+    wgmma::FenceProxyAsync();
+    __syncthreads();  // tile i visible to every warp; every warp is done with tile i - 1's stage
+    if (i + H::kStages - 1 < num_tiles) issue_tile(i + H::kStages - 1);
+    CpAsyncCommit();
+
+    const uint32_t k_addr = kv_addr + (i % H::kStages) * H::kStageBytes;
+    const uint32_t v_addr = k_addr + H::kTileBytes;
+    float s[H::kSN];
+    FenceRegs(s);
     wgmma::Fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -190,41 +193,14 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
           wgmma::Desc128B(q_wg_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
       const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
       if constexpr (kTN == 32) {
-        wgmma::MmaSS_m64n32k16<T>(acc, qd, kd, kk > 0);
+        wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
       } else {
-        wgmma::MmaSS_m64n64k16<T>(acc, qd, kd, kk > 0);
+        wgmma::MmaSS_m64n64k16<T>(s, qd, kd, kk > 0);
       }
     }
     wgmma::Commit();
-  };
-  float s[H::kSN];             // the scores of tile i
-  float s_next[H::kSN] = {};   // kOverlap: tile i + 1's, in flight during tile i's softmax
-  if constexpr (kOverlap) {
-    CpAsyncWait<H::kStages - 2>();  // tile 0 (and Q)
-    wgmma::FenceProxyAsync();
-    __syncthreads();
-    issue_scores(0, s);
     wgmma::Wait<0>();
     FenceRegs(s);
-  }
-
-  for (int i = 0; i < num_tiles; ++i) {
-    // Groups committed before this wait: kStages - 1 + i (tiles 0 .. kStages - 2 + i); the
-    // overlap needs tile i + 1 complete, the plain loop tile i.
-    CpAsyncWait<kOverlap ? H::kStages - 3 : H::kStages - 2>();
-    wgmma::FenceProxyAsync();
-    __syncthreads();  // the tile visible to every warp; every warp is done with tile i - 1's stage
-    if (i + H::kStages - 1 < num_tiles) issue_tile(i + H::kStages - 1);
-    CpAsyncCommit();
-
-    const uint32_t v_addr = kv_addr + (i % H::kStages) * H::kStageBytes + H::kTileBytes;
-    if constexpr (kOverlap) {
-      if (i + 1 < num_tiles) issue_scores(i + 1, s_next);
-    } else {
-      issue_scores(i, s);
-      wgmma::Wait<0>();
-      FenceRegs(s);
-    }
 
     // Online softmax over the tile (log2 domain, the scale folded into the exponent).
     const int tok0 = kv_begin + i * kTN + 2 * t;
@@ -276,13 +252,8 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
       }
     }
     wgmma::Commit();
-    wgmma::Wait<0>();  // P V of tile i (and, overlapped, the scores of tile i + 1)
+    wgmma::Wait<0>();
     FenceRegs(o);
-    if constexpr (kOverlap) {
-      FenceRegs(s_next);
-#pragma unroll
-      for (int j = 0; j < H::kSN; ++j) s[j] = s_next[j];
-    }
   }
   CpAsyncWait<0>();
   // The merge kernel (a programmatic dependent) may launch; it waits for this grid to complete.
@@ -318,11 +289,11 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
-template <typename T, int D, int kTN, int kWG, bool kOverlap>
+template <typename T, int D, int kTN, int kWG>
 int HopperResident() {
   using H = HShape<D, kTN, kWG>;
-  static const int ctas = MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG, kOverlap>,
-                                          H::kThreads, H::kSmemBytes);
+  static const int ctas =
+      MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes);
   return ctas;
 }
 
@@ -342,25 +313,22 @@ struct Config {
   int tile_rows = 0;  // query rows a CTA
 };
 
-template <typename T, int D, int kTN, int kWG, bool kOverlap = false>
+template <typename T, int D, int kTN, int kWG>
 Config MakeConfig() {
   using H = HShape<D, kTN, kWG>;
-  return Config{HopperDecodeKernel<T, D, kTN, kWG, kOverlap>, H::kThreads, H::kSmemBytes,
-                HopperResident<T, D, kTN, kWG, kOverlap>(), H::kCtaRows};
+  return Config{HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes,
+                HopperResident<T, D, kTN, kWG>(), H::kCtaRows};
 }
 
 // tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one
 // warpgroup's rows per (sequence, KV head); long_prefill: UseTwoWarpgroupPrefill. Two warpgroups
-// always take 64-token stages. overlap (variant 13): the decode form (32-token stages, one
-// warpgroup) with kOverlap.
+// always take 64-token stages.
 template <typename T, int D>
-Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill,
-                    bool overlap = false) {
+Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
   const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;
   if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2>();
   const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
-  if (tn == kPrefillTN) return MakeConfig<T, D, kPrefillTN, 1>();
-  return overlap ? MakeConfig<T, D, kDecodeTN, 1, true>() : MakeConfig<T, D, kDecodeTN, 1>();
+  return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1>() : MakeConfig<T, D, kDecodeTN, 1>();
 }
 
 }  // namespace hopper
