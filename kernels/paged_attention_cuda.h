@@ -70,10 +70,11 @@ struct PagedAttentionTuning {
   //     last).
   // 12: as 11 where it takes at most 64 query rows per (sequence, KV head), else as 9 (11 before
   //     its multi-tile prefill; kept for side-by-side runs).
-  // Default 3: after the copy-path fix, the fastest or within 1% of the fastest at every
-  // benchmark shape on the H200, and never slower than 1 (2026-12-02, same run: 64 x 2048 31.8 us
-  // vs 32.1 for 1 and 35.7 for 0; 32 x 2048 20.9 vs 21.3; 64 x 8192 84.9 vs 85.3; BENCHMARKS.md).
-  int variant = 3;
+  // Default 11, the model's (GptBigCodeOptions::attention_variant): the fastest at every decode
+  // shape of attention_bench's variant table and for prefill on the H200 (2026-12-03 ~15:55 UTC,
+  // graph us against 3: 64 x 2048 29.4 vs 32.8, 1 x 8192 10.1 vs 13.5, 32 x 576 11.5 vs 14.8;
+  // causal 4096 prefill 618 vs 989; BENCHMARKS.md). Before the wgmma kernel the default was 3.
+  int variant = 11;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
   // kernel's tail. The previous kernel must not write the step metadata (query_start,

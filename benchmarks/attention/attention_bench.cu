@@ -338,9 +338,11 @@ int Main(bool variants_only) {
   std::mt19937 rng(42);
 
   std::printf(
-      "decode: 48 query heads / 1 KV head, D=128, block 16, fp16; times in us, "
+      "decode (variant %d, the default): 48 query heads / 1 KV head, D=128, block 16, fp16; "
+      "times in us, "
       "GB/s = (KV + q + out bytes) / graph time; copy(same): a copy moving the same bytes, "
-      "graph time, and the attention's time as a %% of it\n");
+      "graph time, and the attention's time as a %% of it\n",
+      PagedAttentionTuning{}.variant);
   std::printf("%-12s %6s %10s %10s %8s %7s %10s %6s %12s %8s\n", "batch x ctx", "splits",
               "mqa(graph)", "mqa(strm)", "GB/s", "%copy", "copy(same)", "%same", "per-head",
               "speedup");
