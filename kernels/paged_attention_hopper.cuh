@@ -31,10 +31,8 @@ constexpr int kDecodeTN = 32;
 constexpr int kPrefillTN = 64;
 
 // kWG warpgroups a CTA (1, or 2 for prefill: 128 query rows sharing every K / V stage, half the
-// KV traffic per FLOP, one CTA an SM with a deeper pipeline). kQRegs (variant 13): Q is the
-// score MMA's A operand from registers (each thread loads its fragments from global memory once)
-// instead of shared memory, and its shared memory goes to more KV stages.
-template <int D, int kTN, int kWG = 1, bool kQRegs = false>
+// KV traffic per FLOP, one CTA an SM with a deeper pipeline).
+template <int D, int kTN, int kWG = 1>
 struct HShape {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(kTN == 32 || kTN == 64, "32 or 64 tokens a stage");
@@ -44,15 +42,12 @@ struct HShape {
   static constexpr int kSlabs = D / 64;              // 64-column (128-byte) slabs
   static constexpr int kQSlabBytes = kCtaRows * 128;  // 8 KiB a warpgroup
   static constexpr int kKvSlabBytes = kTN * 128;     // 4 KiB
-  static constexpr int kQBytes = kQRegs ? 0 : kSlabs * kQSlabBytes;
+  static constexpr int kQBytes = kSlabs * kQSlabBytes;
   static constexpr int kTileBytes = kSlabs * kKvSlabBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   // One warpgroup: as many as leave two CTAs an SM (D = 128 with 64-token stages: 2); two: one
-  // CTA an SM, 5 stages of 64 tokens at D = 128. With Q in registers, at D = 128: 6, 3 and 6.
-  static constexpr int kStages = D == 64 ? 6
-                                 : kTN == 32 ? (kQRegs ? 6 : 5)
-                                 : kWG == 1  ? (kQRegs ? 3 : 2)
-                                             : (kQRegs ? 6 : 5);
+  // CTA an SM, 5 stages of 64 tokens at D = 128.
+  static constexpr int kStages = D == 64 ? 6 : kTN == 32 ? 5 : kWG == 1 ? 2 : 5;
   static constexpr int kMinCtas = kWG == 1 ? 2 : 1;
   // + 1024: the dynamic shared memory is aligned up to the 128-byte swizzle's 1024-byte pattern.
   static constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes;
@@ -79,10 +74,10 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <typename T, int D, int kTN, int kWG, bool kQRegs = false>
+template <typename T, int D, int kTN, int kWG>
 __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, kWG>::kMinCtas)
     HopperDecodeKernel(const KernelArgs a) {
-  using H = HShape<D, kTN, kWG, kQRegs>;
+  using H = HShape<D, kTN, kWG>;
   constexpr int kThreads = H::kThreads;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t table_s[kTableCap];
@@ -130,38 +125,14 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   __syncthreads();  // table_s
 
-  // kQRegs: this thread's A fragments of Q for every 16-column k step (wgmma.cuh's RS layout:
-  // rows 16 warp + g and + 8, columns 2 t and 2 t + 8 of the step); padding rows are zero.
-  uint32_t qf[kQRegs ? D / 16 : 1][4];
-  if constexpr (kQRegs) {
-    const T* qrow[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_begin + warp * 16 + (lane >> 2) + 8 * h;
-      qrow[h] = row < row_end
-                    ? query + (q_begin + row / G) * a.query_stride + (kvh * G + row % G) * D
-                    : nullptr;
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const T* src = qrow[e & 1];
-        qf[kk][e] = src ? *reinterpret_cast<const uint32_t*>(src + 16 * kk + 8 * (e >> 1) +
-                                                             2 * (lane & 3))
-                        : 0u;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < H::kQPasses; ++k) {
-      const int r = rr0 + k * H::kRowsPerPass, row = row_begin + r;
-      const bool valid = row < row_end;
-      const int64_t token = q_begin + row / G;
-      const int head = kvh * G + row % G;
-      CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
-                valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
-    }
+  for (int k = 0; k < H::kQPasses; ++k) {
+    const int r = rr0 + k * H::kRowsPerPass, row = row_begin + r;
+    const bool valid = row < row_end;
+    const int64_t token = q_begin + row / G;
+    const int head = kvh * G + row % G;
+    CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
+              valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
   }
   auto issue_tile = [&](int tile) {
     unsigned char* ks = kv_s + (tile % H::kStages) * H::kStageBytes;
@@ -218,21 +189,13 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk & 3) * 32;
+      const uint64_t qd =
+          wgmma::Desc128B(q_wg_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
       const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
-      if constexpr (kQRegs) {
-        if constexpr (kTN == 32) {
-          wgmma::MmaRS_m64n32k16<T>(s, qf[kk], kd, kk > 0);
-        } else {
-          wgmma::MmaRS_m64n64k16<T>(s, qf[kk], kd, kk > 0);
-        }
+      if constexpr (kTN == 32) {
+        wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
       } else {
-        const uint64_t qd =
-            wgmma::Desc128B(q_wg_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
-        if constexpr (kTN == 32) {
-          wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
-        } else {
-          wgmma::MmaSS_m64n64k16<T>(s, qd, kd, kk > 0);
-        }
+        wgmma::MmaSS_m64n64k16<T>(s, qd, kd, kk > 0);
       }
     }
     wgmma::Commit();
@@ -326,11 +289,11 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
-template <typename T, int D, int kTN, int kWG, bool kQRegs>
+template <typename T, int D, int kTN, int kWG>
 int HopperResident() {
-  using H = HShape<D, kTN, kWG, kQRegs>;
-  static const int ctas = MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG, kQRegs>, H::kThreads,
-                                          H::kSmemBytes);
+  using H = HShape<D, kTN, kWG>;
+  static const int ctas =
+      MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes);
   return ctas;
 }
 
@@ -350,29 +313,22 @@ struct Config {
   int tile_rows = 0;  // query rows a CTA
 };
 
-template <typename T, int D, int kTN, int kWG, bool kQRegs>
+template <typename T, int D, int kTN, int kWG>
 Config MakeConfig() {
-  using H = HShape<D, kTN, kWG, kQRegs>;
-  return Config{HopperDecodeKernel<T, D, kTN, kWG, kQRegs>, H::kThreads, H::kSmemBytes,
-                HopperResident<T, D, kTN, kWG, kQRegs>(), H::kCtaRows};
+  using H = HShape<D, kTN, kWG>;
+  return Config{HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes,
+                HopperResident<T, D, kTN, kWG>(), H::kCtaRows};
 }
 
 // tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one
 // warpgroup's rows per (sequence, KV head); long_prefill: UseTwoWarpgroupPrefill. Two warpgroups
-// always take 64-token stages. q_regs (variant 13): the forms with Q in registers.
-template <typename T, int D, bool kQRegs>
-Config ChooseConfigOf(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
-  const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;
-  if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2, kQRegs>();
-  const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
-  return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1, kQRegs>()
-                          : MakeConfig<T, D, kDecodeTN, 1, kQRegs>();
-}
+// always take 64-token stages.
 template <typename T, int D>
-Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill,
-                    bool q_regs) {
-  return q_regs ? ChooseConfigOf<T, D, true>(tile_tokens, warpgroups, prefill, long_prefill)
-                : ChooseConfigOf<T, D, false>(tile_tokens, warpgroups, prefill, long_prefill);
+Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
+  const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;
+  if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2>();
+  const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
+  return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1>() : MakeConfig<T, D, kDecodeTN, 1>();
 }
 
 }  // namespace hopper

@@ -53,30 +53,23 @@ __device__ __forceinline__ void FenceProxyAsync() {
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
   "%32, %33, p, 1, 1, 0, 0;\n}\n"
-// RS: A from registers; TB "1": B MN-major (N contiguous), "0": K-major.
-#define MQA_WGMMA_RS_M64N32K16(TY, TB) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " " \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
-  "{%16, %17, %18, %19}, %20, p, 1, 1, " TB ";\n}\n"
-#define MQA_WGMMA_RS_M64N64K16(TY, TB) \
+#define MQA_WGMMA_RS_M64N64K16_TB(TY) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-  "{%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n"
-#define MQA_WGMMA_RS_M64N128K16(TY, TB) \
+  "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+#define MQA_WGMMA_RS_M64N128K16_TB(TY) \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
   "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-  "{%64, %65, %66, %67}, %68, p, 1, 1, " TB ";\n}\n"
+  "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
 #define MQA_WGMMA_D16 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define MQA_WGMMA_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define MQA_WGMMA_D64 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
 // One wrapper per shape; the f16 / bf16 dispatch is the same for all. SS: A and B from
-// descriptors (both K-major), d (+)= A B, accumulating when `accumulate`. RS: A from four
-// registers per thread, B from a descriptor (TB "1": MN-major, N contiguous; "0": K-major),
-// d (+)= A B.
+// descriptors (both K-major), d (+)= A B, accumulating when `accumulate`. RS_TB: A from four
+// registers per thread, B from a descriptor, MN-major (N contiguous), d += A B.
 #define MQA_WGMMA_DEFINE_SS(NAME, ASM, DN, DREGS)                                        \
   template <typename T>                                                                  \
   __device__ __forceinline__ void NAME(float(&d)[DN], uint64_t a, uint64_t b,            \
@@ -88,36 +81,31 @@ __device__ __forceinline__ void FenceProxyAsync() {
       asm volatile(ASM("bf16") : DREGS : "l"(a), "l"(b), "r"(scale_d));                  \
     }                                                                                    \
   }
-#define MQA_WGMMA_DEFINE_RS(NAME, ASM, TB, DN, DREGS)                                    \
+#define MQA_WGMMA_DEFINE_RS_TB(NAME, ASM, DN, DREGS)                                     \
   template <typename T>                                                                  \
-  __device__ __forceinline__ void NAME(float(&d)[DN], const uint32_t(&a)[4], uint64_t b, \
-                                       bool accumulate = true) {                         \
-    const int scale_d = accumulate ? 1 : 0;                                              \
+  __device__ __forceinline__ void NAME(float(&d)[DN], const uint32_t(&a)[4], uint64_t b) { \
     if constexpr (std::is_same_v<T, __half>) {                                           \
-      asm volatile(ASM("f16", TB)                                                        \
+      asm volatile(ASM("f16")                                                            \
                    : DREGS                                                               \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));        \
     } else {                                                                             \
-      asm volatile(ASM("bf16", TB)                                                       \
+      asm volatile(ASM("bf16")                                                           \
                    : DREGS                                                               \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));  \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));        \
     }                                                                                    \
   }
 
 MQA_WGMMA_DEFINE_SS(MmaSS_m64n32k16, MQA_WGMMA_SS_M64N32K16, 16, MQA_WGMMA_D16)
 MQA_WGMMA_DEFINE_SS(MmaSS_m64n64k16, MQA_WGMMA_SS_M64N64K16, 32, MQA_WGMMA_D32)
-MQA_WGMMA_DEFINE_RS(MmaRS_m64n32k16, MQA_WGMMA_RS_M64N32K16, "0", 16, MQA_WGMMA_D16)
-MQA_WGMMA_DEFINE_RS(MmaRS_m64n64k16, MQA_WGMMA_RS_M64N64K16, "0", 32, MQA_WGMMA_D32)
-MQA_WGMMA_DEFINE_RS(MmaRS_m64n64k16_tb, MQA_WGMMA_RS_M64N64K16, "1", 32, MQA_WGMMA_D32)
-MQA_WGMMA_DEFINE_RS(MmaRS_m64n128k16_tb, MQA_WGMMA_RS_M64N128K16, "1", 64, MQA_WGMMA_D64)
+MQA_WGMMA_DEFINE_RS_TB(MmaRS_m64n64k16_tb, MQA_WGMMA_RS_M64N64K16_TB, 32, MQA_WGMMA_D32)
+MQA_WGMMA_DEFINE_RS_TB(MmaRS_m64n128k16_tb, MQA_WGMMA_RS_M64N128K16_TB, 64, MQA_WGMMA_D64)
 
 #undef MQA_WGMMA_DEFINE_SS
-#undef MQA_WGMMA_DEFINE_RS
+#undef MQA_WGMMA_DEFINE_RS_TB
 #undef MQA_WGMMA_SS_M64N32K16
 #undef MQA_WGMMA_SS_M64N64K16
-#undef MQA_WGMMA_RS_M64N32K16
-#undef MQA_WGMMA_RS_M64N64K16
-#undef MQA_WGMMA_RS_M64N128K16
+#undef MQA_WGMMA_RS_M64N64K16_TB
+#undef MQA_WGMMA_RS_M64N128K16_TB
 #undef MQA_WGMMA_D16
 #undef MQA_WGMMA_D32
 #undef MQA_WGMMA_D64
