@@ -1187,15 +1187,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const int64_t max_rows = MaxRows(p);
         bool hopper = false;
         hopper::Config hcfg;
-        // 13 is 11 as it was before its lean loop (every tile masked, O always rescaled).
-        const bool hopper_lean = variant != 13;
-        if (!hopper_lean) variant = 11;
         if (variant == 11 || variant == 12) {
           if constexpr (D == 64 || D == 128) {
             hcfg = hopper::ChooseConfig<T, D>(tuning.hopper_tile_tokens, tuning.hopper_warpgroups,
                                               max_rows > hopper::kRows,
-                                              UseTwoWarpgroupPrefill(p, SmCount()),
-                                              hopper_lean);
+                                              UseTwoWarpgroupPrefill(p, SmCount()));
           }
           // 12: decode only (more than 64 rows run as 9), as 11 was until 2026-12-03.
           hopper = hcfg.resident > 0 && (variant == 11 || max_rows <= hopper::kRows);

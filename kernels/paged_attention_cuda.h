@@ -70,9 +70,6 @@ struct PagedAttentionTuning {
   //     last).
   // 12: as 11 where it takes at most 64 query rows per (sequence, KV head), else as 9 (11 before
   //     its multi-tile prefill; kept for side-by-side runs).
-  //     Since 2026-12-03 ~16:30 with a leaner loop: a tile is masked only where it reaches past
-  //     the split's end or a row's causal limit, and O is rescaled only when a row maximum moved.
-  // 13: as 11 before that (every tile masked, O rescaled every tile), for side-by-side runs.
   // Default 11, the model's (GptBigCodeOptions::attention_variant): the fastest at every decode
   // shape of attention_bench's variant table and for prefill on the H200 (2026-12-03 ~15:55 UTC,
   // graph us against 3: 64 x 2048 29.4 vs 32.8, 1 x 8192 10.1 vs 13.5, 32 x 576 11.5 vs 14.8;
@@ -91,7 +88,7 @@ struct PagedAttentionTuning {
   int hopper_warpgroups = 0;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 14;
+inline constexpr int kNumPagedAttentionVariants = 13;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -108,7 +105,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
          : v == 12 ? "hopper-decode"
-         : v == 13 ? "hopper-full"
                    : "?";
 }
 

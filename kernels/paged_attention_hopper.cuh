@@ -74,13 +74,7 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// kLean (variant 11's forms since 2026-12-03 ~16:30): fewer instructions per tile — the masks
-// only on tiles that reach past the split's end or a row's causal limit, and the O rescale only
-// when a row maximum of the thread moved. ncu (H200, 2026-12-03 ~16:15) had the plain form
-// issuing on ~0.5 of scheduler cycles with 2 warps a scheduler (64 x 8192: 3.7 cycles a warp per
-// issued instruction, DRAM at 75%): the instruction stream, not the copies, held the loop.
-// kLean = false is the form before (variant 13, for side-by-side runs).
-template <typename T, int D, int kTN, int kWG, bool kLean = true>
+template <typename T, int D, int kTN, int kWG>
 __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, kWG>::kMinCtas)
     HopperDecodeKernel(const KernelArgs a) {
   using H = HShape<D, kTN, kWG>;
@@ -175,9 +169,6 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   const int r0 = row_begin + warp * 16 + g, r1 = r0 + 8;
   const int qpos0 = r0 < row_end ? pos0 + r0 / G : INT_MAX;
   const int qpos1 = r1 < row_end ? pos0 + r1 / G : INT_MAX;
-  // Tiles ending at or before this need no mask: the split's end and the CTA's first row's causal
-  // limit (its earliest query position) both lie past them.
-  const int unmasked_end = min(kv_stop, pos0 + row_begin / G + 1);
   float o[H::kON];
 #pragma unroll
   for (int i = 0; i < H::kON; ++i) o[i] = 0.0f;
@@ -213,22 +204,18 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 
     // Online softmax over the tile (log2 domain, the scale folded into the exponent).
     const int tok0 = kv_begin + i * kTN + 2 * t;
-    if (!kLean || kv_begin + (i + 1) * kTN > unmasked_end) {
-#pragma unroll
-      for (int j = 0; j < kTN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = tok0 + 8 * j + (e & 1);
-          const int qpos = e < 2 ? qpos0 : qpos1;
-          if (tok >= kv_stop || tok > qpos) s[4 * j + e] = -INFINITY;
-        }
-      }
-    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < H::kSN; ++j) mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], s[j]);
+    for (int j = 0; j < kTN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = tok0 + 8 * j + (e & 1);
+        const int qpos = e < 2 ? qpos0 : qpos1;
+        if (tok >= kv_stop || tok > qpos) s[4 * j + e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+      }
+    }
     float alpha[2], mu[2];
-    bool moved = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -236,7 +223,6 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
       const float m_new = fmaxf(m[r], mx[r] * a.scale_log2);
       mu[r] = m_new == -INFINITY ? 0.0f : m_new;
       alpha[r] = Exp2(m[r] - mu[r]);
-      moved |= m_new != m[r];  // else alpha is 1 (or the row is still empty and o zero)
       m[r] = m_new;
     }
     float rs[2] = {0.0f, 0.0f};
@@ -248,10 +234,8 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
     FenceRegs(o);
-    if (!kLean || moved) {
 #pragma unroll
-      for (int j = 0; j < H::kON; ++j) o[j] *= alpha[(j >> 1) & 1];
-    }
+    for (int j = 0; j < H::kON; ++j) o[j] *= alpha[(j >> 1) & 1];
 
     wgmma::Fence();
 #pragma unroll
@@ -305,11 +289,11 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
-template <typename T, int D, int kTN, int kWG, bool kLean>
+template <typename T, int D, int kTN, int kWG>
 int HopperResident() {
   using H = HShape<D, kTN, kWG>;
   static const int ctas =
-      MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG, kLean>, H::kThreads, H::kSmemBytes);
+      MaxResidentCtas(HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes);
   return ctas;
 }
 
@@ -329,28 +313,22 @@ struct Config {
   int tile_rows = 0;  // query rows a CTA
 };
 
-template <typename T, int D, int kTN, int kWG, bool kLean>
+template <typename T, int D, int kTN, int kWG>
 Config MakeConfig() {
   using H = HShape<D, kTN, kWG>;
-  return Config{HopperDecodeKernel<T, D, kTN, kWG, kLean>, H::kThreads, H::kSmemBytes,
-                HopperResident<T, D, kTN, kWG, kLean>(), H::kCtaRows};
+  return Config{HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes,
+                HopperResident<T, D, kTN, kWG>(), H::kCtaRows};
 }
 
 // tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one
 // warpgroup's rows per (sequence, KV head); long_prefill: UseTwoWarpgroupPrefill. Two warpgroups
-// always take 64-token stages. lean: kLean (false: variant 13).
-template <typename T, int D, bool kLean>
-Config ChooseConfigOf(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
-  const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;
-  if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2, kLean>();
-  const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
-  return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1, kLean>()
-                          : MakeConfig<T, D, kDecodeTN, 1, kLean>();
-}
+// always take 64-token stages.
 template <typename T, int D>
-Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill, bool lean) {
-  return lean ? ChooseConfigOf<T, D, true>(tile_tokens, warpgroups, prefill, long_prefill)
-              : ChooseConfigOf<T, D, false>(tile_tokens, warpgroups, prefill, long_prefill);
+Config ChooseConfig(int tile_tokens, int warpgroups, bool prefill, bool long_prefill) {
+  const int wg = warpgroups > 0 ? warpgroups : long_prefill ? 2 : 1;
+  if (wg == 2) return MakeConfig<T, D, kPrefillTN, 2>();
+  const int tn = tile_tokens > 0 ? tile_tokens : prefill ? kPrefillTN : kDecodeTN;
+  return tn == kPrefillTN ? MakeConfig<T, D, kPrefillTN, 1>() : MakeConfig<T, D, kDecodeTN, 1>();
 }
 
 }  // namespace hopper
