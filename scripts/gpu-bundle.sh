@@ -73,7 +73,9 @@ done | sort -u |
   grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 
-rm -rf gpu-bundle
+# A new bundle replaces the old one; benchmark lists kept beside it (gpu-bundle/*.txt, for
+# `run.sh LOGDIR all|bench LIST`) survive the rebuild.
+find gpu-bundle -mindepth 1 ! -name '*.txt' -exec rm -rf {} + 2>/dev/null || true
 mkdir -p gpu-bundle
 # xz -9's 64 MiB window folds the CUDA code that every binary carries; the device tool takes at
 # most 64 MiB of working tree, fixtures and demo model included.
