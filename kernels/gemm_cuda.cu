@@ -996,7 +996,7 @@ absl::Status CudaGemm::RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStr
         plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
   }
   const cublasLtMatmulAlgo_t* algo = &plan.algo;
-  if (options_.autotune) {
+  if (options_.autotune && (options_.autotune_max_m <= 0 || p.m <= options_.autotune_max_m)) {
     if (!plan.tuned) RETURN_IF_ERROR(Tune(plan, p, e, stream));
     if (plan.tuned) algo = &plan.tuned_algo;
   }

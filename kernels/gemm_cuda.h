@@ -80,6 +80,10 @@ class CudaGemm {
     // overwriting epilogues time on the real C (the real run rewrites it), accumulating ones on a
     // scratch copy of C.
     bool autotune = false;
+    // With autotune: only shapes of at most this many rows are tuned (0: every shape). Decode
+    // batches come in a few graph-bucket sizes; prefill sizes vary with every request, and each
+    // new one would cost a tuning pass.
+    int autotune_max_m = 0;
     // Tests: autotuning keeps the fastest split-K candidate wherever there is one (so that the
     // split-K path is checked against the CPU whatever the timings say).
     bool autotune_prefer_split_k = false;
@@ -138,7 +142,10 @@ class CudaGemm {
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again.
-  void set_autotune(bool on) { options_.autotune = on; }
+  void set_autotune(bool on, int max_m = 0) {
+    options_.autotune = on;
+    options_.autotune_max_m = max_m;
+  }
   bool autotune() const { return options_.autotune; }
   const AutotuneStats& autotune_stats() const { return stats_; }
 

@@ -110,6 +110,7 @@ struct GptBigCodeOptions {
   // cuBLASLt shapes (m > 8, or skinny_gemm off): time up to 8 heuristic algorithms per GEMM shape
   // on its first eager run and keep the fastest (CudaGemm::Options::autotune; mqabench --autotune).
   bool gemm_autotune = false;
+  int gemm_autotune_max_m = 0;  // CudaGemm::Options::autotune_max_m (0: every shape)
   // Small decode kernels (mqabench --small): layer norm with the row in registers
   // (LayerNormCudaKernel::kRegisters) and greedy argmax split over a cluster of 8 CTAs
   // (SampleTokensCudaKernel::kGreedyCluster). On since the H200 run of 2026-12-02 ~23:00 UTC:
@@ -186,7 +187,7 @@ class GptBigCode {
   void set_fast_paths(bool pdl, bool fuse_small_kernels);
   // Benchmarks switch GptBigCodeOptions::gemm_autotune (tuned shapes are kept while off); no-op on
   // the CPU. Drops captured graphs (and their eager first runs, where new shapes get tuned).
-  void set_gemm_autotune(bool on);
+  void set_gemm_autotune(bool on, int max_m = 0);
   // Benchmarks switch GptBigCodeOptions::ln_registers / greedy_cluster; no-op on the CPU. Drops
   // captured graphs.
   void set_small_kernels(bool ln_registers, bool greedy_cluster);

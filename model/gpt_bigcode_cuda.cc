@@ -197,9 +197,9 @@ int GptBigCode::num_cuda_graphs() const {
   return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
 }
 
-void GptBigCode::set_gemm_autotune(bool on) {
+void GptBigCode::set_gemm_autotune(bool on, int max_m) {
   if (!cuda_ || !cuda_->gemm) return;
-  cuda_->gemm->set_autotune(on);
+  cuda_->gemm->set_autotune(on, max_m);
   ClearCudaGraphs();
 }
 
@@ -229,6 +229,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   CudaGemm::Options gemm_options;
   gemm_options.skinny = options.skinny_gemm;
   gemm_options.autotune = options.gemm_autotune;
+  gemm_options.autotune_max_m = options.gemm_autotune_max_m;
   gemm_options.skinny_split_k = options.gemm_split_k;
   gemm_options.skinny_deep_unroll = options.gemm_deep_unroll;
   gemm_options.stream_tc = options.gemm_stream_tc;
@@ -565,7 +566,7 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
 }
 int GptBigCode::pending_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
-void GptBigCode::set_gemm_autotune(bool) {}
+void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, bool, bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }

@@ -42,6 +42,7 @@ struct GptBigCodeRunnerOptions {
   bool pdl = true;                  // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
   bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
+  int gemm_autotune_max_m = 0;      // GptBigCodeOptions::gemm_autotune_max_m
   bool ln_registers = true;         // GptBigCodeOptions::ln_registers
   bool greedy_cluster = true;       // GptBigCodeOptions::greedy_cluster
   bool gemm_split_k = false;        // GptBigCodeOptions::gemm_split_k

@@ -3,7 +3,8 @@
 //   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
-//       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|both] [--small off|on|both]
+//       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|decode|both|LIST]
+//       [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...]
@@ -14,7 +15,9 @@
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
-//     "both" runs off, then on, on the same runner (one row each, with the tuning summary).
+//     "decode": only shapes of at most kDecodeAutotuneMaxM rows (gemm_autotune_max_m); "both"
+//     runs off, then on; a comma list (e.g. off,decode,on) one row each, on the same runner (with
+//     the tuning summary).
 //     --small off|on|both: GptBigCodeOptions::ln_registers and greedy_cluster together (the
 //     register-resident layer norm and the cluster argmax; default on, as in the runner); "both"
 //     gives one row each.
@@ -70,6 +73,10 @@
 
 namespace mqa::bench {
 namespace {
+
+// --autotune decode: shapes of at most this many rows (the largest decode batch the throughput
+// mode schedules; prefill chunks are larger).
+constexpr int kDecodeAutotuneMaxM = 256;
 
 struct Flags {
   std::string mode;
@@ -160,8 +167,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
     }
   }
-  if (f.autotune != "off" && f.autotune != "on" && f.autotune != "both") {
-    return absl::InvalidArgumentError("--autotune off|on|both");
+  for (absl::string_view v : absl::StrSplit(f.autotune, ',')) {
+    if (v != "off" && v != "on" && v != "decode" && v != "both") {
+      return absl::InvalidArgumentError("--autotune off|on|decode|both or a comma list of them");
+    }
   }
   if (f.small != "off" && f.small != "on" && f.small != "both") {
     return absl::InvalidArgumentError("--small off|on|both");
@@ -295,7 +304,8 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   o.max_logits_rows = max_rows;
   o.cuda_graphs = f.cuda_graphs;
   o.skinny_gemm = f.gemm != "cublaslt";
-  o.gemm_autotune = f.autotune == "on";
+  o.gemm_autotune = f.autotune == "on" || f.autotune == "decode";
+  o.gemm_autotune_max_m = f.autotune == "decode" ? kDecodeAutotuneMaxM : 0;
   ASSIGN_OR_RETURN(s.runner, GptBigCodeRunner::Create(std::move(w), s.collectives.get(), o));
   std::printf("# KV bytes per token %lld (%.1f KiB), %d blocks of %d\n",
               (long long)s.runner->kv_bytes_per_token(), s.runner->kv_bytes_per_token() / 1024.0,
@@ -344,7 +354,11 @@ absl::Status Latency(const Flags& f) {
   auto rows_of = [](const std::string& flag) {
     return flag == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{flag};
   };
-  const std::vector<std::string> tunes = rows_of(f.autotune), smalls = rows_of(f.small),
+  std::vector<std::string> tunes;
+  for (absl::string_view v : absl::StrSplit(f.autotune, ',')) {
+    for (const std::string& row : rows_of(std::string(v))) tunes.push_back(row);
+  }
+  const std::vector<std::string> smalls = rows_of(f.small),
                                  asyncs = rows_of(f.async);
   // A comma list of integers as rows; `ok` says which values the flag takes.
   auto int_rows = [](const std::string& list, const char* flag, const char* allowed,
@@ -444,7 +458,7 @@ absl::Status Latency(const Flags& f) {
                                variant == "tc" || variant == "splitk+tc", variant == "skinnyd");
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
-    r.model().set_gemm_autotune(autotune == "on");
+    r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);
     r.model().set_small_kernels(small == "on", small == "on");
     std::vector<double> latencies, prefills, steps, graph_ms;
     absl::Status failed;
@@ -562,7 +576,7 @@ absl::Status Latency(const Flags& f) {
                   g, graph_ms.size(), step_ms - g, 100.0 * (step_ms - g) / step_ms);
     }
     std::printf("  CUDA graphs captured: %d\n", r.model().num_cuda_graphs());
-    if (autotune == "on") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
+    if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
   }
   return first_failure;
 }

@@ -341,6 +341,34 @@ TEST_P(GemmCudaTest, AutotuneMatchesCpu) {
   EXPECT_LE(g.autotune_stats().best_ms, g.autotune_stats().first_ms * 1.02);
 }
 
+// Options::autotune_max_m: with autotune on, only shapes of at most that many rows are tuned (the
+// decode batches); a larger one (a prefill chunk) keeps the heuristic's choice and stays correct.
+TEST_P(GemmCudaTest, AutotuneMaxMTunesOnlySmallShapes) {
+  const auto [t, rows] = GetParam();
+  if (rows != 0) GTEST_SKIP() << "cuBLASLt only";
+  CudaGemm::Options options;
+  options.skinny = false;
+  options.autotune = true;
+  options.autotune_max_m = 32;
+  auto gemm = CudaGemm::Create(options);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  CudaGemm& g = **gemm;
+  const Shape shapes[] = {{32, 1024, 4096, 0}, {33, 1024, 4096, 0}, {300, 520, 256, 0}};
+  for (const Shape& s : shapes) {
+    EpilogueCase ec;
+    ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, /*epilogue=*/1, t, rng_, ec));
+    ASSERT_NO_FATAL_FAILURE(ec.ResetC());
+    const int before = g.autotune_stats().shapes;
+    const absl::Status st = g.Run(ec.p, ec.e, stream_);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(g.autotune_stats().shapes, before + (s.m <= 32 ? 1 : 0)) << "m " << s.m;
+    const auto got = Widen(ec.dc->Download<uint16_t>(), t);
+    EXPECT_LT(RelError(got, ec.want), 1e-2) << "m " << s.m;
+  }
+  EXPECT_EQ(g.autotune_stats().shapes, 1);
+}
+
 // Autotuning's split-K candidates (cublasLtMatmulAlgoConfig SPLITK_NUM on the heuristic's first
 // choices), forced wherever one exists: decode-sized shapes with long K (StarCoder's QKV and
 // attention projection at m = 32) must offer one, and every epilogue, accumulate included, must
