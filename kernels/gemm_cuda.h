@@ -25,9 +25,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -104,7 +105,8 @@ class CudaGemm {
   // candidates.
   static constexpr int kAutotuneSplitKBase = 2;
   static constexpr int32_t kAutotuneSplitK[] = {2, 3, 4};
-  static constexpr int kMaxCandidates = kAutotuneAlgos + 1 + kAutotuneSplitKBase * 3;
+  static constexpr int kMaxCandidates =
+      kAutotuneAlgos + 1 + kAutotuneSplitKBase * static_cast<int>(std::size(kAutotuneSplitK));
 
   // What autotuning did so far (benchmarks print it).
   struct AutotuneStats {
@@ -141,7 +143,7 @@ class CudaGemm {
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
-  // when it is turned on again.
+  // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
   void set_autotune(bool on, int max_m = 0) {
     options_.autotune = on;
     options_.autotune_max_m = max_m;
