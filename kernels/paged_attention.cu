@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention_dispatch.h"
 #include "kernels/paged_attention_cuda.h"
+#include "kernels/tma.cuh"
 #include "kernels/wgmma.cuh"
 #include "runtime/cuda_check.h"
 
@@ -971,7 +973,8 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
 
 // CTAs per SM of `kernel` at this block size and dynamic shared memory, after raising its
 // shared-memory limit to that size; 0 when it cannot be resident. Callers cache it per kernel.
-int MaxResidentCtas(void (*kernel)(const KernelArgs), int threads, int smem_bytes) {
+template <typename Kernel>
+int MaxResidentCtas(Kernel kernel, int threads, int smem_bytes) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) !=
       cudaSuccess) {
     return 0;
@@ -1055,6 +1058,37 @@ int ResidentCtas() {
   static const int ctas = MaxResidentCtas(PagedAttentionKernel<T, D, WM, WN, kNarrow>, S::kThreads,
                                           static_cast<int>(S::kSmemBytes));
   return ctas;
+}
+
+// Variant 13's tensor map over one layer's K or V cache: a 2-D tensor of row_elems (kv_heads x
+// head_dim) columns and as many slot rows as an int32 coordinate reaches (the kernel addresses only
+// rows of the sequences' own blocks, so the map needs no bound on the pool), boxes of 16 rows x 64
+// columns, 128-byte swizzle. The driver's encoder comes through the runtime's entry-point query
+// (no libcuda link). False when the driver has none or rejects the map (the caller runs 11).
+bool EncodeKvCacheMap(CUtensorMap* map, const void* cache, DType dtype, int64_t row_elems) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_elems), cuuint64_t{INT32_MAX}};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_elems) * 2};
+  const cuuint32_t box[2] = {hopper::kTmaBoxCols, hopper::kTmaBoxRows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map,
+                dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                2, const_cast<void*>(cache), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+         CUDA_SUCCESS;
 }
 
 size_t BytesPerSplit(const PagedAttentionParams& p) {
@@ -1154,7 +1188,10 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
   size_t bytes = 0;
   const absl::Status s = attention::DispatchAttention(
       p.dtype, p.head_dim, ChooseLayout(p, tuning), [&]<typename T, int D, int WM, int WN>() {
-        const Plan plan = MakePlan(p, tuning, ResidentCtas<T, D, WM, WN, false>(), SIZE_MAX);
+        // Variant 13 plans for up to kTmaDefaultCtas CTAs an SM (more splits than the others).
+        const int resident = std::max(ResidentCtas<T, D, WM, WN, false>(),
+                                      tuning.variant == 13 ? hopper::kTmaDefaultCtas : 0);
+        const Plan plan = MakePlan(p, tuning, resident, SIZE_MAX);
         bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 +
                                           CounterBytes(p, tuning, plan.row_tiles)
                                     : 0;
@@ -1187,6 +1224,15 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const int64_t max_rows = MaxRows(p);
         bool hopper = false;
         hopper::Config hcfg;
+        if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
+          if constexpr (D == 64 || D == 128) {
+            if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
+              hcfg = hopper::ChooseTmaConfig<T, D>(tuning.hopper_tma_ctas);
+              hopper = hcfg.resident > 0;
+            }
+          }
+          variant = hopper ? 3 : 11;
+        }
         if (variant == 11 || variant == 12) {
           if constexpr (D == 64 || D == 128) {
             hcfg = hopper::ChooseConfig<T, D>(tuning.hopper_tile_tokens, tuning.hopper_warpgroups,
@@ -1217,9 +1263,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         if (hopper) {
           // Decode (<= 64 rows, one row tile) keeps the plan measured with it; past that (prefill,
           // long multi-token queries) 11 plans its own 64-row tiles.
-          const Plan own = max_rows > hopper::kRows ? MakePlan(p, tuning, hcfg.resident, plan_bytes,
-                                                               false, hcfg.tile_rows)
-                                                    : plan;
+          // 13 fills its own CTA slots (three an SM by default).
+          const Plan own = max_rows > hopper::kRows || hcfg.tma_kernel != nullptr
+                               ? MakePlan(p, tuning, hcfg.resident, plan_bytes, false,
+                                          hcfg.tile_rows)
+                               : plan;
           // 11 keeps a split's block ids in its shared table: a longer split runs as 3, on the
           // mma kernel's plan.
           hopper = TableSpan(own.chunk, p.block_size) <= kTableCap;
@@ -1305,7 +1353,13 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                                         : PagedAttentionKernel<T, D, WM, WN, false>;
         unsigned threads = S::kThreads;
         size_t smem_bytes = S::kSmemBytes;
+        CUtensorMap maps[2];  // variant 13: K and V
         if constexpr (D == 64 || D == 128) {
+          if (hopper && hcfg.tma_kernel != nullptr &&
+              !(EncodeKvCacheMap(&maps[0], p.key_cache, p.dtype, p.num_kv_heads * D) &&
+                EncodeKvCacheMap(&maps[1], p.value_cache, p.dtype, p.num_kv_heads * D))) {
+            hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();  // no driver entry point
+          }
           if (hopper) {  // same arguments (and grid geometry): only the kernel differs
             kernel = hcfg.kernel;
             threads = hcfg.threads;
@@ -1332,7 +1386,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           }
           config.attrs = attr;
           config.numAttrs = n;
-          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+          if (hopper && hcfg.tma_kernel != nullptr) {
+            CUDA_RETURN_IF_ERROR(
+                cudaLaunchKernelEx(&config, hcfg.tma_kernel, a, maps[0], maps[1]));
+          } else {
+            CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+          }
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }
         if (!merge_launch) return absl::OkStatus();

@@ -70,6 +70,10 @@ struct PagedAttentionTuning {
   //     last).
   // 12: as 11 where it takes at most 64 query rows per (sequence, KV head), else as 9 (11 before
   //     its multi-tile prefill; kept for side-by-side runs).
+  // 13: as 11 for decode (at most 64 query rows per sequence and KV head, block_size >= 16), with
+  //     a producer warp copying the K / V tiles by TMA (the paged cache as a 2-D tensor map) and
+  //     mbarrier stages instead of the consumers' cp.async and a CTA barrier every tile
+  //     (ATTENTION_NOTES.md version 18); other shapes run as 11.
   // Default 11, the model's (GptBigCodeOptions::attention_variant): the fastest at every decode
   // shape of attention_bench's variant table and for prefill on the H200 (2026-12-03 ~15:55 UTC,
   // graph us against 3: 64 x 2048 29.4 vs 32.8, 1 x 8192 10.1 vs 13.5, 32 x 576 11.5 vs 14.8;
@@ -86,9 +90,12 @@ struct PagedAttentionTuning {
   // Variant 11's warpgroups a CTA: 1 (64 query rows) or 2 (128 rows sharing each K / V stage,
   // always with 64-token stages); 0: 2 for long prefills (UseTwoWarpgroupPrefill), else 1.
   int hopper_warpgroups = 0;
+  // Variant 13's CTAs an SM: 2 (5 KV stages at head_dim 128) or 3 (3 stages, a third consumer
+  // warpgroup an SM; the split plan fills three slots an SM); 0: 3.
+  int hopper_tma_ctas = 0;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 13;
+inline constexpr int kNumPagedAttentionVariants = 14;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -105,6 +112,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
          : v == 12 ? "hopper-decode"
+         : v == 13 ? "hopper-tma"
                    : "?";
 }
 

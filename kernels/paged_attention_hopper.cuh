@@ -74,6 +74,170 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// One KV tile's math for the warpgroup that holds rows r0 / r1 of this thread: S = Q K^T
+// (wgmma from shared memory), the online softmax (log2 domain, the scale folded into the
+// exponent; tokens at or past kv_stop and past a row's causal limit masked), then O += P V with P
+// from registers. Both MMAs are waited on before it returns: the tile's stage may be refilled.
+template <typename T, int D, int kTN, typename H>
+__device__ __forceinline__ void TileMath(uint32_t q_wg_addr, uint32_t k_addr, int tok0, int kv_stop,
+                                         int qpos0, int qpos1, float scale_log2,
+                                         float (&o)[H::kON], float (&m)[2], float (&l)[2]) {
+  const uint32_t v_addr = k_addr + H::kTileBytes;
+  float s[H::kSN];
+  FenceRegs(s);
+  wgmma::Fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t koff = (kk & 3) * 32;
+    const uint64_t qd = wgmma::Desc128B(q_wg_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
+    const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
+    if constexpr (kTN == 32) {
+      wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
+    } else {
+      wgmma::MmaSS_m64n64k16<T>(s, qd, kd, kk > 0);
+    }
+  }
+  wgmma::Commit();
+  wgmma::Wait<0>();
+  FenceRegs(s);
+
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < kTN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = tok0 + 8 * j + (e & 1);
+      const int qpos = e < 2 ? qpos0 : qpos1;
+      if (tok >= kv_stop || tok > qpos) s[4 * j + e] = -INFINITY;
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+    }
+  }
+  float alpha[2], mu[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(m[r], mx[r] * scale_log2);
+    mu[r] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = Exp2(m[r] - mu[r]);
+    m[r] = m_new;
+  }
+  float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < H::kSN; ++j) {
+    s[j] = Exp2(fmaf(s[j], scale_log2, -mu[(j >> 1) & 1]));
+    rs[(j >> 1) & 1] += s[j];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
+  FenceRegs(o);
+#pragma unroll
+  for (int j = 0; j < H::kON; ++j) o[j] *= alpha[(j >> 1) & 1];
+
+  wgmma::Fence();
+#pragma unroll
+  for (int kk = 0; kk < kTN / 16; ++kk) {
+    const uint32_t pa[4] = {
+        Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]), Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]),
+        Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]), Pack2<T>(s[8 * kk + 6], s[8 * kk + 7])};
+    const uint64_t vd = wgmma::Desc128B(v_addr + kk * 16 * 128, H::kKvSlabBytes, 1024);
+    if constexpr (D == 128) {
+      wgmma::MmaRS_m64n128k16_tb<T>(o, pa, vd);
+    } else {
+      wgmma::MmaRS_m64n64k16_tb<T>(o, pa, vd);
+    }
+  }
+  wgmma::Commit();
+  wgmma::Wait<0>();
+  FenceRegs(o);
+}
+
+// Q rows row_begin .. row_end - 1 of (sequence, KV head kvh) into the Q slabs at q_s, through
+// 16-byte cp.async by H::kThreads threads (tid < H::kThreads; padding rows zero-filled). The
+// caller commits the group.
+template <typename T, typename H>
+__device__ __forceinline__ void IssueQ(unsigned char* q_s, const KernelArgs& a, int tid,
+                                       int row_begin, int row_end, int q_begin, int kvh) {
+  constexpr int D = H::kChunks * 8;
+  const T* query = static_cast<const T*>(a.query);
+  const int cc = tid % H::kChunks, rr0 = tid / H::kChunks;
+#pragma unroll
+  for (int k = 0; k < H::kQPasses; ++k) {
+    const int r = rr0 + k * H::kRowsPerPass, row = row_begin + r;
+    const bool valid = row < row_end;
+    const int64_t token = q_begin + row / a.group;
+    const int head = kvh * a.group + row % a.group;
+    CpAsync16(q_s + SlabOffset<H::kQSlabBytes>(r, cc),
+              valid ? query + token * a.query_stride + head * D + cc * 8 : query, valid);
+  }
+}
+
+// The epilogue: this thread's rows r0 and r1 (< row_end) normalised into the output (one split)
+// or into the split's partial rows and log2-domain lse (the merge kernel follows).
+template <typename T, int D, typename H>
+__device__ __forceinline__ void StoreRows(const KernelArgs& a, float (&o)[H::kON],
+                                          const float (&m)[2], float (&l)[2], int r0, int r1,
+                                          int row_end, int q_begin, int kvh, int split, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? r0 : r1;
+    if (row >= row_end) continue;
+    const int64_t token = q_begin + row / a.group;
+    const int head = kvh * a.group + row % a.group;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    T* dst;
+    if (a.num_splits == 1) {
+      dst = static_cast<T*>(a.output) + (token * a.num_heads + head) * D;
+    } else {
+      const int64_t prow =
+          (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
+      dst = reinterpret_cast<T*>(a.partial_o) + prow * D;
+      if (t == 0) a.partial_lse[prow] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) =
+          Pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+  }
+}
+
+// What a CTA of either kernel works on, from its block index and the step metadata.
+struct Work {
+  int seq, kvh, split, row_begin, row_end, first_block, kv_begin, kv_stop, num_tiles, q_begin,
+      pos0;
+};
+
+template <int kCtaRows, int kTN>
+__device__ __forceinline__ Work FindWork(const KernelArgs& a) {
+  Work w;
+  // x = row tile * splits + split, the row tiles reversed so that a causal prefill's heaviest
+  // (last) tiles start first.
+  w.seq = blockIdx.z;
+  w.kvh = blockIdx.y;
+  w.split = blockIdx.x % a.num_splits;
+  w.row_begin = (gridDim.x / a.num_splits - 1 - blockIdx.x / a.num_splits) * kCtaRows;
+  w.kv_begin = w.split * a.chunk;
+  w.first_block = w.kv_begin >> a.block_shift;
+  w.q_begin = a.query_start[w.seq];
+  const int q_len = a.query_start[w.seq + 1] - w.q_begin;
+  const int ctx = a.context_lens[w.seq];
+  w.pos0 = ctx - q_len;
+  // Rows row_begin .. row_end - 1 of the (sequence, KV head); rows are (token, head) pairs.
+  w.row_end = min(w.row_begin + kCtaRows, q_len * a.group);
+  const int kv_end = w.pos0 + (w.row_end - 1) / a.group + 1;
+  w.kv_stop = w.split == a.num_splits - 1 ? kv_end : min(w.kv_begin + a.chunk, kv_end);
+  w.num_tiles = w.row_begin >= w.row_end || w.kv_begin >= kv_end
+                    ? 0  // the merge skips splits past a query
+                    : (w.kv_stop - w.kv_begin + kTN - 1) / kTN;
+  return w;
+}
+
 template <typename T, int D, int kTN, int kWG>
 __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, kWG>::kMinCtas)
     HopperDecodeKernel(const KernelArgs a) {
@@ -180,112 +344,153 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
     __syncthreads();  // tile i visible to every warp; every warp is done with tile i - 1's stage
     if (i + H::kStages - 1 < num_tiles) issue_tile(i + H::kStages - 1);
     CpAsyncCommit();
-
-    const uint32_t k_addr = kv_addr + (i % H::kStages) * H::kStageBytes;
-    const uint32_t v_addr = k_addr + H::kTileBytes;
-    float s[H::kSN];
-    FenceRegs(s);
-    wgmma::Fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk & 3) * 32;
-      const uint64_t qd =
-          wgmma::Desc128B(q_wg_addr + (kk >> 2) * H::kQSlabBytes + koff, 16, 1024);
-      const uint64_t kd = wgmma::Desc128B(k_addr + (kk >> 2) * H::kKvSlabBytes + koff, 16, 1024);
-      if constexpr (kTN == 32) {
-        wgmma::MmaSS_m64n32k16<T>(s, qd, kd, kk > 0);
-      } else {
-        wgmma::MmaSS_m64n64k16<T>(s, qd, kd, kk > 0);
-      }
-    }
-    wgmma::Commit();
-    wgmma::Wait<0>();
-    FenceRegs(s);
-
-    // Online softmax over the tile (log2 domain, the scale folded into the exponent).
-    const int tok0 = kv_begin + i * kTN + 2 * t;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kTN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = tok0 + 8 * j + (e & 1);
-        const int qpos = e < 2 ? qpos0 : qpos1;
-        if (tok >= kv_stop || tok > qpos) s[4 * j + e] = -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
-      }
-    }
-    float alpha[2], mu[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * a.scale_log2);
-      mu[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = Exp2(m[r] - mu[r]);
-      m[r] = m_new;
-    }
-    float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < H::kSN; ++j) {
-      s[j] = Exp2(fmaf(s[j], a.scale_log2, -mu[(j >> 1) & 1]));
-      rs[(j >> 1) & 1] += s[j];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + rs[r];
-    FenceRegs(o);
-#pragma unroll
-    for (int j = 0; j < H::kON; ++j) o[j] *= alpha[(j >> 1) & 1];
-
-    wgmma::Fence();
-#pragma unroll
-    for (int kk = 0; kk < kTN / 16; ++kk) {
-      const uint32_t pa[4] = {Pack2<T>(s[8 * kk + 0], s[8 * kk + 1]),
-                              Pack2<T>(s[8 * kk + 2], s[8 * kk + 3]),
-                              Pack2<T>(s[8 * kk + 4], s[8 * kk + 5]),
-                              Pack2<T>(s[8 * kk + 6], s[8 * kk + 7])};
-      const uint64_t vd = wgmma::Desc128B(v_addr + kk * 16 * 128, H::kKvSlabBytes, 1024);
-      if constexpr (D == 128) {
-        wgmma::MmaRS_m64n128k16_tb<T>(o, pa, vd);
-      } else {
-        wgmma::MmaRS_m64n64k16_tb<T>(o, pa, vd);
-      }
-    }
-    wgmma::Commit();
-    wgmma::Wait<0>();
-    FenceRegs(o);
+    TileMath<T, D, kTN, H>(q_wg_addr, kv_addr + (i % H::kStages) * H::kStageBytes,
+                           kv_begin + i * kTN + 2 * t, kv_stop, qpos0, qpos1, a.scale_log2, o, m,
+                           l);
   }
   CpAsyncWait<0>();
   // The merge kernel (a programmatic dependent) may launch; it waits for this grid to complete.
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  StoreRows<T, D, H>(a, o, m, l, r0, r1, row_end, q_begin, kvh, split, t);
+}
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+// Variant 13 ("hopper-tma"): the decode form of the kernel above (<= 64 query rows, 32-token
+// stages, one consumer warpgroup) with a producer warp. Warp 4 (one thread) copies K and V tiles
+// with TMA — the paged cache as a 2-D tensor [slots, kv_heads x D], one box of 16 slots x 64
+// columns per block row and slab, 128-byte swizzled by the copy engine into the slab layout the
+// wgmma descriptors read — and completes each stage's "full" mbarrier; the consumer warpgroup
+// waits on it, runs the tile and arrives on the stage's "empty" mbarrier, which the producer waits
+// for before refilling. No CTA-wide barrier inside the loop (variant 11 meets at cp.async.wait and
+// __syncthreads every tile).
+//
+// Boxes are issued only for 16-slot rows that start before kv_stop, so a tile past the context
+// reads nothing beyond the sequence's blocks; the rows after kv_stop in the last tile hold
+// whatever the cache (or an earlier tile) left there. Their scores are masked, but P = 0 times a
+// NaN in V is NaN in the P V MMA: the consumers zero those V rows before the last tile's math.
+// Needs block_size >= 16 and splits starting at multiples of 16 tokens (the host checks).
+//
+// kCtas CTAs an SM: 2 (as variant 11: 5 stages at D = 128) or 3 (3 stages: three consumer
+// warpgroups an SM instead of two; 3 x 160 threads x <= 136 registers fit the register file).
+constexpr int kTmaBoxRows = 16;
+constexpr int kTmaBoxCols = 64;  // 128 bytes: the swizzle span
+
+template <int D, int kCtas>
+struct TmaShape : HShape<D, kDecodeTN, 1> {
+  using Base = HShape<D, kDecodeTN, 1>;
+  static_assert(kCtas == 2 || kCtas == 3, "two or three CTAs an SM");
+  static constexpr int kStages = D == 64 ? 6 : kCtas == 2 ? 5 : 3;
+  static constexpr int kCtaThreads = Base::kThreads + 32;  // + the producer warp
+  static constexpr int kSmemBytes = 1024 + Base::kQBytes + kStages * Base::kStageBytes;
+};
+
+template <typename T, int D, int kCtas>
+__global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
+    HopperTmaDecodeKernel(const KernelArgs a, const __grid_constant__ CUtensorMap k_map,
+                          const __grid_constant__ CUtensorMap v_map) {
+  using H = TmaShape<D, kCtas>;
+  constexpr int kTN = kDecodeTN;
+  constexpr int kConsumers = H::kThreads;  // one warpgroup
+  constexpr int kBoxBytes = kTmaBoxRows * 128;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int32_t table_s[kTableCap];
+  __shared__ alignas(8) uint64_t full_bar[H::kStages], empty_bar[H::kStages];
+  const uint32_t raw = SmemAddr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  unsigned char* q_s = smem;
+  unsigned char* kv_s = smem + H::kQBytes;
+  const uint32_t q_addr = SmemAddr(q_s), kv_addr = SmemAddr(kv_s);
+  const uint32_t full0 = SmemAddr(full_bar), empty0 = SmemAddr(empty_bar);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const Work w = FindWork<H::kCtaRows, kTN>(a);
+  const int32_t* table = a.block_tables + static_cast<int64_t>(w.seq) * a.max_blocks_per_seq;
+  for (int i = tid; i < a.table_blocks; i += kConsumers + 32) {
+    table_s[i] = table[min(w.first_block + i, a.max_blocks_per_seq - 1)];
   }
+  if (w.num_tiles == 0) return;
+  const int kv_begin = w.kv_begin, kv_stop = w.kv_stop, num_tiles = w.num_tiles;
+  if (tid == 0) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? r0 : r1;
-    if (row >= row_end) continue;
-    const int64_t token = q_begin + row / G;
-    const int head = kvh * G + row % G;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    T* dst;
-    if (a.num_splits == 1) {
-      dst = static_cast<T*>(a.output) + (token * a.num_heads + head) * D;
-    } else {
-      const int64_t prow =
-          (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
-      dst = reinterpret_cast<T*>(a.partial_o) + prow * D;
-      if (t == 0) a.partial_lse[prow] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
+    for (int s = 0; s < H::kStages; ++s) {
+      tma::MbarInit(full0 + 8 * s, 1);
+      tma::MbarInit(empty0 + 8 * s, kConsumers / 32);
     }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) =
-          Pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-    }
+    tma::FenceMbarInit();
   }
+  if (warp == kConsumers / 32 && lane == 0) {
+    tma::PrefetchMap(&k_map);
+    tma::PrefetchMap(&v_map);
+  }
+  // As in the kernel above: only metadata and block tables before the wait.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  __syncthreads();  // table_s, the barriers
+
+  if (warp == kConsumers / 32) {  // the producer
+    if (lane == 0) {
+      const int block_mask = (1 << a.block_shift) - 1;
+      const int col0 = w.kvh * D;
+      for (int i = 0; i < num_tiles; ++i) {
+        const int stage = i % H::kStages;
+        if (i >= H::kStages) tma::MbarWait(empty0 + 8 * stage, ((i / H::kStages) - 1) & 1);
+        const int tok0 = kv_begin + i * kTN;
+        const int boxes = min(kTN / kTmaBoxRows, (kv_stop - tok0 + kTmaBoxRows - 1) / kTmaBoxRows);
+        const uint32_t full = full0 + 8 * stage;
+        tma::MbarArriveExpectTx(full, boxes * H::kSlabs * 2 * kBoxBytes);
+        const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
+        for (int b = 0; b < boxes; ++b) {
+          const int tok = tok0 + b * kTmaBoxRows;
+          const int slot = (table_s[(tok >> a.block_shift) - w.first_block] << a.block_shift) +
+                           (tok & block_mask);
+#pragma unroll
+          for (int sl = 0; sl < H::kSlabs; ++sl) {
+            const uint32_t dst = k_stage + sl * H::kKvSlabBytes + b * kBoxBytes;
+            tma::Load2d(dst, &k_map, col0 + sl * kTmaBoxCols, slot, full);
+            tma::Load2d(dst + H::kTileBytes, &v_map, col0 + sl * kTmaBoxCols, slot, full);
+          }
+        }
+      }
+    }
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+    return;
+  }
+
+  const int g = lane >> 2, t = lane & 3;
+  IssueQ<T, H>(q_s, a, tid, w.row_begin, w.row_end, w.q_begin, w.kvh);
+  CpAsyncCommit();
+  const int r0 = w.row_begin + warp * 16 + g, r1 = r0 + 8;
+  const int qpos0 = r0 < w.row_end ? w.pos0 + r0 / a.group : INT_MAX;
+  const int qpos1 = r1 < w.row_end ? w.pos0 + r1 / a.group : INT_MAX;
+  float o[H::kON];
+#pragma unroll
+  for (int i = 0; i < H::kON; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  tma::NamedBarrier(1, kConsumers);  // Q visible to every consumer warp's wgmma
+
+  for (int i = 0; i < num_tiles; ++i) {
+    const int stage = i % H::kStages;
+    tma::MbarWait(full0 + 8 * stage, (i / H::kStages) & 1);
+    const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
+    const int tok0 = kv_begin + i * kTN;
+    const int valid = kv_stop - tok0;
+    if (valid < kTN) {
+      // Zero V rows valid .. kTN - 1 (every 16-byte chunk of them, in every slab).
+      unsigned char* vs = kv_s + stage * H::kStageBytes + H::kTileBytes;
+      for (int c = tid; c < (kTN - valid) * H::kSlabs * 8; c += kConsumers) {
+        const int row = valid + c / (H::kSlabs * 8), rest = c % (H::kSlabs * 8);
+        *reinterpret_cast<uint4*>(vs + (rest >> 3) * H::kKvSlabBytes + row * 128 +
+                                  ((rest & 7) << 4)) = make_uint4(0, 0, 0, 0);
+      }
+      wgmma::FenceProxyAsync();
+      tma::NamedBarrier(1, kConsumers);
+    }
+    TileMath<T, D, kTN, H>(q_addr, k_stage, tok0 + 2 * t, kv_stop, qpos0, qpos1, a.scale_log2, o,
+                           m, l);
+    if (lane == 0) tma::MbarArrive(empty0 + 8 * stage);
+  }
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  StoreRows<T, D, H>(a, o, m, l, r0, r1, w.row_end, w.q_begin, w.kvh, w.split, t);
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).
@@ -307,6 +512,8 @@ int HopperResident() {
 // warpgroup), prefill with one warpgroup and prefill with two (64-token stages).
 struct Config {
   void (*kernel)(const KernelArgs) = nullptr;
+  // Variant 13: the TMA kernel (launched with the K and V tensor maps; `kernel` is then null).
+  void (*tma_kernel)(const KernelArgs, const CUtensorMap, const CUtensorMap) = nullptr;
   unsigned threads = 0;
   int smem_bytes = 0;
   int resident = 0;   // CTAs an SM (0: cannot be resident)
@@ -316,8 +523,27 @@ struct Config {
 template <typename T, int D, int kTN, int kWG>
 Config MakeConfig() {
   using H = HShape<D, kTN, kWG>;
-  return Config{HopperDecodeKernel<T, D, kTN, kWG>, H::kThreads, H::kSmemBytes,
+  return Config{HopperDecodeKernel<T, D, kTN, kWG>, nullptr, H::kThreads, H::kSmemBytes,
                 HopperResident<T, D, kTN, kWG>(), H::kCtaRows};
+}
+
+// Variant 13's decode kernel (same shared memory as the 32-token decode form, plus the
+// producer warp).
+template <typename T, int D, int kCtas>
+Config MakeTmaConfig() {
+  using H = TmaShape<D, kCtas>;
+  static const int ctas =
+      MaxResidentCtas(HopperTmaDecodeKernel<T, D, kCtas>, H::kCtaThreads, H::kSmemBytes);
+  return Config{nullptr, HopperTmaDecodeKernel<T, D, kCtas>, H::kCtaThreads, H::kSmemBytes, ctas,
+                H::kCtaRows};
+}
+
+// ctas: PagedAttentionTuning::hopper_tma_ctas (0: kTmaDefaultCtas).
+constexpr int kTmaDefaultCtas = 3;
+template <typename T, int D>
+Config ChooseTmaConfig(int ctas) {
+  return (ctas > 0 ? ctas : kTmaDefaultCtas) == 2 ? MakeTmaConfig<T, D, 2>()
+                                                  : MakeTmaConfig<T, D, 3>();
 }
 
 // tile_tokens / warpgroups: PagedAttentionTuning's (0: automatic); prefill: more than one

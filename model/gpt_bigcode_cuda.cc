@@ -261,16 +261,25 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   p.max_context_len = static_cast<int>(ContextBucket(static_cast<int>(w_.config.n_positions)));
   p.max_blocks_per_seq = p.max_context_len / p.block_size;
   p.dtype = dtype_;
+  // Sized for the model's variant and for 13 (set_attention may switch to it; it plans up to 1.5x
+  // the splits: ~10 MB more for StarCoder).
+  auto need = [&](const PagedAttentionParams& q) {
+    PagedAttentionTuning tuning;
+    tuning.variant = options.attention_variant;
+    const size_t own = PagedAttentionCudaWorkspaceBytes(q, tuning);
+    tuning.variant = 13;
+    return std::max(own, PagedAttentionCudaWorkspaceBytes(q, tuning));
+  };
   size_t bytes = 0;
   for (int64_t b = 1; b <= std::max<int64_t>(256, options.max_graph_batch); b *= 2) {
     p.num_seqs = p.num_tokens = static_cast<int>(b);
     p.max_query_len = 1;
-    bytes = std::max(bytes, PagedAttentionCudaWorkspaceBytes(p));
+    bytes = std::max(bytes, need(p));
   }
   p.num_seqs = 1;
   p.num_tokens = static_cast<int>(std::min<int64_t>(options.max_batched_tokens, INT32_MAX));
   p.max_query_len = p.num_tokens;
-  bytes = std::max(bytes, PagedAttentionCudaWorkspaceBytes(p));
+  bytes = std::max(bytes, need(p));
   bytes = std::min<size_t>(bytes, size_t{512} << 20);
   if (bytes > 0) {
     ASSIGN_OR_RETURN(cuda_->attention_workspace,

@@ -434,6 +434,8 @@ int ProfileOne(int batch, int ctx, int variant, int splits, int q_len) {
   if (const char* tn = std::getenv("MQA_HOPPER_TN")) t.hopper_tile_tokens = std::atoi(tn);
   // MQA_HOPPER_WG=1|2: its warpgroups a CTA (PagedAttentionTuning::hopper_warpgroups).
   if (const char* wg = std::getenv("MQA_HOPPER_WG")) t.hopper_warpgroups = std::atoi(wg);
+  // MQA_HOPPER_TMA_CTAS=2|3: variant 13's CTAs an SM (PagedAttentionTuning::hopper_tma_ctas).
+  if (const char* c = std::getenv("MQA_HOPPER_TMA_CTAS")) t.hopper_tma_ctas = std::atoi(c);
   if (std::getenv("MQA_PROFILE_ONLY") == nullptr) {
     const double us = TimeMqa(w, t, true);
     std::printf("%d x %d (q_len %d) variant %d splits %d (hopper tile tokens %d, warpgroups %d): "

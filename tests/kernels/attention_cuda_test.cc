@@ -105,8 +105,18 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   PagedBatch b =
       testing::MakePagedBatch(c.seqs, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size, rng);
   const std::vector<uint16_t> q_bits = RoundTo(b.query, c.dtype);
-  const std::vector<uint16_t> k_bits = RoundTo(b.key_cache, c.dtype);
-  const std::vector<uint16_t> v_bits = RoundTo(b.value_cache, c.dtype);
+  std::vector<uint16_t> k_bits = RoundTo(b.key_cache, c.dtype);
+  std::vector<uint16_t> v_bits = RoundTo(b.value_cache, c.dtype);
+  // On the device, the slots no sequence owns (MakePagedBatch's +-1e4 garbage, also in the last
+  // block of each sequence past its context) hold NaN: a kernel that multiplies one by a masked
+  // probability of 0 (as a whole-block TMA copy would, variant 13) turns the output into NaN.
+  const uint16_t nan_bits = c.dtype == DType::kF16 ? 0x7e00 : 0x7fc0;
+  const float k_garbage = FromBits(ToBits(1e4f, c.dtype), c.dtype);
+  const float v_garbage = FromBits(ToBits(-1e4f, c.dtype), c.dtype);
+  for (size_t i = 0; i < k_bits.size(); ++i) {
+    if (b.key_cache[i] == k_garbage) k_bits[i] = nan_bits;
+    if (b.value_cache[i] == v_garbage) v_bits[i] = nan_bits;
+  }
   DeviceBuffer dq = DeviceBuffer::From(q_bits), dk = DeviceBuffer::From(k_bits),
                dv = DeviceBuffer::From(v_bits), dt = DeviceBuffer::From(b.block_tables),
                dqs = DeviceBuffer::From(b.query_start), dctx = DeviceBuffer::From(b.context_lens);
@@ -136,15 +146,19 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   p.dtype = c.dtype;
   // Configurations: every variant with its automatic choices, then variant 11 forced to each of
   // its forms: one warpgroup with 32-token stages, with 64, and two warpgroups (its automatic
-  // choice takes the first for decode and the last for prefill).
-  constexpr int kConfigs = kNumPagedAttentionVariants + 3;
-  auto config_variant = [](int k) { return k < kNumPagedAttentionVariants ? k : 11; };
+  // choice takes the first for decode and the last for prefill); then variant 13 with two CTAs an
+  // SM (its default is three).
+  constexpr int kConfigs = kNumPagedAttentionVariants + 4;
+  auto config_variant = [](int k) {
+    return k < kNumPagedAttentionVariants ? k : k == kNumPagedAttentionVariants + 3 ? 13 : 11;
+  };
   auto config_name = [&](int k) {
     std::string name = std::to_string(config_variant(k)) + " (" +
                        PagedAttentionVariantName(config_variant(k));
     if (k == kNumPagedAttentionVariants) name += ", 32-token stages";
     if (k == kNumPagedAttentionVariants + 1) name += ", 64-token stages";
     if (k == kNumPagedAttentionVariants + 2) name += ", two warpgroups";
+    if (k == kNumPagedAttentionVariants + 3) name += ", two CTAs an SM";
     return name + ")";
   };
   std::vector<std::vector<uint16_t>> outs;  // [config * 2 + run]
@@ -153,10 +167,11 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     PagedAttentionTuning tuning;
     tuning.num_splits = c.force_splits;
     tuning.variant = variant;
-    if (config >= kNumPagedAttentionVariants) {
+    if (config >= kNumPagedAttentionVariants && variant == 11) {
       tuning.hopper_tile_tokens = config == kNumPagedAttentionVariants ? 32 : 64;
       tuning.hopper_warpgroups = config == kNumPagedAttentionVariants + 2 ? 2 : 1;
     }
+    if (config == kNumPagedAttentionVariants + 3) tuning.hopper_tma_ctas = 2;
     const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
     DeviceBuffer ws(ws_bytes);
     if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
