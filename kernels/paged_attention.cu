@@ -1188,9 +1188,11 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
   size_t bytes = 0;
   const absl::Status s = attention::DispatchAttention(
       p.dtype, p.head_dim, ChooseLayout(p, tuning), [&]<typename T, int D, int WM, int WN>() {
-        // Variant 13 plans for up to kTmaDefaultCtas CTAs an SM (more splits than the others).
+        // Variant 13 plans for its own CTAs an SM (three: more splits than the others).
+        const int tma_ctas =
+            tuning.hopper_tma_ctas > 0 ? tuning.hopper_tma_ctas : hopper::kTmaDefaultCtas;
         const int resident = std::max(ResidentCtas<T, D, WM, WN, false>(),
-                                      tuning.variant == 13 ? hopper::kTmaDefaultCtas : 0);
+                                      tuning.variant == 13 ? tma_ctas : 0);
         const Plan plan = MakePlan(p, tuning, resident, SIZE_MAX);
         bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 +
                                           CounterBytes(p, tuning, plan.row_tiles)
@@ -1263,7 +1265,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         if (hopper) {
           // Decode (<= 64 rows, one row tile) keeps the plan measured with it; past that (prefill,
           // long multi-token queries) 11 plans its own 64-row tiles.
-          // 13 fills its own CTA slots (three an SM by default).
+          // 13 fills its own CTA slots (hopper_tma_ctas).
           const Plan own = max_rows > hopper::kRows || hcfg.tma_kernel != nullptr
                                ? MakePlan(p, tuning, hcfg.resident, plan_bytes, false,
                                           hcfg.tile_rows)

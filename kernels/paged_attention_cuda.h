@@ -91,7 +91,8 @@ struct PagedAttentionTuning {
   // always with 64-token stages); 0: 2 for long prefills (UseTwoWarpgroupPrefill), else 1.
   int hopper_warpgroups = 0;
   // Variant 13's CTAs an SM: 2 (5 KV stages at head_dim 128) or 3 (3 stages, a third consumer
-  // warpgroup an SM; the split plan fills three slots an SM); 0: 3.
+  // warpgroup an SM; the split plan fills three slots an SM); 0: 2 (the faster on the H200 at
+  // most decode shapes; kernels/paged_attention_hopper.cuh).
   int hopper_tma_ctas = 0;
 };
 

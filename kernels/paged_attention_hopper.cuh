@@ -371,6 +371,10 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 //
 // kCtas CTAs an SM: 2 (as variant 11: 5 stages at D = 128) or 3 (3 stages: three consumer
 // warpgroups an SM instead of two; 3 x 160 threads x <= 136 registers fit the register file).
+// On the H200 (2026-12-03 ~17:45 UTC, attention_bench --one, graph us, 2 / 3 CTAs): 64 x 2048
+// 28.52 / 29.57, 32 x 576 10.97 / 12.00, 64 x 8192 78.38 / 79.18, 256 x 1024 40.94 / 39.21, 1 x 8192
+// 9.49 / 9.51, 1 x 192 6.23 / 6.20: the third warpgroup does not pay (ncu: the consumers wait for
+// data, not the other way round), so two is the default.
 constexpr int kTmaBoxRows = 16;
 constexpr int kTmaBoxCols = 64;  // 128 bytes: the swizzle span
 
@@ -539,7 +543,7 @@ Config MakeTmaConfig() {
 }
 
 // ctas: PagedAttentionTuning::hopper_tma_ctas (0: kTmaDefaultCtas).
-constexpr int kTmaDefaultCtas = 3;
+constexpr int kTmaDefaultCtas = 2;
 template <typename T, int D>
 Config ChooseTmaConfig(int ctas) {
   return (ctas > 0 ? ctas : kTmaDefaultCtas) == 2 ? MakeTmaConfig<T, D, 2>()

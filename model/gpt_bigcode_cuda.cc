@@ -261,8 +261,8 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   p.max_context_len = static_cast<int>(ContextBucket(static_cast<int>(w_.config.n_positions)));
   p.max_blocks_per_seq = p.max_context_len / p.block_size;
   p.dtype = dtype_;
-  // Sized for the model's variant and for 13 (set_attention may switch to it; it plans up to 1.5x
-  // the splits: ~10 MB more for StarCoder).
+  // Sized for the model's variant and for 13 (set_attention may switch to it; it plans its splits
+  // for its own CTAs an SM).
   auto need = [&](const PagedAttentionParams& q) {
     PagedAttentionTuning tuning;
     tuning.variant = options.attention_variant;
