@@ -1277,6 +1277,14 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             plan = own;
             plan.row_tiles = CeilDiv(max_rows, hcfg.tile_rows);
           }
+          if constexpr (D == 64 || D == 128) {
+            // Automatic 13 streams splits of at most kTmaMaxSplitTokens; longer ones run 11's
+            // kernel on the same plan.
+            if (hcfg.tma_kernel != nullptr && tuning.hopper_tma_ctas == 0 &&
+                plan.chunk > hopper::kTmaMaxSplitTokens) {
+              hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();
+            }
+          }
         }
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
         if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");

@@ -73,12 +73,14 @@ struct PagedAttentionTuning {
   // 13: as 11 for decode (at most 64 query rows per sequence and KV head, block_size >= 16), with
   //     a producer warp copying the K / V tiles by TMA (the paged cache as a 2-D tensor map) and
   //     mbarrier stages instead of the consumers' cp.async and a CTA barrier every tile
-  //     (ATTENTION_NOTES.md version 18); other shapes run as 11.
-  // Default 11, the model's (GptBigCodeOptions::attention_variant): the fastest at every decode
-  // shape of attention_bench's variant table and for prefill on the H200 (2026-12-03 ~15:55 UTC,
-  // graph us against 3: 64 x 2048 29.4 vs 32.8, 1 x 8192 10.1 vs 13.5, 32 x 576 11.5 vs 14.8;
-  // causal 4096 prefill 618 vs 989; BENCHMARKS.md). Before the wgmma kernel the default was 3.
-  int variant = 11;
+  //     (ATTENTION_NOTES.md version 18), where a split is at most 512 tokens (measured faster
+  //     there; with hopper_tma_ctas set, at any length); other shapes run as 11.
+  // Default 13, the model's (GptBigCodeOptions::attention_variant): the fastest at the decode
+  // shapes of attention_bench's variant table with splits of at most 512 tokens, and 11 elsewhere
+  // (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us, 11 / 13: 64 x 2048 29.16
+  // / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04; BENCHMARKS.md). 11 was the default
+  // from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal 4096 prefill 618 vs 989), 3 before.
+  int variant = 13;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
   // kernel's tail. The previous kernel must not write the step metadata (query_start,
@@ -91,8 +93,9 @@ struct PagedAttentionTuning {
   // always with 64-token stages); 0: 2 for long prefills (UseTwoWarpgroupPrefill), else 1.
   int hopper_warpgroups = 0;
   // Variant 13's CTAs an SM: 2 (5 KV stages at head_dim 128) or 3 (3 stages, a third consumer
-  // warpgroup an SM; the split plan fills three slots an SM); 0: 2 (the faster on the H200 at
-  // most decode shapes; kernels/paged_attention_hopper.cuh).
+  // warpgroup an SM; the split plan fills three slots an SM), the TMA kernel then taking splits of
+  // any length; 0: 2 (the faster on the H200 at most decode shapes;
+  // kernels/paged_attention_hopper.cuh), on splits of at most 512 tokens.
   int hopper_tma_ctas = 0;
 };
 

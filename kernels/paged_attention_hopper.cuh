@@ -542,6 +542,14 @@ Config MakeTmaConfig() {
                 H::kCtaRows};
 }
 
+// With hopper_tma_ctas automatic, variant 13 runs the TMA kernel on splits of at most this many
+// tokens and 11's kernel on longer ones. On the H200 (2026-12-03, two calls ~17:30 and ~17:50 UTC,
+// attention_bench's variant table, graph us, 11 / 13 with two CTAs) the TMA kernel won where a
+// CTA streams at most 512 tokens — 64 x 2048 (512 a split) 29.16 / 28.31, 32 x 2048 (256) 17.33 /
+// 17.09, 32 x 576 11.50 / 11.04, 1 x 8192 (128) 10.12 / 9.49 — and lost on long splits: 256 x 1024
+// (1024) 39.50 / 40.04, 64 x 8192 (2048) 77.54 / 78.30.
+constexpr int kTmaMaxSplitTokens = 512;
+
 // ctas: PagedAttentionTuning::hopper_tma_ctas (0: kTmaDefaultCtas).
 constexpr int kTmaDefaultCtas = 2;
 template <typename T, int D>

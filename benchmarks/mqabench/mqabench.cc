@@ -89,7 +89,7 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
-  std::string attn = "11";  // comma list of PagedAttentionTuning variants (11: the runner's default)
+  std::string attn = "13";  // comma list of PagedAttentionTuning variants (13: the runner's default)
   std::string skip = "none";  // comma list of op sets left out (timing only)
   std::string attn_wm = "0";  // comma list of attention warps_m (0: automatic)
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)

@@ -146,8 +146,9 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   p.dtype = c.dtype;
   // Configurations: every variant with its automatic choices, then variant 11 forced to each of
   // its forms: one warpgroup with 32-token stages, with 64, and two warpgroups (its automatic
-  // choice takes the first for decode and the last for prefill); then variant 13 with two CTAs an
-  // SM (its default is three).
+  // choice takes the first for decode and the last for prefill); then variant 13 forced to three
+  // CTAs an SM (which also runs its TMA kernel on splits of any length; automatic: two, on splits
+  // of at most 512 tokens).
   constexpr int kConfigs = kNumPagedAttentionVariants + 4;
   auto config_variant = [](int k) {
     return k < kNumPagedAttentionVariants ? k : k == kNumPagedAttentionVariants + 3 ? 13 : 11;
@@ -158,7 +159,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     if (k == kNumPagedAttentionVariants) name += ", 32-token stages";
     if (k == kNumPagedAttentionVariants + 1) name += ", 64-token stages";
     if (k == kNumPagedAttentionVariants + 2) name += ", two warpgroups";
-    if (k == kNumPagedAttentionVariants + 3) name += ", two CTAs an SM";
+    if (k == kNumPagedAttentionVariants + 3) name += ", three CTAs an SM";
     return name + ")";
   };
   std::vector<std::vector<uint16_t>> outs;  // [config * 2 + run]
@@ -171,7 +172,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
       tuning.hopper_tile_tokens = config == kNumPagedAttentionVariants ? 32 : 64;
       tuning.hopper_warpgroups = config == kNumPagedAttentionVariants + 2 ? 2 : 1;
     }
-    if (config == kNumPagedAttentionVariants + 3) tuning.hopper_tma_ctas = 2;
+    if (config == kNumPagedAttentionVariants + 3) tuning.hopper_tma_ctas = 3;
     const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
     DeviceBuffer ws(ws_bytes);
     if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
