@@ -190,10 +190,15 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
   return absl::InternalError("KvCacheWrite: unknown device");
 }
 
-absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p) {
-  if (ctx.skip & kSkipAttention) return absl::OkStatus();
+absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
+                            const KvCacheWriteParams* kv_write) {
+  if (ctx.skip & kSkipKvWrite) kv_write = nullptr;
+  if (ctx.skip & kSkipAttention) {
+    return kv_write != nullptr ? KvCacheWrite(ctx, *kv_write) : absl::OkStatus();
+  }
   switch (ctx.device) {
     case Device::kCpu:
+      if (kv_write != nullptr) RETURN_IF_ERROR(KvCacheWriteCpu(*kv_write));
       return PagedAttentionCpu(p);
     case Device::kCuda:
 #ifdef MQA_WITH_CUDA
@@ -205,7 +210,7 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p)
       tuning.num_splits = ctx.attention_splits;
       tuning.hopper_tile_tokens = ctx.attention_tile_tokens;
       return PagedAttentionCuda(p, Stream(ctx), ctx.attention_workspace,
-                                ctx.attention_workspace_bytes, tuning);
+                                ctx.attention_workspace_bytes, tuning, kv_write);
     }
 #else
       return NoCuda("PagedAttention");

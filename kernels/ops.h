@@ -94,6 +94,10 @@ absl::Status Embedding(const OpContext& ctx, const EmbeddingParams& p);
 absl::Status Gemm(const OpContext& ctx, const GemmParams& p);
 absl::Status Linear(const OpContext& ctx, const LinearParams& p);
 absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p);
-absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p);
+// kv_write (optional): the step's new K / V rows for p's caches, written before they are attended
+// to (as KvCacheWrite; on the CUDA path PagedAttentionCuda may fuse it into the attention kernel).
+// kSkipKvWrite leaves it out, kSkipAttention the attention.
+absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
+                            const KvCacheWriteParams* kv_write = nullptr);
 
 }  // namespace mqa

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention_dispatch.h"
+#include "kernels/kv_cache_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #include "kernels/tma.cuh"
 #include "kernels/wgmma.cuh"
@@ -81,6 +82,15 @@ struct KernelArgs {
   // cluster and merge through distributed shared memory (no partials in global memory, no merge
   // launch, no counters).
   bool cluster_merge = false;
+  // Variant 13's TMA kernel with a fused KV-cache write (decode: one query token a sequence):
+  // the sequence's last split takes its new K / V row from here (token t, KV head g at new_key +
+  // t * new_key_stride + g * head_dim), uses it for the last tile and writes it to the caches at
+  // slot_mapping[t] (< 0: not written). Null: the rows are in the cache already.
+  const void* new_key = nullptr;
+  const void* new_value = nullptr;
+  int64_t new_key_stride = 0;
+  int64_t new_value_stride = 0;
+  const int32_t* slot_mapping = nullptr;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
@@ -1203,8 +1213,19 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
 }
 
 absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stream, void* workspace,
-                                size_t workspace_bytes, const PagedAttentionTuning& tuning) {
+                                size_t workspace_bytes, const PagedAttentionTuning& tuning,
+                                const KvCacheWriteParams* kv_write) {
   RETURN_IF_ERROR(ValidateForCuda(p));
+  if (kv_write != nullptr) {
+    RETURN_IF_ERROR(ValidateKvCacheWriteShape(*kv_write));
+    if (kv_write->key_cache != p.key_cache || kv_write->value_cache != p.value_cache ||
+        kv_write->dtype != p.dtype || kv_write->num_kv_heads != p.num_kv_heads ||
+        kv_write->head_dim != p.head_dim || kv_write->block_size != p.block_size ||
+        kv_write->num_tokens != p.num_tokens) {
+      return absl::InvalidArgumentError(
+          "CUDA attention: kv_write must name the attention's caches, shapes and tokens");
+    }
+  }
   if (p.num_tokens == 0 || p.num_seqs == 0) return absl::OkStatus();
   return attention::DispatchAttention(
       p.dtype, p.head_dim, ChooseLayout(p, tuning),
@@ -1285,6 +1306,18 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
               hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();
             }
           }
+        }
+        // The KV write: fused into the TMA kernel for a decode batch (16-byte rows), else first.
+        bool fuse_kv = false;
+        if constexpr (D == 64 || D == 128) {
+          fuse_kv = kv_write != nullptr && hopper && hcfg.tma_kernel != nullptr &&
+                    p.max_query_len == 1 && kv_write->key_stride % 8 == 0 &&
+                    kv_write->value_stride % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(kv_write->key) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(kv_write->value) % 16 == 0;
+        }
+        if (kv_write != nullptr && !fuse_kv) {
+          RETURN_IF_ERROR(KvCacheWriteCuda(*kv_write, stream, tuning.pdl));
         }
         const int64_t grid_x = static_cast<int64_t>(plan.row_tiles) * plan.num_splits;
         if (grid_x > INT32_MAX) return absl::InvalidArgumentError("CUDA attention: grid too large");
@@ -1369,6 +1402,15 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
               !(EncodeKvCacheMap(&maps[0], p.key_cache, p.dtype, p.num_kv_heads * D) &&
                 EncodeKvCacheMap(&maps[1], p.value_cache, p.dtype, p.num_kv_heads * D))) {
             hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();  // no driver entry point
+            if (fuse_kv) RETURN_IF_ERROR(KvCacheWriteCuda(*kv_write, stream, tuning.pdl));
+            fuse_kv = false;
+          }
+          if (fuse_kv) {
+            a.new_key = kv_write->key;
+            a.new_value = kv_write->value;
+            a.new_key_stride = kv_write->key_stride;
+            a.new_value_stride = kv_write->value_stride;
+            a.slot_mapping = kv_write->slot_mapping;
           }
           if (hopper) {  // same arguments (and grid geometry): only the kernel differs
             kernel = hcfg.kernel;

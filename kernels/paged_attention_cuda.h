@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/kv_cache.h"
 #include "kernels/paged_attention.h"
 
 namespace mqa {
@@ -135,8 +136,16 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
 
 // Decode (max_query_len 1) and prefill / mixed batches. `workspace` is device memory owned by the
 // caller, at least PagedAttentionCudaWorkspaceBytes(p) for the full split-KV speed; may be null.
+//
+// kv_write (optional): the step's new K / V rows, written into the cache before they are attended
+// to, as KvCacheWriteCuda(*kv_write, stream, tuning.pdl) would; its caches, dtype, head counts
+// and block size must be p's and its tokens p's (InvalidArgument otherwise). Variant 13's TMA
+// kernel does the write itself for a decode batch (p.max_query_len == 1): each sequence's last
+// split takes its new row from kv_write's key / value and writes the cache (no launch); every
+// other path launches KvCacheWriteCuda first.
 absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stream, void* workspace,
-                                size_t workspace_bytes, const PagedAttentionTuning& tuning = {});
+                                size_t workspace_bytes, const PagedAttentionTuning& tuning = {},
+                                const KvCacheWriteParams* kv_write = nullptr);
 
 // The 2023 design, kept as the benchmark's baseline: decode only (every q_len 1), one CTA per
 // (sequence, query head) that re-reads its KV head through `head_mapping` (device, [num_heads]:

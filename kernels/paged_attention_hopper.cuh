@@ -478,13 +478,35 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
     const int tok0 = kv_begin + i * kTN;
     const int valid = kv_stop - tok0;
-    if (valid < kTN) {
+    // The fused KV write: the sequence's last split, last tile; its last row (position ctx - 1:
+    // one query token) is the step's new token.
+    const bool new_row = a.new_key != nullptr && w.split == a.num_splits - 1 && i == num_tiles - 1;
+    if (valid < kTN || new_row) {
+      unsigned char* ks = kv_s + stage * H::kStageBytes;
+      unsigned char* vs = ks + H::kTileBytes;
       // Zero V rows valid .. kTN - 1 (every 16-byte chunk of them, in every slab).
-      unsigned char* vs = kv_s + stage * H::kStageBytes + H::kTileBytes;
       for (int c = tid; c < (kTN - valid) * H::kSlabs * 8; c += kConsumers) {
         const int row = valid + c / (H::kSlabs * 8), rest = c % (H::kSlabs * 8);
         *reinterpret_cast<uint4*>(vs + (rest >> 3) * H::kKvSlabBytes + row * 128 +
                                   ((rest & 7) << 4)) = make_uint4(0, 0, 0, 0);
+      }
+      if (new_row && tid < 2 * H::kChunks) {
+        // Thread c < kChunks: 16-byte chunk c of the K row; the next kChunks: of the V row. The
+        // copy the TMA brought for this row is stale (the cache is written here).
+        const bool is_v = tid >= H::kChunks;
+        const int c = tid % H::kChunks;
+        const int64_t col = static_cast<int64_t>(w.kvh) * D + c * 8;
+        const T* src = static_cast<const T*>(is_v ? a.new_value : a.new_key) +
+                       w.q_begin * (is_v ? a.new_value_stride : a.new_key_stride) + col;
+        const uint4 x = *reinterpret_cast<const uint4*>(src);
+        *reinterpret_cast<uint4*>((is_v ? vs : ks) + SlabOffset<H::kKvSlabBytes>(valid - 1, c)) =
+            x;
+        const int slot = a.slot_mapping[w.q_begin];
+        if (slot >= 0) {
+          T* cache = static_cast<T*>(const_cast<void*>(is_v ? a.value_cache : a.key_cache));
+          *reinterpret_cast<uint4*>(cache + static_cast<int64_t>(slot) * a.num_kv_heads * D + col) =
+              x;
+        }
       }
       wgmma::FenceProxyAsync();
       tma::NamedBarrier(1, kConsumers);

@@ -537,7 +537,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   kv.head_dim = static_cast<int>(D);
   kv.block_size = cache.block_size();
   kv.dtype = dtype_;
-  if (!qkv_fused) RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
 
   PagedAttentionParams att;
   att.query = qkv;
@@ -559,7 +558,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
-  RETURN_IF_ERROR(PagedAttention(ctx_, att));
+  // The KV write (unless the QKV GEMM did it) goes with the attention, which may fuse it.
+  RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
 
   gemm.a = attn_.raw();
   gemm.lda = heads_ * D;

@@ -392,6 +392,120 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
   EXPECT_EQ(PagedAttentionCuda(p, nullptr, nullptr, 0).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// PagedAttentionCuda with the step's KV write: decode batches whose new K / V rows sit in a QKV
+// buffer and whose cache rows at the new slots hold NaN until written. Variant 13 fuses the
+// write into its TMA kernel (automatic splits, at most 512 tokens); with two forced splits of the
+// long sequence it runs 11's kernel and 11 itself launches the write first. Every path must leave
+// the caches equal to the reference's and the output near the CPU reference.
+TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
+  std::mt19937 rng(std::random_device{}());
+  struct Shape {
+    DType dtype;
+    int head_dim, block_size, heads, kv_heads;
+  };
+  for (const Shape& sh : {Shape{DType::kF16, 128, 16, 48, 1}, Shape{DType::kBF16, 64, 32, 16, 2}}) {
+    std::vector<SeqSpec> seqs = {{1, 1}, {RandomContext(rng, 7000, 8192, sh.block_size), 1}};
+    for (int i = 0; i < 4; ++i) seqs.push_back({RandomContext(rng, 2, 3000, sh.block_size), 1});
+    PagedBatch b = testing::MakePagedBatch(seqs, sh.heads, sh.kv_heads, sh.head_dim,
+                                           sh.block_size, rng);
+    const std::vector<uint16_t> q_bits = RoundTo(b.query, sh.dtype);
+    const std::vector<uint16_t> k_bits = RoundTo(b.key_cache, sh.dtype);
+    const std::vector<uint16_t> v_bits = RoundTo(b.value_cache, sh.dtype);
+    const int D = sh.head_dim, kv_cols = sh.kv_heads * D;
+    const int64_t stride = static_cast<int64_t>(sh.heads + 2 * sh.kv_heads) * D;  // a QKV row
+    const int tokens = b.num_tokens;  // one a sequence
+    std::vector<uint16_t> qkv(tokens * stride);
+    std::vector<int32_t> slots(tokens);
+    std::vector<uint16_t> k_dev = k_bits, v_dev = v_bits;
+    const uint16_t nan_bits = sh.dtype == DType::kF16 ? 0x7e00 : 0x7fc0;
+    for (int t = 0; t < tokens; ++t) {
+      const int pos = seqs[t].context_len - 1;
+      slots[t] = b.block_tables[t * b.max_blocks_per_seq + pos / sh.block_size] * sh.block_size +
+                 pos % sh.block_size;
+      std::copy_n(q_bits.begin() + int64_t{t} * sh.heads * D, sh.heads * D,
+                  qkv.begin() + t * stride);
+      std::copy_n(k_bits.begin() + int64_t{slots[t]} * kv_cols, kv_cols,
+                  qkv.begin() + t * stride + sh.heads * D);
+      std::copy_n(v_bits.begin() + int64_t{slots[t]} * kv_cols, kv_cols,
+                  qkv.begin() + t * stride + (sh.heads + sh.kv_heads) * D);
+      std::fill_n(k_dev.begin() + int64_t{slots[t]} * kv_cols, kv_cols, nan_bits);
+      std::fill_n(v_dev.begin() + int64_t{slots[t]} * kv_cols, kv_cols, nan_bits);
+    }
+    std::vector<float> ref(b.query.size());
+    PagedAttentionParams cpu;
+    cpu.query = b.query.data();
+    cpu.query_stride = static_cast<int64_t>(sh.heads) * D;
+    cpu.output = ref.data();
+    cpu.key_cache = b.key_cache.data();
+    cpu.value_cache = b.value_cache.data();
+    cpu.block_tables = b.block_tables.data();
+    cpu.query_start = b.query_start.data();
+    cpu.context_lens = b.context_lens.data();
+    cpu.num_seqs = cpu.num_tokens = tokens;
+    cpu.num_heads = sh.heads;
+    cpu.num_kv_heads = sh.kv_heads;
+    cpu.head_dim = D;
+    cpu.block_size = sh.block_size;
+    cpu.max_blocks_per_seq = b.max_blocks_per_seq;
+    cpu.max_context_len = b.max_context_len;
+    cpu.max_query_len = 1;
+    cpu.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    cpu.dtype = DType::kF32;
+    ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
+
+    for (int config = 0; config < 3; ++config) {
+      DeviceBuffer dqkv = DeviceBuffer::From(qkv), dk = DeviceBuffer::From(k_dev),
+                   dv = DeviceBuffer::From(v_dev), dt = DeviceBuffer::From(b.block_tables),
+                   dqs = DeviceBuffer::From(b.query_start),
+                   dctx = DeviceBuffer::From(b.context_lens), dslots = DeviceBuffer::From(slots),
+                   dout(q_bits.size() * 2);
+      EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);
+      PagedAttentionParams p = cpu;
+      p.query = dqkv.get<void>();
+      p.query_stride = stride;
+      p.output = dout.get<void>();
+      p.key_cache = dk.get<void>();
+      p.value_cache = dv.get<void>();
+      p.block_tables = dt.get<int32_t>();
+      p.query_start = dqs.get<int32_t>();
+      p.context_lens = dctx.get<int32_t>();
+      p.dtype = sh.dtype;
+      KvCacheWriteParams kv;
+      kv.key = dqkv.get<uint16_t>() + sh.heads * D;
+      kv.value = dqkv.get<uint16_t>() + (sh.heads + sh.kv_heads) * D;
+      kv.key_stride = kv.value_stride = stride;
+      kv.key_cache = dk.get<void>();
+      kv.value_cache = dv.get<void>();
+      kv.slot_mapping = dslots.get<int32_t>();
+      kv.num_tokens = tokens;
+      kv.num_kv_heads = sh.kv_heads;
+      kv.head_dim = D;
+      kv.block_size = sh.block_size;
+      kv.dtype = sh.dtype;
+      PagedAttentionTuning tuning;
+      tuning.variant = config == 2 ? 11 : 13;
+      tuning.num_splits = config == 1 ? 2 : 0;
+      tuning.pdl = config == 0;
+      const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
+      DeviceBuffer ws(ws_bytes);
+      if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
+      const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning, &kv);
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_TRUE(dk.Download<uint16_t>() == k_bits) << "config " << config << ": K cache";
+      EXPECT_TRUE(dv.Download<uint16_t>() == v_bits) << "config " << config << ": V cache";
+      const std::vector<uint16_t> out = dout.Download<uint16_t>();
+      std::vector<float> outf(out.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        outf[i] = FromBits(out[i], sh.dtype);
+        ASSERT_TRUE(std::isfinite(outf[i])) << "config " << config << " element " << i;
+      }
+      std::vector<double> refd(ref.begin(), ref.end());
+      EXPECT_LT(testing::RelativeError(outf, refd), 1e-2) << "config " << config;
+    }
+  }
+}
+
 TEST_F(AttentionCudaTest, PerHeadBaselineMatchesCpu) {
   std::mt19937 rng(std::random_device{}());
   for (DType dtype : {DType::kF16, DType::kBF16}) {
