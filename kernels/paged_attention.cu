@@ -1307,10 +1307,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             }
           }
         }
-        // The KV write: fused into the TMA kernel for a decode batch (16-byte rows), else first.
+        // The KV write: fused into the TMA kernel for a decode batch (tuning.fuse_kv_write, 16-byte
+        // rows), else launched first.
         bool fuse_kv = false;
         if constexpr (D == 64 || D == 128) {
-          fuse_kv = kv_write != nullptr && hopper && hcfg.tma_kernel != nullptr &&
+          fuse_kv = tuning.fuse_kv_write && tuning.hopper_tma_ctas == 0 && kv_write != nullptr &&
+                    hopper && hcfg.tma_kernel != nullptr &&
                     p.max_query_len == 1 && kv_write->key_stride % 8 == 0 &&
                     kv_write->value_stride % 8 == 0 &&
                     reinterpret_cast<uintptr_t>(kv_write->key) % 16 == 0 &&
@@ -1406,6 +1408,10 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             fuse_kv = false;
           }
           if (fuse_kv) {
+            // The fused instantiation (two CTAs an SM: fuse_kv_write is taken with the automatic
+            // form only), same plan.
+            static_assert(hopper::kTmaDefaultCtas == 2, "the fused form is instantiated for two");
+            hcfg = hopper::MakeTmaConfig<T, D, 2, true>();
             a.new_key = kv_write->key;
             a.new_value = kv_write->value;
             a.new_key_stride = kv_write->key_stride;

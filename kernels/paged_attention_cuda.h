@@ -98,6 +98,12 @@ struct PagedAttentionTuning {
   // any length; 0: 2 (the faster on the H200 at most decode shapes;
   // kernels/paged_attention_hopper.cuh), on splits of at most 512 tokens.
   int hopper_tma_ctas = 0;
+  // PagedAttentionCuda's kv_write fused into variant 13's TMA kernel (decode batches); off: the
+  // write is launched first (KvCacheWriteCuda). Off by default: not yet verified on a GPU. The
+  // first H200 run (2026-12-03 ~18:25 UTC) failed — the new row was taken from each sequence's
+  // last split, which for a sequence shorter than the batch's longest is not the split holding
+  // its last position; fixed since (kv_stop - 1 == the query position), not yet run.
+  bool fuse_kv_write = false;
 };
 
 inline constexpr int kNumPagedAttentionVariants = 14;
@@ -139,10 +145,11 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
 //
 // kv_write (optional): the step's new K / V rows, written into the cache before they are attended
 // to, as KvCacheWriteCuda(*kv_write, stream, tuning.pdl) would; its caches, dtype, head counts
-// and block size must be p's and its tokens p's (InvalidArgument otherwise). Variant 13's TMA
-// kernel does the write itself for a decode batch (p.max_query_len == 1): each sequence's last
-// split takes its new row from kv_write's key / value and writes the cache (no launch); every
-// other path launches KvCacheWriteCuda first.
+// and block size must be p's and its tokens p's (InvalidArgument otherwise). With
+// tuning.fuse_kv_write, variant 13's TMA kernel does the write itself for a decode batch
+// (p.max_query_len == 1): the split holding each sequence's last position takes the new row from
+// kv_write's key / value and writes the cache (no launch); every other path launches
+// KvCacheWriteCuda first.
 absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stream, void* workspace,
                                 size_t workspace_bytes, const PagedAttentionTuning& tuning = {},
                                 const KvCacheWriteParams* kv_write = nullptr);

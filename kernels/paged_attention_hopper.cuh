@@ -387,7 +387,9 @@ struct TmaShape : HShape<D, kDecodeTN, 1> {
   static constexpr int kSmemBytes = 1024 + Base::kQBytes + kStages * Base::kStageBytes;
 };
 
-template <typename T, int D, int kCtas>
+// kFuseKv: the instantiation that also does PagedAttentionCuda's kv_write (KernelArgs::new_key;
+// PagedAttentionTuning::fuse_kv_write), separate so that the measured kernel is unchanged.
+template <typename T, int D, int kCtas, bool kFuseKv = false>
 __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     HopperTmaDecodeKernel(const KernelArgs a, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
@@ -478,9 +480,10 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
     const int tok0 = kv_begin + i * kTN;
     const int valid = kv_stop - tok0;
-    // The fused KV write: the sequence's last split, last tile; its last row (position ctx - 1:
-    // one query token) is the step's new token.
-    const bool new_row = a.new_key != nullptr && w.split == a.num_splits - 1 && i == num_tiles - 1;
+    // The fused KV write: the split whose range ends at the context (its last row is the query
+    // token's position ctx - 1, the step's new token; for a sequence shorter than the batch's
+    // longest that is not the last split), last tile.
+    const bool new_row = kFuseKv && i == num_tiles - 1 && kv_stop - 1 == w.pos0;
     if (valid < kTN || new_row) {
       unsigned char* ks = kv_s + stage * H::kStageBytes;
       unsigned char* vs = ks + H::kTileBytes;
@@ -490,7 +493,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
         *reinterpret_cast<uint4*>(vs + (rest >> 3) * H::kKvSlabBytes + row * 128 +
                                   ((rest & 7) << 4)) = make_uint4(0, 0, 0, 0);
       }
-      if (new_row && tid < 2 * H::kChunks) {
+      if (kFuseKv && new_row && tid < 2 * H::kChunks) {
         // Thread c < kChunks: 16-byte chunk c of the K row; the next kChunks: of the V row. The
         // copy the TMA brought for this row is stale (the cache is written here).
         const bool is_v = tid >= H::kChunks;
@@ -555,13 +558,13 @@ Config MakeConfig() {
 
 // Variant 13's decode kernel (same shared memory as the 32-token decode form, plus the
 // producer warp).
-template <typename T, int D, int kCtas>
+template <typename T, int D, int kCtas, bool kFuseKv = false>
 Config MakeTmaConfig() {
   using H = TmaShape<D, kCtas>;
-  static const int ctas =
-      MaxResidentCtas(HopperTmaDecodeKernel<T, D, kCtas>, H::kCtaThreads, H::kSmemBytes);
-  return Config{nullptr, HopperTmaDecodeKernel<T, D, kCtas>, H::kCtaThreads, H::kSmemBytes, ctas,
-                H::kCtaRows};
+  static const int ctas = MaxResidentCtas(HopperTmaDecodeKernel<T, D, kCtas, kFuseKv>,
+                                          H::kCtaThreads, H::kSmemBytes);
+  return Config{nullptr, HopperTmaDecodeKernel<T, D, kCtas, kFuseKv>, H::kCtaThreads,
+                H::kSmemBytes, ctas, H::kCtaRows};
 }
 
 // With hopper_tma_ctas automatic, variant 13 runs the TMA kernel on splits of at most this many

@@ -558,8 +558,11 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
-  // The KV write (unless the QKV GEMM did it) goes with the attention, which may fuse it.
-  RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
+  // The KV write (unless the QKV GEMM did it) goes with the attention. The model launches it
+  // itself until PagedAttentionTuning::fuse_kv_write (variant 13 doing it in the attention
+  // kernel) has run on a GPU: passing &kv to PagedAttention is the switch.
+  if (!qkv_fused) RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
+  RETURN_IF_ERROR(PagedAttention(ctx_, att));
 
   gemm.a = attn_.raw();
   gemm.lda = heads_ * D;

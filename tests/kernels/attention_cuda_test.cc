@@ -393,10 +393,12 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
 }
 
 // PagedAttentionCuda with the step's KV write: decode batches whose new K / V rows sit in a QKV
-// buffer and whose cache rows at the new slots hold NaN until written. Variant 13 fuses the
-// write into its TMA kernel (automatic splits, at most 512 tokens); with two forced splits of the
-// long sequence it runs 11's kernel and 11 itself launches the write first. Every path must leave
-// the caches equal to the reference's and the output near the CPU reference.
+// buffer and whose cache rows at the new slots hold NaN until written; sequences of different
+// lengths, so that a sequence's last position is not always in its last split. Variant 13 with
+// fuse_kv_write fuses the write into its TMA kernel (automatic splits, at most 512 tokens); with
+// two forced splits of the long sequence it runs 11's kernel, which, like variant 11 itself,
+// launches the write first. Every path must leave the caches equal to the reference's and the
+// output near the CPU reference.
 TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
   std::mt19937 rng(std::random_device{}());
   struct Shape {
@@ -486,6 +488,7 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       tuning.variant = config == 2 ? 11 : 13;
       tuning.num_splits = config == 1 ? 2 : 0;
       tuning.pdl = config == 0;
+      tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
       DeviceBuffer ws(ws_bytes);
       if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
