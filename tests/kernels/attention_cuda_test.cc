@@ -98,6 +98,20 @@ std::string Describe(const AttentionCase& c) {
   return s;
 }
 
+// p (HostParams's shapes) pointed at the device copies of the batch's arrays, in the test dtype.
+void PointAtDevice(PagedAttentionParams& p, const DeviceBuffer& query, const DeviceBuffer& out,
+                   const DeviceBuffer& k, const DeviceBuffer& v, const DeviceBuffer& tables,
+                   const DeviceBuffer& query_start, const DeviceBuffer& context_lens, DType dtype) {
+  p.query = query.get<void>();
+  p.output = out.get<void>();
+  p.key_cache = k.get<void>();
+  p.value_cache = v.get<void>();
+  p.block_tables = tables.get<int32_t>();
+  p.query_start = query_start.get<int32_t>();
+  p.context_lens = context_lens.get<int32_t>();
+  p.dtype = dtype;
+}
+
 // Runs the CUDA kernel, every decode-path variant (PagedAttentionTuning::variant) twice on one
 // zeroed workspace (variant 2 must leave its counters reset; the second run with pdl), and the CPU reference on the same
 // rounded inputs; returns the worst relative error.
@@ -122,28 +136,14 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
                dqs = DeviceBuffer::From(b.query_start), dctx = DeviceBuffer::From(b.context_lens);
   DeviceBuffer dout(q_bits.size() * 2);
 
-  PagedAttentionParams p;
-  p.query = dq.get<void>();
-  p.query_stride = static_cast<int64_t>(c.num_heads) * c.head_dim;
-  p.output = dout.get<void>();
-  p.key_cache = dk.get<void>();
-  p.value_cache = dv.get<void>();
-  p.block_tables = dt.get<int32_t>();
-  p.query_start = dqs.get<int32_t>();
-  p.context_lens = dctx.get<int32_t>();
-  p.num_seqs = static_cast<int>(c.seqs.size());
-  p.num_tokens = b.num_tokens;
-  p.num_heads = c.num_heads;
-  p.num_kv_heads = c.num_kv_heads;
-  p.head_dim = c.head_dim;
-  p.block_size = c.block_size;
-  p.max_blocks_per_seq = b.max_blocks_per_seq;
-  p.max_context_len = b.max_context_len;
+  std::vector<float> ref(b.query.size());
+  PagedAttentionParams cpu = testing::HostParams(b, ref);
   if (c.give_max_query_len) {
-    for (const SeqSpec& q : c.seqs) p.max_query_len = std::max(p.max_query_len, q.query_len);
+    for (const SeqSpec& q : c.seqs) cpu.max_query_len = std::max(cpu.max_query_len, q.query_len);
   }
-  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  p.dtype = c.dtype;
+  EXPECT_TRUE(PagedAttentionCpu(cpu).ok());
+  PagedAttentionParams p = cpu;
+  PointAtDevice(p, dq, dout, dk, dv, dt, dqs, dctx, c.dtype);
   // Configurations: every variant with its automatic choices, then variant 11 forced to each of
   // its forms: one warpgroup with 32-token stages, with 64, and two warpgroups (its automatic
   // choice takes the first for decode and the last for prefill); then variant 13 forced to three
@@ -187,17 +187,6 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     }
   }
 
-  std::vector<float> ref(b.query.size());
-  PagedAttentionParams cpu = p;
-  cpu.query = b.query.data();
-  cpu.output = ref.data();
-  cpu.key_cache = b.key_cache.data();
-  cpu.value_cache = b.value_cache.data();
-  cpu.block_tables = b.block_tables.data();
-  cpu.query_start = b.query_start.data();
-  cpu.context_lens = b.context_lens.data();
-  cpu.dtype = DType::kF32;
-  EXPECT_TRUE(PagedAttentionCpu(cpu).ok());
 
   double worst = 0;
   for (size_t k = 0; k < outs.size(); ++k) {
@@ -434,25 +423,8 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       std::fill_n(v_dev.begin() + int64_t{slots[t]} * kv_cols, kv_cols, nan_bits);
     }
     std::vector<float> ref(b.query.size());
-    PagedAttentionParams cpu;
-    cpu.query = b.query.data();
-    cpu.query_stride = static_cast<int64_t>(sh.heads) * D;
-    cpu.output = ref.data();
-    cpu.key_cache = b.key_cache.data();
-    cpu.value_cache = b.value_cache.data();
-    cpu.block_tables = b.block_tables.data();
-    cpu.query_start = b.query_start.data();
-    cpu.context_lens = b.context_lens.data();
-    cpu.num_seqs = cpu.num_tokens = tokens;
-    cpu.num_heads = sh.heads;
-    cpu.num_kv_heads = sh.kv_heads;
-    cpu.head_dim = D;
-    cpu.block_size = sh.block_size;
-    cpu.max_blocks_per_seq = b.max_blocks_per_seq;
-    cpu.max_context_len = b.max_context_len;
+    PagedAttentionParams cpu = testing::HostParams(b, ref);
     cpu.max_query_len = 1;
-    cpu.scale = 1.0f / std::sqrt(static_cast<float>(D));
-    cpu.dtype = DType::kF32;
     ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
 
     for (int config = 0; config < 3; ++config) {
@@ -463,15 +435,8 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
                    dout(q_bits.size() * 2);
       EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);
       PagedAttentionParams p = cpu;
-      p.query = dqkv.get<void>();
+      PointAtDevice(p, dqkv, dout, dk, dv, dt, dqs, dctx, sh.dtype);
       p.query_stride = stride;
-      p.output = dout.get<void>();
-      p.key_cache = dk.get<void>();
-      p.value_cache = dv.get<void>();
-      p.block_tables = dt.get<int32_t>();
-      p.query_start = dqs.get<int32_t>();
-      p.context_lens = dctx.get<int32_t>();
-      p.dtype = sh.dtype;
       KvCacheWriteParams kv;
       kv.key = dqkv.get<uint16_t>() + sh.heads * D;
       kv.value = dqkv.get<uint16_t>() + (sh.heads + sh.kv_heads) * D;

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/paged_attention.h"
+
 namespace mqa::testing {
 
 struct SeqSpec {
@@ -82,6 +84,31 @@ inline PagedBatch MakePagedBatch(const std::vector<SeqSpec>& seqs, int num_heads
   b.query.resize(static_cast<size_t>(b.num_tokens) * num_heads * head_dim);
   for (float& x : b.query) x = normal(rng);
   return b;
+}
+
+// Attention over the batch as the CPU reference reads it: fp32, every pointer into `b`, the output
+// into `out` (num_tokens x num_heads x head_dim), scale 1 / sqrt(head_dim).
+inline PagedAttentionParams HostParams(PagedBatch& b, std::vector<float>& out) {
+  PagedAttentionParams p;
+  p.query = b.query.data();
+  p.query_stride = static_cast<int64_t>(b.num_heads) * b.head_dim;
+  p.output = out.data();
+  p.key_cache = b.key_cache.data();
+  p.value_cache = b.value_cache.data();
+  p.block_tables = b.block_tables.data();
+  p.query_start = b.query_start.data();
+  p.context_lens = b.context_lens.data();
+  p.num_seqs = static_cast<int>(b.seqs.size());
+  p.num_tokens = b.num_tokens;
+  p.num_heads = b.num_heads;
+  p.num_kv_heads = b.num_kv_heads;
+  p.head_dim = b.head_dim;
+  p.block_size = b.block_size;
+  p.max_blocks_per_seq = b.max_blocks_per_seq;
+  p.max_context_len = b.max_context_len;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  p.dtype = DType::kF32;
+  return p;
 }
 
 // Dense causal attention in double: out[t, h, d], query row j of sequence s at position

@@ -122,23 +122,7 @@ TEST(KvCacheWriteCpu, WriteThenAttendMatchesDense) {
   ASSERT_TRUE(KvCacheWriteCpu(w).ok());
 
   std::vector<float> out(b.query.size(), std::nanf(""));
-  PagedAttentionParams p;
-  p.query = b.query.data();
-  p.query_stride = heads * head_dim;
-  p.output = out.data();
-  p.key_cache = b.key_cache.data();
-  p.value_cache = b.value_cache.data();
-  p.block_tables = b.block_tables.data();
-  p.query_start = b.query_start.data();
-  p.context_lens = b.context_lens.data();
-  p.num_seqs = static_cast<int>(seqs.size());
-  p.num_tokens = b.num_tokens;
-  p.num_heads = heads;
-  p.num_kv_heads = kv_heads;
-  p.head_dim = head_dim;
-  p.block_size = block_size;
-  p.max_blocks_per_seq = b.max_blocks_per_seq;
-  p.max_context_len = b.max_context_len;
+  PagedAttentionParams p = testing::HostParams(b, out);
   p.scale = 0.25f;
   ASSERT_TRUE(PagedAttentionCpu(p).ok());
   EXPECT_LT(testing::RelativeError(out, testing::DenseCausalReference(b, p.scale)), 1e-5);

@@ -15,29 +15,6 @@ using testing::MakePagedBatch;
 using testing::PagedBatch;
 using testing::SeqSpec;
 
-PagedAttentionParams ParamsFor(PagedBatch& b, std::vector<float>& out) {
-  PagedAttentionParams p;
-  p.query = b.query.data();
-  p.query_stride = static_cast<int64_t>(b.num_heads) * b.head_dim;
-  p.output = out.data();
-  p.key_cache = b.key_cache.data();
-  p.value_cache = b.value_cache.data();
-  p.block_tables = b.block_tables.data();
-  p.query_start = b.query_start.data();
-  p.context_lens = b.context_lens.data();
-  p.num_seqs = static_cast<int>(b.seqs.size());
-  p.num_tokens = b.num_tokens;
-  p.num_heads = b.num_heads;
-  p.num_kv_heads = b.num_kv_heads;
-  p.head_dim = b.head_dim;
-  p.block_size = b.block_size;
-  p.max_blocks_per_seq = b.max_blocks_per_seq;
-  p.max_context_len = b.max_context_len;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
-  p.dtype = DType::kF32;
-  return p;
-}
-
 struct Shape {
   int num_heads, num_kv_heads, head_dim, block_size;
 };
@@ -60,7 +37,7 @@ TEST_P(PagedAttentionCpuTest, MatchesDenseCausalOnMixedBatch) {
   PagedBatch b =
       MakePagedBatch(seqs, sh.num_heads, sh.num_kv_heads, sh.head_dim, sh.block_size, rng);
   std::vector<float> out(b.query.size(), std::nanf(""));
-  PagedAttentionParams p = ParamsFor(b, out);
+  PagedAttentionParams p = testing::HostParams(b, out);
   ASSERT_TRUE(PagedAttentionCpu(p).ok());
   const std::vector<double> ref = testing::DenseCausalReference(b, p.scale);
   for (size_t i = 0; i < out.size(); ++i) {
@@ -86,7 +63,7 @@ TEST(PagedAttentionCpu, QueryStrideLargerThanRowIsHonoured) {
               wide.begin() + t * stride);
   }
   std::vector<float> out(b.query.size(), std::nanf(""));
-  PagedAttentionParams p = ParamsFor(b, out);
+  PagedAttentionParams p = testing::HostParams(b, out);
   p.query = wide.data();
   p.query_stride = stride;
   ASSERT_TRUE(PagedAttentionCpu(p).ok());
@@ -97,7 +74,7 @@ TEST(PagedAttentionCpu, RejectsBadParameters) {
   std::mt19937 rng(5);
   PagedBatch b = MakePagedBatch({{10, 2}, {4, 1}}, 4, 2, 8, 8, rng);
   std::vector<float> out(b.query.size());
-  const PagedAttentionParams good = ParamsFor(b, out);
+  const PagedAttentionParams good = testing::HostParams(b, out);
   ASSERT_TRUE(PagedAttentionCpu(good).ok());
 
   auto expect_invalid = [](const PagedAttentionParams& p, const char* what) {
