@@ -1202,7 +1202,8 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
         const int tma_ctas =
             tuning.hopper_tma_ctas > 0 ? tuning.hopper_tma_ctas : hopper::kTmaDefaultCtas;
         const int resident = std::max(ResidentCtas<T, D, WM, WN, false>(),
-                                      tuning.variant == 13 ? tma_ctas : 0);
+                                      tuning.variant == 13 || tuning.variant == 14 ? tma_ctas
+                                                                                    : 0);
         const Plan plan = MakePlan(p, tuning, resident, SIZE_MAX);
         bytes = plan.num_splits > 1 ? plan.num_splits * BytesPerSplit(p) + 256 +
                                           CounterBytes(p, tuning, plan.row_tiles)
@@ -1247,6 +1248,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const int64_t max_rows = MaxRows(p);
         bool hopper = false;
         hopper::Config hcfg;
+        // 14 is 13 with the fused KV write.
+        const bool fuse_requested = tuning.fuse_kv_write || variant == 14;
+        if (variant == 14) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
@@ -1311,7 +1315,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // rows), else launched first.
         bool fuse_kv = false;
         if constexpr (D == 64 || D == 128) {
-          fuse_kv = tuning.fuse_kv_write && tuning.hopper_tma_ctas == 0 && kv_write != nullptr &&
+          fuse_kv = fuse_requested && tuning.hopper_tma_ctas == 0 && kv_write != nullptr &&
                     hopper && hcfg.tma_kernel != nullptr &&
                     p.max_query_len == 1 && kv_write->key_stride % 8 == 0 &&
                     kv_write->value_stride % 8 == 0 &&

@@ -76,6 +76,8 @@ struct PagedAttentionTuning {
   //     mbarrier stages instead of the consumers' cp.async and a CTA barrier every tile
   //     (ATTENTION_NOTES.md version 18), where a split is at most 512 tokens (measured faster
   //     there; with hopper_tma_ctas set, at any length); other shapes run as 11.
+  // 14: 13 with fuse_kv_write (PagedAttentionCuda's kv_write done by the TMA kernel), so that
+  //     benchmarks and the HF parity test can switch it by variant; not yet verified on a GPU.
   // Default 13, the model's (GptBigCodeOptions::attention_variant): the fastest at the decode
   // shapes of attention_bench's variant table with splits of at most 512 tokens, and 11 elsewhere
   // (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us, 11 / 13: 64 x 2048 29.16
@@ -106,7 +108,7 @@ struct PagedAttentionTuning {
   bool fuse_kv_write = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 14;
+inline constexpr int kNumPagedAttentionVariants = 15;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -124,6 +126,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 11 ? "hopper"
          : v == 12 ? "hopper-decode"
          : v == 13 ? "hopper-tma"
+         : v == 14 ? "hopper-tma+kvw"
                    : "?";
 }
 

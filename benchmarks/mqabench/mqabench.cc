@@ -27,7 +27,9 @@
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
 //     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6: 5
 //     for few short splits, else 3; 9: 6 with early KV copies and the cluster merge for grids of
-//     at most one CTA per SM; 11, the default: the wgmma kernel, 9 for shapes it does not take).
+//     at most one CTA per SM; 11: the wgmma kernel, 9 for shapes it does not take; 13, the
+//     default: 11 with TMA copies on short decode splits; 14: 13 with the KV-cache write fused
+//     into its TMA kernel).
 //     --attn-wm: PagedAttentionTuning::warps_m of the model's attention (0: automatic; 1, 2, 3, 4
 //     or 8 force that decode layout), a comma list gives one row each.
 //     --attn-splits: PagedAttentionTuning::num_splits of the model's attention (0: automatic),
