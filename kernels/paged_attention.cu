@@ -83,9 +83,10 @@ struct KernelArgs {
   // launch, no counters).
   bool cluster_merge = false;
   // Variant 13's TMA kernel with a fused KV-cache write (decode: one query token a sequence):
-  // the sequence's last split takes its new K / V row from here (token t, KV head g at new_key +
-  // t * new_key_stride + g * head_dim), uses it for the last tile and writes it to the caches at
-  // slot_mapping[t] (< 0: not written). Null: the rows are in the cache already.
+  // the split holding the sequence's last position takes its new K / V row from here (token t,
+  // KV head g at new_key + t * new_key_stride + g * head_dim), uses it for the last tile and
+  // writes it to the caches at slot_mapping[t] (< 0: not written). Null: the rows are in the
+  // cache already.
   const void* new_key = nullptr;
   const void* new_value = nullptr;
   int64_t new_key_stride = 0;
@@ -1311,16 +1312,29 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             }
           }
         }
-        // The KV write: fused into the TMA kernel for a decode batch (tuning.fuse_kv_write, 16-byte
-        // rows), else launched first.
+        // Variant 13's tensor maps over the K and V caches; without them (no driver entry point,
+        // a map rejected) it runs 11's kernel on the same plan.
+        CUtensorMap maps[2];
         bool fuse_kv = false;
         if constexpr (D == 64 || D == 128) {
+          if (hopper && hcfg.tma_kernel != nullptr &&
+              !(EncodeKvCacheMap(&maps[0], p.key_cache, p.dtype, p.num_kv_heads * D) &&
+                EncodeKvCacheMap(&maps[1], p.value_cache, p.dtype, p.num_kv_heads * D))) {
+            hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();
+          }
+          // The KV write: fused into the TMA kernel for a decode batch (tuning.fuse_kv_write,
+          // 16-byte rows; the fused instantiation exists for the automatic two CTAs an SM, same
+          // plan), else launched first.
           fuse_kv = fuse_requested && tuning.hopper_tma_ctas == 0 && kv_write != nullptr &&
                     hopper && hcfg.tma_kernel != nullptr &&
                     p.max_query_len == 1 && kv_write->key_stride % 8 == 0 &&
                     kv_write->value_stride % 8 == 0 &&
                     reinterpret_cast<uintptr_t>(kv_write->key) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(kv_write->value) % 16 == 0;
+          if (fuse_kv) {
+            static_assert(hopper::kTmaDefaultCtas == 2, "the fused form is instantiated for two");
+            hcfg = hopper::MakeTmaConfig<T, D, 2, true>();
+          }
         }
         if (kv_write != nullptr && !fuse_kv) {
           RETURN_IF_ERROR(KvCacheWriteCuda(*kv_write, stream, tuning.pdl));
@@ -1402,20 +1416,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                                         : PagedAttentionKernel<T, D, WM, WN, false>;
         unsigned threads = S::kThreads;
         size_t smem_bytes = S::kSmemBytes;
-        CUtensorMap maps[2];  // variant 13: K and V
         if constexpr (D == 64 || D == 128) {
-          if (hopper && hcfg.tma_kernel != nullptr &&
-              !(EncodeKvCacheMap(&maps[0], p.key_cache, p.dtype, p.num_kv_heads * D) &&
-                EncodeKvCacheMap(&maps[1], p.value_cache, p.dtype, p.num_kv_heads * D))) {
-            hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();  // no driver entry point
-            if (fuse_kv) RETURN_IF_ERROR(KvCacheWriteCuda(*kv_write, stream, tuning.pdl));
-            fuse_kv = false;
-          }
           if (fuse_kv) {
-            // The fused instantiation (two CTAs an SM: fuse_kv_write is taken with the automatic
-            // form only), same plan.
-            static_assert(hopper::kTmaDefaultCtas == 2, "the fused form is instantiated for two");
-            hcfg = hopper::MakeTmaConfig<T, D, 2, true>();
             a.new_key = kv_write->key;
             a.new_value = kv_write->value;
             a.new_key_stride = kv_write->key_stride;
