@@ -27,9 +27,9 @@
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
 //     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6: 5
 //     for few short splits, else 3; 9: 6 with early KV copies and the cluster merge for grids of
-//     at most one CTA per SM; 11: the wgmma kernel, 9 for shapes it does not take; 13, the
-//     default: 11 with TMA copies on short decode splits; 14: 13 with the KV-cache write fused
-//     into its TMA kernel).
+//     at most one CTA per SM; 11: the wgmma kernel, 9 for shapes it does not take; 13: 11 with
+//     TMA copies on short decode splits; 14, the default: 13 with the decode step's KV-cache
+//     write fused into its TMA kernel).
 //     --attn-wm: PagedAttentionTuning::warps_m of the model's attention (0: automatic; 1, 2, 3, 4
 //     or 8 force that decode layout), a comma list gives one row each.
 //     --attn-splits: PagedAttentionTuning::num_splits of the model's attention (0: automatic),
@@ -95,7 +95,7 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
-  std::string attn = "13";  // comma list of PagedAttentionTuning variants (13: the runner's default)
+  std::string attn = "14";  // comma list of PagedAttentionTuning variants (14: the runner's default)
   std::string skip = "none";  // comma list of op sets left out (timing only)
   std::string attn_wm = "0";  // comma list of attention warps_m (0: automatic)
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
@@ -289,8 +289,9 @@ struct Setup {
 };
 
 // --prefetch: "A" or "A/L" (KiB, >= 0) per comma-separated row.
-absl::StatusOr<std::vector<std::pair<int, int>>> PrefetchRows(const std::string& list) {
-  std::vector<std::pair<int, int>> rows;
+using PrefetchList = std::vector<std::pair<int, int>>;
+absl::StatusOr<PrefetchList> PrefetchRows(const std::string& list) {
+  PrefetchList rows;
   for (absl::string_view v : absl::StrSplit(list, ',')) {
     const std::vector<absl::string_view> parts = absl::StrSplit(v, '/');
     int a = 0, l = 0;
@@ -331,7 +332,7 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   o.skinny_gemm = f.gemm != "cublaslt";
   o.gemm_autotune = f.autotune == "on" || f.autotune == "decode";
   o.gemm_autotune_max_m = f.autotune == "decode" ? kDecodeAutotuneMaxM : 0;
-  ASSIGN_OR_RETURN(const std::vector<std::pair<int, int>> prefetch, PrefetchRows(f.prefetch));
+  ASSIGN_OR_RETURN(const PrefetchList prefetch, PrefetchRows(f.prefetch));
   o.l2_prefetch_attention_kib = prefetch[0].first;
   o.l2_prefetch_ln_kib = prefetch[0].second;
   ASSIGN_OR_RETURN(s.runner, GptBigCodeRunner::Create(std::move(w), s.collectives.get(), o));
@@ -442,7 +443,7 @@ absl::Status Latency(const Flags& f) {
   ASSIGN_OR_RETURN(const std::vector<int> tn_rows,
                    int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
                             [](int n) { return n == 0 || n == 32 || n == 64; }));
-  ASSIGN_OR_RETURN(const std::vector<std::pair<int, int>> prefetch_rows, PrefetchRows(f.prefetch));
+  ASSIGN_OR_RETURN(const PrefetchList prefetch_rows, PrefetchRows(f.prefetch));
   struct Run {
     std::string variant, fast, autotune, small, async;
     int attn = 3;
