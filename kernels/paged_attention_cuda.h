@@ -76,14 +76,16 @@ struct PagedAttentionTuning {
   //     mbarrier stages instead of the consumers' cp.async and a CTA barrier every tile
   //     (ATTENTION_NOTES.md version 18), where a split is at most 512 tokens (measured faster
   //     there; with hopper_tma_ctas set, at any length); other shapes run as 11.
-  // 14: 13 with fuse_kv_write (PagedAttentionCuda's kv_write done by the TMA kernel), so that
-  //     benchmarks and the HF parity test can switch it by variant; not yet verified on a GPU.
-  // Default 13, the model's (GptBigCodeOptions::attention_variant): the fastest at the decode
+  // 14: 13 with fuse_kv_write (PagedAttentionCuda's kv_write done by the TMA kernel; without a
+  //     kv_write, 13).
+  // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
+  // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
+  // fastest at the decode
   // shapes of attention_bench's variant table with splits of at most 512 tokens, and 11 elsewhere
   // (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us, 11 / 13: 64 x 2048 29.16
   // / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04; BENCHMARKS.md). 11 was the default
   // from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal 4096 prefill 618 vs 989), 3 before.
-  int variant = 13;
+  int variant = 14;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
   // kernel's tail. The previous kernel must not write the step metadata (query_start,

@@ -135,8 +135,11 @@ struct GptBigCodeOptions {
   // 1.0846 s, SantaCoder b1 0.1539 -> 0.1350 s, StarCoder b32 2.0035 -> 1.9596 s. 13 = 11 with
   // TMA copies by a producer warp on decode splits of at most 512 tokens: the default since the
   // H200 runs of 2026-12-03 ~17:30-17:50 UTC (3-6% faster than 11 at 64 x 2048, 1 x 8192 and
-  // 32 x 576 in isolation; end to end equal within 0.3%).
-  int attention_variant = 13;
+  // 32 x 576 in isolation; end to end equal within 0.3%). 14 = 13 with the decode step's KV-cache
+  // write fused into the TMA kernel (the model hands it its write): the default since the H200 run
+  // of 2026-12-03 ~19:25 UTC, side by side with 13: StarCoder b32 1.9410 -> 1.9387 s (and 1.9535
+  // -> 1.9362), b1 1.0844 -> 1.0781 s, SantaCoder b1 0.1363 -> 0.1318 s.
+  int attention_variant = 14;
   // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).
