@@ -21,15 +21,13 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) LayerNormKernel(const T* __restrict__ in, T* out,
                                                             const T* __restrict__ weight,
                                                             const T* __restrict__ bias, int cols,
-                                                            float epsilon,
-                                                            const L2PrefetchHint prefetch) {
+                                                            float epsilon) {
   __shared__ float scratch[33];
   using V = fwd::Vec16<T>;
   const int64_t row = blockIdx.x;
   const T* x = in + row * cols;
   T* y = out + row * cols;
   const int groups = cols / kVec;
-  IssueL2Prefetch(prefetch, threadIdx.x, kThreads);  // constant weights: before the PDL wait
   // PDL: nothing before this reads the previous kernel's output (kernels/forward_cuda_common.cuh).
   fwd::PdlWait();
   fwd::PdlTrigger();
@@ -86,8 +84,7 @@ constexpr int kMaxVecsPerThread = 4;
 template <typename T, int kN>
 __global__ void __launch_bounds__(kMaxRegThreads)
     LayerNormRegistersKernel(const T* in, T* out, const T* __restrict__ weight,
-                             const T* __restrict__ bias, int groups, float epsilon,
-                             const L2PrefetchHint prefetch) {
+                             const T* __restrict__ bias, int groups, float epsilon) {
   using V = fwd::Vec16<T>;
   constexpr int kVec = V::kN;
   __shared__ float warp_sum[32], warp_m2[32], warp_count[32];
@@ -105,7 +102,6 @@ __global__ void __launch_bounds__(kMaxRegThreads)
       b[i] = reinterpret_cast<const V*>(bias)[g];
     }
   }
-  IssueL2Prefetch(prefetch, tid, threads);
   // PDL: nothing before this reads the previous kernel's output (kernels/forward_cuda_common.cuh).
   fwd::PdlWait();
   fwd::PdlTrigger();
@@ -219,13 +215,12 @@ absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream, bool p
                                : shape.vecs_per_thread == 2 ? LayerNormRegistersKernel<T, 2>
                                                             : LayerNormRegistersKernel<T, 4>;
       CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl, registers_kernel, grid, dim3(shape.threads),
-                                               stream, in, out, w, b, cols / kVec, p.epsilon,
-                                               p.l2_prefetch));
+                                               stream, in, out, w, b, cols / kVec, p.epsilon));
       return absl::OkStatus();
     }
     CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(
         pdl, vec ? LayerNormKernel<T, kVec> : LayerNormKernel<T, 1>, grid, dim3(kThreads), stream,
-        in, out, w, b, cols, p.epsilon, p.l2_prefetch));
+        in, out, w, b, cols, p.epsilon));
     return absl::OkStatus();
   });
 }

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/l2_prefetch.h"
 #include "runtime/dtype.h"
 
 namespace mqa {
@@ -22,9 +21,6 @@ struct LayerNormParams {
   int64_t cols = 0;
   float epsilon = 1e-5f;
   DType dtype = DType::kF32;  // of all four arrays
-  // CUDA, a hint (kernels/l2_prefetch.h): the next GEMM's weight rows, fetched into L2 while the
-  // layer norm runs. Ignored by the CPU.
-  L2PrefetchHint l2_prefetch;
 };
 
 // fp32 only; statistics accumulated in double. InvalidArgument for other dtypes, null pointers

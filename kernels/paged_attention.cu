@@ -92,8 +92,6 @@ struct KernelArgs {
   int64_t new_key_stride = 0;
   int64_t new_value_stride = 0;
   const int32_t* slot_mapping = nullptr;
-  // PagedAttentionParams::l2_prefetch (the wgmma and TMA kernels issue it).
-  L2PrefetchHint l2_prefetch;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
@@ -1369,7 +1367,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.num_splits = plan.num_splits;
         a.chunk = plan.chunk;
         a.scale_log2 = p.scale * static_cast<float>(M_LOG2E);
-        a.l2_prefetch = p.l2_prefetch;
         a.variant = variant;
         a.narrow_partials = variant >= 3;
         a.early_kv = early_kv;

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/l2_prefetch.h"
 #include "runtime/dtype.h"
 
 namespace mqa {
@@ -41,10 +40,6 @@ struct PagedAttentionParams {
   int max_query_len = 0;
   float scale = 1.0f;
   DType dtype = DType::kF32;  // of query, output and caches
-  // CUDA, a hint (kernels/l2_prefetch.h): the next GEMM's weight rows, fetched into L2 while the
-  // attention runs. Taken by variants 11 and 13 (their wgmma and TMA kernels); ignored by the
-  // other variants and the CPU.
-  L2PrefetchHint l2_prefetch;
 };
 
 // The reference: fp32 only, one thread, straightforward loops. InvalidArgument for bad

@@ -263,9 +263,6 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   for (int i = tid; i < a.table_blocks; i += kThreads) {
     table_s[i] = table[min(first_block + i, a.max_blocks_per_seq - 1)];
   }
-  // The next GEMM's weights into L2 (every CTA, those with no work too): constant data, so
-  // before the PDL wait.
-  if (warp == 0) IssueL2Prefetch(a.l2_prefetch, lane, 32);
   const int q_begin = a.query_start[seq];
   const int q_len = a.query_start[seq + 1] - q_begin;
   const int ctx = a.context_lens[seq];
@@ -416,8 +413,6 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   for (int i = tid; i < a.table_blocks; i += kConsumers + 32) {
     table_s[i] = table[min(w.first_block + i, a.max_blocks_per_seq - 1)];
   }
-  // The next GEMM's weights into L2, by the producer warp (every CTA, those with no work too).
-  if (warp == kConsumers / 32) IssueL2Prefetch(a.l2_prefetch, lane, 32);
   if (w.num_tiles == 0) return;
   const int kv_begin = w.kv_begin, kv_stop = w.kv_stop, num_tiles = w.num_tiles;
   if (tid == 0) {

@@ -516,14 +516,13 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     if (!st.ok() && !absl::IsUnimplemented(st)) return st;
     qkv_fused = st.ok();
   }
-  const size_t elem = DTypeSize(dtype_);
   if (!qkv_fused) {
-    ln.l2_prefetch = WeightPrefixHint(L.c_attn_w.raw(), qkv_cols_, embd_, elem, prefetch_ln_bytes_);
     RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
   }
 
   // qkv rows: [Q: heads * D | K: kv_heads * D | V: kv_heads * D].
+  const size_t elem = DTypeSize(dtype_);
   const char* qkv = static_cast<const char*>(qkv_.raw());
   KvCacheWriteParams kv;
   kv.key = qkv + heads_ * D * elem;
@@ -559,8 +558,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
-  att.l2_prefetch =
-      WeightPrefixHint(L.c_proj_w.raw(), embd_, heads_ * D, elem, prefetch_attention_bytes_);
   // The KV write, unless the QKV GEMM did it. Attention variant 14 (13 with the write fused into
   // its TMA kernel; not yet verified on a GPU) takes it with the attention; otherwise it is
   // launched here.
@@ -606,7 +603,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     fc_fused = st.ok();
   }
   if (!fc_fused) {
-    ln.l2_prefetch = WeightPrefixHint(L.c_fc_w.raw(), inner_, embd_, elem, prefetch_ln_bytes_);
     RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, fc));
   }
@@ -668,8 +664,6 @@ absl::Status GptBigCode::LogitsRows(const StepIndices& idx) {
     const absl::Status st = FusedLinear(ctx_, fused, f);
     if (!absl::IsUnimplemented(st)) return st;
   }
-  ln.l2_prefetch = WeightPrefixHint(w_.lm_head.raw(), vocab_shard_, embd_, DTypeSize(dtype_),
-                                   prefetch_ln_bytes_);
   RETURN_IF_ERROR(LayerNorm(ctx_, ln));
   return Gemm(ctx_, gemm);
 }

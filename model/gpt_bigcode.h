@@ -144,12 +144,6 @@ struct GptBigCodeOptions {
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).
   bool gemm_deep_unroll = true;
-  // L2 weight prefetch (kernels/l2_prefetch.h; mqabench --prefetch): while the attention runs,
-  // the c_proj weight's first bytes are fetched into L2, an equal prefix of every row, this many
-  // KiB in all (0: off); l2_prefetch_ln_kib likewise for the GEMM after each separately launched
-  // layer norm (QKV after ln_1, c_fc after ln_2, lm_head after ln_f).
-  int l2_prefetch_attention_kib = 0;
-  int l2_prefetch_ln_kib = 0;
 };
 
 class GptBigCode {
@@ -213,9 +207,6 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll; no-op
   // on the CPU. Drops captured graphs.
   void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll);
-  // Benchmarks switch GptBigCodeOptions::l2_prefetch_attention_kib / l2_prefetch_ln_kib; no-op on
-  // the CPU. Drops captured graphs.
-  void set_l2_prefetch(int attention_kib, int ln_kib);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.
@@ -304,8 +295,6 @@ class GptBigCode {
   int64_t vocab_shard_ = 0;
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
   bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
-  // GptBigCodeOptions::l2_prefetch_attention_kib / l2_prefetch_ln_kib in bytes (CUDA only).
-  int64_t prefetch_attention_bytes_ = 0, prefetch_ln_bytes_ = 0;
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;
   Tensor hidden_;  // [tokens, E]: the residual stream

@@ -164,13 +164,6 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_l2_prefetch(int attention_kib, int ln_kib) {
-  if (!cuda_) return;
-  prefetch_attention_bytes_ = int64_t{attention_kib} * 1024;
-  prefetch_ln_bytes_ = int64_t{ln_kib} * 1024;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
@@ -245,8 +238,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.pdl = options.pdl;
   cuda_->gemm->set_pdl(options.pdl);
   fuse_ = options.fuse_small_kernels;
-  prefetch_attention_bytes_ = int64_t{options.l2_prefetch_attention_kib} * 1024;
-  prefetch_ln_bytes_ = int64_t{options.l2_prefetch_ln_kib} * 1024;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -571,7 +562,6 @@ GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
-void GptBigCode::set_l2_prefetch(int, int) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}

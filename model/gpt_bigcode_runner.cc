@@ -53,8 +53,6 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.fuse_small_kernels = options.fuse_small_kernels;
   model_options.gemm_autotune = options.gemm_autotune;
   model_options.gemm_autotune_max_m = options.gemm_autotune_max_m;
-  model_options.l2_prefetch_attention_kib = options.l2_prefetch_attention_kib;
-  model_options.l2_prefetch_ln_kib = options.l2_prefetch_ln_kib;
   model_options.ln_registers = options.ln_registers;
   model_options.greedy_cluster = options.greedy_cluster;
   model_options.gemm_split_k = options.gemm_split_k;

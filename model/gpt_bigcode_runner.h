@@ -43,8 +43,6 @@ struct GptBigCodeRunnerOptions {
   bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
   bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
   int gemm_autotune_max_m = 0;      // GptBigCodeOptions::gemm_autotune_max_m
-  int l2_prefetch_attention_kib = 0;  // GptBigCodeOptions::l2_prefetch_attention_kib
-  int l2_prefetch_ln_kib = 0;         // GptBigCodeOptions::l2_prefetch_ln_kib
   bool ln_registers = true;         // GptBigCodeOptions::ln_registers
   bool greedy_cluster = true;       // GptBigCodeOptions::greedy_cluster
   bool gemm_split_k = false;        // GptBigCodeOptions::gemm_split_k

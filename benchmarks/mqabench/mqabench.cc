@@ -6,7 +6,7 @@
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|decode|both|LIST]
 //       [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
-//       [--attn-tn 0[,32,64]] [--prefetch ATTN[/LN][,...]]
+//       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
@@ -36,10 +36,6 @@
 //     for every attention call of the run (prefill too); a comma list gives one row each.
 //     --attn-tn: PagedAttentionTuning::hopper_tile_tokens (variant 11's KV tokens a stage; 0:
 //     automatic, 32 for decode and 64 for prefill; 32 or 64 force it for every call), one row each.
-//     --prefetch: GptBigCodeOptions::l2_prefetch_attention_kib and l2_prefetch_ln_kib (the next
-//     GEMM's weights fetched into L2 during the attention / each layer norm, KiB in all; "A"
-//     alone leaves the layer norms' at 0), a comma list gives one row each; throughput takes the
-//     first.
 //     --skip: a comma list of rows, each "none" or a '+'-joined set of ln, kvw, attn, gemm, act:
 //     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
 //     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
@@ -100,7 +96,6 @@ struct Flags {
   std::string attn_wm = "0";  // comma list of attention warps_m (0: automatic)
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
   std::string attn_tn = "0";  // comma list of variant 11's KV tokens a stage (0: automatic)
-  std::string prefetch = "0";  // comma list of L2 weight prefetch budgets, KiB: ATTN[/LN]
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -152,8 +147,6 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.attn_splits, value());
     } else if (a == "--attn-tn") {
       ASSIGN_OR_RETURN(f.attn_tn, value());
-    } else if (a == "--prefetch") {
-      ASSIGN_OR_RETURN(f.prefetch, value());
     } else if (a == "--attn-wm") {
       ASSIGN_OR_RETURN(f.attn_wm, value());
     } else if (a == "--skip") {
@@ -288,23 +281,6 @@ struct Setup {
   double copy_bw = 0;
 };
 
-// --prefetch: "A" or "A/L" (KiB, >= 0) per comma-separated row.
-using PrefetchList = std::vector<std::pair<int, int>>;
-absl::StatusOr<PrefetchList> PrefetchRows(const std::string& list) {
-  PrefetchList rows;
-  for (absl::string_view v : absl::StrSplit(list, ',')) {
-    const std::vector<absl::string_view> parts = absl::StrSplit(v, '/');
-    int a = 0, l = 0;
-    if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &a) || a < 0 ||
-        (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &l) || l < 0))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--prefetch ", list, ": a comma list of ATTN_KIB or ATTN_KIB/LN_KIB"));
-    }
-    rows.emplace_back(a, l);
-  }
-  return rows;
-}
-
 absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_tokens,
                                 int64_t max_rows) {
   Setup s;
@@ -332,9 +308,6 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   o.skinny_gemm = f.gemm != "cublaslt";
   o.gemm_autotune = f.autotune == "on" || f.autotune == "decode";
   o.gemm_autotune_max_m = f.autotune == "decode" ? kDecodeAutotuneMaxM : 0;
-  ASSIGN_OR_RETURN(const PrefetchList prefetch, PrefetchRows(f.prefetch));
-  o.l2_prefetch_attention_kib = prefetch[0].first;
-  o.l2_prefetch_ln_kib = prefetch[0].second;
   ASSIGN_OR_RETURN(s.runner, GptBigCodeRunner::Create(std::move(w), s.collectives.get(), o));
   std::printf("# KV bytes per token %lld (%.1f KiB), %d blocks of %d\n",
               (long long)s.runner->kv_bytes_per_token(), s.runner->kv_bytes_per_token() / 1024.0,
@@ -443,7 +416,6 @@ absl::Status Latency(const Flags& f) {
   ASSIGN_OR_RETURN(const std::vector<int> tn_rows,
                    int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
                             [](int n) { return n == 0 || n == 32 || n == 64; }));
-  ASSIGN_OR_RETURN(const PrefetchList prefetch_rows, PrefetchRows(f.prefetch));
   struct Run {
     std::string variant, fast, autotune, small, async;
     int attn = 3;
@@ -451,7 +423,6 @@ absl::Status Latency(const Flags& f) {
     int wm = 0;
     int splits = 0;
     int tn = 0;
-    std::pair<int, int> prefetch;
   };
   std::vector<Run> runs;
   for (const std::string& v : variants) {
@@ -463,11 +434,7 @@ absl::Status Latency(const Flags& f) {
               for (const auto& x : skips) {
                 for (int w : wms) {
                   for (int n : split_rows) {
-                    for (int tn : tn_rows) {
-                      for (const auto& pf : prefetch_rows) {
-                        runs.push_back({v, k, a, m, y, t, x, w, n, tn, pf});
-                      }
-                    }
+                    for (int tn : tn_rows) runs.push_back({v, k, a, m, y, t, x, w, n, tn});
                   }
                 }
               }
@@ -479,10 +446,8 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits, tn, prefetch] :
-       runs) {
+  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits, tn] : runs) {
     r.model().set_attention(attn, wm, splits, tn);
-    r.model().set_l2_prefetch(prefetch.first, prefetch.second);
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
     auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
@@ -590,12 +555,12 @@ absl::Status Latency(const Flags& f) {
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), L2 "
-                "prefetch %d/%d KiB, skip %s, cuda graphs %s\n",
+                "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), skip "
+                "%s, cuda graphs %s\n",
                 f.model.c_str(), f.batch_size, f.input_len, f.output_len,
                 std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
                 autotune.c_str(), small.c_str(), async.c_str(), attn, wm, splits, tn,
-                prefetch.first, prefetch.second, skip.first.c_str(), f.cuda_graphs ? "on" : "off");
+                skip.first.c_str(), f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());

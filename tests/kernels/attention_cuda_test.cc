@@ -113,9 +113,8 @@ void PointAtDevice(PagedAttentionParams& p, const DeviceBuffer& query, const Dev
 }
 
 // Runs the CUDA kernel, every decode-path variant (PagedAttentionTuning::variant) twice on one
-// zeroed workspace (variant 2 must leave its counters reset; the second run with pdl and an L2
-// prefetch hint over a 4 MiB buffer, which must change nothing), and the CPU reference on the
-// same rounded inputs; returns the worst relative error.
+// zeroed workspace (variant 2 must leave its counters reset; the second run with pdl), and the CPU reference on the same
+// rounded inputs; returns the worst relative error.
 double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   PagedBatch b =
       testing::MakePagedBatch(c.seqs, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size, rng);
@@ -163,10 +162,6 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     if (k == kNumPagedAttentionVariants + 3) name += ", three CTAs an SM";
     return name + ")";
   };
-  DeviceBuffer prefetched(4 << 20);
-  const L2PrefetchHint hint =
-      WeightPrefixHint(prefetched.get<void>(), 1024, 2048, 2, 2 << 20);  // 2 KiB of each 4 KiB row
-  EXPECT_EQ(hint.bytes, 2048);
   std::vector<std::vector<uint16_t>> outs;  // [config * 2 + run]
   for (int config = 0; config < kConfigs; ++config) {
     const int variant = config_variant(config);
@@ -184,9 +179,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     for (int run = 0; run < 2; ++run) {
       tuning.pdl = run == 1;  // the second run as a programmatic dependent launch
       EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
-      PagedAttentionParams pr = p;
-      if (run == 1) pr.l2_prefetch = hint;
-      const absl::Status st = PagedAttentionCuda(pr, nullptr, ws.get<void>(), ws_bytes, tuning);
+      const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
       EXPECT_TRUE(st.ok()) << st << " variant " << variant;
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "variant " << variant;
       EXPECT_EQ(cudaGetLastError(), cudaSuccess);

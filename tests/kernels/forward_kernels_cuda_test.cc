@@ -51,11 +51,7 @@ TEST_P(ForwardKernels, LayerNormMatchesCpu) {
       p.rows = rows;
       p.cols = cols;
       p.dtype = t;
-      // In place also as a PDL launch right after the upload (a real stream, then synchronised),
-      // with an L2 prefetch hint (2 KiB of each of 256 rows) that must change nothing.
-      DeviceMem prefetched(1 << 20);
-      if (in_place) p.l2_prefetch = WeightPrefixHint(prefetched.get(), 256, 2048, 2, 512 << 10);
-      ASSERT_EQ(p.l2_prefetch.bytes, in_place ? 2048 : 0);
+      // In place also as a PDL launch right after the upload (a real stream, then synchronised).
       cudaStream_t stream = nullptr;
       if (in_place) ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
       ASSERT_TRUE(LayerNormCuda(p, stream, /*pdl=*/in_place).ok());
@@ -130,12 +126,8 @@ TEST_P(ForwardKernels, LayerNormRegistersMatchesCpu) {
           p.output = in_place ? dx->get() : out.get();
           cudaStream_t stream = nullptr;
           if (in_place) ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-          DeviceMem prefetched(1 << 20);  // in place: with an L2 prefetch hint, as above
-          p.l2_prefetch = in_place ? WeightPrefixHint(prefetched.get(), 256, 2048, 2, 512 << 10)
-                                   : L2PrefetchHint{};
           ASSERT_TRUE(
               LayerNormCuda(p, stream, /*pdl=*/in_place, LayerNormCudaKernel::kRegisters).ok());
-          p.l2_prefetch = {};
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           if (stream) cudaStreamDestroy(stream);
           const auto got = Widen((in_place ? *dx : out).Download<uint16_t>(), t);

@@ -4,7 +4,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/gemm.h"
-#include "kernels/l2_prefetch.h"
 
 namespace mqa {
 namespace {
@@ -62,32 +61,6 @@ TEST_P(GemmCpuTest, MatchesDoubleReferenceWithStridesAlphaBeta) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmCpuTest,
                          ::testing::Values(Shape{1, 1, 1}, Shape{1, 67, 48}, Shape{17, 5, 129},
                                            Shape{33, 96, 64}));
-
-// The L2 prefetch hint for a GEMM's weight (kernels/l2_prefetch.h): the budget as an equal,
-// 16-byte-rounded prefix of every row, capped at the row; none when that prefix would be under
-// 256 bytes and not the whole row, or the rows are misaligned.
-TEST(WeightPrefixHint, SpreadsTheBudgetOverEveryRow) {
-  alignas(16) static char weight[16];
-  // StarCoder's c_proj: 6144 rows of 12 KiB, 24 MiB -> 4 KiB of each row.
-  L2PrefetchHint h = WeightPrefixHint(weight, 6144, 6144, 2, 24 << 20);
-  EXPECT_EQ(h.base, weight);
-  EXPECT_EQ(h.rows, 6144);
-  EXPECT_EQ(h.stride, 12288);
-  EXPECT_EQ(h.bytes, 4096);
-  // c_fc: 24576 rows, 24 MiB -> 1 KiB a row; 1000 rows of 1 KiB with 3 MB -> the whole row.
-  EXPECT_EQ(WeightPrefixHint(weight, 24576, 6144, 2, 24 << 20).bytes, 1024);
-  EXPECT_EQ(WeightPrefixHint(weight, 1000, 512, 2, 3000000).bytes, 1024);
-  // Rounded down to 16 bytes: 1 MB over 3000 rows of 4 KiB is 333.3 -> 320.
-  EXPECT_EQ(WeightPrefixHint(weight, 3000, 2048, 2, 1000000).bytes, 320);
-  // Short rows (the test models): whole rows of 128 bytes.
-  EXPECT_EQ(WeightPrefixHint(weight, 100, 64, 2, 8 << 20).bytes, 128);
-  // None: no budget, a prefix under 256 bytes, rows not 16-byte multiples, misaligned base.
-  EXPECT_EQ(WeightPrefixHint(weight, 6144, 6144, 2, 0).bytes, 0);
-  EXPECT_EQ(WeightPrefixHint(weight, 49152, 6144, 2, 8 << 20).bytes, 0);
-  EXPECT_EQ(WeightPrefixHint(weight, 100, 6145, 2, 8 << 20).bytes, 0);
-  EXPECT_EQ(WeightPrefixHint(weight + 8, 100, 6144, 2, 8 << 20).bytes, 0);
-  EXPECT_EQ(WeightPrefixHint(weight + 8, 100, 6144, 2, 8 << 20).base, nullptr);
-}
 
 TEST(GemmCpuErrors, RejectsShortStride) {
   std::vector<float> x(16, 1.0f);
