@@ -78,6 +78,9 @@ struct PagedAttentionTuning {
   //     there; with hopper_tma_ctas set, at any length); other shapes run as 11.
   // 14: 13 with fuse_kv_write (PagedAttentionCuda's kv_write done by the TMA kernel; without a
   //     kv_write, 13).
+  // 15: 14, and where the fused TMA kernel runs with 2..32 splits, the split CTA of a row tile
+  //     that finishes last merges it (variant 5's counters and merge, on the consumer warpgroup's
+  //     named barrier): no merge launch. Workspace as 2. Not yet run on a GPU.
   // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode
@@ -103,14 +106,13 @@ struct PagedAttentionTuning {
   // kernels/paged_attention_hopper.cuh), on splits of at most 512 tokens.
   int hopper_tma_ctas = 0;
   // PagedAttentionCuda's kv_write fused into variant 13's TMA kernel (decode batches); off: the
-  // write is launched first (KvCacheWriteCuda). Off by default: not yet verified on a GPU. The
-  // first H200 run (2026-12-03 ~18:25 UTC) failed — the new row was taken from each sequence's
-  // last split, which for a sequence shorter than the batch's longest is not the split holding
-  // its last position; fixed since (kv_stop - 1 == the query position), not yet run.
+  // write is launched first (KvCacheWriteCuda). Variants 14 and 15 set it. (The first H200 run,
+  // 2026-12-03 ~18:25 UTC, failed: the new row was taken from each sequence's last split, not the
+  // split holding its last position; fixed and verified at ~19:25 UTC.)
   bool fuse_kv_write = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 15;
+inline constexpr int kNumPagedAttentionVariants = 16;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -129,6 +131,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 12 ? "hopper-decode"
          : v == 13 ? "hopper-tma"
          : v == 14 ? "hopper-tma+kvw"
+         : v == 15 ? "hopper-tma+kvw+merge"
                    : "?";
 }
 

@@ -520,6 +520,18 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   }
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
   StoreRows<T, D, H>(a, o, m, l, r0, r1, w.row_end, w.q_begin, w.kvh, w.split, t);
+  if constexpr (kFuseKv) {
+    // Variant 15: the split CTA of a row tile that finishes last merges it (no merge launch);
+    // the KV stages are free scratch once every tile has been consumed.
+    static_assert((kInlineMergeCap5 + 1) * kRows * sizeof(float) <= H::kStages * H::kStageBytes,
+                  "the merge's weights fit the KV stages");
+    if (a.inline_merge) {
+      const int kv_end = w.pos0 + (w.row_end - 1) / a.group + 1;
+      LastArriverMerge<T, D, kConsumers, kRows, 1>(a, w.seq, w.kvh, blockIdx.x / a.num_splits,
+                                                   w.row_begin, w.row_end - 1, w.q_begin, kv_end,
+                                                   reinterpret_cast<float*>(kv_s));
+    }
+  }
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).

@@ -558,10 +558,10 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
-  // The KV write, unless the QKV GEMM did it. Attention variant 14 (13 with the write fused into
-  // its TMA kernel; not yet verified on a GPU) takes it with the attention; otherwise it is
-  // launched here.
-  const bool kv_with_attention = !qkv_fused && ctx_.attention_variant == 14;
+  // The KV write, unless the QKV GEMM did it. Attention variants 14 and 15 (13 with the write
+  // fused into its TMA kernel) take it with the attention; otherwise it is launched here.
+  const bool kv_with_attention =
+      !qkv_fused && (ctx_.attention_variant == 14 || ctx_.attention_variant == 15);
   if (!qkv_fused && !kv_with_attention) RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
   RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_with_attention ? &kv : nullptr));
 

@@ -386,8 +386,11 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
 // lengths, so that a sequence's last position is not always in its last split. Variant 13 with
 // fuse_kv_write fuses the write into its TMA kernel (automatic splits, at most 512 tokens); with
 // two forced splits of the long sequence it runs 11's kernel, which, like variant 11 itself,
-// launches the write first. Every path must leave the caches equal to the reference's and the
-// output near the CPU reference.
+// launches the write first. Variant 15 with 24 forced splits (splits of at most 512 tokens: the
+// TMA kernel) merges them in that kernel, the last arriving split of each sequence (of 1 to 24
+// splits with work); it runs twice on one workspace, the first run having to leave its counters
+// at zero. Every path must leave the caches equal to the reference's and the output near the
+// CPU reference.
 TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
   std::mt19937 rng(std::random_device{}());
   struct Shape {
@@ -427,7 +430,7 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
     cpu.max_query_len = 1;
     ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
 
-    for (int config = 0; config < 3; ++config) {
+    for (int config = 0; config < 4; ++config) {
       DeviceBuffer dqkv = DeviceBuffer::From(qkv), dk = DeviceBuffer::From(k_dev),
                    dv = DeviceBuffer::From(v_dev), dt = DeviceBuffer::From(b.block_tables),
                    dqs = DeviceBuffer::From(b.query_start),
@@ -450,16 +453,20 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       kv.block_size = sh.block_size;
       kv.dtype = sh.dtype;
       PagedAttentionTuning tuning;
-      tuning.variant = config == 2 ? 11 : 13;
-      tuning.num_splits = config == 1 ? 2 : 0;
+      tuning.variant = config == 2 ? 11 : config == 3 ? 15 : 13;
+      tuning.num_splits = config == 1 ? 2 : config == 3 ? 24 : 0;
       tuning.pdl = config == 0;
       tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
       DeviceBuffer ws(ws_bytes);
       if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
-      const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning, &kv);
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (int run = 0; run < (config == 3 ? 2 : 1); ++run) {
+        EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);
+        const absl::Status st =
+            PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning, &kv);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      }
       EXPECT_TRUE(dk.Download<uint16_t>() == k_bits) << "config " << config << ": K cache";
       EXPECT_TRUE(dv.Download<uint16_t>() == v_bits) << "config " << config << ": V cache";
       const std::vector<uint16_t> out = dout.Download<uint16_t>();

@@ -102,8 +102,9 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // gemm_stream_tc, bit 4: attention variant 5, the in-kernel split merge, bit 5: gemm_deep_unroll,
 // bit 6: the runner's default attention variant (GptBigCodeRunnerOptions), bit 7: variant 8
 // (cluster merge, early KV copies), bit 8: variant 7 (6 with the early KV copies), bit 9: variant
-// 11 (wgmma), bit 10: variant 14 (13 with the KV write fused into its TMA kernel); without bits
-// 4, 6-10, variant 3. 101: the runner's defaults).
+// 11 (wgmma), bit 10: variant 14 (13 with the KV write fused into its TMA kernel), bit 11:
+// variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3. 101: the
+// runner's defaults).
 class HfParityCuda
     : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
@@ -122,7 +123,8 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.fuse_small_kernels = knobs & 2;
   opts.ln_registers = opts.greedy_cluster = knobs & 4;
   opts.gemm_split_k = opts.gemm_stream_tc = knobs & 8;
-  opts.attention_variant = knobs & 1024 ? 14
+  opts.attention_variant = knobs & 2048 ? 15
+                           : knobs & 1024 ? 14
                            : knobs & 512 ? 11
                            : knobs & 128 ? 8
                            : knobs & 256 ? 7
@@ -226,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfParityCuda,
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
-                       ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061)),
+                       ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -240,6 +242,7 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 293 ? "_pdl_small_deep_attn7"
                           : std::get<3>(info.param) == 549 ? "_pdl_small_deep_attn11"
                           : std::get<3>(info.param) == 1061 ? "_pdl_small_deep_attn14"
+                          : std::get<3>(info.param) == 2085 ? "_pdl_small_deep_attn15"
                           : std::get<3>(info.param) == 101 ? "_defaults"
                                                          : "");
       std::replace(name.begin(), name.end(), '-', '_');
