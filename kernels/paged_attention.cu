@@ -328,34 +328,25 @@ __device__ __forceinline__ void FusedMerge(const KernelArgs& a, int seq, int kvh
 // the counter for the next launch. Pass 1 loads every (split, row) lse into shared memory in one
 // coalesced round trip and turns them into weights; pass 2 gives each thread 16-byte chunks of
 // output whose split loads are independent (their addresses do not wait on each other).
-// `scratch` holds kMaxSplits x kRows + kRows floats (the free KV stages). Threads 0 .. kThreads - 1
-// take part: the whole CTA (kBarrier 0: __syncthreads) or those of named barrier kBarrier (the TMA
-// kernel's consumer warpgroup; its producer warp has left).
-template <typename T, int D, int kThreads, int kRows, int kBarrier = 0>
+// `scratch` holds kMaxSplits x kRows + kRows floats (the free KV stages).
+template <typename T, int D, int kThreads, int kRows>
 __device__ __forceinline__ void LastArriverMerge(const KernelArgs& a, int seq, int kvh,
                                                  int row_tile, int row_begin, int row_last,
                                                  int q_begin, int kv_end, float* scratch) {
   __shared__ int is_last_s;
   const int tid = threadIdx.x;
-  auto sync = [] {
-    if constexpr (kBarrier == 0) {
-      __syncthreads();
-    } else {
-      tma::NamedBarrier(kBarrier, kThreads);
-    }
-  };
   const int nvalid = min(a.num_splits, (kv_end + a.chunk - 1) / a.chunk);
   const int row_tiles = gridDim.x / a.num_splits;
   unsigned* cnt =
       a.counters + ((static_cast<int64_t>(seq) * a.num_kv_heads + kvh) * row_tiles + row_tile) * 2;
   __threadfence();  // this thread's partials are visible device-wide before the arrival
-  sync();
+  __syncthreads();
   if (tid == 0) {
     const bool last = atomicAdd(cnt, 1u) == static_cast<unsigned>(nvalid) - 1;
     if (last) atomicExch(cnt, 0u);  // every CTA of the group has arrived: ready for next launch
     is_last_s = last;
   }
-  sync();
+  __syncthreads();
   if (!is_last_s) return;
   __threadfence();  // acquire side: the other CTAs' partials are read after their arrivals
 
@@ -372,7 +363,7 @@ __device__ __forceinline__ void LastArriverMerge(const KernelArgs& a, int seq, i
     const int s = idx / nr, r = idx % nr;
     w_s[s * kRows + r] = __ldcg(a.partial_lse + s * split_stride + row0_of(r));
   }
-  sync();
+  __syncthreads();
   for (int r = tid; r < nr; r += kThreads) {
     float m = -INFINITY;
     for (int s = 0; s < nvalid; ++s) m = fmaxf(m, w_s[s * kRows + r]);
@@ -386,7 +377,7 @@ __device__ __forceinline__ void LastArriverMerge(const KernelArgs& a, int seq, i
     }
     inv_s[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
-  sync();
+  __syncthreads();
   constexpr int kC8 = D / 8;
   const T* part = reinterpret_cast<const T*>(a.partial_o);
   for (int it = tid; it < nr * kC8; it += kThreads) {
@@ -1115,12 +1106,11 @@ size_t BytesPerSplit(const PagedAttentionParams& p) {
   return static_cast<size_t>(p.num_tokens) * p.num_heads * (p.head_dim + 1) * sizeof(float);
 }
 
-// The arrival counters of the in-kernel merges (variants 2, 4-7, 9, 15) at the start of the
-// workspace, rounded to 256 bytes; 0 otherwise.
+// Variant 2's arrival counters at the start of the workspace, rounded to 256 bytes; 0 otherwise.
 size_t CounterBytes(const PagedAttentionParams& p, const PagedAttentionTuning& tuning,
                     int row_tiles) {
   if (tuning.variant != 2 && tuning.variant != 4 && tuning.variant != 5 && tuning.variant != 6 &&
-      tuning.variant != 7 && tuning.variant != 9 && tuning.variant != 15) {
+      tuning.variant != 7 && tuning.variant != 9) {
     return 0;
   }
   const size_t n = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * row_tiles * 2;
@@ -1258,9 +1248,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const int64_t max_rows = MaxRows(p);
         bool hopper = false;
         hopper::Config hcfg;
-        // 14 is 13 with the fused KV write; 15 is 14 with the split merge in the fused kernel.
+        // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
         const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15;
-        bool tma_merge = variant == 15;
+        const bool tma_cluster = variant == 15;
         if (variant == 14 || variant == 15) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
@@ -1295,7 +1285,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         if (counter_bytes > 0 && usable < head_bytes + 2 * BytesPerSplit(p)) {
           variant = variant == 2 ? 1 : 3;
           head_bytes = 256;
-          tma_merge = false;
         }
         const size_t plan_bytes = usable >= head_bytes ? usable - head_bytes : 0;
         Plan plan = MakePlan(p, tuning, resident, plan_bytes, cluster_if_small);
@@ -1390,15 +1379,16 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
              (variant == 5 && plan.num_splits <= kInlineMergeCap5 &&
               (!auto_merge ||
                (plan.num_splits <= kAutoMergeSplits && plan.chunk <= kAutoMergeTokens))));
+        // 15: the fused TMA kernel's splits of a row tile run as a cluster and merge through
+        // distributed shared memory, where the grid is one CTA an SM at most (as variant 9).
+        if (tma_cluster && fuse_kv && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap &&
+            grid_x * p.num_kv_heads * p.num_seqs <= SmCount()) {
+          a.cluster_merge = true;
+        }
         // A merge kernel follows (variants 1 and 3, 4-5 past their cap, 8 past the cluster cap):
         // launched early.
-        bool merge_launch =
+        const bool merge_launch =
             plan.num_splits > 1 && variant != 2 && !a.inline_merge && !a.cluster_merge;
-        // 15: the fused TMA kernel's last arriving split merges (up to kInlineMergeCap5 splits).
-        if (tma_merge && fuse_kv && plan.num_splits > 1 && plan.num_splits <= kInlineMergeCap5) {
-          a.inline_merge = true;
-          merge_launch = false;
-        }
         a.pdl = merge_launch && variant != 0;
         if (variant >= 1) {
           const int first_span = TableSpan(plan.chunk, p.block_size);
@@ -1407,7 +1397,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         if (plan.num_splits > 1) {
           // 256-byte aligned counters (variant 2) and partials inside the caller's workspace.
           const uintptr_t base = (reinterpret_cast<uintptr_t>(workspace) + 255) & ~uintptr_t{255};
-          const bool counters = variant == 2 || variant == 4 || variant == 5 || tma_merge;
+          const bool counters = variant == 2 || variant == 4 || variant == 5;
           a.counters = counters ? reinterpret_cast<unsigned*>(base) : nullptr;
           a.partial_o = reinterpret_cast<float*>(base + (counters ? counter_bytes : 0));
           a.partial_lse = a.partial_o + static_cast<size_t>(plan.num_splits) * p.num_tokens *

@@ -78,9 +78,13 @@ struct PagedAttentionTuning {
   //     there; with hopper_tma_ctas set, at any length); other shapes run as 11.
   // 14: 13 with fuse_kv_write (PagedAttentionCuda's kv_write done by the TMA kernel; without a
   //     kv_write, 13).
-  // 15: 14, and where the fused TMA kernel runs with 2..32 splits, the split CTA of a row tile
-  //     that finishes last merges it (variant 5's counters and merge, on the consumer warpgroup's
-  //     named barrier): no merge launch. Workspace as 2. Not yet run on a GPU.
+  // 15: 14, and where the fused TMA kernel runs 2..8 splits and the grid is at most one CTA an
+  //     SM, the splits of a row tile run as one cluster and merge through distributed shared
+  //     memory (variant 8's ClusterMerge; every thread of every CTA of the cluster, the producer
+  //     warp and CTAs with no work included, takes part): no partials, no merge launch. (A first
+  //     form, the last arriving split merging from global partials as variant 5, lost on the
+  //     H200 on 2026-12-03 ~20:00 UTC: StarCoder b32 1.9543 -> 1.9932 s, b1 1.0793 -> 1.1408,
+  //     SantaCoder 0.1314 -> 0.1354; one CTA merging 48 rows serially.) Not yet run on a GPU.
   // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode
@@ -131,7 +135,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 12 ? "hopper-decode"
          : v == 13 ? "hopper-tma"
          : v == 14 ? "hopper-tma+kvw"
-         : v == 15 ? "hopper-tma+kvw+merge"
+         : v == 15 ? "hopper-tma+kvw+cluster"
                    : "?";
 }
 

@@ -207,6 +207,33 @@ __device__ __forceinline__ void StoreRows(const KernelArgs& a, float (&o)[H::kON
   }
 }
 
+// Variant 15's cluster merge: as StoreRows, but this CTA's normalised rows (fp32) into ep_s
+// ([kRows][D + kEpPad], local row = row - row_begin) and their log2-sum-exp into lse_s (-inf: the
+// split saw none of the row's keys), for ClusterMerge to read across the cluster.
+constexpr int kEpPad = 4;  // floats of padding a row (bank spread): the row stride is D + 4
+template <typename T, int D, typename H>
+__device__ __forceinline__ void StoreRowsShared(float (&o)[H::kON], const float (&m)[2],
+                                                float (&l)[2], int r0, int r1, int row_begin,
+                                                int t, float* ep_s, float* lse_s) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = (r == 0 ? r0 : r1) - row_begin;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    float* dst = ep_s + row * (D + kEpPad);
+    if (t == 0) lse_s[row] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) =
+          make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+  }
+}
+
 // What a CTA of either kernel works on, from its block index and the step metadata.
 struct Work {
   int seq, kvh, split, row_begin, row_end, first_block, kv_begin, kv_stop, num_tiles, q_begin,
@@ -413,7 +440,26 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   for (int i = tid; i < a.table_blocks; i += kConsumers + 32) {
     table_s[i] = table[min(w.first_block + i, a.max_blocks_per_seq - 1)];
   }
-  if (w.num_tiles == 0) return;
+  // Variant 15 (KernelArgs::cluster_merge, the fused instantiation only): the splits of the row
+  // tile are one cluster; each CTA leaves its rows in the KV stages (free once every tile is
+  // consumed) and ClusterMerge combines them there. Every CTA of the cluster, every thread,
+  // takes part in its barriers: one with no work brings rows of -inf.
+  float* ep_s = reinterpret_cast<float*>(kv_s);
+  float* lse_s = ep_s + kRows * (D + kEpPad);
+  static_assert(kRows * (D + kEpPad + 1) * sizeof(float) <= H::kStages * H::kStageBytes,
+                "the cluster merge's rows fit the KV stages");
+  constexpr int kCtaThreads = H::kCtaThreads;
+  if (w.num_tiles == 0) {
+    if constexpr (kFuseKv) {
+      if (a.cluster_merge) {
+        for (int r = tid; r < kRows; r += kCtaThreads) lse_s[r] = -INFINITY;
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");  // before writing the output
+        ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
+                                                              w.q_begin, ep_s, lse_s);
+      }
+    }
+    return;
+  }
   const int kv_begin = w.kv_begin, kv_stop = w.kv_stop, num_tiles = w.num_tiles;
   if (tid == 0) {
 #pragma unroll
@@ -456,7 +502,14 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
         }
       }
     }
+    __syncwarp();
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
+    if constexpr (kFuseKv) {
+      if (a.cluster_merge) {
+        ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
+                                                              w.q_begin, ep_s, lse_s);
+      }
+    }
     return;
   }
 
@@ -519,19 +572,16 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     if (lane == 0) tma::MbarArrive(empty0 + 8 * stage);
   }
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  StoreRows<T, D, H>(a, o, m, l, r0, r1, w.row_end, w.q_begin, w.kvh, w.split, t);
   if constexpr (kFuseKv) {
-    // Variant 15: the split CTA of a row tile that finishes last merges it (no merge launch);
-    // the KV stages are free scratch once every tile has been consumed.
-    static_assert((kInlineMergeCap5 + 1) * kRows * sizeof(float) <= H::kStages * H::kStageBytes,
-                  "the merge's weights fit the KV stages");
-    if (a.inline_merge) {
-      const int kv_end = w.pos0 + (w.row_end - 1) / a.group + 1;
-      LastArriverMerge<T, D, kConsumers, kRows, 1>(a, w.seq, w.kvh, blockIdx.x / a.num_splits,
-                                                   w.row_begin, w.row_end - 1, w.q_begin, kv_end,
-                                                   reinterpret_cast<float*>(kv_s));
+    if (a.cluster_merge) {
+      tma::NamedBarrier(1, kConsumers);  // every consumer is past its last MMA: the stages are free
+      StoreRowsShared<T, D, H>(o, m, l, r0, r1, w.row_begin, t, ep_s, lse_s);
+      ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
+                                                            w.q_begin, ep_s, lse_s);
+      return;
     }
   }
+  StoreRows<T, D, H>(a, o, m, l, r0, r1, w.row_end, w.q_begin, w.kvh, w.split, t);
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).

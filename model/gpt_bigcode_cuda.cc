@@ -185,7 +185,8 @@ void GptBigCode::set_attention(int variant, int warps_m, int splits, int tile_to
   ctx_.attention_warps_m = warps_m;
   ctx_.attention_splits = splits;
   ctx_.attention_tile_tokens = tile_tokens;
-  // The in-kernel merges' counters sit where other variants put partials: zero them again.
+  // The in-kernel merges' counters (variants 2, 4-7, 9) sit where other variants put partials:
+  // zero them again.
   if (ctx_.attention_workspace != nullptr) {
     cudaMemset(ctx_.attention_workspace, 0, ctx_.attention_workspace_bytes);
   }
@@ -265,8 +266,8 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   p.max_context_len = static_cast<int>(ContextBucket(static_cast<int>(w_.config.n_positions)));
   p.max_blocks_per_seq = p.max_context_len / p.block_size;
   p.dtype = dtype_;
-  // Sized for the model's variant and for 13 and 15 (set_attention may switch to them; they plan
-  // their splits for their own CTAs an SM, 15 with counters).
+  // Sized for the model's variant and for 15 (set_attention may switch to it; 13-15 plan their
+  // splits for their own CTAs an SM).
   auto need = [&](const PagedAttentionParams& q) {
     PagedAttentionTuning tuning;
     tuning.variant = options.attention_variant;

@@ -386,19 +386,21 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
 // lengths, so that a sequence's last position is not always in its last split. Variant 13 with
 // fuse_kv_write fuses the write into its TMA kernel (automatic splits, at most 512 tokens); with
 // two forced splits of the long sequence it runs 11's kernel, which, like variant 11 itself,
-// launches the write first. Variant 15 with 24 forced splits (splits of at most 512 tokens: the
-// TMA kernel) merges them in that kernel, the last arriving split of each sequence (of 1 to 24
-// splits with work); it runs twice on one workspace, the first run having to leave its counters
-// at zero. Every path must leave the caches equal to the reference's and the output near the
-// CPU reference.
+// launches the write first. Then a batch whose longest context is at most 4096: variant 15 with 8
+// forced splits (at most 512 tokens each: the TMA kernel; 8 a cluster, at most one CTA an SM)
+// merges each sequence's splits in a cluster through distributed shared memory, the 1-token
+// sequence's 7 idle CTAs taking part with empty rows; it runs twice on one workspace. Every path
+// must leave the caches equal to the reference's and the output near the CPU reference.
 TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
   std::mt19937 rng(std::random_device{}());
   struct Shape {
     DType dtype;
     int head_dim, block_size, heads, kv_heads;
   };
-  for (const Shape& sh : {Shape{DType::kF16, 128, 16, 48, 1}, Shape{DType::kBF16, 64, 32, 16, 2}}) {
-    std::vector<SeqSpec> seqs = {{1, 1}, {RandomContext(rng, 7000, 8192, sh.block_size), 1}};
+  for (const Shape& sh : {Shape{DType::kF16, 128, 16, 48, 1}, Shape{DType::kBF16, 64, 32, 16, 2}})
+  for (const int max_ctx : {8192, 4096}) {
+    std::vector<SeqSpec> seqs = {
+        {1, 1}, {RandomContext(rng, max_ctx - 1000, max_ctx, sh.block_size), 1}};
     for (int i = 0; i < 4; ++i) seqs.push_back({RandomContext(rng, 2, 3000, sh.block_size), 1});
     PagedBatch b = testing::MakePagedBatch(seqs, sh.heads, sh.kv_heads, sh.head_dim,
                                            sh.block_size, rng);
@@ -430,7 +432,7 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
     cpu.max_query_len = 1;
     ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
 
-    for (int config = 0; config < 4; ++config) {
+    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 3}) {
       DeviceBuffer dqkv = DeviceBuffer::From(qkv), dk = DeviceBuffer::From(k_dev),
                    dv = DeviceBuffer::From(v_dev), dt = DeviceBuffer::From(b.block_tables),
                    dqs = DeviceBuffer::From(b.query_start),
@@ -454,7 +456,7 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       kv.dtype = sh.dtype;
       PagedAttentionTuning tuning;
       tuning.variant = config == 2 ? 11 : config == 3 ? 15 : 13;
-      tuning.num_splits = config == 1 ? 2 : config == 3 ? 24 : 0;
+      tuning.num_splits = config == 1 ? 2 : config == 3 ? 8 : 0;
       tuning.pdl = config == 0;
       tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
