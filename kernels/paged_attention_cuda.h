@@ -84,7 +84,8 @@ struct PagedAttentionTuning {
   //     warp and CTAs with no work included, takes part): no partials, no merge launch. (A first
   //     form, the last arriving split merging from global partials as variant 5, lost on the
   //     H200 on 2026-12-03 ~20:00 UTC: StarCoder b32 1.9543 -> 1.9932 s, b1 1.0793 -> 1.1408,
-  //     SantaCoder 0.1314 -> 0.1354; one CTA merging 48 rows serially.) Not yet run on a GPU.
+  //     SantaCoder 0.1314 -> 0.1354; one CTA merging 48 rows serially.) Measured against 14
+  //     (~20:10 UTC): b32 equal, StarCoder b1 1.0768 -> 1.0888 s, SantaCoder b1 0.1320 -> 0.1309.
   // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode
