@@ -172,17 +172,28 @@ __device__ __forceinline__ void IssueQ(unsigned char* q_s, const KernelArgs& a, 
   }
 }
 
+// The four threads of a quad (t = 0..3) hold parts of the same two rows' softmax sums: after this
+// each holds the rows' totals.
+__device__ __forceinline__ void SumOverQuad(float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+}
+
+// A row's log2-sum-exp from its running max and sum; -inf when the split saw none of its keys.
+__device__ __forceinline__ float RowLse(float m, float l) {
+  return l > 0.0f ? m + __log2f(l) : -INFINITY;
+}
+
 // The epilogue: this thread's rows r0 and r1 (< row_end) normalised into the output (one split)
 // or into the split's partial rows and log2-domain lse (the merge kernel follows).
 template <typename T, int D, typename H>
 __device__ __forceinline__ void StoreRows(const KernelArgs& a, float (&o)[H::kON],
                                           const float (&m)[2], float (&l)[2], int r0, int r1,
                                           int row_end, int q_begin, int kvh, int split, int t) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  SumOverQuad(l);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = r == 0 ? r0 : r1;
@@ -197,7 +208,7 @@ __device__ __forceinline__ void StoreRows(const KernelArgs& a, float (&o)[H::kON
       const int64_t prow =
           (static_cast<int64_t>(split) * a.num_tokens + token) * a.num_heads + head;
       dst = reinterpret_cast<T*>(a.partial_o) + prow * D;
-      if (t == 0) a.partial_lse[prow] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
+      if (t == 0) a.partial_lse[prow] = RowLse(m[r], l[r]);
     }
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
@@ -215,17 +226,13 @@ template <typename T, int D, typename H>
 __device__ __forceinline__ void StoreRowsShared(float (&o)[H::kON], const float (&m)[2],
                                                 float (&l)[2], int r0, int r1, int row_begin,
                                                 int t, float* ep_s, float* lse_s) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  SumOverQuad(l);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = (r == 0 ? r0 : r1) - row_begin;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     float* dst = ep_s + row * (D + kEpPad);
-    if (t == 0) lse_s[row] = l[r] > 0.0f ? m[r] + __log2f(l[r]) : -INFINITY;
+    if (t == 0) lse_s[row] = RowLse(m[r], l[r]);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) =
