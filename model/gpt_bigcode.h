@@ -100,7 +100,9 @@ struct GptBigCodeOptions {
   // Launch-latency knobs of the decode path (mqabench --fast; measured side by side on the H200,
   // 2026-12-02: pdl took SantaCoder batch 1 from 1.325 to 1.230 ms a step and left StarCoder
   // within noise (8.91 / 8.96 ms); fuse gained 2% on SantaCoder and lost 2% on StarCoder, so it
-  // stays off):
+  // stays off. Again on 2026-12-03 ~20:22 UTC with attention variant 14, register layer norms and
+  // the deep unroll: pdl 0.1516 -> 0.1316 s SantaCoder b1 and 1.1011 -> 1.0812 s StarCoder b1;
+  // pdl+fuse 0.1468 and 1.1534 s, so fuse now loses on both):
   // pdl: layer norm, bias/activation and the skinny GEMM launched as programmatic dependents
   //   (the GEMM loads its first weights before waiting on the previous kernel);
   // fuse_small_kernels: where the skinny GEMM runs (m <= 8), ln_1 / ln_2 / ln_f are computed
