@@ -558,12 +558,9 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
-  // The KV write, unless the QKV GEMM did it. Attention variants 14 and 15 (13 with the write
-  // fused into its TMA kernel) take it with the attention; otherwise it is launched here.
-  const bool kv_with_attention =
-      !qkv_fused && (ctx_.attention_variant == 14 || ctx_.attention_variant == 15);
-  if (!qkv_fused && !kv_with_attention) RETURN_IF_ERROR(KvCacheWrite(ctx_, kv));
-  RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_with_attention ? &kv : nullptr));
+  // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
+  // GPU inside the attention kernel where its variant fuses it (14, 15).
+  RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
 
   gemm.a = attn_.raw();
   gemm.lda = heads_ * D;
