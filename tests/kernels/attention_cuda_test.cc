@@ -500,24 +500,10 @@ TEST_F(AttentionCudaTest, PerHeadBaselineMatchesCpu) {
                  dqs = DeviceBuffer::From(b.query_start), dctx = DeviceBuffer::From(b.context_lens),
                  dmap = DeviceBuffer::From(mapping), dout(qb.size() * 2);
     cudaMemset(dout.get<void>(), 0xff, qb.size() * 2);
-    PagedAttentionParams p;
-    p.query = dq.get<void>();
-    p.query_stride = heads * d;
-    p.output = dout.get<void>();
-    p.key_cache = dk.get<void>();
-    p.value_cache = dv.get<void>();
-    p.block_tables = dt.get<int32_t>();
-    p.query_start = dqs.get<int32_t>();
-    p.context_lens = dctx.get<int32_t>();
-    p.num_seqs = p.num_tokens = static_cast<int>(seqs.size());
-    p.num_heads = heads;
-    p.num_kv_heads = kv_heads;
-    p.head_dim = d;
-    p.block_size = 16;
-    p.max_blocks_per_seq = b.max_blocks_per_seq;
-    p.max_context_len = b.max_context_len;
+    std::vector<float> host_out(b.query.size());
+    PagedAttentionParams p = testing::HostParams(b, host_out);
+    PointAtDevice(p, dq, dout, dk, dv, dt, dqs, dctx, dtype);
     p.scale = 0.1f;
-    p.dtype = dtype;
     ASSERT_TRUE(PagedAttentionPerHeadBaselineCuda(p, dmap.get<int32_t>(), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto out = dout.Download<uint16_t>();
