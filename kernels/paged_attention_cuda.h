@@ -88,9 +88,8 @@ struct PagedAttentionTuning {
   //     (~20:10 UTC): b32 equal, StarCoder b1 1.0768 -> 1.0888 s, SantaCoder b1 0.1320 -> 0.1309.
   // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
-  // fastest at the decode
-  // shapes of attention_bench's variant table with splits of at most 512 tokens, and 11 elsewhere
-  // (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us, 11 / 13: 64 x 2048 29.16
+  // fastest at the decode shapes of attention_bench's variant table with splits of at most 512
+  // tokens, and 11 elsewhere (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us, 11 / 13: 64 x 2048 29.16
   // / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04; BENCHMARKS.md). 11 was the default
   // from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal 4096 prefill 618 vs 989), 3 before.
   int variant = 14;
