@@ -99,14 +99,15 @@ __device__ __forceinline__ void PdlTrigger() {
 }
 
 // cudaLaunchKernelEx with the programmatic-stream-serialization attribute when `pdl` (works
-// inside CUDA graph capture: the edge becomes a programmatic one).
+// inside CUDA graph capture: the edge becomes a programmatic one), with `smem` bytes of dynamic
+// shared memory.
 template <typename... KArgs, typename... Args>
-cudaError_t LaunchMaybePdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                           cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchMaybePdlSmem(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                               size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -114,6 +115,13 @@ cudaError_t LaunchMaybePdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 b
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The same without dynamic shared memory.
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchMaybePdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                           cudaStream_t stream, Args&&... args) {
+  return LaunchMaybePdlSmem(pdl, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 // GELU and friends in fp32 (kernels/activation.h gives the formulas).

@@ -4,6 +4,7 @@
 
 #ifdef MQA_WITH_CUDA
 #include "kernels/activation_cuda.h"
+#include "kernels/decode_chain_cuda.h"
 #include "kernels/embedding_cuda.h"
 #include "kernels/gemm_cuda.h"
 #include "kernels/kv_cache_cuda.h"
@@ -217,6 +218,24 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
 #endif
   }
   return absl::InternalError("PagedAttention: unknown device");
+}
+
+absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot) {
+  if (ctx.skip & kSkipGemm) return absl::OkStatus();
+  switch (ctx.device) {
+    case Device::kCpu:
+      return DecodeChainCpu(p);
+    case Device::kCuda:
+#ifdef MQA_WITH_CUDA
+      if (ctx.chain_workspace == nullptr || slot < 0 || slot >= ctx.chain_slots) {
+        return absl::UnimplementedError("DecodeChain: no workspace slot in the OpContext");
+      }
+      return DecodeChainCuda(p, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot);
+#else
+      return NoCuda("DecodeChain");
+#endif
+  }
+  return absl::InternalError("DecodeChain: unknown device");
 }
 
 }  // namespace mqa

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/activation.h"
+#include "kernels/decode_chain.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/kv_cache.h"
@@ -42,6 +43,10 @@ struct OpContext {
   int attention_splits = 0;
   // CUDA: PagedAttentionTuning::hopper_tile_tokens (0: automatic).
   int attention_tile_tokens = 0;
+  // CUDA: DecodeChainCuda's counters (kernels/decode_chain_cuda.h: DecodeChainWorkspaceBytes of
+  // chain_slots, zeroed once); null: DecodeChain is Unimplemented.
+  void* chain_workspace = nullptr;
+  int chain_slots = 0;
   // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
   // launching anything, so their outputs are garbage. A step timed with and without an op gives
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),
@@ -99,5 +104,9 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p);
 // kSkipKvWrite leaves it out, kSkipAttention the attention.
 absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
                             const KvCacheWriteParams* kv_write = nullptr);
+// A batch-1 decode chain (kernels/decode_chain.h): DecodeChainCpu on the CPU (float32),
+// DecodeChainCuda on the GPU with ctx.chain_workspace's counter `slot` (Unimplemented without a
+// workspace or where the device cannot hold the grid: nothing has run then). kSkipGemm skips it.
+absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot);
 
 }  // namespace mqa

@@ -438,6 +438,7 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
     Tensor h = hidden_.Rows(0, n);
     RETURN_IF_ERROR(collectives.AllReduceSum(h));
   }
+  qkv_ready_ = false;
   for (int64_t l = 0; l < w_.config.n_layer; ++l) {
     RETURN_IF_ERROR(Layer(l, idx, cache, collectives));
   }
@@ -500,7 +501,9 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // fuse_ (CUDA decode): ln_1 and the KV-cache write inside the QKV GEMM; else (and always on
   // the CPU) the three ops below.
   bool qkv_fused = false;
-  if (fuse_) {
+  const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
+  qkv_ready_ = false;
+  if (fuse_ && !qkv_ready) {
     LinearFusion f;
     f.ln_weight = L.ln_1_w.raw();
     f.ln_bias = L.ln_1_b.raw();
@@ -516,7 +519,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     if (!st.ok() && !absl::IsUnimplemented(st)) return st;
     qkv_fused = st.ok();
   }
-  if (!qkv_fused) {
+  if (!qkv_fused && !qkv_ready) {
     RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
   }
@@ -561,6 +564,62 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
   // GPU inside the attention kernel where its variant fuses it (14, 15).
   RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
+
+  // Batch-1 decode on one rank: the rest of the layer and the next layer's ln_1 + QKV as one
+  // chain (Unimplemented: nothing ran, the separate kernels below do it).
+  if (chain_ && n == 1 && w_.shard.world_size == 1 && activation_ != Activation::kGeluErf) {
+    const bool next = l + 1 < w_.config.n_layer;
+    DecodeChainParams chain;
+    chain.dtype = dtype_;
+    chain.num_phases = next ? 4 : 3;
+    DecodeChainPhase& proj = chain.phases[0];
+    proj.weight = L.c_proj_w.raw();
+    proj.bias = L.c_proj_b.raw();
+    proj.input = attn_.raw();
+    proj.output = hidden_.raw();
+    proj.accumulate = true;
+    proj.n = embd_;
+    proj.k = heads_ * D;
+    DecodeChainPhase& fc = chain.phases[1];
+    fc.weight = L.c_fc_w.raw();
+    fc.bias = L.c_fc_b.raw();
+    fc.input = hidden_.raw();
+    fc.ln_weight = L.ln_2_w.raw();
+    fc.ln_bias = L.ln_2_b.raw();
+    fc.ln_epsilon = w_.config.layer_norm_epsilon;
+    fc.output = mlp_.raw();
+    fc.activation = activation_;
+    fc.n = inner_;
+    fc.k = embd_;
+    DecodeChainPhase& down = chain.phases[2];
+    down.weight = L.mlp_proj_w.raw();
+    down.bias = L.mlp_proj_b.raw();
+    down.input = mlp_.raw();
+    down.output = hidden_.raw();
+    down.accumulate = true;
+    down.n = embd_;
+    down.k = inner_;
+    if (next) {
+      const LayerWeights& N = w_.layers[l + 1];
+      DecodeChainPhase& q = chain.phases[3];
+      q.weight = N.c_attn_w.raw();
+      q.bias = N.c_attn_b.raw();
+      q.input = hidden_.raw();
+      q.ln_weight = N.ln_1_w.raw();
+      q.ln_bias = N.ln_1_b.raw();
+      q.ln_epsilon = w_.config.layer_norm_epsilon;
+      q.output = qkv_.raw();
+      q.n = qkv_cols_;
+      q.k = embd_;
+    }
+    const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1));
+    if (st.ok()) {
+      ++chain_runs_;
+      qkv_ready_ = next;
+      return absl::OkStatus();
+    }
+    if (!absl::IsUnimplemented(st) && !absl::IsInvalidArgument(st)) return st;
+  }
 
   gemm.a = attn_.raw();
   gemm.lda = heads_ * D;

@@ -146,6 +146,12 @@ struct GptBigCodeOptions {
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).
   bool gemm_deep_unroll = true;
+  // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
+  // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
+  // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
+  // launches a layer (attention, chain) instead of seven. Off until measured against the separate
+  // kernels on the H200.
+  bool decode_chain = false;
 };
 
 class GptBigCode {
@@ -213,6 +219,11 @@ class GptBigCode {
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.
   std::string gemm_autotune_summary() const;
+  // Benchmarks and tests switch GptBigCodeOptions::decode_chain; no-op on the CPU. Drops captured
+  // graphs.
+  void set_decode_chain(bool on);
+  // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
+  int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
   // Benchmarks: time each decode graph launch with CUDA events (the GPU's time from the graph's
@@ -297,6 +308,10 @@ class GptBigCode {
   int64_t vocab_shard_ = 0;
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
   bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
+  bool chain_ = false;         // GptBigCodeOptions::decode_chain (CUDA only)
+  // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
+  bool qkv_ready_ = false;
+  int64_t chain_runs_ = 0;
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;
   Tensor hidden_;  // [tokens, E]: the residual stream

@@ -14,6 +14,7 @@
 #include "runtime/status.h"
 
 #ifdef MQA_WITH_CUDA
+#include "kernels/decode_chain_cuda.h"
 #include "kernels/gemm_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #include "kernels/sampling_cuda.h"
@@ -76,6 +77,7 @@ struct GptBigCode::CudaState {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CudaGemm> gemm;
   Tensor attention_workspace;
+  Tensor chain_workspace;  // DecodeChainCuda's counters (two slots: consecutive layers)
   Tensor indices;  // device int32 staging of StepIndices
   // Host staging, two of each: the buffers of launch k + 1 are written while launch k's copies
   // may still be queued (LaunchSample). `slot` is the one the next launch writes.
@@ -164,6 +166,12 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain(bool on) {
+  if (!cuda_) return;
+  chain_ = on;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
@@ -243,11 +251,21 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.pdl = options.pdl;
   cuda_->gemm->set_pdl(options.pdl);
   fuse_ = options.fuse_small_kernels;
+  chain_ = options.decode_chain;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
   cuda_->graphs_enabled = options.cuda_graphs && w_.shard.world_size == 1;
   cuda_->max_graph_batch = options.max_graph_batch;
+
+  constexpr int kChainSlots = 2;
+  ASSIGN_OR_RETURN(cuda_->chain_workspace,
+                   Tensor::Empty({static_cast<int64_t>(DecodeChainWorkspaceBytes(kChainSlots))},
+                                 DType::kI32, Device::kCuda));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemset(cuda_->chain_workspace.raw(), 0, cuda_->chain_workspace.nbytes()));
+  ctx_.chain_workspace = cuda_->chain_workspace.raw();
+  ctx_.chain_slots = kChainSlots;
 
   // Split-KV scratch for the largest shapes expected: decode batches at the longest context and
   // one full prefill chunk; a smaller one only means fewer splits.
@@ -567,6 +585,7 @@ GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
+void GptBigCode::set_decode_chain(bool) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.gemm_stream_tc = options.gemm_stream_tc;
   model_options.attention_variant = options.attention_variant;
   model_options.gemm_deep_unroll = options.gemm_deep_unroll;
+  model_options.decode_chain = options.decode_chain;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

@@ -49,6 +49,7 @@ struct GptBigCodeRunnerOptions {
   bool gemm_stream_tc = false;      // GptBigCodeOptions::gemm_stream_tc
   int attention_variant = 14;       // GptBigCodeOptions::attention_variant
   bool gemm_deep_unroll = true;     // GptBigCodeOptions::gemm_deep_unroll
+  bool decode_chain = false;        // GptBigCodeOptions::decode_chain
 };
 
 class GptBigCodeRunner final : public ModelRunner {

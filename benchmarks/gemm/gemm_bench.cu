@@ -10,6 +10,8 @@
 //
 //   gemm_bench [--dtype float16|bfloat16] [--m 1,8,32] [--model starcoder|santacoder|both]
 //              [--split-ctas N]   (split-K grid: N CTAs per SM; 0, the default: as many as fit)
+//              [--chain only]     (instead: one layer's GEMMs as four skinny launches beside
+//                                  the decode chain kernel, ChainSection below)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,7 +27,9 @@
 #include <vector>
 
 #include "benchmarks/bench_util.cuh"
+#include "kernels/decode_chain_cuda.h"
 #include "kernels/gemm_cuda.h"
+#include "runtime/status.h"
 
 namespace mqa {
 namespace {
@@ -123,6 +127,111 @@ constexpr Variant kVariants[] = {{"skinny", true, false, false},
                                  {"cuBLASLt", false, false, false}};
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
+// --chain: one layer's four m = 1 GEMMs (attn.c_proj + residual, c_fc + GELU, mlp.c_proj +
+// residual, c_attn) as four skinny+pdl launches, beside the same work as one decode chain
+// (kernels/decode_chain.h, with ln_2 and ln_1 inside it) at several DecodeChainTunings, and the
+// chain's producer alone (stream-only). Each call is one layer; calls rotate over copies of the
+// layer's weights (>= 256 MB in all).
+void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t stream,
+                  CudaGemm& gemm) {
+  const Shape order_shapes[4] = {ShapeOf(md, Gemm::kAttnProj), ShapeOf(md, Gemm::kFc),
+                                 ShapeOf(md, Gemm::kMlpProj), ShapeOf(md, Gemm::kCAttn)};
+  size_t layer_bytes = 0;
+  for (const Shape& sh : order_shapes) layer_bytes += static_cast<size_t>(sh.n * sh.k) * 2;
+  const int copies =
+      static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / layer_bytes + 1, 2, kCalls));
+  std::vector<std::unique_ptr<DeviceBuffer>> weights;  // copies x 4
+  for (int c = 0; c < copies; ++c) {
+    for (int g = 0; g < 4; ++g) {
+      const size_t bytes = static_cast<size_t>(order_shapes[g].n * order_shapes[g].k) * 2;
+      weights.push_back(std::make_unique<DeviceBuffer>(bytes));
+      Fill(dtype, weights.back()->ptr, bytes / 2, 300 + 4 * c + g, 1.0f / 64);
+    }
+  }
+  const int64_t e = md.embed, inner = 4 * md.embed, qkv_n = order_shapes[3].n;
+  DeviceBuffer attn(e * 2), hidden(e * 2), mlp(inner * 2), qkv(qkv_n * 2), bias(inner * 2),
+      ln_w(e * 2), ln_b(e * 2), ws(DecodeChainWorkspaceBytes(1));
+  Fill(dtype, attn.ptr, e, 11, 1.0f);
+  Fill(dtype, hidden.ptr, e, 12, 1.0f);
+  Fill(dtype, bias.ptr, inner, 13, 0.1f);
+  Fill(dtype, ln_w.ptr, e, 14, 1.0f);
+  Fill(dtype, ln_b.ptr, e, 15, 0.1f);
+  CHECK_CUDA(cudaMemset(ws.ptr, 0, DecodeChainWorkspaceBytes(1)));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  void* outs[4] = {hidden.ptr, mlp.ptr, hidden.ptr, qkv.ptr};
+  const void* ins[4] = {attn.ptr, hidden.ptr, mlp.ptr, hidden.ptr};
+
+  auto report = [&](const char* name, double us) {
+    if (us < 0) {
+      std::printf("%-10s %-34s failed\n", md.name, name);
+      return;
+    }
+    const double tbs = layer_bytes / (us * 1e6);
+    std::printf("%-10s %-34s %8.1f us a layer  %4.2f TB/s  %3.0f%% of copy\n", md.name, name, us,
+                tbs, 100.0 * tbs * 1e3 / ceiling);
+  };
+  std::printf("\n%s: one layer's GEMMs, %.1f MB of weights, %d copies\n", md.name,
+              layer_bytes / 1e6, copies);
+  gemm.set_skinny(true);
+  gemm.set_skinny_split_k(false);
+  gemm.set_pdl(true);
+  report("skinny+pdl, 4 launches", TimeGraphUs(stream, [&](int i, cudaStream_t st) {
+           for (int g = 0; g < 4; ++g) {
+             const Shape& sh = order_shapes[g];
+             GemmParams p;
+             p.a = ins[g];
+             p.b = weights[(i % copies) * 4 + g]->ptr;
+             p.c = outs[g];
+             p.lda = sh.k;
+             p.ldb = sh.k;
+             p.ldc = sh.n;
+             p.m = 1;
+             p.n = sh.n;
+             p.k = sh.k;
+             p.dtype = dtype;
+             GemmEpilogue ep;
+             ep.bias = bias.ptr;
+             ep.activation = sh.gelu ? Activation::kGeluTanh : Activation::kIdentity;
+             ep.accumulate = sh.accumulate;
+             RETURN_IF_ERROR(gemm.Run(p, ep, st));
+           }
+           return absl::OkStatus();
+         }));
+  struct ChainRow {
+    const char* name;
+    DecodeChainTuning t;
+  };
+  const ChainRow rows[] = {{"chain, 16 KiB stages", {}},
+                           {"chain, 8 KiB stages", {8192, 0, false}},
+                           {"chain, 32 KiB stages", {32768, 0, false}},
+                           {"chain, 16 KiB x at most 4 stages", {16384, 4, false}},
+                           {"chain, 16 KiB, stream only", {16384, 0, true}},
+                           {"chain, 32 KiB, stream only", {32768, 0, true}}};
+  for (const ChainRow& row : rows) {
+    report(row.name, TimeGraphUs(stream, [&](int i, cudaStream_t st) {
+             DecodeChainParams p;
+             p.dtype = dtype;
+             p.num_phases = 4;
+             for (int g = 0; g < 4; ++g) {
+               DecodeChainPhase& ph = p.phases[g];
+               ph.weight = weights[(i % copies) * 4 + g]->ptr;
+               ph.bias = bias.ptr;
+               ph.input = ins[g];
+               ph.output = outs[g];
+               ph.n = order_shapes[g].n;
+               ph.k = order_shapes[g].k;
+               ph.accumulate = order_shapes[g].accumulate;
+               ph.activation = order_shapes[g].gelu ? Activation::kGeluTanh : Activation::kIdentity;
+               if (g == 1 || g == 3) {
+                 ph.ln_weight = ln_w.ptr;
+                 ph.ln_bias = ln_b.ptr;
+               }
+             }
+             return DecodeChainCuda(p, st, /*pdl=*/true, ws.ptr, 0, row.t);
+           }));
+  }
+}
+
 std::vector<int> ParseList(const char* s) {
   std::vector<int> v;
   for (const char* p = s; *p;) {
@@ -140,6 +249,7 @@ int Main(int argc, char** argv) {
   std::vector<int> ms = {1, 8, 32};
   std::string model_flag = "both";
   int split_ctas = 0;
+  bool chain_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--dtype") == 0) {
       dtype = std::strcmp(argv[i + 1], "bfloat16") == 0 ? DType::kBF16 : DType::kF16;
@@ -147,6 +257,8 @@ int Main(int argc, char** argv) {
       ms = ParseList(argv[i + 1]);
     } else if (std::strcmp(argv[i], "--model") == 0) {
       model_flag = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--chain") == 0) {
+      chain_only = std::strcmp(argv[i + 1], "only") == 0;
     } else if (std::strcmp(argv[i], "--split-ctas") == 0) {
       split_ctas = std::atoi(argv[i + 1]);
     } else {
@@ -178,6 +290,15 @@ int Main(int argc, char** argv) {
   gemm.set_skinny_split_ctas_per_sm(split_ctas);
   gemm.set_skinny_max_m(CudaGemm::kSkinnyMaxM);  // the skinny columns mean the skinny kernel
 
+  if (chain_only) {
+    for (const Model& md : kModels) {
+      if (model_flag == "both" || model_flag == md.name) {
+        ChainSection(md, dtype, ceiling, stream, gemm);
+      }
+    }
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return 0;
+  }
   std::printf("%-10s %-11s %3s %6s %6s %7s", "model", "gemm", "m", "n", "k", "MB");
   for (const Variant& v : kVariants) std::printf(" | %-18s", v.name);
   std::printf("\n");

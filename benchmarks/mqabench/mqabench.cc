@@ -7,7 +7,7 @@
 //       [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
-//       [--skip none,attn,...]
+//       [--skip none,attn,...] [--chain off|on|both|LIST]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -39,6 +39,9 @@
 //     --skip: a comma list of rows, each "none" or a '+'-joined set of ln, kvw, attn, gemm, act:
 //     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
 //     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
+//     --chain: GptBigCodeOptions::decode_chain (batch-1 decode: each layer after its attention as
+//     one persistent weight-streaming kernel, kernels/decode_chain.h); a comma list of off / on
+//     (e.g. off,on,off,on) gives one row each, on the same runner; rows print how many chains ran.
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -91,11 +94,13 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
-  std::string attn = "14";  // comma list of PagedAttentionTuning variants (14: the runner's default)
-  std::string skip = "none";  // comma list of op sets left out (timing only)
-  std::string attn_wm = "0";  // comma list of attention warps_m (0: automatic)
+  std::string chain = "off";
+  std::string attn =
+      "14";  // comma list of PagedAttentionTuning variants (14: the runner's default)
+  std::string skip = "none";      // comma list of op sets left out (timing only)
+  std::string attn_wm = "0";      // comma list of attention warps_m (0: automatic)
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
-  std::string attn_tn = "0";  // comma list of variant 11's KV tokens a stage (0: automatic)
+  std::string attn_tn = "0";      // comma list of variant 11's KV tokens a stage (0: automatic)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
@@ -141,6 +146,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.small, value());
     } else if (a == "--async") {
       ASSIGN_OR_RETURN(f.async, value());
+    } else if (a == "--chain") {
+      ASSIGN_OR_RETURN(f.chain, value());
     } else if (a == "--attn") {
       ASSIGN_OR_RETURN(f.attn, value());
     } else if (a == "--attn-splits") {
@@ -255,7 +262,8 @@ StepInput MakeStep(const std::vector<Seq*>& seqs, const std::vector<std::vector<
     in.query_start.push_back(in.num_tokens());
     in.context_lens.push_back(start + static_cast<int>(chunk[i].size()));
     in.logits_rows.push_back(in.num_tokens() - 1);
-    for (size_t b = 0; b < width; ++b) in.block_tables.push_back(b < s.table.size() ? s.table[b] : 0);
+    for (size_t b = 0; b < width; ++b)
+      in.block_tables.push_back(b < s.table.size() ? s.table[b] : 0);
   }
   return in;
 }
@@ -263,9 +271,9 @@ StepInput MakeStep(const std::vector<Seq*>& seqs, const std::vector<std::vector<
 int64_t WeightBytes(const GptBigCodeWeights& w) {
   int64_t bytes = w.lm_head.nbytes() + w.ln_f_w.nbytes() + w.ln_f_b.nbytes();
   for (const LayerWeights& L : w.layers) {
-    for (const Tensor* t : {&L.ln_1_w, &L.ln_1_b, &L.c_attn_w, &L.c_attn_b, &L.c_proj_w,
-                            &L.c_proj_b, &L.ln_2_w, &L.ln_2_b, &L.c_fc_w, &L.c_fc_b,
-                            &L.mlp_proj_w, &L.mlp_proj_b}) {
+    for (const Tensor* t :
+         {&L.ln_1_w, &L.ln_1_b, &L.c_attn_w, &L.c_attn_b, &L.c_proj_w, &L.c_proj_b, &L.ln_2_w,
+          &L.ln_2_b, &L.c_fc_w, &L.c_fc_b, &L.mlp_proj_w, &L.mlp_proj_b}) {
       bytes += t->nbytes();
     }
   }
@@ -291,12 +299,13 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   const auto t0 = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(GptBigCodeWeights w, MakeDeviceDummyWeights(s.config, s.dtype, f.seed));
   s.weight_bytes = WeightBytes(w);
-  std::printf("# %s: %lld layers, E %lld, %lld heads, vocab %lld; %s weights %.2f GB made on the "
-              "GPU in %.1f s; copy bandwidth %.2f TB/s (read + write)\n",
-              f.model.c_str(), (long long)s.config.n_layer, (long long)s.config.n_embd,
-              (long long)s.config.n_head, (long long)s.config.vocab_size,
-              std::string(DTypeName(s.dtype)).c_str(), s.weight_bytes / 1e9,
-              Seconds(t0, std::chrono::steady_clock::now()), s.copy_bw / 1e12);
+  std::printf(
+      "# %s: %lld layers, E %lld, %lld heads, vocab %lld; %s weights %.2f GB made on the "
+      "GPU in %.1f s; copy bandwidth %.2f TB/s (read + write)\n",
+      f.model.c_str(), (long long)s.config.n_layer, (long long)s.config.n_embd,
+      (long long)s.config.n_head, (long long)s.config.vocab_size,
+      std::string(DTypeName(s.dtype)).c_str(), s.weight_bytes / 1e9,
+      Seconds(t0, std::chrono::steady_clock::now()), s.copy_bw / 1e12);
   s.collectives = MakeLocalCollectives();
   GptBigCodeRunnerOptions o;
   o.device = Device::kCuda;
@@ -360,8 +369,16 @@ absl::Status Latency(const Flags& f) {
   for (absl::string_view v : absl::StrSplit(f.autotune, ',')) {
     for (const std::string& row : rows_of(std::string(v))) tunes.push_back(row);
   }
-  const std::vector<std::string> smalls = rows_of(f.small),
-                                 asyncs = rows_of(f.async);
+  const std::vector<std::string> smalls = rows_of(f.small), asyncs = rows_of(f.async);
+  std::vector<std::string> chains;
+  for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
+    for (const std::string& row : rows_of(std::string(v))) {
+      if (row != "off" && row != "on") {
+        return absl::InvalidArgumentError("--chain off|on|both or a comma list of off / on");
+      }
+      chains.push_back(row);
+    }
+  }
   // A comma list of integers as rows; `ok` says which values the flag takes.
   auto int_rows = [](const std::string& list, const char* flag, const char* allowed,
                      auto ok) -> absl::StatusOr<std::vector<int>> {
@@ -375,11 +392,10 @@ absl::Status Latency(const Flags& f) {
     }
     return rows;
   };
-  ASSIGN_OR_RETURN(
-      const std::vector<int> attns,
-      int_rows(f.attn, "--attn",
-               absl::StrCat("variants 0..", kNumPagedAttentionVariants - 1).c_str(),
-               [](int a) { return a >= 0 && a < kNumPagedAttentionVariants; }));
+  ASSIGN_OR_RETURN(const std::vector<int> attns,
+                   int_rows(f.attn, "--attn",
+                            absl::StrCat("variants 0..", kNumPagedAttentionVariants - 1).c_str(),
+                            [](int a) { return a >= 0 && a < kNumPagedAttentionVariants; }));
   std::vector<std::pair<std::string, uint32_t>> skips;
   for (absl::string_view row : absl::StrSplit(f.skip, ',')) {
     uint32_t bits = 0;
@@ -410,14 +426,14 @@ absl::Status Latency(const Flags& f) {
                    int_rows(f.attn_wm, "--attn-wm", "0, 1, 2, 3, 4, 8", [](int w) {
                      return w == 0 || w == 1 || w == 2 || w == 3 || w == 4 || w == 8;
                    }));
-  ASSIGN_OR_RETURN(const std::vector<int> split_rows,
-                   int_rows(f.attn_splits, "--attn-splits", "counts >= 0",
-                            [](int n) { return n >= 0; }));
+  ASSIGN_OR_RETURN(
+      const std::vector<int> split_rows,
+      int_rows(f.attn_splits, "--attn-splits", "counts >= 0", [](int n) { return n >= 0; }));
   ASSIGN_OR_RETURN(const std::vector<int> tn_rows,
                    int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
                             [](int n) { return n == 0 || n == 32 || n == 64; }));
   struct Run {
-    std::string variant, fast, autotune, small, async;
+    std::string variant, fast, autotune, small, async, chain;
     int attn = 3;
     std::pair<std::string, uint32_t> skip;
     int wm = 0;
@@ -434,7 +450,11 @@ absl::Status Latency(const Flags& f) {
               for (const auto& x : skips) {
                 for (int w : wms) {
                   for (int n : split_rows) {
-                    for (int tn : tn_rows) runs.push_back({v, k, a, m, y, t, x, w, n, tn});
+                    for (int tn : tn_rows) {
+                      for (const std::string& c : chains) {
+                        runs.push_back({v, k, a, m, y, c, t, x, w, n, tn});
+                      }
+                    }
                   }
                 }
               }
@@ -446,8 +466,11 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async, attn, skip, wm, splits, tn] : runs) {
+  for (const auto& [variant, fast, autotune, small, async, chain, attn, skip, wm, splits, tn] :
+       runs) {
     r.model().set_attention(attn, wm, splits, tn);
+    r.model().set_decode_chain(chain == "on");
+    const int64_t chains_before = r.model().decode_chain_runs();
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
     auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
@@ -498,8 +521,8 @@ absl::Status Latency(const Flags& f) {
         for (int step = 1; step <= f.output_len && failed.ok(); ++step) {
           if (step < f.output_len) {
             for (int i = 0; i < f.batch_size; ++i) chunk[i] = {step == 1 ? next[i] : 0};
-            failed = r.LaunchSample(MakeStep(ptrs, chunk, bs), greedy,
-                                    step == 1 ? 0 : f.batch_size);
+            failed =
+                r.LaunchSample(MakeStep(ptrs, chunk, bs), greedy, step == 1 ? 0 : f.batch_size);
             for (Seq& q : seqs) ++q.context;
           }
           if (step > 1 && failed.ok()) {
@@ -554,30 +577,37 @@ absl::Status Latency(const Flags& f) {
     for (double l : latencies) avg += l;
     avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
-    std::printf("latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
-                "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), skip "
-                "%s, cuda graphs %s\n",
-                f.model.c_str(), f.batch_size, f.input_len, f.output_len,
-                std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(),
-                autotune.c_str(), small.c_str(), async.c_str(), attn, wm, splits, tn,
-                skip.first.c_str(), f.cuda_graphs ? "on" : "off");
+    std::printf(
+        "latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
+        "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), skip "
+        "%s, cuda graphs %s\n",
+        f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+        std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(), autotune.c_str(),
+        small.c_str(), async.c_str(), attn, wm, splits, tn, skip.first.c_str(),
+        f.cuda_graphs ? "on" : "off");
     std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
                 *std::min_element(latencies.begin(), latencies.end()),
                 *std::max_element(latencies.begin(), latencies.end()), latencies.size());
-    std::printf("  prefill %.2f ms; decode step median %.3f ms (weights floor %.3f ms = %.2f GB / "
-                "%.2f TB/s copy; %.0f%% of floor speed; effective %.2f TB/s)\n",
-                Median(prefills) * 1e3, step_ms, floor_ms, s.weight_bytes / 1e9, s.copy_bw / 1e12,
-                100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
+    std::printf(
+        "  prefill %.2f ms; decode step median %.3f ms (weights floor %.3f ms = %.2f GB / "
+        "%.2f TB/s copy; %.0f%% of floor speed; effective %.2f TB/s)\n",
+        Median(prefills) * 1e3, step_ms, floor_ms, s.weight_bytes / 1e9, s.copy_bw / 1e12,
+        100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
     if (!graph_ms.empty()) {
       // What the host adds to a step: preparing and staging the next step's indices, the launch,
       // the sampling kernel and the token copy back, all while the GPU waits.
       const double g = Median(graph_ms);
-      std::printf("  decode graph on the GPU: median %.3f ms (%zu launches timed by events); the "
-                  "rest of the step (host preparation, launch, sampling, token copy) %.3f ms = "
-                  "%.1f%% of the step\n",
-                  g, graph_ms.size(), step_ms - g, 100.0 * (step_ms - g) / step_ms);
+      std::printf(
+          "  decode graph on the GPU: median %.3f ms (%zu launches timed by events); the "
+          "rest of the step (host preparation, launch, sampling, token copy) %.3f ms = "
+          "%.1f%% of the step\n",
+          g, graph_ms.size(), step_ms - g, 100.0 * (step_ms - g) / step_ms);
     }
-    std::printf("  CUDA graphs captured: %d\n", r.model().num_cuda_graphs());
+    std::printf(
+        "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
+        "captured)\n",
+        r.model().num_cuda_graphs(), chain.c_str(),
+        static_cast<long long>(r.model().decode_chain_runs() - chains_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
   }
   return first_failure;
@@ -627,8 +657,8 @@ absl::Status Throughput(const Flags& f) {
   // KV pool: room for max_num_seqs sequences of the longest kind.
   const int bs = f.block_size;
   const int pool = f.max_num_seqs * ((1024 + 256 + bs - 1) / bs) / 2 + 64;
-  ASSIGN_OR_RETURN(Setup s, MakeSetup(f, pool, f.max_num_batched_tokens + f.max_num_seqs,
-                                      f.max_num_seqs));
+  ASSIGN_OR_RETURN(Setup s,
+                   MakeSetup(f, pool, f.max_num_batched_tokens + f.max_num_seqs, f.max_num_seqs));
   ASSIGN_OR_RETURN(const double gemm_rate, MeasureGemmRate(8192, s.dtype));
   GptBigCodeRunner& r = *s.runner;
   if (f.small == "on") r.model().set_small_kernels(true, true);
@@ -655,8 +685,8 @@ absl::Status Throughput(const Flags& f) {
     }
     while (!waiting.empty() && static_cast<int>(batch.size()) < f.max_num_seqs &&
            static_cast<int64_t>(waiting.front().prompt.size()) <= budget &&
-           blocks.free() * bs >= static_cast<int>(waiting.front().prompt.size()) +
-                                     waiting.front().output_len) {
+           blocks.free() * bs >=
+               static_cast<int>(waiting.front().prompt.size()) + waiting.front().output_len) {
       running.push_back(std::move(waiting.front()));
       waiting.pop_front();
       Seq* q = &running.back();
@@ -695,14 +725,16 @@ absl::Status Throughput(const Flags& f) {
   const double secs = Seconds(t0, std::chrono::steady_clock::now());
   const double params = static_cast<double>(s.weight_bytes) / DTypeSize(s.dtype);
   const double flops = 2.0 * params * processed;
-  std::printf("throughput %s: %d requests (prompts %lld tokens, outputs %lld tokens, lengths cut "
-              "from this repository's code), %s, max %d seqs, %d batched tokens\n",
-              f.model.c_str(), f.num_prompts, (long long)total_prompt, (long long)total_output,
-              std::string(DTypeName(s.dtype)).c_str(), f.max_num_seqs, f.max_num_batched_tokens);
-  std::printf("  %.2f s, %d steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
-              "GEMM work = %.1f%% of the measured %.0f TFLOP/s (8192^3 GEMM)\n",
-              secs, steps, generated / secs, processed / secs, flops / secs / 1e12,
-              100.0 * flops / secs / gemm_rate, gemm_rate / 1e12);
+  std::printf(
+      "throughput %s: %d requests (prompts %lld tokens, outputs %lld tokens, lengths cut "
+      "from this repository's code), %s, max %d seqs, %d batched tokens\n",
+      f.model.c_str(), f.num_prompts, (long long)total_prompt, (long long)total_output,
+      std::string(DTypeName(s.dtype)).c_str(), f.max_num_seqs, f.max_num_batched_tokens);
+  std::printf(
+      "  %.2f s, %d steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
+      "GEMM work = %.1f%% of the measured %.0f TFLOP/s (8192^3 GEMM)\n",
+      secs, steps, generated / secs, processed / secs, flops / secs / 1e12,
+      100.0 * flops / secs / gemm_rate, gemm_rate / 1e12);
   return absl::OkStatus();
 }
 

@@ -103,10 +103,9 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // bit 6: the runner's default attention variant (GptBigCodeRunnerOptions), bit 7: variant 8
 // (cluster merge, early KV copies), bit 8: variant 7 (6 with the early KV copies), bit 9: variant
 // 11 (wgmma), bit 10: variant 14 (13 with the KV write fused into its TMA kernel), bit 11:
-// variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3. 101: the
-// runner's defaults).
-class HfParityCuda
-    : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
+// variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3; bit 12: the
+// batch-1 decode chain, every prompt prefilled and decoded alone. 101: the runner's defaults).
+class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -123,101 +122,113 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.fuse_small_kernels = knobs & 2;
   opts.ln_registers = opts.greedy_cluster = knobs & 4;
   opts.gemm_split_k = opts.gemm_stream_tc = knobs & 8;
-  opts.attention_variant = knobs & 2048 ? 15
+  opts.attention_variant = knobs & 2048   ? 15
                            : knobs & 1024 ? 14
-                           : knobs & 512 ? 11
-                           : knobs & 128 ? 8
-                           : knobs & 256 ? 7
-                           : knobs & 16  ? 5
-                           : knobs & 64  ? GptBigCodeRunnerOptions().attention_variant
-                                         : 3;
+                           : knobs & 512  ? 11
+                           : knobs & 128  ? 8
+                           : knobs & 256  ? 7
+                           : knobs & 16   ? 5
+                           : knobs & 64   ? GptBigCodeRunnerOptions().attention_variant
+                                          : 3;
   opts.gemm_deep_unroll = knobs & 32;
+  opts.decode_chain = knobs & 4096;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
   const int64_t vocab = r.vocab_size();
-  const auto refs = testing::LoadHfReferences(load.model_dir, vocab);
-  ASSERT_GE(refs.size(), 5u);
-  const size_t S = refs.size();
-
-  Batch batch = Batch::Shuffled(S, opts.num_kv_blocks, block_size, 7);
-
-  // Prefill every prompt in one step; logits at every position.
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<int> start(S, 0);
-  for (const Reference& ref : refs) tokens.push_back(ref.prompt);
-  auto logits = r.Execute(batch.Make(tokens, start, /*all_rows=*/true));
-  ASSERT_TRUE(logits.ok()) << logits.status();
+  const auto all_refs = testing::LoadHfReferences(load.model_dir, vocab);
+  ASSERT_GE(all_refs.size(), 5u);
+  // Bit 12 (the decode chain, batch 1 only): each prompt prefilled and decoded on its own.
+  std::vector<std::vector<Reference>> groups;
+  if (knobs & 4096) {
+    for (const Reference& ref : all_refs) groups.push_back({ref});
+  } else {
+    groups.push_back(all_refs);
+  }
   double worst = 0;
-  int64_t row = 0;
-  std::vector<int32_t> next(S);
-  for (size_t s = 0; s < S; ++s) {
-    for (size_t i = 0; i < refs[s].prompt.size(); ++i, ++row) {
-      const double e = RowRelError(logits->data<float>() + row * vocab,
-                                   refs[s].logits.data() + i * vocab, vocab);
-      worst = std::max(worst, e);
-    }
-    next[s] = Argmax(logits->data<float>() + (row - 1) * vocab, vocab);
-    start[s] = static_cast<int>(refs[s].prompt.size());
-  }
-  const double logit_tol = dtype == DType::kF16 ? 2e-2 : 6e-2;
-  EXPECT_LT(worst, logit_tol) << model << " prefill";
-
-  // Greedy decode of the whole batch; sequence s is compared until HF's margin at a step is below
-  // what this dtype resolves (then its history may fork from HF's legitimately).
-  const double margin_floor = dtype == DType::kF16 ? 0.05 : 0.25;
-  std::vector<bool> comparing(S, true);
   int compared = 0;
-  size_t steps = 0;
-  for (const Reference& ref : refs) steps = std::max(steps, ref.greedy.size());
-  for (size_t step = 0; step < steps; ++step) {
+  for (const std::vector<Reference>& refs : groups) {
+    const size_t S = refs.size();
+
+    Batch batch = Batch::Shuffled(S, opts.num_kv_blocks, block_size, 7);
+
+    // Prefill every prompt in one step; logits at every position.
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int> start(S, 0);
+    for (const Reference& ref : refs) tokens.push_back(ref.prompt);
+    auto logits = r.Execute(batch.Make(tokens, start, /*all_rows=*/true));
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    int64_t row = 0;
+    std::vector<int32_t> next(S);
     for (size_t s = 0; s < S; ++s) {
-      if (!comparing[s]) continue;
-      if (step >= refs[s].greedy.size()) {
-        comparing[s] = false;
-        continue;
+      for (size_t i = 0; i < refs[s].prompt.size(); ++i, ++row) {
+        const double e = RowRelError(logits->data<float>() + row * vocab,
+                                     refs[s].logits.data() + i * vocab, vocab);
+        worst = std::max(worst, e);
       }
-      if (refs[s].margins[step] < margin_floor) {
-        // HF's top two are closer than this dtype resolves: either token is right. While ours
-        // still equals HF's the histories agree and later steps stay comparable.
-        if (next[s] != refs[s].greedy[step]) comparing[s] = false;
-        continue;
-      }
-      EXPECT_EQ(next[s], refs[s].greedy[step]) << model << " seq " << s << " step " << step;
-      if (next[s] != refs[s].greedy[step]) comparing[s] = false;
-      ++compared;
+      next[s] = Argmax(logits->data<float>() + (row - 1) * vocab, vocab);
+      start[s] = static_cast<int>(refs[s].prompt.size());
     }
-    if (step + 1 == steps) break;
-    tokens.clear();
-    for (size_t s = 0; s < S; ++s) tokens.push_back({next[s]});
-    const StepInput in = batch.Make(tokens, start, false);
-    if (step % 2 == 0) {
-      auto out = r.Execute(in);
-      ASSERT_TRUE(out.ok()) << out.status();
-      for (size_t s = 0; s < S; ++s) next[s] = Argmax(out->data<float>() + s * vocab, vocab);
-    } else if (step % 4 == 1) {
-      std::vector<RowSamplingParams> greedy(S);
-      auto out = r.ExecuteAndSample(in, greedy);
-      ASSERT_TRUE(out.ok()) << out.status();
-      next = *out;
-    } else {
-      // The engine's path for a batch that also has host-sampled rows: tokens and logits.
-      std::vector<RowSamplingParams> greedy(S);
-      auto out = r.ExecuteSampled(in, greedy, /*with_logits=*/true);
-      ASSERT_TRUE(out.ok()) << out.status();
-      ASSERT_EQ(out->logits.dim(0), static_cast<int64_t>(S));
+    const double logit_tol = dtype == DType::kF16 ? 2e-2 : 6e-2;
+    EXPECT_LT(worst, logit_tol) << model << " prefill";
+
+    // Greedy decode of the whole batch; sequence s is compared until HF's margin at a step is below
+    // what this dtype resolves (then its history may fork from HF's legitimately).
+    const double margin_floor = dtype == DType::kF16 ? 0.05 : 0.25;
+    std::vector<bool> comparing(S, true);
+    size_t steps = 0;
+    for (const Reference& ref : refs) steps = std::max(steps, ref.greedy.size());
+    for (size_t step = 0; step < steps; ++step) {
       for (size_t s = 0; s < S; ++s) {
-        EXPECT_EQ(out->tokens[s], Argmax(out->logits.data<float>() + s * vocab, vocab))
-            << "device greedy token vs host argmax of the returned logits, seq " << s;
+        if (!comparing[s]) continue;
+        if (step >= refs[s].greedy.size()) {
+          comparing[s] = false;
+          continue;
+        }
+        if (refs[s].margins[step] < margin_floor) {
+          // HF's top two are closer than this dtype resolves: either token is right. While ours
+          // still equals HF's the histories agree and later steps stay comparable.
+          if (next[s] != refs[s].greedy[step]) comparing[s] = false;
+          continue;
+        }
+        EXPECT_EQ(next[s], refs[s].greedy[step]) << model << " seq " << s << " step " << step;
+        if (next[s] != refs[s].greedy[step]) comparing[s] = false;
+        ++compared;
       }
-      next = out->tokens;
+      if (step + 1 == steps) break;
+      tokens.clear();
+      for (size_t s = 0; s < S; ++s) tokens.push_back({next[s]});
+      const StepInput in = batch.Make(tokens, start, false);
+      if (step % 2 == 0) {
+        auto out = r.Execute(in);
+        ASSERT_TRUE(out.ok()) << out.status();
+        for (size_t s = 0; s < S; ++s) next[s] = Argmax(out->data<float>() + s * vocab, vocab);
+      } else if (step % 4 == 1) {
+        std::vector<RowSamplingParams> greedy(S);
+        auto out = r.ExecuteAndSample(in, greedy);
+        ASSERT_TRUE(out.ok()) << out.status();
+        next = *out;
+      } else {
+        // The engine's path for a batch that also has host-sampled rows: tokens and logits.
+        std::vector<RowSamplingParams> greedy(S);
+        auto out = r.ExecuteSampled(in, greedy, /*with_logits=*/true);
+        ASSERT_TRUE(out.ok()) << out.status();
+        ASSERT_EQ(out->logits.dim(0), static_cast<int64_t>(S));
+        for (size_t s = 0; s < S; ++s) {
+          EXPECT_EQ(out->tokens[s], Argmax(out->logits.data<float>() + s * vocab, vocab))
+              << "device greedy token vs host argmax of the returned logits, seq " << s;
+        }
+        next = out->tokens;
+      }
+      for (size_t s = 0; s < S; ++s) ++start[s];
     }
-    for (size_t s = 0; s < S; ++s) ++start[s];
-  }
-  std::printf("%s %s block %d knobs %d: largest relative logit error %.3g, %d greedy steps "
-              "equal, %d CUDA graphs\n",
-              model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, knobs, worst,
-              compared, r.model().num_cuda_graphs());
+  }  // groups
+  std::printf(
+      "%s %s block %d knobs %d: largest relative logit error %.3g, %d greedy steps "
+      "equal, %d CUDA graphs, %lld decode chains\n",
+      model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, knobs, worst, compared,
+      r.model().num_cuda_graphs(), static_cast<long long>(r.model().decode_chain_runs()));
+  if (knobs & 4096) EXPECT_GT(r.model().decode_chain_runs(), 0) << "the decode chain never ran";
   // fp16 resolves the fixtures' greedy paths for long stretches; bf16's 8-bit mantissa forks
   // early on these random tiny models (first GPU run: 3 to 11 steps compared before a fork).
   EXPECT_GT(compared, dtype == DType::kF16 ? 40 : 0);
@@ -228,30 +239,31 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfParityCuda,
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
-                       ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085)),
+                       ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
                          std::to_string(std::get<2>(info.param)) +
-                         (std::get<3>(info.param) == 3   ? "_pdl_fuse"
-                          : std::get<3>(info.param) == 5 ? "_pdl_small"
-                          : std::get<3>(info.param) == 9 ? "_pdl_gemms"
-                          : std::get<3>(info.param) == 21 ? "_pdl_small_attn5"
-                          : std::get<3>(info.param) == 37 ? "_pdl_small_deep"
-                          : std::get<3>(info.param) == 165 ? "_pdl_small_deep_attn8"
-                          : std::get<3>(info.param) == 293 ? "_pdl_small_deep_attn7"
-                          : std::get<3>(info.param) == 549 ? "_pdl_small_deep_attn11"
+                         (std::get<3>(info.param) == 3      ? "_pdl_fuse"
+                          : std::get<3>(info.param) == 5    ? "_pdl_small"
+                          : std::get<3>(info.param) == 9    ? "_pdl_gemms"
+                          : std::get<3>(info.param) == 21   ? "_pdl_small_attn5"
+                          : std::get<3>(info.param) == 37   ? "_pdl_small_deep"
+                          : std::get<3>(info.param) == 165  ? "_pdl_small_deep_attn8"
+                          : std::get<3>(info.param) == 293  ? "_pdl_small_deep_attn7"
+                          : std::get<3>(info.param) == 549  ? "_pdl_small_deep_attn11"
                           : std::get<3>(info.param) == 1061 ? "_pdl_small_deep_attn14"
                           : std::get<3>(info.param) == 2085 ? "_pdl_small_deep_attn15"
-                          : std::get<3>(info.param) == 101 ? "_defaults"
-                                                         : "");
+                          : std::get<3>(info.param) == 4197 ? "_defaults_chain"
+                          : std::get<3>(info.param) == 101  ? "_defaults"
+                                                            : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
 
 // The tiny-mqa-d128 fixture in float16 on the GPU with these options.
 absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> TinyCudaRunner(Collectives* collectives,
-                                                                  GptBigCodeRunnerOptions opts) {
+                                                                 GptBigCodeRunnerOptions opts) {
   LoadOptions load;
   load.model_dir = FixtureModelDir("tiny-mqa-d128");
   load.dtype = DType::kF16;

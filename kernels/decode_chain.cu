@@ -1,0 +1,484 @@
+// The batch-1 decode chain (see decode_chain.h): a producer warp streams each CTA's weight rows
+// through a shared-memory ring; eight consumer warps fold them into per-row sums, phase by phase,
+// with a grid-wide barrier between phases.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/decode_chain_cuda.h"
+#include "kernels/forward_cuda_common.cuh"
+#include "kernels/tma.cuh"
+#include "runtime/cuda_check.h"
+
+namespace mqa {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kDefaultStageBytes = 16384;
+constexpr int kSegBytes = 512;  // one warp's 32 lanes x 16 bytes: 256 elements of one row
+constexpr int kSegElems = 256;
+constexpr int kMinStages = 3;
+constexpr int kMaxStages = 16;
+constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps
+constexpr int kCounterStride = 128;  // bytes between workspace counters
+
+struct ChainPhaseArgs {
+  const void* w;
+  const void* bias;
+  const void* input;
+  const void* ln_w;
+  const void* ln_b;
+  void* out;
+  float eps;
+  int gelu;
+  int accumulate;
+  int n, k;
+};
+
+struct ChainArgs {
+  ChainPhaseArgs ph[kMaxDecodeChainPhases];
+  int num_phases;
+  int stages;
+  int max_k;  // floats of the input buffer (two planes of max_k / 2)
+  int stage_bytes;
+  int stream_only;  // DecodeChainTuning::stream_only
+  unsigned* counter;
+};
+
+// This CTA's output rows of a phase: an equal contiguous share of n.
+__device__ __forceinline__ void CtaRows(int n, int& r0, int& r1) {
+  r0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * n / gridDim.x);
+  r1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * n / gridDim.x);
+}
+
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// Sum over the consumer threads; every consumer gets it. `red`: kConsumerWarps floats.
+__device__ __forceinline__ float ConsumerSum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+  float s = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) s += red[w];
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);  // red may be rewritten next
+  return s;
+}
+
+// Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
+// stores happen before (named barrier, then a gpu-scope fence by the arriving thread); loads
+// after it go through L2 (ld.global.cg), never a stale L1 line.
+__device__ __forceinline__ void GridBarrier(unsigned* counter, unsigned target) {
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    unsigned seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen < target);
+  }
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+}
+
+// Element e of the input vector lives in plane (e & 7) < 4 ? lo : hi at (e >> 3) * 4 + (e & 3):
+// a lane's 8 elements are two 16-byte loads at a 16-byte stride across the warp (no bank
+// conflicts).
+template <typename T>
+__device__ void LoadInput(const ChainPhaseArgs& ph, float* lo, float* hi, float* red) {
+  using V = fwd::Vec16<T>;
+  const int nvec = ph.k / 8;
+  const T* in = static_cast<const T*>(ph.input);
+  float sum = 0.0f;
+  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
+    V x;
+    *reinterpret_cast<int4*>(&x) = __ldcg(reinterpret_cast<const int4*>(in) + v);
+    float f[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      f[e] = fwd::ToFloat(x.v[e]);
+      sum += f[e];
+    }
+    *reinterpret_cast<float4*>(lo + v * 4) = make_float4(f[0], f[1], f[2], f[3]);
+    *reinterpret_cast<float4*>(hi + v * 4) = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  if (ph.ln_w == nullptr) return;  // the caller's barrier publishes the buffer
+  const float mean = ConsumerSum(sum, red) / ph.k;
+  float sq = 0.0f;
+  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
+    const float4 a = *reinterpret_cast<const float4*>(lo + v * 4);
+    const float4 b = *reinterpret_cast<const float4*>(hi + v * 4);
+    const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sq += (f[e] - mean) * (f[e] - mean);
+  }
+  const float rstd = rsqrtf(ConsumerSum(sq, red) / ph.k + ph.eps);
+  const V* lw = static_cast<const V*>(ph.ln_w);
+  const V* lb = static_cast<const V*>(ph.ln_b);
+  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
+    const V wv = lw[v], bv = lb[v];
+    float4 a = *reinterpret_cast<const float4*>(lo + v * 4);
+    float4 b = *reinterpret_cast<const float4*>(hi + v * 4);
+    float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      // Rounded to T as LayerNormCuda writes it, then read back as the GEMM would.
+      f[e] = fwd::ToFloat(
+          fwd::FromFloat<T>((f[e] - mean) * rstd * fwd::ToFloat(wv.v[e]) + fwd::ToFloat(bv.v[e])));
+    }
+    *reinterpret_cast<float4*>(lo + v * 4) = make_float4(f[0], f[1], f[2], f[3]);
+    *reinterpret_cast<float4*>(hi + v * 4) = make_float4(f[4], f[5], f[6], f[7]);
+  }
+}
+
+// 16 bytes of weights (8 elements) dotted with the input's 8 floats.
+__device__ __forceinline__ float Dot8(const int4& w, const float4& a, const float4& b, __half) {
+  const __half2* h = reinterpret_cast<const __half2*>(&w);
+  const float2 p0 = __half22float2(h[0]), p1 = __half22float2(h[1]);
+  const float2 p2 = __half22float2(h[2]), p3 = __half22float2(h[3]);
+  float s = p0.x * a.x;
+  s = fmaf(p0.y, a.y, s);
+  s = fmaf(p1.x, a.z, s);
+  s = fmaf(p1.y, a.w, s);
+  s = fmaf(p2.x, b.x, s);
+  s = fmaf(p2.y, b.y, s);
+  s = fmaf(p3.x, b.z, s);
+  return fmaf(p3.y, b.w, s);
+}
+__device__ __forceinline__ float Dot8(const int4& w, const float4& a, const float4& b,
+                                      __nv_bfloat16) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float2 p0 = __bfloat1622float2(h[0]), p1 = __bfloat1622float2(h[1]);
+  const float2 p2 = __bfloat1622float2(h[2]), p3 = __bfloat1622float2(h[3]);
+  float s = p0.x * a.x;
+  s = fmaf(p0.y, a.y, s);
+  s = fmaf(p1.x, a.z, s);
+  s = fmaf(p1.y, a.w, s);
+  s = fmaf(p2.x, b.x, s);
+  s = fmaf(p2.y, b.y, s);
+  s = fmaf(p3.x, b.z, s);
+  return fmaf(p3.y, b.w, s);
+}
+
+// Shared memory: the ring (stages x stage_bytes), the input planes (2 x max_k / 2 floats), the
+// row sums (max rows a CTA x fp32), the stages' full / empty barriers, the reduction scratch.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    DecodeChainKernel(const __grid_constant__ ChainArgs a) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int stages = a.stages;
+  unsigned char* ring = smem;
+  float* lo = reinterpret_cast<float*>(smem + stages * a.stage_bytes);
+  float* hi = lo + a.max_k / 2;
+  float* acc = hi + a.max_k / 2;
+  __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
+  __shared__ float red[kConsumerWarps];
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
+  const uint32_t empty0 = full0 + kMaxStages * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      tma::MbarInit(full0 + s * 8, 1);
+      tma::MbarInit(empty0 + s * 8, kConsumerWarps);
+    }
+    tma::FenceMbarInit();
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {  // the producer: weights only, so before the PDL wait too
+    if (lane == 0) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+      const int stage_bytes = a.stage_bytes;
+      int s = 0;
+      uint32_t pass = 0;
+      for (int i = 0; i < a.num_phases; ++i) {
+        const ChainPhaseArgs& ph = a.ph[i];
+        int r0, r1;
+        CtaRows(ph.n, r0, r1);
+        const char* src =
+            static_cast<const char*>(ph.w) + static_cast<int64_t>(r0) * ph.k * sizeof(T);
+        const int64_t bytes = static_cast<int64_t>(r1 - r0) * ph.k * sizeof(T);
+        for (int64_t off = 0; off < bytes; off += stage_bytes) {
+          const uint32_t len =
+              static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes);
+          if (pass > 0) tma::MbarWait(empty0 + s * 8, (pass - 1) & 1);
+          tma::MbarArriveExpectTx(full0 + s * 8, len);
+          BulkLoad(ring_s + s * stage_bytes, src + off, len, full0 + s * 8, policy);
+          if (++s == stages) {
+            s = 0;
+            ++pass;
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  fwd::PdlWait();
+  fwd::PdlTrigger();
+  int max_rows = 0;
+  for (int i = 0; i < a.num_phases; ++i) {
+    int r0, r1;
+    CtaRows(a.ph[i].n, r0, r1);
+    max_rows = max(max_rows, r1 - r0);
+  }
+  for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
+
+  int s = 0;
+  uint32_t pass = 0;
+  for (int i = 0; i < a.num_phases; ++i) {
+    const ChainPhaseArgs& ph = a.ph[i];
+    if (i > 0) GridBarrier(a.counter, static_cast<unsigned>(i) * gridDim.x);
+    LoadInput<T>(ph, lo, hi, red);
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+
+    int r0, r1;
+    CtaRows(ph.n, r0, r1);
+    const int k = ph.k;
+    const int64_t bytes = static_cast<int64_t>(r1 - r0) * k * sizeof(T);
+    const int stage_bytes = a.stage_bytes;
+    const int stage_elems = stage_bytes / static_cast<int>(sizeof(T));
+    // Each warp takes a contiguous block of a stage's segments (so it mostly stays in one row
+    // and reduces once a stage); its loads of up to four segments are issued together.
+    const int per_warp = stage_bytes / kSegBytes / kConsumerWarps;
+    int cur = -1;  // the row `part` belongs to
+    float part = 0.0f;
+    auto flush = [&]() {
+      float v = part;
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) atomicAdd(acc + cur, v);
+      part = 0.0f;
+    };
+    int64_t e_base = 0;
+    for (int64_t off = 0; off < bytes; off += stage_bytes, e_base += stage_elems) {
+      const int segs =
+          static_cast<int>(bytes - off < stage_bytes ? bytes - off : stage_bytes) / kSegBytes;
+      const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
+      tma::MbarWait(full0 + s * 8, pass & 1);
+      const unsigned char* stage = ring + s * stage_bytes;
+      if (!a.stream_only && j0 < j1) {
+        const int64_t e = e_base + static_cast<int64_t>(j0) * kSegElems;
+        int row = static_cast<int>(e / k);
+        int col = static_cast<int>(e - static_cast<int64_t>(row) * k);
+        for (int j = j0; j < j1; j += 4) {
+          int4 w[4];
+          float4 x0[4], x1[4];
+          int rows[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            if (j + u < j1) {
+              rows[u] = row;
+              w[u] = *reinterpret_cast<const int4*>(stage + (j + u) * kSegBytes + lane * 16);
+              const int v = (col >> 3) + lane;
+              x0[u] = *reinterpret_cast<const float4*>(lo + v * 4);
+              x1[u] = *reinterpret_cast<const float4*>(hi + v * 4);
+              col += kSegElems;
+              if (col == k) {
+                col = 0;
+                ++row;
+              }
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            if (j + u < j1) {
+              const float d = Dot8(w[u], x0[u], x1[u], T{});
+              if (rows[u] != cur) {
+                if (cur >= 0) flush();
+                cur = rows[u];
+              }
+              part += d;
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+      if (++s == stages) {
+        s = 0;
+        ++pass;
+      }
+    }
+    if (cur >= 0) flush();
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+
+    // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase.
+    T* out = static_cast<T*>(ph.out);
+    const T* bias = static_cast<const T*>(ph.bias);
+    for (int r = threadIdx.x; r < r1 - r0; r += kConsumers) {
+      float v = acc[r];
+      acc[r] = 0.0f;
+      if (bias != nullptr) v += fwd::ToFloat(bias[r0 + r]);
+      if (ph.gelu) v = fwd::Activate<1>(v);
+      T* o = out + r0 + r;
+      if (ph.accumulate) {
+        const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(o));
+        v += fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
+      }
+      *o = fwd::FromFloat<T>(v);
+    }
+  }
+  // The last CTA out leaves the counter at zero for the next launch.
+  if (a.num_phases > 1 && threadIdx.x == 0) {
+    const unsigned total = static_cast<unsigned>(a.num_phases) * gridDim.x;
+    if (atomicAdd(a.counter, 1u) == total - 1) atomicExch(a.counter, 0u);
+  }
+}
+
+struct LaunchInfo {
+  int device = -1;
+  int sms = 0;
+  int smem_optin = 0;
+};
+
+absl::StatusOr<LaunchInfo> DeviceLaunchInfo() {
+  static thread_local LaunchInfo info;
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (info.device != device) {
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    info.device = device;
+  }
+  return info;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+size_t DecodeChainWorkspaceBytes(int slots) {
+  return static_cast<size_t>(std::max(slots, 1)) * kCounterStride;
+}
+
+absl::Status DecodeChainSupported(const DecodeChainParams& p) {
+  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("DecodeChain: dtype ",
+                                                   std::string(DTypeName(p.dtype)),
+                                                   " unsupported (float16, bfloat16)"));
+  }
+  if (p.num_phases < 1 || p.num_phases > kMaxDecodeChainPhases) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeChain: ", p.num_phases, " phases (1..", kMaxDecodeChainPhases, ")"));
+  }
+  for (int i = 0; i < p.num_phases; ++i) {
+    const DecodeChainPhase& ph = p.phases[i];
+    const std::string where = absl::StrCat("DecodeChain phase ", i, ": ");
+    if (ph.n < 1 || ph.n > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "n ", ph.n));
+    }
+    if (ph.k < kSegElems || ph.k % kSegElems != 0 || ph.k > kDecodeChainMaxK) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "k ", ph.k, " (a multiple of ",
+                                                     kSegElems, " up to ", kDecodeChainMaxK, ")"));
+    }
+    if (ph.weight == nullptr || ph.input == nullptr || ph.output == nullptr ||
+        (ph.ln_weight == nullptr) != (ph.ln_bias == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "null pointer"));
+    }
+    if (!Aligned16(ph.weight) || !Aligned16(ph.input) ||
+        (ph.ln_weight != nullptr && (!Aligned16(ph.ln_weight) || !Aligned16(ph.ln_bias)))) {
+      return absl::InvalidArgumentError(absl::StrCat(where,
+                                                     "weight, input and LN params must "
+                                                     "be 16-byte aligned"));
+    }
+    if (ph.input == ph.output) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "input is the output"));
+    }
+    if (ph.activation != Activation::kIdentity && ph.activation != Activation::kGeluTanh) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "activation identity or GELU-tanh"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bool pdl,
+                             void* workspace, int slot, const DecodeChainTuning& tuning) {
+  RETURN_IF_ERROR(DecodeChainSupported(p));
+  if (p.num_phases > 1 && workspace == nullptr) {
+    return absl::InvalidArgumentError("DecodeChain: a chain of several phases needs a workspace");
+  }
+  ASSIGN_OR_RETURN(const LaunchInfo info, DeviceLaunchInfo());
+  ChainArgs a = {};
+  a.num_phases = p.num_phases;
+  int64_t max_k = 0, max_rows = 0;
+  for (int i = 0; i < p.num_phases; ++i) {
+    const DecodeChainPhase& ph = p.phases[i];
+    ChainPhaseArgs& d = a.ph[i];
+    d.w = ph.weight;
+    d.bias = ph.bias;
+    d.input = ph.input;
+    d.ln_w = ph.ln_weight;
+    d.ln_b = ph.ln_bias;
+    d.out = ph.output;
+    d.eps = ph.ln_epsilon;
+    d.gelu = ph.activation == Activation::kGeluTanh;
+    d.accumulate = ph.accumulate;
+    d.n = static_cast<int>(ph.n);
+    d.k = static_cast<int>(ph.k);
+    max_k = std::max(max_k, ph.k);
+    max_rows = std::max(max_rows, (ph.n + info.sms - 1) / info.sms);
+  }
+  a.max_k = static_cast<int>(max_k);
+  a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +
+                                          static_cast<size_t>(slot) * kCounterStride);
+  const size_t fixed = static_cast<size_t>(max_k) * sizeof(float) +
+                       static_cast<size_t>((max_rows + 3) / 4 * 4) * sizeof(float);
+  // Static shared memory (barriers, scratch) comes out of the same opt-in budget.
+  constexpr size_t kStatic = 2 * kMaxStages * 8 + kConsumerWarps * 4 + 1024;
+  const int64_t room =
+      static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStatic);
+  const int stage_bytes = tuning.stage_bytes > 0 ? tuning.stage_bytes : kDefaultStageBytes;
+  if (stage_bytes % (kSegBytes * kConsumerWarps) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("DecodeChain: stage bytes ", stage_bytes,
+                                                   " (a multiple of ",
+                                                   kSegBytes * kConsumerWarps, ")"));
+  }
+  const int max_stages =
+      tuning.max_stages > 0 ? std::min(tuning.max_stages, kMaxStages) : kMaxStages;
+  const int stages = static_cast<int>(std::min<int64_t>(max_stages, room / stage_bytes));
+  if (stages < kMinStages) {
+    return absl::UnimplementedError(absl::StrCat("DecodeChain: ", info.smem_optin,
+                                                 " bytes of shared memory leave ", stages,
+                                                 " stages for k ", max_k));
+  }
+  a.stages = stages;
+  a.stage_bytes = stage_bytes;
+  a.stream_only = tuning.stream_only;
+  const size_t smem = static_cast<size_t>(stages) * stage_bytes + fixed;
+  return fwd::DispatchFloat(p.dtype, "DecodeChain", [&]<typename T>() -> absl::Status {
+    if constexpr (std::is_same_v<T, float>) {
+      return absl::InvalidArgumentError("DecodeChain: float32");
+    } else {
+      auto* kernel = DecodeChainKernel<T>;
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem)));
+      int per_sm = 0;
+      CUDA_RETURN_IF_ERROR(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+      if (per_sm < 1) {
+        return absl::UnimplementedError("DecodeChain: one CTA does not fit on an SM");
+      }
+      CUDA_RETURN_IF_ERROR(
+          fwd::LaunchMaybePdlSmem(pdl, kernel, dim3(info.sms), dim3(kThreads), smem, stream, a));
+      return absl::OkStatus();
+    }
+  });
+}
+
+}  // namespace mqa

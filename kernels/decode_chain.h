@@ -1,0 +1,71 @@
+// The batch-1 decode chain: several m = 1 linear layers (with their layer norms, bias, GELU and
+// residual adds) in one persistent kernel, so that HBM keeps streaming weights across the
+// boundaries where separate kernels leave it idle (launch, ramp, tail, the small kernels between
+// GEMMs).
+//
+// A chain is a list of phases; phase i computes
+//   output = act(W_i x_i + bias_i) (+ output, with `accumulate`: the residual stream in place),
+//   x_i = input_i, or LayerNorm(input_i) rounded to the dtype as LayerNormCuda writes it,
+// where input_i may be an earlier phase's output (or anything written before the launch). One CTA
+// an SM; phase i's output rows are dealt out in equal contiguous ranges, so each CTA's weight
+// rows of a phase are one contiguous run of memory. A producer warp streams those runs, phase
+// after phase, through a ring of shared-memory stages (cp.async.bulk with mbarrier completion):
+// weights depend on nothing, so the ring fills ahead of every phase boundary, and before the
+// programmatic-dependent wait too (the previous kernel's tail and the attention between chains).
+// Consumer warps wait on a grid-wide barrier between phases (a counter in `workspace`), read the
+// phase's input vector from L2 into shared memory (fp32, normalised there where asked) and fold the
+// staged weights into per-row fp32 sums.
+//
+// The model runs, per layer l of a batch-1 decode step: [attention l] then one chain
+// {c_proj_l (+ residual), ln_2 + c_fc_l + GELU, mlp c_proj_l (+ residual), ln_1 + QKV_{l+1}}
+// (GptBigCodeOptions::decode_chain): two launches a layer instead of seven.
+//
+// The CUDA kernel is in kernels/decode_chain_cuda.h. Constraints (DecodeChainSupported): fp16 /
+// bf16; 1..kMaxDecodeChainPhases phases; k a positive multiple of 256 and at most kDecodeChainMaxK;
+// weights, inputs and LN params 16-byte aligned; a phase's input must not be its own output. A
+// chain whose grid cannot be co-resident (it needs one CTA on every SM) is refused as
+// Unimplemented, as are the shapes above (the caller falls back to the separate kernels).
+//
+// PDL: launched as a programmatic dependent with `pdl`; the producer streams weights before
+// griddepcontrol.wait; nothing else is read or written before it. Dependents are released once
+// every CTA is running (they cannot start before the chain's last CTA is resident, so the grid
+// barrier cannot deadlock on them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/activation.h"
+#include "runtime/dtype.h"
+
+namespace mqa {
+
+inline constexpr int kMaxDecodeChainPhases = 4;
+inline constexpr int64_t kDecodeChainMaxK = 24576;
+
+struct DecodeChainPhase {
+  const void* weight = nullptr;     // [n, k], row-major (PyTorch's Linear layout)
+  const void* bias = nullptr;       // [n], or null
+  const void* input = nullptr;      // [k]
+  const void* ln_weight = nullptr;  // [k]: x = LayerNorm(input) first; null: x = input
+  const void* ln_bias = nullptr;    // [k]
+  float ln_epsilon = 1e-5f;
+  void* output = nullptr;                         // [n]
+  bool accumulate = false;                        // output += act(W x + bias) (the residual stream)
+  Activation activation = Activation::kIdentity;  // identity or GELU-tanh
+  int64_t n = 0, k = 0;
+};
+
+struct DecodeChainParams {
+  DecodeChainPhase phases[kMaxDecodeChainPhases];
+  int num_phases = 0;
+  DType dtype = DType::kF16;
+};
+
+// The CPU reference (float32 only): each phase as LayerNormCpu, GemmCpu and BiasActivationCpu in
+// turn, into scratch it allocates. InvalidArgument as DecodeChainSupported (k need not be a
+// multiple of 256 here) or for another dtype.
+absl::Status DecodeChainCpu(const DecodeChainParams& p);
+
+}  // namespace mqa

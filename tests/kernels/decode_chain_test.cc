@@ -1,0 +1,317 @@
+// DecodeChainCuda (kernels/decode_chain.h) against a host fp32 reference on fresh random fp16 /
+// bf16 inputs: a transformer layer's four phases (c_proj + residual, ln_2 + c_fc + GELU, MLP
+// c_proj + residual, ln_1 + QKV), outputs poisoned first; launched repeatedly on one workspace
+// (its counter must come back to zero), with PDL, and replayed from a CUDA graph; the largest k
+// with fewer rows than SMs (CTAs without rows); a one-phase chain without a workspace; what the
+// launcher refuses. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/decode_chain_cuda.h"
+#include "tests/kernels/forward_cuda_test_util.h"
+
+namespace mqa {
+namespace {
+
+using testing::DeviceMem;
+using testing::FromBits;
+using testing::RandomRounded;
+using testing::RelError;
+using testing::ToBits;
+using testing::Widen;
+
+float RoundTo(float x, DType t) { return FromBits(ToBits(x, t), t); }
+
+float GeluTanh(float x) {
+  return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+// One phase on the host: out = round(act(W x + bias) (+ out)), x = input or round(LN(input)).
+struct HostPhase {
+  const std::vector<float>* w = nullptr;
+  const std::vector<float>* bias = nullptr;
+  const std::vector<float>* ln_w = nullptr;
+  const std::vector<float>* ln_b = nullptr;
+  bool gelu = false, accumulate = false;
+  int64_t n = 0, k = 0;
+};
+
+void RunHostPhase(const HostPhase& h, const std::vector<float>& input, std::vector<float>& out,
+                  DType t) {
+  std::vector<float> x(input.begin(), input.begin() + h.k);
+  if (h.ln_w != nullptr) {
+    double mean = 0, var = 0;
+    for (float v : x) mean += v;
+    mean /= h.k;
+    for (float v : x) var += (v - mean) * (v - mean);
+    const double rstd = 1.0 / std::sqrt(var / h.k + 1e-5);
+    for (int64_t i = 0; i < h.k; ++i) {
+      x[i] = RoundTo(static_cast<float>((x[i] - mean) * rstd * (*h.ln_w)[i] + (*h.ln_b)[i]), t);
+    }
+  }
+  for (int64_t j = 0; j < h.n; ++j) {
+    double s = 0;
+    for (int64_t i = 0; i < h.k; ++i) s += double((*h.w)[j * h.k + i]) * x[i];
+    float v = static_cast<float>(s);
+    if (h.bias != nullptr) v += (*h.bias)[j];
+    if (h.gelu) v = GeluTanh(v);
+    if (h.accumulate) v += out[j];
+    out[j] = RoundTo(v, t);
+  }
+}
+
+// A vector on the host (rounded values and their bits) and on the device.
+struct Buf {
+  std::vector<float> v;
+  std::vector<uint16_t> bits;
+  std::unique_ptr<DeviceMem> d;
+  void Random(int64_t n, DType t, std::mt19937& rng, float stddev = 1.0f, float mean = 0.0f) {
+    bits = RandomRounded(v, n, t, rng, stddev, mean);
+    d = DeviceMem::From(bits);
+  }
+  void Upload(cudaStream_t s) const {
+    ASSERT_EQ(cudaMemcpyAsync(d->get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice, s),
+              cudaSuccess);
+  }
+  std::vector<float> Get(DType t) const { return Widen(d->Download<uint16_t>(), t); }
+};
+
+class DecodeChainTest : public testing::CudaStreamTest<DType> {};
+
+// A layer of hidden size E, MLP width I, QKV width Q.
+struct LayerCase {
+  int64_t E = 512, I = 2048, Q = 640;
+  Buf w_proj, b_proj, w_fc, b_fc, w_mlp, b_mlp, w_qkv, b_qkv, ln2_w, ln2_b, ln1_w, ln1_b;
+  Buf attn, hidden, mlp, qkv;
+  DecodeChainParams p;
+  std::vector<float> want_hidden, want_mlp, want_qkv;
+
+  void Make(DType t, std::mt19937& rng) {
+    w_proj.Random(E * E, t, rng, 0.05f);
+    b_proj.Random(E, t, rng);
+    w_fc.Random(I * E, t, rng, 0.05f);
+    b_fc.Random(I, t, rng);
+    w_mlp.Random(E * I, t, rng, 0.03f);
+    b_mlp.Random(E, t, rng);
+    w_qkv.Random(Q * E, t, rng, 0.05f);
+    b_qkv.Random(Q, t, rng);
+    ln2_w.Random(E, t, rng, 0.2f, 1.0f);
+    ln2_b.Random(E, t, rng, 0.1f);
+    ln1_w.Random(E, t, rng, 0.2f, 1.0f);
+    ln1_b.Random(E, t, rng, 0.1f);
+    attn.Random(E, t, rng);
+    hidden.Random(E, t, rng, 2.0f);
+    mlp.Random(I, t, rng);  // overwritten: poisoned before each run
+    qkv.Random(Q, t, rng);
+
+    p = {};
+    p.dtype = t;
+    p.num_phases = 4;
+    DecodeChainPhase& a = p.phases[0];
+    a.weight = w_proj.d->get();
+    a.bias = b_proj.d->get();
+    a.input = attn.d->get();
+    a.output = hidden.d->get();
+    a.accumulate = true;
+    a.n = E;
+    a.k = E;
+    DecodeChainPhase& b = p.phases[1];
+    b.weight = w_fc.d->get();
+    b.bias = b_fc.d->get();
+    b.input = hidden.d->get();
+    b.ln_weight = ln2_w.d->get();
+    b.ln_bias = ln2_b.d->get();
+    b.output = mlp.d->get();
+    b.activation = Activation::kGeluTanh;
+    b.n = I;
+    b.k = E;
+    DecodeChainPhase& c = p.phases[2];
+    c.weight = w_mlp.d->get();
+    c.bias = b_mlp.d->get();
+    c.input = mlp.d->get();
+    c.output = hidden.d->get();
+    c.accumulate = true;
+    c.n = E;
+    c.k = I;
+    DecodeChainPhase& d = p.phases[3];
+    d.weight = w_qkv.d->get();
+    d.bias = b_qkv.d->get();
+    d.input = hidden.d->get();
+    d.ln_weight = ln1_w.d->get();
+    d.ln_bias = ln1_b.d->get();
+    d.output = qkv.d->get();
+    d.n = Q;
+    d.k = E;
+
+    Expect(t, 1);
+  }
+
+  // The outputs after `runs` launches from the initial hidden state (each run starts from the
+  // hidden state the previous one left).
+  void Expect(DType t, int runs) {
+    want_hidden = hidden.v;
+    want_mlp.assign(I, 0.0f);
+    want_qkv.assign(Q, 0.0f);
+    for (int r = 0; r < runs; ++r) {
+      RunHostPhase({&w_proj.v, &b_proj.v, nullptr, nullptr, false, true, E, E}, attn.v, want_hidden,
+                   t);
+      RunHostPhase({&w_fc.v, &b_fc.v, &ln2_w.v, &ln2_b.v, true, false, I, E}, want_hidden, want_mlp,
+                   t);
+      RunHostPhase({&w_mlp.v, &b_mlp.v, nullptr, nullptr, false, true, E, I}, want_mlp, want_hidden,
+                   t);
+      RunHostPhase({&w_qkv.v, &b_qkv.v, &ln1_w.v, &ln1_b.v, false, false, Q, E}, want_hidden,
+                   want_qkv, t);
+    }
+  }
+
+  // Inputs back to their initial values, outputs poisoned (on the stream).
+  void Reset(cudaStream_t s) const {
+    hidden.Upload(s);
+    ASSERT_EQ(cudaMemsetAsync(mlp.d->get(), 0xff, I * 2, s), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(qkv.d->get(), 0xff, Q * 2, s), cudaSuccess);
+  }
+
+  void Check(DType t, const char* what) const {
+    const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
+    EXPECT_LT(RelError(hidden.Get(t), want_hidden), tol) << what << ": hidden";
+    EXPECT_LT(RelError(mlp.Get(t), want_mlp), tol) << what << ": mlp";
+    EXPECT_LT(RelError(qkv.Get(t), want_qkv), tol) << what << ": qkv";
+  }
+};
+
+TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
+  const DType t = GetParam();
+  LayerCase c;
+  c.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t ws_bytes = DecodeChainWorkspaceBytes(2);
+  DeviceMem ws(ws_bytes);
+  ASSERT_EQ(cudaMemset(ws.get(), 0, ws_bytes), cudaSuccess);
+
+  for (int run = 0; run < 3; ++run) {
+    c.Reset(stream_);
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, /*pdl=*/run > 0, ws.get(), run % 2).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    c.Check(t, run == 0 ? "run 0" : run == 1 ? "run 1 (pdl)" : "run 2 (pdl)");
+  }
+  // Two chains back to back on one slot, the second a programmatic dependent of the first: its
+  // barriers must not count the first one's arrivals, and it must read what the first wrote.
+  c.Reset(stream_);
+  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws.get(), 0).ok());
+  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws.get(), 0).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  c.Expect(t, 2);
+  c.Check(t, "two back to back");
+  c.Expect(t, 1);
+
+  // Captured into a graph, replayed twice.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = DecodeChainCuda(c.p, stream_, true, ws.get(), 1);
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    c.Reset(stream_);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    c.Check(t, "graph");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  const std::vector<uint32_t> counters = ws.Download<uint32_t>();
+  for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
+}
+
+// The largest k (the fewest stages), n below the SM count (CTAs with no rows), one phase, no
+// bias, no workspace; and a two-phase chain whose second phase has a single row.
+TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
+  const DType t = GetParam();
+  const int64_t k = kDecodeChainMaxK, n = 100;
+  Buf w, x, y, w2, z;
+  w.Random(n * k, t, rng_, 0.02f);
+  x.Random(k, t, rng_);
+  y.Random(n, t, rng_);
+  w2.Random(256, t, rng_, 0.1f);  // [1, 256]
+  z.Random(1, t, rng_);
+  y.d->Poison();
+  z.d->Poison();
+
+  DecodeChainParams p;
+  p.dtype = t;
+  p.num_phases = 1;
+  p.phases[0].weight = w.d->get();
+  p.phases[0].input = x.d->get();
+  p.phases[0].output = y.d->get();
+  p.phases[0].n = n;
+  p.phases[0].k = k;
+  ASSERT_TRUE(DecodeChainCuda(p, stream_, false, nullptr, 0).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  std::vector<float> want(n);
+  RunHostPhase({&w.v, nullptr, nullptr, nullptr, false, false, n, k}, x.v, want, t);
+  const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
+  EXPECT_LT(RelError(y.Get(t), want), tol);
+
+  // Two phases: y = W x as before, then z = GELU(w2 x[0:256)) (one row: every CTA but one has
+  // none).
+  DeviceMem ws(DecodeChainWorkspaceBytes(1));
+  ASSERT_EQ(cudaMemset(ws.get(), 0, DecodeChainWorkspaceBytes(1)), cudaSuccess);
+  y.d->Poison();
+  p.num_phases = 2;
+  p.phases[1].weight = w2.d->get();
+  p.phases[1].input = x.d->get();
+  p.phases[1].output = z.d->get();
+  p.phases[1].activation = Activation::kGeluTanh;
+  p.phases[1].n = 1;
+  p.phases[1].k = 256;
+  ASSERT_TRUE(DecodeChainCuda(p, stream_, true, ws.get(), 0).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_LT(RelError(y.Get(t), want), tol);
+  std::vector<float> want_z(1);
+  RunHostPhase({&w2.v, nullptr, nullptr, nullptr, true, false, 1, 256}, x.v, want_z, t);
+  EXPECT_LT(RelError(z.Get(t), want_z), tol);
+  EXPECT_EQ(ws.Download<uint32_t>()[0], 0u);
+}
+
+TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
+  DecodeChainParams p;
+  p.dtype = GetParam();
+  p.num_phases = 1;
+  DeviceMem w(1 << 20), x(1 << 16), y(1 << 16);
+  p.phases[0].weight = w.get();
+  p.phases[0].input = x.get();
+  p.phases[0].output = y.get();
+  p.phases[0].n = 64;
+  p.phases[0].k = 300;  // not a multiple of 256
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0)));
+  p.phases[0].k = 512;
+  p.phases[0].input = y.get();  // its own output
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0)));
+  p.phases[0].input = x.get();
+  p.phases[0].activation = Activation::kGeluErf;
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0)));
+  p.phases[0].activation = Activation::kIdentity;
+  p.num_phases = 2;
+  p.phases[1] = p.phases[0];
+  p.phases[1].output = x.get();
+  p.phases[1].input = y.get();
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0)))
+      << "several phases without a workspace";
+  p.dtype = DType::kF32;
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainSupported(p)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeChainTest, ::testing::Values(DType::kF16, DType::kBF16),
+                         [](const auto& info) {
+                           return info.param == DType::kF16 ? std::string("f16")
+                                                            : std::string("bf16");
+                         });
+
+}  // namespace
+}  // namespace mqa
