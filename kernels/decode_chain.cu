@@ -1,5 +1,5 @@
 // The batch-1 decode chain (see decode_chain.h): a producer warp streams each CTA's weight rows
-// through a shared-memory ring; eight consumer warps fold them into per-row sums, phase by phase,
+// through a shared-memory ring; sixteen consumer warps fold them into per-row sums, phase by phase,
 // with a grid-wide barrier between phases.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,10 +15,10 @@
 namespace mqa {
 namespace {
 
-constexpr int kConsumerWarps = 8;
+constexpr int kConsumerWarps = 16;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kDefaultStageBytes = 16384;
+constexpr int kDefaultStageBytes = 32768;
 constexpr int kSegBytes = 512;  // one warp's 32 lanes x 16 bytes: 256 elements of one row
 constexpr int kSegElems = 256;
 constexpr int kMinStages = 3;
@@ -77,13 +77,13 @@ __device__ __forceinline__ float ConsumerSum(float v, float* red) {
 }
 
 // Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
-// stores happen before (named barrier, then a gpu-scope fence by the arriving thread); loads
-// after it go through L2 (ld.global.cg), never a stale L1 line.
+// stores happen before (named barrier, then a gpu-scope release by the arriving thread, which the
+// others' acquire loads pair with); loads after it go through L2 (ld.global.cg), never a stale L1
+// line.
 __device__ __forceinline__ void GridBarrier(unsigned* counter, unsigned target) {
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
     unsigned seen;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
@@ -256,6 +256,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Each warp takes a contiguous block of a stage's segments (so it mostly stays in one row
     // and reduces once a stage); its loads of up to four segments are issued together.
     const int per_warp = stage_bytes / kSegBytes / kConsumerWarps;
+    // (row, col) of this warp's first segment in the next stage, advanced a stage at a time.
+    int row_b = (warp * per_warp * kSegElems) / k;
+    int col_b = warp * per_warp * kSegElems - row_b * k;
     int cur = -1;  // the row `part` belongs to
     float part = 0.0f;
     auto flush = [&]() {
@@ -264,17 +267,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) atomicAdd(acc + cur, v);
       part = 0.0f;
     };
-    int64_t e_base = 0;
-    for (int64_t off = 0; off < bytes; off += stage_bytes, e_base += stage_elems) {
+    for (int64_t off = 0; off < bytes; off += stage_bytes) {
       const int segs =
           static_cast<int>(bytes - off < stage_bytes ? bytes - off : stage_bytes) / kSegBytes;
       const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
       tma::MbarWait(full0 + s * 8, pass & 1);
       const unsigned char* stage = ring + s * stage_bytes;
       if (!a.stream_only && j0 < j1) {
-        const int64_t e = e_base + static_cast<int64_t>(j0) * kSegElems;
-        int row = static_cast<int>(e / k);
-        int col = static_cast<int>(e - static_cast<int64_t>(row) * k);
+        int row = row_b, col = col_b;
         for (int j = j0; j < j1; j += 4) {
           int4 w[4];
           float4 x0[4], x1[4];
@@ -309,6 +309,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncwarp();
       if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+      col_b += stage_elems;
+      while (col_b >= k) {
+        col_b -= k;
+        ++row_b;
+      }
       if (++s == stages) {
         s = 0;
         ++pass;
@@ -414,6 +419,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     return absl::InvalidArgumentError("DecodeChain: a chain of several phases needs a workspace");
   }
   ASSIGN_OR_RETURN(const LaunchInfo info, DeviceLaunchInfo());
+  const int grid = std::max(1, info.sms - std::max(0, tuning.spare_sms));
   ChainArgs a = {};
   a.num_phases = p.num_phases;
   int64_t max_k = 0, max_rows = 0;
@@ -432,7 +438,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.n = static_cast<int>(ph.n);
     d.k = static_cast<int>(ph.k);
     max_k = std::max(max_k, ph.k);
-    max_rows = std::max(max_rows, (ph.n + info.sms - 1) / info.sms);
+    max_rows = std::max(max_rows, (ph.n + grid - 1) / grid);
   }
   a.max_k = static_cast<int>(max_k);
   a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +
@@ -446,8 +452,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   const int stage_bytes = tuning.stage_bytes > 0 ? tuning.stage_bytes : kDefaultStageBytes;
   if (stage_bytes % (kSegBytes * kConsumerWarps) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChain: stage bytes ", stage_bytes,
-                                                   " (a multiple of ",
-                                                   kSegBytes * kConsumerWarps, ")"));
+                                                   " (a multiple of ", kSegBytes * kConsumerWarps,
+                                                   ")"));
   }
   const int max_stages =
       tuning.max_stages > 0 ? std::min(tuning.max_stages, kMaxStages) : kMaxStages;
@@ -475,7 +481,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
         return absl::UnimplementedError("DecodeChain: one CTA does not fit on an SM");
       }
       CUDA_RETURN_IF_ERROR(
-          fwd::LaunchMaybePdlSmem(pdl, kernel, dim3(info.sms), dim3(kThreads), smem, stream, a));
+          fwd::LaunchMaybePdlSmem(pdl, kernel, dim3(grid), dim3(kThreads), smem, stream, a));
       return absl::OkStatus();
     }
   });

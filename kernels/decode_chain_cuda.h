@@ -19,11 +19,15 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p);
 
 // Benchmark knobs; the defaults are the measured choice.
 struct DecodeChainTuning {
-  int stage_bytes = 0;  // bytes a ring stage (a multiple of 4096); 0: 16 KiB
+  int stage_bytes = 0;  // bytes a ring stage (a multiple of 8192); 0: 32 KiB
   int max_stages = 0;   // at most this many stages (0: as many as fit, up to 16)
   // Diagnostic: the consumers release each stage without reading it (outputs are garbage): the
   // rate at which the producer alone streams the weights.
   bool stream_only = false;
+  // SMs left without a chain CTA (the grid is SMs - spare_sms CTAs): room for the attention
+  // kernel that runs between two chains, so that the next chain's CTAs can all be resident (and
+  // stream their first weights) while it runs.
+  int spare_sms = 0;
 };
 
 // Runs the chain on `stream`. `workspace`: DecodeChainWorkspaceBytes(slots) bytes, zeroed once;

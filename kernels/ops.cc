@@ -230,7 +230,9 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       if (ctx.chain_workspace == nullptr || slot < 0 || slot >= ctx.chain_slots) {
         return absl::UnimplementedError("DecodeChain: no workspace slot in the OpContext");
       }
-      return DecodeChainCuda(p, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot);
+      DecodeChainTuning tuning;
+      tuning.spare_sms = ctx.chain_spare_sms;
+      return DecodeChainCuda(p, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot, tuning);
 #else
       return NoCuda("DecodeChain");
 #endif

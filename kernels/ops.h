@@ -47,6 +47,7 @@ struct OpContext {
   // chain_slots, zeroed once); null: DecodeChain is Unimplemented.
   void* chain_workspace = nullptr;
   int chain_slots = 0;
+  int chain_spare_sms = 0;  // DecodeChainTuning::spare_sms
   // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
   // launching anything, so their outputs are garbage. A step timed with and without an op gives
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),

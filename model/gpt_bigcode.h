@@ -149,9 +149,15 @@ struct GptBigCodeOptions {
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
-  // launches a layer (attention, chain) instead of seven. Off until measured against the separate
-  // kernels on the H200.
+  // launches a layer (attention, chain) instead of seven. Off: on the H200 (2026-12-03 ~22:00-22:40
+  // UTC, BENCHMARKS.md) the chain streams a StarCoder layer at 92% of the copy rate in isolation
+  // (194 us against 200 us for the four skinny GEMMs alone), but end to end it lost: StarCoder b1
+  // 8.434 -> 8.508 ms a step, SantaCoder b1 1.031 -> 1.210 ms (each chain starts cold after the
+  // attention; SantaCoder's short phases pay the grid barrier and input reload four times a layer).
   bool decode_chain = false;
+  // SMs the chain leaves to the attention between two chains (DecodeChainTuning::spare_sms): 0,
+  // 4 and 8 measured, 4 and 8 no better.
+  int decode_chain_spare_sms = 0;
 };
 
 class GptBigCode {
@@ -221,7 +227,7 @@ class GptBigCode {
   std::string gemm_autotune_summary() const;
   // Benchmarks and tests switch GptBigCodeOptions::decode_chain; no-op on the CPU. Drops captured
   // graphs.
-  void set_decode_chain(bool on);
+  void set_decode_chain(bool on, int spare_sms = -1);  // spare_sms < 0: unchanged
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).

@@ -166,9 +166,10 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain(bool on) {
+void GptBigCode::set_decode_chain(bool on, int spare_sms) {
   if (!cuda_) return;
   chain_ = on;
+  if (spare_sms >= 0) ctx_.chain_spare_sms = spare_sms;
   ClearCudaGraphs();
 }
 
@@ -252,6 +253,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   cuda_->gemm->set_pdl(options.pdl);
   fuse_ = options.fuse_small_kernels;
   chain_ = options.decode_chain;
+  ctx_.chain_spare_sms = options.decode_chain_spare_sms;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -585,7 +587,7 @@ GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
-void GptBigCode::set_decode_chain(bool) {}
+void GptBigCode::set_decode_chain(bool, int) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}

@@ -201,11 +201,11 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
     const char* name;
     DecodeChainTuning t;
   };
-  const ChainRow rows[] = {{"chain, 16 KiB stages", {}},
-                           {"chain, 8 KiB stages", {8192, 0, false}},
-                           {"chain, 32 KiB stages", {32768, 0, false}},
-                           {"chain, 16 KiB x at most 4 stages", {16384, 4, false}},
-                           {"chain, 16 KiB, stream only", {16384, 0, true}},
+  const ChainRow rows[] = {{"chain, 32 KiB stages (default)", {}},
+                           {"chain, 16 KiB stages", {16384, 0, false}},
+                           {"chain, 48 KiB stages", {49152, 0, false}},
+                           {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},
+                           {"chain, 32 KiB, 4 spare SMs", {32768, 0, false, 4}},
                            {"chain, 32 KiB, stream only", {32768, 0, true}}};
   for (const ChainRow& row : rows) {
     report(row.name, TimeGraphUs(stream, [&](int i, cudaStream_t st) {
