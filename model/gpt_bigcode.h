@@ -149,11 +149,12 @@ struct GptBigCodeOptions {
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
-  // launches a layer (attention, chain) instead of seven. Off: on the H200 (2026-12-03 ~22:00-22:40
-  // UTC, BENCHMARKS.md) the chain streams a StarCoder layer at 92% of the copy rate in isolation
-  // (194 us against 200 us for the four skinny GEMMs alone), but end to end it lost: StarCoder b1
-  // 8.434 -> 8.508 ms a step, SantaCoder b1 1.031 -> 1.210 ms (each chain starts cold after the
-  // attention; SantaCoder's short phases pay the grid barrier and input reload four times a layer).
+  // launches a layer (attention, chain) instead of seven. Off, because the H200 runs of
+  // 2026-12-03 (~22:00-23:00 UTC, BENCHMARKS.md) disagree by machine: in isolation the chain
+  // streams a StarCoder layer at 92-93% of the copy rate on both (193-194 us against 198-200 us
+  // for the four skinny GEMMs alone), but end to end StarCoder b1 went 8.43 -> 8.50 ms a step on
+  // one machine and 8.40 / 8.34 -> 8.20 / 8.20 ms on another; SantaCoder b1 lost on both (1.03 ->
+  // 1.20 ms: its short phases pay the grid barrier and the input reload four times a layer).
   bool decode_chain = false;
   // SMs the chain leaves to the attention between two chains (DecodeChainTuning::spare_sms): 0,
   // 4 and 8 measured, 4 and 8 no better.
