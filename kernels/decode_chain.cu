@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/decode_chain_cuda.h"
@@ -142,25 +143,15 @@ __device__ void LoadInput(const ChainPhaseArgs& ph, float* lo, float* hi, float*
   }
 }
 
-// 16 bytes of weights (8 elements) dotted with the input's 8 floats.
-__device__ __forceinline__ float Dot8(const int4& w, const float4& a, const float4& b, __half) {
-  const __half2* h = reinterpret_cast<const __half2*>(&w);
-  const float2 p0 = __half22float2(h[0]), p1 = __half22float2(h[1]);
-  const float2 p2 = __half22float2(h[2]), p3 = __half22float2(h[3]);
-  float s = p0.x * a.x;
-  s = fmaf(p0.y, a.y, s);
-  s = fmaf(p1.x, a.z, s);
-  s = fmaf(p1.y, a.w, s);
-  s = fmaf(p2.x, b.x, s);
-  s = fmaf(p2.y, b.y, s);
-  s = fmaf(p3.x, b.z, s);
-  return fmaf(p3.y, b.w, s);
-}
-__device__ __forceinline__ float Dot8(const int4& w, const float4& a, const float4& b,
-                                      __nv_bfloat16) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float2 p0 = __bfloat1622float2(h[0]), p1 = __bfloat1622float2(h[1]);
-  const float2 p2 = __bfloat1622float2(h[2]), p3 = __bfloat1622float2(h[3]);
+__device__ __forceinline__ float2 Widen2(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 Widen2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+
+// 16 bytes of weights (8 elements of T) dotted with the input's 8 floats.
+template <typename T>
+__device__ __forceinline__ float Dot8(const int4& w, const float4& a, const float4& b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const T2* h = reinterpret_cast<const T2*>(&w);
+  const float2 p0 = Widen2(h[0]), p1 = Widen2(h[1]), p2 = Widen2(h[2]), p3 = Widen2(h[3]);
   float s = p0.x * a.x;
   s = fmaf(p0.y, a.y, s);
   s = fmaf(p1.x, a.z, s);
@@ -297,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             if (j + u < j1) {
-              const float d = Dot8(w[u], x0[u], x1[u], T{});
+              const float d = Dot8<T>(w[u], x0[u], x1[u]);
               if (rows[u] != cur) {
                 if (cur >= 0) flush();
                 cur = rows[u];

@@ -572,45 +572,42 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     DecodeChainParams chain;
     chain.dtype = dtype_;
     chain.num_phases = next ? 4 : 3;
-    DecodeChainPhase& proj = chain.phases[0];
-    proj.weight = L.c_proj_w.raw();
-    proj.bias = L.c_proj_b.raw();
-    proj.input = attn_.raw();
-    proj.output = hidden_.raw();
-    proj.accumulate = true;
-    proj.n = embd_;
-    proj.k = heads_ * D;
-    DecodeChainPhase& fc = chain.phases[1];
-    fc.weight = L.c_fc_w.raw();
-    fc.bias = L.c_fc_b.raw();
-    fc.input = hidden_.raw();
-    fc.ln_weight = L.ln_2_w.raw();
-    fc.ln_bias = L.ln_2_b.raw();
-    fc.ln_epsilon = w_.config.layer_norm_epsilon;
-    fc.output = mlp_.raw();
-    fc.activation = activation_;
-    fc.n = inner_;
-    fc.k = embd_;
-    DecodeChainPhase& down = chain.phases[2];
-    down.weight = L.mlp_proj_w.raw();
-    down.bias = L.mlp_proj_b.raw();
-    down.input = mlp_.raw();
-    down.output = hidden_.raw();
-    down.accumulate = true;
-    down.n = embd_;
-    down.k = inner_;
+    const float eps = w_.config.layer_norm_epsilon;
+    chain.phases[0] = {.weight = L.c_proj_w.raw(),
+                       .bias = L.c_proj_b.raw(),
+                       .input = attn_.raw(),
+                       .output = hidden_.raw(),
+                       .accumulate = true,
+                       .n = embd_,
+                       .k = heads_ * D};
+    chain.phases[1] = {.weight = L.c_fc_w.raw(),
+                       .bias = L.c_fc_b.raw(),
+                       .input = hidden_.raw(),
+                       .ln_weight = L.ln_2_w.raw(),
+                       .ln_bias = L.ln_2_b.raw(),
+                       .ln_epsilon = eps,
+                       .output = mlp_.raw(),
+                       .activation = activation_,
+                       .n = inner_,
+                       .k = embd_};
+    chain.phases[2] = {.weight = L.mlp_proj_w.raw(),
+                       .bias = L.mlp_proj_b.raw(),
+                       .input = mlp_.raw(),
+                       .output = hidden_.raw(),
+                       .accumulate = true,
+                       .n = embd_,
+                       .k = inner_};
     if (next) {
       const LayerWeights& N = w_.layers[l + 1];
-      DecodeChainPhase& q = chain.phases[3];
-      q.weight = N.c_attn_w.raw();
-      q.bias = N.c_attn_b.raw();
-      q.input = hidden_.raw();
-      q.ln_weight = N.ln_1_w.raw();
-      q.ln_bias = N.ln_1_b.raw();
-      q.ln_epsilon = w_.config.layer_norm_epsilon;
-      q.output = qkv_.raw();
-      q.n = qkv_cols_;
-      q.k = embd_;
+      chain.phases[3] = {.weight = N.c_attn_w.raw(),
+                         .bias = N.c_attn_b.raw(),
+                         .input = hidden_.raw(),
+                         .ln_weight = N.ln_1_w.raw(),
+                         .ln_bias = N.ln_1_b.raw(),
+                         .ln_epsilon = eps,
+                         .output = qkv_.raw(),
+                         .n = qkv_cols_,
+                         .k = embd_};
     }
     const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1));
     if (st.ok()) {

@@ -150,7 +150,7 @@ struct GptBigCodeOptions {
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
   // launches a layer (attention, chain) instead of seven. Off, because the H200 runs of
-  // 2026-12-03 (~22:00-23:00 UTC, BENCHMARKS.md) disagree by machine: in isolation the chain
+  // 2026-12-03 (~21:40-22:12 UTC, BENCHMARKS.md) disagree by machine: in isolation the chain
   // streams a StarCoder layer at 92-93% of the copy rate on both (193-194 us against 198-200 us
   // for the four skinny GEMMs alone), but end to end StarCoder b1 went 8.43 -> 8.50 ms a step on
   // one machine and 8.40 / 8.34 -> 8.20 / 8.20 ms on another; SantaCoder b1 lost on both (1.03 ->

@@ -111,41 +111,37 @@ struct LayerCase {
     p = {};
     p.dtype = t;
     p.num_phases = 4;
-    DecodeChainPhase& a = p.phases[0];
-    a.weight = w_proj.d->get();
-    a.bias = b_proj.d->get();
-    a.input = attn.d->get();
-    a.output = hidden.d->get();
-    a.accumulate = true;
-    a.n = E;
-    a.k = E;
-    DecodeChainPhase& b = p.phases[1];
-    b.weight = w_fc.d->get();
-    b.bias = b_fc.d->get();
-    b.input = hidden.d->get();
-    b.ln_weight = ln2_w.d->get();
-    b.ln_bias = ln2_b.d->get();
-    b.output = mlp.d->get();
-    b.activation = Activation::kGeluTanh;
-    b.n = I;
-    b.k = E;
-    DecodeChainPhase& c = p.phases[2];
-    c.weight = w_mlp.d->get();
-    c.bias = b_mlp.d->get();
-    c.input = mlp.d->get();
-    c.output = hidden.d->get();
-    c.accumulate = true;
-    c.n = E;
-    c.k = I;
-    DecodeChainPhase& d = p.phases[3];
-    d.weight = w_qkv.d->get();
-    d.bias = b_qkv.d->get();
-    d.input = hidden.d->get();
-    d.ln_weight = ln1_w.d->get();
-    d.ln_bias = ln1_b.d->get();
-    d.output = qkv.d->get();
-    d.n = Q;
-    d.k = E;
+    p.phases[0] = {.weight = w_proj.d->get(),
+                   .bias = b_proj.d->get(),
+                   .input = attn.d->get(),
+                   .output = hidden.d->get(),
+                   .accumulate = true,
+                   .n = E,
+                   .k = E};
+    p.phases[1] = {.weight = w_fc.d->get(),
+                   .bias = b_fc.d->get(),
+                   .input = hidden.d->get(),
+                   .ln_weight = ln2_w.d->get(),
+                   .ln_bias = ln2_b.d->get(),
+                   .output = mlp.d->get(),
+                   .activation = Activation::kGeluTanh,
+                   .n = I,
+                   .k = E};
+    p.phases[2] = {.weight = w_mlp.d->get(),
+                   .bias = b_mlp.d->get(),
+                   .input = mlp.d->get(),
+                   .output = hidden.d->get(),
+                   .accumulate = true,
+                   .n = E,
+                   .k = I};
+    p.phases[3] = {.weight = w_qkv.d->get(),
+                   .bias = b_qkv.d->get(),
+                   .input = hidden.d->get(),
+                   .ln_weight = ln1_w.d->get(),
+                   .ln_bias = ln1_b.d->get(),
+                   .output = qkv.d->get(),
+                   .n = Q,
+                   .k = E};
 
     Expect(t, 1);
   }
