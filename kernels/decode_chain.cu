@@ -40,9 +40,23 @@ struct ChainPhaseArgs {
   int n, k;
 };
 
+struct ChainAttentionArgs {
+  const void* qkv;
+  void* key_cache;
+  void* value_cache;
+  const int32_t* block_table;
+  const int32_t* context_len;
+  const int32_t* slot;
+  void* out;
+  int heads, kv_heads, head_dim, block_size;
+  float scale;
+};
+
 struct ChainArgs {
   ChainPhaseArgs ph[kMaxDecodeChainPhases];
   int num_phases;
+  int has_attention;
+  ChainAttentionArgs at;
   int stages;
   int max_k;  // floats of the input buffer (two planes of max_k / 2)
   int stage_bytes;
@@ -75,6 +89,104 @@ __device__ __forceinline__ float ConsumerSum(float v, float* red) {
   for (int w = 0; w < kConsumerWarps; ++w) s += red[w];
   tma::NamedBarrier(kConsumerBarrier, kConsumers);  // red may be rewritten next
   return s;
+}
+
+// Maximum over the consumer threads; every consumer gets it.
+__device__ __forceinline__ float ConsumerMax(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+  float m = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) m = fmaxf(m, red[w]);
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+  return m;
+}
+
+// The attention phase (DecodeChainAttention), consumer threads only: this CTA's heads one at a
+// time, scores in `scores` (>= context floats), q and the pass-2 partial sums in `scratch` (>=
+// 512 floats); then CTA 0 writes the new K / V row to the caches.
+template <typename T>
+__device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int capacity,
+                               float* scratch, float* red) {
+  using V = fwd::Vec16<T>;
+  const int ctx = *at.context_len;
+  if (ctx > capacity) __trap();  // the caller's max_context was not an upper bound
+  const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
+  const int group = H / KVH;
+  const T* qkv = static_cast<const T*>(at.qkv);
+  const T* kc = static_cast<const T*>(at.key_cache);
+  const T* vc = static_cast<const T*>(at.value_cache);
+  const int tid = threadIdx.x;
+  // Where position p's K row of KV head kvh starts (its V row is at the same offset of vc):
+  // the cache, or the QKV row for the new token (p = ctx - 1).
+  auto row_offset = [&](int p, int kvh) -> int64_t {
+    const int64_t slot =
+        static_cast<int64_t>(at.block_table[p / at.block_size]) * at.block_size + p % at.block_size;
+    return (slot * KVH + kvh) * D;
+  };
+  for (int h = blockIdx.x; h < H; h += gridDim.x) {
+    const int kvh = h / group;
+    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
+    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
+    for (int d = tid; d < D; d += kConsumers) {
+      const unsigned short bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + d));
+      scratch[d] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    float m = -INFINITY;
+    for (int p = tid; p < ctx; p += kConsumers) {
+      const T* k = p == ctx - 1 ? knew : kc + row_offset(p, kvh);
+      float dot = 0.0f;
+      for (int d = 0; d < D; d += 8) {
+        V kv;
+        *reinterpret_cast<int4*>(&kv) = __ldcg(reinterpret_cast<const int4*>(k + d));
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(fwd::ToFloat(kv.v[e]), scratch[d + e], dot);
+      }
+      scores[p] = dot;
+      m = fmaxf(m, dot);
+    }
+    m = ConsumerMax(m, red);
+    float sum = 0.0f;
+    for (int p = tid; p < ctx; p += kConsumers) {
+      const float e = __expf(scores[p] - m);
+      scores[p] = e;
+      sum += e;
+    }
+    sum = ConsumerSum(sum, red);  // its barriers also publish `scores`
+    // Pass 2: thread (g, d) sums positions g, g + G, ... of dimension d.
+    const int G = kConsumers / D, g = tid / D, d = tid - g * D;
+    float o = 0.0f;
+    if (g < G) {
+      for (int p = g; p < ctx; p += G) {
+        const T* v = p == ctx - 1 ? vnew + d : vc + row_offset(p, kvh) + d;
+        const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(v));
+        o = fmaf(scores[p], fwd::ToFloat(*reinterpret_cast<const T*>(&bits)), o);
+      }
+      scratch[D + g * D + d] = o;
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (tid < D) {
+      float t = 0.0f;
+      for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
+      static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
+  }
+  if (blockIdx.x == 0) {
+    const int slot = *at.slot;
+    if (slot >= 0) {
+      const int w = KVH * D;
+      T* kd = static_cast<T*>(at.key_cache) + static_cast<int64_t>(slot) * w;
+      T* vd = static_cast<T*>(at.value_cache) + static_cast<int64_t>(slot) * w;
+      for (int i = tid; i < w; i += kConsumers) {
+        kd[i] = qkv[static_cast<int64_t>(H) * D + i];
+        vd[i] = qkv[static_cast<int64_t>(H) * D + w + i];
+      }
+    }
+  }
 }
 
 // Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
@@ -230,11 +342,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
 
+  if (a.has_attention) AttentionPhase<T>(a.at, lo, a.max_k / 2, hi, red);
+
   int s = 0;
   uint32_t pass = 0;
   for (int i = 0; i < a.num_phases; ++i) {
     const ChainPhaseArgs& ph = a.ph[i];
-    if (i > 0) GridBarrier(a.counter, static_cast<unsigned>(i) * gridDim.x);
+    const int gi = i + a.has_attention;  // the phase's index counting the attention
+    if (gi > 0) GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
     LoadInput<T>(ph, lo, hi, red);
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
 
@@ -330,8 +445,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   // The last CTA out leaves the counter at zero for the next launch.
-  if (a.num_phases > 1 && threadIdx.x == 0) {
-    const unsigned total = static_cast<unsigned>(a.num_phases) * gridDim.x;
+  if (a.num_phases + a.has_attention > 1 && threadIdx.x == 0) {
+    const unsigned total = static_cast<unsigned>(a.num_phases + a.has_attention) * gridDim.x;
     if (atomicAdd(a.counter, 1u) == total - 1) atomicExch(a.counter, 0u);
   }
 }
@@ -373,6 +488,23 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("DecodeChain: ", p.num_phases, " phases (1..", kMaxDecodeChainPhases, ")"));
   }
+  if (p.has_attention) {
+    const DecodeChainAttention& at = p.attention;
+    if (!at.qkv || !at.key_cache || !at.value_cache || !at.block_table || !at.context_len ||
+        !at.slot || !at.output) {
+      return absl::InvalidArgumentError("DecodeChain attention: null pointer");
+    }
+    if (at.head_dim < 8 || at.head_dim > 256 || kConsumers % at.head_dim != 0 || at.heads < 1 ||
+        at.kv_heads < 1 || at.heads % at.kv_heads != 0 || at.block_size < 1 || at.max_context < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DecodeChain attention: heads ", at.heads, " kv heads ", at.kv_heads,
+                       " head dim ", at.head_dim, " (8..256 dividing ", kConsumers, ") block size ",
+                       at.block_size, " max context ", at.max_context));
+    }
+    if (!Aligned16(at.qkv) || !Aligned16(at.key_cache) || !Aligned16(at.value_cache)) {
+      return absl::InvalidArgumentError("DecodeChain attention: qkv and caches 16-byte aligned");
+    }
+  }
   for (int i = 0; i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
     const std::string where = absl::StrCat("DecodeChain phase ", i, ": ");
@@ -406,7 +538,7 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
 absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bool pdl,
                              void* workspace, int slot, const DecodeChainTuning& tuning) {
   RETURN_IF_ERROR(DecodeChainSupported(p));
-  if (p.num_phases > 1 && workspace == nullptr) {
+  if (p.num_phases + (p.has_attention ? 1 : 0) > 1 && workspace == nullptr) {
     return absl::InvalidArgumentError("DecodeChain: a chain of several phases needs a workspace");
   }
   ASSIGN_OR_RETURN(const LaunchInfo info, DeviceLaunchInfo());
@@ -430,6 +562,16 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.k = static_cast<int>(ph.k);
     max_k = std::max(max_k, ph.k);
     max_rows = std::max(max_rows, (ph.n + grid - 1) / grid);
+  }
+  if (p.has_attention) {
+    const DecodeChainAttention& at = p.attention;
+    a.has_attention = 1;
+    a.at = {at.qkv,    at.key_cache, at.value_cache, at.block_table, at.context_len, at.slot,
+            at.output, at.heads,     at.kv_heads,    at.head_dim,    at.block_size,  at.scale};
+    // The input planes hold the scores (one plane) and q + the pass-2 partials (the other).
+    max_k =
+        std::max<int64_t>(max_k, 2 * std::max<int64_t>(at.max_context, at.head_dim + kConsumers));
+    max_k = (max_k + 7) / 8 * 8;
   }
   a.max_k = static_cast<int>(max_k);
   a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +

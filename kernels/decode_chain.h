@@ -57,15 +57,38 @@ struct DecodeChainPhase {
   int64_t n = 0, k = 0;
 };
 
+// An attention phase ahead of the linear phases (batch-1 decode: one sequence, one query token):
+// for every query head h, output[h] = softmax(scale q_h K^T) V over the sequence's context, q and
+// the new token's K / V (its last position) from the QKV row `qkv` = [heads x D | kv_heads x D |
+// kv_heads x D], the older positions from the paged caches [blocks, block_size, kv_heads, D]
+// through `block_table`. The new K / V row is also written to the caches at *slot (< 0: not).
+// Each CTA takes whole heads (a head per CTA while heads <= CTAs): meant for short contexts.
+struct DecodeChainAttention {
+  const void* qkv = nullptr;
+  void* key_cache = nullptr;
+  void* value_cache = nullptr;
+  const int32_t* block_table = nullptr;  // the sequence's row of the block table (device)
+  const int32_t* context_len = nullptr;  // device scalar: context tokens, the new one included
+  const int32_t* slot = nullptr;         // device scalar: the new token's cache slot
+  void* output = nullptr;                // [heads x D]
+  int heads = 0, kv_heads = 0, head_dim = 0, block_size = 0;
+  int max_context = 0;  // an upper bound of *context_len (sizes the score buffer)
+  float scale = 1.0f;
+};
+
 struct DecodeChainParams {
   DecodeChainPhase phases[kMaxDecodeChainPhases];
   int num_phases = 0;
   DType dtype = DType::kF16;
+  // With has_attention, `attention` runs first, a grid barrier before phases[0] (which typically
+  // reads attention.output).
+  bool has_attention = false;
+  DecodeChainAttention attention;
 };
 
 // The CPU reference (float32 only): each phase as LayerNormCpu, GemmCpu and BiasActivationCpu in
 // turn, into scratch it allocates. InvalidArgument as DecodeChainSupported (k need not be a
-// multiple of 256 here) or for another dtype.
+// multiple of 256 here) or for another dtype; Unimplemented with an attention phase.
 absl::Status DecodeChainCpu(const DecodeChainParams& p);
 
 }  // namespace mqa

@@ -20,6 +20,10 @@ absl::Status DecodeChainCpu(const DecodeChainParams& p) {
   if (p.num_phases < 1 || p.num_phases > kMaxDecodeChainPhases) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChainCpu: ", p.num_phases, " phases"));
   }
+  if (p.has_attention) {
+    return absl::UnimplementedError(
+        "DecodeChainCpu: no attention phase (the CPU path runs PagedAttentionCpu itself)");
+  }
   std::vector<float> normed, product;
   for (int i = 0; i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];

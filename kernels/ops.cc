@@ -232,6 +232,11 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       }
       DecodeChainTuning tuning;
       tuning.spare_sms = ctx.chain_spare_sms;
+      if (ctx.skip & kSkipAttention) {
+        DecodeChainParams q = p;
+        q.has_attention = false;
+        return DecodeChainCuda(q, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot, tuning);
+      }
       return DecodeChainCuda(p, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot, tuning);
 #else
       return NoCuda("DecodeChain");

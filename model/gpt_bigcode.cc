@@ -561,14 +561,24 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_query_len = idx.max_query_len;
   att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
   att.dtype = dtype_;
-  // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
-  // GPU inside the attention kernel where its variant fuses it (14, 15).
-  RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
-
   // Batch-1 decode on one rank: the rest of the layer and the next layer's ln_1 + QKV as one
-  // chain (Unimplemented: nothing ran, the separate kernels below do it).
-  if (chain_ && n == 1 && w_.shard.world_size == 1 && activation_ != Activation::kGeluErf) {
-    const bool next = l + 1 < w_.config.n_layer;
+  // chain, with the attention (and its KV write) as the chain's first phase where the context is
+  // short; Unimplemented or InvalidArgument: nothing ran, the separate kernels below do it.
+  const bool chain_step =
+      chain_ && n == 1 && w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
+  DecodeChainParams chain;
+  const bool next = l + 1 < w_.config.n_layer;
+  auto run_chain = [&]() -> absl::StatusOr<bool> {
+    const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1));
+    if (st.ok()) {
+      ++chain_runs_;
+      qkv_ready_ = next;
+      return true;
+    }
+    if (!absl::IsUnimplemented(st) && !absl::IsInvalidArgument(st)) return st;
+    return false;
+  };
+  if (chain_step) {
     DecodeChainParams chain;
     chain.dtype = dtype_;
     chain.num_phases = next ? 4 : 3;
@@ -609,13 +619,34 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                          .n = qkv_cols_,
                          .k = embd_};
     }
-    const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1));
-    if (st.ok()) {
-      ++chain_runs_;
-      qkv_ready_ = next;
-      return absl::OkStatus();
+    if (chain_attention_ && !qkv_fused && idx.num_seqs == 1 &&
+        idx.max_context_len <= chain_attention_max_context_) {
+      chain.has_attention = true;
+      chain.attention = {.qkv = qkv,
+                         .key_cache = cache.key(l).raw(),
+                         .value_cache = cache.value(l).raw(),
+                         .block_table = idx.block_tables,
+                         .context_len = idx.context_lens,
+                         .slot = idx.slot_mapping,
+                         .output = attn_.raw(),
+                         .heads = static_cast<int>(heads_),
+                         .kv_heads = static_cast<int>(kv_heads_),
+                         .head_dim = static_cast<int>(D),
+                         .block_size = cache.block_size(),
+                         .max_context = idx.max_context_len,
+                         .scale = att.scale};
+      ASSIGN_OR_RETURN(const bool done, run_chain());
+      if (done) return absl::OkStatus();
+      chain.has_attention = false;
     }
-    if (!absl::IsUnimplemented(st) && !absl::IsInvalidArgument(st)) return st;
+  }
+
+  // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
+  // GPU inside the attention kernel where its variant fuses it (14, 15).
+  RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
+  if (chain_step) {
+    ASSIGN_OR_RETURN(const bool done, run_chain());
+    if (done) return absl::OkStatus();
   }
 
   gemm.a = attn_.raw();

@@ -159,6 +159,10 @@ struct GptBigCodeOptions {
   // SMs the chain leaves to the attention between two chains (DecodeChainTuning::spare_sms): 0,
   // 4 and 8 measured, 4 and 8 no better.
   int decode_chain_spare_sms = 0;
+  // With decode_chain: the attention runs as the chain's first phase (one CTA a head, the KV write
+  // with it) when the step's context is at most this long, so that a layer is one launch.
+  bool decode_chain_attention = true;
+  int decode_chain_attention_max_context = 1024;
 };
 
 class GptBigCode {
@@ -228,7 +232,9 @@ class GptBigCode {
   std::string gemm_autotune_summary() const;
   // Benchmarks and tests switch GptBigCodeOptions::decode_chain; no-op on the CPU. Drops captured
   // graphs.
-  void set_decode_chain(bool on, int spare_sms = -1);  // spare_sms < 0: unchanged
+  // spare_sms < 0: unchanged; attention: GptBigCodeOptions::decode_chain_attention (< 0:
+  // unchanged).
+  void set_decode_chain(bool on, int spare_sms = -1, int attention = -1);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).
@@ -316,6 +322,8 @@ class GptBigCode {
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
   bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
   bool chain_ = false;         // GptBigCodeOptions::decode_chain (CUDA only)
+  bool chain_attention_ = true;             // GptBigCodeOptions::decode_chain_attention
+  int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

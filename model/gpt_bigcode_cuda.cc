@@ -166,10 +166,11 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain(bool on, int spare_sms) {
+void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention) {
   if (!cuda_) return;
   chain_ = on;
   if (spare_sms >= 0) ctx_.chain_spare_sms = spare_sms;
+  if (attention >= 0) chain_attention_ = attention != 0;
   ClearCudaGraphs();
 }
 
@@ -254,6 +255,8 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   fuse_ = options.fuse_small_kernels;
   chain_ = options.decode_chain;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
+  chain_attention_ = options.decode_chain_attention;
+  chain_attention_max_context_ = options.decode_chain_attention_max_context;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -587,7 +590,7 @@ GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
-void GptBigCode::set_decode_chain(bool, int) {}
+void GptBigCode::set_decode_chain(bool, int, int) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}
