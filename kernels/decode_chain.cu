@@ -105,7 +105,7 @@ __device__ __forceinline__ float ConsumerMax(float v, float* red) {
 
 // The attention phase (DecodeChainAttention), consumer threads only: this CTA's heads one at a
 // time, scores in `scores` (>= context floats), q and the pass-2 partial sums in `scratch` (>=
-// 512 floats); then CTA 0 writes the new K / V row to the caches.
+// D + 8 x 512 floats); then CTA 0 writes the new K / V row to the caches.
 template <typename T>
 __device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int capacity,
                                float* scratch, float* red) {
@@ -135,15 +135,29 @@ __device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int 
       scratch[d] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    // Pass 1: thread per position, its K row's 16-byte chunks loaded eight at a time.
     float m = -INFINITY;
     for (int p = tid; p < ctx; p += kConsumers) {
       const T* k = p == ctx - 1 ? knew : kc + row_offset(p, kvh);
       float dot = 0.0f;
-      for (int d = 0; d < D; d += 8) {
-        V kv;
-        *reinterpret_cast<int4*>(&kv) = __ldcg(reinterpret_cast<const int4*>(k + d));
+      for (int d0 = 0; d0 < D; d0 += 64) {
+        V kv[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(fwd::ToFloat(kv.v[e]), scratch[d + e], dot);
+        for (int u = 0; u < 8; ++u) {
+          if (d0 + 8 * u < D) {
+            *reinterpret_cast<int4*>(&kv[u]) =
+                __ldcg(reinterpret_cast<const int4*>(k + d0 + 8 * u));
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (d0 + 8 * u < D) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              dot = fmaf(fwd::ToFloat(kv[u].v[e]), scratch[d0 + 8 * u + e], dot);
+            }
+          }
+        }
       }
       scores[p] = dot;
       m = fmaxf(m, dot);
@@ -156,17 +170,33 @@ __device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int 
       sum += e;
     }
     sum = ConsumerSum(sum, red);  // its barriers also publish `scores`
-    // Pass 2: thread (g, d) sums positions g, g + G, ... of dimension d.
-    const int G = kConsumers / D, g = tid / D, d = tid - g * D;
-    float o = 0.0f;
-    if (g < G) {
-      for (int p = g; p < ctx; p += G) {
-        const T* v = p == ctx - 1 ? vnew + d : vc + row_offset(p, kvh) + d;
-        const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(v));
-        o = fmaf(scores[p], fwd::ToFloat(*reinterpret_cast<const T*>(&bits)), o);
+    // Pass 2: thread (g, c) sums 16-byte chunk c of the V rows of positions g, g + G, ..., four
+    // rows' loads in flight; partials [G][D] after q in `scratch`.
+    const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
+    float o[8] = {};
+    for (int p0 = g; p0 < ctx; p0 += 4 * G) {
+      V vv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = p0 + u * G;
+        if (p < ctx) {
+          const T* v = (p == ctx - 1 ? vnew : vc + row_offset(p, kvh)) + 8 * c;
+          *reinterpret_cast<int4*>(&vv[u]) = __ldcg(reinterpret_cast<const int4*>(v));
+        }
       }
-      scratch[D + g * D + d] = o;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = p0 + u * G;
+        if (p < ctx) {
+          const float w = scores[p];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = fmaf(w, fwd::ToFloat(vv[u].v[e]), o[e]);
+        }
+      }
     }
+    float* part = scratch + D + g * D + 8 * c;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) part[e] = o[e];
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid < D) {
       float t = 0.0f;
@@ -569,8 +599,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     a.at = {at.qkv,    at.key_cache, at.value_cache, at.block_table, at.context_len, at.slot,
             at.output, at.heads,     at.kv_heads,    at.head_dim,    at.block_size,  at.scale};
     // The input planes hold the scores (one plane) and q + the pass-2 partials (the other).
-    max_k =
-        std::max<int64_t>(max_k, 2 * std::max<int64_t>(at.max_context, at.head_dim + kConsumers));
+    max_k = std::max<int64_t>(max_k,
+                              2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers));
     max_k = (max_k + 7) / 8 * 8;
   }
   a.max_k = static_cast<int>(max_k);
