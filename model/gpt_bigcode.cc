@@ -579,7 +579,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     return false;
   };
   if (chain_step) {
-    DecodeChainParams chain;
     chain.dtype = dtype_;
     chain.num_phases = next ? 4 : 3;
     const float eps = w_.config.layer_norm_epsilon;
