@@ -160,8 +160,11 @@ struct GptBigCodeOptions {
   // 4 and 8 measured, 4 and 8 no better.
   int decode_chain_spare_sms = 0;
   // With decode_chain: the attention runs as the chain's first phase (one CTA a head, the KV write
-  // with it) when the step's context is at most this long, so that a layer is one launch.
-  bool decode_chain_attention = true;
+  // with it) when the step's context is at most this long, so that a layer is one launch. Off:
+  // correct (HF parity) but slower on the H200 (2026-12-03 ~22:55 UTC, mqabench --chain
+  // off,on,na): StarCoder b1 8.34 ms a step separate, 8.44 chain, 8.58 chain with its attention;
+  // SantaCoder 1.03 / 1.24 / 1.36 ms.
+  bool decode_chain_attention = false;
   int decode_chain_attention_max_context = 1024;
 };
 
@@ -322,7 +325,7 @@ class GptBigCode {
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
   bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
   bool chain_ = false;         // GptBigCodeOptions::decode_chain (CUDA only)
-  bool chain_attention_ = true;             // GptBigCodeOptions::decode_chain_attention
+  bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;

@@ -31,25 +31,26 @@ struct GptBigCodeRunnerOptions {
   int num_kv_blocks = 0;
   int64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0.0;  // CUDA only; e.g. 0.9 (vLLM's default)
-  int64_t max_batched_tokens = 2048;  // workspace preallocation (grown if a step needs more)
+  int64_t max_batched_tokens = 2048;    // workspace preallocation (grown if a step needs more)
   int64_t max_logits_rows = 256;
   // Where the forward runs. kCuda needs float16 / bfloat16 weights; host weights are uploaded
   // (the current CUDA device), weights already on the device are used as they are.
   Device device = Device::kCpu;
-  bool cuda_graphs = true;   // decode steps as CUDA graphs (one rank)
+  bool cuda_graphs = true;  // decode steps as CUDA graphs (one rank)
   int max_graph_batch = 256;
-  bool skinny_gemm = true;   // the m <= 8 GEMM kernel for small decode batches
-  bool pdl = true;                  // GptBigCodeOptions::pdl
-  bool fuse_small_kernels = false;  // GptBigCodeOptions::fuse_small_kernels
-  bool gemm_autotune = false;       // GptBigCodeOptions::gemm_autotune
-  int gemm_autotune_max_m = 0;      // GptBigCodeOptions::gemm_autotune_max_m
-  bool ln_registers = true;         // GptBigCodeOptions::ln_registers
-  bool greedy_cluster = true;       // GptBigCodeOptions::greedy_cluster
-  bool gemm_split_k = false;        // GptBigCodeOptions::gemm_split_k
-  bool gemm_stream_tc = false;      // GptBigCodeOptions::gemm_stream_tc
-  int attention_variant = 14;       // GptBigCodeOptions::attention_variant
-  bool gemm_deep_unroll = true;     // GptBigCodeOptions::gemm_deep_unroll
-  bool decode_chain = false;        // GptBigCodeOptions::decode_chain
+  bool skinny_gemm = true;              // the m <= 8 GEMM kernel for small decode batches
+  bool pdl = true;                      // GptBigCodeOptions::pdl
+  bool fuse_small_kernels = false;      // GptBigCodeOptions::fuse_small_kernels
+  bool gemm_autotune = false;           // GptBigCodeOptions::gemm_autotune
+  int gemm_autotune_max_m = 0;          // GptBigCodeOptions::gemm_autotune_max_m
+  bool ln_registers = true;             // GptBigCodeOptions::ln_registers
+  bool greedy_cluster = true;           // GptBigCodeOptions::greedy_cluster
+  bool gemm_split_k = false;            // GptBigCodeOptions::gemm_split_k
+  bool gemm_stream_tc = false;          // GptBigCodeOptions::gemm_stream_tc
+  int attention_variant = 14;           // GptBigCodeOptions::attention_variant
+  bool gemm_deep_unroll = true;         // GptBigCodeOptions::gemm_deep_unroll
+  bool decode_chain = false;            // GptBigCodeOptions::decode_chain
+  bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -104,7 +104,8 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (cluster merge, early KV copies), bit 8: variant 7 (6 with the early KV copies), bit 9: variant
 // 11 (wgmma), bit 10: variant 14 (13 with the KV write fused into its TMA kernel), bit 11:
 // variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3; bit 12: the
-// batch-1 decode chain, every prompt prefilled and decoded alone. 101: the runner's defaults).
+// batch-1 decode chain, every prompt prefilled and decoded alone; bit 13: with the attention as
+// the chain's first phase. 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -132,6 +133,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
                                           : 3;
   opts.gemm_deep_unroll = knobs & 32;
   opts.decode_chain = knobs & 4096;
+  opts.decode_chain_attention = knobs & 8192;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
@@ -239,24 +241,26 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfParityCuda,
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
-                       ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197)),
+                       ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
+                                         12389)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
                          std::to_string(std::get<2>(info.param)) +
-                         (std::get<3>(info.param) == 3      ? "_pdl_fuse"
-                          : std::get<3>(info.param) == 5    ? "_pdl_small"
-                          : std::get<3>(info.param) == 9    ? "_pdl_gemms"
-                          : std::get<3>(info.param) == 21   ? "_pdl_small_attn5"
-                          : std::get<3>(info.param) == 37   ? "_pdl_small_deep"
-                          : std::get<3>(info.param) == 165  ? "_pdl_small_deep_attn8"
-                          : std::get<3>(info.param) == 293  ? "_pdl_small_deep_attn7"
-                          : std::get<3>(info.param) == 549  ? "_pdl_small_deep_attn11"
-                          : std::get<3>(info.param) == 1061 ? "_pdl_small_deep_attn14"
-                          : std::get<3>(info.param) == 2085 ? "_pdl_small_deep_attn15"
-                          : std::get<3>(info.param) == 4197 ? "_defaults_chain"
-                          : std::get<3>(info.param) == 101  ? "_defaults"
-                                                            : "");
+                         (std::get<3>(info.param) == 3       ? "_pdl_fuse"
+                          : std::get<3>(info.param) == 5     ? "_pdl_small"
+                          : std::get<3>(info.param) == 9     ? "_pdl_gemms"
+                          : std::get<3>(info.param) == 21    ? "_pdl_small_attn5"
+                          : std::get<3>(info.param) == 37    ? "_pdl_small_deep"
+                          : std::get<3>(info.param) == 165   ? "_pdl_small_deep_attn8"
+                          : std::get<3>(info.param) == 293   ? "_pdl_small_deep_attn7"
+                          : std::get<3>(info.param) == 549   ? "_pdl_small_deep_attn11"
+                          : std::get<3>(info.param) == 1061  ? "_pdl_small_deep_attn14"
+                          : std::get<3>(info.param) == 2085  ? "_pdl_small_deep_attn15"
+                          : std::get<3>(info.param) == 4197  ? "_defaults_chain"
+                          : std::get<3>(info.param) == 12389 ? "_defaults_chain_attn"
+                          : std::get<3>(info.param) == 101   ? "_defaults"
+                                                             : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
