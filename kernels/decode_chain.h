@@ -18,7 +18,8 @@
 //
 // The model runs, per layer l of a batch-1 decode step: [attention l] then one chain
 // {c_proj_l (+ residual), ln_2 + c_fc_l + GELU, mlp c_proj_l (+ residual), ln_1 + QKV_{l+1}}
-// (GptBigCodeOptions::decode_chain): two launches a layer instead of seven.
+// (GptBigCodeOptions::decode_chain): two launches a layer instead of seven; optionally the
+// attention as the chain's first phase (DecodeChainAttention, decode_chain_attention): one launch.
 //
 // The CUDA kernel is in kernels/decode_chain_cuda.h. Constraints (DecodeChainSupported): fp16 /
 // bf16; 1..kMaxDecodeChainPhases phases; k a positive multiple of 256 and at most kDecodeChainMaxK;
