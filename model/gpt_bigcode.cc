@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -576,6 +577,11 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
       return true;
     }
     if (!absl::IsUnimplemented(st) && !absl::IsInvalidArgument(st)) return st;
+    if (!chain_refusal_logged_) {  // once a model: the separate kernels run instead
+      chain_refusal_logged_ = true;
+      std::fprintf(stderr, "mqaserve: a decode chain was refused (%s); separate kernels instead\n",
+                   st.ToString().c_str());
+    }
     return false;
   };
   if (chain_step) {

@@ -330,6 +330,7 @@ class GptBigCode {
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;
+  bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;
   Tensor hidden_;  // [tokens, E]: the residual stream
