@@ -79,28 +79,26 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
       : "memory");
 }
 
-// Sum over the consumer threads; every consumer gets it. `red`: kConsumerWarps floats.
-__device__ __forceinline__ float ConsumerSum(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// `op` (a sum or a maximum) over the consumer threads, starting from `init`; every consumer gets
+// it. `red`: kConsumerWarps floats.
+template <typename Op>
+__device__ __forceinline__ float ConsumerReduce(float v, float init, Op op, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
-  float s = 0.0f;
+  float r = init;
 #pragma unroll
-  for (int w = 0; w < kConsumerWarps; ++w) s += red[w];
+  for (int w = 0; w < kConsumerWarps; ++w) r = op(r, red[w]);
   tma::NamedBarrier(kConsumerBarrier, kConsumers);  // red may be rewritten next
-  return s;
+  return r;
 }
-
-// Maximum over the consumer threads; every consumer gets it.
+__device__ __forceinline__ float ConsumerSum(float v, float* red) {
+  return ConsumerReduce(
+      v, 0.0f, [](float x, float y) { return x + y; }, red);
+}
 __device__ __forceinline__ float ConsumerMax(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  tma::NamedBarrier(kConsumerBarrier, kConsumers);
-  float m = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kConsumerWarps; ++w) m = fmaxf(m, red[w]);
-  tma::NamedBarrier(kConsumerBarrier, kConsumers);
-  return m;
+  return ConsumerReduce(
+      v, -INFINITY, [](float x, float y) { return fmaxf(x, y); }, red);
 }
 
 // The attention phase (DecodeChainAttention), consumer threads only: this CTA's heads one at a
@@ -481,26 +479,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// Static shared memory (barriers, scratch) comes out of the same opt-in budget as the dynamic.
+constexpr size_t kStaticSmem = 2 * kMaxStages * 8 + kConsumerWarps * 4 + 1024;
+
+// The calling thread's device: its SMs and opt-in shared memory, and per dtype (fp16, bf16)
+// whether the kernel's dynamic shared-memory limit is raised to the most a launch asks for
+// (smem_optin - kStaticSmem) and one CTA of that size was found to fit on an SM.
 struct LaunchInfo {
   int device = -1;
   int sms = 0;
   int smem_optin = 0;
+  bool configured[2] = {false, false};
 };
 
-absl::StatusOr<LaunchInfo> DeviceLaunchInfo() {
+absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
   static thread_local LaunchInfo info;
   int device = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (info.device != device) {
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    LaunchInfo fresh;
     CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    info.device = device;
+        cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&fresh.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    fresh.device = device;
+    info = fresh;
   }
-  return info;
+  return &info;
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -531,7 +537,8 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
                        " head dim ", at.head_dim, " (8..256 dividing ", kConsumers, ") block size ",
                        at.block_size, " max context ", at.max_context));
     }
-    if (!Aligned16(at.qkv) || !Aligned16(at.key_cache) || !Aligned16(at.value_cache)) {
+    if (!fwd::Aligned16(at.qkv) || !fwd::Aligned16(at.key_cache) ||
+        !fwd::Aligned16(at.value_cache)) {
       return absl::InvalidArgumentError("DecodeChain attention: qkv and caches 16-byte aligned");
     }
   }
@@ -549,8 +556,9 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
         (ph.ln_weight == nullptr) != (ph.ln_bias == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat(where, "null pointer"));
     }
-    if (!Aligned16(ph.weight) || !Aligned16(ph.input) ||
-        (ph.ln_weight != nullptr && (!Aligned16(ph.ln_weight) || !Aligned16(ph.ln_bias)))) {
+    if (!fwd::Aligned16(ph.weight) || !fwd::Aligned16(ph.input) ||
+        (ph.ln_weight != nullptr &&
+         (!fwd::Aligned16(ph.ln_weight) || !fwd::Aligned16(ph.ln_bias)))) {
       return absl::InvalidArgumentError(absl::StrCat(where,
                                                      "weight, input and LN params must "
                                                      "be 16-byte aligned"));
@@ -571,7 +579,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   if (p.num_phases + (p.has_attention ? 1 : 0) > 1 && workspace == nullptr) {
     return absl::InvalidArgumentError("DecodeChain: a chain of several phases needs a workspace");
   }
-  ASSIGN_OR_RETURN(const LaunchInfo info, DeviceLaunchInfo());
+  ASSIGN_OR_RETURN(LaunchInfo* const info_ptr, DeviceLaunchInfo());
+  LaunchInfo& info = *info_ptr;
   const int grid = std::max(1, info.sms - std::max(0, tuning.spare_sms));
   ChainArgs a = {};
   a.num_phases = p.num_phases;
@@ -608,10 +617,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
                                           static_cast<size_t>(slot) * kCounterStride);
   const size_t fixed = static_cast<size_t>(max_k) * sizeof(float) +
                        static_cast<size_t>((max_rows + 3) / 4 * 4) * sizeof(float);
-  // Static shared memory (barriers, scratch) comes out of the same opt-in budget.
-  constexpr size_t kStatic = 2 * kMaxStages * 8 + kConsumerWarps * 4 + 1024;
   const int64_t room =
-      static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStatic);
+      static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStaticSmem);
   const int stage_bytes = tuning.stage_bytes > 0 ? tuning.stage_bytes : kDefaultStageBytes;
   if (stage_bytes % (kSegBytes * kConsumerWarps) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChain: stage bytes ", stage_bytes,
@@ -635,13 +642,18 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       return absl::InvalidArgumentError("DecodeChain: float32");
     } else {
       auto* kernel = DecodeChainKernel<T>;
-      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(smem)));
-      int per_sm = 0;
-      CUDA_RETURN_IF_ERROR(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-      if (per_sm < 1) {
-        return absl::UnimplementedError("DecodeChain: one CTA does not fit on an SM");
+      bool& configured = info.configured[std::is_same_v<T, __half> ? 0 : 1];
+      if (!configured) {  // once: every launch's smem is at most this (room above)
+        const size_t most = static_cast<size_t>(info.smem_optin) - kStaticSmem;
+        CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+        int per_sm = 0;
+        CUDA_RETURN_IF_ERROR(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, most));
+        if (per_sm < 1) {
+          return absl::UnimplementedError("DecodeChain: one CTA does not fit on an SM");
+        }
+        configured = true;
       }
       CUDA_RETURN_IF_ERROR(
           fwd::LaunchMaybePdlSmem(pdl, kernel, dim3(grid), dim3(kThreads), smem, stream, a));
