@@ -81,23 +81,35 @@ def server():
     api_key = os.environ.get("MQA_API_KEY", "")
     command = os.environ.get("MQA_SERVER_CMD")
     process = None
-    if command and "{port}" in command:  # a free port, so that runs never collide
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        command = command.replace("{port}", str(port))
-        url = f"http://127.0.0.1:{port}"
-    if command:
-        process = subprocess.Popen(command, shell=True, start_new_session=True)
+    # With "{port}", a port the kernel reports free is put in; another process (a parallel test's
+    # MPI ranks open ephemeral ports too) can take it before the server binds it, so a server
+    # that exits before it is healthy is started again on a new port, up to three times.
+    attempts = 3 if command and "{port}" in command else 1
+    for attempt in range(attempts):
+        if not command:
+            break
+        run = command
+        if "{port}" in command:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            run = command.replace("{port}", str(port))
+            url = f"http://127.0.0.1:{port}"
+        process = subprocess.Popen(run, shell=True, start_new_session=True)
         deadline = time.monotonic() + float(os.environ.get("MQA_SERVER_START_TIMEOUT", "300"))
         while _health(url) != 200:
             if process.poll() is not None:
-                pytest.fail(f"server command exited with {process.returncode}: {command}")
+                break
             if time.monotonic() > deadline:
                 os.killpg(process.pid, signal.SIGKILL)
-                pytest.fail(f"server did not become healthy at {url}: {command}")
+                pytest.fail(f"server did not become healthy at {url}: {run}")
             time.sleep(0.5)
-    elif _health(url) != 200:
+        if process.poll() is None:
+            break
+        if attempt + 1 == attempts:
+            pytest.fail(f"server command exited with {process.returncode}: {run}")
+        print(f"server exited with {process.returncode} on {url}; starting it on a new port")
+    if not command and _health(url) != 200:
         pytest.skip(f"no server at {url} and MQA_SERVER_CMD is not set")
     try:
         yield Server(url, api_key)
