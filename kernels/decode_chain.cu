@@ -62,7 +62,33 @@ struct ChainArgs {
   int stage_bytes;
   int stream_only;  // DecodeChainTuning::stream_only
   unsigned* counter;
+  const void* next_w;  // DecodeChainParams::next_weight (L2 prefetch only)
+  int next_n, next_k;
+  int lookahead;                // DecodeChainTuning::l2_lookahead_bytes
+  unsigned long long* stamps;   // DecodeChainTuning::timeline (the kStamps instantiation)
 };
+
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// Records event `e` of this CTA's timeline (kernels/decode_chain_cuda.h) in the kStamps form.
+template <bool kStamps>
+__device__ __forceinline__ void Stamp(const ChainArgs& a, int e) {
+  if constexpr (kStamps) {
+    a.stamps[static_cast<int64_t>(blockIdx.x) * kDecodeChainTimelineWords + e] = clock64();
+  }
+}
+template <bool kStamps>
+__device__ __forceinline__ void StampPhase(const ChainArgs& a, int gi, int event) {
+  Stamp<kStamps>(a, kChainPhaseEvents + gi * kChainPhaseEventCount + event);
+}
+
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 
 // This CTA's output rows of a phase: an equal contiguous share of n.
 __device__ __forceinline__ void CtaRows(int n, int& r0, int& r1) {
@@ -304,7 +330,7 @@ __device__ __forceinline__ float Dot8(const int4& w, const float4& a, const floa
 
 // Shared memory: the ring (stages x stage_bytes), the input planes (2 x max_k / 2 floats), the
 // row sums (max rows a CTA x fp32), the stages' full / empty barriers, the reduction scratch.
-template <typename T>
+template <typename T, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -328,33 +354,78 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::FenceMbarInit();
   }
   __syncthreads();
+  if constexpr (kStamps) {
+    if (threadIdx.x == 0) {
+      a.stamps[static_cast<int64_t>(blockIdx.x) * kDecodeChainTimelineWords + kChainGlobalStart] =
+          GlobalTimer();
+      Stamp<kStamps>(a, kChainClockStart);
+    }
+  }
 
   if (warp == kConsumerWarps) {  // the producer: weights only, so before the PDL wait too
     if (lane == 0) {
       uint64_t policy;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
       const int stage_bytes = a.stage_bytes;
+      // This CTA's byte runs: one a phase, and with a lookahead the next chain's first phase
+      // (prefetched into L2, never loaded here).
+      const char* run_src[kMaxDecodeChainPhases + 1];
+      int64_t run_bytes[kMaxDecodeChainPhases + 1];
+      int runs = 0;
+      for (int i = 0; i < a.num_phases; ++i, ++runs) {
+        int r0, r1;
+        CtaRows(a.ph[i].n, r0, r1);
+        run_src[i] =
+            static_cast<const char*>(a.ph[i].w) + static_cast<int64_t>(r0) * a.ph[i].k * sizeof(T);
+        run_bytes[i] = static_cast<int64_t>(r1 - r0) * a.ph[i].k * sizeof(T);
+      }
+      if (a.lookahead > 0 && a.next_w != nullptr) {
+        int r0, r1;
+        CtaRows(a.next_n, r0, r1);
+        run_src[runs] =
+            static_cast<const char*>(a.next_w) + static_cast<int64_t>(r0) * a.next_k * sizeof(T);
+        run_bytes[runs++] = static_cast<int64_t>(r1 - r0) * a.next_k * sizeof(T);
+      }
+      // The L2 prefetch cursor (run, offset) walks the same runs `lookahead` bytes ahead of the
+      // ring loads; it skips what the ring has loaded already.
+      int prun = 0;
+      int64_t poff = 0, ppos = 0, pos = 0;  // ppos, pos: bytes into all runs
+      auto prefetch_to = [&](int64_t loaded, int64_t target) {
+        while (prun < runs && ppos < target) {
+          const int64_t left = run_bytes[prun] - poff;
+          if (left <= 0) {
+            ++prun;
+            poff = 0;
+            continue;
+          }
+          const int64_t step = min(left, ppos < loaded ? loaded - ppos : int64_t{16384});
+          if (ppos >= loaded) BulkPrefetchL2(run_src[prun] + poff, static_cast<uint32_t>(step));
+          poff += step;
+          ppos += step;
+        }
+      };
       int s = 0;
       uint32_t pass = 0;
       for (int i = 0; i < a.num_phases; ++i) {
-        const ChainPhaseArgs& ph = a.ph[i];
-        int r0, r1;
-        CtaRows(ph.n, r0, r1);
-        const char* src =
-            static_cast<const char*>(ph.w) + static_cast<int64_t>(r0) * ph.k * sizeof(T);
-        const int64_t bytes = static_cast<int64_t>(r1 - r0) * ph.k * sizeof(T);
+        const char* src = run_src[i];
+        const int64_t bytes = run_bytes[i];
+        if (bytes > 0) Stamp<kStamps>(a, kChainProducerEvents + 2 * (i + a.has_attention));
         for (int64_t off = 0; off < bytes; off += stage_bytes) {
           const uint32_t len =
               static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes);
           if (pass > 0) tma::MbarWait(empty0 + s * 8, (pass - 1) & 1);
           tma::MbarArriveExpectTx(full0 + s * 8, len);
           BulkLoad(ring_s + s * stage_bytes, src + off, len, full0 + s * 8, policy);
+          pos += len;
+          if (a.lookahead > 0) prefetch_to(pos, pos + a.lookahead);
           if (++s == stages) {
             s = 0;
             ++pass;
           }
         }
+        if (bytes > 0) Stamp<kStamps>(a, kChainProducerEvents + 2 * (i + a.has_attention) + 1);
       }
+      Stamp<kStamps>(a, kChainProducerDone);
     }
     return;
   }
@@ -370,16 +441,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
 
-  if (a.has_attention) AttentionPhase<T>(a.at, lo, a.max_k / 2, hi, red);
+  if (a.has_attention) {
+    AttentionPhase<T>(a.at, lo, a.max_k / 2, hi, red);
+    if (threadIdx.x == 0) StampPhase<kStamps>(a, 0, kChainEpilogueDone);
+  }
 
   int s = 0;
   uint32_t pass = 0;
   for (int i = 0; i < a.num_phases; ++i) {
     const ChainPhaseArgs& ph = a.ph[i];
     const int gi = i + a.has_attention;  // the phase's index counting the attention
-    if (gi > 0) GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
+    const bool t0 = threadIdx.x == 0;  // the thread that stamps the timeline
+    if (gi > 0) {
+      if (t0) StampPhase<kStamps>(a, gi, kChainBarrierEnter);
+      GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
+      if (t0) StampPhase<kStamps>(a, gi, kChainBarrierExit);
+    }
     LoadInput<T>(ph, lo, hi, red);
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
     int r0, r1;
     CtaRows(ph.n, r0, r1);
@@ -406,6 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           static_cast<int>(bytes - off < stage_bytes ? bytes - off : stage_bytes) / kSegBytes;
       const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
       tma::MbarWait(full0 + s * 8, pass & 1);
+      if (t0 && off == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
       const unsigned char* stage = ring + s * stage_bytes;
       if (!a.stream_only && j0 < j1) {
         int row = row_b, col = col_b;
@@ -455,6 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (cur >= 0) flush();
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
 
     // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase.
     T* out = static_cast<T*>(ph.out);
@@ -471,11 +553,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       *o = fwd::FromFloat<T>(v);
     }
+    if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
   }
   // The last CTA out leaves the counter at zero for the next launch.
   if (a.num_phases + a.has_attention > 1 && threadIdx.x == 0) {
     const unsigned total = static_cast<unsigned>(a.num_phases + a.has_attention) * gridDim.x;
     if (atomicAdd(a.counter, 1u) == total - 1) atomicExch(a.counter, 0u);
+  }
+  if constexpr (kStamps) {
+    if (threadIdx.x == 0) {
+      Stamp<kStamps>(a, kChainClockEnd);
+      a.stamps[static_cast<int64_t>(blockIdx.x) * kDecodeChainTimelineWords + kChainGlobalEnd] =
+          GlobalTimer();
+    }
   }
 }
 
@@ -489,7 +579,7 @@ struct LaunchInfo {
   int device = -1;
   int sms = 0;
   int smem_optin = 0;
-  bool configured[2] = {false, false};
+  bool configured[2][2] = {};  // [bf16][timeline]
 };
 
 absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
@@ -509,6 +599,11 @@ absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
 }
 
 }  // namespace
+
+absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning) {
+  ASSIGN_OR_RETURN(LaunchInfo* const info, DeviceLaunchInfo());
+  return std::max(1, info->sms - std::max(0, tuning.spare_sms));
+}
 
 size_t DecodeChainWorkspaceBytes(int slots) {
   return static_cast<size_t>(std::max(slots, 1)) * kCounterStride;
@@ -579,9 +674,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   if (p.num_phases + (p.has_attention ? 1 : 0) > 1 && workspace == nullptr) {
     return absl::InvalidArgumentError("DecodeChain: a chain of several phases needs a workspace");
   }
+  ASSIGN_OR_RETURN(const int grid, DecodeChainGrid(tuning));
   ASSIGN_OR_RETURN(LaunchInfo* const info_ptr, DeviceLaunchInfo());
   LaunchInfo& info = *info_ptr;
-  const int grid = std::max(1, info.sms - std::max(0, tuning.spare_sms));
   ChainArgs a = {};
   a.num_phases = p.num_phases;
   int64_t max_k = 0, max_rows = 0;
@@ -636,13 +731,31 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.stages = stages;
   a.stage_bytes = stage_bytes;
   a.stream_only = tuning.stream_only;
+  if (tuning.l2_lookahead_bytes < 0 || tuning.l2_lookahead_bytes % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecodeChain: L2 lookahead ", tuning.l2_lookahead_bytes, " bytes (a multiple of 16)"));
+  }
+  a.lookahead = tuning.l2_lookahead_bytes;
+  if (p.next_weight != nullptr) {
+    if (p.next_n < 1 || p.next_n > INT32_MAX || p.next_k < 1 || p.next_k % kSegElems != 0 ||
+        !fwd::Aligned16(p.next_weight)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DecodeChain: next weight [", p.next_n, ", ", p.next_k,
+                       "] (k a multiple of ", kSegElems, ", 16-byte aligned)"));
+    }
+    a.next_w = p.next_weight;
+    a.next_n = static_cast<int>(p.next_n);
+    a.next_k = static_cast<int>(p.next_k);
+  }
+  a.stamps = tuning.timeline;
   const size_t smem = static_cast<size_t>(stages) * stage_bytes + fixed;
   return fwd::DispatchFloat(p.dtype, "DecodeChain", [&]<typename T>() -> absl::Status {
     if constexpr (std::is_same_v<T, float>) {
       return absl::InvalidArgumentError("DecodeChain: float32");
     } else {
-      auto* kernel = DecodeChainKernel<T>;
-      bool& configured = info.configured[std::is_same_v<T, __half> ? 0 : 1];
+      const bool stamps = tuning.timeline != nullptr;
+      auto* kernel = stamps ? DecodeChainKernel<T, true> : DecodeChainKernel<T, false>;
+      bool& configured = info.configured[std::is_same_v<T, __half> ? 0 : 1][stamps ? 1 : 0];
       if (!configured) {  // once: every launch's smem is at most this (room above)
         const size_t most = static_cast<size_t>(info.smem_optin) - kStaticSmem;
         CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(

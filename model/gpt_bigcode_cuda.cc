@@ -166,11 +166,12 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention) {
+void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int lookahead_kib) {
   if (!cuda_) return;
   chain_ = on;
   if (spare_sms >= 0) ctx_.chain_spare_sms = spare_sms;
   if (attention >= 0) chain_attention_ = attention != 0;
+  if (lookahead_kib >= 0) ctx_.chain_l2_lookahead_bytes = lookahead_kib * 1024;
   ClearCudaGraphs();
 }
 
@@ -255,6 +256,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   fuse_ = options.fuse_small_kernels;
   chain_ = options.decode_chain;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
+  ctx_.chain_l2_lookahead_bytes = options.decode_chain_l2_lookahead_kib * 1024;
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   ctx_.ln_registers = options.ln_registers;
@@ -590,7 +592,7 @@ GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
-void GptBigCode::set_decode_chain(bool, int, int) {}
+void GptBigCode::set_decode_chain(bool, int, int, int) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}

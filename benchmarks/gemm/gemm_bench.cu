@@ -127,6 +127,118 @@ constexpr Variant kVariants[] = {{"skinny", true, false, false},
                                  {"cuBLASLt", false, false, false}};
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
+// --chain: where a chain's time goes. kCalls chains back to back in a graph (as the rows above),
+// each recording its CTAs' timeline (DecodeChainTuning::timeline); printed for the middle call:
+// every event as min / median / max over the CTAs, in us from that call's first CTA start.
+// Clock64 events are placed on %globaltimer's axis through each CTA's start stamp and the median
+// clock rate (the start-to-end globaltimer span over the clock64 span).
+template <typename ParamsOf>
+void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, size_t layer_bytes,
+                   double ceiling, cudaStream_t stream, ParamsOf&& params_of, void* ws) {
+  const absl::StatusOr<int> grid_or = DecodeChainGrid(tuning);
+  if (!grid_or.ok()) {
+    std::printf("%-10s timeline %s: %s\n", md.name, name, grid_or.status().ToString().c_str());
+    return;
+  }
+  const int grid = *grid_or;
+  const size_t per_call = DecodeChainTimelineWords(grid);
+  DeviceBuffer stamps(kCalls * per_call * sizeof(unsigned long long));
+  CHECK_CUDA(cudaMemset(stamps.ptr, 0, kCalls * per_call * sizeof(unsigned long long)));
+  auto* base = static_cast<unsigned long long*>(stamps.ptr);
+  const double us = TimeGraphUs(stream, [&](int i, cudaStream_t st) {
+    DecodeChainTuning t = tuning;
+    t.timeline = base + i * per_call;
+    return DecodeChainCuda(params_of(i), st, /*pdl=*/true, ws, 0, t);
+  });
+  if (us < 0) {
+    std::printf("%-10s timeline %s: failed\n", md.name, name);
+    return;
+  }
+  std::vector<unsigned long long> h(kCalls * per_call);
+  CHECK_CUDA(cudaMemcpy(h.data(), stamps.ptr, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
+  const int call = kCalls / 2;
+  auto word = [&](int c, int cta, int e) { return h[c * per_call + cta * kDecodeChainTimelineWords + e]; };
+  std::vector<double> rate;  // ns a clock
+  for (int b = 0; b < grid; ++b) {
+    const double dg = static_cast<double>(word(call, b, kChainGlobalEnd) - word(call, b, kChainGlobalStart));
+    const double dc = static_cast<double>(word(call, b, kChainClockEnd) - word(call, b, kChainClockStart));
+    if (dc > 0) rate.push_back(dg / dc);
+  }
+  std::sort(rate.begin(), rate.end());
+  const double ns_per_clock = rate.empty() ? 0.0 : rate[rate.size() / 2];
+  unsigned long long t0 = ~0ull, prev_end = 0;
+  std::vector<unsigned long long> starts;
+  for (int b = 0; b < grid; ++b) {
+    t0 = std::min(t0, word(call, b, kChainGlobalStart));
+    prev_end = std::max(prev_end, word(call - 1, b, kChainGlobalEnd));
+    starts.push_back(word(call, b, kChainGlobalStart));
+  }
+  std::sort(starts.begin(), starts.end());
+  unsigned long long tick = ~0ull;  // the smallest step between distinct start stamps
+  for (size_t i = 1; i < starts.size(); ++i) {
+    if (starts[i] > starts[i - 1]) tick = std::min(tick, starts[i] - starts[i - 1]);
+  }
+  // us from t0 of CTA b's clock64 stamp e (NaN where it was not recorded).
+  auto at = [&](int b, int e) {
+    const unsigned long long c = word(call, b, e);
+    if (c == 0) return std::nan("");
+    const double ns = static_cast<double>(word(call, b, kChainGlobalStart) - t0) +
+                      (static_cast<double>(c) - static_cast<double>(word(call, b, kChainClockStart))) *
+                          ns_per_clock;
+    return ns * 1e-3;
+  };
+  auto stats = [&](auto&& value) {
+    std::vector<double> v;
+    for (int b = 0; b < grid; ++b) {
+      const double x = value(b);
+      if (!std::isnan(x)) v.push_back(x);
+    }
+    char buf[48];
+    if (v.empty()) return std::string("           -           ");
+    std::sort(v.begin(), v.end());
+    std::snprintf(buf, sizeof(buf), "%6.2f %6.2f %6.2f  ", v.front(), v[v.size() / 2], v.back());
+    return std::string(buf);
+  };
+  std::printf(
+      "\n%s timeline, %s (%.1f us a call in this graph; call %d of %d; %d CTAs; clock %.3f GHz; "
+      "globaltimer step >= %llu ns). us from the call's first CTA start, min / median / max over "
+      "CTAs:\n",
+      md.name, name, us, call, kCalls, grid, ns_per_clock > 0 ? 1.0 / ns_per_clock : 0.0,
+      tick == ~0ull ? 0ull : tick);
+  std::printf("  previous call's last CTA ended at %+.2f us; CTA starts %s; ends %s\n",
+              (static_cast<double>(prev_end) - static_cast<double>(t0)) * 1e-3,
+              stats([&](int b) { return (word(call, b, kChainGlobalStart) - t0) * 1e-3; }).c_str(),
+              stats([&](int b) { return (word(call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
+  const char* events[kChainPhaseEventCount] = {"barrier enter", "barrier exit", "input ready",
+                                               "first stage", "last release", "epilogue done"};
+  std::printf("  %-16s", "phase");
+  for (int g = 0; g < 4; ++g) std::printf("| %-22d", g);
+  std::printf("\n  %-16s", "ideal us");
+  const Shape order_shapes[4] = {ShapeOf(md, Gemm::kAttnProj), ShapeOf(md, Gemm::kFc),
+                                 ShapeOf(md, Gemm::kMlpProj), ShapeOf(md, Gemm::kCAttn)};
+  for (int g = 0; g < 4; ++g) {
+    std::printf("| %-22.2f", order_shapes[g].n * order_shapes[g].k * 2 / (ceiling * 1e3));
+  }
+  std::printf("  (copy rate; the layer %.2f)\n", layer_bytes / (ceiling * 1e3));
+  std::printf("  %-16s", "producer first");
+  for (int g = 0; g < 4; ++g) {
+    std::printf("| %s", stats([&](int b) { return at(b, kChainProducerEvents + 2 * g); }).c_str());
+  }
+  std::printf("\n  %-16s", "producer last");
+  for (int g = 0; g < 4; ++g) {
+    std::printf("| %s", stats([&](int b) { return at(b, kChainProducerEvents + 2 * g + 1); }).c_str());
+  }
+  for (int e = 0; e < kChainPhaseEventCount; ++e) {
+    std::printf("\n  %-16s", events[e]);
+    for (int g = 0; g < 4; ++g) {
+      std::printf("| %s", stats([&](int b) {
+                    return at(b, kChainPhaseEvents + g * kChainPhaseEventCount + e);
+                  }).c_str());
+    }
+  }
+  std::printf("\n");
+}
+
 // --chain: one layer's four m = 1 GEMMs (attn.c_proj + residual, c_fc + GELU, mlp.c_proj +
 // residual, c_attn) as four skinny+pdl launches, beside the same work as one decode chain
 // (kernels/decode_chain.h, with ln_2 and ln_1 inside it) at several DecodeChainTunings, and the
@@ -197,6 +309,32 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
            }
            return absl::OkStatus();
          }));
+  // Call i's chain: the layer copy i % copies, and (an L2 lookahead hint) the next call's first
+  // phase weight.
+  auto chain_params = [&](int i) {
+    DecodeChainParams p;
+    p.dtype = dtype;
+    p.num_phases = 4;
+    for (int g = 0; g < 4; ++g) {
+      DecodeChainPhase& ph = p.phases[g];
+      ph.weight = weights[(i % copies) * 4 + g]->ptr;
+      ph.bias = bias.ptr;
+      ph.input = ins[g];
+      ph.output = outs[g];
+      ph.n = order_shapes[g].n;
+      ph.k = order_shapes[g].k;
+      ph.accumulate = order_shapes[g].accumulate;
+      ph.activation = order_shapes[g].gelu ? Activation::kGeluTanh : Activation::kIdentity;
+      if (g == 1 || g == 3) {
+        ph.ln_weight = ln_w.ptr;
+        ph.ln_bias = ln_b.ptr;
+      }
+    }
+    p.next_weight = weights[((i + 1) % copies) * 4]->ptr;
+    p.next_n = order_shapes[0].n;
+    p.next_k = order_shapes[0].k;
+    return p;
+  };
   struct ChainRow {
     const char* name;
     DecodeChainTuning t;
@@ -206,30 +344,20 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
                            {"chain, 48 KiB stages", {49152, 0, false}},
                            {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},
                            {"chain, 32 KiB, 4 spare SMs", {32768, 0, false, 4}},
-                           {"chain, 32 KiB, stream only", {32768, 0, true}}};
+                           {"chain, L2 lookahead 64 KiB", {32768, 0, false, 0, 64 << 10}},
+                           {"chain, L2 lookahead 128 KiB", {32768, 0, false, 0, 128 << 10}},
+                           {"chain, L2 lookahead 256 KiB", {32768, 0, false, 0, 256 << 10}},
+                           {"chain, L2 lookahead 512 KiB", {32768, 0, false, 0, 512 << 10}},
+                           {"chain, 32 KiB, stream only", {32768, 0, true}},
+                           {"chain, stream only, lookahead 256 KiB", {32768, 0, true, 0, 256 << 10}}};
   for (const ChainRow& row : rows) {
     report(row.name, TimeGraphUs(stream, [&](int i, cudaStream_t st) {
-             DecodeChainParams p;
-             p.dtype = dtype;
-             p.num_phases = 4;
-             for (int g = 0; g < 4; ++g) {
-               DecodeChainPhase& ph = p.phases[g];
-               ph.weight = weights[(i % copies) * 4 + g]->ptr;
-               ph.bias = bias.ptr;
-               ph.input = ins[g];
-               ph.output = outs[g];
-               ph.n = order_shapes[g].n;
-               ph.k = order_shapes[g].k;
-               ph.accumulate = order_shapes[g].accumulate;
-               ph.activation = order_shapes[g].gelu ? Activation::kGeluTanh : Activation::kIdentity;
-               if (g == 1 || g == 3) {
-                 ph.ln_weight = ln_w.ptr;
-                 ph.ln_bias = ln_b.ptr;
-               }
-             }
-             return DecodeChainCuda(p, st, /*pdl=*/true, ws.ptr, 0, row.t);
+             return DecodeChainCuda(chain_params(i), st, /*pdl=*/true, ws.ptr, 0, row.t);
            }));
   }
+  ChainTimeline(md, "default", {}, layer_bytes, ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "L2 lookahead 256 KiB", {32768, 0, false, 0, 256 << 10}, layer_bytes, ceiling,
+                stream, chain_params, ws.ptr);
 }
 
 std::vector<int> ParseList(const char* s) {

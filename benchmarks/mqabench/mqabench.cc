@@ -43,7 +43,8 @@
 //     one persistent weight-streaming kernel, kernels/decode_chain.h); a comma list of off / on
 //     (e.g. off,on,off,on) gives one row each, on the same runner; rows print how many chains ran;
 //     sN is on with N SMs left to the attention (GptBigCodeOptions::decode_chain_spare_sms); at
-//     is on with the attention as the chain's first phase (decode_chain_attention).
+//     is on with the attention as the chain's first phase (decode_chain_attention); lN is on with N
+//     KiB of L2 lookahead a CTA (decode_chain_l2_lookahead_kib).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -375,12 +376,13 @@ absl::Status Latency(const Flags& f) {
   std::vector<std::string> chains;
   for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
     for (const std::string& row : rows_of(std::string(v))) {
-      int spare = 0;
+      int number = 0;
       if (row != "off" && row != "on" && row != "at" &&
-          !(row.size() > 1 && row[0] == 's' && absl::SimpleAtoi(row.substr(1), &spare))) {
+          !(row.size() > 1 && (row[0] == 's' || row[0] == 'l') &&
+            absl::SimpleAtoi(row.substr(1), &number) && number >= 0)) {
         return absl::InvalidArgumentError(
             "--chain off|on|both or a comma list of off / on / at (on, the attention inside the "
-            "chain) / sN (on, N spare SMs)");
+            "chain) / sN (on, N spare SMs) / lN (on, N KiB of L2 lookahead)");
       }
       chains.push_back(row);
     }
@@ -478,7 +480,9 @@ absl::Status Latency(const Flags& f) {
     r.model().set_decode_chain(
         chain != "off",
         chain[0] == 's' ? std::atoi(chain.c_str() + 1) : GptBigCodeOptions().decode_chain_spare_sms,
-        chain == "at" ? 1 : GptBigCodeOptions().decode_chain_attention);
+        chain == "at" ? 1 : GptBigCodeOptions().decode_chain_attention,
+        chain[0] == 'l' ? std::atoi(chain.c_str() + 1)
+                        : GptBigCodeOptions().decode_chain_l2_lookahead_kib);
     const int64_t chains_before = r.model().decode_chain_runs();
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.

@@ -226,6 +226,58 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
 }
 
+// The L2 lookahead (prefetches only) and the timeline (a separate instantiation that stamps its
+// events) leave the outputs as they are; every CTA's stamps are recorded and in order.
+TEST_P(DecodeChainTest, LookaheadAndTimelineKeepOutputsAndStampInOrder) {
+  const DType t = GetParam();
+  LayerCase c;
+  c.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  c.p.next_weight = c.w_proj.d->get();  // as the model does: the next chain's first phase
+  c.p.next_n = c.E;
+  c.p.next_k = c.E;
+  const size_t ws_bytes = DecodeChainWorkspaceBytes(1);
+  DeviceMem ws(ws_bytes);
+  ASSERT_EQ(cudaMemset(ws.get(), 0, ws_bytes), cudaSuccess);
+  const absl::StatusOr<int> grid = DecodeChainGrid();
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  const size_t stamp_bytes = DecodeChainTimelineWords(*grid) * sizeof(unsigned long long);
+  DeviceMem stamps(stamp_bytes);
+  for (int lookahead : {16384, 262144}) {
+    ASSERT_EQ(cudaMemset(stamps.get(), 0, stamp_bytes), cudaSuccess);
+    DecodeChainTuning tuning;
+    tuning.l2_lookahead_bytes = lookahead;
+    tuning.timeline = static_cast<unsigned long long*>(stamps.get());
+    c.Reset(stream_);
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws.get(), 0, tuning).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    c.Check(t, "lookahead + timeline");
+    const std::vector<unsigned long long> w = stamps.Download<unsigned long long>();
+    for (int b = 0; b < *grid; ++b) {
+      auto at = [&](int e) { return w[static_cast<size_t>(b) * kDecodeChainTimelineWords + e]; };
+      auto phase = [&](int g, int e) { return at(kChainPhaseEvents + g * kChainPhaseEventCount + e); };
+      ASSERT_NE(at(kChainGlobalStart), 0u) << "CTA " << b;
+      EXPECT_GE(at(kChainGlobalEnd), at(kChainGlobalStart)) << "CTA " << b;
+      EXPECT_GT(at(kChainClockEnd), at(kChainClockStart)) << "CTA " << b;
+      EXPECT_EQ(phase(0, kChainBarrierEnter), 0u) << "no barrier before the first phase";
+      unsigned long long last = at(kChainClockStart);
+      for (int g = 0; g < 4; ++g) {
+        for (int e = g == 0 ? kChainInputReady : kChainBarrierEnter; e < kChainPhaseEventCount;
+             ++e) {
+          // A CTA with no rows of a phase streams nothing: it has no "first stage".
+          if (e == kChainFirstFull && phase(g, e) == 0) continue;
+          EXPECT_GE(phase(g, e), last) << "CTA " << b << " phase " << g << " event " << e;
+          last = phase(g, e);
+        }
+      }
+      EXPECT_GE(at(kChainClockEnd), last) << "CTA " << b;
+      EXPECT_GT(at(kChainProducerDone), at(kChainClockStart)) << "CTA " << b;
+    }
+  }
+  const std::vector<uint32_t> counters = ws.Download<uint32_t>();
+  for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
+}
+
 // The largest k (the fewest stages), n below the SM count (CTAs with no rows), one phase, no
 // bias, no workspace; and a two-phase chain whose second phase has a single row.
 TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
