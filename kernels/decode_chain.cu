@@ -61,10 +61,8 @@ struct ChainArgs {
   int max_k;  // floats of the input buffer (two planes of max_k / 2)
   int stage_bytes;
   int stream_only;  // DecodeChainTuning::stream_only
+  int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
   unsigned* counter;
-  const void* next_w;  // DecodeChainParams::next_weight (L2 prefetch only)
-  int next_n, next_k;
-  int lookahead;                // DecodeChainTuning::l2_lookahead_bytes
   unsigned long long* stamps;   // DecodeChainTuning::timeline (the kStamps instantiation)
 };
 
@@ -86,9 +84,6 @@ __device__ __forceinline__ void StampPhase(const ChainArgs& a, int gi, int event
   Stamp<kStamps>(a, kChainPhaseEvents + gi * kChainPhaseEventCount + event);
 }
 
-__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 
 // This CTA's output rows of a phase: an equal contiguous share of n.
 __device__ __forceinline__ void CtaRows(int n, int& r0, int& r1) {
@@ -367,57 +362,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t policy;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
       const int stage_bytes = a.stage_bytes;
-      // This CTA's byte runs: one a phase, and with a lookahead the next chain's first phase
-      // (prefetched into L2, never loaded here).
-      const char* run_src[kMaxDecodeChainPhases + 1];
-      int64_t run_bytes[kMaxDecodeChainPhases + 1];
-      int runs = 0;
-      for (int i = 0; i < a.num_phases; ++i, ++runs) {
-        int r0, r1;
-        CtaRows(a.ph[i].n, r0, r1);
-        run_src[i] =
-            static_cast<const char*>(a.ph[i].w) + static_cast<int64_t>(r0) * a.ph[i].k * sizeof(T);
-        run_bytes[i] = static_cast<int64_t>(r1 - r0) * a.ph[i].k * sizeof(T);
-      }
-      if (a.lookahead > 0 && a.next_w != nullptr) {
-        int r0, r1;
-        CtaRows(a.next_n, r0, r1);
-        run_src[runs] =
-            static_cast<const char*>(a.next_w) + static_cast<int64_t>(r0) * a.next_k * sizeof(T);
-        run_bytes[runs++] = static_cast<int64_t>(r1 - r0) * a.next_k * sizeof(T);
-      }
-      // The L2 prefetch cursor (run, offset) walks the same runs `lookahead` bytes ahead of the
-      // ring loads; it skips what the ring has loaded already.
-      int prun = 0;
-      int64_t poff = 0, ppos = 0, pos = 0;  // ppos, pos: bytes into all runs
-      auto prefetch_to = [&](int64_t loaded, int64_t target) {
-        while (prun < runs && ppos < target) {
-          const int64_t left = run_bytes[prun] - poff;
-          if (left <= 0) {
-            ++prun;
-            poff = 0;
-            continue;
-          }
-          const int64_t step = min(left, ppos < loaded ? loaded - ppos : int64_t{16384});
-          if (ppos >= loaded) BulkPrefetchL2(run_src[prun] + poff, static_cast<uint32_t>(step));
-          poff += step;
-          ppos += step;
-        }
-      };
       int s = 0;
       uint32_t pass = 0;
+      // The stage issued `inflight` loads ago (ws, wpass): with an in-flight limit the producer
+      // waits for its arrival before issuing the next, so that the SM's queue of requests stays
+      // short and the consumers' own loads (input, barrier, residual) do not wait behind it.
+      int ws = 0, issued = 0;
+      uint32_t wpass = 0;
       for (int i = 0; i < a.num_phases; ++i) {
-        const char* src = run_src[i];
-        const int64_t bytes = run_bytes[i];
+        const ChainPhaseArgs& ph = a.ph[i];
+        int r0, r1;
+        CtaRows(ph.n, r0, r1);
+        const char* src =
+            static_cast<const char*>(ph.w) + static_cast<int64_t>(r0) * ph.k * sizeof(T);
+        const int64_t bytes = static_cast<int64_t>(r1 - r0) * ph.k * sizeof(T);
         if (bytes > 0) Stamp<kStamps>(a, kChainProducerEvents + 2 * (i + a.has_attention));
         for (int64_t off = 0; off < bytes; off += stage_bytes) {
           const uint32_t len =
               static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes);
           if (pass > 0) tma::MbarWait(empty0 + s * 8, (pass - 1) & 1);
+          if (a.inflight > 0 && issued >= a.inflight) {
+            tma::MbarWait(full0 + ws * 8, wpass & 1);
+            if (++ws == stages) {
+              ws = 0;
+              ++wpass;
+            }
+          }
           tma::MbarArriveExpectTx(full0 + s * 8, len);
           BulkLoad(ring_s + s * stage_bytes, src + off, len, full0 + s * 8, policy);
-          pos += len;
-          if (a.lookahead > 0) prefetch_to(pos, pos + a.lookahead);
+          ++issued;
           if (++s == stages) {
             s = 0;
             ++pass;
@@ -432,6 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers.
   fwd::PdlWait();
+  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
   fwd::PdlTrigger();
   int max_rows = 0;
   for (int i = 0; i < a.num_phases; ++i) {
@@ -481,6 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) atomicAdd(acc + cur, v);
       part = 0.0f;
     };
+    if (t0) Stamp<kStamps>(a, kChainLoopStart + gi);
     for (int64_t off = 0; off < bytes; off += stage_bytes) {
       const int segs =
           static_cast<int>(bytes - off < stage_bytes ? bytes - off : stage_bytes) / kSegBytes;
@@ -731,22 +706,11 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.stages = stages;
   a.stage_bytes = stage_bytes;
   a.stream_only = tuning.stream_only;
-  if (tuning.l2_lookahead_bytes < 0 || tuning.l2_lookahead_bytes % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DecodeChain: L2 lookahead ", tuning.l2_lookahead_bytes, " bytes (a multiple of 16)"));
+  if (tuning.max_inflight < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeChain: max_inflight ", tuning.max_inflight, " (>= 0)"));
   }
-  a.lookahead = tuning.l2_lookahead_bytes;
-  if (p.next_weight != nullptr) {
-    if (p.next_n < 1 || p.next_n > INT32_MAX || p.next_k < 1 || p.next_k % kSegElems != 0 ||
-        !fwd::Aligned16(p.next_weight)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DecodeChain: next weight [", p.next_n, ", ", p.next_k,
-                       "] (k a multiple of ", kSegElems, ", 16-byte aligned)"));
-    }
-    a.next_w = p.next_weight;
-    a.next_n = static_cast<int>(p.next_n);
-    a.next_k = static_cast<int>(p.next_k);
-  }
+  a.inflight = tuning.max_inflight >= stages ? 0 : tuning.max_inflight;
   a.stamps = tuning.timeline;
   const size_t smem = static_cast<size_t>(stages) * stage_bytes + fixed;
   return fwd::DispatchFloat(p.dtype, "DecodeChain", [&]<typename T>() -> absl::Status {

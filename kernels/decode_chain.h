@@ -85,12 +85,6 @@ struct DecodeChainParams {
   // reads attention.output).
   bool has_attention = false;
   DecodeChainAttention attention;
-  // CUDA, a hint: the [next_n, next_k] weight of the next chain's first phase (its rows dealt out
-  // to the same grid). With DecodeChainTuning::l2_lookahead_bytes each CTA's producer keeps
-  // prefetching into L2 past its own last phase, into its share of these rows, so that HBM keeps
-  // streaming through the kernels that run between two chains. Null: none. The CPU ignores it.
-  const void* next_weight = nullptr;
-  int64_t next_n = 0, next_k = 0;
 };
 
 // The CPU reference (float32 only): each phase as LayerNormCpu, GemmCpu and BiasActivationCpu in

@@ -29,10 +29,11 @@ struct DecodeChainTuning {
   // kernel that runs between two chains, so that the next chain's CTAs can all be resident (and
   // stream their first weights) while it runs.
   int spare_sms = 0;
-  // Bytes each CTA's producer keeps requested into L2 (cp.async.bulk.prefetch.L2) ahead of its
-  // ring loads, across the phase boundaries and into DecodeChainParams::next_weight: HBM keeps
-  // streaming while the consumers wait at a grid barrier with the ring full. 0: none.
-  int l2_lookahead_bytes = 0;
+  // Ring stages the producer keeps requested but not yet arrived (0: as many as the ring holds).
+  // A CTA's consumers read their input vector, poll the grid barrier and load residuals through
+  // the same SM memory queue as the producer's bulk loads; a full ring of requests ahead of them
+  // (192 KiB) delayed each such load by several microseconds on the H200 (the timeline).
+  int max_inflight = 0;
   // Diagnostic: DecodeChainTimelineWords(grid) words of device memory (grid: DecodeChainGrid);
   // every CTA records its events there (DecodeChainEvent) from a separate instantiation of the
   // kernel. Null: none.
@@ -43,11 +44,13 @@ struct DecodeChainTuning {
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning = {});
 
 // The timeline: kDecodeChainTimelineWords words a CTA (CTA c's at c * kDecodeChainTimelineWords).
-// Words kGlobalStart / kGlobalEnd are %globaltimer (ns), every other one clock64 of the CTA's SM:
-// kClockStart beside kGlobalStart (after the set-up barrier), kClockEnd beside kGlobalEnd (the
+// Words kChainGlobalStart / kChainGlobalEnd are %globaltimer (ns), every other one clock64 of the CTA's SM:
+// kChainClockStart beside kChainGlobalStart (after the set-up barrier), kChainClockEnd beside
+// kChainGlobalEnd (the
 // consumers' last instruction). Phase g (counting an attention phase as 0) has consumer events
-// at kPhaseEvents + g * kPhaseEventCount + DecodeChainPhaseEvent and the producer's first and
-// last ring load at kProducerEvents + 2 g (+ 1); kProducerDone once it has issued everything.
+// at kChainPhaseEvents + g * kChainPhaseEventCount + DecodeChainPhaseEvent and the producer's first and
+// last ring load at kChainProducerEvents + 2 g (+ 1); kChainProducerDone once it has issued everything;
+// kChainPdlDone after the consumers' PDL wait, kChainLoopStart + g before phase g's stage loop.
 inline constexpr int kDecodeChainTimelineWords = 64;
 enum DecodeChainEvent : int {
   kChainGlobalStart = 0,
@@ -57,6 +60,8 @@ enum DecodeChainEvent : int {
   kChainPhaseEvents = 4,
   kChainProducerEvents = 4 + 6 * (kMaxDecodeChainPhases + 1),
   kChainProducerDone = kChainProducerEvents + 2 * (kMaxDecodeChainPhases + 1),
+  kChainPdlDone,    // the consumers' griddepcontrol.wait has returned
+  kChainLoopStart,  // + g: phase g's consumers start waiting on its first ring stage
 };
 enum DecodeChainPhaseEvent : int {
   kChainBarrierEnter = 0,  // the grid barrier before the phase (none before the first)
@@ -67,7 +72,7 @@ enum DecodeChainPhaseEvent : int {
   kChainEpilogueDone,  // its outputs written
   kChainPhaseEventCount,
 };
-static_assert(kChainProducerDone < kDecodeChainTimelineWords);
+static_assert(kChainLoopStart + kMaxDecodeChainPhases < kDecodeChainTimelineWords);
 inline size_t DecodeChainTimelineWords(int grid) {
   return static_cast<size_t>(grid) * kDecodeChainTimelineWords;
 }

@@ -232,7 +232,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       }
       DecodeChainTuning tuning;
       tuning.spare_sms = ctx.chain_spare_sms;
-      tuning.l2_lookahead_bytes = ctx.chain_l2_lookahead_bytes;
+      tuning.max_inflight = ctx.chain_max_inflight;
       if (ctx.skip & kSkipAttention) {
         DecodeChainParams q = p;
         q.has_attention = false;

@@ -48,7 +48,7 @@ struct OpContext {
   void* chain_workspace = nullptr;
   int chain_slots = 0;
   int chain_spare_sms = 0;  // DecodeChainTuning::spare_sms
-  int chain_l2_lookahead_bytes = 0;  // DecodeChainTuning::l2_lookahead_bytes
+  int chain_max_inflight = 0;  // DecodeChainTuning::max_inflight
   // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
   // launching anything, so their outputs are garbage. A step timed with and without an op gives
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),

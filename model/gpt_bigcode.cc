@@ -623,9 +623,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                          .output = qkv_.raw(),
                          .n = qkv_cols_,
                          .k = embd_};
-      chain.next_weight = N.c_proj_w.raw();  // the next layer's chain starts with it
-      chain.next_n = embd_;
-      chain.next_k = heads_ * D;
     }
     if (chain_attention_ && !qkv_fused && idx.num_seqs == 1 &&
         idx.max_context_len <= chain_attention_max_context_) {

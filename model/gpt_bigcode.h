@@ -166,10 +166,9 @@ struct GptBigCodeOptions {
   // SantaCoder 1.03 / 1.24 / 1.36 ms.
   bool decode_chain_attention = false;
   int decode_chain_attention_max_context = 1024;
-  // With decode_chain: KiB each chain CTA keeps prefetched into L2 ahead of its shared-memory ring,
-  // through the phase boundaries and into the next layer's c_proj weights across the attention
-  // between two chains (DecodeChainTuning::l2_lookahead_bytes). 0: none.
-  int decode_chain_l2_lookahead_kib = 0;
+  // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
+  // (DecodeChainTuning::max_inflight; 0: the whole ring).
+  int decode_chain_max_inflight = 0;
 };
 
 class GptBigCode {
@@ -241,8 +240,8 @@ class GptBigCode {
   // graphs.
   // spare_sms < 0: unchanged; attention: GptBigCodeOptions::decode_chain_attention (< 0:
   // unchanged).
-  // lookahead_kib: GptBigCodeOptions::decode_chain_l2_lookahead_kib (< 0: unchanged).
-  void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int lookahead_kib = -1);
+  // max_inflight: GptBigCodeOptions::decode_chain_max_inflight (< 0: unchanged).
+  void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int max_inflight = -1);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).

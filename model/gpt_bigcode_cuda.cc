@@ -166,12 +166,12 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int lookahead_kib) {
+void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int max_inflight) {
   if (!cuda_) return;
   chain_ = on;
   if (spare_sms >= 0) ctx_.chain_spare_sms = spare_sms;
   if (attention >= 0) chain_attention_ = attention != 0;
-  if (lookahead_kib >= 0) ctx_.chain_l2_lookahead_bytes = lookahead_kib * 1024;
+  if (max_inflight >= 0) ctx_.chain_max_inflight = max_inflight;
   ClearCudaGraphs();
 }
 
@@ -256,7 +256,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   fuse_ = options.fuse_small_kernels;
   chain_ = options.decode_chain;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
-  ctx_.chain_l2_lookahead_bytes = options.decode_chain_l2_lookahead_kib * 1024;
+  ctx_.chain_max_inflight = options.decode_chain_max_inflight;
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   ctx_.ln_registers = options.ln_registers;

@@ -205,10 +205,12 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
       "CTAs:\n",
       md.name, name, us, call, kCalls, grid, ns_per_clock > 0 ? 1.0 / ns_per_clock : 0.0,
       tick == ~0ull ? 0ull : tick);
-  std::printf("  previous call's last CTA ended at %+.2f us; CTA starts %s; ends %s\n",
-              (static_cast<double>(prev_end) - static_cast<double>(t0)) * 1e-3,
-              stats([&](int b) { return (word(call, b, kChainGlobalStart) - t0) * 1e-3; }).c_str(),
-              stats([&](int b) { return (word(call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
+  std::printf(
+      "  previous call's last CTA ended at %+.2f us; CTA starts %s; PDL wait done %s; ends %s\n",
+      (static_cast<double>(prev_end) - static_cast<double>(t0)) * 1e-3,
+      stats([&](int b) { return (word(call, b, kChainGlobalStart) - t0) * 1e-3; }).c_str(),
+      stats([&](int b) { return at(b, kChainPdlDone); }).c_str(),
+      stats([&](int b) { return (word(call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
   const char* events[kChainPhaseEventCount] = {"barrier enter", "barrier exit", "input ready",
                                                "first stage", "last release", "epilogue done"};
   std::printf("  %-16s", "phase");
@@ -227,6 +229,10 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
   std::printf("\n  %-16s", "producer last");
   for (int g = 0; g < 4; ++g) {
     std::printf("| %s", stats([&](int b) { return at(b, kChainProducerEvents + 2 * g + 1); }).c_str());
+  }
+  std::printf("\n  %-16s", "loop start");
+  for (int g = 0; g < 4; ++g) {
+    std::printf("| %s", stats([&](int b) { return at(b, kChainLoopStart + g); }).c_str());
   }
   for (int e = 0; e < kChainPhaseEventCount; ++e) {
     std::printf("\n  %-16s", events[e]);
@@ -309,8 +315,7 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
            }
            return absl::OkStatus();
          }));
-  // Call i's chain: the layer copy i % copies, and (an L2 lookahead hint) the next call's first
-  // phase weight.
+  // Call i's chain: the layer copy i % copies.
   auto chain_params = [&](int i) {
     DecodeChainParams p;
     p.dtype = dtype;
@@ -330,9 +335,6 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
         ph.ln_bias = ln_b.ptr;
       }
     }
-    p.next_weight = weights[((i + 1) % copies) * 4]->ptr;
-    p.next_n = order_shapes[0].n;
-    p.next_k = order_shapes[0].k;
     return p;
   };
   struct ChainRow {
@@ -344,20 +346,20 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
                            {"chain, 48 KiB stages", {49152, 0, false}},
                            {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},
                            {"chain, 32 KiB, 4 spare SMs", {32768, 0, false, 4}},
-                           {"chain, L2 lookahead 64 KiB", {32768, 0, false, 0, 64 << 10}},
-                           {"chain, L2 lookahead 128 KiB", {32768, 0, false, 0, 128 << 10}},
-                           {"chain, L2 lookahead 256 KiB", {32768, 0, false, 0, 256 << 10}},
-                           {"chain, L2 lookahead 512 KiB", {32768, 0, false, 0, 512 << 10}},
+                           {"chain, 32 KiB, at most 1 in flight", {32768, 0, false, 0, 1}},
+                           {"chain, 32 KiB, at most 2 in flight", {32768, 0, false, 0, 2}},
+                           {"chain, 32 KiB, at most 3 in flight", {32768, 0, false, 0, 3}},
+                           {"chain, 16 KiB, at most 4 in flight", {16384, 0, false, 0, 4}},
                            {"chain, 32 KiB, stream only", {32768, 0, true}},
-                           {"chain, stream only, lookahead 256 KiB", {32768, 0, true, 0, 256 << 10}}};
+                           {"chain, stream only, 2 in flight", {32768, 0, true, 0, 2}}};
   for (const ChainRow& row : rows) {
     report(row.name, TimeGraphUs(stream, [&](int i, cudaStream_t st) {
              return DecodeChainCuda(chain_params(i), st, /*pdl=*/true, ws.ptr, 0, row.t);
            }));
   }
   ChainTimeline(md, "default", {}, layer_bytes, ceiling, stream, chain_params, ws.ptr);
-  ChainTimeline(md, "L2 lookahead 256 KiB", {32768, 0, false, 0, 256 << 10}, layer_bytes, ceiling,
-                stream, chain_params, ws.ptr);
+  ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, layer_bytes, ceiling, stream,
+                chain_params, ws.ptr);
 }
 
 std::vector<int> ParseList(const char* s) {

@@ -43,8 +43,8 @@
 //     one persistent weight-streaming kernel, kernels/decode_chain.h); a comma list of off / on
 //     (e.g. off,on,off,on) gives one row each, on the same runner; rows print how many chains ran;
 //     sN is on with N SMs left to the attention (GptBigCodeOptions::decode_chain_spare_sms); at
-//     is on with the attention as the chain's first phase (decode_chain_attention); lN is on with N
-//     KiB of L2 lookahead a CTA (decode_chain_l2_lookahead_kib).
+//     is on with the attention as the chain's first phase (decode_chain_attention); fN is on with
+//     at most N ring stages in flight (decode_chain_max_inflight).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -378,11 +378,11 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0;
       if (row != "off" && row != "on" && row != "at" &&
-          !(row.size() > 1 && (row[0] == 's' || row[0] == 'l') &&
+          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0)) {
         return absl::InvalidArgumentError(
             "--chain off|on|both or a comma list of off / on / at (on, the attention inside the "
-            "chain) / sN (on, N spare SMs) / lN (on, N KiB of L2 lookahead)");
+            "chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight)");
       }
       chains.push_back(row);
     }
@@ -481,8 +481,8 @@ absl::Status Latency(const Flags& f) {
         chain != "off",
         chain[0] == 's' ? std::atoi(chain.c_str() + 1) : GptBigCodeOptions().decode_chain_spare_sms,
         chain == "at" ? 1 : GptBigCodeOptions().decode_chain_attention,
-        chain[0] == 'l' ? std::atoi(chain.c_str() + 1)
-                        : GptBigCodeOptions().decode_chain_l2_lookahead_kib);
+        chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
+                        : GptBigCodeOptions().decode_chain_max_inflight);
     const int64_t chains_before = r.model().decode_chain_runs();
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
