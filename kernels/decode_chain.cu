@@ -58,7 +58,8 @@ struct ChainArgs {
   int has_attention;
   ChainAttentionArgs at;
   int stages;
-  int max_k;  // floats of the input buffer (two planes of max_k / 2)
+  int in_bytes;  // the input buffer: max k elements of T, or the attention's float scratch
+  int ln_k;      // elements of each LN weight / bias buffer (the largest k with a layer norm)
   int stage_bytes;
   int stream_only;  // DecodeChainTuning::stream_only
   int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
@@ -254,86 +255,109 @@ __device__ __forceinline__ void GridBarrier(unsigned* counter, unsigned target) 
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
 }
 
-// Element e of the input vector lives in plane (e & 7) < 4 ? lo : hi at (e >> 3) * 4 + (e & 3):
-// a lane's 8 elements are two 16-byte loads at a 16-byte stride across the warp (no bank
-// conflicts).
+// The LN weight and bias of `ph` into shared memory with cp.async (no register waits on them):
+// thread t copies the 16-byte vectors t, t + kConsumers, ..., the same ones it reads in LoadInput,
+// so its own cp.async.wait_all is all the ordering needed. Issued ahead of the phase's grid
+// barrier (or PDL wait), so the copies are done by the time the input arrives.
 template <typename T>
-__device__ void LoadInput(const ChainPhaseArgs& ph, float* lo, float* hi, float* red) {
+__device__ __forceinline__ void CopyLnParams(const ChainPhaseArgs& ph, T* lnw, T* lnb) {
+  if (ph.ln_w == nullptr) return;
+  const int nvec = ph.k / 8;
+  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
+    const uint32_t dw = static_cast<uint32_t>(__cvta_generic_to_shared(lnw + 8 * v));
+    const uint32_t db = static_cast<uint32_t>(__cvta_generic_to_shared(lnb + 8 * v));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dw),
+                 "l"(static_cast<const T*>(ph.ln_w) + 8 * v)
+                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(db),
+                 "l"(static_cast<const T*>(ph.ln_b) + 8 * v)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// The phase's input vector into `x` (shared memory, in T: every input is a T tensor, and a layer
+// norm's output is rounded to T as LayerNormCuda writes it, so nothing is lost), normalised
+// there where the phase has a layer norm (its parameters already copied by CopyLnParams). Thread
+// t handles the 16-byte vectors t, t + kConsumers, ...; the caller's barrier publishes `x`.
+template <typename T>
+__device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T* lnb, float* red) {
   using V = fwd::Vec16<T>;
   const int nvec = ph.k / 8;
-  const T* in = static_cast<const T*>(ph.input);
+  const int4* in = static_cast<const int4*>(ph.input);
+  int4* xs = reinterpret_cast<int4*>(x);
   float sum = 0.0f;
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
-    V x;
-    *reinterpret_cast<int4*>(&x) = __ldcg(reinterpret_cast<const int4*>(in) + v);
-    float f[8];
+    const int4 raw = __ldcg(in + v);
+    xs[v] = raw;
+    if (ph.ln_w != nullptr) {
+      V val;
+      *reinterpret_cast<int4*>(&val) = raw;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      f[e] = fwd::ToFloat(x.v[e]);
-      sum += f[e];
+      for (int e = 0; e < 8; ++e) sum += fwd::ToFloat(val.v[e]);
     }
-    *reinterpret_cast<float4*>(lo + v * 4) = make_float4(f[0], f[1], f[2], f[3]);
-    *reinterpret_cast<float4*>(hi + v * 4) = make_float4(f[4], f[5], f[6], f[7]);
   }
-  if (ph.ln_w == nullptr) return;  // the caller's barrier publishes the buffer
+  if (ph.ln_w == nullptr) return;
   const float mean = ConsumerSum(sum, red) / ph.k;
   float sq = 0.0f;
-  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
-    const float4 a = *reinterpret_cast<const float4*>(lo + v * 4);
-    const float4 b = *reinterpret_cast<const float4*>(hi + v * 4);
-    const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sq += (f[e] - mean) * (f[e] - mean);
-  }
-  const float rstd = rsqrtf(ConsumerSum(sq, red) / ph.k + ph.eps);
-  const V* lw = static_cast<const V*>(ph.ln_w);
-  const V* lb = static_cast<const V*>(ph.ln_b);
-  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
-    const V wv = lw[v], bv = lb[v];
-    float4 a = *reinterpret_cast<const float4*>(lo + v * 4);
-    float4 b = *reinterpret_cast<const float4*>(hi + v * 4);
-    float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  for (int v = threadIdx.x; v < nvec; v += kConsumers) {  // this thread's own vectors
+    V val;
+    *reinterpret_cast<int4*>(&val) = xs[v];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      // Rounded to T as LayerNormCuda writes it, then read back as the GEMM would.
-      f[e] = fwd::ToFloat(
-          fwd::FromFloat<T>((f[e] - mean) * rstd * fwd::ToFloat(wv.v[e]) + fwd::ToFloat(bv.v[e])));
+      const float d = fwd::ToFloat(val.v[e]) - mean;
+      sq += d * d;
     }
-    *reinterpret_cast<float4*>(lo + v * 4) = make_float4(f[0], f[1], f[2], f[3]);
-    *reinterpret_cast<float4*>(hi + v * 4) = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  const float rstd = rsqrtf(ConsumerSum(sq, red) / ph.k + ph.eps);
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's LN vectors
+  const V* w = reinterpret_cast<const V*>(lnw);
+  const V* b = reinterpret_cast<const V*>(lnb);
+  for (int v = threadIdx.x; v < nvec; v += kConsumers) {
+    V val;
+    *reinterpret_cast<int4*>(&val) = xs[v];
+    const V wv = w[v], bv = b[v];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      val.v[e] = fwd::FromFloat<T>((fwd::ToFloat(val.v[e]) - mean) * rstd * fwd::ToFloat(wv.v[e]) +
+                                   fwd::ToFloat(bv.v[e]));
+    }
+    xs[v] = *reinterpret_cast<const int4*>(&val);
   }
 }
 
 __device__ __forceinline__ float2 Widen2(__half2 h) { return __half22float2(h); }
 __device__ __forceinline__ float2 Widen2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
 
-// 16 bytes of weights (8 elements of T) dotted with the input's 8 floats.
+// 16 bytes of weights (8 elements of T) dotted with 16 bytes of the input, in fp32.
 template <typename T>
-__device__ __forceinline__ float Dot8(const int4& w, const float4& a, const float4& b) {
+__device__ __forceinline__ float Dot8(const int4& w, const int4& x) {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   const T2* h = reinterpret_cast<const T2*>(&w);
-  const float2 p0 = Widen2(h[0]), p1 = Widen2(h[1]), p2 = Widen2(h[2]), p3 = Widen2(h[3]);
-  float s = p0.x * a.x;
-  s = fmaf(p0.y, a.y, s);
-  s = fmaf(p1.x, a.z, s);
-  s = fmaf(p1.y, a.w, s);
-  s = fmaf(p2.x, b.x, s);
-  s = fmaf(p2.y, b.y, s);
-  s = fmaf(p3.x, b.z, s);
-  return fmaf(p3.y, b.w, s);
+  const T2* g = reinterpret_cast<const T2*>(&x);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = Widen2(h[i]), q = Widen2(g[i]);
+    s = fmaf(p.x, q.x, s);
+    s = fmaf(p.y, q.y, s);
+  }
+  return s;
 }
 
-// Shared memory: the ring (stages x stage_bytes), the input planes (2 x max_k / 2 floats), the
-// row sums (max rows a CTA x fp32), the stages' full / empty barriers, the reduction scratch.
+// Shared memory: the ring (stages x stage_bytes), the input (in_bytes), the LN weight and bias
+// (ln_k elements of T each), the row sums (max rows a CTA x fp32), the stages' full / empty
+// barriers, the reduction scratch.
 template <typename T, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int stages = a.stages;
   unsigned char* ring = smem;
-  float* lo = reinterpret_cast<float*>(smem + stages * a.stage_bytes);
-  float* hi = lo + a.max_k / 2;
-  float* acc = hi + a.max_k / 2;
+  T* xin = reinterpret_cast<T*>(smem + stages * a.stage_bytes);
+  T* lnw = reinterpret_cast<T*>(smem + stages * a.stage_bytes + a.in_bytes);
+  T* lnb = lnw + a.ln_k;
+  float* acc = reinterpret_cast<float*>(lnb + a.ln_k);
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
   __shared__ float red[kConsumerWarps];
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
@@ -403,7 +427,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // Consumers.
+  // Consumers. A phase's constants are requested ahead of the wait that precedes it (the PDL
+  // wait for the first, the grid barrier for the others): its LN parameters into shared memory,
+  // and the bias of row threadIdx.x into a register where the CTA has at most one row a thread.
+  auto bias_of = [&](const ChainPhaseArgs& ph) {
+    int r0, r1;
+    CtaRows(ph.n, r0, r1);
+    const int r = r0 + static_cast<int>(threadIdx.x);
+    return ph.bias != nullptr && r < r1 ? fwd::ToFloat(static_cast<const T*>(ph.bias)[r]) : 0.0f;
+  };
+  float bias_reg = 0.0f;
+  if (!a.has_attention) {
+    CopyLnParams<T>(a.ph[0], lnw, lnb);
+    bias_reg = bias_of(a.ph[0]);
+  }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
   fwd::PdlTrigger();
@@ -416,7 +453,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
 
   if (a.has_attention) {
-    AttentionPhase<T>(a.at, lo, a.max_k / 2, hi, red);
+    float* scores = reinterpret_cast<float*>(xin);
+    const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
+    AttentionPhase<T>(a.at, scores, capacity, scores + capacity, red);
     if (threadIdx.x == 0) StampPhase<kStamps>(a, 0, kChainEpilogueDone);
   }
 
@@ -427,16 +466,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int gi = i + a.has_attention;  // the phase's index counting the attention
     const bool t0 = threadIdx.x == 0;  // the thread that stamps the timeline
     if (gi > 0) {
+      CopyLnParams<T>(ph, lnw, lnb);  // in flight through the barrier
+      bias_reg = bias_of(ph);
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierEnter);
       GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierExit);
     }
-    LoadInput<T>(ph, lo, hi, red);
+    int r0, r1;
+    CtaRows(ph.n, r0, r1);
+    // The residual this phase adds to row threadIdx.x, loaded beside the input.
+    T* out = static_cast<T*>(ph.out);
+    float residual = 0.0f;
+    if (ph.accumulate && threadIdx.x < r1 - r0) {
+      const unsigned short bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
+      residual = fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
+    }
+    LoadInput<T>(ph, xin, lnw, lnb, red);
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
-    int r0, r1;
-    CtaRows(ph.n, r0, r1);
     const int k = ph.k;
     const int64_t bytes = static_cast<int64_t>(r1 - r0) * k * sizeof(T);
     const int stage_bytes = a.stage_bytes;
@@ -466,17 +515,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!a.stream_only && j0 < j1) {
         int row = row_b, col = col_b;
         for (int j = j0; j < j1; j += 4) {
-          int4 w[4];
-          float4 x0[4], x1[4];
+          int4 w[4], x[4];
           int rows[4];
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             if (j + u < j1) {
               rows[u] = row;
               w[u] = *reinterpret_cast<const int4*>(stage + (j + u) * kSegBytes + lane * 16);
-              const int v = (col >> 3) + lane;
-              x0[u] = *reinterpret_cast<const float4*>(lo + v * 4);
-              x1[u] = *reinterpret_cast<const float4*>(hi + v * 4);
+              x[u] = *reinterpret_cast<const int4*>(xin + col + 8 * lane);
               col += kSegElems;
               if (col == k) {
                 col = 0;
@@ -487,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             if (j + u < j1) {
-              const float d = Dot8<T>(w[u], x0[u], x1[u]);
+              const float d = Dot8<T>(w[u], x[u]);
               if (rows[u] != cur) {
                 if (cur >= 0) flush();
                 cur = rows[u];
@@ -513,18 +559,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
 
-    // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase.
-    T* out = static_cast<T*>(ph.out);
+    // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase. Row
+    // threadIdx.x's bias and residual are in registers already; further rows (a CTA with more
+    // rows than threads) load theirs here.
     const T* bias = static_cast<const T*>(ph.bias);
     for (int r = threadIdx.x; r < r1 - r0; r += kConsumers) {
       float v = acc[r];
       acc[r] = 0.0f;
-      if (bias != nullptr) v += fwd::ToFloat(bias[r0 + r]);
+      const bool first = r == static_cast<int>(threadIdx.x);
+      if (first) {
+        v += bias_reg;
+      } else if (bias != nullptr) {
+        v += fwd::ToFloat(bias[r0 + r]);
+      }
       if (ph.gelu) v = fwd::Activate<1>(v);
       T* o = out + r0 + r;
       if (ph.accumulate) {
-        const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(o));
-        v += fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
+        if (first) {
+          v += residual;
+        } else {
+          const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(o));
+          v += fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
+        }
       }
       *o = fwd::FromFloat<T>(v);
     }
@@ -654,7 +710,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   LaunchInfo& info = *info_ptr;
   ChainArgs a = {};
   a.num_phases = p.num_phases;
-  int64_t max_k = 0, max_rows = 0;
+  int64_t max_k = 0, max_rows = 0, ln_k = 0;
   for (int i = 0; i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
     ChainPhaseArgs& d = a.ph[i];
@@ -670,22 +726,26 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.n = static_cast<int>(ph.n);
     d.k = static_cast<int>(ph.k);
     max_k = std::max(max_k, ph.k);
+    if (ph.ln_weight != nullptr) ln_k = std::max(ln_k, ph.k);
     max_rows = std::max(max_rows, (ph.n + grid - 1) / grid);
   }
+  // The input buffer: the largest k in T (2 bytes), or the attention phase's float scratch.
+  int64_t in_bytes = max_k * 2;
   if (p.has_attention) {
     const DecodeChainAttention& at = p.attention;
     a.has_attention = 1;
     a.at = {at.qkv,    at.key_cache, at.value_cache, at.block_table, at.context_len, at.slot,
             at.output, at.heads,     at.kv_heads,    at.head_dim,    at.block_size,  at.scale};
-    // The input planes hold the scores (one plane) and q + the pass-2 partials (the other).
-    max_k = std::max<int64_t>(max_k,
-                              2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers));
-    max_k = (max_k + 7) / 8 * 8;
+    // Its two halves hold the scores and q + the pass-2 partials (floats).
+    in_bytes = std::max<int64_t>(
+        in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers) * 4);
   }
-  a.max_k = static_cast<int>(max_k);
+  in_bytes = (in_bytes + 15) / 16 * 16;
+  a.in_bytes = static_cast<int>(in_bytes);
+  a.ln_k = static_cast<int>(ln_k);
   a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +
                                           static_cast<size_t>(slot) * kCounterStride);
-  const size_t fixed = static_cast<size_t>(max_k) * sizeof(float) +
+  const size_t fixed = static_cast<size_t>(in_bytes) + static_cast<size_t>(ln_k) * 2 * 2 +
                        static_cast<size_t>((max_rows + 3) / 4 * 4) * sizeof(float);
   const int64_t room =
       static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStaticSmem);
