@@ -20,6 +20,9 @@ constexpr int kConsumerWarps = 16;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kDefaultStageBytes = 32768;
+constexpr int kLongChainStageBytes = 49152;  // stages of a chain streaming >= kLongChainCtaBytes
+constexpr int64_t kLongChainCtaBytes = int64_t{2} << 20;  // a CTA
+constexpr int kShortChainStages = 3;                      // at most, for shorter chains
 constexpr int kSegBytes = 512;  // one warp's 32 lanes x 16 bytes: 256 elements of one row
 constexpr int kSegElems = 256;
 constexpr int kMinStages = 3;
@@ -64,7 +67,7 @@ struct ChainArgs {
   int stream_only;  // DecodeChainTuning::stream_only
   int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
   unsigned* counter;
-  unsigned long long* stamps;   // DecodeChainTuning::timeline (the kStamps instantiation)
+  unsigned long long* stamps;  // DecodeChainTuning::timeline (the kStamps instantiation)
 };
 
 __device__ __forceinline__ unsigned long long GlobalTimer() {
@@ -84,7 +87,6 @@ template <bool kStamps>
 __device__ __forceinline__ void StampPhase(const ChainArgs& a, int gi, int event) {
   Stamp<kStamps>(a, kChainPhaseEvents + gi * kChainPhaseEventCount + event);
 }
-
 
 // This CTA's output rows of a phase: an equal contiguous share of n.
 __device__ __forceinline__ void CtaRows(int n, int& r0, int& r1) {
@@ -430,13 +432,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumers. A phase's constants are requested ahead of the wait that precedes it (the PDL
   // wait for the first, the grid barrier for the others): its LN parameters into shared memory,
   // and the bias of row threadIdx.x into a register where the CTA has at most one row a thread.
-  auto bias_of = [&](const ChainPhaseArgs& ph) {
+  // (The raw bits stay in the register until the epilogue converts them: converting here would
+  // wait for the load before the barrier.)
+  auto bias_of = [&](const ChainPhaseArgs& ph) -> unsigned short {
     int r0, r1;
     CtaRows(ph.n, r0, r1);
     const int r = r0 + static_cast<int>(threadIdx.x);
-    return ph.bias != nullptr && r < r1 ? fwd::ToFloat(static_cast<const T*>(ph.bias)[r]) : 0.0f;
+    return ph.bias != nullptr && r < r1 ? static_cast<const unsigned short*>(ph.bias)[r] : 0;
   };
-  float bias_reg = 0.0f;
+  unsigned short bias_reg = 0;
   if (!a.has_attention) {
     CopyLnParams<T>(a.ph[0], lnw, lnb);
     bias_reg = bias_of(a.ph[0]);
@@ -464,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < a.num_phases; ++i) {
     const ChainPhaseArgs& ph = a.ph[i];
     const int gi = i + a.has_attention;  // the phase's index counting the attention
-    const bool t0 = threadIdx.x == 0;  // the thread that stamps the timeline
+    const bool t0 = threadIdx.x == 0;    // the thread that stamps the timeline
     if (gi > 0) {
       CopyLnParams<T>(ph, lnw, lnb);  // in flight through the barrier
       bias_reg = bias_of(ph);
@@ -568,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       acc[r] = 0.0f;
       const bool first = r == static_cast<int>(threadIdx.x);
       if (first) {
-        v += bias_reg;
+        v += fwd::ToFloat(*reinterpret_cast<const T*>(&bias_reg));
       } else if (bias != nullptr) {
         v += fwd::ToFloat(bias[r0 + r]);
       }
@@ -749,14 +753,24 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
                        static_cast<size_t>((max_rows + 3) / 4 * 4) * sizeof(float);
   const int64_t room =
       static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStaticSmem);
-  const int stage_bytes = tuning.stage_bytes > 0 ? tuning.stage_bytes : kDefaultStageBytes;
+  // The ring, automatically (H200, gemm_bench --chain only, 2026-12-04): 48 KiB stages for chains
+  // that stream a lot a CTA (a StarCoder layer, 5.7 MB: 188 us against 190 with 32 KiB), three 32
+  // KiB stages for short ones (a SantaCoder layer, 0.64 MB: 37.8 us against 39.9 with six).
+  int64_t cta_bytes = 0;
+  for (int i = 0; i < p.num_phases; ++i) cta_bytes += p.phases[i].n * p.phases[i].k * 2 / grid;
+  const bool long_chain = cta_bytes >= kLongChainCtaBytes;
+  int stage_bytes = tuning.stage_bytes > 0 ? tuning.stage_bytes : kDefaultStageBytes;
+  if (tuning.stage_bytes == 0 && long_chain && room / kLongChainStageBytes >= kMinStages) {
+    stage_bytes = kLongChainStageBytes;
+  }
   if (stage_bytes % (kSegBytes * kConsumerWarps) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChain: stage bytes ", stage_bytes,
                                                    " (a multiple of ", kSegBytes * kConsumerWarps,
                                                    ")"));
   }
-  const int max_stages =
-      tuning.max_stages > 0 ? std::min(tuning.max_stages, kMaxStages) : kMaxStages;
+  const int max_stages = tuning.max_stages > 0 ? std::min(tuning.max_stages, kMaxStages)
+                         : tuning.stage_bytes == 0 && !long_chain ? kShortChainStages
+                                                                  : kMaxStages;
   const int stages = static_cast<int>(std::min<int64_t>(max_stages, room / stage_bytes));
   if (stages < kMinStages) {
     return absl::UnimplementedError(absl::StrCat("DecodeChain: ", info.smem_optin,

@@ -20,8 +20,11 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p);
 
 // Benchmark knobs; the defaults are the measured choice.
 struct DecodeChainTuning {
-  int stage_bytes = 0;  // bytes a ring stage (a multiple of 8192); 0: 32 KiB
-  int max_stages = 0;   // at most this many stages (0: as many as fit, up to 16)
+  // Bytes a ring stage (a multiple of 8192) and at most this many stages; 0, 0: automatic (48 KiB
+  // stages, as many as fit, where a CTA streams >= 2 MiB over the chain; else at most three of
+  // 32 KiB).
+  int stage_bytes = 0;
+  int max_stages = 0;
   // Diagnostic: the consumers release each stage without reading it (outputs are garbage): the
   // rate at which the producer alone streams the weights.
   bool stream_only = false;
@@ -44,13 +47,13 @@ struct DecodeChainTuning {
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning = {});
 
 // The timeline: kDecodeChainTimelineWords words a CTA (CTA c's at c * kDecodeChainTimelineWords).
-// Words kChainGlobalStart / kChainGlobalEnd are %globaltimer (ns), every other one clock64 of the CTA's SM:
-// kChainClockStart beside kChainGlobalStart (after the set-up barrier), kChainClockEnd beside
-// kChainGlobalEnd (the
-// consumers' last instruction). Phase g (counting an attention phase as 0) has consumer events
-// at kChainPhaseEvents + g * kChainPhaseEventCount + DecodeChainPhaseEvent and the producer's first and
-// last ring load at kChainProducerEvents + 2 g (+ 1); kChainProducerDone once it has issued everything;
-// kChainPdlDone after the consumers' PDL wait, kChainLoopStart + g before phase g's stage loop.
+// Words kChainGlobalStart / kChainGlobalEnd are %globaltimer (ns), every other one clock64 of the
+// CTA's SM: kChainClockStart beside kChainGlobalStart (after the set-up barrier), kChainClockEnd
+// beside kChainGlobalEnd (the consumers' last instruction). Phase g (counting an attention phase as
+// 0) has consumer events at kChainPhaseEvents + g * kChainPhaseEventCount + DecodeChainPhaseEvent
+// and the producer's first and last ring load at kChainProducerEvents + 2 g (+ 1);
+// kChainProducerDone once it has issued everything; kChainPdlDone after the consumers' PDL wait,
+// kChainLoopStart + g before phase g's stage loop.
 inline constexpr int kDecodeChainTimelineWords = 64;
 enum DecodeChainEvent : int {
   kChainGlobalStart = 0,
@@ -66,9 +69,9 @@ enum DecodeChainEvent : int {
 enum DecodeChainPhaseEvent : int {
   kChainBarrierEnter = 0,  // the grid barrier before the phase (none before the first)
   kChainBarrierExit,
-  kChainInputReady,   // the phase's input vector (normalised) in shared memory
-  kChainFirstFull,    // the phase's first ring stage has arrived
-  kChainLastRelease,  // its last stage folded and released
+  kChainInputReady,    // the phase's input vector (normalised) in shared memory
+  kChainFirstFull,     // the phase's first ring stage has arrived
+  kChainLastRelease,   // its last stage folded and released
   kChainEpilogueDone,  // its outputs written
   kChainPhaseEventCount,
 };

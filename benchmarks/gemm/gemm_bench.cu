@@ -157,11 +157,15 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
   std::vector<unsigned long long> h(kCalls * per_call);
   CHECK_CUDA(cudaMemcpy(h.data(), stamps.ptr, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
   const int call = kCalls / 2;
-  auto word = [&](int c, int cta, int e) { return h[c * per_call + cta * kDecodeChainTimelineWords + e]; };
+  auto word = [&](int c, int cta, int e) {
+    return h[c * per_call + cta * kDecodeChainTimelineWords + e];
+  };
   std::vector<double> rate;  // ns a clock
   for (int b = 0; b < grid; ++b) {
-    const double dg = static_cast<double>(word(call, b, kChainGlobalEnd) - word(call, b, kChainGlobalStart));
-    const double dc = static_cast<double>(word(call, b, kChainClockEnd) - word(call, b, kChainClockStart));
+    const double dg =
+        static_cast<double>(word(call, b, kChainGlobalEnd) - word(call, b, kChainGlobalStart));
+    const double dc =
+        static_cast<double>(word(call, b, kChainClockEnd) - word(call, b, kChainClockStart));
     if (dc > 0) rate.push_back(dg / dc);
   }
   std::sort(rate.begin(), rate.end());
@@ -182,9 +186,10 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
   auto at = [&](int b, int e) {
     const unsigned long long c = word(call, b, e);
     if (c == 0) return std::nan("");
-    const double ns = static_cast<double>(word(call, b, kChainGlobalStart) - t0) +
-                      (static_cast<double>(c) - static_cast<double>(word(call, b, kChainClockStart))) *
-                          ns_per_clock;
+    const double ns =
+        static_cast<double>(word(call, b, kChainGlobalStart) - t0) +
+        (static_cast<double>(c) - static_cast<double>(word(call, b, kChainClockStart))) *
+            ns_per_clock;
     return ns * 1e-3;
   };
   auto stats = [&](auto&& value) {
@@ -212,7 +217,7 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
       stats([&](int b) { return at(b, kChainPdlDone); }).c_str(),
       stats([&](int b) { return (word(call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
   const char* events[kChainPhaseEventCount] = {"barrier enter", "barrier exit", "input ready",
-                                               "first stage", "last release", "epilogue done"};
+                                               "first stage",   "last release", "epilogue done"};
   std::printf("  %-16s", "phase");
   for (int g = 0; g < 4; ++g) std::printf("| %-22d", g);
   std::printf("\n  %-16s", "ideal us");
@@ -228,7 +233,8 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
   }
   std::printf("\n  %-16s", "producer last");
   for (int g = 0; g < 4; ++g) {
-    std::printf("| %s", stats([&](int b) { return at(b, kChainProducerEvents + 2 * g + 1); }).c_str());
+    std::printf("| %s",
+                stats([&](int b) { return at(b, kChainProducerEvents + 2 * g + 1); }).c_str());
   }
   std::printf("\n  %-16s", "loop start");
   for (int g = 0; g < 4; ++g) {
@@ -238,8 +244,8 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
     std::printf("\n  %-16s", events[e]);
     for (int g = 0; g < 4; ++g) {
       std::printf("| %s", stats([&](int b) {
-                    return at(b, kChainPhaseEvents + g * kChainPhaseEventCount + e);
-                  }).c_str());
+                            return at(b, kChainPhaseEvents + g * kChainPhaseEventCount + e);
+                          }).c_str());
     }
   }
   std::printf("\n");
@@ -341,7 +347,8 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
     const char* name;
     DecodeChainTuning t;
   };
-  const ChainRow rows[] = {{"chain, 32 KiB stages (default)", {}},
+  const ChainRow rows[] = {{"chain, automatic ring (default)", {}},
+                           {"chain, 32 KiB stages", {32768, 0, false}},
                            {"chain, 16 KiB stages", {16384, 0, false}},
                            {"chain, 48 KiB stages", {49152, 0, false}},
                            {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},

@@ -252,7 +252,9 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
     const std::vector<unsigned long long> w = stamps.Download<unsigned long long>();
     for (int b = 0; b < *grid; ++b) {
       auto at = [&](int e) { return w[static_cast<size_t>(b) * kDecodeChainTimelineWords + e]; };
-      auto phase = [&](int g, int e) { return at(kChainPhaseEvents + g * kChainPhaseEventCount + e); };
+      auto phase = [&](int g, int e) {
+        return at(kChainPhaseEvents + g * kChainPhaseEventCount + e);
+      };
       ASSERT_NE(at(kChainGlobalStart), 0u) << "CTA " << b;
       EXPECT_GE(at(kChainGlobalEnd), at(kChainGlobalStart)) << "CTA " << b;
       EXPECT_GT(at(kChainClockEnd), at(kChainClockStart)) << "CTA " << b;
