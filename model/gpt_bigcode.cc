@@ -565,8 +565,10 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // Batch-1 decode on one rank: the rest of the layer and the next layer's ln_1 + QKV as one
   // chain, with the attention (and its KV write) as the chain's first phase where the context is
   // short; Unimplemented or InvalidArgument: nothing ran, the separate kernels below do it.
-  const bool chain_step =
-      chain_ && n == 1 && w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
+  const int64_t layer_bytes =
+      (qkv_cols_ * embd_ + embd_ * heads_ * D + 2 * inner_ * embd_) * DTypeSize(dtype_);
+  const bool chain_step = chain_ && layer_bytes >= chain_min_layer_bytes_ && n == 1 &&
+                          w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
   DecodeChainParams chain;
   const bool next = l + 1 < w_.config.n_layer;
   auto run_chain = [&]() -> absl::StatusOr<bool> {

@@ -149,13 +149,14 @@ struct GptBigCodeOptions {
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
-  // launches a layer (attention, chain) instead of seven. Off, because the H200 runs of
-  // 2026-12-03 (~21:40-22:12 UTC, BENCHMARKS.md) disagree by machine: in isolation the chain
-  // streams a StarCoder layer at 92-93% of the copy rate on both (193-194 us against 198-200 us
-  // for the four skinny GEMMs alone), but end to end StarCoder b1 went 8.43 -> 8.50 ms a step on
-  // one machine and 8.40 / 8.34 -> 8.20 / 8.20 ms on another; SantaCoder b1 lost on both (1.03 ->
-  // 1.20 ms: its short phases pay the grid barrier and the input reload four times a layer).
-  bool decode_chain = false;
+  // launches a layer (attention, chain) instead of seven. On where a layer's four projections
+  // hold at least decode_chain_min_layer_bytes of weights: on the H200 (2026-12-04, BENCHMARKS.md)
+  // a StarCoder layer (758 MB) streams at 98% of the copy rate in a chain against 91% as four
+  // GEMMs, and StarCoder b1 128/128 went 1.07 -> 1.018 s; a SantaCoder layer (85 MB) loses
+  // (1.025 -> 1.125 ms a step: its phases are too short for the four grid barriers and input
+  // reloads a layer).
+  bool decode_chain = true;
+  int64_t decode_chain_min_layer_bytes = int64_t{256} << 20;
   // SMs the chain leaves to the attention between two chains (DecodeChainTuning::spare_sms): 0,
   // 4 and 8 measured, 4 and 8 no better.
   int decode_chain_spare_sms = 0;
@@ -240,8 +241,10 @@ class GptBigCode {
   // graphs.
   // spare_sms < 0: unchanged; attention: GptBigCodeOptions::decode_chain_attention (< 0:
   // unchanged).
-  // max_inflight: GptBigCodeOptions::decode_chain_max_inflight (< 0: unchanged).
-  void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int max_inflight = -1);
+  // max_inflight: GptBigCodeOptions::decode_chain_max_inflight, min_layer_bytes:
+  // decode_chain_min_layer_bytes (each < 0: unchanged).
+  void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int max_inflight = -1,
+                        int64_t min_layer_bytes = -1);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).
@@ -329,6 +332,7 @@ class GptBigCode {
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
   bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
   bool chain_ = false;         // GptBigCodeOptions::decode_chain (CUDA only)
+  int64_t chain_min_layer_bytes_ = 0;  // ... _min_layer_bytes
   bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.

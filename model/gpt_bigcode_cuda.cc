@@ -166,12 +166,14 @@ void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int max_inflight) {
+void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int max_inflight,
+                                  int64_t min_layer_bytes) {
   if (!cuda_) return;
   chain_ = on;
   if (spare_sms >= 0) ctx_.chain_spare_sms = spare_sms;
   if (attention >= 0) chain_attention_ = attention != 0;
   if (max_inflight >= 0) ctx_.chain_max_inflight = max_inflight;
+  if (min_layer_bytes >= 0) chain_min_layer_bytes_ = min_layer_bytes;
   ClearCudaGraphs();
 }
 
@@ -255,6 +257,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   cuda_->gemm->set_pdl(options.pdl);
   fuse_ = options.fuse_small_kernels;
   chain_ = options.decode_chain;
+  chain_min_layer_bytes_ = options.decode_chain_min_layer_bytes;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
   chain_attention_ = options.decode_chain_attention;
@@ -592,7 +595,7 @@ GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
-void GptBigCode::set_decode_chain(bool, int, int, int) {}
+void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.attention_variant = options.attention_variant;
   model_options.gemm_deep_unroll = options.gemm_deep_unroll;
   model_options.decode_chain = options.decode_chain;
+  model_options.decode_chain_min_layer_bytes = options.decode_chain_min_layer_bytes;
   model_options.decode_chain_attention = options.decode_chain_attention;
 
   PagedKvCache::Shape shape;

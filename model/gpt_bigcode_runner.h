@@ -49,7 +49,8 @@ struct GptBigCodeRunnerOptions {
   bool gemm_stream_tc = false;          // GptBigCodeOptions::gemm_stream_tc
   int attention_variant = 14;           // GptBigCodeOptions::attention_variant
   bool gemm_deep_unroll = true;         // GptBigCodeOptions::gemm_deep_unroll
-  bool decode_chain = false;            // GptBigCodeOptions::decode_chain
+  bool decode_chain = true;             // GptBigCodeOptions::decode_chain
+  int64_t decode_chain_min_layer_bytes = GptBigCodeOptions().decode_chain_min_layer_bytes;
   bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
 };
 

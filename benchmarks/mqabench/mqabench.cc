@@ -7,7 +7,7 @@
 //       [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
-//       [--skip none,attn,...] [--chain off|on|both|LIST]
+//       [--skip none,attn,...] [--chain auto|off|on|both|LIST]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -40,9 +40,10 @@
 //     the ops left out of every step of that row (OpContext::skip; the outputs are garbage, the
 //     time is what the rest of the step costs on the GPU, launch gaps and overlaps included).
 //     --chain: GptBigCodeOptions::decode_chain (batch-1 decode: each layer after its attention as
-//     one persistent weight-streaming kernel, kernels/decode_chain.h); a comma list of off / on
-//     (e.g. off,on,off,on) gives one row each, on the same runner; rows print how many chains ran;
-//     sN is on with N SMs left to the attention (GptBigCodeOptions::decode_chain_spare_sms); at
+//     one persistent weight-streaming kernel, kernels/decode_chain.h); a comma list of off / on /
+//     auto (e.g. off,auto,off,auto) gives one row each, on the same runner; rows print how many
+//     chains ran. auto (the default) is the model's default: on for layers of at least
+//     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the attention (GptBigCodeOptions::decode_chain_spare_sms); at
 //     is on with the attention as the chain's first phase (decode_chain_attention); fN is on with
 //     at most N ring stages in flight (decode_chain_max_inflight).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
@@ -97,7 +98,7 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
-  std::string chain = "off";
+  std::string chain = "auto";
   std::string attn =
       "14";  // comma list of PagedAttentionTuning variants (14: the runner's default)
   std::string skip = "none";      // comma list of op sets left out (timing only)
@@ -377,12 +378,12 @@ absl::Status Latency(const Flags& f) {
   for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0;
-      if (row != "off" && row != "on" && row != "at" &&
+      if (row != "off" && row != "on" && row != "auto" && row != "at" &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0)) {
         return absl::InvalidArgumentError(
-            "--chain off|on|both or a comma list of off / on / at (on, the attention inside the "
-            "chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight)");
+            "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
+            "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight)");
       }
       chains.push_back(row);
     }
@@ -482,7 +483,8 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 's' ? std::atoi(chain.c_str() + 1) : GptBigCodeOptions().decode_chain_spare_sms,
         chain == "at" ? 1 : GptBigCodeOptions().decode_chain_attention,
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
-                        : GptBigCodeOptions().decode_chain_max_inflight);
+                        : GptBigCodeOptions().decode_chain_max_inflight,
+        chain == "auto" ? GptBigCodeOptions().decode_chain_min_layer_bytes : 0);
     const int64_t chains_before = r.model().decode_chain_runs();
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
