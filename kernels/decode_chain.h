@@ -13,13 +13,14 @@
 // weights depend on nothing, so the ring fills ahead of every phase boundary, and before the
 // programmatic-dependent wait too (the previous kernel's tail and the attention between chains).
 // Consumer warps wait on a grid-wide barrier between phases (a counter in `workspace`), read the
-// phase's input vector from L2 into shared memory (fp32, normalised there where asked) and fold the
-// staged weights into per-row fp32 sums.
+// phase's input vector from L2 into shared memory (in the dtype, normalised there where asked) and
+// fold the staged weights into per-row fp32 sums.
 //
 // The model runs, per layer l of a batch-1 decode step: [attention l] then one chain
 // {c_proj_l (+ residual), ln_2 + c_fc_l + GELU, mlp c_proj_l (+ residual), ln_1 + QKV_{l+1}}
-// (GptBigCodeOptions::decode_chain): two launches a layer instead of seven; optionally the
-// attention as the chain's first phase (DecodeChainAttention, decode_chain_attention): one launch.
+// (GptBigCodeOptions::decode_chain, by default on layers of >= 256 MiB of weights): two launches a
+// layer instead of seven; optionally the attention as the chain's first phase
+// (DecodeChainAttention, decode_chain_attention): one launch.
 //
 // The CUDA kernel is in kernels/decode_chain_cuda.h. Constraints (DecodeChainSupported): fp16 /
 // bf16; 1..kMaxDecodeChainPhases phases; k a positive multiple of 256 and at most kDecodeChainMaxK;
