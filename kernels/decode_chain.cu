@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device_info.h"
 #include "kernels/decode_chain_cuda.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/tma.cuh"
@@ -623,8 +624,7 @@ absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (info.device != device) {
     LaunchInfo fresh;
-    CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device));
+    ASSIGN_OR_RETURN(fresh.sms, CurrentDeviceSms());
     CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&fresh.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     fresh.device = device;

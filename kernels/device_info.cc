@@ -9,6 +9,10 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }
 
+absl::StatusOr<int> CurrentDeviceSms() {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+
 absl::Status SetCudaDevice(int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }

@@ -35,6 +35,20 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal) {
   return info;
 }
 
+absl::StatusOr<int> CurrentDeviceSms() {
+  static thread_local int cached_device = -1;
+  static thread_local int cached_sms = 0;
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (device != cached_device) {
+    int sms = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    cached_device = device;
+    cached_sms = sms;
+  }
+  return cached_sms;
+}
+
 absl::Status SetCudaDevice(int ordinal) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
   return absl::OkStatus();

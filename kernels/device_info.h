@@ -22,6 +22,11 @@ int CudaDeviceCount();
 // Properties of device `ordinal`; an error in a CPU-only build or for a bad ordinal.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal);
 
+// Multiprocessors of the calling thread's current device, cached per thread (queried again only
+// when the thread's device changes): cheap enough for every kernel launch. An error in a
+// CPU-only build.
+absl::StatusOr<int> CurrentDeviceSms();
+
 // Makes `ordinal` the calling thread's current device (cudaSetDevice); an error in a CPU-only
 // build or for a bad ordinal.
 absl::Status SetCudaDevice(int ordinal);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/gemm_cuda.h"
 #include "kernels/gemm_stream_tc.h"
@@ -641,9 +642,7 @@ absl::Status LaunchSplitK(const GemmParams& p, const GemmEpilogue& e, cudaStream
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnySplitKGemmCuda: GELU (erf) is not fused");
   }
-  int device = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
   if (workspace == nullptr || workspace_bytes < SkinnySplitKWorkspaceBytes(sms)) {
     return absl::InvalidArgumentError(absl::StrCat("SkinnySplitKGemmCuda: workspace of ",
                                                    workspace_bytes, " bytes, needs ",
@@ -913,12 +912,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   return RunLt(p, e, stream);
 }
 
-absl::StatusOr<int> CudaGemm::DeviceSms() {
-  int device = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
+absl::StatusOr<int> CudaGemm::DeviceSms() { return CurrentDeviceSms(); }
 
 absl::StatusOr<bool> CudaGemm::EnsureWorkspace(void** ws, size_t* bytes, size_t need,
                                                cudaStream_t stream) {

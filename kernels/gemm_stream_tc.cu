@@ -28,6 +28,7 @@
 // (kept at index "CTA holding the block's first tile", unique among shared blocks); the last to
 // arrive sums every contributor's slot in CTA order (so the result does not depend on who was
 // last), applies the epilogue and zeroes the counter.
+#include "kernels/device_info.h"
 #include "kernels/gemm_stream_tc.h"
 
 #include <cuda_bf16.h>
@@ -488,8 +489,7 @@ absl::Status GetInfo(KernelInfo& out) {
     KernelInfo fresh;
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               Cfg::kSmemBytes));
-    CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device));
+    ASSIGN_OR_RETURN(fresh.sms, CurrentDeviceSms());
     CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &fresh.resident, kernel, Cfg::kThreads, Cfg::kSmemBytes));
     fresh.device = device;

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device_info.h"
 #include "kernels/attention_dispatch.h"
 #include "kernels/kv_cache_cuda.h"
 #include "kernels/paged_attention_cuda.h"
@@ -1003,19 +1004,8 @@ int MaxResidentCtas(Kernel kernel, int threads, int smem_bytes) {
 // --- Host side ---------------------------------------------------------------------------------
 
 int SmCount() {
-  static thread_local int cached_device = -1;
-  static thread_local int cached_sms = 0;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 132;
-  if (device != cached_device) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;
-    }
-    cached_device = device;
-    cached_sms = sms;
-  }
-  return cached_sms;
+  const absl::StatusOr<int> sms = CurrentDeviceSms();
+  return sms.ok() ? *sms : 132;  // the H200's, where the query fails
 }
 
 struct Plan {

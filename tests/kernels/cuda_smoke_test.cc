@@ -19,5 +19,18 @@ TEST(CudaSmoke, RampSumMatchesClosedForm) {
   EXPECT_DOUBLE_EQ(*sum, 0.5 * (static_cast<double>(n) * (n - 1) / 2));
 }
 
+// The cached SM count the launchers size their grids by equals the device's, on every call.
+TEST(CudaSmoke, CurrentDeviceSmsMatchesTheDevice) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(SetCudaDevice(0).ok());
+  auto info = GetDeviceInfo(0);
+  ASSERT_TRUE(info.ok()) << info.status();
+  for (int i = 0; i < 2; ++i) {
+    const absl::StatusOr<int> sms = CurrentDeviceSms();
+    ASSERT_TRUE(sms.ok()) << sms.status();
+    EXPECT_EQ(*sms, info->multiprocessors);
+  }
+}
+
 }  // namespace
 }  // namespace mqa
