@@ -180,26 +180,31 @@ struct LayerCase {
   }
 };
 
+// A workspace of `slots` chain counters, zeroed as DecodeChainCuda requires.
+std::unique_ptr<DeviceMem> ZeroedChainWorkspace(int slots) {
+  auto ws = std::make_unique<DeviceMem>(DecodeChainWorkspaceBytes(slots));
+  EXPECT_EQ(cudaMemset(ws->get(), 0, DecodeChainWorkspaceBytes(slots)), cudaSuccess);
+  return ws;
+}
+
 TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   const DType t = GetParam();
   LayerCase c;
   c.Make(t, rng_);
   ASSERT_FALSE(HasFatalFailure());
-  const size_t ws_bytes = DecodeChainWorkspaceBytes(2);
-  DeviceMem ws(ws_bytes);
-  ASSERT_EQ(cudaMemset(ws.get(), 0, ws_bytes), cudaSuccess);
+  const auto ws = ZeroedChainWorkspace(2);
 
   for (int run = 0; run < 3; ++run) {
     c.Reset(stream_);
-    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, /*pdl=*/run > 0, ws.get(), run % 2).ok());
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, /*pdl=*/run > 0, ws->get(), run % 2).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     c.Check(t, run == 0 ? "run 0" : run == 1 ? "run 1 (pdl)" : "run 2 (pdl)");
   }
   // Two chains back to back on one slot, the second a programmatic dependent of the first: its
   // barriers must not count the first one's arrivals, and it must read what the first wrote.
   c.Reset(stream_);
-  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws.get(), 0).ok());
-  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws.get(), 0).ok());
+  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0).ok());
+  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0).ok());
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   c.Expect(t, 2);
   c.Check(t, "two back to back");
@@ -209,7 +214,7 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = DecodeChainCuda(c.p, stream_, true, ws.get(), 1);
+  const absl::Status st = DecodeChainCuda(c.p, stream_, true, ws->get(), 1);
   ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -222,7 +227,7 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 
-  const std::vector<uint32_t> counters = ws.Download<uint32_t>();
+  const std::vector<uint32_t> counters = ws->Download<uint32_t>();
   for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
 }
 
@@ -233,9 +238,7 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
   LayerCase c;
   c.Make(t, rng_);
   ASSERT_FALSE(HasFatalFailure());
-  const size_t ws_bytes = DecodeChainWorkspaceBytes(1);
-  DeviceMem ws(ws_bytes);
-  ASSERT_EQ(cudaMemset(ws.get(), 0, ws_bytes), cudaSuccess);
+  const auto ws = ZeroedChainWorkspace(1);
   const absl::StatusOr<int> grid = DecodeChainGrid();
   ASSERT_TRUE(grid.ok()) << grid.status();
   const size_t stamp_bytes = DecodeChainTimelineWords(*grid) * sizeof(unsigned long long);
@@ -246,7 +249,7 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
     tuning.max_inflight = run;  // 0: the whole ring; 1: one stage requested at a time
     tuning.timeline = static_cast<unsigned long long*>(stamps.get());
     c.Reset(stream_);
-    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws.get(), 0, tuning).ok());
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     c.Check(t, run == 0 ? "timeline" : "timeline, one stage in flight");
     const std::vector<unsigned long long> w = stamps.Download<unsigned long long>();
@@ -273,7 +276,7 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
       EXPECT_GT(at(kChainProducerDone), at(kChainClockStart)) << "CTA " << b;
     }
   }
-  const std::vector<uint32_t> counters = ws.Download<uint32_t>();
+  const std::vector<uint32_t> counters = ws->Download<uint32_t>();
   for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
 }
 
@@ -308,8 +311,7 @@ TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
 
   // Two phases: y = W x as before, then z = GELU(w2 x[0:256)) (one row: every CTA but one has
   // none).
-  DeviceMem ws(DecodeChainWorkspaceBytes(1));
-  ASSERT_EQ(cudaMemset(ws.get(), 0, DecodeChainWorkspaceBytes(1)), cudaSuccess);
+  const auto ws = ZeroedChainWorkspace(1);
   y.d->Poison();
   p.num_phases = 2;
   p.phases[1].weight = w2.d->get();
@@ -318,13 +320,13 @@ TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
   p.phases[1].activation = Activation::kGeluTanh;
   p.phases[1].n = 1;
   p.phases[1].k = 256;
-  ASSERT_TRUE(DecodeChainCuda(p, stream_, true, ws.get(), 0).ok());
+  ASSERT_TRUE(DecodeChainCuda(p, stream_, true, ws->get(), 0).ok());
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   EXPECT_LT(RelError(y.Get(t), want), tol);
   std::vector<float> want_z(1);
   RunHostPhase({&w2.v, nullptr, nullptr, nullptr, true, false, 1, 256}, x.v, want_z, t);
   EXPECT_LT(RelError(z.Get(t), want_z), tol);
-  EXPECT_EQ(ws.Download<uint32_t>()[0], 0u);
+  EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
 }
 
 // The attention phase ahead of one linear phase: y = W attn + b, attn = softmax(q K^T scale) V
@@ -358,8 +360,7 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
       const std::vector<int32_t> scalars = {ctx, slot};
       auto dtable = DeviceMem::From(table);
       auto dscalars = DeviceMem::From(scalars);
-      DeviceMem ws(DecodeChainWorkspaceBytes(1));
-      ASSERT_EQ(cudaMemset(ws.get(), 0, DecodeChainWorkspaceBytes(1)), cudaSuccess);
+      const auto ws = ZeroedChainWorkspace(1);
 
       DecodeChainParams p;
       p.dtype = t;
@@ -385,7 +386,7 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
                      .block_size = BS,
                      .max_context = 512,
                      .scale = scale};
-      const absl::Status st = DecodeChainCuda(p, stream_, true, ws.get(), 0);
+      const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0);
       ASSERT_TRUE(st.ok()) << st;
       ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 
@@ -430,7 +431,7 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
         ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
         ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i]) << i;
       }
-      EXPECT_EQ(ws.Download<uint32_t>()[0], 0u);
+      EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
     }
   }
 }
