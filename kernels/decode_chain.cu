@@ -8,8 +8,8 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/device_info.h"
 #include "kernels/decode_chain_cuda.h"
+#include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/tma.cuh"
 #include "runtime/cuda_check.h"
@@ -267,16 +267,10 @@ __device__ __forceinline__ void CopyLnParams(const ChainPhaseArgs& ph, T* lnw, T
   if (ph.ln_w == nullptr) return;
   const int nvec = ph.k / 8;
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
-    const uint32_t dw = static_cast<uint32_t>(__cvta_generic_to_shared(lnw + 8 * v));
-    const uint32_t db = static_cast<uint32_t>(__cvta_generic_to_shared(lnb + 8 * v));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dw),
-                 "l"(static_cast<const T*>(ph.ln_w) + 8 * v)
-                 : "memory");
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(db),
-                 "l"(static_cast<const T*>(ph.ln_b) + 8 * v)
-                 : "memory");
+    fwd::CpAsync16(fwd::SmemAddr(lnw + 8 * v), static_cast<const T*>(ph.ln_w) + 8 * v, true);
+    fwd::CpAsync16(fwd::SmemAddr(lnb + 8 * v), static_cast<const T*>(ph.ln_b) + 8 * v, true);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  fwd::CpAsyncCommit();
 }
 
 // The phase's input vector into `x` (shared memory, in T: every input is a T tensor, and a layer
@@ -313,7 +307,7 @@ __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T*
     }
   }
   const float rstd = rsqrtf(ConsumerSum(sq, red) / ph.k + ph.eps);
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's LN vectors
+  fwd::CpAsyncWait<0>();  // this thread's LN vectors
   const V* w = reinterpret_cast<const V*>(lnw);
   const V* b = reinterpret_cast<const V*>(lnb);
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
@@ -608,12 +602,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Static shared memory (barriers, scratch) comes out of the same opt-in budget as the dynamic.
 constexpr size_t kStaticSmem = 2 * kMaxStages * 8 + kConsumerWarps * 4 + 1024;
 
-// The calling thread's device: its SMs and opt-in shared memory, and per dtype (fp16, bf16)
+// The calling thread's device: its opt-in shared memory, and per dtype (fp16, bf16)
 // whether the kernel's dynamic shared-memory limit is raised to the most a launch asks for
 // (smem_optin - kStaticSmem) and one CTA of that size was found to fit on an SM.
 struct LaunchInfo {
   int device = -1;
-  int sms = 0;
   int smem_optin = 0;
   bool configured[2][2] = {};  // [bf16][timeline]
 };
@@ -624,7 +617,6 @@ absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (info.device != device) {
     LaunchInfo fresh;
-    ASSIGN_OR_RETURN(fresh.sms, CurrentDeviceSms());
     CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&fresh.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     fresh.device = device;
@@ -636,8 +628,8 @@ absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
 }  // namespace
 
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning) {
-  ASSIGN_OR_RETURN(LaunchInfo* const info, DeviceLaunchInfo());
-  return std::max(1, info->sms - std::max(0, tuning.spare_sms));
+  ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+  return std::max(1, sms - std::max(0, tuning.spare_sms));
 }
 
 size_t DecodeChainWorkspaceBytes(int slots) {

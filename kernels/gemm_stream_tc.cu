@@ -28,7 +28,6 @@
 // (kept at index "CTA holding the block's first tile", unique among shared blocks); the last to
 // arrive sums every contributor's slot in CTA order (so the result does not depend on who was
 // last), applies the epilogue and zeroes the counter.
-#include "kernels/device_info.h"
 #include "kernels/gemm_stream_tc.h"
 
 #include <cuda_bf16.h>
@@ -38,6 +37,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "runtime/cuda_check.h"
 
@@ -98,23 +98,10 @@ struct StreamArgs {
   float* partials = nullptr; // [grid][2][kSlotFloats]
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using fwd::CpAsync16;  // the cp.async helpers live in kernels/forward_cuda_common.cuh
+using fwd::CpAsyncCommit;
+using fwd::CpAsyncWait;
+using fwd::SmemAddr;
 
 __device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

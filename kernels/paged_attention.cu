@@ -21,8 +21,8 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/device_info.h"
 #include "kernels/attention_dispatch.h"
+#include "kernels/device_info.h"
 #include "kernels/kv_cache_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #include "kernels/tma.cuh"

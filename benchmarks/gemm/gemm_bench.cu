@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -127,14 +128,21 @@ constexpr Variant kVariants[] = {{"skinny", true, false, false},
                                  {"cuBLASLt", false, false, false}};
 constexpr int kNumVariants = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
 
+// One layer's GEMMs in the decode chain's phase order: attn.c_proj, c_fc, mlp.c_proj and the next
+// layer's c_attn.
+std::array<Shape, 4> ChainOrderShapes(const Model& md) {
+  return {ShapeOf(md, Gemm::kAttnProj), ShapeOf(md, Gemm::kFc), ShapeOf(md, Gemm::kMlpProj),
+          ShapeOf(md, Gemm::kCAttn)};
+}
+
 // --chain: where a chain's time goes. kCalls chains back to back in a graph (as the rows above),
 // each recording its CTAs' timeline (DecodeChainTuning::timeline); printed for the middle call:
 // every event as min / median / max over the CTAs, in us from that call's first CTA start.
 // Clock64 events are placed on %globaltimer's axis through each CTA's start stamp and the median
 // clock rate (the start-to-end globaltimer span over the clock64 span).
 template <typename ParamsOf>
-void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, size_t layer_bytes,
-                   double ceiling, cudaStream_t stream, ParamsOf&& params_of, void* ws) {
+void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, double ceiling,
+                   cudaStream_t stream, ParamsOf&& params_of, void* ws) {
   const absl::StatusOr<int> grid_or = DecodeChainGrid(tuning);
   if (!grid_or.ok()) {
     std::printf("%-10s timeline %s: %s\n", md.name, name, grid_or.status().ToString().c_str());
@@ -221,10 +229,12 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
   std::printf("  %-16s", "phase");
   for (int g = 0; g < 4; ++g) std::printf("| %-22d", g);
   std::printf("\n  %-16s", "ideal us");
-  const Shape order_shapes[4] = {ShapeOf(md, Gemm::kAttnProj), ShapeOf(md, Gemm::kFc),
-                                 ShapeOf(md, Gemm::kMlpProj), ShapeOf(md, Gemm::kCAttn)};
-  for (int g = 0; g < 4; ++g) {
-    std::printf("| %-22.2f", order_shapes[g].n * order_shapes[g].k * 2 / (ceiling * 1e3));
+  const std::array<Shape, 4> order_shapes = ChainOrderShapes(md);
+  size_t layer_bytes = 0;
+  for (const Shape& sh : order_shapes) {
+    const size_t bytes = static_cast<size_t>(sh.n * sh.k) * 2;
+    layer_bytes += bytes;
+    std::printf("| %-22.2f", bytes / (ceiling * 1e3));
   }
   std::printf("  (copy rate; the layer %.2f)\n", layer_bytes / (ceiling * 1e3));
   std::printf("  %-16s", "producer first");
@@ -258,8 +268,7 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
 // layer's weights (>= 256 MB in all).
 void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t stream,
                   CudaGemm& gemm) {
-  const Shape order_shapes[4] = {ShapeOf(md, Gemm::kAttnProj), ShapeOf(md, Gemm::kFc),
-                                 ShapeOf(md, Gemm::kMlpProj), ShapeOf(md, Gemm::kCAttn)};
+  const std::array<Shape, 4> order_shapes = ChainOrderShapes(md);
   size_t layer_bytes = 0;
   for (const Shape& sh : order_shapes) layer_bytes += static_cast<size_t>(sh.n * sh.k) * 2;
   const int copies =
@@ -364,9 +373,9 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
              return DecodeChainCuda(chain_params(i), st, /*pdl=*/true, ws.ptr, 0, row.t);
            }));
   }
-  ChainTimeline(md, "default", {}, layer_bytes, ceiling, stream, chain_params, ws.ptr);
-  ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, layer_bytes, ceiling, stream,
-                chain_params, ws.ptr);
+  ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,
+                ws.ptr);
 }
 
 std::vector<int> ParseList(const char* s) {
