@@ -54,6 +54,8 @@ struct ChainAttentionArgs {
   void* out;
   int heads, kv_heads, head_dim, block_size;
   float scale;
+  int max_context;
+  int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
 };
 
 struct ChainArgs {
@@ -126,12 +128,32 @@ __device__ __forceinline__ float ConsumerMax(float v, float* red) {
       v, -INFINITY, [](float x, float y) { return fmaxf(x, y); }, red);
 }
 
+// Copies the new token's K / V rows (the QKV row's tail) to the caches at `slot` (*at.slot; one
+// CTA does).
+template <typename T>
+__device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slot) {
+  if (slot < 0) return;
+  const T* qkv = static_cast<const T*>(at.qkv);
+  const int w = at.kv_heads * at.head_dim;
+  const int64_t q_cols = static_cast<int64_t>(at.heads) * at.head_dim;
+  T* kd = static_cast<T*>(at.key_cache) + static_cast<int64_t>(slot) * w;
+  T* vd = static_cast<T*>(at.value_cache) + static_cast<int64_t>(slot) * w;
+  for (int i = threadIdx.x; i < w; i += kConsumers) {
+    kd[i] = qkv[q_cols + i];
+    vd[i] = qkv[q_cols + w + i];
+  }
+}
+
 // The attention phase (DecodeChainAttention), consumer threads only: this CTA's heads one at a
 // time, scores in `scores` (>= context floats), q and the pass-2 partial sums in `scratch` (>=
 // D + 8 x 512 floats); then CTA 0 writes the new K / V row to the caches.
-template <typename T>
-__device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int capacity,
-                               float* scratch, float* red) {
+// Timeline (kStamps): phase 0's kChainInputReady once the first head's q is in shared memory,
+// kChainFirstFull after its scores' maximum, kChainLastRelease after its output is written.
+template <typename T, bool kStamps>
+__device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, float* scratch,
+                               float* red) {
+  const ChainAttentionArgs& at = a.at;
+  const bool t0 = threadIdx.x == 0 && blockIdx.x < at.heads;
   using V = fwd::Vec16<T>;
   const int ctx = *at.context_len;
   if (ctx > capacity) __trap();  // the caller's max_context was not an upper bound
@@ -158,6 +180,7 @@ __device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int 
       scratch[d] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainInputReady);
     // Pass 1: thread per position, its K row's 16-byte chunks loaded eight at a time.
     float m = -INFINITY;
     for (int p = tid; p < ctx; p += kConsumers) {
@@ -186,6 +209,7 @@ __device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int 
       m = fmaxf(m, dot);
     }
     m = ConsumerMax(m, red);
+    if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float sum = 0.0f;
     for (int p = tid; p < ctx; p += kConsumers) {
       const float e = __expf(scores[p] - m);
@@ -227,19 +251,151 @@ __device__ void AttentionPhase(const ChainAttentionArgs& at, float* scores, int 
       static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
+    if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
-  if (blockIdx.x == 0) {
-    const int slot = *at.slot;
-    if (slot >= 0) {
+  if (blockIdx.x == 0) WriteNewKv<T>(at, *at.slot);
+}
+
+// The attention phase's short form (ChainAttentionArgs::short_context): CTA h < heads takes head
+// h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits one load a thread.
+// What does not depend on the previous kernel is requested before the PDL wait: the context
+// length and the block table together (the table's first max_context / block_size entries into
+// shared memory, after the partial sums), then the cached K rows (thread p x D / 64 + j holds K
+// row p's 64 dimensions j x 64..), and the new token's cache slot for the CTA that writes it (the
+// last, which has no head); after it, q and the new token's K row (the QKV row, which the previous
+// kernel wrote), then the V rows as soon as the scores are in registers (thread (g, c) holds V
+// rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8)), their round trip under the
+// softmax's reductions: two round trips after the wait, where the loop form has one a dependent
+// step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
+// Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here.
+constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
+
+template <typename T, bool kStamps>
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
+  using V = fwd::Vec16<T>;
+  const ChainAttentionArgs& at = a.at;
+  const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
+  const int h = blockIdx.x;
+  const bool active = h < H;
+  const int kvh = active ? h / (H / KVH) : 0;
+  const int tid = threadIdx.x;
+  const int per_pos = D / 64;  // threads a K row
+  const int kp = tid / per_pos, kpart = tid - kp * per_pos;
+  const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
+  int ctx = 0;
+  int4 kv[kShortAttentionRows], vv[kShortAttentionRows];
+  int* table = reinterpret_cast<int*>(scratch + D + 8 * kConsumers);
+  auto cached = [&](const T* cache, int p) {
+    const int64_t slot =
+        static_cast<int64_t>(table[p / at.block_size]) * at.block_size + p % at.block_size;
+    return cache + (slot * KVH + kvh) * D;
+  };
+  const T* kc = static_cast<const T*>(at.key_cache);
+  const T* vc = static_cast<const T*>(at.value_cache);
+  const bool writer = blockIdx.x == gridDim.x - 1 && !active;  // heads < grid: has no head
+  int new_slot = -1;
+  if (writer && tid == 0) new_slot = *at.slot;
+  if (active) {
+    const int entries = (at.max_context + at.block_size - 1) / at.block_size;
+    for (int i = tid; i < entries; i += kConsumers) table[i] = at.block_table[i];
+    ctx = *at.context_len;
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
+    if (ctx > kConsumers / per_pos) __trap();  // the caller's max_context was not a bound
+    if (kp < ctx - 1) {
+      const int4* k = reinterpret_cast<const int4*>(cached(kc, kp) + 64 * kpart);
+#pragma unroll
+      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
+    }
+  }
+  fwd::PdlWait();
+  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+  fwd::PdlTrigger();
+  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
+  if (writer) {
+    new_slot = __shfl_sync(0xffffffffu, new_slot, 0);  // warp 0 copies (the rows are short)
+    if (tid < 32) {
+      const T* qkv = static_cast<const T*>(at.qkv);
       const int w = KVH * D;
-      T* kd = static_cast<T*>(at.key_cache) + static_cast<int64_t>(slot) * w;
-      T* vd = static_cast<T*>(at.value_cache) + static_cast<int64_t>(slot) * w;
-      for (int i = tid; i < w; i += kConsumers) {
-        kd[i] = qkv[static_cast<int64_t>(H) * D + i];
-        vd[i] = qkv[static_cast<int64_t>(H) * D + w + i];
+      const int64_t q_cols = static_cast<int64_t>(H) * D;
+      if (new_slot >= 0) {
+        for (int i = tid; i < w; i += 32) {
+          static_cast<T*>(at.key_cache)[static_cast<int64_t>(new_slot) * w + i] = qkv[q_cols + i];
+          static_cast<T*>(at.value_cache)[static_cast<int64_t>(new_slot) * w + i] =
+              qkv[q_cols + w + i];
+        }
       }
     }
   }
+  if (active) {
+    const T* qkv = static_cast<const T*>(at.qkv);
+    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
+    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
+    if (kp == ctx - 1) {
+      const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
+#pragma unroll
+      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
+    }
+    if (tid < D) {
+      const unsigned short bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+      scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainInputReady);
+    float dot = -INFINITY;
+    if (kp < ctx) {
+      dot = 0.0f;
+      const float* q = scratch + 64 * kpart;
+#pragma unroll
+      for (int u = 0; u < kShortAttentionRows; ++u) {
+        V k;
+        *reinterpret_cast<int4*>(&k) = kv[u];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(fwd::ToFloat(k.v[e]), q[8 * u + e], dot);
+      }
+    }
+    if (per_pos == 2) dot += __shfl_xor_sync(0xffffffffu, dot, 1);  // -inf stays -inf
+#pragma unroll
+    for (int j = 0; j < kShortAttentionRows; ++j) {
+      const int p = g + j * G;
+      if (p < ctx) {
+        const T* v = p == ctx - 1 ? vnew : cached(vc, p);
+        vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
+      }
+    }
+    const float m = ConsumerMax(dot, red);
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
+    float e = 0.0f;
+    if (kp < ctx && kpart == 0) {
+      e = __expf(dot - m);
+      scores[kp] = e;
+    }
+    const float sum = ConsumerSum(e, red);  // its barriers also publish `scores`
+    float o[8] = {};
+#pragma unroll
+    for (int j = 0; j < kShortAttentionRows; ++j) {
+      const int p = g + j * G;
+      if (p < ctx) {
+        const float w = scores[p];
+        V v;
+        *reinterpret_cast<int4*>(&v) = vv[j];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) o[x] = fmaf(w, fwd::ToFloat(v.v[x]), o[x]);
+      }
+    }
+    float* part = scratch + D + g * D + 8 * c;
+#pragma unroll
+    for (int x = 0; x < 8; ++x) part[x] = o[x];
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (tid < D) {
+      float t = 0.0f;
+      for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
+      static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
+  }
+  if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
 }
 
 // Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
@@ -367,6 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(full0 + s * 8, 1);
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
+
     tma::FenceMbarInit();
   }
   __syncthreads();
@@ -440,9 +597,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     CopyLnParams<T>(a.ph[0], lnw, lnb);
     bias_reg = bias_of(a.ph[0]);
   }
-  fwd::PdlWait();
-  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  fwd::PdlTrigger();
+  float* scores = reinterpret_cast<float*>(xin);
+  const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
+  if (a.has_attention && a.at.short_context) {
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
+  } else {
+    fwd::PdlWait();
+    if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+    fwd::PdlTrigger();
+  }
   int max_rows = 0;
   for (int i = 0; i < a.num_phases; ++i) {
     int r0, r1;
@@ -452,9 +615,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
 
   if (a.has_attention) {
-    float* scores = reinterpret_cast<float*>(xin);
-    const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
-    AttentionPhase<T>(a.at, scores, capacity, scores + capacity, red);
+    if (!a.at.short_context)
+      AttentionPhase<T, kStamps>(a, scores, capacity, scores + capacity, red);
     if (threadIdx.x == 0) StampPhase<kStamps>(a, 0, kChainEpilogueDone);
   }
 
@@ -732,9 +894,14 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     a.has_attention = 1;
     a.at = {at.qkv,    at.key_cache, at.value_cache, at.block_table, at.context_len, at.slot,
             at.output, at.heads,     at.kv_heads,    at.head_dim,    at.block_size,  at.scale};
-    // Its two halves hold the scores and q + the pass-2 partials (floats).
+    a.at.max_context = at.max_context;
+    a.at.short_context = at.heads <= grid && (at.head_dim == 64 || at.head_dim == 128) &&
+                         at.max_context <= kConsumers * 64 / at.head_dim;
+    // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
+    // of the block table.
+    const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
     in_bytes = std::max<int64_t>(
-        in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers) * 4);
+        in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers + table) * 4);
   }
   in_bytes = (in_bytes + 15) / 16 * 16;
   a.in_bytes = static_cast<int>(in_bytes);
@@ -746,8 +913,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   const int64_t room =
       static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStaticSmem);
   // The ring, automatically (H200, gemm_bench --chain only, 2026-12-04): 48 KiB stages for chains
-  // that stream a lot a CTA (a StarCoder layer, 5.7 MB: 188 us against 190 with 32 KiB), three 32
-  // KiB stages for short ones (a SantaCoder layer, 0.64 MB: 37.8 us against 39.9 with six).
+  // that stream a lot a CTA (a StarCoder layer, 5.7 MB: 188 us against 190 with 32 KiB; 40 and 24
+  // KiB stages 194 and 214, 56 KiB 188.5), three 32 KiB stages for short ones (a SantaCoder layer,
+  // 0.64 MB: 37.8 us against 39.9 with six).
   int64_t cta_bytes = 0;
   for (int i = 0; i < p.num_phases; ++i) cta_bytes += p.phases[i].n * p.phases[i].k * 2 / grid;
   const bool long_chain = cta_bytes >= kLongChainCtaBytes;

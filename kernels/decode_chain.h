@@ -69,7 +69,9 @@ struct DecodeChainAttention {
   const void* qkv = nullptr;
   void* key_cache = nullptr;
   void* value_cache = nullptr;
-  const int32_t* block_table = nullptr;  // the sequence's row of the block table (device)
+  // The sequence's row of the block table (device), at least ceil(max_context / block_size)
+  // entries long (they are read before the context length is known).
+  const int32_t* block_table = nullptr;
   const int32_t* context_len = nullptr;  // device scalar: context tokens, the new one included
   const int32_t* slot = nullptr;         // device scalar: the new token's cache slot
   void* output = nullptr;                // [heads x D]

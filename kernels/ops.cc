@@ -220,7 +220,8 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
   return absl::InternalError("PagedAttention: unknown device");
 }
 
-absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot) {
+absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot,
+                         int timeline_index) {
   if (ctx.skip & kSkipGemm) return absl::OkStatus();
   switch (ctx.device) {
     case Device::kCpu:
@@ -233,6 +234,10 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       DecodeChainTuning tuning;
       tuning.spare_sms = ctx.chain_spare_sms;
       tuning.max_inflight = ctx.chain_max_inflight;
+      if (ctx.chain_timeline != nullptr && timeline_index >= 0 &&
+          timeline_index < ctx.chain_timelines) {
+        tuning.timeline = ctx.chain_timeline + timeline_index * ctx.chain_timeline_stride;
+      }
       if (ctx.skip & kSkipAttention) {
         DecodeChainParams q = p;
         q.has_attention = false;
@@ -240,6 +245,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       }
       return DecodeChainCuda(p, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot, tuning);
 #else
+      (void)timeline_index;
       return NoCuda("DecodeChain");
 #endif
   }

@@ -49,6 +49,12 @@ struct OpContext {
   int chain_slots = 0;
   int chain_spare_sms = 0;  // DecodeChainTuning::spare_sms
   int chain_max_inflight = 0;  // DecodeChainTuning::max_inflight
+  // Benchmarks (mqabench --chain-timeline): the chain launched with timeline index i <
+  // chain_timelines records DecodeChainTuning::timeline at chain_timeline + i *
+  // chain_timeline_stride (words); null: no timeline.
+  unsigned long long* chain_timeline = nullptr;
+  size_t chain_timeline_stride = 0;
+  int chain_timelines = 0;
   // Benchmarks only (mqabench --skip): the ops whose OpSkip bit is set return at once without
   // launching anything, so their outputs are garbage. A step timed with and without an op gives
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),
@@ -109,6 +115,8 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
 // A batch-1 decode chain (kernels/decode_chain.h): DecodeChainCpu on the CPU (float32),
 // DecodeChainCuda on the GPU with ctx.chain_workspace's counter `slot` (Unimplemented without a
 // workspace or where the device cannot hold the grid: nothing has run then). kSkipGemm skips it.
-absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot);
+// timeline_index: where it records its timeline (OpContext::chain_timeline), if anywhere.
+absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot,
+                         int timeline_index = -1);
 
 }  // namespace mqa

@@ -79,6 +79,8 @@ struct KernelArgs {
   // steps, not by the kernel this one may overlap under PDL) are copied before griddepcontrol.wait,
   // and the next kernel's launch is released at the start.
   bool early_kv = false;
+  // PagedAttentionParams::release_dependents_early (the merge kernel's release).
+  bool early_release = false;
   // Variants 8-10 with 2..kClusterMergeCap splits: the splits of a row tile run as one thread-block
   // cluster and merge through distributed shared memory (no partials in global memory, no merge
   // launch, no counters).
@@ -934,9 +936,12 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
   // Variant 1 launches this as a programmatic dependent: everything above overlapped the
-  // attention kernel, whose partials are complete after this. A no-op for a plain launch.
+  // attention kernel, whose partials are complete after the wait. A PDL successor may launch
+  // before it with early_release (it waits for this grid itself), else after. No-ops for a plain
+  // launch.
+  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // a PDL successor may launch
+  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   for (int s = tid; s < valid; s += 128) w_s[s] = a.partial_lse[s * split_stride + row0];
   __syncthreads();
@@ -1360,6 +1365,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.variant = variant;
         a.narrow_partials = variant >= 3;
         a.early_kv = early_kv;
+        a.early_release = p.release_dependents_early;
         a.cluster_merge = cluster && plan.num_splits > 1 &&
                           plan.num_splits <= kClusterMergeCap &&
                           (!cluster_if_small || grid_x * p.num_kv_heads * p.num_seqs <= SmCount());

@@ -40,6 +40,11 @@ struct PagedAttentionParams {
   int max_query_len = 0;
   float scale = 1.0f;
   DType dtype = DType::kF32;  // of query, output and caches
+  // CUDA: the split-KV merge kernel releases its programmatic dependent before it waits for the
+  // attention (the dependent waits for the merge itself): for a decode chain after it, whose CTAs
+  // then stream their first weights while the attention runs. Off: released after the wait (a
+  // skinny GEMM after it measured slower released early).
+  bool release_dependents_early = false;
 };
 
 // The reference: fp32 only, one thread, straightforward loops. InvalidArgument for bad

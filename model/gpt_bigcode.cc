@@ -569,10 +569,13 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
       (qkv_cols_ * embd_ + embd_ * heads_ * D + 2 * inner_ * embd_) * DTypeSize(dtype_);
   const bool chain_step = chain_ && layer_bytes >= chain_min_layer_bytes_ && n == 1 &&
                           w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
+  // The attention's merge kernel lets the chain after it launch early (its CTAs stream weights
+  // while the attention runs).
+  att.release_dependents_early = chain_step && chain_early_release_;
   DecodeChainParams chain;
   const bool next = l + 1 < w_.config.n_layer;
   auto run_chain = [&]() -> absl::StatusOr<bool> {
-    const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1));
+    const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1), static_cast<int>(l));
     if (st.ok()) {
       ++chain_runs_;
       qkv_ready_ = next;

@@ -170,6 +170,9 @@ struct GptBigCodeOptions {
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
+  // With decode_chain: the attention before a chain releases it before the attention is done
+  // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
+  bool decode_chain_early_release = true;
 };
 
 class GptBigCode {
@@ -245,6 +248,16 @@ class GptBigCode {
   // decode_chain_min_layer_bytes (each < 0: unchanged).
   void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int max_inflight = -1,
                         int64_t min_layer_bytes = -1);
+  // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
+  // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
+  // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.
+  // FailedPrecondition on the CPU.
+  absl::Status set_decode_chain_timeline(bool on);
+  // The buffer as the last step left it (n_layer x the SM count x kDecodeChainTimelineWords words,
+  // zero where no chain ran); empty when off.
+  absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
+  // Benchmarks: GptBigCodeOptions::decode_chain_early_release. Drops captured graphs.
+  void set_decode_chain_early_release(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).
@@ -335,6 +348,7 @@ class GptBigCode {
   int64_t chain_min_layer_bytes_ = 0;  // ... _min_layer_bytes
   bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
+  bool chain_early_release_ = true;         // ... _early_release
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

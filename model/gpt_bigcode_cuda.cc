@@ -15,6 +15,7 @@
 
 #ifdef MQA_WITH_CUDA
 #include "kernels/decode_chain_cuda.h"
+#include "kernels/device_info.h"
 #include "kernels/gemm_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #include "kernels/sampling_cuda.h"
@@ -78,6 +79,7 @@ struct GptBigCode::CudaState {
   std::unique_ptr<CudaGemm> gemm;
   Tensor attention_workspace;
   Tensor chain_workspace;  // DecodeChainCuda's counters (two slots: consecutive layers)
+  Tensor chain_timeline;   // set_decode_chain_timeline's buffer (empty: off)
   Tensor indices;  // device int32 staging of StepIndices
   // Host staging, two of each: the buffers of launch k + 1 are written while launch k's copies
   // may still be queued (LaunchSample). `slot` is the one the next launch writes.
@@ -177,6 +179,40 @@ void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int max
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain_early_release(bool on) {
+  chain_early_release_ = on;
+  ClearCudaGraphs();
+}
+
+absl::Status GptBigCode::set_decode_chain_timeline(bool on) {
+  if (!cuda_) return absl::FailedPreconditionError("decode chain timeline: no CUDA model");
+  ClearCudaGraphs();
+  ctx_.chain_timeline = nullptr;
+  ctx_.chain_timelines = 0;
+  cuda_->chain_timeline = Tensor();
+  if (!on) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+  const size_t stride = DecodeChainTimelineWords(sms);
+  const int layers = static_cast<int>(w_.config.n_layer);
+  ASSIGN_OR_RETURN(cuda_->chain_timeline, Tensor::Empty({static_cast<int64_t>(stride * layers * 2)},
+                                                        DType::kI32, Device::kCuda));
+  CUDA_RETURN_IF_ERROR(cudaMemset(cuda_->chain_timeline.raw(), 0, cuda_->chain_timeline.nbytes()));
+  ctx_.chain_timeline = static_cast<unsigned long long*>(cuda_->chain_timeline.raw());
+  ctx_.chain_timeline_stride = stride;
+  ctx_.chain_timelines = layers;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timeline() const {
+  std::vector<unsigned long long> h;
+  if (!cuda_ || ctx_.chain_timeline == nullptr) return h;
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
+  h.resize(cuda_->chain_timeline.nbytes() / sizeof(unsigned long long));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), cuda_->chain_timeline.raw(),
+                                  h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
@@ -262,6 +298,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
+  chain_early_release_ = options.decode_chain_early_release;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -596,6 +633,13 @@ void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
+void GptBigCode::set_decode_chain_early_release(bool) {}
+absl::Status GptBigCode::set_decode_chain_timeline(bool) {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timeline() const {
+  return std::vector<unsigned long long>();
+}
 int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}

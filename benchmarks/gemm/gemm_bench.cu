@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "benchmarks/bench_util.cuh"
+#include "benchmarks/chain_timeline.h"
 #include "kernels/decode_chain_cuda.h"
 #include "kernels/gemm_cuda.h"
 #include "runtime/status.h"
@@ -136,10 +137,8 @@ std::array<Shape, 4> ChainOrderShapes(const Model& md) {
 }
 
 // --chain: where a chain's time goes. kCalls chains back to back in a graph (as the rows above),
-// each recording its CTAs' timeline (DecodeChainTuning::timeline); printed for the middle call:
-// every event as min / median / max over the CTAs, in us from that call's first CTA start.
-// Clock64 events are placed on %globaltimer's axis through each CTA's start stamp and the median
-// clock rate (the start-to-end globaltimer span over the clock64 span).
+// each recording its CTAs' timeline (DecodeChainTuning::timeline); printed for the middle call
+// (benchmarks/chain_timeline.h).
 template <typename ParamsOf>
 void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, double ceiling,
                    cudaStream_t stream, ParamsOf&& params_of, void* ws) {
@@ -165,100 +164,20 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
   std::vector<unsigned long long> h(kCalls * per_call);
   CHECK_CUDA(cudaMemcpy(h.data(), stamps.ptr, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
   const int call = kCalls / 2;
-  auto word = [&](int c, int cta, int e) {
-    return h[c * per_call + cta * kDecodeChainTimelineWords + e];
-  };
-  std::vector<double> rate;  // ns a clock
-  for (int b = 0; b < grid; ++b) {
-    const double dg =
-        static_cast<double>(word(call, b, kChainGlobalEnd) - word(call, b, kChainGlobalStart));
-    const double dc =
-        static_cast<double>(word(call, b, kChainClockEnd) - word(call, b, kChainClockStart));
-    if (dc > 0) rate.push_back(dg / dc);
+  bench::ChainTimelineView v;
+  v.call = h.data() + call * per_call;
+  v.previous = h.data() + (call - 1) * per_call;
+  v.grid = grid;
+  const char* names[4] = {"attn.c_proj", "ln_2 + c_fc", "mlp.c_proj", "ln_1 + c_attn"};
+  for (const Shape& sh : ChainOrderShapes(md)) {
+    v.phases.push_back(names[v.phases.size()]);
+    v.ideal_us.push_back(static_cast<double>(sh.n * sh.k) * 2 / (ceiling * 1e3));
   }
-  std::sort(rate.begin(), rate.end());
-  const double ns_per_clock = rate.empty() ? 0.0 : rate[rate.size() / 2];
-  unsigned long long t0 = ~0ull, prev_end = 0;
-  std::vector<unsigned long long> starts;
-  for (int b = 0; b < grid; ++b) {
-    t0 = std::min(t0, word(call, b, kChainGlobalStart));
-    prev_end = std::max(prev_end, word(call - 1, b, kChainGlobalEnd));
-    starts.push_back(word(call, b, kChainGlobalStart));
-  }
-  std::sort(starts.begin(), starts.end());
-  unsigned long long tick = ~0ull;  // the smallest step between distinct start stamps
-  for (size_t i = 1; i < starts.size(); ++i) {
-    if (starts[i] > starts[i - 1]) tick = std::min(tick, starts[i] - starts[i - 1]);
-  }
-  // us from t0 of CTA b's clock64 stamp e (NaN where it was not recorded).
-  auto at = [&](int b, int e) {
-    const unsigned long long c = word(call, b, e);
-    if (c == 0) return std::nan("");
-    const double ns =
-        static_cast<double>(word(call, b, kChainGlobalStart) - t0) +
-        (static_cast<double>(c) - static_cast<double>(word(call, b, kChainClockStart))) *
-            ns_per_clock;
-    return ns * 1e-3;
-  };
-  auto stats = [&](auto&& value) {
-    std::vector<double> v;
-    for (int b = 0; b < grid; ++b) {
-      const double x = value(b);
-      if (!std::isnan(x)) v.push_back(x);
-    }
-    char buf[48];
-    if (v.empty()) return std::string("           -           ");
-    std::sort(v.begin(), v.end());
-    std::snprintf(buf, sizeof(buf), "%6.2f %6.2f %6.2f  ", v.front(), v[v.size() / 2], v.back());
-    return std::string(buf);
-  };
-  std::printf(
-      "\n%s timeline, %s (%.1f us a call in this graph; call %d of %d; %d CTAs; clock %.3f GHz; "
-      "globaltimer step >= %llu ns). us from the call's first CTA start, min / median / max over "
-      "CTAs:\n",
-      md.name, name, us, call, kCalls, grid, ns_per_clock > 0 ? 1.0 / ns_per_clock : 0.0,
-      tick == ~0ull ? 0ull : tick);
-  std::printf(
-      "  previous call's last CTA ended at %+.2f us; CTA starts %s; PDL wait done %s; ends %s\n",
-      (static_cast<double>(prev_end) - static_cast<double>(t0)) * 1e-3,
-      stats([&](int b) { return (word(call, b, kChainGlobalStart) - t0) * 1e-3; }).c_str(),
-      stats([&](int b) { return at(b, kChainPdlDone); }).c_str(),
-      stats([&](int b) { return (word(call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
-  const char* events[kChainPhaseEventCount] = {"barrier enter", "barrier exit", "input ready",
-                                               "first stage",   "last release", "epilogue done"};
-  std::printf("  %-16s", "phase");
-  for (int g = 0; g < 4; ++g) std::printf("| %-22d", g);
-  std::printf("\n  %-16s", "ideal us");
-  const std::array<Shape, 4> order_shapes = ChainOrderShapes(md);
-  size_t layer_bytes = 0;
-  for (const Shape& sh : order_shapes) {
-    const size_t bytes = static_cast<size_t>(sh.n * sh.k) * 2;
-    layer_bytes += bytes;
-    std::printf("| %-22.2f", bytes / (ceiling * 1e3));
-  }
-  std::printf("  (copy rate; the layer %.2f)\n", layer_bytes / (ceiling * 1e3));
-  std::printf("  %-16s", "producer first");
-  for (int g = 0; g < 4; ++g) {
-    std::printf("| %s", stats([&](int b) { return at(b, kChainProducerEvents + 2 * g); }).c_str());
-  }
-  std::printf("\n  %-16s", "producer last");
-  for (int g = 0; g < 4; ++g) {
-    std::printf("| %s",
-                stats([&](int b) { return at(b, kChainProducerEvents + 2 * g + 1); }).c_str());
-  }
-  std::printf("\n  %-16s", "loop start");
-  for (int g = 0; g < 4; ++g) {
-    std::printf("| %s", stats([&](int b) { return at(b, kChainLoopStart + g); }).c_str());
-  }
-  for (int e = 0; e < kChainPhaseEventCount; ++e) {
-    std::printf("\n  %-16s", events[e]);
-    for (int g = 0; g < 4; ++g) {
-      std::printf("| %s", stats([&](int b) {
-                            return at(b, kChainPhaseEvents + g * kChainPhaseEventCount + e);
-                          }).c_str());
-    }
-  }
-  std::printf("\n");
+  char title[160];
+  std::snprintf(title, sizeof(title),
+                "%s timeline, %s (%.1f us a call in this graph; call %d of %d)", md.name, name, us,
+                call, kCalls);
+  bench::PrintChainTimeline(title, v);
 }
 
 // --chain: one layer's four m = 1 GEMMs (attn.c_proj + residual, c_fc + GELU, mlp.c_proj +
@@ -360,6 +279,8 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
                            {"chain, 32 KiB stages", {32768, 0, false}},
                            {"chain, 16 KiB stages", {16384, 0, false}},
                            {"chain, 48 KiB stages", {49152, 0, false}},
+                           {"chain, 40 KiB stages", {40960, 0, false}},
+                           {"chain, 24 KiB stages", {24576, 0, false}},
                            {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},
                            {"chain, 32 KiB, 4 spare SMs", {32768, 0, false, 4}},
                            {"chain, 32 KiB, at most 1 in flight", {32768, 0, false, 0, 1}},

@@ -7,7 +7,7 @@
 //       [--small off|on|both]
 //       [--async off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
-//       [--skip none,attn,...] [--chain auto|off|on|both|LIST]
+//       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -45,7 +45,12 @@
 //     chains ran. auto (the default) is the model's default: on for layers of at least
 //     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the attention (GptBigCodeOptions::decode_chain_spare_sms); at
 //     is on with the attention as the chain's first phase (decode_chain_attention); fN is on with
-//     at most N ring stages in flight (decode_chain_max_inflight).
+//     at most N ring stages in flight (decode_chain_max_inflight); late is auto with the chain
+//     released by the attention only once it is done (decode_chain_early_release off).
+//     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
+//     after each row, the last decode step's chains of layers L are printed (event min / median /
+//     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
+//     ended: what a layer costs between its chains (the attention, the kernel handover).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -73,6 +78,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "benchmarks/chain_timeline.h"
 #include "benchmarks/mqabench/device_fill.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention_cuda.h"
@@ -99,6 +105,7 @@ struct Flags {
   std::string small = "on";  // the runner's default
   std::string async = "off";
   std::string chain = "auto";
+  std::string chain_timeline;  // comma list of layers (empty: off)
   std::string attn =
       "14";  // comma list of PagedAttentionTuning variants (14: the runner's default)
   std::string skip = "none";      // comma list of op sets left out (timing only)
@@ -152,6 +159,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.async, value());
     } else if (a == "--chain") {
       ASSIGN_OR_RETURN(f.chain, value());
+    } else if (a == "--chain-timeline") {
+      ASSIGN_OR_RETURN(f.chain_timeline, value());
     } else if (a == "--attn") {
       ASSIGN_OR_RETURN(f.attn, value());
     } else if (a == "--attn-splits") {
@@ -328,6 +337,48 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   return s;
 }
 
+// --chain-timeline: the last decode step's chains of `layers`, each beside where the previous
+// layer's chain ended (what lies between them: the attention, or with the attention inside, the
+// kernel handover alone).
+absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
+                                      const std::vector<int>& layers, bool attention_inside) {
+  ASSIGN_OR_RETURN(const std::vector<unsigned long long> words, model.decode_chain_timeline());
+  const size_t stride = words.size() / s.config.n_layer;
+  const int grid = static_cast<int>(stride / kDecodeChainTimelineWords);
+  const ModelConfig& c = s.config;
+  const int64_t e = c.n_embd, inner = c.n_inner, bytes = DTypeSize(s.dtype);
+  std::vector<std::string> names = {"attn.c_proj", "ln_2 + c_fc", "mlp.c_proj", "ln_1 + c_attn"};
+  std::vector<double> ideal = {static_cast<double>(e * c.n_head * c.head_dim()),
+                               static_cast<double>(inner * e), static_cast<double>(e * inner),
+                               static_cast<double>(c.qkv_rows() * e)};
+  for (double& u : ideal) u *= bytes / s.copy_bw * 1e6;
+  if (attention_inside) {
+    names.insert(names.begin(), "attention");
+    ideal.insert(ideal.begin(), 0.0);
+  }
+  for (int l : layers) {
+    bench::ChainTimelineView v;
+    v.call = words.data() + l * stride;
+    v.previous = words.data() + (l - 1) * stride;
+    v.previous_name = "layer l - 1's chain";
+    v.grid = grid;
+    v.phases = names;
+    v.ideal_us = ideal;
+    if (v.call[kChainGlobalStart] == 0 || v.previous[kChainGlobalStart] == 0) {
+      std::printf("  chain timeline of layer %d: no chain recorded\n", l);
+      continue;
+    }
+    // The grid ran with the SM count less any spare SMs: CTAs past it have no stamps.
+    while (v.grid > 0 &&
+           v.call[(v.grid - 1) * kDecodeChainTimelineWords + kChainGlobalStart] == 0) {
+      --v.grid;
+    }
+    bench::PrintChainTimeline(absl::StrCat("  chain timeline of layer ", l, " (last decode step)"),
+                              v);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Latency(const Flags& f) {
   const int bs = f.block_size;
   const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
@@ -378,12 +429,13 @@ absl::Status Latency(const Flags& f) {
   for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0;
-      if (row != "off" && row != "on" && row != "auto" && row != "at" &&
+      if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0)) {
         return absl::InvalidArgumentError(
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
-            "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight)");
+            "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
+            "/ late (auto, released by the attention only once it is done)");
       }
       chains.push_back(row);
     }
@@ -430,6 +482,12 @@ absl::Status Latency(const Flags& f) {
   }
   if (f.skip != "none" && f.async != "off") {
     return absl::InvalidArgumentError("--skip runs with --async off only");
+  }
+  std::vector<int> timeline_layers;
+  if (!f.chain_timeline.empty()) {
+    ASSIGN_OR_RETURN(timeline_layers,
+                     int_rows(f.chain_timeline, "--chain-timeline", "layers 1 .. n_layer - 1",
+                              [&](int l) { return l >= 1 && l < s.config.n_layer; }));
   }
   ASSIGN_OR_RETURN(const std::vector<int> wms,
                    int_rows(f.attn_wm, "--attn-wm", "0, 1, 2, 3, 4, 8", [](int w) {
@@ -478,14 +536,19 @@ absl::Status Latency(const Flags& f) {
   for (const auto& [variant, fast, autotune, small, async, chain, attn, skip, wm, splits, tn] :
        runs) {
     r.model().set_attention(attn, wm, splits, tn);
+    const bool attention_row = chain == "at";
     r.model().set_decode_chain(
         chain != "off",
         chain[0] == 's' ? std::atoi(chain.c_str() + 1) : GptBigCodeOptions().decode_chain_spare_sms,
-        chain == "at" ? 1 : GptBigCodeOptions().decode_chain_attention,
+        attention_row ? 1 : GptBigCodeOptions().decode_chain_attention,
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" ? GptBigCodeOptions().decode_chain_min_layer_bytes : 0);
+        chain == "auto" || chain == "late" ? GptBigCodeOptions().decode_chain_min_layer_bytes : 0);
+    r.model().set_decode_chain_early_release(chain != "late");
     const int64_t chains_before = r.model().decode_chain_runs();
+    if (!timeline_layers.empty()) {
+      RETURN_IF_ERROR(r.model().set_decode_chain_timeline(chain != "off"));
+    }
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
     auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
@@ -624,6 +687,9 @@ absl::Status Latency(const Flags& f) {
         r.model().num_cuda_graphs(), chain.c_str(),
         static_cast<long long>(r.model().decode_chain_runs() - chains_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
+    if (!timeline_layers.empty() && chain != "off") {
+      RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers, attention_row));
+    }
   }
   return first_failure;
 }

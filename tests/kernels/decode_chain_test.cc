@@ -337,101 +337,106 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
   struct Shape {
     int heads, kv_heads, head_dim, block_size;
   };
+  // Both forms of the phase: the short one (every head its CTA, max_context <= 512 x 64 / D: 256 at
+  // D = 128, 512 at 64) and the loop over positions (max_context 1024).
   for (const Shape sh : {Shape{8, 1, 128, 16}, Shape{4, 4, 64, 8}}) {
     for (const int ctx : {1, 17, 300}) {
-      SCOPED_TRACE(::testing::Message() << "heads " << sh.heads << " kv " << sh.kv_heads << " D "
-                                        << sh.head_dim << " ctx " << ctx);
-      const int H = sh.heads, KVH = sh.kv_heads, D = sh.head_dim, BS = sh.block_size;
-      const int blocks = 64, E = H * D, N = 512;
-      const int row = (H + 2 * KVH) * D;
-      Buf qkv, kc, vc, w, b, attn, y;
-      qkv.Random(row, t, rng_);
-      kc.Random(static_cast<int64_t>(blocks) * BS * KVH * D, t, rng_);
-      vc.Random(static_cast<int64_t>(blocks) * BS * KVH * D, t, rng_);
-      w.Random(static_cast<int64_t>(N) * E, t, rng_, 0.05f);
-      b.Random(N, t, rng_);
-      attn.Random(E, t, rng_);
-      y.Random(N, t, rng_);
-      attn.d->Poison();
-      y.d->Poison();
-      std::vector<int32_t> table(blocks);
-      for (int i = 0; i < blocks; ++i) table[i] = (i * 37 + 11) % blocks;  // a permutation
-      const int32_t slot = table[(ctx - 1) / BS] * BS + (ctx - 1) % BS;
-      const std::vector<int32_t> scalars = {ctx, slot};
-      auto dtable = DeviceMem::From(table);
-      auto dscalars = DeviceMem::From(scalars);
-      const auto ws = ZeroedChainWorkspace(1);
+      for (const int max_context : {ctx <= 256 ? 256 : 512, 1024}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "heads " << sh.heads << " kv " << sh.kv_heads << " D " << sh.head_dim
+                     << " ctx " << ctx << " max_context " << max_context);
+        const int H = sh.heads, KVH = sh.kv_heads, D = sh.head_dim, BS = sh.block_size;
+        const int blocks = 64, E = H * D, N = 512;
+        const int row = (H + 2 * KVH) * D;
+        Buf qkv, kc, vc, w, b, attn, y;
+        qkv.Random(row, t, rng_);
+        kc.Random(static_cast<int64_t>(blocks) * BS * KVH * D, t, rng_);
+        vc.Random(static_cast<int64_t>(blocks) * BS * KVH * D, t, rng_);
+        w.Random(static_cast<int64_t>(N) * E, t, rng_, 0.05f);
+        b.Random(N, t, rng_);
+        attn.Random(E, t, rng_);
+        y.Random(N, t, rng_);
+        attn.d->Poison();
+        y.d->Poison();
+        std::vector<int32_t> table(blocks);
+        for (int i = 0; i < blocks; ++i) table[i] = (i * 37 + 11) % blocks;  // a permutation
+        const int32_t slot = table[(ctx - 1) / BS] * BS + (ctx - 1) % BS;
+        const std::vector<int32_t> scalars = {ctx, slot};
+        auto dtable = DeviceMem::From(table);
+        auto dscalars = DeviceMem::From(scalars);
+        const auto ws = ZeroedChainWorkspace(1);
 
-      DecodeChainParams p;
-      p.dtype = t;
-      p.num_phases = 1;
-      p.phases[0] = {.weight = w.d->get(),
-                     .bias = b.d->get(),
-                     .input = attn.d->get(),
-                     .output = y.d->get(),
-                     .n = N,
-                     .k = E};
-      p.has_attention = true;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      p.attention = {.qkv = qkv.d->get(),
-                     .key_cache = kc.d->get(),
-                     .value_cache = vc.d->get(),
-                     .block_table = dtable->get<int32_t>(),
-                     .context_len = dscalars->get<int32_t>(),
-                     .slot = dscalars->get<int32_t>() + 1,
-                     .output = attn.d->get(),
-                     .heads = H,
-                     .kv_heads = KVH,
-                     .head_dim = D,
-                     .block_size = BS,
-                     .max_context = 512,
-                     .scale = scale};
-      const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0);
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        DecodeChainParams p;
+        p.dtype = t;
+        p.num_phases = 1;
+        p.phases[0] = {.weight = w.d->get(),
+                       .bias = b.d->get(),
+                       .input = attn.d->get(),
+                       .output = y.d->get(),
+                       .n = N,
+                       .k = E};
+        p.has_attention = true;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        p.attention = {.qkv = qkv.d->get(),
+                       .key_cache = kc.d->get(),
+                       .value_cache = vc.d->get(),
+                       .block_table = dtable->get<int32_t>(),
+                       .context_len = dscalars->get<int32_t>(),
+                       .slot = dscalars->get<int32_t>() + 1,
+                       .output = attn.d->get(),
+                       .heads = H,
+                       .kv_heads = KVH,
+                       .head_dim = D,
+                       .block_size = BS,
+                       .max_context = max_context,
+                       .scale = scale};
+        const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 
-      // Host reference.
-      std::vector<float> want_attn(E);
-      for (int h = 0; h < H; ++h) {
-        const int kvh = h / (H / KVH);
-        auto k_at = [&](int pos, int d) {
-          if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
-          const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-          return kc.v[(s * KVH + kvh) * D + d];
-        };
-        auto v_at = [&](int pos, int d) {
-          if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
-          const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-          return vc.v[(s * KVH + kvh) * D + d];
-        };
-        std::vector<double> sc(ctx);
-        double m = -1e300;
-        for (int pos = 0; pos < ctx; ++pos) {
-          double dot = 0;
-          for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
-          sc[pos] = dot * scale;
-          m = std::max(m, sc[pos]);
+        // Host reference.
+        std::vector<float> want_attn(E);
+        for (int h = 0; h < H; ++h) {
+          const int kvh = h / (H / KVH);
+          auto k_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return kc.v[(s * KVH + kvh) * D + d];
+          };
+          auto v_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return vc.v[(s * KVH + kvh) * D + d];
+          };
+          std::vector<double> sc(ctx);
+          double m = -1e300;
+          for (int pos = 0; pos < ctx; ++pos) {
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
+            sc[pos] = dot * scale;
+            m = std::max(m, sc[pos]);
+          }
+          double sum = 0;
+          for (double& v : sc) sum += (v = std::exp(v - m));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
+            want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+          }
         }
-        double sum = 0;
-        for (double& v : sc) sum += (v = std::exp(v - m));
-        for (int d = 0; d < D; ++d) {
-          double o = 0;
-          for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
-          want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+        const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
+        EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
+        std::vector<float> want_y(N);
+        RunHostPhase({&w.v, &b.v, nullptr, nullptr, false, false, N, E}, attn.Get(t), want_y, t);
+        EXPECT_LT(RelError(y.Get(t), want_y), tol) << "the linear phase after it";
+        // The new token's K / V row went to the caches at its slot.
+        const std::vector<float> kgot = kc.Get(t), vgot = vc.Get(t);
+        for (int i = 0; i < KVH * D; ++i) {
+          ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
+          ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i]) << i;
         }
+        EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
       }
-      const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
-      EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
-      std::vector<float> want_y(N);
-      RunHostPhase({&w.v, &b.v, nullptr, nullptr, false, false, N, E}, attn.Get(t), want_y, t);
-      EXPECT_LT(RelError(y.Get(t), want_y), tol) << "the linear phase after it";
-      // The new token's K / V row went to the caches at its slot.
-      const std::vector<float> kgot = kc.Get(t), vgot = vc.Get(t);
-      for (int i = 0; i < KVH * D; ++i) {
-        ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
-        ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i]) << i;
-      }
-      EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
     }
   }
 }
