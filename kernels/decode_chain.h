@@ -64,7 +64,11 @@ struct DecodeChainPhase {
 // the new token's K / V (its last position) from the QKV row `qkv` = [heads x D | kv_heads x D |
 // kv_heads x D], the older positions from the paged caches [blocks, block_size, kv_heads, D]
 // through `block_table`. The new K / V row is also written to the caches at *slot (< 0: not).
-// Each CTA takes whole heads (a head per CTA while heads <= CTAs): meant for short contexts.
+// Each CTA takes whole heads (a head per CTA while heads <= CTAs): meant for short contexts. With
+// a CTA for every head, D 64 or 128 and max_context <= 512 x 64 / D (256 at D = 128), the short
+// form runs: everything that does not depend on the previous kernel (context length, block table,
+// cached K rows, the slot) is requested before the PDL wait, and a CTA without a head writes the
+// new K / V row.
 struct DecodeChainAttention {
   const void* qkv = nullptr;
   void* key_cache = nullptr;
