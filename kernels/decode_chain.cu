@@ -294,7 +294,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   const T* vc = static_cast<const T*>(at.value_cache);
   const bool writer = blockIdx.x == gridDim.x - 1 && !active;  // heads < grid: has no head
   int new_slot = -1;
-  if (writer && tid == 0) new_slot = *at.slot;
+  if (writer) new_slot = *at.slot;
   if (active) {
     const int entries = (at.max_context + at.block_size - 1) / at.block_size;
     for (int i = tid; i < entries; i += kConsumers) table[i] = at.block_table[i];
@@ -311,21 +311,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
   fwd::PdlTrigger();
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
-  if (writer) {
-    new_slot = __shfl_sync(0xffffffffu, new_slot, 0);  // warp 0 copies (the rows are short)
-    if (tid < 32) {
-      const T* qkv = static_cast<const T*>(at.qkv);
-      const int w = KVH * D;
-      const int64_t q_cols = static_cast<int64_t>(H) * D;
-      if (new_slot >= 0) {
-        for (int i = tid; i < w; i += 32) {
-          static_cast<T*>(at.key_cache)[static_cast<int64_t>(new_slot) * w + i] = qkv[q_cols + i];
-          static_cast<T*>(at.value_cache)[static_cast<int64_t>(new_slot) * w + i] =
-              qkv[q_cols + w + i];
-        }
-      }
-    }
-  }
+  if (writer) WriteNewKv<T>(at, new_slot);
   if (active) {
     const T* qkv = static_cast<const T*>(at.qkv);
     const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
@@ -523,7 +509,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(full0 + s * 8, 1);
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
-
     tma::FenceMbarInit();
   }
   __syncthreads();
