@@ -29,7 +29,22 @@ constexpr int kSegElems = 256;
 constexpr int kMinStages = 3;
 constexpr int kMaxStages = 16;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps
-constexpr int kCounterStride = 128;  // bytes between workspace counters
+// A chain's workspace slot: the grid barrier's counter at 0, phase i's steal counter at
+// kStealCounterStride x (i + 1) (each in its own 128-byte line).
+constexpr int kStealCounterStride = 128;
+constexpr int kCounterStride = kStealCounterStride * (kMaxDecodeChainPhases + 1);
+// Work stealing (DecodeChainTuning::steal_chunks): the dynamically dealt chunks a CTA may take in
+// a phase, at most, and the rows they may add to its row sums.
+constexpr int kMaxStealChunks = 64;
+constexpr int kMaxStealRows = 256;
+// Off by default: measured side by side on the H200 (2026-12-04, mqabench latency StarCoder b1
+// --chain w0,auto,w2,w0,auto,w2 with 4 as auto), stealing balanced the CTAs' finishing times
+// (the spread of a long phase's last release halved) but the step was 0.5-1.4% slower with 2 or 4
+// chunks and ~1.5% with 8 (benchmarks/mqabench/NOTES.md, version 9).
+constexpr int kDefaultStealChunks = 0;
+// Bytes a ring stage's bias side buffer: a stolen chunk's bias (16-byte aligned span of at most
+// kMaxStealRows / 4 rows) arrives with its weights.
+constexpr int kBiasSideBytes = (kMaxStealRows / 4) * 2 + 32;
 
 struct ChainPhaseArgs {
   const void* w;
@@ -42,6 +57,11 @@ struct ChainPhaseArgs {
   int gelu;
   int accumulate;
   int n, k;
+  // Work stealing (0 rows_chunk: none; each CTA's rows are CtaRows'): rows are grouped in chunks
+  // of rows_chunk (one ring stage at most); CTA b owns chunks [b x static_chunks, (b + 1) x
+  // static_chunks), and chunks [grid x static_chunks, chunks) are dealt one at a time by an atomic
+  // counter, at most max_steal to a CTA.
+  int rows_chunk, static_chunks, chunks, max_steal;
 };
 
 struct ChainAttentionArgs {
@@ -68,8 +88,10 @@ struct ChainArgs {
   int ln_k;      // elements of each LN weight / bias buffer (the largest k with a layer norm)
   int stage_bytes;
   int stream_only;  // DecodeChainTuning::stream_only
+  int side_offset;  // bytes from the shared-memory base to the bias side buffers (work stealing)
   int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
-  unsigned* counter;
+  unsigned* counter;  // the grid barrier's; phase i's steal counter kStealCounterStride x (i + 1)
+                      // bytes further
   unsigned long long* stamps;  // DecodeChainTuning::timeline (the kStamps instantiation)
 };
 
@@ -91,10 +113,28 @@ __device__ __forceinline__ void StampPhase(const ChainArgs& a, int gi, int event
   Stamp<kStamps>(a, kChainPhaseEvents + gi * kChainPhaseEventCount + event);
 }
 
-// This CTA's output rows of a phase: an equal contiguous share of n.
-__device__ __forceinline__ void CtaRows(int n, int& r0, int& r1) {
-  r0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * n / gridDim.x);
-  r1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * n / gridDim.x);
+// This CTA's statically owned output rows of a phase: an equal contiguous share of n, or with
+// work stealing its static_chunks chunks.
+__device__ __forceinline__ void CtaRows(const ChainPhaseArgs& ph, int& r0, int& r1) {
+  if (ph.rows_chunk > 0) {
+    r0 = static_cast<int>(blockIdx.x) * ph.static_chunks * ph.rows_chunk;
+    r1 = r0 + ph.static_chunks * ph.rows_chunk;
+  } else {
+    r0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * ph.n / gridDim.x);
+    r1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * ph.n / gridDim.x);
+  }
+}
+
+// Row sums a CTA may hold in a phase: its static rows, and the stolen chunks' at most.
+__device__ __forceinline__ int CtaMaxRows(const ChainPhaseArgs& ph) {
+  int r0, r1;
+  CtaRows(ph, r0, r1);
+  return r1 - r0 + (ph.rows_chunk > 0 ? ph.max_steal * ph.rows_chunk : 0);
+}
+
+__device__ __forceinline__ unsigned* StealCounter(const ChainArgs& a, int i) {
+  return reinterpret_cast<unsigned*>(reinterpret_cast<char*>(a.counter) +
+                                     kStealCounterStride * (i + 1));
 }
 
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
@@ -104,6 +144,25 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
       " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
+}
+
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// *p += v in place at L2, nothing returned (red: the thread does not wait for it).
+__device__ __forceinline__ void RedAdd(__half* p, __half v) {
+  asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(v))
+               : "memory");
+}
+__device__ __forceinline__ void RedAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
+  asm volatile("red.global.add.noftz.bf16 [%0], %1;\n" ::"l"(p), "h"(__bfloat16_as_ushort(v))
+               : "memory");
 }
 
 // `op` (a sum or a maximum) over the consumer threads, starting from `init`; every consumer gets
@@ -486,7 +545,8 @@ __device__ __forceinline__ float Dot8(const int4& w, const int4& x) {
 
 // Shared memory: the ring (stages x stage_bytes), the input (in_bytes), the LN weight and bias
 // (ln_k elements of T each), the row sums (max rows a CTA x fp32), the stages' full / empty
-// barriers, the reduction scratch.
+// barriers, the reduction scratch; for work stealing, the chunks the producer took in each phase
+// and, once it knows, how many stages it streamed for the phase.
 template <typename T, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
@@ -499,7 +559,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* acc = reinterpret_cast<float*>(lnb + a.ln_k);
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
   __shared__ float red[kConsumerWarps];
+  __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
+  __shared__ int phase_stages[kMaxDecodeChainPhases];
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t side_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem + a.side_offset));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
   const uint32_t empty0 = full0 + kMaxStages * 8;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -509,6 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(full0 + s * 8, 1);
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
+    for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
     tma::FenceMbarInit();
   }
   __syncthreads();
@@ -532,34 +596,97 @@ __global__ void __launch_bounds__(kThreads, 1)
       // short and the consumers' own loads (input, barrier, residual) do not wait behind it.
       int ws = 0, issued = 0;
       uint32_t wpass = 0;
+      auto issue = [&](const char* src, uint32_t len, const char* side = nullptr,
+                       uint32_t side_len = 0) {
+        if (pass > 0) tma::MbarWait(empty0 + s * 8, (pass - 1) & 1);
+        if (a.inflight > 0 && issued >= a.inflight) {
+          tma::MbarWait(full0 + ws * 8, wpass & 1);
+          if (++ws == stages) {
+            ws = 0;
+            ++wpass;
+          }
+        }
+        tma::MbarArriveExpectTx(full0 + s * 8, len + side_len);
+        BulkLoad(ring_s + s * stage_bytes, src, len, full0 + s * 8, policy);
+        if (side_len > 0) BulkLoad(side_s + s * kBiasSideBytes, side, side_len, full0 + s * 8);
+        ++issued;
+        if (++s == stages) {
+          s = 0;
+          ++pass;
+        }
+      };
+      // A ticket of phase i's steal counter. The previous launch's last CTA left the counters at
+      // zero, and the PDL wait is what orders that before this: no ticket is taken before it.
+      bool waited = false;
+      auto ticket = [&](int i) -> int {
+        if (!waited) {
+          fwd::PdlWait();
+          waited = true;
+        }
+        return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
+      };
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
         int r0, r1;
-        CtaRows(ph.n, r0, r1);
-        const char* src =
-            static_cast<const char*>(ph.w) + static_cast<int64_t>(r0) * ph.k * sizeof(T);
-        const int64_t bytes = static_cast<int64_t>(r1 - r0) * ph.k * sizeof(T);
-        if (bytes > 0) Stamp<kStamps>(a, kChainProducerEvents + 2 * (i + a.has_attention));
-        for (int64_t off = 0; off < bytes; off += stage_bytes) {
-          const uint32_t len =
-              static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes);
-          if (pass > 0) tma::MbarWait(empty0 + s * 8, (pass - 1) & 1);
-          if (a.inflight > 0 && issued >= a.inflight) {
-            tma::MbarWait(full0 + ws * 8, wpass & 1);
-            if (++ws == stages) {
-              ws = 0;
-              ++wpass;
-            }
+        CtaRows(ph, r0, r1);
+        const int64_t row_bytes = static_cast<int64_t>(ph.k) * sizeof(T);
+        const char* w = static_cast<const char*>(ph.w);
+        const char* src = w + r0 * row_bytes;
+        const int64_t bytes = (r1 - r0) * row_bytes;
+        const bool steal = ph.rows_chunk > 0;
+        const int event = kChainProducerEvents + 2 * (i + a.has_attention);
+        if (bytes > 0 || steal) Stamp<kStamps>(a, event);
+        // Tickets are requested three chunks ahead of their use (an atomic waits behind the
+        // SM's queue of bulk loads): the first three before the last three static stages.
+        const int static_stages = static_cast<int>((bytes + stage_bytes - 1) / stage_bytes);
+        int streamed = 0, ta = 0, tb = 0, tc = 0;
+        for (int64_t off = 0; off < bytes; off += stage_bytes, ++streamed) {
+          if (steal) {
+            if (streamed == max(0, static_stages - 3)) ta = ticket(i);
+            if (streamed == max(0, static_stages - 2)) tb = ticket(i);
+            if (streamed == static_stages - 1) tc = ticket(i);
           }
-          tma::MbarArriveExpectTx(full0 + s * 8, len);
-          BulkLoad(ring_s + s * stage_bytes, src + off, len, full0 + s * 8, policy);
-          ++issued;
-          if (++s == stages) {
-            s = 0;
-            ++pass;
-          }
+          issue(src + off,
+                static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes));
         }
-        if (bytes > 0) Stamp<kStamps>(a, kChainProducerEvents + 2 * (i + a.has_attention) + 1);
+        if (steal) {
+          if (bytes == 0) {
+            ta = ticket(i);
+            tb = ticket(i);
+            tc = ticket(i);
+          }
+          // Chunks past the static ones, one ticket each, oldest first (a CTA's tickets rise, so
+          // once one is past the pool the younger ones are too); each use requests a ticket in
+          // its place while the CTA may take more. The consumers find the chunk in stolen[i].
+          const int base = static_cast<int>(gridDim.x) * ph.static_chunks;
+          int taken = 0;
+          auto take = [&](int& t) -> bool {
+            const int c = base + t;
+            if (c >= ph.chunks) return false;
+            stolen[i][taken++] = c;
+            t = taken + 3 <= ph.max_steal ? ticket(i) : ph.chunks;
+            const int rows = min(ph.rows_chunk, ph.n - c * ph.rows_chunk);
+            // The chunk's bias: the 16-byte aligned span that holds it (the host checked the
+            // bias is 16-byte aligned and n a multiple of 8, so the span stays inside it).
+            const char* side = nullptr;
+            uint32_t side_len = 0;
+            if (ph.bias != nullptr) {
+              const uintptr_t b = reinterpret_cast<uintptr_t>(ph.bias) + 2u * c * ph.rows_chunk;
+              const uintptr_t b0 = b & ~uintptr_t{15};
+              side = reinterpret_cast<const char*>(b0);
+              side_len = static_cast<uint32_t>((b + 2u * rows - b0 + 15) & ~uintptr_t{15});
+            }
+            issue(w + static_cast<int64_t>(c) * ph.rows_chunk * row_bytes,
+                  static_cast<uint32_t>(rows * row_bytes), side, side_len);
+            ++streamed;
+            return true;
+          };
+          while (take(ta) && take(tb) && take(tc)) {
+          }
+          // Before any stage of the next phase, whose full barrier's arrival publishes it.
+          *reinterpret_cast<volatile int*>(&phase_stages[i]) = streamed;
+        }
+        if (bytes > 0 || steal) Stamp<kStamps>(a, event + 1);
       }
       Stamp<kStamps>(a, kChainProducerDone);
     }
@@ -573,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // wait for the load before the barrier.)
   auto bias_of = [&](const ChainPhaseArgs& ph) -> unsigned short {
     int r0, r1;
-    CtaRows(ph.n, r0, r1);
+    CtaRows(ph, r0, r1);
     const int r = r0 + static_cast<int>(threadIdx.x);
     return ph.bias != nullptr && r < r1 ? static_cast<const unsigned short*>(ph.bias)[r] : 0;
   };
@@ -592,11 +719,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fwd::PdlTrigger();
   }
   int max_rows = 0;
-  for (int i = 0; i < a.num_phases; ++i) {
-    int r0, r1;
-    CtaRows(a.ph[i].n, r0, r1);
-    max_rows = max(max_rows, r1 - r0);
-  }
+  for (int i = 0; i < a.num_phases; ++i) max_rows = max(max_rows, CtaMaxRows(a.ph[i]));
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
 
   if (a.has_attention) {
@@ -619,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierExit);
     }
     int r0, r1;
-    CtaRows(ph.n, r0, r1);
+    CtaRows(ph, r0, r1);
     // The residual this phase adds to row threadIdx.x, loaded beside the input.
     T* out = static_cast<T*>(ph.out);
     float residual = 0.0f;
@@ -650,6 +773,45 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) atomicAdd(acc + cur, v);
       part = 0.0f;
     };
+    // Folds this warp's segments [j0, j1) of `stage`, the first at row sum `row`, column `col`.
+    auto fold = [&](const unsigned char* stage, int j0, int j1, int row, int col) {
+      for (int j = j0; j < j1; j += 4) {
+        int4 w[4], x[4];
+        int rows[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (j + u < j1) {
+            rows[u] = row;
+            w[u] = *reinterpret_cast<const int4*>(stage + (j + u) * kSegBytes + lane * 16);
+            x[u] = *reinterpret_cast<const int4*>(xin + col + 8 * lane);
+            col += kSegElems;
+            if (col == k) {
+              col = 0;
+              ++row;
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (j + u < j1) {
+            const float d = Dot8<T>(w[u], x[u]);
+            if (rows[u] != cur) {
+              if (cur >= 0) flush();
+              cur = rows[u];
+            }
+            part += d;
+          }
+        }
+      }
+    };
+    auto release = [&]() {
+      __syncwarp();
+      if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+      if (++s == stages) {
+        s = 0;
+        ++pass;
+      }
+    };
     if (t0) Stamp<kStamps>(a, kChainLoopStart + gi);
     for (int64_t off = 0; off < bytes; off += stage_bytes) {
       const int segs =
@@ -657,69 +819,87 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
       tma::MbarWait(full0 + s * 8, pass & 1);
       if (t0 && off == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
-      const unsigned char* stage = ring + s * stage_bytes;
-      if (!a.stream_only && j0 < j1) {
-        int row = row_b, col = col_b;
-        for (int j = j0; j < j1; j += 4) {
-          int4 w[4], x[4];
-          int rows[4];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            if (j + u < j1) {
-              rows[u] = row;
-              w[u] = *reinterpret_cast<const int4*>(stage + (j + u) * kSegBytes + lane * 16);
-              x[u] = *reinterpret_cast<const int4*>(xin + col + 8 * lane);
-              col += kSegElems;
-              if (col == k) {
-                col = 0;
-                ++row;
-              }
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            if (j + u < j1) {
-              const float d = Dot8<T>(w[u], x[u]);
-              if (rows[u] != cur) {
-                if (cur >= 0) flush();
-                cur = rows[u];
-              }
-              part += d;
-            }
-          }
-        }
-      }
-      __syncwarp();
-      if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+      if (!a.stream_only && j0 < j1) fold(ring + s * stage_bytes, j0, j1, row_b, col_b);
+      release();
       col_b += stage_elems;
       while (col_b >= k) {
         col_b -= k;
         ++row_b;
       }
-      if (++s == stages) {
-        s = 0;
-        ++pass;
+    }
+    // Row sums in use: the static rows, then rows_chunk for each stolen chunk.
+    int rows = r1 - r0;
+    if (ph.rows_chunk > 0) {
+      const int R = ph.rows_chunk;
+      int consumed = static_cast<int>((bytes + stage_bytes - 1) / stage_bytes);
+      for (int taken = 0;; ++taken) {
+        // The next stage, or the phase's end: the producer publishes how many stages it streamed
+        // for the phase before it loads any of the next phase's (so a full stage seen with the
+        // count still unknown is this phase's).
+        bool full;
+        for (;;) {
+          full = tma::MbarTest(full0 + s * 8, pass & 1);
+          if (*reinterpret_cast<volatile const int*>(&phase_stages[i]) == consumed) {
+            full = false;
+            break;
+          }
+          if (full) break;
+        }
+        __syncwarp();
+        if (!full) break;
+        if (t0 && bytes == 0 && taken == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
+        const int c = stolen[i][taken];
+        const int chunk_rows = min(R, ph.n - c * R);
+        // The chunk's bias (it came with the stage, into the side buffer) into the registers of
+        // the threads whose row sums it fills, as a static row's. (Its residual is not loaded:
+        // the epilogue adds into the output.)
+        const unsigned q = threadIdx.x - static_cast<unsigned>(rows);
+        if (q < static_cast<unsigned>(chunk_rows) && ph.bias != nullptr) {
+          const unsigned short* side =
+              reinterpret_cast<const unsigned short*>(smem + a.side_offset + s * kBiasSideBytes);
+          bias_reg = side[(c * R) % 8 + static_cast<int>(q)];
+        }
+        const int j0 = warp * per_warp, j1 = min(j0 + per_warp, chunk_rows * k / kSegElems);
+        if (!a.stream_only && j0 < j1) {
+          fold(ring + s * stage_bytes, j0, j1, rows + j0 * kSegElems / k, j0 * kSegElems % k);
+        }
+        release();
+        ++consumed;
+        rows += R;
       }
     }
     if (cur >= 0) flush();
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
 
-    // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase. Row
-    // threadIdx.x's bias and residual are in registers already; further rows (a CTA with more
-    // rows than threads) load theirs here.
+    // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase. Row sum
+    // threadIdx.x's bias and residual are in registers already; further ones (a CTA with more
+    // rows than threads) load theirs here. A stolen row's residual is not loaded (the load would
+    // be issued late, and wait behind the ring's bulk loads): its sum is added to the output in
+    // place (one rounding more than a static row's).
     const T* bias = static_cast<const T*>(ph.bias);
-    for (int r = threadIdx.x; r < r1 - r0; r += kConsumers) {
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
       float v = acc[r];
       acc[r] = 0.0f;
+      int row = r0 + r;  // a static row, or a stolen chunk's (none past n in a short last chunk)
+      const bool stolen_row = r >= r1 - r0;
+      if (stolen_row) {
+        const int d = r - (r1 - r0);
+        row = stolen[i][d / ph.rows_chunk] * ph.rows_chunk + d % ph.rows_chunk;
+        if (row >= ph.n) continue;
+      }
       const bool first = r == static_cast<int>(threadIdx.x);
       if (first) {
         v += fwd::ToFloat(*reinterpret_cast<const T*>(&bias_reg));
       } else if (bias != nullptr) {
-        v += fwd::ToFloat(bias[r0 + r]);
+        v += fwd::ToFloat(bias[row]);
       }
       if (ph.gelu) v = fwd::Activate<1>(v);
-      T* o = out + r0 + r;
+      T* o = out + row;
+      if (ph.accumulate && stolen_row) {
+        RedAdd(o, fwd::FromFloat<T>(v));
+        continue;
+      }
       if (ph.accumulate) {
         if (first) {
           v += residual;
@@ -732,10 +912,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
   }
-  // The last CTA out leaves the counter at zero for the next launch.
-  if (a.num_phases + a.has_attention > 1 && threadIdx.x == 0) {
+  // The last CTA out leaves the counters at zero for the next launch (every CTA's producer has
+  // taken its last ticket: its consumers saw the phase's stage count, published after it).
+  bool steals = false;
+  for (int i = 0; i < a.num_phases; ++i) steals |= a.ph[i].rows_chunk > 0;
+  if ((a.num_phases + a.has_attention > 1 || steals) && threadIdx.x == 0) {
     const unsigned total = static_cast<unsigned>(a.num_phases + a.has_attention) * gridDim.x;
-    if (atomicAdd(a.counter, 1u) == total - 1) atomicExch(a.counter, 0u);
+    if (atomicAdd(a.counter, 1u) == total - 1) {
+      atomicExch(a.counter, 0u);
+      for (int i = 0; i < a.num_phases; ++i) {
+        if (a.ph[i].rows_chunk > 0) atomicExch(StealCounter(a, i), 0u);
+      }
+    }
   }
   if constexpr (kStamps) {
     if (threadIdx.x == 0) {
@@ -747,7 +935,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Static shared memory (barriers, scratch) comes out of the same opt-in budget as the dynamic.
-constexpr size_t kStaticSmem = 2 * kMaxStages * 8 + kConsumerWarps * 4 + 1024;
+constexpr size_t kStaticSmem = 2 * kMaxStages * 8 + kConsumerWarps * 4 +
+                               (kMaxStealChunks + 1) * kMaxDecodeChainPhases * 4 + 1024;
 
 // The calling thread's device: its opt-in shared memory, and per dtype (fp16, bf16)
 // whether the kernel's dynamic shared-memory limit is raised to the most a launch asks for
@@ -872,6 +1061,11 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     if (ph.ln_weight != nullptr) ln_k = std::max(ln_k, ph.k);
     max_rows = std::max(max_rows, (ph.n + grid - 1) / grid);
   }
+  // Work stealing (set per phase below, once the stage size is known) adds at most
+  // kMaxStealRows row sums to a CTA, and its static rows exceed the equal share by at most one.
+  const int steal = tuning.steal_chunks < 0 ? kDefaultStealChunks : tuning.steal_chunks;
+  const bool may_steal = steal > 0 && workspace != nullptr;
+  if (may_steal) max_rows += 1 + kMaxStealRows;
   // The input buffer: the largest k in T (2 bytes), or the attention phase's float scratch.
   int64_t in_bytes = max_k * 2;
   if (p.has_attention) {
@@ -916,11 +1110,38 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   const int max_stages = tuning.max_stages > 0 ? std::min(tuning.max_stages, kMaxStages)
                          : tuning.stage_bytes == 0 && !long_chain ? kShortChainStages
                                                                   : kMaxStages;
-  const int stages = static_cast<int>(std::min<int64_t>(max_stages, room / stage_bytes));
+  // With work stealing each stage has a bias side buffer after the fixed part.
+  const int side_bytes = may_steal ? kBiasSideBytes : 0;
+  const int stages =
+      static_cast<int>(std::min<int64_t>(max_stages, room / (stage_bytes + side_bytes)));
   if (stages < kMinStages) {
     return absl::UnimplementedError(absl::StrCat("DecodeChain: ", info.smem_optin,
                                                  " bytes of shared memory leave ", stages,
                                                  " stages for k ", max_k));
+  }
+  // Work stealing: chunks of whole rows, at most a stage (and a quarter of kMaxStealRows); each
+  // CTA keeps all but about `steal` chunks of its equal share, and the rest are dealt at run time
+  // to whichever CTA asks first. A phase whose rows exceed a stage, or whose pool would not fit
+  // the CTAs' stolen-chunk lists, keeps static rows only.
+  for (int i = 0; may_steal && i < p.num_phases; ++i) {
+    const DecodeChainPhase& ph = p.phases[i];
+    const int64_t rows_chunk = std::min<int64_t>(stage_bytes / (ph.k * 2), kMaxStealRows / 4);
+    // A stolen chunk's bias is bulk-copied with it as a 16-byte aligned span.
+    if (rows_chunk < 1 || (ph.bias != nullptr && (!fwd::Aligned16(ph.bias) || ph.n % 8 != 0))) {
+      continue;
+    }
+    const int64_t chunks = (ph.n + rows_chunk - 1) / rows_chunk;
+    const int64_t static_chunks = std::max<int64_t>(0, chunks / grid - steal);
+    const int64_t max_steal = std::min<int64_t>(kMaxStealChunks, kMaxStealRows / rows_chunk);
+    if (grid * max_steal < chunks - grid * static_chunks ||
+        (static_chunks + max_steal) * rows_chunk > max_rows) {
+      continue;
+    }
+    ChainPhaseArgs& d = a.ph[i];
+    d.rows_chunk = static_cast<int>(rows_chunk);
+    d.static_chunks = static_cast<int>(static_chunks);
+    d.chunks = static_cast<int>(chunks);
+    d.max_steal = static_cast<int>(max_steal);
   }
   a.stages = stages;
   a.stage_bytes = stage_bytes;
@@ -931,7 +1152,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   }
   a.inflight = tuning.max_inflight >= stages ? 0 : tuning.max_inflight;
   a.stamps = tuning.timeline;
-  const size_t smem = static_cast<size_t>(stages) * stage_bytes + fixed;
+  a.side_offset = static_cast<int>(static_cast<size_t>(stages) * stage_bytes + fixed);
+  const size_t smem = static_cast<size_t>(stages) * (stage_bytes + side_bytes) + fixed;
   return fwd::DispatchFloat(p.dtype, "DecodeChain", [&]<typename T>() -> absl::Status {
     if constexpr (std::is_same_v<T, float>) {
       return absl::InvalidArgumentError("DecodeChain: float32");

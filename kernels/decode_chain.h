@@ -7,14 +7,15 @@
 //   output = act(W_i x_i + bias_i) (+ output, with `accumulate`: the residual stream in place),
 //   x_i = input_i, or LayerNorm(input_i) rounded to the dtype as LayerNormCuda writes it,
 // where input_i may be an earlier phase's output (or anything written before the launch). One CTA
-// an SM; phase i's output rows are dealt out in equal contiguous ranges, so each CTA's weight
-// rows of a phase are one contiguous run of memory. A producer warp streams those runs, phase
-// after phase, through a ring of shared-memory stages (cp.async.bulk with mbarrier completion):
-// weights depend on nothing, so the ring fills ahead of every phase boundary, and before the
-// programmatic-dependent wait too (the previous kernel's tail and the attention between chains).
-// Consumer warps wait on a grid-wide barrier between phases (a counter in `workspace`), read the
-// phase's input vector from L2 into shared memory (in the dtype, normalised there where asked) and
-// fold the staged weights into per-row fp32 sums.
+// an SM; phase i's output rows are dealt out in equal contiguous ranges, so each CTA's weight rows
+// of a phase are one contiguous run of memory (with DecodeChainTuning::steal_chunks, off by
+// default, all but the last few stage-sized chunks of each range, the rest dealt at run time). A
+// producer warp streams those runs, phase after phase, through a ring of shared-memory stages
+// (cp.async.bulk with mbarrier completion): weights depend on nothing, so the ring fills ahead of
+// every phase boundary, and before the programmatic-dependent wait too (the previous kernel's tail
+// and the attention between chains). Consumer warps wait on a grid-wide barrier between phases (a
+// counter in `workspace`), read the phase's input vector from L2 into shared memory (in the dtype,
+// normalised there where asked) and fold the staged weights into per-row fp32 sums.
 //
 // The model runs, per layer l of a batch-1 decode step: [attention l] then one chain
 // {c_proj_l (+ residual), ln_2 + c_fc_l + GELU, mlp c_proj_l (+ residual), ln_1 + QKV_{l+1}}

@@ -11,8 +11,9 @@
 
 namespace mqa {
 
-// Device bytes of the workspace of `slots` independent chains (one counter each, 128 bytes
-// apart). Zero it once (cudaMemset); every launch leaves its counter at zero.
+// Device bytes of the workspace of `slots` independent chains (a grid-barrier counter and a
+// work-stealing counter a phase each). Zero it once (cudaMemset); every launch leaves its
+// counters at zero.
 size_t DecodeChainWorkspaceBytes(int slots);
 
 // OK when DecodeChainCuda takes `p`; InvalidArgument naming the first thing it does not.
@@ -37,6 +38,14 @@ struct DecodeChainTuning {
   // the same SM memory queue as the producer's bulk loads; a full ring of requests ahead of them
   // (192 KiB) delayed each such load by several microseconds on the H200 (the timeline).
   int max_inflight = 0;
+  // Work stealing: each CTA keeps all but about this many ring-stage-sized chunks of its equal
+  // share of a phase's rows, and the rest are dealt at run time (an atomic counter a phase) to the
+  // CTAs that ask first, so that the CTAs the memory system serves more slowly do not hold up the
+  // grid barrier after the phase. 0: off (equal contiguous shares); -1: the measured default
+  // (off: it balanced the CTAs but cost 0.5-1.4% on StarCoder b1 on the H200). A stolen row's
+  // residual is added into the output in place (red.add: one rounding more than a static row's);
+  // a phase with a bias steals only where the bias is 16-byte aligned and n a multiple of 8.
+  int steal_chunks = -1;
   // Diagnostic: DecodeChainTimelineWords(grid) words of device memory (grid: DecodeChainGrid);
   // every CTA records its events there (DecodeChainEvent) from a separate instantiation of the
   // kernel. Null: none.

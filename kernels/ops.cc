@@ -234,6 +234,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       DecodeChainTuning tuning;
       tuning.spare_sms = ctx.chain_spare_sms;
       tuning.max_inflight = ctx.chain_max_inflight;
+      tuning.steal_chunks = ctx.chain_steal_chunks;
       if (ctx.chain_timeline != nullptr && timeline_index >= 0 &&
           timeline_index < ctx.chain_timelines) {
         tuning.timeline = ctx.chain_timeline + timeline_index * ctx.chain_timeline_stride;

@@ -47,6 +47,22 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// Whether the barrier's phase with this parity has completed, without waiting (test_wait: never
+// suspends the thread, unlike try_wait).
+__device__ __forceinline__ bool MbarTest(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // One box of a 2-D tensor map at element coordinates (x: the contiguous dimension, y: rows) into
 // shared memory at `dst` (aligned as the map's swizzle asks: 1024 bytes for 128-byte swizzle);
 // completes `bar`'s transaction bytes. The map must be a __grid_constant__ kernel parameter (or in

@@ -170,6 +170,9 @@ struct GptBigCodeOptions {
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
+  // With decode_chain: DecodeChainTuning::steal_chunks (-1: the kernel's measured default; 0: each
+  // CTA's rows of a phase fixed in advance).
+  int decode_chain_steal_chunks = -1;
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
@@ -258,6 +261,8 @@ class GptBigCode {
   absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
   // Benchmarks: GptBigCodeOptions::decode_chain_early_release. Drops captured graphs.
   void set_decode_chain_early_release(bool on);
+  // Benchmarks: GptBigCodeOptions::decode_chain_steal_chunks. Drops captured graphs.
+  void set_decode_chain_steal_chunks(int chunks);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).

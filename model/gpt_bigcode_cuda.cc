@@ -184,6 +184,11 @@ void GptBigCode::set_decode_chain_early_release(bool on) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
+  ctx_.chain_steal_chunks = chunks;
+  ClearCudaGraphs();
+}
+
 absl::Status GptBigCode::set_decode_chain_timeline(bool on) {
   if (!cuda_) return absl::FailedPreconditionError("decode chain timeline: no CUDA model");
   ClearCudaGraphs();
@@ -296,6 +301,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   chain_min_layer_bytes_ = options.decode_chain_min_layer_bytes;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
+  ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   chain_early_release_ = options.decode_chain_early_release;
@@ -634,6 +640,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
+void GptBigCode::set_decode_chain_steal_chunks(int) {}
 absl::Status GptBigCode::set_decode_chain_timeline(bool) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }

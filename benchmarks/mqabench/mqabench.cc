@@ -43,10 +43,13 @@
 //     one persistent weight-streaming kernel, kernels/decode_chain.h); a comma list of off / on /
 //     auto (e.g. off,auto,off,auto) gives one row each, on the same runner; rows print how many
 //     chains ran. auto (the default) is the model's default: on for layers of at least
-//     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the attention (GptBigCodeOptions::decode_chain_spare_sms); at
-//     is on with the attention as the chain's first phase (decode_chain_attention); fN is on with
-//     at most N ring stages in flight (decode_chain_max_inflight); late is auto with the chain
-//     released by the attention only once it is done (decode_chain_early_release off).
+//     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the
+//     attention (GptBigCodeOptions::decode_chain_spare_sms); at is on with the attention as the
+//     chain's first phase (decode_chain_attention); fN is on with at most N ring stages in flight
+//     (decode_chain_max_inflight); late is auto with the chain released by the attention only once
+//     it is done (decode_chain_early_release off); wN is auto with each CTA's last N ring-stage
+//     chunks of a phase dealt at run time (work stealing, decode_chain_steal_chunks; w0: every row
+//     fixed in advance).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
@@ -430,12 +433,13 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f') &&
+          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0)) {
         return absl::InvalidArgumentError(
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
             "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
-            "/ late (auto, released by the attention only once it is done)");
+            "/ late (auto, released by the attention only once it is done) / wN (auto, each "
+            "CTA's last N chunks of a phase dealt at run time; w0: none)");
       }
       chains.push_back(row);
     }
@@ -543,8 +547,13 @@ absl::Status Latency(const Flags& f) {
         attention_row ? 1 : GptBigCodeOptions().decode_chain_attention,
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "late" ? GptBigCodeOptions().decode_chain_min_layer_bytes : 0);
+        chain == "auto" || chain == "late" || chain[0] == 'w'
+            ? GptBigCodeOptions().decode_chain_min_layer_bytes
+            : 0);
     r.model().set_decode_chain_early_release(chain != "late");
+    r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
+                                                ? std::atoi(chain.c_str() + 1)
+                                                : GptBigCodeOptions().decode_chain_steal_chunks);
     const int64_t chains_before = r.model().decode_chain_runs();
     if (!timeline_layers.empty()) {
       RETURN_IF_ERROR(r.model().set_decode_chain_timeline(chain != "off"));

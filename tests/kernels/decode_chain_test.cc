@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/decode_chain_cuda.h"
@@ -278,6 +279,55 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
   }
   const std::vector<uint32_t> counters = ws->Download<uint32_t>();
   for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
+}
+
+// Work stealing (DecodeChainTuning::steal_chunks) on a SantaCoder-sized layer whose QKV width
+// is not a whole number of chunks (and has no bias: a biased phase steals only where n is a
+// multiple of 8): off, the last one or four chunks of each CTA's share dealt at run time, and
+// every chunk dealt (no static rows); twice back to back on one workspace (the counters must be
+// back at zero for the second), then as a graph.
+TEST_P(DecodeChainTest, WorkStealingMatchesHost) {
+  const DType t = GetParam();
+  LayerCase c;
+  c.E = 2048;
+  c.I = 8192;
+  c.Q = 2300;  // 287.5 chunks of 8 rows
+  c.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  c.p.phases[3].bias = nullptr;
+  c.b_qkv.v.assign(c.Q, 0.0f);
+  c.Expect(t, 1);
+  const auto ws = ZeroedChainWorkspace(1);
+  for (int steal : {0, 1, 4, 64}) {
+    DecodeChainTuning tuning;
+    tuning.steal_chunks = steal;
+    const std::string what = "steal " + std::to_string(steal);
+    c.Reset(stream_);
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning).ok());
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    c.Expect(t, 2);
+    c.Check(t, (what + ", two back to back").c_str());
+    c.Expect(t, 1);
+
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status st = DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning);
+    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 2; ++replay) {
+      c.Reset(stream_);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      c.Check(t, (what + ", graph").c_str());
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    const std::vector<uint32_t> counters = ws->Download<uint32_t>();
+    for (uint32_t v : counters) EXPECT_EQ(v, 0u) << what << ": a counter was left non-zero";
+  }
 }
 
 // The largest k (the fewest stages), n below the SM count (CTAs with no rows), one phase, no
