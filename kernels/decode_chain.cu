@@ -39,8 +39,8 @@ constexpr int kMaxStealChunks = 64;
 constexpr int kMaxStealRows = 256;
 // Off by default: measured side by side on the H200 (2026-12-04, mqabench latency StarCoder b1
 // --chain w0,auto,w2,w0,auto,w2 with 4 as auto), stealing balanced the CTAs' finishing times
-// (the spread of a long phase's last release halved) but the step was 0.5-1.4% slower with 2 or 4
-// chunks and ~1.5% with 8 (benchmarks/mqabench/NOTES.md, version 9).
+// (the spread of a long phase's last release halved) but the step was 0.5-1.7% slower with 2,
+// 0.9-1.9% with 4 and 1.3-2.6% with 8 (benchmarks/mqabench/NOTES.md, version 9).
 constexpr int kDefaultStealChunks = 0;
 // Bytes a ring stage's bias side buffer: a stolen chunk's bias (16-byte aligned span of at most
 // kMaxStealRows / 4 rows) arrives with its weights.

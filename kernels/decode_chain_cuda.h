@@ -42,7 +42,7 @@ struct DecodeChainTuning {
   // share of a phase's rows, and the rest are dealt at run time (an atomic counter a phase) to the
   // CTAs that ask first, so that the CTAs the memory system serves more slowly do not hold up the
   // grid barrier after the phase. 0: off (equal contiguous shares); -1: the measured default
-  // (off: it balanced the CTAs but cost 0.5-1.4% on StarCoder b1 on the H200). A stolen row's
+  // (off: it balanced the CTAs but cost 0.5-2.6% on StarCoder b1 on the H200). A stolen row's
   // residual is added into the output in place (red.add: one rounding more than a static row's);
   // a phase with a bias steals only where the bias is 16-byte aligned and n a multiple of 8.
   int steal_chunks = -1;
