@@ -188,6 +188,27 @@ std::unique_ptr<DeviceMem> ZeroedChainWorkspace(int slots) {
   return ws;
 }
 
+// `c`'s chain captured into a graph (slot `slot` of `ws`, `tuning`), replayed twice, each replay
+// checked against the host.
+void CheckGraphReplays(const LayerCase& c, DType t, cudaStream_t stream, void* ws, int slot,
+                       const DecodeChainTuning& tuning, const std::string& what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = DecodeChainCuda(c.p, stream, true, ws, slot, tuning);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    c.Reset(stream);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    c.Check(t, what.c_str());
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   const DType t = GetParam();
   LayerCase c;
@@ -212,21 +233,8 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   c.Expect(t, 1);
 
   // Captured into a graph, replayed twice.
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = DecodeChainCuda(c.p, stream_, true, ws->get(), 1);
-  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int replay = 0; replay < 2; ++replay) {
-    c.Reset(stream_);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    c.Check(t, "graph");
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  CheckGraphReplays(c, t, stream_, ws->get(), 1, {}, "graph");
+  ASSERT_FALSE(HasFatalFailure());
 
   const std::vector<uint32_t> counters = ws->Download<uint32_t>();
   for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
@@ -310,21 +318,8 @@ TEST_P(DecodeChainTest, WorkStealingMatchesHost) {
     c.Check(t, (what + ", two back to back").c_str());
     c.Expect(t, 1);
 
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const absl::Status st = DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning);
-    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 2; ++replay) {
-      c.Reset(stream_);
-      ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-      c.Check(t, (what + ", graph").c_str());
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    CheckGraphReplays(c, t, stream_, ws->get(), 0, tuning, what + ", graph");
+    ASSERT_FALSE(HasFatalFailure());
     const std::vector<uint32_t> counters = ws->Download<uint32_t>();
     for (uint32_t v : counters) EXPECT_EQ(v, 0u) << what << ": a counter was left non-zero";
   }
