@@ -37,11 +37,16 @@ constexpr int kCounterStride = kStealCounterStride * (kMaxDecodeChainPhases + 1)
 // a phase, at most, and the rows they may add to its row sums.
 constexpr int kMaxStealChunks = 64;
 constexpr int kMaxStealRows = 256;
-// Off by default: measured side by side on the H200 (2026-12-04, mqabench latency StarCoder b1
-// --chain w0,auto,w2,w0,auto,w2 with 4 as auto), stealing balanced the CTAs' finishing times
-// (the spread of a long phase's last release halved) but the step was 0.5-1.7% slower with 2,
-// 0.9-1.9% with 4 and 1.3-2.6% with 8 (benchmarks/mqabench/NOTES.md, version 9).
+// Measured side by side on the H200 (2026-12-04, mqabench latency StarCoder b1, --chain wN;
+// benchmarks/mqabench/NOTES.md, version 9): stealing in every phase balanced the CTAs' finishing
+// times but made the step 0.5-1.7% slower with 2 chunks, 0.9-1.9% with 4 and 1.3-2.6% with 8 (the
+// short phases, ~12 chunks a CTA, lost more to the tickets than they gained); only in phases of
+// at least 16 chunks a CTA (a StarCoder layer's two MLP projections, ~47), 0.7% faster with 2 or 4
+// in one call (w0 7.993 / 7.991, w2 7.936 / 7.933, w4 7.936 / 7.939 ms a step) and 0.6% slower
+// with 2 in the next, on another machine (w0 7.890 / 7.889, w2 7.938 / 7.938). No robust gain:
+// off by default.
 constexpr int kDefaultStealChunks = 0;
+constexpr int kDefaultStealMinChunks = 16;
 // Bytes a ring stage's bias side buffer: a stolen chunk's bias (16-byte aligned span of at most
 // kMaxStealRows / 4 rows) arrives with its weights.
 constexpr int kBiasSideBytes = (kMaxStealRows / 4) * 2 + 32;
@@ -1065,6 +1070,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // kMaxStealRows row sums to a CTA, and its static rows exceed the equal share by at most one.
   const int steal = tuning.steal_chunks < 0 ? kDefaultStealChunks : tuning.steal_chunks;
   const bool may_steal = steal > 0 && workspace != nullptr;
+  const int steal_min_chunks =
+      tuning.steal_min_chunks < 0 ? kDefaultStealMinChunks : tuning.steal_min_chunks;
   if (may_steal) max_rows += 1 + kMaxStealRows;
   // The input buffer: the largest k in T (2 bytes), or the attention phase's float scratch.
   int64_t in_bytes = max_k * 2;
@@ -1121,8 +1128,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   }
   // Work stealing: chunks of whole rows, at most a stage (and a quarter of kMaxStealRows); each
   // CTA keeps all but about `steal` chunks of its equal share, and the rest are dealt at run time
-  // to whichever CTA asks first. A phase whose rows exceed a stage, or whose pool would not fit
-  // the CTAs' stolen-chunk lists, keeps static rows only.
+  // to whichever CTA asks first. A phase whose rows exceed a stage, that has fewer than
+  // steal_min_chunks chunks a CTA, or whose pool would not fit the CTAs' stolen-chunk lists, keeps
+  // static rows only.
   for (int i = 0; may_steal && i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
     const int64_t rows_chunk = std::min<int64_t>(stage_bytes / (ph.k * 2), kMaxStealRows / 4);
@@ -1131,6 +1139,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       continue;
     }
     const int64_t chunks = (ph.n + rows_chunk - 1) / rows_chunk;
+    if (chunks / grid < steal_min_chunks) continue;
     const int64_t static_chunks = std::max<int64_t>(0, chunks / grid - steal);
     const int64_t max_steal = std::min<int64_t>(kMaxStealChunks, kMaxStealRows / rows_chunk);
     if (grid * max_steal < chunks - grid * static_chunks ||

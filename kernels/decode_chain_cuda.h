@@ -41,11 +41,16 @@ struct DecodeChainTuning {
   // Work stealing: each CTA keeps all but about this many ring-stage-sized chunks of its equal
   // share of a phase's rows, and the rest are dealt at run time (an atomic counter a phase) to the
   // CTAs that ask first, so that the CTAs the memory system serves more slowly do not hold up the
-  // grid barrier after the phase. 0: off (equal contiguous shares); -1: the measured default
-  // (off: it balanced the CTAs but cost 0.5-2.6% on StarCoder b1 on the H200). A stolen row's
-  // residual is added into the output in place (red.add: one rounding more than a static row's);
-  // a phase with a bias steals only where the bias is 16-byte aligned and n a multiple of 8.
+  // grid barrier after the phase. 0: off (equal contiguous shares); -1: the measured default (off:
+  // in phases of at least steal_min_chunks chunks a CTA, 2 chunks made StarCoder b1 0.7% faster
+  // on one H200 machine and 0.6% slower on another; in every phase, 0.5-2.6% slower). A stolen
+  // row's residual is added into the output in place (red.add: one rounding more than a static
+  // row's); a phase with a bias steals only where the bias is 16-byte aligned and n a multiple
+  // of 8.
   int steal_chunks = -1;
+  // Work stealing only in phases of at least this many stage-sized chunks a CTA (-1: the measured
+  // default): short phases lose more to the tickets than their CTAs' spread costs.
+  int steal_min_chunks = -1;
   // Diagnostic: DecodeChainTimelineWords(grid) words of device memory (grid: DecodeChainGrid);
   // every CTA records its events there (DecodeChainEvent) from a separate instantiation of the
   // kernel. Null: none.

@@ -170,8 +170,8 @@ struct GptBigCodeOptions {
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
-  // With decode_chain: DecodeChainTuning::steal_chunks (-1: the kernel's measured default; 0: each
-  // CTA's rows of a phase fixed in advance).
+  // With decode_chain: DecodeChainTuning::steal_chunks (-1: the kernel's measured default, off;
+  // 0: each CTA's rows of a phase fixed in advance).
   int decode_chain_steal_chunks = -1;
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.

@@ -49,7 +49,7 @@
 //     (decode_chain_max_inflight); late is auto with the chain released by the attention only once
 //     it is done (decode_chain_early_release off); wN is auto with each CTA's last N ring-stage
 //     chunks of a phase dealt at run time (work stealing, decode_chain_steal_chunks; w0: every row
-//     fixed in advance).
+//     fixed in advance, the default; only phases of at least 16 chunks a CTA steal).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain

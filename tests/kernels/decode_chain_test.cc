@@ -309,6 +309,7 @@ TEST_P(DecodeChainTest, WorkStealingMatchesHost) {
   for (int steal : {0, 1, 4, 64}) {
     DecodeChainTuning tuning;
     tuning.steal_chunks = steal;
+    tuning.steal_min_chunks = 0;  // every phase (the default leaves these short phases alone)
     const std::string what = "steal " + std::to_string(steal);
     c.Reset(stream_);
     ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning).ok());
