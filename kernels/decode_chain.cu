@@ -208,6 +208,26 @@ __device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slo
   }
 }
 
+// Head h's output from the consumers' partial sums: each thread's 8 columns (o, of column chunk c
+// in position group g of G) into scratch after q's D floats, then thread d < D sums column d over
+// the groups and writes it divided by the softmax denominator `sum`. Leaves scratch free.
+template <typename T>
+__device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* scratch,
+                                           const float (&o)[8], int g, int c, int G, int h,
+                                           float sum) {
+  const int D = at.head_dim, tid = threadIdx.x;
+  float* part = scratch + D + g * D + 8 * c;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) part[e] = o[e];
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+  if (tid < D) {
+    float t = 0.0f;
+    for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
+    static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
+  }
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
+}
+
 // The attention phase (DecodeChainAttention), consumer threads only: this CTA's heads one at a
 // time, scores in `scores` (>= context floats), q and the pass-2 partial sums in `scratch` (>=
 // D + 8 x 512 floats); then CTA 0 writes the new K / V row to the caches.
@@ -305,16 +325,7 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
         }
       }
     }
-    float* part = scratch + D + g * D + 8 * c;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) part[e] = o[e];
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);
-    if (tid < D) {
-      float t = 0.0f;
-      for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
-      static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
-    }
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
+    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
     if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0) WriteNewKv<T>(at, *at.slot);
@@ -433,16 +444,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
         for (int x = 0; x < 8; ++x) o[x] = fmaf(w, fwd::ToFloat(v.v[x]), o[x]);
       }
     }
-    float* part = scratch + D + g * D + 8 * c;
-#pragma unroll
-    for (int x = 0; x < 8; ++x) part[x] = o[x];
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);
-    if (tid < D) {
-      float t = 0.0f;
-      for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
-      static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
-    }
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
+    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
