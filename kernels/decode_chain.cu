@@ -93,6 +93,7 @@ struct ChainArgs {
   int ln_k;      // elements of each LN weight / bias buffer (the largest k with a layer norm)
   int stage_bytes;
   int stream_only;  // DecodeChainTuning::stream_only
+  int consume_only;  // DecodeChainTuning::consume_only
   int side_offset;  // bytes from the shared-memory base to the bias side buffers (work stealing)
   int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
   unsigned* counter;  // the grid barrier's; phase i's steal counter kStealCounterStride x (i + 1)
@@ -613,9 +614,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             ++wpass;
           }
         }
-        tma::MbarArriveExpectTx(full0 + s * 8, len + side_len);
-        BulkLoad(ring_s + s * stage_bytes, src, len, full0 + s * 8, policy);
-        if (side_len > 0) BulkLoad(side_s + s * kBiasSideBytes, side, side_len, full0 + s * 8);
+        if (a.consume_only) {
+          tma::MbarArrive(full0 + s * 8);
+        } else {
+          tma::MbarArriveExpectTx(full0 + s * 8, len + side_len);
+          BulkLoad(ring_s + s * stage_bytes, src, len, full0 + s * 8, policy);
+          if (side_len > 0) BulkLoad(side_s + s * kBiasSideBytes, side, side_len, full0 + s * 8);
+        }
         ++issued;
         if (++s == stages) {
           s = 0;
@@ -1157,6 +1162,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.stages = stages;
   a.stage_bytes = stage_bytes;
   a.stream_only = tuning.stream_only;
+  a.consume_only = tuning.consume_only;
   if (tuning.max_inflight < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DecodeChain: max_inflight ", tuning.max_inflight, " (>= 0)"));

@@ -55,6 +55,9 @@ struct DecodeChainTuning {
   // every CTA records its events there (DecodeChainEvent) from a separate instantiation of the
   // kernel. Null: none.
   unsigned long long* timeline = nullptr;
+  // Diagnostic: the producer loads nothing and completes each stage at once (outputs are
+  // garbage): the rate at which the consumers alone fold stages, boundaries included.
+  bool consume_only = false;
 };
 
 // CTAs of a chain launched with `tuning` on the calling thread's device.

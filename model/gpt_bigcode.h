@@ -170,6 +170,9 @@ struct GptBigCodeOptions {
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
+  // With decode_chain: bytes a ring stage (DecodeChainTuning::stage_bytes, a multiple of 8192; 0:
+  // the kernel's automatic choice).
+  int decode_chain_stage_bytes = 0;
   // With decode_chain: DecodeChainTuning::steal_chunks (-1: the kernel's measured default, off;
   // 0: each CTA's rows of a phase fixed in advance).
   int decode_chain_steal_chunks = -1;
@@ -251,6 +254,8 @@ class GptBigCode {
   // decode_chain_min_layer_bytes (each < 0: unchanged).
   void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int max_inflight = -1,
                         int64_t min_layer_bytes = -1);
+  // Benchmarks: GptBigCodeOptions::decode_chain_stage_bytes. Drops captured graphs.
+  void set_decode_chain_stage_bytes(int bytes);
   // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
   // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
   // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.

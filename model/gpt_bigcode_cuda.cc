@@ -179,6 +179,11 @@ void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int max
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain_stage_bytes(int bytes) {
+  ctx_.chain_stage_bytes = bytes;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_early_release(bool on) {
   chain_early_release_ = on;
   ClearCudaGraphs();
@@ -301,6 +306,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   chain_min_layer_bytes_ = options.decode_chain_min_layer_bytes;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
+  ctx_.chain_stage_bytes = options.decode_chain_stage_bytes;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
@@ -640,6 +646,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 void GptBigCode::set_fast_paths(bool, bool) {}
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
+void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_steal_chunks(int) {}
 absl::Status GptBigCode::set_decode_chain_timeline(bool) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

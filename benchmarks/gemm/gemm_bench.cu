@@ -136,6 +136,21 @@ std::array<Shape, 4> ChainOrderShapes(const Model& md) {
           ShapeOf(md, Gemm::kCAttn)};
 }
 
+// A chain whose producer loads nothing (DecodeChainTuning::consume_only) with `stage_bytes` stages.
+DecodeChainTuning ConsumeOnly(int stage_bytes) {
+  DecodeChainTuning t;
+  t.stage_bytes = stage_bytes;
+  t.consume_only = true;
+  return t;
+}
+
+// The ring's own cost: the producer loads nothing and the consumers fold nothing.
+DecodeChainTuning NoLoadNoFold(int stage_bytes) {
+  DecodeChainTuning t = ConsumeOnly(stage_bytes);
+  t.stream_only = true;
+  return t;
+}
+
 // --chain: where a chain's time goes. kCalls chains back to back in a graph (as the rows above),
 // each recording its CTAs' timeline (DecodeChainTuning::timeline); printed for the middle call
 // (benchmarks/chain_timeline.h).
@@ -287,8 +302,33 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
                            {"chain, 32 KiB, at most 2 in flight", {32768, 0, false, 0, 2}},
                            {"chain, 32 KiB, at most 3 in flight", {32768, 0, false, 0, 3}},
                            {"chain, 16 KiB, at most 4 in flight", {16384, 0, false, 0, 4}},
+                           {"chain, 16 KiB, at most 3 in flight", {16384, 0, false, 0, 3}},
+                           {"chain, 16 KiB, at most 2 in flight", {16384, 0, false, 0, 2}},
+                           {"chain, 24 KiB, at most 2 in flight", {24576, 0, false, 0, 2}},
+                           {"chain, 8 KiB, at most 6 in flight", {8192, 0, false, 0, 6}},
+                           {"chain, 48 KiB, at most 1 in flight", {49152, 0, false, 0, 1}},
                            {"chain, 32 KiB, stream only", {32768, 0, true}},
+                           {"chain, 16 KiB, stream only", {16384, 0, true}},
+                           {"chain, 48 KiB, stream only", {49152, 0, true}},
+                           {"chain, 16 KiB, consume only", ConsumeOnly(16384)},
+                           {"chain, 48 KiB, consume only", ConsumeOnly(49152)},
+                           {"chain, 48 KiB, neither loads nor folds", NoLoadNoFold(49152)},
+                           {"chain, 16 KiB, neither loads nor folds", NoLoadNoFold(16384)},
                            {"chain, stream only, 2 in flight", {32768, 0, true, 0, 2}}};
+  // MQA_CHAIN_ROW=TEXT (for a profiler): only the rows whose name holds TEXT, each called a few
+  // times on the stream, and no timelines.
+  if (const char* only = std::getenv("MQA_CHAIN_ROW")) {
+    for (const ChainRow& row : rows) {
+      if (std::strstr(row.name, only) == nullptr) continue;
+      for (int i = 0; i < 4; ++i) {
+        const absl::Status st = DecodeChainCuda(chain_params(i), stream, true, ws.ptr, 0, row.t);
+        if (!st.ok()) std::printf("%s: %s\n", row.name, st.ToString().c_str());
+      }
+      (void)cudaStreamSynchronize(stream);
+      std::printf("%-10s %s: ran 4 calls\n", md.name, row.name);
+    }
+    return;
+  }
   for (const ChainRow& row : rows) {
     report(row.name, TimeGraphUs(stream, [&](int i, cudaStream_t st) {
              return DecodeChainCuda(chain_params(i), st, /*pdl=*/true, ws.ptr, 0, row.t);
@@ -296,6 +336,8 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
   }
   ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,
+                ws.ptr);
+  ChainTimeline(md, "48 KiB, consume only", ConsumeOnly(49152), ceiling, stream, chain_params,
                 ws.ptr);
 }
 

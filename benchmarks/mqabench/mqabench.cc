@@ -49,7 +49,9 @@
 //     (decode_chain_max_inflight); late is auto with the chain released by the attention only once
 //     it is done (decode_chain_early_release off); wN is auto with each CTA's last N ring-stage
 //     chunks of a phase dealt at run time (work stealing, decode_chain_steal_chunks; w0: every row
-//     fixed in advance, the default; only phases of at least 16 chunks a CTA steal).
+//     fixed in advance, the default; only phases of at least 16 chunks a CTA steal); kKfN is on
+//     with ring stages of K KiB (decode_chain_stage_bytes, K a multiple of 8) and at most N of them
+//     requested ahead (f0: the whole ring), e.g. k16f3.
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
@@ -118,6 +120,14 @@ struct Flags {
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
   uint64_t seed = 0;
 };
+
+// The --chain form kKfN: K KiB ring stages (a positive multiple of 8), at most N requested ahead.
+bool ParseRingForm(const std::string& row, int* kib, int* inflight) {
+  const size_t f = row.find('f');
+  if (row.size() < 4 || row[0] != 'k' || f == std::string::npos) return false;
+  return absl::SimpleAtoi(row.substr(1, f - 1), kib) && *kib > 0 && *kib % 8 == 0 &&
+         absl::SimpleAtoi(row.substr(f + 1), inflight) && *inflight >= 0;
+}
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
@@ -431,15 +441,17 @@ absl::Status Latency(const Flags& f) {
   std::vector<std::string> chains;
   for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
     for (const std::string& row : rows_of(std::string(v))) {
-      int number = 0;
+      int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
-            absl::SimpleAtoi(row.substr(1), &number) && number >= 0)) {
+            absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
+          !ParseRingForm(row, &kib, &inflight)) {
         return absl::InvalidArgumentError(
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
             "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
             "/ late (auto, released by the attention only once it is done) / wN (auto, each "
-            "CTA's last N chunks of a phase dealt at run time; w0: none)");
+            "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
+            "ring stages, a multiple of 8, at most N in flight; f0: the whole ring)");
       }
       chains.push_back(row);
     }
@@ -541,15 +553,20 @@ absl::Status Latency(const Flags& f) {
        runs) {
     r.model().set_attention(attn, wm, splits, tn);
     const bool attention_row = chain == "at";
+    int ring_kib = 0, ring_inflight = -1;
+    const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
     r.model().set_decode_chain(
         chain != "off",
         chain[0] == 's' ? std::atoi(chain.c_str() + 1) : GptBigCodeOptions().decode_chain_spare_sms,
         attention_row ? 1 : GptBigCodeOptions().decode_chain_attention,
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
+        : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain[0] == 'w'
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
+    r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
+                                                    : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
                                                 ? std::atoi(chain.c_str() + 1)
