@@ -589,6 +589,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       a.stamps[static_cast<int64_t>(blockIdx.x) * kDecodeChainTimelineWords + kChainGlobalStart] =
           GlobalTimer();
       Stamp<kStamps>(a, kChainClockStart);
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
+      a.stamps[static_cast<int64_t>(blockIdx.x) * kDecodeChainTimelineWords + kChainSmId] = smid;
     }
   }
 

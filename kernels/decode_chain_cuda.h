@@ -82,6 +82,7 @@ enum DecodeChainEvent : int {
   kChainProducerDone = kChainProducerEvents + 2 * (kMaxDecodeChainPhases + 1),
   kChainPdlDone,    // the consumers' griddepcontrol.wait has returned
   kChainLoopStart,  // + g: phase g's consumers start waiting on its first ring stage
+  kChainSmId = kDecodeChainTimelineWords - 1,  // the SM the CTA ran on (%smid), not a time
 };
 enum DecodeChainPhaseEvent : int {
   kChainBarrierEnter = 0,  // the grid barrier before the phase (none before the first)
@@ -92,7 +93,7 @@ enum DecodeChainPhaseEvent : int {
   kChainEpilogueDone,  // its outputs written
   kChainPhaseEventCount,
 };
-static_assert(kChainLoopStart + kMaxDecodeChainPhases < kDecodeChainTimelineWords);
+static_assert(kChainLoopStart + kMaxDecodeChainPhases < kChainSmId);
 inline size_t DecodeChainTimelineWords(int grid) {
   return static_cast<size_t>(grid) * kDecodeChainTimelineWords;
 }

@@ -151,6 +151,74 @@ DecodeChainTuning NoLoadNoFold(int stage_bytes) {
   return t;
 }
 
+// Whether the SMs that stream a long phase slowly are the same ones from phase to phase and from
+// call to call (timeline words of `calls` consecutive calls, kChainSmId included): if they are, a
+// static share of rows weighted by SM would balance the phases without work stealing's tickets.
+// Durations are a phase's first full stage to its last release, in the SM's clocks.
+void PrintSmPersistence(const Model& md, const std::vector<unsigned long long>& h, size_t per_call,
+                        int grid, int call) {
+  auto word = [&](int c, int b, int e) {
+    return h[static_cast<size_t>(c) * per_call +
+             static_cast<size_t>(b) * kDecodeChainTimelineWords + e];
+  };
+  constexpr int kSms = 256;
+  // dur[c][g][sm]: call c (call - 1 .. call + 1), long phases g = 1, 2.
+  std::vector<double> dur[3][2];
+  int same_sm = 0;
+  for (int c = 0; c < 3; ++c) {
+    for (int g = 0; g < 2; ++g) dur[c][g].assign(kSms, std::nan(""));
+    for (int b = 0; b < grid; ++b) {
+      const int cc = call - 1 + c;
+      const unsigned long long sm = word(cc, b, kChainSmId);
+      if (sm >= kSms) continue;
+      if (c == 1 && word(cc - 1, b, kChainSmId) == sm) ++same_sm;
+      for (int g = 0; g < 2; ++g) {
+        const int base = kChainPhaseEvents + (g + 1) * kChainPhaseEventCount;
+        const unsigned long long f = word(cc, b, base + kChainFirstFull);
+        const unsigned long long l = word(cc, b, base + kChainLastRelease);
+        if (f != 0 && l > f) dur[c][g][sm] = static_cast<double>(l - f);
+      }
+    }
+  }
+  auto corr = [&](const std::vector<double>& x, const std::vector<double>& y) {
+    double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+    int n = 0;
+    for (int i = 0; i < kSms; ++i) {
+      if (std::isnan(x[i]) || std::isnan(y[i])) continue;
+      sx += x[i], sy += y[i], sxx += x[i] * x[i], syy += y[i] * y[i], sxy += x[i] * y[i], ++n;
+    }
+    if (n < 3) return std::nan("");
+    const double vx = sxx - sx * sx / n, vy = syy - sy * sy / n;
+    return (sxy - sx * sy / n) / std::sqrt(vx * vy);
+  };
+  // The 13 slowest SMs of a phase in a call, and how many of them are among the next call's.
+  auto slowest = [&](const std::vector<double>& x) {
+    std::vector<std::pair<double, int>> v;
+    for (int i = 0; i < kSms; ++i) {
+      if (!std::isnan(x[i])) v.push_back({-x[i], i});
+    }
+    std::sort(v.begin(), v.end());
+    std::vector<int> out;
+    for (size_t i = 0; i < v.size() && i < 13; ++i) out.push_back(v[i].second);
+    return out;
+  };
+  auto overlap = [&](const std::vector<int>& a, const std::vector<int>& b) {
+    int n = 0;
+    for (int x : a) n += std::count(b.begin(), b.end(), x);
+    return n;
+  };
+  std::printf(
+      "%-10s per-SM persistence (calls %d..%d): CTA b on the same SM as the call before: %d of "
+      "%d; corr(ln_2 + c_fc, mlp.c_proj) over SMs %.2f / %.2f / %.2f; corr over SMs of the call "
+      "before: c_fc %.2f / %.2f, mlp.c_proj %.2f / %.2f; of the 13 slowest SMs in mlp.c_proj, "
+      "also slowest in the next call: %d / %d\n",
+      md.name, call - 1, call + 1, same_sm, grid, corr(dur[0][0], dur[0][1]),
+      corr(dur[1][0], dur[1][1]), corr(dur[2][0], dur[2][1]), corr(dur[0][0], dur[1][0]),
+      corr(dur[1][0], dur[2][0]), corr(dur[0][1], dur[1][1]), corr(dur[1][1], dur[2][1]),
+      overlap(slowest(dur[0][1]), slowest(dur[1][1])),
+      overlap(slowest(dur[1][1]), slowest(dur[2][1])));
+}
+
 // --chain: where a chain's time goes. kCalls chains back to back in a graph (as the rows above),
 // each recording its CTAs' timeline (DecodeChainTuning::timeline); printed for the middle call
 // (benchmarks/chain_timeline.h).
@@ -193,6 +261,7 @@ void ChainTimeline(const Model& md, const char* name, DecodeChainTuning tuning, 
                 "%s timeline, %s (%.1f us a call in this graph; call %d of %d)", md.name, name, us,
                 call, kCalls);
   bench::PrintChainTimeline(title, v);
+  PrintSmPersistence(md, h, per_call, grid, call);
 }
 
 // --chain: one layer's four m = 1 GEMMs (attn.c_proj + residual, c_fc + GELU, mlp.c_proj +
