@@ -33,6 +33,24 @@ constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps
 // kStealCounterStride x (i + 1) (each in its own 128-byte line).
 constexpr int kStealCounterStride = 128;
 constexpr int kCounterStride = kStealCounterStride * (kMaxDecodeChainPhases + 1);
+// A slot's launch epoch (the flags of its LL words), in the barrier counter's line.
+constexpr int kEpochOffset = 64;
+// LL boundaries (DecodeChainTuning::ll_inputs): a phase whose output is the next phase's input
+// also writes each output element as an 8-byte word {element bits, flag} into one of two areas
+// of the slot (phase parity), and the next phase polls those words instead of waiting at the grid
+// barrier and then loading its input: one L2 round trip after the slowest CTA's store instead of
+// two (its barrier arrival seen, then the input). An 8-byte store is single-copy atomic, so a
+// word with the expected flag holds the element. At most kLlMaxN elements.
+constexpr int kLlMaxN = 8192;
+constexpr size_t kLlAreaBytes = size_t{kLlMaxN} * 8;
+constexpr size_t kSlotBytes = kCounterStride + 2 * kLlAreaBytes;
+// Measured default (-1): on. H200, 2026-12-04 ~11:05 UTC, one call: StarCoder b1 decode step
+// 8.064 / 8.058 ms against 8.087 / 8.070 with every boundary a barrier (mqabench --chain
+// ll,nl; within the run-to-run spread, on the faster side in both pairs); one layer in isolation
+// (gemm_bench --chain only) StarCoder 190.3 against 190.0 us, SantaCoder 38.3 against 39.6 us.
+// The timeline: the QKV phase's input came 0.9 us sooner after the slowest CTA's epilogue, the
+// c_fc phase's 1.5 us later (its LL stores queue behind the ring's bulk loads of the next phase).
+constexpr int kDefaultLlInputs = 1;
 // Work stealing (DecodeChainTuning::steal_chunks): the dynamically dealt chunks a CTA may take in
 // a phase, at most, and the rows they may add to its row sums.
 constexpr int kMaxStealChunks = 64;
@@ -67,6 +85,9 @@ struct ChainPhaseArgs {
   // static_chunks), and chunks [grid x static_chunks, chunks) are dealt one at a time by an atomic
   // counter, at most max_steal to a CTA.
   int rows_chunk, static_chunks, chunks, max_steal;
+  // LL boundary (kLlMaxN): ll_out, this phase also writes its output as LL words; ll_in, its
+  // input comes from the previous phase's LL words (no grid barrier before it).
+  int ll_out, ll_in;
 };
 
 struct ChainAttentionArgs {
@@ -482,19 +503,55 @@ __device__ __forceinline__ void CopyLnParams(const ChainPhaseArgs& ph, T* lnw, T
   fwd::CpAsyncCommit();
 }
 
+// One LL word: an output element's bits beside its flag, stored at once.
+template <typename T>
+__device__ __forceinline__ void StoreLl(unsigned long long* w, T value, unsigned flag) {
+  const unsigned long long word =
+      (static_cast<unsigned long long>(flag) << 32) | *reinterpret_cast<const unsigned short*>(&value);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(w), "l"(word) : "memory");
+}
+
+// Eight consecutive LL words once every one carries `flag`, as eight elements of T (16 bytes).
+__device__ __forceinline__ int4 PollLl(const unsigned long long* w, unsigned flag) {
+  unsigned long long x[8];
+  for (;;) {
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n"
+                   : "=l"(x[j]), "=l"(x[j + 1])
+                   : "l"(w + j)
+                   : "memory");
+    }
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ok &= static_cast<unsigned>(x[j] >> 32) == flag;
+    if (ok) break;
+    __nanosleep(32);
+  }
+  int4 r;
+  r.x = static_cast<int>((x[0] & 0xffff) | ((x[1] & 0xffff) << 16));
+  r.y = static_cast<int>((x[2] & 0xffff) | ((x[3] & 0xffff) << 16));
+  r.z = static_cast<int>((x[4] & 0xffff) | ((x[5] & 0xffff) << 16));
+  r.w = static_cast<int>((x[6] & 0xffff) | ((x[7] & 0xffff) << 16));
+  return r;
+}
+
 // The phase's input vector into `x` (shared memory, in T: every input is a T tensor, and a layer
 // norm's output is rounded to T as LayerNormCuda writes it, so nothing is lost), normalised
 // there where the phase has a layer norm (its parameters already copied by CopyLnParams). Thread
 // t handles the 16-byte vectors t, t + kConsumers, ...; the caller's barrier publishes `x`.
+// ll: the previous phase's LL words (ChainPhaseArgs::ll_in) carrying `flag`, or null: the input
+// tensor, after the grid barrier.
 template <typename T>
-__device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T* lnb, float* red) {
+__device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T* lnb, float* red,
+                          const unsigned long long* ll, unsigned flag) {
   using V = fwd::Vec16<T>;
   const int nvec = ph.k / 8;
   const int4* in = static_cast<const int4*>(ph.input);
   int4* xs = reinterpret_cast<int4*>(x);
   float sum = 0.0f;
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
-    const int4 raw = __ldcg(in + v);
+    const int4 raw = ll != nullptr ? PollLl(ll + 8 * v, flag) : __ldcg(in + v);
     xs[v] = raw;
     if (ph.ln_w != nullptr) {
       V val;
@@ -733,6 +790,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
     fwd::PdlTrigger();
   }
+  // The slot's launch epoch: this launch's LL flags (the last CTA out of the previous launch
+  // advanced it; the PDL wait orders that before this load).
+  // (Kept in shared memory, read where used: a register across the stage loop spills.)
+  __shared__ unsigned epoch_s;
+  if (threadIdx.x == 0) {
+    epoch_s = a.counter != nullptr ? __ldcg(a.counter + kEpochOffset / 4) : 0u;  // (one phase: none)
+  }
+  auto ll_area = [&](int gi) {
+    return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
+                                                 kCounterStride + (gi & 1) * kLlAreaBytes);
+  };
   int max_rows = 0;
   for (int i = 0; i < a.num_phases; ++i) max_rows = max(max_rows, CtaMaxRows(a.ph[i]));
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
@@ -753,7 +821,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       CopyLnParams<T>(ph, lnw, lnb);  // in flight through the barrier
       bias_reg = bias_of(ph);
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierEnter);
-      GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
+      if (ph.ll_in) {
+        // No wait: the input's LL words say when it is there. The arrival keeps the counter's
+        // targets (and the last CTA's count) as with a barrier.
+        if (t0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
+      } else {
+        GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
+      }
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierExit);
     }
     int r0, r1;
@@ -766,7 +840,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
       residual = fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
     }
-    LoadInput<T>(ph, xin, lnw, lnb, red);
+    LoadInput<T>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
+                 epoch_s * 8 + static_cast<unsigned>(gi));
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
@@ -923,7 +998,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           v += fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
         }
       }
-      *o = fwd::FromFloat<T>(v);
+      const T value = fwd::FromFloat<T>(v);
+      *o = value;
+      if (ph.ll_out) StoreLl(ll_area(gi) + row, value, epoch_s * 8 + static_cast<unsigned>(gi) + 1);
     }
     if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
   }
@@ -935,6 +1012,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned total = static_cast<unsigned>(a.num_phases + a.has_attention) * gridDim.x;
     if (atomicAdd(a.counter, 1u) == total - 1) {
       atomicExch(a.counter, 0u);
+      atomicAdd(a.counter + kEpochOffset / 4, 1u);  // the next launch's LL flags
       for (int i = 0; i < a.num_phases; ++i) {
         if (a.ph[i].rows_chunk > 0) atomicExch(StealCounter(a, i), 0u);
       }
@@ -984,7 +1062,17 @@ absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning) {
 }
 
 size_t DecodeChainWorkspaceBytes(int slots) {
-  return static_cast<size_t>(std::max(slots, 1)) * kCounterStride;
+  return static_cast<size_t>(std::max(slots, 1)) * kSlotBytes;
+}
+
+std::vector<size_t> DecodeChainCounterOffsets(int slots) {
+  std::vector<size_t> offsets;
+  for (int s = 0; s < std::max(slots, 1); ++s) {
+    for (int i = 0; i <= kMaxDecodeChainPhases; ++i) {
+      offsets.push_back(static_cast<size_t>(s) * kSlotBytes + size_t{kStealCounterStride} * i);
+    }
+  }
+  return offsets;
 }
 
 absl::Status DecodeChainSupported(const DecodeChainParams& p) {
@@ -1103,7 +1191,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.in_bytes = static_cast<int>(in_bytes);
   a.ln_k = static_cast<int>(ln_k);
   a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +
-                                          static_cast<size_t>(slot) * kCounterStride);
+                                          static_cast<size_t>(slot) * kSlotBytes);
   const size_t fixed = static_cast<size_t>(in_bytes) + static_cast<size_t>(ln_k) * 2 * 2 +
                        static_cast<size_t>((max_rows + 3) / 4 * 4) * sizeof(float);
   const int64_t room =
@@ -1161,6 +1249,18 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.static_chunks = static_cast<int>(static_chunks);
     d.chunks = static_cast<int>(chunks);
     d.max_steal = static_cast<int>(max_steal);
+  }
+  // LL boundaries: where a phase's input is the previous phase's output (at most kLlMaxN
+  // elements, neither of them stealing rows, and no residual read back in place).
+  const int ll = tuning.ll_inputs < 0 ? kDefaultLlInputs : tuning.ll_inputs;
+  for (int i = 1; ll != 0 && i < p.num_phases; ++i) {
+    const DecodeChainPhase& prev = p.phases[i - 1];
+    const DecodeChainPhase& ph = p.phases[i];
+    if (ph.input == prev.output && prev.n <= kLlMaxN && prev.n == ph.k && !ph.accumulate &&
+        a.ph[i - 1].rows_chunk == 0 && a.ph[i].rows_chunk == 0) {
+      a.ph[i - 1].ll_out = 1;
+      a.ph[i].ll_in = 1;
+    }
   }
   a.stages = stages;
   a.stage_bytes = stage_bytes;

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -12,9 +13,11 @@
 namespace mqa {
 
 // Device bytes of the workspace of `slots` independent chains (a grid-barrier counter and a
-// work-stealing counter a phase each). Zero it once (cudaMemset); every launch leaves its
-// counters at zero.
+// work-stealing counter a phase each, a launch epoch and the LL boundaries' words). Zero it once
+// (cudaMemset); every launch leaves its counters at zero (the epoch advances).
 size_t DecodeChainWorkspaceBytes(int slots);
+// Byte offsets in that workspace of every counter a launch leaves at zero (tests).
+std::vector<size_t> DecodeChainCounterOffsets(int slots);
 
 // OK when DecodeChainCuda takes `p`; InvalidArgument naming the first thing it does not.
 absl::Status DecodeChainSupported(const DecodeChainParams& p);
@@ -58,6 +61,11 @@ struct DecodeChainTuning {
   // Diagnostic: the producer loads nothing and completes each stage at once (outputs are
   // garbage): the rate at which the consumers alone fold stages, boundaries included.
   bool consume_only = false;
+  // LL boundaries (kernels/decode_chain.cu, kLlMaxN): a phase whose input is the previous
+  // phase's output (at most 8192 elements, no work stealing, no in-place residual) polls that
+  // output's flagged words instead of a grid barrier and a load. -1: the measured default; 0: off;
+  // 1: on.
+  int ll_inputs = -1;
 };
 
 // CTAs of a chain launched with `tuning` on the calling thread's device.

@@ -144,6 +144,13 @@ DecodeChainTuning ConsumeOnly(int stage_bytes) {
   return t;
 }
 
+// The automatic ring with every boundary a grid barrier (no LL inputs).
+DecodeChainTuning BarriersOnly() {
+  DecodeChainTuning t;
+  t.ll_inputs = 0;
+  return t;
+}
+
 // The ring's own cost: the producer loads nothing and the consumers fold nothing.
 DecodeChainTuning NoLoadNoFold(int stage_bytes) {
   DecodeChainTuning t = ConsumeOnly(stage_bytes);
@@ -360,6 +367,7 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
     DecodeChainTuning t;
   };
   const ChainRow rows[] = {{"chain, automatic ring (default)", {}},
+                           {"chain, automatic ring, grid barriers only", BarriersOnly()},
                            {"chain, 32 KiB stages", {32768, 0, false}},
                            {"chain, 16 KiB stages", {16384, 0, false}},
                            {"chain, 48 KiB stages", {49152, 0, false}},
@@ -404,6 +412,7 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
            }));
   }
   ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "grid barriers only", BarriersOnly(), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,
                 ws.ptr);
   ChainTimeline(md, "48 KiB, consume only", ConsumeOnly(49152), ceiling, stream, chain_params,

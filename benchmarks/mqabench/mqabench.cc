@@ -51,7 +51,8 @@
 //     chunks of a phase dealt at run time (work stealing, decode_chain_steal_chunks; w0: every row
 //     fixed in advance, the default; only phases of at least 16 chunks a CTA steal); kKfN is on
 //     with ring stages of K KiB (decode_chain_stage_bytes, K a multiple of 8) and at most N of them
-//     requested ahead (f0: the whole ring), e.g. k16f3.
+//     requested ahead (f0: the whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries
+//     (decode_chain_ll_inputs) on and off.
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
@@ -443,6 +444,7 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
+          row != "ll" && row != "nl" &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
           !ParseRingForm(row, &kib, &inflight)) {
@@ -451,7 +453,8 @@ absl::Status Latency(const Flags& f) {
             "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
             "/ late (auto, released by the attention only once it is done) / wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
-            "ring stages, a multiple of 8, at most N in flight; f0: the whole ring)");
+            "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
+            "with the LL boundaries on, off)");
       }
       chains.push_back(row);
     }
@@ -562,12 +565,15 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "late" || chain[0] == 'w'
+        chain == "auto" || chain == "late" || chain[0] == 'w' || chain == "ll" || chain == "nl"
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
+    r.model().set_decode_chain_ll_inputs(chain == "ll"   ? 1
+                                         : chain == "nl" ? 0
+                                                         : GptBigCodeOptions().decode_chain_ll_inputs);
     r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);

@@ -188,6 +188,17 @@ std::unique_ptr<DeviceMem> ZeroedChainWorkspace(int slots) {
   return ws;
 }
 
+// Every counter of the workspace's `slots` slots is back at zero (the epoch and the LL words
+// beside them are not counters).
+void ExpectCountersZero(const DeviceMem& ws, int slots, const std::string& what) {
+  const std::vector<uint32_t> words = ws.Download<uint32_t>();
+  for (size_t offset : DecodeChainCounterOffsets(slots)) {
+    ASSERT_LT(offset / 4, words.size());
+    EXPECT_EQ(words[offset / 4], 0u) << what << ": the counter at byte " << offset
+                                     << " was left non-zero";
+  }
+}
+
 // `c`'s chain captured into a graph (slot `slot` of `ws`, `tuning`), replayed twice, each replay
 // checked against the host.
 void CheckGraphReplays(const LayerCase& c, DType t, cudaStream_t stream, void* ws, int slot,
@@ -236,8 +247,38 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   CheckGraphReplays(c, t, stream_, ws->get(), 1, {}, "graph");
   ASSERT_FALSE(HasFatalFailure());
 
-  const std::vector<uint32_t> counters = ws->Download<uint32_t>();
-  for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
+  ExpectCountersZero(*ws, 2, "repeated");
+}
+
+// LL boundaries (DecodeChainTuning::ll_inputs: phase 1 reads phase 0's output, phase 3 phase 2's,
+// from flagged words instead of after a grid barrier) against the host: launches alternating with
+// the barrier form on one slot (a launch's words must never satisfy the next one's polls), three LL
+// launches back to back under PDL (each reads what the one before wrote), and graph replays.
+TEST_P(DecodeChainTest, LlBoundariesMatchHost) {
+  const DType t = GetParam();
+  LayerCase c;
+  c.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  const auto ws = ZeroedChainWorkspace(1);
+  for (int run = 0; run < 4; ++run) {
+    DecodeChainTuning tuning;
+    tuning.ll_inputs = run % 2 == 0 ? 1 : 0;
+    c.Reset(stream_);
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, run > 0, ws->get(), 0, tuning).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    c.Check(t, tuning.ll_inputs ? "LL" : "barriers");
+  }
+  DecodeChainTuning ll;
+  ll.ll_inputs = 1;
+  c.Reset(stream_);
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, ll).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  c.Expect(t, 3);
+  c.Check(t, "three LL launches back to back");
+  c.Expect(t, 1);
+  CheckGraphReplays(c, t, stream_, ws->get(), 0, ll, "LL graph");
+  ASSERT_FALSE(HasFatalFailure());
+  ExpectCountersZero(*ws, 1, "LL");
 }
 
 // The timeline (a separate instantiation that stamps its events) leaves the outputs as they are,
@@ -285,8 +326,7 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
       EXPECT_GT(at(kChainProducerDone), at(kChainClockStart)) << "CTA " << b;
     }
   }
-  const std::vector<uint32_t> counters = ws->Download<uint32_t>();
-  for (uint32_t v : counters) EXPECT_EQ(v, 0u) << "a counter was left non-zero";
+  ExpectCountersZero(*ws, 1, "timeline");
 }
 
 // Work stealing (DecodeChainTuning::steal_chunks) on a SantaCoder-sized layer whose QKV width
@@ -321,8 +361,7 @@ TEST_P(DecodeChainTest, WorkStealingMatchesHost) {
 
     CheckGraphReplays(c, t, stream_, ws->get(), 0, tuning, what + ", graph");
     ASSERT_FALSE(HasFatalFailure());
-    const std::vector<uint32_t> counters = ws->Download<uint32_t>();
-    for (uint32_t v : counters) EXPECT_EQ(v, 0u) << what << ": a counter was left non-zero";
+    ExpectCountersZero(*ws, 1, what);
   }
 }
 
