@@ -44,13 +44,15 @@ constexpr int kEpochOffset = 64;
 constexpr int kLlMaxN = 8192;
 constexpr size_t kLlAreaBytes = size_t{kLlMaxN} * 8;
 constexpr size_t kSlotBytes = kCounterStride + 2 * kLlAreaBytes;
-// Measured default (-1): on. H200, 2026-12-04 ~11:05 UTC, one call: StarCoder b1 decode step
-// 8.064 / 8.058 ms against 8.087 / 8.070 with every boundary a barrier (mqabench --chain
-// ll,nl; within the run-to-run spread, on the faster side in both pairs); one layer in isolation
-// (gemm_bench --chain only) StarCoder 190.3 against 190.0 us, SantaCoder 38.3 against 39.6 us.
-// The timeline: the QKV phase's input came 0.9 us sooner after the slowest CTA's epilogue, the
-// c_fc phase's 1.5 us later (its LL stores queue behind the ring's bulk loads of the next phase).
-constexpr int kDefaultLlInputs = 1;
+// Measured default (-1): off. H200, 2026-12-04, two calls side by side with the barrier form
+// (mqabench --chain ll,nl, StarCoder b1 decode step): ~11:05 UTC 8.064 / 8.058 ms with LL against
+// 8.087 / 8.070 without; ~11:12 UTC 7.984 / 7.986 with against 7.962 without. Within the spread
+// either way; one layer in isolation (gemm_bench --chain only) StarCoder 190.3 against 190.0 us,
+// SantaCoder 38.3 against 39.6 us. The timeline: the QKV phase's input came 0.9 us sooner after
+// the slowest CTA's epilogue, the c_fc phase's 1.5 us later (its LL stores queue behind the
+// ring's bulk loads of the next phase). Kept as a knob (DecodeChainTuning::ll_inputs, mqabench
+// --chain ll).
+constexpr int kDefaultLlInputs = 0;
 // Work stealing (DecodeChainTuning::steal_chunks): the dynamically dealt chunks a CTA may take in
 // a phase, at most, and the rows they may add to its row sums.
 constexpr int kMaxStealChunks = 64;

@@ -64,7 +64,7 @@ struct DecodeChainTuning {
   // LL boundaries (kernels/decode_chain.cu, kLlMaxN): a phase whose input is the previous
   // phase's output (at most 8192 elements, no work stealing, no in-place residual) polls that
   // output's flagged words instead of a grid barrier and a load. -1: the measured default; 0: off;
-  // 1: on.
+  // 1: on. Measured equal to the barriers end to end (kernels/decode_chain.cu: off by default).
   int ll_inputs = -1;
 };
 
