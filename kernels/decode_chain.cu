@@ -508,8 +508,8 @@ __device__ __forceinline__ void CopyLnParams(const ChainPhaseArgs& ph, T* lnw, T
 // One LL word: an output element's bits beside its flag, stored at once.
 template <typename T>
 __device__ __forceinline__ void StoreLl(unsigned long long* w, T value, unsigned flag) {
-  const unsigned long long word =
-      (static_cast<unsigned long long>(flag) << 32) | *reinterpret_cast<const unsigned short*>(&value);
+  const unsigned long long word = (static_cast<unsigned long long>(flag) << 32) |
+                                  *reinterpret_cast<const unsigned short*>(&value);
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(w), "l"(word) : "memory");
 }
 
@@ -797,7 +797,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (Kept in shared memory, read where used: a register across the stage loop spills.)
   __shared__ unsigned epoch_s;
   if (threadIdx.x == 0) {
-    epoch_s = a.counter != nullptr ? __ldcg(a.counter + kEpochOffset / 4) : 0u;  // (one phase: none)
+    epoch_s =
+        a.counter != nullptr ? __ldcg(a.counter + kEpochOffset / 4) : 0u;  // (one phase: none)
   }
   auto ll_area = [&](int gi) {
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
@@ -826,7 +827,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (ph.ll_in) {
         // No wait: the input's LL words say when it is there. The arrival keeps the counter's
         // targets (and the last CTA's count) as with a barrier.
-        if (t0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
+        if (t0)
+          asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
       } else {
         GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
       }

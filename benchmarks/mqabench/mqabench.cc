@@ -571,9 +571,10 @@ absl::Status Latency(const Flags& f) {
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
-    r.model().set_decode_chain_ll_inputs(chain == "ll"   ? 1
-                                         : chain == "nl" ? 0
-                                                         : GptBigCodeOptions().decode_chain_ll_inputs);
+    r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
+                                         : chain == "nl"
+                                             ? 0
+                                             : GptBigCodeOptions().decode_chain_ll_inputs);
     r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);

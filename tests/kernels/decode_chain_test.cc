@@ -199,6 +199,30 @@ void ExpectCountersZero(const DeviceMem& ws, int slots, const std::string& what)
   }
 }
 
+// One launch of `c`'s chain from its initial state, checked against the host.
+void CheckOneLaunch(const LayerCase& c, DType t, cudaStream_t stream, void* ws, int slot, bool pdl,
+                    const DecodeChainTuning& tuning, const std::string& what) {
+  c.Reset(stream);
+  ASSERT_TRUE(DecodeChainCuda(c.p, stream, pdl, ws, slot, tuning).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  c.Check(t, what.c_str());
+}
+
+// `launches` of `c`'s chain back to back on `slot`, each a programmatic dependent of the one
+// before (its barriers must not count the earlier one's arrivals, and it must read what that one
+// wrote), checked against the host.
+void CheckBackToBack(LayerCase& c, DType t, cudaStream_t stream, void* ws, int slot, int launches,
+                     const DecodeChainTuning& tuning, const std::string& what) {
+  c.Reset(stream);
+  for (int k = 0; k < launches; ++k) {
+    ASSERT_TRUE(DecodeChainCuda(c.p, stream, true, ws, slot, tuning).ok());
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  c.Expect(t, launches);
+  c.Check(t, what.c_str());
+  c.Expect(t, 1);
+}
+
 // `c`'s chain captured into a graph (slot `slot` of `ws`, `tuning`), replayed twice, each replay
 // checked against the host.
 void CheckGraphReplays(const LayerCase& c, DType t, cudaStream_t stream, void* ws, int slot,
@@ -228,20 +252,14 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   const auto ws = ZeroedChainWorkspace(2);
 
   for (int run = 0; run < 3; ++run) {
-    c.Reset(stream_);
-    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, /*pdl=*/run > 0, ws->get(), run % 2).ok());
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    c.Check(t, run == 0 ? "run 0" : run == 1 ? "run 1 (pdl)" : "run 2 (pdl)");
+    CheckOneLaunch(c, t, stream_, ws->get(), run % 2, /*pdl=*/run > 0, {},
+                   run == 0   ? "run 0"
+                   : run == 1 ? "run 1 (pdl)"
+                              : "run 2 (pdl)");
+    ASSERT_FALSE(HasFatalFailure());
   }
-  // Two chains back to back on one slot, the second a programmatic dependent of the first: its
-  // barriers must not count the first one's arrivals, and it must read what the first wrote.
-  c.Reset(stream_);
-  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0).ok());
-  ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0).ok());
-  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-  c.Expect(t, 2);
-  c.Check(t, "two back to back");
-  c.Expect(t, 1);
+  CheckBackToBack(c, t, stream_, ws->get(), 0, 2, {}, "two back to back");
+  ASSERT_FALSE(HasFatalFailure());
 
   // Captured into a graph, replayed twice.
   CheckGraphReplays(c, t, stream_, ws->get(), 1, {}, "graph");
@@ -263,19 +281,14 @@ TEST_P(DecodeChainTest, LlBoundariesMatchHost) {
   for (int run = 0; run < 4; ++run) {
     DecodeChainTuning tuning;
     tuning.ll_inputs = run % 2 == 0 ? 1 : 0;
-    c.Reset(stream_);
-    ASSERT_TRUE(DecodeChainCuda(c.p, stream_, run > 0, ws->get(), 0, tuning).ok());
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    c.Check(t, tuning.ll_inputs ? "LL" : "barriers");
+    CheckOneLaunch(c, t, stream_, ws->get(), 0, run > 0, tuning,
+                   tuning.ll_inputs ? "LL" : "barriers");
+    ASSERT_FALSE(HasFatalFailure());
   }
   DecodeChainTuning ll;
   ll.ll_inputs = 1;
-  c.Reset(stream_);
-  for (int k = 0; k < 3; ++k) ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, ll).ok());
-  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-  c.Expect(t, 3);
-  c.Check(t, "three LL launches back to back");
-  c.Expect(t, 1);
+  CheckBackToBack(c, t, stream_, ws->get(), 0, 3, ll, "three LL launches back to back");
+  ASSERT_FALSE(HasFatalFailure());
   CheckGraphReplays(c, t, stream_, ws->get(), 0, ll, "LL graph");
   ASSERT_FALSE(HasFatalFailure());
   ExpectCountersZero(*ws, 1, "LL");
