@@ -117,6 +117,7 @@ struct ChainArgs {
   int stage_bytes;
   int stream_only;  // DecodeChainTuning::stream_only
   int consume_only;  // DecodeChainTuning::consume_only
+  int ll;            // some phase has an LL boundary (ChainPhaseArgs::ll_out): read the epoch
   int side_offset;  // bytes from the shared-memory base to the bias side buffers (work stealing)
   int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
   unsigned* counter;  // the grid barrier's; phase i's steal counter kStealCounterStride x (i + 1)
@@ -793,13 +794,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     fwd::PdlTrigger();
   }
   // The slot's launch epoch: this launch's LL flags (the last CTA out of the previous launch
-  // advanced it; the PDL wait orders that before this load).
+  // advanced it; the PDL wait orders that before this load). Only where the launch has an LL
+  // boundary: thread 0 waits for the load here, ahead of its share of the first input.
   // (Kept in shared memory, read where used: a register across the stage loop spills.)
   __shared__ unsigned epoch_s;
-  if (threadIdx.x == 0) {
-    epoch_s =
-        a.counter != nullptr ? __ldcg(a.counter + kEpochOffset / 4) : 0u;  // (one phase: none)
-  }
+  if (threadIdx.x == 0 && a.ll) epoch_s = __ldcg(a.counter + kEpochOffset / 4);
   auto ll_area = [&](int gi) {
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
                                                  kCounterStride + (gi & 1) * kLlAreaBytes);
@@ -1264,6 +1263,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
         a.ph[i - 1].rows_chunk == 0 && a.ph[i].rows_chunk == 0) {
       a.ph[i - 1].ll_out = 1;
       a.ph[i].ll_in = 1;
+      a.ll = 1;  // (a chain of several phases has its workspace: checked above)
     }
   }
   a.stages = stages;
