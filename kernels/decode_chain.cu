@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/decode_chain_cuda.h"
 #include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
+#include "kernels/mma.cuh"
 #include "kernels/tma.cuh"
 #include "runtime/cuda_check.h"
 
@@ -70,6 +72,27 @@ constexpr int kDefaultStealMinChunks = 16;
 // Bytes a ring stage's bias side buffer: a stolen chunk's bias (16-byte aligned span of at most
 // kMaxStealRows / 4 rows) arrives with its weights.
 constexpr int kBiasSideBytes = (kMaxStealRows / 4) * 2 + 32;
+// The tiled layout (DecodeChainTuning::mma_fold): a stage holds a tile of R <= kTileMaxRows rows
+// (a multiple of 8) x C columns of a phase's weights, each row's C elements one bulk copy, rows
+// C x 2 + kTilePad bytes apart (the 8 row addresses of an ldmatrix then fall in 8 different bank
+// groups); a CTA's rows are walked tile by tile, each tile's columns C at a time. The consumers
+// fold a stage on tensor cores: the input's 16 columns as the A operand of an m16n8k16 MMA (the
+// same vector in all 16 rows), 8 weight rows' 16 columns as B, so one MMA folds 256 weights into
+// 8 row sums, kept in the MMA's fp32 accumulators over the whole tile (each warp takes every 16th
+// 16-column chunk of a stage); once the tile's last columns are folded each warp adds its sums
+// into the CTA's row sums. A slot of the ring is stage_bytes + kTileSlack bytes.
+constexpr int kTileMaxRows = 32;
+constexpr int kTilePad = 16;
+constexpr int kTileSlack = kTileMaxRows * kTilePad;
+// Measured default (-1): the row-run layout. H200, 2026-12-04 ~13:42 UTC (gemm_bench --chain only,
+// one StarCoder layer): the tiled fold with 32-row tiles folds 2.1x faster than the fp32 one
+// (consume only 111 against 175 us, of which ~54 are the ring and the boundaries), but its
+// stages are 24-32 bulk copies of 1-2 KiB and the producer streams them 16-47% slower (stream
+// only 215 / 262 us at 48 / 32 KiB stages against 185); with 8-row tiles (8 copies of 6 KiB) the
+// stream is 6% slower (196 against 185) and the fold no faster (consume only 171). Whole chain:
+// 8-row tiles 207, 16-row 204, 32-row 298 against 194 us; end to end StarCoder b1 8.78 against
+// 8.10 ms a step, SantaCoder (chain on) 1.33 against 1.22 ms. Kept as a knob (mma_fold).
+constexpr int kDefaultMmaFold = 0;
 
 struct ChainPhaseArgs {
   const void* w;
@@ -90,6 +113,9 @@ struct ChainPhaseArgs {
   // LL boundary (kLlMaxN): ll_out, this phase also writes its output as LL words; ll_in, its
   // input comes from the previous phase's LL words (no grid barrier before it).
   int ll_out, ll_in;
+  // The tiled layout (kTileMaxRows): rows a tile (0: the row-run layout, one contiguous run of the
+  // CTA's rows streamed a stage at a time) and columns a stage (a divisor of k, a multiple of 64).
+  int tile_rows, tile_cols;
 };
 
 struct ChainAttentionArgs {
@@ -115,6 +141,7 @@ struct ChainArgs {
   int in_bytes;  // the input buffer: max k elements of T, or the attention's float scratch
   int ln_k;      // elements of each LN weight / bias buffer (the largest k with a layer norm)
   int stage_bytes;
+  int slot_bytes;   // a ring slot: stage_bytes, + kTileSlack where a phase is tiled
   int stream_only;  // DecodeChainTuning::stream_only
   int consume_only;  // DecodeChainTuning::consume_only
   int ll;            // some phase has an LL boundary (ChainPhaseArgs::ll_out): read the epoch
@@ -611,18 +638,83 @@ __device__ __forceinline__ float Dot8(const int4& w, const int4& x) {
   return s;
 }
 
+// The consumers' stage loop of a tiled phase (kTileMaxRows): `rows` of the CTA's rows in tiles
+// of ph.tile_rows, each tile ph.k / ph.tile_cols stages from slot s (pass `pass`) on; the tile's
+// row sums are added into `acc` (indexed from the CTA's first row) once its last stage is folded.
+// Lanes hold the MMA fragments: g = lane / 4 the accumulator row (all 16 A rows are the input, so
+// every row holds the same sums), tq = lane % 4 the column pair, i.e. weight rows 8 q + 2 tq + e
+// of the tile in d[q][e] (e < 2). Rows past `rows` in a tile's slot are left from earlier stages
+// (anything, NaN included); they only reach their own accumulator columns, which are not added.
+template <typename T, bool kStamps, typename Release>
+__device__ __forceinline__ void TiledFold(const ChainArgs& a, const ChainPhaseArgs& ph, int gi,
+                                          int rows, uint32_t ring_s, uint32_t full0, const T* xin,
+                                          float* acc, int& s, uint32_t& pass, Release&& release) {
+  const int R = ph.tile_rows, C = ph.tile_cols, nt = R / 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tq = lane & 3;
+  const uint32_t stride = static_cast<uint32_t>(C) * sizeof(T) + kTilePad;
+  // ldmatrix: lane i addresses row i % 8 (+ 8 for lanes 16..31) at columns 8 ((i / 8) % 2)..
+  const uint32_t lane_off = ((lane & 7) + 8 * (lane >> 4)) * stride + ((lane >> 3) & 1) * 16;
+  const int chunks = C / 16;
+  bool first = true;
+  for (int t0 = 0; t0 < rows; t0 += R) {
+    float d[kTileMaxRows / 8][4] = {};
+    for (int c0 = 0; c0 < ph.k; c0 += C) {
+      tma::MbarWait(full0 + s * 8, pass & 1);
+      if (threadIdx.x == 0 && first) StampPhase<kStamps>(a, gi, kChainFirstFull);
+      first = false;
+      if (!a.stream_only) {
+        const uint32_t base = ring_s + s * a.slot_bytes + lane_off;
+        for (int j = warp; j < chunks; j += kConsumerWarps) {
+          const T* x = xin + c0 + 16 * j + 2 * tq;
+          uint32_t af[4];
+          af[0] = af[1] = *reinterpret_cast<const uint32_t*>(x);
+          af[2] = af[3] = *reinterpret_cast<const uint32_t*>(x + 8);
+          const uint32_t at = base + 32 * j;
+#pragma unroll
+          for (int p = 0; p < kTileMaxRows / 16; ++p) {
+            if (2 * p + 1 < nt) {
+              uint32_t b[4];
+              mma::Ldmatrix4(b, at + 16 * p * stride);
+              mma::Mma16816<T>(d[2 * p], af, b[0], b[1]);
+              mma::Mma16816<T>(d[2 * p + 1], af, b[2], b[3]);
+            } else if (2 * p < nt) {
+              uint32_t b[2];
+              mma::Ldmatrix2(b, at + 16 * p * stride);
+              mma::Mma16816<T>(d[2 * p], af, b[0], b[1]);
+            }
+          }
+        }
+      }
+      release();
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int q = 0; q < kTileMaxRows / 8; ++q) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * q + 2 * tq + e;
+          if (q < nt && t0 + r < rows) atomicAdd(acc + t0 + r, d[q][e]);
+        }
+      }
+    }
+  }
+}
+
 // Shared memory: the ring (stages x stage_bytes), the input (in_bytes), the LN weight and bias
 // (ln_k elements of T each), the row sums (max rows a CTA x fp32), the stages' full / empty
 // barriers, the reduction scratch; for work stealing, the chunks the producer took in each phase
 // and, once it knows, how many stages it streamed for the phase.
-template <typename T, bool kStamps>
+// kTiled: some phase has the tiled layout (a separate instantiation, so that the row-run kernel
+// keeps its register allocation).
+template <typename T, bool kStamps, bool kTiled>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int stages = a.stages;
   unsigned char* ring = smem;
-  T* xin = reinterpret_cast<T*>(smem + stages * a.stage_bytes);
-  T* lnw = reinterpret_cast<T*>(smem + stages * a.stage_bytes + a.in_bytes);
+  T* xin = reinterpret_cast<T*>(smem + stages * a.slot_bytes);
+  T* lnw = reinterpret_cast<T*>(smem + stages * a.slot_bytes + a.in_bytes);
   T* lnb = lnw + a.ln_k;
   float* acc = reinterpret_cast<float*>(lnb + a.ln_k);
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
@@ -660,6 +752,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t policy;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
       const int stage_bytes = a.stage_bytes;
+      const int slot_bytes = a.slot_bytes;
       int s = 0;
       uint32_t pass = 0;
       // The stage issued `inflight` loads ago (ws, wpass): with an in-flight limit the producer
@@ -667,8 +760,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // short and the consumers' own loads (input, barrier, residual) do not wait behind it.
       int ws = 0, issued = 0;
       uint32_t wpass = 0;
-      auto issue = [&](const char* src, uint32_t len, const char* side = nullptr,
-                       uint32_t side_len = 0) {
+      // One stage of `len` bytes: `copy(dst, bar)` issues its bulk loads into slot s.
+      auto issue = [&](uint32_t len, auto&& copy) {
         if (pass > 0) tma::MbarWait(empty0 + s * 8, (pass - 1) & 1);
         if (a.inflight > 0 && issued >= a.inflight) {
           tma::MbarWait(full0 + ws * 8, wpass & 1);
@@ -680,9 +773,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (a.consume_only) {
           tma::MbarArrive(full0 + s * 8);
         } else {
-          tma::MbarArriveExpectTx(full0 + s * 8, len + side_len);
-          BulkLoad(ring_s + s * stage_bytes, src, len, full0 + s * 8, policy);
-          if (side_len > 0) BulkLoad(side_s + s * kBiasSideBytes, side, side_len, full0 + s * 8);
+          tma::MbarArriveExpectTx(full0 + s * 8, len);
+          copy(ring_s + s * slot_bytes, full0 + s * 8);
         }
         ++issued;
         if (++s == stages) {
@@ -715,14 +807,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         // SM's queue of bulk loads): the first three before the last three static stages.
         const int static_stages = static_cast<int>((bytes + stage_bytes - 1) / stage_bytes);
         int streamed = 0, ta = 0, tb = 0, tc = 0;
-        for (int64_t off = 0; off < bytes; off += stage_bytes, ++streamed) {
+        if (kTiled && ph.tile_rows > 0) {  // the tiled layout: row tiles, each C columns a stage
+          const uint32_t row_len = static_cast<uint32_t>(ph.tile_cols) * sizeof(T);
+          for (int t0 = 0; t0 < r1 - r0; t0 += ph.tile_rows) {
+            const int rows = min(ph.tile_rows, r1 - r0 - t0);
+            for (int c0 = 0; c0 < ph.k; c0 += ph.tile_cols) {
+              const char* tile = w + (r0 + t0) * row_bytes + c0 * static_cast<int64_t>(sizeof(T));
+              issue(rows * row_len, [&](uint32_t dst, uint32_t bar) {
+                for (int r = 0; r < rows; ++r) {
+                  BulkLoad(dst + r * (row_len + kTilePad), tile + r * row_bytes, row_len, bar,
+                           policy);
+                }
+              });
+            }
+          }
+        }
+        for (int64_t off = 0; (!kTiled || ph.tile_rows == 0) && off < bytes;
+             off += stage_bytes, ++streamed) {
           if (steal) {
             if (streamed == max(0, static_stages - 3)) ta = ticket(i);
             if (streamed == max(0, static_stages - 2)) tb = ticket(i);
             if (streamed == static_stages - 1) tc = ticket(i);
           }
-          issue(src + off,
-                static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes));
+          const uint32_t len =
+              static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes);
+          issue(len,
+                [&](uint32_t dst, uint32_t bar) { BulkLoad(dst, src + off, len, bar, policy); });
         }
         if (steal) {
           if (bytes == 0) {
@@ -751,8 +861,12 @@ __global__ void __launch_bounds__(kThreads, 1)
               side = reinterpret_cast<const char*>(b0);
               side_len = static_cast<uint32_t>((b + 2u * rows - b0 + 15) & ~uintptr_t{15});
             }
-            issue(w + static_cast<int64_t>(c) * ph.rows_chunk * row_bytes,
-                  static_cast<uint32_t>(rows * row_bytes), side, side_len);
+            const char* src = w + static_cast<int64_t>(c) * ph.rows_chunk * row_bytes;
+            const uint32_t len = static_cast<uint32_t>(rows * row_bytes);
+            issue(len + side_len, [&](uint32_t dst, uint32_t bar) {
+              BulkLoad(dst, src, len, bar, policy);
+              if (side_len > 0) BulkLoad(side_s + s * kBiasSideBytes, side, side_len, bar);
+            });
             ++streamed;
             return true;
           };
@@ -851,6 +965,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int k = ph.k;
     const int64_t bytes = static_cast<int64_t>(r1 - r0) * k * sizeof(T);
     const int stage_bytes = a.stage_bytes;
+    const int slot_bytes = a.slot_bytes;
     const int stage_elems = stage_bytes / static_cast<int>(sizeof(T));
     // Each warp takes a contiguous block of a stage's segments (so it mostly stays in one row
     // and reduces once a stage); its loads of up to four segments are issued together.
@@ -906,13 +1021,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     if (t0) Stamp<kStamps>(a, kChainLoopStart + gi);
-    for (int64_t off = 0; off < bytes; off += stage_bytes) {
+    if constexpr (kTiled) {
+      if (ph.tile_rows > 0) {
+        TiledFold<T, kStamps>(a, ph, gi, r1 - r0, ring_s, full0, xin, acc, s, pass, release);
+      }
+    }
+    for (int64_t off = 0; (!kTiled || ph.tile_rows == 0) && off < bytes; off += stage_bytes) {
       const int segs =
           static_cast<int>(bytes - off < stage_bytes ? bytes - off : stage_bytes) / kSegBytes;
       const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
       tma::MbarWait(full0 + s * 8, pass & 1);
       if (t0 && off == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
-      if (!a.stream_only && j0 < j1) fold(ring + s * stage_bytes, j0, j1, row_b, col_b);
+      if (!a.stream_only && j0 < j1) fold(ring + s * slot_bytes, j0, j1, row_b, col_b);
       release();
       col_b += stage_elems;
       while (col_b >= k) {
@@ -954,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         const int j0 = warp * per_warp, j1 = min(j0 + per_warp, chunk_rows * k / kSegElems);
         if (!a.stream_only && j0 < j1) {
-          fold(ring + s * stage_bytes, j0, j1, rows + j0 * kSegElems / k, j0 * kSegElems % k);
+          fold(ring + s * slot_bytes, j0, j1, rows + j0 * kSegElems / k, j0 * kSegElems % k);
         }
         release();
         ++consumed;
@@ -1034,13 +1154,36 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr size_t kStaticSmem = 2 * kMaxStages * 8 + kConsumerWarps * 4 +
                                (kMaxStealChunks + 1) * kMaxDecodeChainPhases * 4 + 1024;
 
+// The tiled layout's shape for a phase of `max_rows` rows a CTA (at most) and k columns, stages of
+// at most `stage_elems` elements: R a multiple of 8 up to kTileMaxRows (exactly `rows` where that
+// is > 0), C a multiple of 64 that divides k, R x C <= stage_elems; the fewest stages a CTA
+// (ceil(max_rows / R) x k / C), then the fewest rows: each row of a stage is one bulk copy, and
+// copies of 1-1.5 KiB (32 rows a 32 or 48 KiB stage) streamed a StarCoder layer 21-47% slower than
+// whole stages (H200, 2026-12-04, gemm_bench --chain only). {0, 0} where none fits.
+std::pair<int, int> TileShape(int64_t max_rows, int64_t k, int64_t stage_elems, int rows) {
+  std::pair<int, int> best = {0, 0};
+  int64_t best_stages = INT64_MAX;
+  for (int r = 8; r <= kTileMaxRows; r += 8) {
+    if (rows > 0 && r != rows) continue;
+    int64_t c = std::min<int64_t>(k, stage_elems / r) / 64 * 64;
+    while (c >= 64 && k % c != 0) c -= 64;
+    if (c < 64) continue;
+    const int64_t stages = std::max<int64_t>(1, (max_rows + r - 1) / r) * (k / c);
+    if (stages < best_stages) {
+      best_stages = stages;
+      best = {r, static_cast<int>(c)};
+    }
+  }
+  return best;
+}
+
 // The calling thread's device: its opt-in shared memory, and per dtype (fp16, bf16)
 // whether the kernel's dynamic shared-memory limit is raised to the most a launch asks for
 // (smem_optin - kStaticSmem) and one CTA of that size was found to fit on an SM.
 struct LaunchInfo {
   int device = -1;
   int smem_optin = 0;
-  bool configured[2][2] = {};  // [bf16][timeline]
+  bool configured[2][2][2] = {};  // [bf16][timeline][tiled]
 };
 
 absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
@@ -1215,13 +1358,22 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
                                                    " (a multiple of ", kSegBytes * kConsumerWarps,
                                                    ")"));
   }
+  // The tiled layout (mma_fold): each ring slot has kTileSlack bytes more for the rows' padding.
+  const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
+  if (mma_fold > 1 && (mma_fold % 8 != 0 || mma_fold > kTileMaxRows)) {
+    return absl::InvalidArgumentError(absl::StrCat("DecodeChain: mma_fold ", mma_fold,
+                                                   " (0, 1, or tile rows 8..", kTileMaxRows,
+                                                   " a multiple of 8)"));
+  }
+  const bool tiled = mma_fold != 0;
+  const int slot_bytes = stage_bytes + (tiled ? kTileSlack : 0);  // (tiled: some phase may be)
   const int max_stages = tuning.max_stages > 0 ? std::min(tuning.max_stages, kMaxStages)
                          : tuning.stage_bytes == 0 && !long_chain ? kShortChainStages
                                                                   : kMaxStages;
   // With work stealing each stage has a bias side buffer after the fixed part.
   const int side_bytes = may_steal ? kBiasSideBytes : 0;
   const int stages =
-      static_cast<int>(std::min<int64_t>(max_stages, room / (stage_bytes + side_bytes)));
+      static_cast<int>(std::min<int64_t>(max_stages, room / (slot_bytes + side_bytes)));
   if (stages < kMinStages) {
     return absl::UnimplementedError(absl::StrCat("DecodeChain: ", info.smem_optin,
                                                  " bytes of shared memory leave ", stages,
@@ -1253,6 +1405,15 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.chunks = static_cast<int>(chunks);
     d.max_steal = static_cast<int>(max_steal);
   }
+  // The tiled layout for every phase that keeps static rows (a stolen chunk is whole rows).
+  for (int i = 0; tiled && i < p.num_phases; ++i) {
+    if (a.ph[i].rows_chunk > 0) continue;
+    const DecodeChainPhase& ph = p.phases[i];
+    const auto [rows, cols] =
+        TileShape((ph.n + grid - 1) / grid, ph.k, stage_bytes / 2, mma_fold > 1 ? mma_fold : 0);
+    a.ph[i].tile_rows = rows;
+    a.ph[i].tile_cols = cols;
+  }
   // LL boundaries: where a phase's input is the previous phase's output (at most kLlMaxN
   // elements, neither of them stealing rows, and no residual read back in place).
   const int ll = tuning.ll_inputs < 0 ? kDefaultLlInputs : tuning.ll_inputs;
@@ -1268,6 +1429,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   }
   a.stages = stages;
   a.stage_bytes = stage_bytes;
+  a.slot_bytes = slot_bytes;
   a.stream_only = tuning.stream_only;
   a.consume_only = tuning.consume_only;
   if (tuning.max_inflight < 0) {
@@ -1276,15 +1438,22 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   }
   a.inflight = tuning.max_inflight >= stages ? 0 : tuning.max_inflight;
   a.stamps = tuning.timeline;
-  a.side_offset = static_cast<int>(static_cast<size_t>(stages) * stage_bytes + fixed);
-  const size_t smem = static_cast<size_t>(stages) * (stage_bytes + side_bytes) + fixed;
+  a.side_offset = static_cast<int>(static_cast<size_t>(stages) * slot_bytes + fixed);
+  const size_t smem = static_cast<size_t>(stages) * (slot_bytes + side_bytes) + fixed;
   return fwd::DispatchFloat(p.dtype, "DecodeChain", [&]<typename T>() -> absl::Status {
     if constexpr (std::is_same_v<T, float>) {
       return absl::InvalidArgumentError("DecodeChain: float32");
     } else {
       const bool stamps = tuning.timeline != nullptr;
-      auto* kernel = stamps ? DecodeChainKernel<T, true> : DecodeChainKernel<T, false>;
-      bool& configured = info.configured[std::is_same_v<T, __half> ? 0 : 1][stamps ? 1 : 0];
+      bool any_tiled = false;
+      for (int i = 0; i < a.num_phases; ++i) any_tiled |= a.ph[i].tile_rows > 0;
+      auto* kernel =
+          stamps
+              ? (any_tiled ? DecodeChainKernel<T, true, true> : DecodeChainKernel<T, true, false>)
+              : (any_tiled ? DecodeChainKernel<T, false, true>
+                           : DecodeChainKernel<T, false, false>);
+      bool& configured =
+          info.configured[std::is_same_v<T, __half> ? 0 : 1][stamps ? 1 : 0][any_tiled ? 1 : 0];
       if (!configured) {  // once: every launch's smem is at most this (room above)
         const size_t most = static_cast<size_t>(info.smem_optin) - kStaticSmem;
         CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(

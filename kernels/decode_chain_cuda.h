@@ -66,6 +66,14 @@ struct DecodeChainTuning {
   // output's flagged words instead of a grid barrier and a load. -1: the measured default; 0: off;
   // 1: on. Measured equal to the barriers end to end (kernels/decode_chain.cu: off by default).
   int ll_inputs = -1;
+  // The fold: 1, the tiled layout on tensor cores (kernels/decode_chain.cu, kTileMaxRows: a stage
+  // is a tile of up to 32 rows x C columns, one MMA folds 256 weights, each row's sum stays in
+  // the MMA accumulators for the whole tile); 0, the row-run layout folded in fp32 on the CUDA
+  // cores (a stage is the next stage_bytes of the CTA's contiguous rows, each warp's row sums
+  // flushed a stage at a time); 8, 16, 24 or 32: tiles of exactly that many rows (1: the rule in
+  // TileShape). -1: the measured default. Phases that steal rows use the row-run layout either
+  // way.
+  int mma_fold = -1;
 };
 
 // CTAs of a chain launched with `tuning` on the calling thread's device.

@@ -236,6 +236,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       tuning.max_inflight = ctx.chain_max_inflight;
       tuning.stage_bytes = ctx.chain_stage_bytes;
       tuning.ll_inputs = ctx.chain_ll_inputs;
+      tuning.mma_fold = ctx.chain_mma_fold;
       tuning.steal_chunks = ctx.chain_steal_chunks;
       if (ctx.chain_timeline != nullptr && timeline_index >= 0 &&
           timeline_index < ctx.chain_timelines) {

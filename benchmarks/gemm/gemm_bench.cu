@@ -151,6 +151,13 @@ DecodeChainTuning BarriersOnly() {
   return t;
 }
 
+// `t` with the fold DecodeChainTuning::mma_fold = `mma` (1: tiled, tensor cores; 0: row runs,
+// fp32 on the CUDA cores).
+DecodeChainTuning WithFold(DecodeChainTuning t, int mma) {
+  t.mma_fold = mma;
+  return t;
+}
+
 // The ring's own cost: the producer loads nothing and the consumers fold nothing.
 DecodeChainTuning NoLoadNoFold(int stage_bytes) {
   DecodeChainTuning t = ConsumeOnly(stage_bytes);
@@ -366,32 +373,45 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
     const char* name;
     DecodeChainTuning t;
   };
-  const ChainRow rows[] = {{"chain, automatic ring (default)", {}},
-                           {"chain, automatic ring, grid barriers only", BarriersOnly()},
-                           {"chain, 32 KiB stages", {32768, 0, false}},
-                           {"chain, 16 KiB stages", {16384, 0, false}},
-                           {"chain, 48 KiB stages", {49152, 0, false}},
-                           {"chain, 40 KiB stages", {40960, 0, false}},
-                           {"chain, 24 KiB stages", {24576, 0, false}},
-                           {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},
-                           {"chain, 32 KiB, 4 spare SMs", {32768, 0, false, 4}},
-                           {"chain, 32 KiB, at most 1 in flight", {32768, 0, false, 0, 1}},
-                           {"chain, 32 KiB, at most 2 in flight", {32768, 0, false, 0, 2}},
-                           {"chain, 32 KiB, at most 3 in flight", {32768, 0, false, 0, 3}},
-                           {"chain, 16 KiB, at most 4 in flight", {16384, 0, false, 0, 4}},
-                           {"chain, 16 KiB, at most 3 in flight", {16384, 0, false, 0, 3}},
-                           {"chain, 16 KiB, at most 2 in flight", {16384, 0, false, 0, 2}},
-                           {"chain, 24 KiB, at most 2 in flight", {24576, 0, false, 0, 2}},
-                           {"chain, 8 KiB, at most 6 in flight", {8192, 0, false, 0, 6}},
-                           {"chain, 48 KiB, at most 1 in flight", {49152, 0, false, 0, 1}},
-                           {"chain, 32 KiB, stream only", {32768, 0, true}},
-                           {"chain, 16 KiB, stream only", {16384, 0, true}},
-                           {"chain, 48 KiB, stream only", {49152, 0, true}},
-                           {"chain, 16 KiB, consume only", ConsumeOnly(16384)},
-                           {"chain, 48 KiB, consume only", ConsumeOnly(49152)},
-                           {"chain, 48 KiB, neither loads nor folds", NoLoadNoFold(49152)},
-                           {"chain, 16 KiB, neither loads nor folds", NoLoadNoFold(16384)},
-                           {"chain, stream only, 2 in flight", {32768, 0, true, 0, 2}}};
+  const ChainRow rows[] = {
+      {"chain, automatic ring (default)", {}},
+      {"chain, tensor-core fold (tiles)", WithFold({}, 1)},
+      {"chain, CUDA-core fold (row runs)", WithFold({}, 0)},
+      {"chain, tensor cores, tiles of 16 rows", WithFold({}, 16)},
+      {"chain, tensor cores, tiles of 32 rows", WithFold({}, 32)},
+      {"chain, 48 KiB, stream only, tiles", WithFold({49152, 0, true}, 1)},
+      {"chain, 48 KiB, stream only, row runs", WithFold({49152, 0, true}, 0)},
+      {"chain, 32 KiB, stream only, tiles", WithFold({32768, 0, true}, 1)},
+      {"chain, 32 KiB, stream only, row runs", WithFold({32768, 0, true}, 0)},
+      {"chain, 48 KiB, consume only, tensor cores", WithFold(ConsumeOnly(49152), 1)},
+      {"chain, 48 KiB, consume only, CUDA cores", WithFold(ConsumeOnly(49152), 0)},
+      {"chain, 32 KiB, consume only, tensor cores", WithFold(ConsumeOnly(32768), 1)},
+      {"chain, 32 KiB, consume only, CUDA cores", WithFold(ConsumeOnly(32768), 0)},
+      {"chain, automatic ring, grid barriers only", BarriersOnly()},
+      {"chain, 32 KiB stages", {32768, 0, false}},
+      {"chain, 16 KiB stages", {16384, 0, false}},
+      {"chain, 48 KiB stages", {49152, 0, false}},
+      {"chain, 40 KiB stages", {40960, 0, false}},
+      {"chain, 24 KiB stages", {24576, 0, false}},
+      {"chain, 32 KiB x at most 3 stages", {32768, 3, false}},
+      {"chain, 32 KiB, 4 spare SMs", {32768, 0, false, 4}},
+      {"chain, 32 KiB, at most 1 in flight", {32768, 0, false, 0, 1}},
+      {"chain, 32 KiB, at most 2 in flight", {32768, 0, false, 0, 2}},
+      {"chain, 32 KiB, at most 3 in flight", {32768, 0, false, 0, 3}},
+      {"chain, 16 KiB, at most 4 in flight", {16384, 0, false, 0, 4}},
+      {"chain, 16 KiB, at most 3 in flight", {16384, 0, false, 0, 3}},
+      {"chain, 16 KiB, at most 2 in flight", {16384, 0, false, 0, 2}},
+      {"chain, 24 KiB, at most 2 in flight", {24576, 0, false, 0, 2}},
+      {"chain, 8 KiB, at most 6 in flight", {8192, 0, false, 0, 6}},
+      {"chain, 48 KiB, at most 1 in flight", {49152, 0, false, 0, 1}},
+      {"chain, 32 KiB, stream only", {32768, 0, true}},
+      {"chain, 16 KiB, stream only", {16384, 0, true}},
+      {"chain, 48 KiB, stream only", {49152, 0, true}},
+      {"chain, 16 KiB, consume only", ConsumeOnly(16384)},
+      {"chain, 48 KiB, consume only", ConsumeOnly(49152)},
+      {"chain, 48 KiB, neither loads nor folds", NoLoadNoFold(49152)},
+      {"chain, 16 KiB, neither loads nor folds", NoLoadNoFold(16384)},
+      {"chain, stream only, 2 in flight", {32768, 0, true, 0, 2}}};
   // MQA_CHAIN_ROW=TEXT (for a profiler): only the rows whose name holds TEXT, each called a few
   // times on the stream, and no timelines.
   if (const char* only = std::getenv("MQA_CHAIN_ROW")) {
@@ -413,6 +433,8 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
   }
   ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "grid barriers only", BarriersOnly(), ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "CUDA-core fold (row runs)", WithFold({}, 0), ceiling, stream, chain_params,
+                ws.ptr);
   ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,
                 ws.ptr);
   ChainTimeline(md, "48 KiB, consume only", ConsumeOnly(49152), ceiling, stream, chain_params,

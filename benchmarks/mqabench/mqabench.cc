@@ -52,7 +52,9 @@
 //     fixed in advance, the default; only phases of at least 16 chunks a CTA steal); kKfN is on
 //     with ring stages of K KiB (decode_chain_stage_bytes, K a multiple of 8) and at most N of them
 //     requested ahead (f0: the whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries
-//     (decode_chain_ll_inputs) on and off.
+//     (decode_chain_ll_inputs) on and off; tc and cc are auto with the tiled tensor-core fold and
+//     the row-run fp32 fold on the CUDA cores (decode_chain_mma_fold 1, 0), otc and occ the same
+//     with the chain on every layer.
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
@@ -444,7 +446,8 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          row != "ll" && row != "nl" &&
+          row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
+          row != "occ" &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
           !ParseRingForm(row, &kib, &inflight)) {
@@ -454,7 +457,8 @@ absl::Status Latency(const Flags& f) {
             "/ late (auto, released by the attention only once it is done) / wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
-            "with the LL boundaries on, off)");
+            "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
+            "fold) / otc, occ (on, the same)");
       }
       chains.push_back(row);
     }
@@ -565,7 +569,8 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "late" || chain[0] == 'w' || chain == "ll" || chain == "nl"
+        chain == "auto" || chain == "late" || chain[0] == 'w' || chain == "ll" || chain == "nl" ||
+                chain == "tc" || chain == "cc"
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -575,6 +580,10 @@ absl::Status Latency(const Flags& f) {
                                          : chain == "nl"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_ll_inputs);
+    r.model().set_decode_chain_mma_fold(chain == "tc" || chain == "otc" ? 1
+                                        : chain == "cc" || chain == "occ"
+                                            ? 0
+                                            : GptBigCodeOptions().decode_chain_mma_fold);
     r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);

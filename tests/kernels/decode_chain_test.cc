@@ -4,7 +4,7 @@
 // (its counter must come back to zero), with PDL, and replayed from a CUDA graph; the largest k
 // with fewer rows than SMs (CTAs without rows); a one-phase chain without a workspace; what the
 // launcher refuses; the attention phase (MQA and MHA, short and longer contexts) ahead of a linear
-// phase. Skips without a GPU.
+// phase; both folds (tensor cores on tiles, fp32 on row runs). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -427,6 +427,60 @@ TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
   EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
 }
 
+// Both folds (DecodeChainTuning::mma_fold): the tiled layout on tensor cores and the row-run
+// layout in fp32, on the layer (each twice on one workspace slot) and on single phases of ~125
+// rows a CTA (n = 16384, k = 512) and 34-35 (n = 4500, k = 1536, GELU), with the automatic tile
+// shape and tiles of 8, 16, 24 and 32 rows forced (partial last tiles; one to four n8 MMA tiles).
+TEST_P(DecodeChainTest, BothFoldsMatchHost) {
+  const DType t = GetParam();
+  const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
+  LayerCase c;
+  c.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  const auto ws = ZeroedChainWorkspace(1);
+  for (int mma : {0, 1, 0, 1}) {
+    DecodeChainTuning tuning;
+    tuning.mma_fold = mma;
+    CheckOneLaunch(c, t, stream_, ws->get(), 0, true, tuning,
+                   mma ? "layer, tensor-core fold" : "layer, CUDA-core fold");
+    ASSERT_FALSE(HasFatalFailure());
+  }
+  ExpectCountersZero(*ws, 1, "both folds");
+
+  struct Shape {
+    int64_t n, k;
+    bool gelu;
+  };
+  for (const Shape sh : {Shape{16384, 512, false}, Shape{4500, 1536, true}}) {
+    Buf w, b, x, y;
+    w.Random(sh.n * sh.k, t, rng_, 0.05f);
+    b.Random(sh.n, t, rng_);
+    x.Random(sh.k, t, rng_);
+    y.Random(sh.n, t, rng_);
+    DecodeChainParams p;
+    p.dtype = t;
+    p.num_phases = 1;
+    p.phases[0] = {.weight = w.d->get(),
+                   .bias = b.d->get(),
+                   .input = x.d->get(),
+                   .output = y.d->get(),
+                   .activation = sh.gelu ? Activation::kGeluTanh : Activation::kIdentity,
+                   .n = sh.n,
+                   .k = sh.k};
+    std::vector<float> want(sh.n);
+    RunHostPhase({&w.v, &b.v, nullptr, nullptr, sh.gelu, false, sh.n, sh.k}, x.v, want, t);
+    for (int mma : {1, 0, 8, 16, 24, 32}) {
+      DecodeChainTuning tuning;
+      tuning.mma_fold = mma;
+      y.d->Poison();
+      ASSERT_TRUE(DecodeChainCuda(p, stream_, false, nullptr, 0, tuning).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      EXPECT_LT(RelError(y.Get(t), want), tol)
+          << "n " << sh.n << " k " << sh.k << ", mma_fold " << mma;
+    }
+  }
+}
+
 // The attention phase ahead of one linear phase: y = W attn + b, attn = softmax(q K^T scale) V
 // per head over a paged context whose last position is the new token (read from the QKV row and
 // written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300.
@@ -557,6 +611,9 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
   p.phases[0].activation = Activation::kGeluErf;
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0)));
   p.phases[0].activation = Activation::kIdentity;
+  DecodeChainTuning rows12;
+  rows12.mma_fold = 12;  // tiles of a multiple of 8 rows only
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, rows12)));
   p.num_phases = 2;
   p.phases[1] = p.phases[0];
   p.phases[1].output = x.get();
