@@ -95,6 +95,9 @@ struct KernelArgs {
   int64_t new_key_stride = 0;
   int64_t new_value_stride = 0;
   const int32_t* slot_mapping = nullptr;
+  // With new_key (the fused write): the TMA kernel's producer issues the first stages' K / V
+  // boxes before griddepcontrol.wait (PagedAttentionTuning::kv_before_wait).
+  bool kv_before_wait = false;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
@@ -1244,9 +1247,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         bool hopper = false;
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
-        const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15;
+        const bool fuse_requested =
+            tuning.fuse_kv_write || variant == 14 || variant == 15 || variant == 16;
         const bool tma_cluster = variant == 15;
-        if (variant == 14 || variant == 15) variant = 13;
+        const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
+        if (variant == 14 || variant == 15 || variant == 16) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
@@ -1425,6 +1430,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             a.new_key_stride = kv_write->key_stride;
             a.new_value_stride = kv_write->value_stride;
             a.slot_mapping = kv_write->slot_mapping;
+            a.kv_before_wait = kv_before_wait;
           }
           if (hopper) {  // same arguments (and grid geometry): only the kernel differs
             kernel = hcfg.kernel;

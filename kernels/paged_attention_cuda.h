@@ -86,12 +86,17 @@ struct PagedAttentionTuning {
   //     H200 on 2026-12-03 ~20:00 UTC: StarCoder b32 1.9543 -> 1.9932 s, b1 1.0793 -> 1.1408,
   //     SantaCoder 0.1314 -> 0.1354; one CTA merging 48 rows serially.) Measured against 14
   //     (~20:10 UTC): b32 equal, StarCoder b1 1.0768 -> 1.0888 s, SantaCoder b1 0.1320 -> 0.1309.
+  // 16: 14 with kv_before_wait (the first stages' K / V requested before the PDL wait). Correct,
+  //     and slower (H200, 2026-12-04 ~14:02 UTC, mqabench --attn 14,16,14,16: StarCoder b1 decode
+  //     step 7.969 / 7.967 ms against 8.021 / 8.021, b32 8.720 / 8.749 against 8.786 / 8.809): the
+  //     early loads queue behind the previous kernel's tail; kept for side-by-side runs.
   // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode shapes of attention_bench's variant table with splits of at most 512
-  // tokens, and 11 elsewhere (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us, 11 / 13: 64 x 2048 29.16
-  // / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04; BENCHMARKS.md). 11 was the default
-  // from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal 4096 prefill 618 vs 989), 3 before.
+  // tokens, and 11 elsewhere (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us,
+  // 11 / 13: 64 x 2048 29.16 / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04;
+  // BENCHMARKS.md). 11 was the default from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal
+  // 4096 prefill 618 vs 989), 3 before.
   int variant = 14;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
@@ -114,28 +119,33 @@ struct PagedAttentionTuning {
   // 2026-12-03 ~18:25 UTC, failed: the new row was taken from each sequence's last split, not the
   // split holding its last position; fixed and verified at ~19:25 UTC.)
   bool fuse_kv_write = false;
+  // With the fused write: the TMA kernel's producer issues its first stages' K / V boxes before
+  // the programmatic-dependent wait (every cached row they hold was written by an earlier step;
+  // the new row's stale copy is replaced in shared memory). Variant 16 sets it.
+  bool kv_before_wait = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 16;
+inline constexpr int kNumPagedAttentionVariants = 17;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
-  return v == 0   ? "v2"
-         : v == 1 ? "smemtab+pdl"
-         : v == 2 ? "fused"
-         : v == 3 ? "halfpart"
-         : v == 4 ? "lastmerge8"
-         : v == 5 ? "lastmerge32"
-         : v == 6 ? "auto(3|5)"
-         : v == 7 ? "auto+earlykv"
-         : v == 8 ? "cluster+earlykv"
-         : v == 9 ? "auto(7|8)"
+  return v == 0    ? "v2"
+         : v == 1  ? "smemtab+pdl"
+         : v == 2  ? "fused"
+         : v == 3  ? "halfpart"
+         : v == 4  ? "lastmerge8"
+         : v == 5  ? "lastmerge32"
+         : v == 6  ? "auto(3|5)"
+         : v == 7  ? "auto+earlykv"
+         : v == 8  ? "cluster+earlykv"
+         : v == 9  ? "auto(7|8)"
          : v == 10 ? "auto(3e|8)"
          : v == 11 ? "hopper"
          : v == 12 ? "hopper-decode"
          : v == 13 ? "hopper-tma"
          : v == 14 ? "hopper-tma+kvw"
          : v == 15 ? "hopper-tma+kvw+cluster"
+         : v == 16 ? "hopper-tma+kvw+early"
                    : "?";
 }
 

@@ -476,38 +476,54 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     }
     tma::FenceMbarInit();
   }
-  if (warp == kConsumers / 32 && lane == 0) {
+  const bool producer = warp == kConsumers / 32 && lane == 0;
+  if (producer) {
     tma::PrefetchMap(&k_map);
     tma::PrefetchMap(&v_map);
   }
-  // As in the kernel above: only metadata and block tables before the wait.
+  // Tile i's K and V boxes into its stage (the producer's), once the stage is free.
+  const int block_mask = (1 << a.block_shift) - 1;
+  const int col0 = w.kvh * D;
+  auto issue_tile = [&](int i) {
+    const int stage = i % H::kStages;
+    if (i >= H::kStages) tma::MbarWait(empty0 + 8 * stage, ((i / H::kStages) - 1) & 1);
+    const int tok0 = kv_begin + i * kTN;
+    const int boxes = min(kTN / kTmaBoxRows, (kv_stop - tok0 + kTmaBoxRows - 1) / kTmaBoxRows);
+    const uint32_t full = full0 + 8 * stage;
+    tma::MbarArriveExpectTx(full, boxes * H::kSlabs * 2 * kBoxBytes);
+    const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
+    for (int b = 0; b < boxes; ++b) {
+      const int tok = tok0 + b * kTmaBoxRows;
+      const int slot =
+          (table_s[(tok >> a.block_shift) - w.first_block] << a.block_shift) + (tok & block_mask);
+#pragma unroll
+      for (int sl = 0; sl < H::kSlabs; ++sl) {
+        const uint32_t dst = k_stage + sl * H::kKvSlabBytes + b * kBoxBytes;
+        tma::Load2d(dst, &k_map, col0 + sl * kTmaBoxCols, slot, full);
+        tma::Load2d(dst + H::kTileBytes, &v_map, col0 + sl * kTmaBoxCols, slot, full);
+      }
+    }
+  };
+  // Before the wait: metadata and block tables; and with the KV write fused (the step's new row
+  // is written here, after the wait, not by an earlier kernel), the first stages' K and V: every
+  // cached row they hold was written by an earlier step (the previous kernel writes only the QKV
+  // row), and the new row's stale copy is replaced in shared memory as below.
+  int early = 0;
+  if constexpr (kFuseKv) {
+    if (a.new_key != nullptr && a.kv_before_wait) {
+      __syncthreads();  // table_s, the barriers
+      early = min(num_tiles, H::kStages);
+      if (producer) {
+        for (int i = 0; i < early; ++i) issue_tile(i);
+      }
+    }
+  }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   __syncthreads();  // table_s, the barriers
 
   if (warp == kConsumers / 32) {  // the producer
     if (lane == 0) {
-      const int block_mask = (1 << a.block_shift) - 1;
-      const int col0 = w.kvh * D;
-      for (int i = 0; i < num_tiles; ++i) {
-        const int stage = i % H::kStages;
-        if (i >= H::kStages) tma::MbarWait(empty0 + 8 * stage, ((i / H::kStages) - 1) & 1);
-        const int tok0 = kv_begin + i * kTN;
-        const int boxes = min(kTN / kTmaBoxRows, (kv_stop - tok0 + kTmaBoxRows - 1) / kTmaBoxRows);
-        const uint32_t full = full0 + 8 * stage;
-        tma::MbarArriveExpectTx(full, boxes * H::kSlabs * 2 * kBoxBytes);
-        const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
-        for (int b = 0; b < boxes; ++b) {
-          const int tok = tok0 + b * kTmaBoxRows;
-          const int slot = (table_s[(tok >> a.block_shift) - w.first_block] << a.block_shift) +
-                           (tok & block_mask);
-#pragma unroll
-          for (int sl = 0; sl < H::kSlabs; ++sl) {
-            const uint32_t dst = k_stage + sl * H::kKvSlabBytes + b * kBoxBytes;
-            tma::Load2d(dst, &k_map, col0 + sl * kTmaBoxCols, slot, full);
-            tma::Load2d(dst + H::kTileBytes, &v_map, col0 + sl * kTmaBoxCols, slot, full);
-          }
-        }
-      }
+      for (int i = early; i < num_tiles; ++i) issue_tile(i);
     }
     __syncwarp();
     asm volatile("griddepcontrol.launch_dependents;\n" ::);

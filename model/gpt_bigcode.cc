@@ -652,7 +652,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   }
 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
-  // GPU inside the attention kernel where its variant fuses it (14, 15).
+  // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
   RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
   if (chain_step) {
     ASSIGN_OR_RETURN(const bool done, run_chain());
