@@ -701,15 +701,43 @@ __device__ __forceinline__ void TiledFold(const ChainArgs& a, const ChainPhaseAr
   }
 }
 
+// As Dot8 with the products summed in fp16 pairs (HFMA2: four products a half of the pair,
+// rounded to fp16 on the way) before the fp32 sum (DecodeChainTuning::half_fold); bf16: Dot8.
+template <typename T>
+__device__ __forceinline__ float Dot8HalfPairs(const int4& w, const int4& x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2* h = reinterpret_cast<const __half2*>(&w);
+    const __half2* g = reinterpret_cast<const __half2*>(&x);
+    __half2 acc = __hmul2(h[0], g[0]);
+    acc = __hfma2(h[1], g[1], acc);
+    acc = __hfma2(h[2], g[2], acc);
+    acc = __hfma2(h[3], g[3], acc);
+    const float2 f = __half22float2(acc);
+    return f.x + f.y;
+  } else {
+    return Dot8<T>(w, x);
+  }
+}
+
+enum ChainFold : int { kFoldRows = 0, kFoldTiles = 1, kFoldHalfPairs = 2 };
+// Measured default (-1) of DecodeChainTuning::half_fold: on. H200, 2026-12-04 ~14:16 UTC,
+// mqabench latency StarCoder b1 --chain auto,hf,auto,hf: decode step 8.006 / 8.046 ms with the
+// fp32 fold, 7.947 / 7.948 with fp16 pairs (1.0357 / 1.0339 -> 1.0202 / 1.0206 s); SantaCoder with
+// the chain on every layer 1.177 -> 1.145 ms; one StarCoder layer in isolation equal (186.5 /
+// 186.7 us, consume only 171.6 -> 155.9). HF parity (the chain rows) 0.00205 either way.
+constexpr int kDefaultHalfFold = 1;
+
 // Shared memory: the ring (stages x stage_bytes), the input (in_bytes), the LN weight and bias
 // (ln_k elements of T each), the row sums (max rows a CTA x fp32), the stages' full / empty
 // barriers, the reduction scratch; for work stealing, the chunks the producer took in each phase
 // and, once it knows, how many stages it streamed for the phase.
-// kTiled: some phase has the tiled layout (a separate instantiation, so that the row-run kernel
-// keeps its register allocation).
-template <typename T, bool kStamps, bool kTiled>
+// kFold: kFoldRows (the row-run layout, fp32 fold), kFoldTiles (some phase has the tiled layout)
+// or kFoldHalfPairs (row runs, DecodeChainTuning::half_fold); separate instantiations, so that the
+// default kernel keeps its register allocation.
+template <typename T, bool kStamps, int kFold>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
+  constexpr bool kTiled = kFold == kFoldTiles;
   extern __shared__ __align__(1024) unsigned char smem[];
   const int stages = a.stages;
   unsigned char* ring = smem;
@@ -1002,7 +1030,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           if (j + u < j1) {
-            const float d = Dot8<T>(w[u], x[u]);
+            const float d =
+                kFold == kFoldHalfPairs ? Dot8HalfPairs<T>(w[u], x[u]) : Dot8<T>(w[u], x[u]);
             if (rows[u] != cur) {
               if (cur >= 0) flush();
               cur = rows[u];
@@ -1183,7 +1212,7 @@ std::pair<int, int> TileShape(int64_t max_rows, int64_t k, int64_t stage_elems, 
 struct LaunchInfo {
   int device = -1;
   int smem_optin = 0;
-  bool configured[2][2][2] = {};  // [bf16][timeline][tiled]
+  bool configured[2][2][3] = {};  // [bf16][timeline][fold]
 };
 
 absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
@@ -1447,13 +1476,19 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       const bool stamps = tuning.timeline != nullptr;
       bool any_tiled = false;
       for (int i = 0; i < a.num_phases; ++i) any_tiled |= a.ph[i].tile_rows > 0;
-      auto* kernel =
-          stamps
-              ? (any_tiled ? DecodeChainKernel<T, true, true> : DecodeChainKernel<T, true, false>)
-              : (any_tiled ? DecodeChainKernel<T, false, true>
-                           : DecodeChainKernel<T, false, false>);
-      bool& configured =
-          info.configured[std::is_same_v<T, __half> ? 0 : 1][stamps ? 1 : 0][any_tiled ? 1 : 0];
+      const int fold = any_tiled ? kFoldTiles
+                       : (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0 &&
+                               std::is_same_v<T, __half>
+                           ? kFoldHalfPairs
+                           : kFoldRows;
+      auto* kernel = stamps
+                         ? (fold == kFoldTiles       ? DecodeChainKernel<T, true, kFoldTiles>
+                            : fold == kFoldHalfPairs ? DecodeChainKernel<T, true, kFoldHalfPairs>
+                                                     : DecodeChainKernel<T, true, kFoldRows>)
+                         : (fold == kFoldTiles       ? DecodeChainKernel<T, false, kFoldTiles>
+                            : fold == kFoldHalfPairs ? DecodeChainKernel<T, false, kFoldHalfPairs>
+                                                     : DecodeChainKernel<T, false, kFoldRows>);
+      bool& configured = info.configured[std::is_same_v<T, __half> ? 0 : 1][stamps ? 1 : 0][fold];
       if (!configured) {  // once: every launch's smem is at most this (room above)
         const size_t most = static_cast<size_t>(info.smem_optin) - kStaticSmem;
         CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(

@@ -74,6 +74,12 @@ struct DecodeChainTuning {
   // TileShape). -1: the measured default. Phases that steal rows use the row-run layout either
   // way.
   int mma_fold = -1;
+  // The row-run fold with each 16-byte chunk's 8 products summed as fp16 pairs (HFMA2) before
+  // the fp32 row sum: a quarter of the fold's arithmetic instructions, one fp16 rounding on each
+  // 4-product partial (for k = 24576 and weights ~0.02 about one fp16 rounding of the output).
+  // fp16 only (bf16 keeps the fp32 fold); not with the tiled layout. 1: on, 0: off (the fp32
+  // fold), -1: the measured default (kernels/decode_chain.cu: on).
+  int half_fold = -1;
 };
 
 // CTAs of a chain launched with `tuning` on the calling thread's device.

@@ -52,6 +52,7 @@ struct OpContext {
   int chain_stage_bytes = 0;   // DecodeChainTuning::stage_bytes (0: automatic)
   int chain_ll_inputs = -1;    // DecodeChainTuning::ll_inputs
   int chain_mma_fold = -1;     // DecodeChainTuning::mma_fold
+  int chain_half_fold = -1;    // DecodeChainTuning::half_fold
   int chain_steal_chunks = -1;  // DecodeChainTuning::steal_chunks
   // Benchmarks (mqabench --chain-timeline): the chain launched with timeline index i <
   // chain_timelines records DecodeChainTuning::timeline at chain_timeline + i *

@@ -177,6 +177,9 @@ struct GptBigCodeOptions {
   int decode_chain_ll_inputs = -1;
   // With decode_chain: DecodeChainTuning::mma_fold (-1: the kernel's measured default).
   int decode_chain_mma_fold = -1;
+  // With decode_chain: DecodeChainTuning::half_fold (fp16 pair sums in the fold; -1: the kernel's
+  // measured default).
+  int decode_chain_half_fold = -1;
   // With decode_chain: DecodeChainTuning::steal_chunks (-1: the kernel's measured default, off;
   // 0: each CTA's rows of a phase fixed in advance).
   int decode_chain_steal_chunks = -1;
@@ -264,6 +267,8 @@ class GptBigCode {
   void set_decode_chain_ll_inputs(int ll);
   // Benchmarks: GptBigCodeOptions::decode_chain_mma_fold. Drops captured graphs.
   void set_decode_chain_mma_fold(int mma);
+  // Benchmarks: GptBigCodeOptions::decode_chain_half_fold. Drops captured graphs.
+  void set_decode_chain_half_fold(int half);
   // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
   // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
   // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.

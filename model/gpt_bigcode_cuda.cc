@@ -194,6 +194,11 @@ void GptBigCode::set_decode_chain_mma_fold(int mma) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain_half_fold(int half) {
+  ctx_.chain_half_fold = half;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_early_release(bool on) {
   chain_early_release_ = on;
   ClearCudaGraphs();
@@ -319,6 +324,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_stage_bytes = options.decode_chain_stage_bytes;
   ctx_.chain_ll_inputs = options.decode_chain_ll_inputs;
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
+  ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
@@ -661,6 +667,7 @@ void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
+void GptBigCode::set_decode_chain_half_fold(int) {}
 void GptBigCode::set_decode_chain_steal_chunks(int) {}
 absl::Status GptBigCode::set_decode_chain_timeline(bool) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -52,6 +52,7 @@ struct GptBigCodeRunnerOptions {
   bool decode_chain = true;             // GptBigCodeOptions::decode_chain
   int64_t decode_chain_min_layer_bytes = GptBigCodeOptions().decode_chain_min_layer_bytes;
   bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
+  int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -158,6 +158,12 @@ DecodeChainTuning WithFold(DecodeChainTuning t, int mma) {
   return t;
 }
 
+// `t` with the fp16-pair fold on or off (DecodeChainTuning::half_fold).
+DecodeChainTuning HalfFold(DecodeChainTuning t, int on = 1) {
+  t.half_fold = on;
+  return t;
+}
+
 // The ring's own cost: the producer loads nothing and the consumers fold nothing.
 DecodeChainTuning NoLoadNoFold(int stage_bytes) {
   DecodeChainTuning t = ConsumeOnly(stage_bytes);
@@ -377,6 +383,10 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
       {"chain, automatic ring (default)", {}},
       {"chain, tensor-core fold (tiles)", WithFold({}, 1)},
       {"chain, CUDA-core fold (row runs)", WithFold({}, 0)},
+      {"chain, fp16-pair fold (row runs)", HalfFold({})},
+      {"chain, fp32 fold (row runs)", HalfFold({}, 0)},
+      {"chain, 48 KiB, consume only, fp16 pairs", HalfFold(ConsumeOnly(49152))},
+      {"chain, 48 KiB, consume only, fp32 fold", HalfFold(ConsumeOnly(49152), 0)},
       {"chain, tensor cores, tiles of 16 rows", WithFold({}, 16)},
       {"chain, tensor cores, tiles of 32 rows", WithFold({}, 32)},
       {"chain, 48 KiB, stream only, tiles", WithFold({49152, 0, true}, 1)},
@@ -432,9 +442,8 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
            }));
   }
   ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "fp32 fold", HalfFold({}, 0), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "grid barriers only", BarriersOnly(), ceiling, stream, chain_params, ws.ptr);
-  ChainTimeline(md, "CUDA-core fold (row runs)", WithFold({}, 0), ceiling, stream, chain_params,
-                ws.ptr);
   ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,
                 ws.ptr);
   ChainTimeline(md, "48 KiB, consume only", ConsumeOnly(49152), ceiling, stream, chain_params,

@@ -445,6 +445,15 @@ TEST_P(DecodeChainTest, BothFoldsMatchHost) {
                    mma ? "layer, tensor-core fold" : "layer, CUDA-core fold");
     ASSERT_FALSE(HasFatalFailure());
   }
+  for (int half : {1, 0}) {  // fp16 pairs (bf16: the fp32 fold either way), the fp32 fold
+    DecodeChainTuning tuning;
+    tuning.half_fold = half;
+    const std::string what = half ? "fp16-pair fold" : "fp32 fold";
+    CheckOneLaunch(c, t, stream_, ws->get(), 0, true, tuning, "layer, " + what);
+    ASSERT_FALSE(HasFatalFailure());
+    CheckBackToBack(c, t, stream_, ws->get(), 0, 2, tuning, what + ", two back to back");
+    ASSERT_FALSE(HasFatalFailure());
+  }
   ExpectCountersZero(*ws, 1, "both folds");
 
   struct Shape {
