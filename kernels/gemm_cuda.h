@@ -73,6 +73,11 @@ class CudaGemm {
     // mlp c_proj, not StarCoder's) keep 8 instead of 4 16-byte weight loads per row and lane in
     // flight, and load twice as many before the PDL wait (a 4 KiB row all of it).
     bool skinny_deep_unroll = false;
+    // m = 1, fp16, two rows a warp, and k <= 4096 or a narrow (deep-unrolled) call: each 16-byte
+    // chunk's eight products summed as HFMA2 pairs before the fp32 sum (one fp16 rounding on each
+    // 4-product partial; as the decode chain's DecodeChainTuning::half_fold). Measured faster for
+    // SantaCoder's layer GEMMs, slower for StarCoder's (kernels/gemm_cuda.cu).
+    bool skinny_half_fold = false;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -141,6 +146,7 @@ class CudaGemm {
   void set_skinny_split_ctas_per_sm(int ctas) { options_.skinny_split_ctas_per_sm = ctas; }
   void set_stream_tc(bool on) { options_.stream_tc = on; }
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
+  void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
@@ -180,8 +186,10 @@ class CudaGemm {
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
 // deep_max_warps > 0: an m = 1 call of at most that many warps (two rows a warp) keeps twice the
 // weight loads in flight (CudaGemm passes 16 per SM when Options::skinny_deep_unroll is on).
+// half_fold: Options::skinny_half_fold (m = 1, fp16, two rows a warp; ignored elsewhere).
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
-                            int rows_per_warp = 2, bool pdl = false, int64_t deep_max_warps = 0);
+                            int rows_per_warp = 2, bool pdl = false, int64_t deep_max_warps = 0,
+                            bool half_fold = false);
 
 // The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
 // same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least

@@ -146,6 +146,11 @@ struct GptBigCodeOptions {
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).
   bool gemm_deep_unroll = true;
+  // CudaGemm::Options::skinny_half_fold (mqabench --gemm skinnydh / skinnydf): m = 1 fp16 GEMMs
+  // of k <= 4096 or narrow sum each 16-byte chunk's products as fp16 pairs before the fp32 sum.
+  // On: H200, 2026-12-04 ~14:48 UTC, SantaCoder b1 decode step 1.044 / 1.048 -> 1.016 / 1.000 ms
+  // (applied to every m = 1 GEMM then; StarCoder's, k 6144 and 24576, got slower and are left out).
+  bool gemm_half_fold = true;
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
@@ -246,9 +251,9 @@ class GptBigCode {
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);
-  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll; no-op
-  // on the CPU. Drops captured graphs.
-  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll);
+  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll /
+  // gemm_half_fold (half_fold < 0: unchanged); no-op on the CPU. Drops captured graphs.
+  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int half_fold = -1);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

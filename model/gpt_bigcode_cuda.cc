@@ -238,11 +238,12 @@ absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timelin
   return h;
 }
 
-void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll) {
+void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int half_fold) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
   cuda_->gemm->set_stream_tc(stream_tc);
   cuda_->gemm->set_skinny_deep_unroll(deep_unroll);
+  if (half_fold >= 0) cuda_->gemm->set_skinny_half_fold(half_fold != 0);
   ClearCudaGraphs();
 }
 
@@ -311,6 +312,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.autotune_max_m = options.gemm_autotune_max_m;
   gemm_options.skinny_split_k = options.gemm_split_k;
   gemm_options.skinny_deep_unroll = options.gemm_deep_unroll;
+  gemm_options.skinny_half_fold = options.gemm_half_fold;
   gemm_options.stream_tc = options.gemm_stream_tc;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
@@ -690,7 +692,7 @@ int GptBigCode::pending_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
-void GptBigCode::set_gemm_kernels(bool, bool, bool) {}
+void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

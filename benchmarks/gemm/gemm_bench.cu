@@ -331,28 +331,38 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
   gemm.set_skinny(true);
   gemm.set_skinny_split_k(false);
   gemm.set_pdl(true);
-  report("skinny+pdl, 4 launches", TimeGraphUs(stream, [&](int i, cudaStream_t st) {
-           for (int g = 0; g < 4; ++g) {
-             const Shape& sh = order_shapes[g];
-             GemmParams p;
-             p.a = ins[g];
-             p.b = weights[(i % copies) * 4 + g]->ptr;
-             p.c = outs[g];
-             p.lda = sh.k;
-             p.ldb = sh.k;
-             p.ldc = sh.n;
-             p.m = 1;
-             p.n = sh.n;
-             p.k = sh.k;
-             p.dtype = dtype;
-             GemmEpilogue ep;
-             ep.bias = bias.ptr;
-             ep.activation = sh.gelu ? Activation::kGeluTanh : Activation::kIdentity;
-             ep.accumulate = sh.accumulate;
-             RETURN_IF_ERROR(gemm.Run(p, ep, st));
-           }
-           return absl::OkStatus();
-         }));
+  auto skinny_layer = [&](const char* name) {
+    report(name, TimeGraphUs(stream, [&](int i, cudaStream_t st) {
+             for (int g = 0; g < 4; ++g) {
+               const Shape& sh = order_shapes[g];
+               GemmParams p;
+               p.a = ins[g];
+               p.b = weights[(i % copies) * 4 + g]->ptr;
+               p.c = outs[g];
+               p.lda = sh.k;
+               p.ldb = sh.k;
+               p.ldc = sh.n;
+               p.m = 1;
+               p.n = sh.n;
+               p.k = sh.k;
+               p.dtype = dtype;
+               GemmEpilogue ep;
+               ep.bias = bias.ptr;
+               ep.activation = sh.gelu ? Activation::kGeluTanh : Activation::kIdentity;
+               ep.accumulate = sh.accumulate;
+               RETURN_IF_ERROR(gemm.Run(p, ep, st));
+             }
+             return absl::OkStatus();
+           }));
+  };
+  skinny_layer("skinny+pdl, 4 launches");
+  // The model's default (deep unroll for narrow GEMMs), and with fp16 pair sums.
+  gemm.set_skinny_deep_unroll(true);
+  skinny_layer("skinny+pdl+deep, 4 launches");
+  gemm.set_skinny_half_fold(true);
+  skinny_layer("skinny+pdl+deep+half, 4 launches");
+  gemm.set_skinny_half_fold(false);
+  gemm.set_skinny_deep_unroll(false);
   // Call i's chain: the layer copy i % copies.
   auto chain_params = [&](int i) {
     DecodeChainParams p;

@@ -413,14 +413,15 @@ absl::Status Latency(const Flags& f) {
   } else {
     // A comma-separated list: skinny (= skinny2), skinny1, skinny4, cublaslt, splitk (the split-K
     // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
-    // with CudaGemm::Options::skinny_deep_unroll).
+    // with CudaGemm::Options::skinny_deep_unroll), skinnydh / skinnydf (skinnyd with
+    // skinny_half_fold on / off; skinnyd leaves it at the model's default, on).
     for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
       variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
     }
   }
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && v != "splitk+tc" && v != "skinnyd") {
+        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf") {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -605,8 +606,12 @@ absl::Status Latency(const Flags& f) {
     };
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
-    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
-                               variant == "tc" || variant == "splitk+tc", variant == "skinnyd");
+    r.model().set_gemm_kernels(
+        variant == "splitk" || variant == "splitk+tc", variant == "tc" || variant == "splitk+tc",
+        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf",
+        variant == "skinnydh"   ? 1
+        : variant == "skinnydf" ? 0
+                                : -1);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);

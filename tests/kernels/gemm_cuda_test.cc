@@ -405,37 +405,45 @@ TEST_P(GemmCudaTest, AutotuneSplitKMatchesCpu) {
 }
 
 // CudaGemm::Options::skinny_deep_unroll: narrow m = 1 GEMMs (at most 16 warps an SM) through the
-// 8-deep instantiation, every epilogue, with and without PDL, and the fused layer norm / KV write.
+// 8-deep instantiation, every epilogue, with and without PDL, and the fused layer norm / KV write;
+// then again with skinny_half_fold (fp16 pair sums; bf16 ignores it).
 TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
   const auto [t, rows] = GetParam();
   if (rows != 2) GTEST_SKIP() << "the deep unroll is instantiated for 2 rows per warp";
-  CudaGemm::Options options;
-  options.skinny_rows_per_warp = rows;
-  options.skinny_max_m = CudaGemm::kSkinnyMaxM;
-  options.skinny_deep_unroll = true;
-  auto gemm = CudaGemm::Create(options);
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), odd n,
-  // k not a multiple of the unrolled step, padded A.
-  const Shape shapes[] = {{1, 2304, 2048, 0}, {1, 2048, 8192, 8}, {1, 1001, 264, 0},
-                          {1, 77, 40, 0},     {1, 515, 3000, 16}};
-  for (const Shape& s : shapes) {
-    for (int epi = 0; epi < 4; ++epi) {
-      EpilogueCase ec;
-      ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, epi, t, rng_, ec));
-      ASSERT_NO_FATAL_FAILURE(ec.ResetC());
-      (*gemm)->set_pdl(epi % 2 == 0);
-      const absl::Status st = (*gemm)->Run(ec.p, ec.e, stream_);
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto got = Widen(ec.dc->Download<uint16_t>(), t);
-      EXPECT_LT(RelError(got, ec.want), 1e-2)
-          << "m " << s.m << " n " << s.n << " k " << s.k << " epilogue " << epi;
+  for (const bool half_fold : {false, true}) {
+    SCOPED_TRACE(half_fold ? "half fold" : "fp32 fold");
+    CudaGemm::Options options;
+    options.skinny_rows_per_warp = rows;
+    options.skinny_max_m = CudaGemm::kSkinnyMaxM;
+    options.skinny_deep_unroll = true;
+    options.skinny_half_fold = half_fold;
+    auto gemm = CudaGemm::Create(options);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), odd n,
+    // k not a multiple of the unrolled step, padded A.
+    const Shape shapes[] = {{1, 2304, 2048, 0},
+                            {1, 2048, 8192, 8},
+                            {1, 1001, 264, 0},
+                            {1, 77, 40, 0},
+                            {1, 515, 3000, 16}};
+    for (const Shape& s : shapes) {
+      for (int epi = 0; epi < 4; ++epi) {
+        EpilogueCase ec;
+        ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, epi, t, rng_, ec));
+        ASSERT_NO_FATAL_FAILURE(ec.ResetC());
+        (*gemm)->set_pdl(epi % 2 == 0);
+        const absl::Status st = (*gemm)->Run(ec.p, ec.e, stream_);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = Widen(ec.dc->Download<uint16_t>(), t);
+        EXPECT_LT(RelError(got, ec.want), 1e-2)
+            << "m " << s.m << " n " << s.n << " k " << s.k << " epilogue " << epi;
+      }
     }
-  }
-  for (int variant = 0; variant < 4; ++variant) {
-    ASSERT_NO_FATAL_FAILURE(
-        CheckFused(**gemm, t, kFusedShapes[0], variant, RunMode::kEager, rng_, stream_));
+    for (int variant = 0; variant < 4; ++variant) {
+      ASSERT_NO_FATAL_FAILURE(
+          CheckFused(**gemm, t, kFusedShapes[0], variant, RunMode::kEager, rng_, stream_));
+    }
   }
 }
 
