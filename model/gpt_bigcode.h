@@ -149,7 +149,8 @@ struct GptBigCodeOptions {
   // CudaGemm::Options::skinny_half_fold (mqabench --gemm skinnydh / skinnydf): m = 1 fp16 GEMMs
   // of k <= 4096 or narrow sum each 16-byte chunk's products as fp16 pairs before the fp32 sum.
   // On: H200, 2026-12-04 ~14:48 UTC, SantaCoder b1 decode step 1.044 / 1.048 -> 1.016 / 1.000 ms
-  // (applied to every m = 1 GEMM then; StarCoder's, k 6144 and 24576, got slower and are left out).
+  // (applied to every m = 1 GEMM then; StarCoder's, k 6144 and 24576, got slower and are left out);
+  // ~14:57 with this rule, on / off / on / off: 1.012 / 1.057 / 1.058 / 1.059 ms (a noisy call).
   bool gemm_half_fold = true;
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
