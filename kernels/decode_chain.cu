@@ -701,19 +701,12 @@ __device__ __forceinline__ void TiledFold(const ChainArgs& a, const ChainPhaseAr
   }
 }
 
-// As Dot8 with the products summed in fp16 pairs (HFMA2: four products a half of the pair,
-// rounded to fp16 on the way) before the fp32 sum (DecodeChainTuning::half_fold); bf16: Dot8.
+// As Dot8 with the products summed in fp16 pairs (fwd::HalfPairDot8; DecodeChainTuning::
+// half_fold); bf16: Dot8.
 template <typename T>
 __device__ __forceinline__ float Dot8HalfPairs(const int4& w, const int4& x) {
   if constexpr (std::is_same_v<T, __half>) {
-    const __half2* h = reinterpret_cast<const __half2*>(&w);
-    const __half2* g = reinterpret_cast<const __half2*>(&x);
-    __half2 acc = __hmul2(h[0], g[0]);
-    acc = __hfma2(h[1], g[1], acc);
-    acc = __hfma2(h[2], g[2], acc);
-    acc = __hfma2(h[3], g[3], acc);
-    const float2 f = __half22float2(acc);
-    return f.x + f.y;
+    return fwd::HalfPairDot8(&w, &x);
   } else {
     return Dot8<T>(w, x);
   }
@@ -1481,13 +1474,13 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
                                std::is_same_v<T, __half>
                            ? kFoldHalfPairs
                            : kFoldRows;
-      auto* kernel = stamps
-                         ? (fold == kFoldTiles       ? DecodeChainKernel<T, true, kFoldTiles>
-                            : fold == kFoldHalfPairs ? DecodeChainKernel<T, true, kFoldHalfPairs>
-                                                     : DecodeChainKernel<T, true, kFoldRows>)
-                         : (fold == kFoldTiles       ? DecodeChainKernel<T, false, kFoldTiles>
-                            : fold == kFoldHalfPairs ? DecodeChainKernel<T, false, kFoldHalfPairs>
-                                                     : DecodeChainKernel<T, false, kFoldRows>);
+      auto with_stamps = [&]<bool kS>() {
+        return fold == kFoldTiles       ? DecodeChainKernel<T, kS, kFoldTiles>
+               : fold == kFoldHalfPairs ? DecodeChainKernel<T, kS, kFoldHalfPairs>
+                                        : DecodeChainKernel<T, kS, kFoldRows>;
+      };
+      auto* kernel = stamps ? with_stamps.template operator()<true>()
+                            : with_stamps.template operator()<false>();
       bool& configured = info.configured[std::is_same_v<T, __half> ? 0 : 1][stamps ? 1 : 0][fold];
       if (!configured) {  // once: every launch's smem is at most this (room above)
         const size_t most = static_cast<size_t>(info.smem_optin) - kStaticSmem;

@@ -81,6 +81,20 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch /* [33] shared
 
 namespace mqa::fwd {
 
+// The dot product of 8 fp16 weights with 8 fp16 inputs (16 bytes each), summed as HFMA2 pairs
+// (four products a half of the pair, rounded to fp16 on the way) before one fp32 add: the decode
+// chain's DecodeChainTuning::half_fold and the skinny GEMM's CudaGemm::Options::skinny_half_fold.
+__device__ __forceinline__ float HalfPairDot8(const void* w, const void* x) {
+  const __half2* h = static_cast<const __half2*>(w);
+  const __half2* g = static_cast<const __half2*>(x);
+  __half2 acc = __hmul2(h[0], g[0]);
+  acc = __hfma2(h[1], g[1], acc);
+  acc = __hfma2(h[2], g[2], acc);
+  acc = __hfma2(h[3], g[3], acc);
+  const float2 f = __half22float2(acc);
+  return f.x + f.y;
+}
+
 // Programmatic dependent launch (PDL). A kernel launched with LaunchMaybePdl(pdl = true) may start
 // while the previous kernel in the stream is still running (once every CTA of that one has
 // called PdlTrigger or exited); it must call PdlWait before it reads the previous kernel's output

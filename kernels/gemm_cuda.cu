@@ -215,16 +215,8 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
           xv.v[e] = fwd::FromFloat<T>((fwd::ToFloat(xv.v[e]) - mean[0]) * rstd[0] * lw[e] + lb[e]);
         }
       }
-      const __half2* xh = reinterpret_cast<const __half2*>(&xv);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const __half2* wh = reinterpret_cast<const __half2*>(&bv[r]);
-        __half2 s2 = __hmul2(wh[0], xh[0]);
-#pragma unroll
-        for (int h = 1; h < kV / 2; ++h) s2 = __hfma2(wh[h], xh[h], s2);
-        const float2 f = __half22float2(s2);
-        acc[0][r] += f.x + f.y;
-      }
+      for (int r = 0; r < R; ++r) acc[0][r] += fwd::HalfPairDot8(&bv[r], &xv);
       return;
     }
 #pragma unroll
@@ -335,22 +327,20 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   const SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
-  if constexpr (M == 1 && R == 2 && std::is_same_v<T, __half>) {
-    // Only where it was measured faster (H200, 2026-12-04 ~14:48 UTC, gemm_bench --chain only):
-    // SantaCoder's four layer GEMMs 30.8 -> 28.9 us, StarCoder's 200.6 -> 205.4 us (k 6144 and
-    // 24576, no deep unroll): narrow calls (the deep unroll) and k <= kSkinnyHalfMaxK.
-    const bool deep = deep_max_warps > 0 && blocks * kSkinnyWarps <= deep_max_warps;
-    if (half_fold && (deep || p.k <= kSkinnyHalfMaxK)) {
-      if (deep) {
-        return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(a, ln, e.activation, grid,
-                                                                      stream, pdl);
-      }
-      return LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true>(a, ln, e.activation, grid, stream,
-                                                                pdl);
-    }
-  }
   if constexpr (M == 1 && R == 2) {
-    if (deep_max_warps > 0 && blocks * kSkinnyWarps <= deep_max_warps) {
+    const bool deep = deep_max_warps > 0 && blocks * kSkinnyWarps <= deep_max_warps;
+    if constexpr (std::is_same_v<T, __half>) {
+      // Only where it was measured faster (H200, 2026-12-04 ~14:48 UTC, gemm_bench --chain only):
+      // SantaCoder's four layer GEMMs 30.8 -> 28.9 us, StarCoder's 200.6 -> 205.4 us (k 6144 and
+      // 24576, no deep unroll): narrow calls (the deep unroll) and k <= kSkinnyHalfMaxK.
+      if (half_fold && (deep || p.k <= kSkinnyHalfMaxK)) {
+        return deep ? LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(a, ln, e.activation,
+                                                                             grid, stream, pdl)
+                    : LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true>(a, ln, e.activation, grid,
+                                                                         stream, pdl);
+      }
+    }
+    if (deep) {
       return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll>(a, ln, e.activation, grid, stream,
                                                               pdl);
     }
