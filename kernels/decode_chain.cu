@@ -45,7 +45,11 @@ constexpr int kEpochOffset = 64;
 // word with the expected flag holds the element. At most kLlMaxN elements.
 constexpr int kLlMaxN = 8192;
 constexpr size_t kLlAreaBytes = size_t{kLlMaxN} * 8;
-constexpr size_t kSlotBytes = kCounterStride + 2 * kLlAreaBytes;
+// The fused MLP's fp32 output vector (DecodeChainTuning::fused_mlp), after the LL areas: at most
+// kFusedMaxN elements (a thread's two 16-byte chunks of a transposed row, kConsumers threads).
+constexpr int kFusedMaxN = 2 * kConsumers * 8;
+constexpr size_t kFusedOffset = kCounterStride + 2 * kLlAreaBytes;
+constexpr size_t kSlotBytes = kFusedOffset + size_t{kFusedMaxN} * 4;
 // Measured default (-1): off. H200, 2026-12-04, two calls side by side with the barrier form
 // (mqabench --chain ll,nl, StarCoder b1 decode step): ~11:05 UTC 8.064 / 8.058 ms with LL against
 // 8.087 / 8.070 without; ~11:12 UTC 7.984 / 7.986 with against 7.962 without. Within the spread
@@ -93,6 +97,19 @@ constexpr int kTileSlack = kTileMaxRows * kTilePad;
 // 8-row tiles 207, 16-row 204, 32-row 298 against 194 us; end to end StarCoder b1 8.78 against
 // 8.10 ms a step, SantaCoder (chain on) 1.33 against 1.22 ms. Kept as a knob (mma_fold).
 constexpr int kDefaultMmaFold = 0;
+// The fused MLP (DecodeChainTuning::fused_mlp): not yet measured on the H200, off.
+constexpr int kDefaultFusedMlp = 0;
+
+// A phase's part in the fused MLP (DecodeChainTuning::fused_mlp).
+enum ChainPhaseKind : int {
+  kPhasePlain = 0,
+  kPhaseUp = 1,      // the up projection: its outputs (after bias, GELU, rounding) stay in the
+                     // CTA's shared memory; its input (the residual) + the down bias go into y32
+  kPhaseDown = 2,    // the down projection's transposed weight: rows [r0, r1) of it, times the
+                     // CTA's up outputs, added into y32 (no barrier, no input, no epilogue)
+  kPhaseFromY32 = 3  // the phase after: its input is y32 rounded to T, which it also writes to
+                     // the residual stream (each CTA a slice)
+};
 
 struct ChainPhaseArgs {
   const void* w;
@@ -116,6 +133,9 @@ struct ChainPhaseArgs {
   // The tiled layout (kTileMaxRows): rows a tile (0: the row-run layout, one contiguous run of the
   // CTA's rows streamed a stage at a time) and columns a stage (a divisor of k, a multiple of 64).
   int tile_rows, tile_cols;
+  int kind;              // ChainPhaseKind
+  float* y32;            // the fused MLP's fp32 vector (kinds 1-3)
+  const void* y32_bias;  // kPhaseUp: the down projection's bias, or null
 };
 
 struct ChainAttentionArgs {
@@ -150,6 +170,9 @@ struct ChainArgs {
   unsigned* counter;  // the grid barrier's; phase i's steal counter kStealCounterStride x (i + 1)
                       // bytes further
   unsigned long long* stamps;  // DecodeChainTuning::timeline (the kStamps instantiation)
+  int acc_floats;              // the row sums' floats in shared memory (the up outputs follow them)
+  float* y32;  // the fused MLP's vector (zeroed by the launch before its pair), or null
+  int y32_n;   // its elements
 };
 
 __device__ __forceinline__ unsigned long long GlobalTimer() {
@@ -581,7 +604,33 @@ __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T*
   int4* xs = reinterpret_cast<int4*>(x);
   float sum = 0.0f;
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
-    const int4 raw = ll != nullptr ? PollLl(ll + 8 * v, flag) : __ldcg(in + v);
+    int4 raw;
+    // The vectors v = blockIdx.x (mod grid) are this CTA's share of the fused MLP's writes.
+    const bool share = ph.kind != kPhasePlain && v % gridDim.x == blockIdx.x;
+    if (ph.kind == kPhaseFromY32) {  // the fused MLP's sum, rounded once: the residual stream
+      const float4* y = reinterpret_cast<const float4*>(ph.y32) + 2 * v;
+      const float4 lo = __ldcg(y), hi = __ldcg(y + 1);
+      const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      V val;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) val.v[e] = fwd::FromFloat<T>(f[e]);
+      raw = *reinterpret_cast<const int4*>(&val);
+      if (share) const_cast<int4*>(in)[v] = raw;  // nobody reads the stream in this phase
+    } else {
+      raw = ll != nullptr ? PollLl(ll + 8 * v, flag) : __ldcg(in + v);
+    }
+    if (ph.kind == kPhaseUp && share) {  // the fused MLP's sum starts at residual + down bias
+      V val, b;
+      *reinterpret_cast<int4*>(&val) = raw;
+      *reinterpret_cast<int4*>(&b) =
+          ph.y32_bias != nullptr ? __ldg(static_cast<const int4*>(ph.y32_bias) + v) : int4{};
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = fwd::ToFloat(val.v[e]) + fwd::ToFloat(b.v[e]);
+      float4* y = reinterpret_cast<float4*>(ph.y32) + 2 * v;
+      atomicAdd(y, make_float4(f[0], f[1], f[2], f[3]));
+      atomicAdd(y + 1, make_float4(f[4], f[5], f[6], f[7]));
+    }
     xs[v] = raw;
     if (ph.ln_w != nullptr) {
       V val;
@@ -712,6 +761,103 @@ __device__ __forceinline__ float Dot8HalfPairs(const int4& w, const int4& x) {
   }
 }
 
+// The fused MLP's down projection, one stage: rows [0, nr) of the transposed weight (row_bytes
+// each, from `stage`), row j times h[j], added into this thread's fp32 sums y of output chunks
+// c0 and c0 + per_group (8 outputs each, where < row_chunks). With two groups (rows of at most
+// kConsumers / 2 chunks) group g takes the rows j = g (mod 2). fp16: two rows' products summed
+// as an HFMA2 pair (h is a rounded fp16 value), then widened; bf16: in fp32.
+template <typename T>
+__device__ __forceinline__ void AxpyStage(const unsigned char* stage, const float* h, int nr,
+                                          int row_bytes, int groups, int grp, int c0, int per_group,
+                                          int row_chunks, float (&y)[16]) {
+  for (int j = grp; j < nr; j += 2 * groups) {
+    const int j1 = j + groups;
+    const bool two = j1 < nr;
+    const float h0 = h[j], h1 = two ? h[j1] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int c = c0 + u * per_group;
+      if (c >= row_chunks) continue;
+      const int4 w0 = *reinterpret_cast<const int4*>(stage + j * row_bytes + c * 16);
+      int4 w1 = {0, 0, 0, 0};  // (never the stage's stale rows: 0 x NaN)
+      if (two) w1 = *reinterpret_cast<const int4*>(stage + j1 * row_bytes + c * 16);
+      if constexpr (std::is_same_v<T, __half>) {
+        const __half2 a = __float2half2_rn(h0), b = __float2half2_rn(h1);
+        const __half2* p = reinterpret_cast<const __half2*>(&w0);
+        const __half2* q = reinterpret_cast<const __half2*>(&w1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __half22float2(__hfma2(q[e], b, __hmul2(p[e], a)));
+          y[8 * u + 2 * e] += f.x;
+          y[8 * u + 2 * e + 1] += f.y;
+        }
+      } else {
+        const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w0);
+        const __nv_bfloat162* q = reinterpret_cast<const __nv_bfloat162*>(&w1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(p[e]), g = __bfloat1622float2(q[e]);
+          y[8 * u + 2 * e] += f.x * h0 + g.x * h1;
+          y[8 * u + 2 * e + 1] += f.y * h0 + g.y * h1;
+        }
+      }
+    }
+  }
+}
+
+// The fused MLP's down projection (kPhaseDown) for the consumers: no barrier and no input (the
+// up outputs `up_out` are this CTA's own, published by the named barrier); stage after stage of
+// whole transposed rows from ring slot s (pass `pass`), then the sums added into y32; returns the
+// ring position after it {s, pass}. Not inlined: its sixteen fp32 sums would otherwise raise the
+// register pressure of the whole kernel (spills).
+template <typename T, bool kStamps>
+__device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs& ph, int gi,
+                                        const unsigned char* ring, uint32_t full0, uint32_t empty0,
+                                        const float* up_out, int s, uint32_t pass) {
+  const bool t0 = threadIdx.x == 0;
+  const int lane = threadIdx.x & 31;
+  tma::NamedBarrier(kConsumerBarrier, kConsumers);
+  int r0, r1;
+  CtaRows(ph, r0, r1);
+  const int row_chunks = ph.k / 8;  // 16-byte chunks of a row (k: the output length)
+  const int groups = row_chunks <= kConsumers / 2 ? 2 : 1;
+  const int per_group = kConsumers / groups;
+  const int grp = static_cast<int>(threadIdx.x) / per_group;
+  const int c0 = static_cast<int>(threadIdx.x) % per_group;
+  const int row_bytes = ph.k * static_cast<int>(sizeof(T));
+  const int rows_stage = a.stage_bytes / row_bytes;
+  float y[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) y[e] = 0.0f;
+  if (t0) Stamp<kStamps>(a, kChainLoopStart + gi);
+  for (int rb = 0; rb < r1 - r0; rb += rows_stage) {
+    tma::MbarWait(full0 + s * 8, pass & 1);
+    if (t0 && rb == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
+    if (!a.stream_only) {
+      AxpyStage<T>(ring + s * a.slot_bytes, up_out + rb, min(rows_stage, r1 - r0 - rb), row_bytes,
+                   groups, grp, c0, per_group, row_chunks, y);
+    }
+    __syncwarp();
+    if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+    if (++s == a.stages) {
+      s = 0;
+      ++pass;
+    }
+  }
+  if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int c = c0 + u * per_group;
+    if (c < row_chunks) {
+      float4* dst = reinterpret_cast<float4*>(ph.y32) + 2 * c;
+      atomicAdd(dst, make_float4(y[8 * u], y[8 * u + 1], y[8 * u + 2], y[8 * u + 3]));
+      atomicAdd(dst + 1, make_float4(y[8 * u + 4], y[8 * u + 5], y[8 * u + 6], y[8 * u + 7]));
+    }
+  }
+  if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
+  return make_uint2(static_cast<unsigned>(s), pass);
+}
+
 enum ChainFold : int { kFoldRows = 0, kFoldTiles = 1, kFoldHalfPairs = 2 };
 // Measured default (-1) of DecodeChainTuning::half_fold: on. H200, 2026-12-04 ~14:16 UTC,
 // mqabench latency StarCoder b1 --chain auto,hf,auto,hf: decode step 8.006 / 8.046 ms with the
@@ -738,6 +884,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* lnw = reinterpret_cast<T*>(smem + stages * a.slot_bytes + a.in_bytes);
   T* lnb = lnw + a.ln_k;
   float* acc = reinterpret_cast<float*>(lnb + a.ln_k);
+  float* up_out = acc + a.acc_floats;  // the fused MLP's up outputs (the CTA's rows)
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
@@ -941,6 +1088,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   int max_rows = 0;
   for (int i = 0; i < a.num_phases; ++i) max_rows = max(max_rows, CtaMaxRows(a.ph[i]));
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
+  // The fused MLP's vector back to zero: the launch before on this slot (the last to read it)
+  // is complete (the PDL wait above), and the grid barrier before the up phase orders these
+  // stores before any addition into it.
+  for (int v = blockIdx.x * kConsumers + threadIdx.x; v < a.y32_n / 4;
+       v += gridDim.x * kConsumers) {
+    reinterpret_cast<float4*>(a.y32)[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 
   if (a.has_attention) {
     if (!a.at.short_context)
@@ -950,10 +1104,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int s = 0;
   uint32_t pass = 0;
+  auto release = [&]() {
+    __syncwarp();
+    if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+    if (++s == stages) {
+      s = 0;
+      ++pass;
+    }
+  };
   for (int i = 0; i < a.num_phases; ++i) {
     const ChainPhaseArgs& ph = a.ph[i];
     const int gi = i + a.has_attention;  // the phase's index counting the attention
     const bool t0 = threadIdx.x == 0;    // the thread that stamps the timeline
+    if (ph.kind == kPhaseDown) {
+      const uint2 at = DownPhase<T, kStamps>(a, ph, gi, ring, full0, empty0, up_out, s, pass);
+      s = static_cast<int>(at.x);
+      pass = at.y;
+      continue;
+    }
     if (gi > 0) {
       CopyLnParams<T>(ph, lnw, lnb);  // in flight through the barrier
       bias_reg = bias_of(ph);
@@ -1032,14 +1200,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             part += d;
           }
         }
-      }
-    };
-    auto release = [&]() {
-      __syncwarp();
-      if (lane == 0) tma::MbarArrive(empty0 + s * 8);
-      if (++s == stages) {
-        s = 0;
-        ++pass;
       }
     };
     if (t0) Stamp<kStamps>(a, kChainLoopStart + gi);
@@ -1130,6 +1290,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         v += fwd::ToFloat(bias[row]);
       }
       if (ph.gelu) v = fwd::Activate<1>(v);
+      if (ph.kind == kPhaseUp) {  // kept for the down projection, as the dtype holds it
+        up_out[r] = fwd::ToFloat(fwd::FromFloat<T>(v));
+        continue;
+      }
       T* o = out + row;
       if (ph.accumulate && stolen_row) {
         RedAdd(o, fwd::FromFloat<T>(v));
@@ -1222,7 +1386,39 @@ absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
   return &info;
 }
 
+// 32 x 32 tiles of 2-byte elements through shared memory (the padding column keeps the
+// transposed reads free of bank conflicts); 32 x 8 threads, four rows each.
+__global__ void __launch_bounds__(256)
+    TransposeKernel(const unsigned short* w, unsigned short* wt, int64_t n, int64_t k) {
+  __shared__ unsigned short tile[32][33];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 32,
+                c0 = static_cast<int64_t>(blockIdx.x) * 32;
+  for (int r = threadIdx.y; r < 32; r += 8) {
+    if (r0 + r < n && c0 + threadIdx.x < k)
+      tile[r][threadIdx.x] = w[(r0 + r) * k + c0 + threadIdx.x];
+  }
+  __syncthreads();
+  for (int c = threadIdx.y; c < 32; c += 8) {
+    if (c0 + c < k && r0 + threadIdx.x < n)
+      wt[(c0 + c) * n + r0 + threadIdx.x] = tile[threadIdx.x][c];
+  }
+}
+
 }  // namespace
+
+absl::Status DecodeChainTransposeCuda(const void* w, void* wt, int64_t n, int64_t k,
+                                      cudaStream_t stream) {
+  if (w == nullptr || wt == nullptr || n < 1 || k < 1 || (n + 31) / 32 > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeChainTranspose: ", n, " x ", k, " (null or unsupported)"));
+  }
+  TransposeKernel<<<dim3(static_cast<unsigned>((k + 31) / 32),
+                         static_cast<unsigned>((n + 31) / 32)),
+                    dim3(32, 8), 0, stream>>>(static_cast<const unsigned short*>(w),
+                                              static_cast<unsigned short*>(wt), n, k);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
 
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning) {
   ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
@@ -1285,7 +1481,7 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
         (ph.ln_weight == nullptr) != (ph.ln_bias == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat(where, "null pointer"));
     }
-    if (!fwd::Aligned16(ph.weight) || !fwd::Aligned16(ph.input) ||
+    if (!fwd::Aligned16(ph.weight) || !fwd::Aligned16(ph.input) || !fwd::Aligned16(ph.weight_t) ||
         (ph.ln_weight != nullptr &&
          (!fwd::Aligned16(ph.ln_weight) || !fwd::Aligned16(ph.ln_bias)))) {
       return absl::InvalidArgumentError(absl::StrCat(where,
@@ -1313,6 +1509,23 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   LaunchInfo& info = *info_ptr;
   ChainArgs a = {};
   a.num_phases = p.num_phases;
+  // The fused MLP: phases up = fused, down = fused + 1 (see DecodeChainTuning::fused_mlp).
+  int fused = -1;
+  const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0;
+  for (int i = 1; fuse && fused < 0 && i + 2 < p.num_phases; ++i) {
+    const DecodeChainPhase& up = p.phases[i];
+    const DecodeChainPhase& down = p.phases[i + 1];
+    bool read_elsewhere = false;  // the up output never leaves the CTAs
+    for (int j = 0; j < p.num_phases; ++j) {
+      read_elsewhere |= j != i + 1 && p.phases[j].input == up.output;
+    }
+    if (down.weight_t != nullptr && down.input == up.output && down.ln_weight == nullptr &&
+        down.accumulate && down.activation == Activation::kIdentity && up.input == down.output &&
+        p.phases[i + 2].input == down.output && down.n <= kFusedMaxN && down.n % 8 == 0 &&
+        (down.bias == nullptr || fwd::Aligned16(down.bias)) && !read_elsewhere) {
+      fused = i;
+    }
+  }
   int64_t max_k = 0, max_rows = 0, ln_k = 0;
   for (int i = 0; i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
@@ -1328,9 +1541,24 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.accumulate = ph.accumulate;
     d.n = static_cast<int>(ph.n);
     d.k = static_cast<int>(ph.k);
-    max_k = std::max(max_k, ph.k);
+    if (fused >= 0 && i >= fused && i <= fused + 2) {
+      d.kind = i - fused + 1;
+      d.y32 = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                       static_cast<size_t>(slot) * kSlotBytes + kFusedOffset);
+      if (d.kind == kPhaseUp) d.y32_bias = p.phases[i + 1].bias;
+      if (d.kind == kPhaseDown) {  // rows of the transposed weight, the up phase's partition
+        d.w = ph.weight_t;
+        d.bias = nullptr;
+        d.accumulate = 0;
+        d.n = static_cast<int>(ph.k);
+        d.k = static_cast<int>(ph.n);
+        a.y32 = d.y32;
+        a.y32_n = static_cast<int>(ph.n);
+      }
+    }
+    max_k = std::max<int64_t>(max_k, d.k);
     if (ph.ln_weight != nullptr) ln_k = std::max(ln_k, ph.k);
-    max_rows = std::max(max_rows, (ph.n + grid - 1) / grid);
+    max_rows = std::max<int64_t>(max_rows, (d.n + grid - 1) / grid);
   }
   // Work stealing (set per phase below, once the stage size is known) adds at most
   // kMaxStealRows row sums to a CTA, and its static rows exceed the equal share by at most one.
@@ -1360,8 +1588,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.ln_k = static_cast<int>(ln_k);
   a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +
                                           static_cast<size_t>(slot) * kSlotBytes);
+  a.acc_floats = static_cast<int>((max_rows + 3) / 4 * 4);
   const size_t fixed = static_cast<size_t>(in_bytes) + static_cast<size_t>(ln_k) * 2 * 2 +
-                       static_cast<size_t>((max_rows + 3) / 4 * 4) * sizeof(float);
+                       static_cast<size_t>(a.acc_floats) * sizeof(float) * (fused >= 0 ? 2 : 1);
   const int64_t room =
       static_cast<int64_t>(info.smem_optin) - static_cast<int64_t>(fixed + kStaticSmem);
   // The ring, automatically (H200, gemm_bench --chain only, 2026-12-04): 48 KiB stages for chains
@@ -1379,6 +1608,11 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     return absl::InvalidArgumentError(absl::StrCat("DecodeChain: stage bytes ", stage_bytes,
                                                    " (a multiple of ", kSegBytes * kConsumerWarps,
                                                    ")"));
+  }
+  if (fused >= 0 && stage_bytes % (a.ph[fused + 1].k * 2) != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("DecodeChain: the fused MLP's rows (", a.ph[fused + 1].k * 2,
+                     " bytes) do not divide the stage (", stage_bytes, ")"));
   }
   // The tiled layout (mma_fold): each ring slot has kTileSlack bytes more for the rows' padding.
   const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
@@ -1408,6 +1642,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // static rows only.
   for (int i = 0; may_steal && i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
+    if (a.ph[i].kind != kPhasePlain) continue;
     const int64_t rows_chunk = std::min<int64_t>(stage_bytes / (ph.k * 2), kMaxStealRows / 4);
     // A stolen chunk's bias is bulk-copied with it as a 16-byte aligned span.
     if (rows_chunk < 1 || (ph.bias != nullptr && (!fwd::Aligned16(ph.bias) || ph.n % 8 != 0))) {
@@ -1429,7 +1664,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   }
   // The tiled layout for every phase that keeps static rows (a stolen chunk is whole rows).
   for (int i = 0; tiled && i < p.num_phases; ++i) {
-    if (a.ph[i].rows_chunk > 0) continue;
+    if (a.ph[i].rows_chunk > 0 || a.ph[i].kind != kPhasePlain) continue;
     const DecodeChainPhase& ph = p.phases[i];
     const auto [rows, cols] =
         TileShape((ph.n + grid - 1) / grid, ph.k, stage_bytes / 2, mma_fold > 1 ? mma_fold : 0);
@@ -1443,7 +1678,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     const DecodeChainPhase& prev = p.phases[i - 1];
     const DecodeChainPhase& ph = p.phases[i];
     if (ph.input == prev.output && prev.n <= kLlMaxN && prev.n == ph.k && !ph.accumulate &&
-        a.ph[i - 1].rows_chunk == 0 && a.ph[i].rows_chunk == 0) {
+        a.ph[i - 1].rows_chunk == 0 && a.ph[i].rows_chunk == 0 && a.ph[i - 1].kind == kPhasePlain &&
+        a.ph[i].kind == kPhasePlain) {
       a.ph[i - 1].ll_out = 1;
       a.ph[i].ll_in = 1;
       a.ll = 1;  // (a chain of several phases has its workspace: checked above)

@@ -58,6 +58,14 @@ struct DecodeChainPhase {
   bool accumulate = false;                        // output += act(W x + bias) (the residual stream)
   Activation activation = Activation::kIdentity;  // identity or GELU-tanh
   int64_t n = 0, k = 0;
+  // Optional: the same weight transposed ([k, n], row-major; 16-byte aligned). With it, where
+  // this phase is an MLP's down projection (its input the previous phase's GELU output, which
+  // nothing else reads; it accumulates into the residual stream the previous phase normalises;
+  // the next phase reads that stream), the CUDA kernel may fuse the two projections
+  // (DecodeChainTuning::fused_mlp): no grid barrier between them, the previous phase's output
+  // never leaves the CTA. The math is the same (weight is what the CPU reference uses); the
+  // fused form rounds residual + bias + W x to the dtype once, the separate one twice.
+  const void* weight_t = nullptr;
 };
 
 // An attention phase ahead of the linear phases (batch-1 decode: one sequence, one query token):

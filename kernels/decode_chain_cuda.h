@@ -80,7 +80,23 @@ struct DecodeChainTuning {
   // fp16 only (bf16 keeps the fp32 fold); not with the tiled layout. 1: on, 0: off (the fp32
   // fold), -1: the measured default (kernels/decode_chain.cu: on).
   int half_fold = -1;
+  // The fused MLP (DecodeChainPhase::weight_t): a CTA computes its own rows of the up
+  // projection (+ GELU) into shared memory and streams the same rows of the down projection's
+  // transposed weight, adding each row times its activation into per-thread fp32 sums of the
+  // whole output, which it adds into an fp32 vector in the workspace (red.add); the next phase
+  // reads that vector (plus the residual and the bias, added into it by the up phase) after its
+  // grid barrier, rounds it and writes the residual stream. One grid barrier and the
+  // intermediate's round trip through L2 fewer a layer. Needs a phase before the pair (its barrier
+  // orders the vector's zeroing) and one after it, a down projection of at most 8192 outputs whose
+  // rows divide the ring stage, and no LL boundary, work stealing or tiled layout on the three
+  // phases. 1: on where it applies, 0: off, -1: the measured default (kernels/decode_chain.cu).
+  int fused_mlp = -1;
 };
+
+// wt = w^T for a 2-byte dtype: w [n, k] row-major into wt [k, n] (DecodeChainPhase::weight_t),
+// on `stream`. InvalidArgument for a null pointer or a non-positive size.
+absl::Status DecodeChainTransposeCuda(const void* w, void* wt, int64_t n, int64_t k,
+                                      cudaStream_t stream);
 
 // CTAs of a chain launched with `tuning` on the calling thread's device.
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning = {});

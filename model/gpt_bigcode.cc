@@ -616,7 +616,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                        .output = hidden_.raw(),
                        .accumulate = true,
                        .n = embd_,
-                       .k = inner_};
+                       .k = inner_,
+                       .weight_t = mlp_proj_wt_.empty() ? nullptr : mlp_proj_wt_[l].raw()};
     if (next) {
       const LayerWeights& N = w_.layers[l + 1];
       chain.phases[3] = {.weight = N.c_attn_w.raw(),

@@ -189,6 +189,10 @@ struct GptBigCodeOptions {
   // With decode_chain: DecodeChainTuning::steal_chunks (-1: the kernel's measured default, off;
   // 0: each CTA's rows of a phase fixed in advance).
   int decode_chain_steal_chunks = -1;
+  // With decode_chain: the fused MLP (DecodeChainTuning::fused_mlp): each layer's mlp.c_proj
+  // weight is also kept transposed on the GPU (n_inner x E more elements a layer: 12 GB for
+  // StarCoder in fp16), so that a chain streams it right after c_fc without a grid barrier.
+  bool decode_chain_fused_mlp = false;
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
@@ -275,6 +279,9 @@ class GptBigCode {
   void set_decode_chain_mma_fold(int mma);
   // Benchmarks: GptBigCodeOptions::decode_chain_half_fold. Drops captured graphs.
   void set_decode_chain_half_fold(int half);
+  // Benchmarks: GptBigCodeOptions::decode_chain_fused_mlp; on, the transposed weights are made
+  // (once; off frees them). Drops captured graphs. An allocation failure is returned as is.
+  absl::Status set_decode_chain_fused_mlp(bool on);
   // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
   // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
   // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.
@@ -390,6 +397,8 @@ class GptBigCode {
   Tensor attn_;    // [tokens, heads * D]
   Tensor proj_;    // [tokens, E]: row-parallel partial sums
   Tensor mlp_;     // [tokens, inner_shard]
+  // CUDA, decode_chain_fused_mlp: each layer's mlp_proj_w transposed ([inner_shard, E]).
+  std::vector<Tensor> mlp_proj_wt_;
   Tensor rows_;    // [logits rows, E]
   Tensor rows_normed_;
   Tensor local_logits_;     // [logits rows, vocab_shard]

@@ -199,6 +199,27 @@ void GptBigCode::set_decode_chain_half_fold(int half) {
   ClearCudaGraphs();
 }
 
+absl::Status GptBigCode::set_decode_chain_fused_mlp(bool on) {
+  if (!cuda_) return absl::FailedPreconditionError("decode chain fused MLP: no CUDA model");
+  ClearCudaGraphs();
+  ctx_.chain_fused_mlp = on ? 1 : 0;
+  if (!on) {
+    mlp_proj_wt_.clear();
+    return absl::OkStatus();
+  }
+  if (!mlp_proj_wt_.empty()) return absl::OkStatus();
+  std::vector<Tensor> wt;
+  for (const LayerWeights& L : w_.layers) {
+    ASSIGN_OR_RETURN(Tensor t, Tensor::Empty({inner_, embd_}, dtype_, Device::kCuda));
+    RETURN_IF_ERROR(
+        DecodeChainTransposeCuda(L.mlp_proj_w.raw(), t.raw(), embd_, inner_, cuda_->stream));
+    wt.push_back(std::move(t));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
+  mlp_proj_wt_ = std::move(wt);
+  return absl::OkStatus();
+}
+
 void GptBigCode::set_decode_chain_early_release(bool on) {
   chain_early_release_ = on;
   ClearCudaGraphs();
@@ -328,6 +349,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
+  if (options.decode_chain_fused_mlp) RETURN_IF_ERROR(set_decode_chain_fused_mlp(true));
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   chain_early_release_ = options.decode_chain_early_release;
@@ -670,6 +692,9 @@ void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}
+absl::Status GptBigCode::set_decode_chain_fused_mlp(bool) {
+  return absl::FailedPreconditionError("decode chain fused MLP: built without CUDA");
+}
 void GptBigCode::set_decode_chain_steal_chunks(int) {}
 absl::Status GptBigCode::set_decode_chain_timeline(bool) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -53,6 +53,7 @@ struct GptBigCodeRunnerOptions {
   int64_t decode_chain_min_layer_bytes = GptBigCodeOptions().decode_chain_min_layer_bytes;
   bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
+  bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -164,6 +164,12 @@ DecodeChainTuning HalfFold(DecodeChainTuning t, int on = 1) {
   return t;
 }
 
+// `t` with the fused MLP (DecodeChainTuning::fused_mlp: mlp.c_proj from its transposed copy).
+DecodeChainTuning Fused(DecodeChainTuning t) {
+  t.fused_mlp = 1;
+  return t;
+}
+
 // The ring's own cost: the producer loads nothing and the consumers fold nothing.
 DecodeChainTuning NoLoadNoFold(int stage_bytes) {
   DecodeChainTuning t = ConsumeOnly(stage_bytes);
@@ -304,6 +310,14 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
       Fill(dtype, weights.back()->ptr, bytes / 2, 300 + 4 * c + g, 1.0f / 64);
     }
   }
+  // mlp.c_proj transposed, a copy each (DecodePhase::weight_t, for the fused MLP rows).
+  std::vector<std::unique_ptr<DeviceBuffer>> weights_t;
+  for (int c = 0; c < copies; ++c) {
+    const Shape& sh = order_shapes[2];
+    weights_t.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(sh.n * sh.k) * 2));
+    CHECK_OK(DecodeChainTransposeCuda(weights[c * 4 + 2]->ptr, weights_t.back()->ptr, sh.n, sh.k,
+                                      stream));
+  }
   const int64_t e = md.embed, inner = 4 * md.embed, qkv_n = order_shapes[3].n;
   DeviceBuffer attn(e * 2), hidden(e * 2), mlp(inner * 2), qkv(qkv_n * 2), bias(inner * 2),
       ln_w(e * 2), ln_b(e * 2), ws(DecodeChainWorkspaceBytes(1));
@@ -383,6 +397,7 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
         ph.ln_bias = ln_b.ptr;
       }
     }
+    p.phases[2].weight_t = weights_t[i % copies]->ptr;  // used by the fused MLP rows only
     return p;
   };
   struct ChainRow {
@@ -394,6 +409,11 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
       {"chain, tensor-core fold (tiles)", WithFold({}, 1)},
       {"chain, fp16-pair fold (row runs)", HalfFold({})},
       {"chain, fp32 fold (row runs)", HalfFold({}, 0)},
+      {"chain, fused MLP", Fused({})},
+      {"chain, fused MLP, at most 3 stages", Fused({0, 3})},
+      {"chain, at most 3 stages", {0, 3}},
+      {"chain, 48 KiB, consume only, fused MLP", Fused(ConsumeOnly(49152))},
+      {"chain, 48 KiB, stream only, fused MLP", Fused({49152, 0, true})},
       {"chain, 48 KiB, consume only, fp16 pairs", HalfFold(ConsumeOnly(49152))},
       {"chain, 48 KiB, consume only, fp32 fold", HalfFold(ConsumeOnly(49152), 0)},
       {"chain, tensor cores, tiles of 16 rows", WithFold({}, 16)},
@@ -448,6 +468,7 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
            }));
   }
   ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "fused MLP", Fused({}), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "fp32 fold", HalfFold({}, 0), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "grid barriers only", BarriersOnly(), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,

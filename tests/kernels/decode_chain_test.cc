@@ -4,7 +4,8 @@
 // (its counter must come back to zero), with PDL, and replayed from a CUDA graph; the largest k
 // with fewer rows than SMs (CTAs without rows); a one-phase chain without a workspace; what the
 // launcher refuses; the attention phase (MQA and MHA, short and longer contexts) ahead of a linear
-// phase; both folds (tensor cores on tiles, fp32 on row runs). Skips without a GPU.
+// phase; both folds (tensor cores on tiles, fp32 on row runs); the fused MLP (the down projection
+// from its transposed weight, summed in the workspace). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/decode_chain_cuda.h"
 #include "tests/kernels/forward_cuda_test_util.h"
 
@@ -173,11 +175,23 @@ struct LayerCase {
     ASSERT_EQ(cudaMemsetAsync(qkv.d->get(), 0xff, Q * 2, s), cudaSuccess);
   }
 
-  void Check(DType t, const char* what) const {
+  // The MLP's output is not checked where the fused MLP keeps it inside the CTAs.
+  void Check(DType t, const char* what, bool check_mlp = true) const {
     const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
     EXPECT_LT(RelError(hidden.Get(t), want_hidden), tol) << what << ": hidden";
-    EXPECT_LT(RelError(mlp.Get(t), want_mlp), tol) << what << ": mlp";
+    if (check_mlp) EXPECT_LT(RelError(mlp.Get(t), want_mlp), tol) << what << ": mlp";
     EXPECT_LT(RelError(qkv.Get(t), want_qkv), tol) << what << ": qkv";
+  }
+
+  // The MLP down projection's weight transposed ([I, E]) as phase 2's weight_t.
+  Buf w_mlp_t;
+  void AddTransposed() {
+    w_mlp_t.bits.resize(E * I);
+    for (int64_t r = 0; r < E; ++r) {
+      for (int64_t c = 0; c < I; ++c) w_mlp_t.bits[c * E + r] = w_mlp.bits[r * I + c];
+    }
+    w_mlp_t.d = DeviceMem::From(w_mlp_t.bits);
+    p.phases[2].weight_t = w_mlp_t.d->get();
   }
 };
 
@@ -203,9 +217,10 @@ void ExpectCountersZero(const DeviceMem& ws, int slots, const std::string& what)
 void CheckOneLaunch(const LayerCase& c, DType t, cudaStream_t stream, void* ws, int slot, bool pdl,
                     const DecodeChainTuning& tuning, const std::string& what) {
   c.Reset(stream);
-  ASSERT_TRUE(DecodeChainCuda(c.p, stream, pdl, ws, slot, tuning).ok());
+  const absl::Status st = DecodeChainCuda(c.p, stream, pdl, ws, slot, tuning);
+  ASSERT_TRUE(st.ok()) << what << ": " << st;
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  c.Check(t, what.c_str());
+  c.Check(t, what.c_str(), tuning.fused_mlp <= 0);
 }
 
 // `launches` of `c`'s chain back to back on `slot`, each a programmatic dependent of the one
@@ -219,7 +234,7 @@ void CheckBackToBack(LayerCase& c, DType t, cudaStream_t stream, void* ws, int s
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   c.Expect(t, launches);
-  c.Check(t, what.c_str());
+  c.Check(t, what.c_str(), tuning.fused_mlp <= 0);
   c.Expect(t, 1);
 }
 
@@ -238,7 +253,7 @@ void CheckGraphReplays(const LayerCase& c, DType t, cudaStream_t stream, void* w
     c.Reset(stream);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    c.Check(t, what.c_str());
+    c.Check(t, what.c_str(), tuning.fused_mlp <= 0);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -599,6 +614,41 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
         EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
       }
     }
+  }
+}
+
+// The fused MLP (DecodeChainTuning::fused_mlp) against the host: a small layer (E = 512: a
+// transposed row of 64 chunks, two row groups of 256 threads) and StarCoder's width (E = 6144 in
+// 48 KiB stages: 768 chunks a row, two chunks for half the threads), alternating with the
+// separate form on one slot (the fp32 vector must be zero again for each fused launch), three
+// fused launches back to back under PDL (each reads the residual the one before wrote) and
+// graph replays. The fused form never writes the MLP's intermediate: poisoned, not checked.
+TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
+  const DType t = GetParam();
+  for (const int64_t E : {int64_t{512}, int64_t{6144}}) {
+    LayerCase c;
+    c.E = E;
+    c.I = E == 512 ? 2048 : 4096;
+    c.Make(t, rng_);
+    ASSERT_FALSE(HasFatalFailure());
+    c.AddTransposed();
+    const auto ws = ZeroedChainWorkspace(1);
+    DecodeChainTuning fused;
+    fused.fused_mlp = 1;
+    if (E == 6144) fused.stage_bytes = 49152;
+    for (int run = 0; run < 4; ++run) {
+      DecodeChainTuning tuning = fused;
+      tuning.fused_mlp = run % 2 == 0 ? 1 : 0;
+      CheckOneLaunch(c, t, stream_, ws->get(), 0, run > 0, tuning,
+                     absl::StrCat("E ", E, tuning.fused_mlp ? " fused" : " separate"));
+      ASSERT_FALSE(HasFatalFailure());
+    }
+    CheckBackToBack(c, t, stream_, ws->get(), 0, 3, fused,
+                    absl::StrCat("E ", E, ": three fused launches back to back"));
+    ASSERT_FALSE(HasFatalFailure());
+    CheckGraphReplays(c, t, stream_, ws->get(), 0, fused, absl::StrCat("E ", E, ": fused graph"));
+    ASSERT_FALSE(HasFatalFailure());
+    ExpectCountersZero(*ws, 1, "fused");
   }
 }
 

@@ -106,7 +106,8 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3; bit 12: the
 // batch-1 decode chain, every prompt prefilled and decoded alone; bit 13: with the attention as
 // the chain's first phase; bit 14: the chain's fp32 fold (decode_chain_half_fold 0; the default
-// sums fp16 pairs first). 101: the runner's defaults).
+// sums fp16 pairs first); bit 15: the chain's fused MLP (decode_chain_fused_mlp). 101: the
+// runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -137,6 +138,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   if (knobs & 4096) opts.decode_chain_min_layer_bytes = 0;  // the fixtures' layers are tiny
   opts.decode_chain_attention = knobs & 8192;
   if (knobs & 16384) opts.decode_chain_half_fold = 0;
+  opts.decode_chain_fused_mlp = knobs & 32768;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
@@ -245,7 +247,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
-                                         12389, 20581)),
+                                         12389, 20581, 36965)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -263,6 +265,7 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 4197  ? "_defaults_chain"
                           : std::get<3>(info.param) == 12389 ? "_defaults_chain_attn"
                           : std::get<3>(info.param) == 20581 ? "_defaults_chain_fp32fold"
+                          : std::get<3>(info.param) == 36965 ? "_defaults_chain_fusedmlp"
                           : std::get<3>(info.param) == 101   ? "_defaults"
                                                              : "");
       std::replace(name.begin(), name.end(), '-', '_');
