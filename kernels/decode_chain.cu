@@ -816,6 +816,9 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
                                         const float* up_out, int s, uint32_t pass) {
   const bool t0 = threadIdx.x == 0;
   const int lane = threadIdx.x & 31;
+  // The phase's arrival on the grid counter without waiting (as an LL input's): the barriers
+  // after it and the last CTA out count one arrival a CTA and phase.
+  if (t0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   int r0, r1;
   CtaRows(ph, r0, r1);

@@ -8,6 +8,7 @@
 // from its transposed weight, summed in the workspace). Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -438,7 +439,11 @@ TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
   EXPECT_LT(RelError(y.Get(t), want), tol);
   std::vector<float> want_z(1);
   RunHostPhase({&w2.v, nullptr, nullptr, nullptr, true, false, 1, 256}, x.v, want_z, t);
-  EXPECT_LT(RelError(z.Get(t), want_z), tol);
+  // One value: its error against the scale of its 256-term sum (~1.6), not against itself: GELU
+  // of a negative sum is near zero, where the fp16 pair sums' error is a large relative one (0.08
+  // on the H200 on 2026-12-04 with a fresh seed; a simulation of the pair fold fails the relative
+  // check for 7.8% of seeds, and this one for none of 20000, the worst at 0.0024).
+  EXPECT_NEAR(z.Get(t)[0], want_z[0], 2 * tol * std::max(1.0f, std::abs(want_z[0])));
   EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
 }
 
