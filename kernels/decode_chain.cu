@@ -49,7 +49,17 @@ constexpr size_t kLlAreaBytes = size_t{kLlMaxN} * 8;
 // kFusedMaxN elements (a thread's two 16-byte chunks of a transposed row, kConsumers threads).
 constexpr int kFusedMaxN = 2 * kConsumers * 8;
 constexpr size_t kFusedOffset = kCounterStride + 2 * kLlAreaBytes;
-constexpr size_t kSlotBytes = kFusedOffset + size_t{kFusedMaxN} * 4;
+// The fused MLP's pool (DecodeChainTuning::fused_pool): the up outputs of each CTA's donated rows
+// (fp32, at most kFusedMaxUp rows in all) and a flag a CTA saying they are written (the launch
+// epoch + 1; at most kFusedMaxGrid CTAs).
+constexpr int kFusedMaxUp = 32768;
+constexpr int kFusedMaxGrid = 1024;
+constexpr size_t kFusedUpOffset = kFusedOffset + size_t{kFusedMaxN} * 4;
+constexpr size_t kFusedFlagOffset = kFusedUpOffset + size_t{kFusedMaxUp} * 4;
+constexpr size_t kSlotBytes = kFusedFlagOffset + size_t{kFusedMaxGrid} * 4;
+// Donated stages a CTA (-1 of DecodeChainTuning::fused_pool): not yet measured.
+constexpr int kDefaultFusedPool = 6;
+constexpr int kMaxPoolRows = 64;  // rows of one donated stage, at most
 // Measured default (-1): off. H200, 2026-12-04, two calls side by side with the barrier form
 // (mqabench --chain ll,nl, StarCoder b1 decode step): ~11:05 UTC 8.064 / 8.058 ms with LL against
 // 8.087 / 8.070 without; ~11:12 UTC 7.984 / 7.986 with against 7.962 without. Within the spread
@@ -136,6 +146,11 @@ struct ChainPhaseArgs {
   int kind;              // ChainPhaseKind
   float* y32;            // the fused MLP's fp32 vector (kinds 1-3)
   const void* y32_bias;  // kPhaseUp: the down projection's bias, or null
+  // kPhaseUp / kPhaseDown with a pool: each CTA's last `pool` stages of pool_rows rows are dealt
+  // at run time (kDefaultFusedPool); up_g / flags: the slot's kFusedUpOffset / kFusedFlagOffset.
+  int pool, pool_rows;
+  float* up_g;
+  unsigned* flags;
 };
 
 struct ChainAttentionArgs {
@@ -595,7 +610,7 @@ __device__ __forceinline__ int4 PollLl(const unsigned long long* w, unsigned fla
 // t handles the 16-byte vectors t, t + kConsumers, ...; the caller's barrier publishes `x`.
 // ll: the previous phase's LL words (ChainPhaseArgs::ll_in) carrying `flag`, or null: the input
 // tensor, after the grid barrier.
-template <typename T>
+template <typename T, bool kFused>
 __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T* lnb, float* red,
                           const unsigned long long* ll, unsigned flag) {
   using V = fwd::Vec16<T>;
@@ -606,8 +621,9 @@ __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T*
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
     int4 raw;
     // The vectors v = blockIdx.x (mod grid) are this CTA's share of the fused MLP's writes.
-    const bool share = ph.kind != kPhasePlain && v % gridDim.x == blockIdx.x;
-    if (ph.kind == kPhaseFromY32) {  // the fused MLP's sum, rounded once: the residual stream
+    const bool share = kFused && ph.kind != kPhasePlain && v % gridDim.x == blockIdx.x;
+    if (kFused &&
+        ph.kind == kPhaseFromY32) {  // the fused MLP's sum, rounded once: the residual stream
       const float4* y = reinterpret_cast<const float4*>(ph.y32) + 2 * v;
       const float4 lo = __ldcg(y), hi = __ldcg(y + 1);
       const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -619,7 +635,8 @@ __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T*
     } else {
       raw = ll != nullptr ? PollLl(ll + 8 * v, flag) : __ldcg(in + v);
     }
-    if (ph.kind == kPhaseUp && share) {  // the fused MLP's sum starts at residual + down bias
+    if (kFused && ph.kind == kPhaseUp &&
+        share) {  // the fused MLP's sum starts at residual + down bias
       V val, b;
       *reinterpret_cast<int4*>(&val) = raw;
       *reinterpret_cast<int4*>(&b) =
@@ -810,10 +827,16 @@ __device__ __forceinline__ void AxpyStage(const unsigned char* stage, const floa
 // whole transposed rows from ring slot s (pass `pass`), then the sums added into y32; returns the
 // ring position after it {s, pass}. Not inlined: its sixteen fp32 sums would otherwise raise the
 // register pressure of the whole kernel (spills).
+// With a pool (ChainPhaseArgs::pool), the CTA's own donated rows are left out, and then the
+// stages the producer took by ticket are folded, their up outputs read from the owners' copies in
+// the workspace (once the owner's flag says `epoch` + 1) into `pool_h` (shared); the producer
+// lists them in `stolen` and publishes their count in `*streamed` (as for work stealing).
 template <typename T, bool kStamps>
 __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs& ph, int gi,
                                         const unsigned char* ring, uint32_t full0, uint32_t empty0,
-                                        const float* up_out, int s, uint32_t pass) {
+                                        const float* up_out, int s, uint32_t pass,
+                                        const int* stolen, const int* streamed, unsigned epoch,
+                                        float* pool_h) {
   const bool t0 = threadIdx.x == 0;
   const int lane = threadIdx.x & 31;
   // The phase's arrival on the grid counter without waiting (as an LL input's): the barriers
@@ -822,6 +845,7 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   int r0, r1;
   CtaRows(ph, r0, r1);
+  r1 -= ph.pool * ph.pool_rows;
   const int row_chunks = ph.k / 8;  // 16-byte chunks of a row (k: the output length)
   const int groups = row_chunks <= kConsumers / 2 ? 2 : 1;
   const int per_group = kConsumers / groups;
@@ -847,6 +871,48 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
       ++pass;
     }
   }
+  int consumed = (r1 - r0 + rows_stage - 1) / rows_stage;
+  for (int taken = 0; ph.pool > 0; ++taken) {
+    // The next stage, or the phase's end (the count is published before any stage of the next
+    // phase is loaded, so a full stage seen with the count unknown is this phase's).
+    bool full;
+    for (;;) {
+      full = tma::MbarTest(full0 + s * 8, pass & 1);
+      if (*reinterpret_cast<volatile const int*>(streamed) == consumed) {
+        full = false;
+        break;
+      }
+      if (full) break;
+    }
+    if (!full) break;
+    const int t = stolen[taken];
+    const int o = t % static_cast<int>(gridDim.x), q = t / static_cast<int>(gridDim.x);
+    const int first = static_cast<int>(static_cast<int64_t>(o + 1) * ph.n / gridDim.x) -
+                      (ph.pool - q) * ph.pool_rows;
+    if (threadIdx.x < static_cast<unsigned>(ph.pool_rows)) {
+      unsigned f;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                     : "=r"(f)
+                     : "l"(ph.flags + o)
+                     : "memory");
+      } while (f != epoch + 1);
+      pool_h[threadIdx.x] = __ldcg(ph.up_g + first + threadIdx.x);
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (!a.stream_only) {
+      AxpyStage<T>(ring + s * a.slot_bytes, pool_h, ph.pool_rows, row_bytes, groups, grp, c0,
+                   per_group, row_chunks, y);
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // pool_h is rewritten next
+    __syncwarp();
+    if (lane == 0) tma::MbarArrive(empty0 + s * 8);
+    if (++s == a.stages) {
+      s = 0;
+      ++pass;
+    }
+    ++consumed;
+  }
   if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
@@ -861,7 +927,15 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
   return make_uint2(static_cast<unsigned>(s), pass);
 }
 
-enum ChainFold : int { kFoldRows = 0, kFoldTiles = 1, kFoldHalfPairs = 2 };
+// kFoldRowsFused / kFoldHalfPairsFused: the same folds with the fused MLP's code
+// (DecodeChainTuning::fused_mlp; kinds kPhaseUp..kPhaseFromY32), bf16's and fp16's.
+enum ChainFold : int {
+  kFoldRows = 0,
+  kFoldTiles = 1,
+  kFoldHalfPairs = 2,
+  kFoldRowsFused = 3,
+  kFoldHalfPairsFused = 4,
+};
 // Measured default (-1) of DecodeChainTuning::half_fold: on. H200, 2026-12-04 ~14:16 UTC,
 // mqabench latency StarCoder b1 --chain auto,hf,auto,hf: decode step 8.006 / 8.046 ms with the
 // fp32 fold, 7.947 / 7.948 with fp16 pairs (1.0357 / 1.0339 -> 1.0202 / 1.0206 s); SantaCoder with
@@ -880,6 +954,8 @@ template <typename T, bool kStamps, int kFold>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
   constexpr bool kTiled = kFold == kFoldTiles;
+  constexpr bool kFused = kFold == kFoldRowsFused || kFold == kFoldHalfPairsFused;
+  constexpr bool kHalf = kFold == kFoldHalfPairs || kFold == kFoldHalfPairsFused;
   extern __shared__ __align__(1024) unsigned char smem[];
   const int stages = a.stages;
   unsigned char* ring = smem;
@@ -967,6 +1043,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const ChainPhaseArgs& ph = a.ph[i];
         int r0, r1;
         CtaRows(ph, r0, r1);
+        const bool pooled = kFused && ph.kind == kPhaseDown && ph.pool > 0;
+        if (pooled) r1 -= ph.pool * ph.pool_rows;  // the donated rows: below, by ticket
         const int64_t row_bytes = static_cast<int64_t>(ph.k) * sizeof(T);
         const char* w = static_cast<const char*>(ph.w);
         const char* src = w + r0 * row_bytes;
@@ -1046,6 +1124,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           // Before any stage of the next phase, whose full barrier's arrival publishes it.
           *reinterpret_cast<volatile int*>(&phase_stages[i]) = streamed;
         }
+        if (kFused && pooled) {
+          // The pool of donated stages: ticket t is CTA t % grid's (t / grid)-th from the end
+          // of its rows; a stage each, until the pool is empty (or the list is full: no ticket
+          // is taken that would not be streamed).
+          const int items = static_cast<int>(gridDim.x) * ph.pool;
+          const uint32_t len = static_cast<uint32_t>(ph.pool_rows * row_bytes);
+          for (int taken = 0; taken < kMaxStealChunks; ++taken) {
+            const int t = ticket(i);
+            if (t >= items) break;
+            stolen[i][taken] = t;
+            const int o = t % static_cast<int>(gridDim.x), q = t / static_cast<int>(gridDim.x);
+            const int end = static_cast<int>(static_cast<int64_t>(o + 1) * ph.n / gridDim.x);
+            const char* from =
+                w + static_cast<int64_t>(end - (ph.pool - q) * ph.pool_rows) * row_bytes;
+            issue(len, [&](uint32_t dst, uint32_t bar) { BulkLoad(dst, from, len, bar, policy); });
+            ++streamed;
+          }
+          *reinterpret_cast<volatile int*>(&phase_stages[i]) = streamed;
+        }
         if (bytes > 0 || steal) Stamp<kStamps>(a, event + 1);
       }
       Stamp<kStamps>(a, kChainProducerDone);
@@ -1083,7 +1180,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // boundary: thread 0 waits for the load here, ahead of its share of the first input.
   // (Kept in shared memory, read where used: a register across the stage loop spills.)
   __shared__ unsigned epoch_s;
-  if (threadIdx.x == 0 && a.ll) epoch_s = __ldcg(a.counter + kEpochOffset / 4);
+  if (threadIdx.x == 0 && (a.ll || kFused)) epoch_s = __ldcg(a.counter + kEpochOffset / 4);
+  __shared__ float pool_h[kMaxPoolRows];  // the fused MLP's donated rows' up outputs
   auto ll_area = [&](int gi) {
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
                                                  kCounterStride + (gi & 1) * kLlAreaBytes);
@@ -1094,7 +1192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The fused MLP's vector back to zero: the launch before on this slot (the last to read it)
   // is complete (the PDL wait above), and the grid barrier before the up phase orders these
   // stores before any addition into it.
-  for (int v = blockIdx.x * kConsumers + threadIdx.x; v < a.y32_n / 4;
+  for (int v = blockIdx.x * kConsumers + threadIdx.x; kFused && v < a.y32_n / 4;
        v += gridDim.x * kConsumers) {
     reinterpret_cast<float4*>(a.y32)[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
@@ -1119,8 +1217,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const ChainPhaseArgs& ph = a.ph[i];
     const int gi = i + a.has_attention;  // the phase's index counting the attention
     const bool t0 = threadIdx.x == 0;    // the thread that stamps the timeline
-    if (ph.kind == kPhaseDown) {
-      const uint2 at = DownPhase<T, kStamps>(a, ph, gi, ring, full0, empty0, up_out, s, pass);
+    if (kFused && ph.kind == kPhaseDown) {
+      const uint2 at = DownPhase<T, kStamps>(a, ph, gi, ring, full0, empty0, up_out, s, pass,
+                                             stolen[i], &phase_stages[i], epoch_s, pool_h);
       s = static_cast<int>(at.x);
       pass = at.y;
       continue;
@@ -1149,8 +1248,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
       residual = fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
     }
-    LoadInput<T>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
-                 epoch_s * 8 + static_cast<unsigned>(gi));
+    LoadInput<T, kFused>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
+                         epoch_s * 8 + static_cast<unsigned>(gi));
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
@@ -1194,8 +1293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           if (j + u < j1) {
-            const float d =
-                kFold == kFoldHalfPairs ? Dot8HalfPairs<T>(w[u], x[u]) : Dot8<T>(w[u], x[u]);
+            const float d = kHalf ? Dot8HalfPairs<T>(w[u], x[u]) : Dot8<T>(w[u], x[u]);
             if (rows[u] != cur) {
               if (cur >= 0) flush();
               cur = rows[u];
@@ -1293,8 +1391,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         v += fwd::ToFloat(bias[row]);
       }
       if (ph.gelu) v = fwd::Activate<1>(v);
-      if (ph.kind == kPhaseUp) {  // kept for the down projection, as the dtype holds it
+      if (kFused && ph.kind == kPhaseUp) {  // kept for the down projection, as the dtype holds it
         up_out[r] = fwd::ToFloat(fwd::FromFloat<T>(v));
+        if (r >= r1 - r0 - ph.pool * ph.pool_rows) ph.up_g[row] = up_out[r];  // donated
         continue;
       }
       T* o = out + row;
@@ -1314,6 +1413,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       *o = value;
       if (ph.ll_out) StoreLl(ll_area(gi) + row, value, epoch_s * 8 + static_cast<unsigned>(gi) + 1);
     }
+    if (kFused && ph.kind == kPhaseUp && ph.pool > 0) {  // the donated rows' outputs are written
+      tma::NamedBarrier(kConsumerBarrier, kConsumers);
+      if (t0) {
+        asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(ph.flags + blockIdx.x),
+                     "r"(epoch_s + 1)
+                     : "memory");
+      }
+    }
     if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
   }
   // The last CTA out leaves the counters at zero for the next launch (every CTA's producer has
@@ -1326,7 +1433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       atomicExch(a.counter, 0u);
       atomicAdd(a.counter + kEpochOffset / 4, 1u);  // the next launch's LL flags
       for (int i = 0; i < a.num_phases; ++i) {
-        if (a.ph[i].rows_chunk > 0) atomicExch(StealCounter(a, i), 0u);
+        if (a.ph[i].rows_chunk > 0 || a.ph[i].pool > 0) atomicExch(StealCounter(a, i), 0u);
       }
     }
   }
@@ -1341,7 +1448,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Static shared memory (barriers, scratch) comes out of the same opt-in budget as the dynamic.
 constexpr size_t kStaticSmem = 2 * kMaxStages * 8 + kConsumerWarps * 4 +
-                               (kMaxStealChunks + 1) * kMaxDecodeChainPhases * 4 + 1024;
+                               (kMaxStealChunks + 1) * kMaxDecodeChainPhases * 4 +
+                               kMaxPoolRows * 4 + 1024;
 
 // The tiled layout's shape for a phase of `max_rows` rows a CTA (at most) and k columns, stages of
 // at most `stage_elems` elements: R a multiple of 8 up to kTileMaxRows (exactly `rows` where that
@@ -1372,7 +1480,7 @@ std::pair<int, int> TileShape(int64_t max_rows, int64_t k, int64_t stage_elems, 
 struct LaunchInfo {
   int device = -1;
   int smem_optin = 0;
-  bool configured[2][2][3] = {};  // [bf16][timeline][fold]
+  bool configured[2][2][5] = {};  // [bf16][timeline][fold]
 };
 
 absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
@@ -1514,7 +1622,10 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.num_phases = p.num_phases;
   // The fused MLP: phases up = fused, down = fused + 1 (see DecodeChainTuning::fused_mlp).
   int fused = -1;
-  const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0;
+  // (One fused instantiation a dtype: fp16 with the pair fold, bf16 with the fp32 one.)
+  const bool half = (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0;
+  const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0 &&
+                    (p.dtype != DType::kF16 || half) && tuning.mma_fold <= 0;
   for (int i = 1; fuse && fused < 0 && i + 2 < p.num_phases; ++i) {
     const DecodeChainPhase& up = p.phases[i];
     const DecodeChainPhase& down = p.phases[i + 1];
@@ -1617,6 +1728,22 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
         absl::StrCat("DecodeChain: the fused MLP's rows (", a.ph[fused + 1].k * 2,
                      " bytes) do not divide the stage (", stage_bytes, ")"));
   }
+  if (fused >= 0) {  // the pool: where every CTA keeps at least one stage of its own
+    ChainPhaseArgs& up = a.ph[fused];
+    ChainPhaseArgs& down = a.ph[fused + 1];
+    const int pool = tuning.fused_pool < 0 ? kDefaultFusedPool : tuning.fused_pool;
+    const int rows = stage_bytes / (down.k * 2);
+    if (pool > 0 && rows <= kMaxPoolRows && up.n <= kFusedMaxUp && grid <= kFusedMaxGrid &&
+        up.n / grid >= (pool + 1) * rows) {
+      char* base = static_cast<char*>(workspace) + static_cast<size_t>(slot) * kSlotBytes;
+      for (ChainPhaseArgs* d : {&up, &down}) {
+        d->pool = pool;
+        d->pool_rows = rows;
+        d->up_g = reinterpret_cast<float*>(base + kFusedUpOffset);
+        d->flags = reinterpret_cast<unsigned*>(base + kFusedFlagOffset);
+      }
+    }
+  }
   // The tiled layout (mma_fold): each ring slot has kTileSlack bytes more for the rows' padding.
   const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
   if (mma_fold > 1 && (mma_fold % 8 != 0 || mma_fold > kTileMaxRows)) {
@@ -1708,13 +1835,17 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       const bool stamps = tuning.timeline != nullptr;
       bool any_tiled = false;
       for (int i = 0; i < a.num_phases; ++i) any_tiled |= a.ph[i].tile_rows > 0;
-      const int fold = any_tiled ? kFoldTiles
+      // The fused MLP has one instantiation a dtype: with its default fold (checked above).
+      constexpr int kFusedFold = std::is_same_v<T, __half> ? kFoldHalfPairsFused : kFoldRowsFused;
+      const int fold = fused >= 0  ? kFusedFold
+                       : any_tiled ? kFoldTiles
                        : (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0 &&
                                std::is_same_v<T, __half>
                            ? kFoldHalfPairs
                            : kFoldRows;
       auto with_stamps = [&]<bool kS>() {
-        return fold == kFoldTiles       ? DecodeChainKernel<T, kS, kFoldTiles>
+        return fold == kFusedFold       ? DecodeChainKernel<T, kS, kFusedFold>
+               : fold == kFoldTiles     ? DecodeChainKernel<T, kS, kFoldTiles>
                : fold == kFoldHalfPairs ? DecodeChainKernel<T, kS, kFoldHalfPairs>
                                         : DecodeChainKernel<T, kS, kFoldRows>;
       };

@@ -239,6 +239,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       tuning.mma_fold = ctx.chain_mma_fold;
       tuning.half_fold = ctx.chain_half_fold;
       tuning.fused_mlp = ctx.chain_fused_mlp;
+      tuning.fused_pool = ctx.chain_fused_pool;
       tuning.steal_chunks = ctx.chain_steal_chunks;
       if (ctx.chain_timeline != nullptr && timeline_index >= 0 &&
           timeline_index < ctx.chain_timelines) {

@@ -54,6 +54,7 @@ struct OpContext {
   int chain_mma_fold = -1;     // DecodeChainTuning::mma_fold
   int chain_half_fold = -1;    // DecodeChainTuning::half_fold
   int chain_fused_mlp = -1;    // DecodeChainTuning::fused_mlp
+  int chain_fused_pool = -1;   // DecodeChainTuning::fused_pool
   int chain_steal_chunks = -1;  // DecodeChainTuning::steal_chunks
   // Benchmarks (mqabench --chain-timeline): the chain launched with timeline index i <
   // chain_timelines records DecodeChainTuning::timeline at chain_timeline + i *

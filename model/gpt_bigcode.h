@@ -193,6 +193,8 @@ struct GptBigCodeOptions {
   // weight is also kept transposed on the GPU (n_inner x E more elements a layer: 12 GB for
   // StarCoder in fp16), so that a chain streams it right after c_fc without a grid barrier.
   bool decode_chain_fused_mlp = false;
+  // With it: DecodeChainTuning::fused_pool (-1: the kernel's default).
+  int decode_chain_fused_pool = -1;
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
@@ -281,7 +283,7 @@ class GptBigCode {
   void set_decode_chain_half_fold(int half);
   // Benchmarks: GptBigCodeOptions::decode_chain_fused_mlp; on, the transposed weights are made
   // (once; off frees them). Drops captured graphs. An allocation failure is returned as is.
-  absl::Status set_decode_chain_fused_mlp(bool on);
+  absl::Status set_decode_chain_fused_mlp(bool on, int pool = -1);
   // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
   // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
   // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.

@@ -199,10 +199,11 @@ void GptBigCode::set_decode_chain_half_fold(int half) {
   ClearCudaGraphs();
 }
 
-absl::Status GptBigCode::set_decode_chain_fused_mlp(bool on) {
+absl::Status GptBigCode::set_decode_chain_fused_mlp(bool on, int pool) {
   if (!cuda_) return absl::FailedPreconditionError("decode chain fused MLP: no CUDA model");
   ClearCudaGraphs();
   ctx_.chain_fused_mlp = on ? 1 : 0;
+  ctx_.chain_fused_pool = pool;
   if (!on) {
     mlp_proj_wt_.clear();
     return absl::OkStatus();
@@ -349,7 +350,9 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
-  if (options.decode_chain_fused_mlp) RETURN_IF_ERROR(set_decode_chain_fused_mlp(true));
+  if (options.decode_chain_fused_mlp) {
+    RETURN_IF_ERROR(set_decode_chain_fused_mlp(true, options.decode_chain_fused_pool));
+  }
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   chain_early_release_ = options.decode_chain_early_release;
@@ -692,7 +695,7 @@ void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}
-absl::Status GptBigCode::set_decode_chain_fused_mlp(bool) {
+absl::Status GptBigCode::set_decode_chain_fused_mlp(bool, int) {
   return absl::FailedPreconditionError("decode chain fused MLP: built without CUDA");
 }
 void GptBigCode::set_decode_chain_steal_chunks(int) {}

@@ -410,6 +410,9 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
       {"chain, fp16-pair fold (row runs)", HalfFold({})},
       {"chain, fp32 fold (row runs)", HalfFold({}, 0)},
       {"chain, fused MLP", Fused({})},
+      {"chain, fused MLP, no pool", Fused({.fused_pool = 0})},
+      {"chain, fused MLP, pool of 3", Fused({.fused_pool = 3})},
+      {"chain, fused MLP, pool of 10", Fused({.fused_pool = 10})},
       {"chain, fused MLP, at most 3 stages", Fused({0, 3})},
       {"chain, at most 3 stages", {0, 3}},
       {"chain, 48 KiB, consume only, fused MLP", Fused(ConsumeOnly(49152))},
@@ -469,6 +472,8 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
   }
   ChainTimeline(md, "default", {}, ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "fused MLP", Fused({}), ceiling, stream, chain_params, ws.ptr);
+  ChainTimeline(md, "fused MLP, no pool", Fused({.fused_pool = 0}), ceiling, stream, chain_params,
+                ws.ptr);
   ChainTimeline(md, "fp32 fold", HalfFold({}, 0), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "grid barriers only", BarriersOnly(), ceiling, stream, chain_params, ws.ptr);
   ChainTimeline(md, "at most 2 in flight", {32768, 0, false, 0, 2}, ceiling, stream, chain_params,

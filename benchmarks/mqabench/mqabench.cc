@@ -57,7 +57,8 @@
 //     with the chain on every layer; hf and ohf are auto and on with the fp16-pair fold
 //     (decode_chain_half_fold 1, the default), hf0 and ohf0 with the fp32 fold; fm is auto with
 //     the fused MLP (decode_chain_fused_mlp: mlp.c_proj streamed from a transposed copy right
-//     after c_fc, no grid barrier between them).
+//     after c_fc, no grid barrier between them), fmN the same with N stages a CTA dealt by
+//     ticket (decode_chain_fused_pool; fm: the default).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
@@ -453,6 +454,8 @@ absl::Status Latency(const Flags& f) {
           row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
           row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
           row != "fm" &&
+          !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
+            number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
           !ParseRingForm(row, &kib, &inflight)) {
@@ -464,7 +467,8 @@ absl::Status Latency(const Flags& f) {
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
             "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
             "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
-            "hf0, ohf0 (the same with the fp32 fold) / fm (auto with the fused MLP)");
+            "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "
+            "a CTA dealt by ticket)");
       }
       chains.push_back(row);
     }
@@ -576,7 +580,8 @@ absl::Status Latency(const Flags& f) {
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain[0] == 'w' || chain == "ll" || chain == "nl" ||
-                chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" || chain == "fm"
+                chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" ||
+                chain.rfind("fm", 0) == 0
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -594,8 +599,11 @@ absl::Status Latency(const Flags& f) {
                                          : chain == "hf0" || chain == "ohf0"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_half_fold);
+    const bool fm = chain.rfind("fm", 0) == 0;
     RETURN_IF_ERROR(r.model().set_decode_chain_fused_mlp(
-        chain == "fm" ? true : GptBigCodeOptions().decode_chain_fused_mlp));
+        fm ? true : GptBigCodeOptions().decode_chain_fused_mlp,
+        fm && chain.size() > 2 ? std::atoi(chain.c_str() + 2)
+                               : GptBigCodeOptions().decode_chain_fused_pool));
     r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);

@@ -626,8 +626,9 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
 // transposed row of 64 chunks, two row groups of 256 threads) and StarCoder's width (E = 6144 in
 // 48 KiB stages: 768 chunks a row, two chunks for half the threads), alternating with the
 // separate form on one slot (the fp32 vector must be zero again for each fused launch), three
-// fused launches back to back under PDL (each reads the residual the one before wrote) and
-// graph replays. The fused form never writes the MLP's intermediate: poisoned, not checked.
+// fused launches back to back under PDL (each reads the residual the one before wrote), without
+// and with the pool of stages dealt by ticket, and graph replays. The fused form never writes
+// the MLP's intermediate: poisoned, not checked.
 TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
   const DType t = GetParam();
   for (const int64_t E : {int64_t{512}, int64_t{6144}}) {
@@ -651,6 +652,15 @@ TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
     CheckBackToBack(c, t, stream_, ws->get(), 0, 3, fused,
                     absl::StrCat("E ", E, ": three fused launches back to back"));
     ASSERT_FALSE(HasFatalFailure());
+    // The pool (DecodeChainTuning::fused_pool; at E = 6144 the default's 6 stages of 4 rows a
+    // CTA of ~31 rows are dealt by ticket): none, and the largest that fits, back to back.
+    for (const int pool : {0, E == 6144 ? 6 : 0}) {
+      DecodeChainTuning pooled = fused;
+      pooled.fused_pool = pool;
+      CheckBackToBack(c, t, stream_, ws->get(), 0, 2, pooled,
+                      absl::StrCat("E ", E, ", pool ", pool, ": two fused launches back to back"));
+      ASSERT_FALSE(HasFatalFailure());
+    }
     CheckGraphReplays(c, t, stream_, ws->get(), 0, fused, absl::StrCat("E ", E, ": fused graph"));
     ASSERT_FALSE(HasFatalFailure());
     ExpectCountersZero(*ws, 1, "fused");
