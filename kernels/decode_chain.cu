@@ -57,8 +57,14 @@ constexpr int kFusedMaxGrid = 1024;
 constexpr size_t kFusedUpOffset = kFusedOffset + size_t{kFusedMaxN} * 4;
 constexpr size_t kFusedFlagOffset = kFusedUpOffset + size_t{kFusedMaxUp} * 4;
 constexpr size_t kSlotBytes = kFusedFlagOffset + size_t{kFusedMaxGrid} * 4;
-// Donated stages a CTA (-1 of DecodeChainTuning::fused_pool): not yet measured.
-constexpr int kDefaultFusedPool = 6;
+// Measured default (-1) of DecodeChainTuning::fused_pool: none. H200, 2026-12-04 ~16:10 UTC,
+// gemm_bench --chain only, one StarCoder layer: the pool balances the fused phase (its CTAs' last
+// releases within 5.5 us instead of 19) but each donated stage waits for its ticket (an atomic
+// queued behind the SM's bulk loads): stream only 191.4 us against 177.4 without the fused MLP,
+// the layer 195.4 / 199.2 / 202.8 us with pools of 3 / 6 / 10 against 193.2 with none (186.7
+// without the fused MLP); mqabench latency StarCoder b1 8.385 / 8.383 ms a step with 6, 8.630 /
+// 8.613 with 12, against 8.151 / 8.149 with none. Kept as a knob.
+constexpr int kDefaultFusedPool = 0;
 constexpr int kMaxPoolRows = 64;  // rows of one donated stage, at most
 // Measured default (-1): off. H200, 2026-12-04, two calls side by side with the barrier form
 // (mqabench --chain ll,nl, StarCoder b1 decode step): ~11:05 UTC 8.064 / 8.058 ms with LL against
@@ -107,7 +113,15 @@ constexpr int kTileSlack = kTileMaxRows * kTilePad;
 // 8-row tiles 207, 16-row 204, 32-row 298 against 194 us; end to end StarCoder b1 8.78 against
 // 8.10 ms a step, SantaCoder (chain on) 1.33 against 1.22 ms. Kept as a knob (mma_fold).
 constexpr int kDefaultMmaFold = 0;
-// The fused MLP (DecodeChainTuning::fused_mlp): not yet measured on the H200, off.
+// Measured default (-1) of DecodeChainTuning::fused_mlp: off. H200, 2026-12-04, mqabench latency
+// StarCoder b1 (decode step, --chain auto,fm,auto,fm): ~15:59 UTC 8.210 / 8.213 ms separate,
+// 8.145 / 8.178 fused (-0.6%); ~16:10 UTC (another machine) 7.992 / 7.992 separate, 8.151 /
+// 8.149 fused (+2.0%). One layer in isolation (gemm_bench --chain only) 190.5 against 190.9 us,
+// then 186.7 against 193.2. The timeline: the barrier between c_fc and mlp.c_proj goes, but the
+// pair's CTAs carry their c_fc lateness into mlp.c_proj (their finishing times spread over 19-21
+// us instead of ~7-10), and the barrier after the pair waits for the slowest; the fp32 vector's
+// additions take ~2-3 us at the phase's end. And it costs a transposed copy of mlp.c_proj (12 GB
+// for StarCoder). Kept as a knob (mqabench --chain fm).
 constexpr int kDefaultFusedMlp = 0;
 
 // A phase's part in the fused MLP (DecodeChainTuning::fused_mlp).

@@ -94,8 +94,8 @@ struct DecodeChainTuning {
   // With the fused MLP: each CTA's last N ring stages of the pair's rows (its c_fc outputs, kept
   // in the workspace too, and the matching transposed mlp.c_proj rows) are dealt at run time (an
   // atomic ticket) to whichever CTA has finished its own first, so that the SMs the memory serves
-  // more slowly do not hold up the barrier after the pair. 0: none; -1: the default
-  // (kernels/decode_chain.cu, kDefaultFusedPool). Needs at least N + 1 stages of rows a CTA.
+  // more slowly do not hold up the barrier after the pair. 0: none; -1: the measured default
+  // (kernels/decode_chain.cu: none). Needs at least N + 1 stages of rows a CTA.
   int fused_pool = -1;
 };
 

@@ -652,8 +652,8 @@ TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
     CheckBackToBack(c, t, stream_, ws->get(), 0, 3, fused,
                     absl::StrCat("E ", E, ": three fused launches back to back"));
     ASSERT_FALSE(HasFatalFailure());
-    // The pool (DecodeChainTuning::fused_pool; at E = 6144 the default's 6 stages of 4 rows a
-    // CTA of ~31 rows are dealt by ticket): none, and the largest that fits, back to back.
+    // The pool (DecodeChainTuning::fused_pool, off by default; at E = 6144, 6 stages of 4 rows
+    // of each CTA's ~31 are dealt by ticket, the most that fits): none and 6, back to back.
     for (const int pool : {0, E == 6144 ? 6 : 0}) {
       DecodeChainTuning pooled = fused;
       pooled.fused_pool = pool;
