@@ -310,7 +310,7 @@ void ChainSection(const Model& md, DType dtype, double ceiling, cudaStream_t str
       Fill(dtype, weights.back()->ptr, bytes / 2, 300 + 4 * c + g, 1.0f / 64);
     }
   }
-  // mlp.c_proj transposed, a copy each (DecodePhase::weight_t, for the fused MLP rows).
+  // mlp.c_proj transposed, a copy each (DecodeChainPhase::weight_t, for the fused MLP rows).
   std::vector<std::unique_ptr<DeviceBuffer>> weights_t;
   for (int c = 0; c < copies; ++c) {
     const Shape& sh = order_shapes[2];
