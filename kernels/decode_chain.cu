@@ -836,6 +836,30 @@ __device__ __forceinline__ void AxpyStage(const unsigned char* stage, const floa
   }
 }
 
+// Whether ring slot `full` (pass `pass`) holds another stage of the phase (true), or the phase has
+// ended: its producer published in *count that it streamed `consumed` stages. The count is
+// published before any stage of the next phase is loaded, so a full stage seen with the count
+// still unknown is this phase's.
+__device__ __forceinline__ bool NextStageOrEnd(uint32_t full, uint32_t pass, const int* count,
+                                               int consumed) {
+  for (;;) {
+    const bool f = tma::MbarTest(full, pass & 1);
+    if (*reinterpret_cast<volatile const int*>(count) == consumed) return false;
+    if (f) return true;
+  }
+}
+
+// A consumer warp is done with ring slot s: its lane 0 arrives on the slot's empty barrier, and
+// (s, pass) advance.
+__device__ __forceinline__ void ReleaseStage(uint32_t empty0, int& s, uint32_t& pass, int stages) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) tma::MbarArrive(empty0 + s * 8);
+  if (++s == stages) {
+    s = 0;
+    ++pass;
+  }
+}
+
 // The fused MLP's down projection (kPhaseDown) for the consumers: no barrier and no input (the
 // up outputs `up_out` are this CTA's own, published by the named barrier); stage after stage of
 // whole transposed rows from ring slot s (pass `pass`), then the sums added into y32; returns the
@@ -852,7 +876,6 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
                                         const int* stolen, const int* streamed, unsigned epoch,
                                         float* pool_h) {
   const bool t0 = threadIdx.x == 0;
-  const int lane = threadIdx.x & 31;
   // The phase's arrival on the grid counter without waiting (as an LL input's): the barriers
   // after it and the last CTA out count one arrival a CTA and phase.
   if (t0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
@@ -878,27 +901,11 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
       AxpyStage<T>(ring + s * a.slot_bytes, up_out + rb, min(rows_stage, r1 - r0 - rb), row_bytes,
                    groups, grp, c0, per_group, row_chunks, y);
     }
-    __syncwarp();
-    if (lane == 0) tma::MbarArrive(empty0 + s * 8);
-    if (++s == a.stages) {
-      s = 0;
-      ++pass;
-    }
+    ReleaseStage(empty0, s, pass, a.stages);
   }
   int consumed = (r1 - r0 + rows_stage - 1) / rows_stage;
   for (int taken = 0; ph.pool > 0; ++taken) {
-    // The next stage, or the phase's end (the count is published before any stage of the next
-    // phase is loaded, so a full stage seen with the count unknown is this phase's).
-    bool full;
-    for (;;) {
-      full = tma::MbarTest(full0 + s * 8, pass & 1);
-      if (*reinterpret_cast<volatile const int*>(streamed) == consumed) {
-        full = false;
-        break;
-      }
-      if (full) break;
-    }
-    if (!full) break;
+    if (!NextStageOrEnd(full0 + s * 8, pass, streamed, consumed)) break;
     const int t = stolen[taken];
     const int o = t % static_cast<int>(gridDim.x), q = t / static_cast<int>(gridDim.x);
     const int first = static_cast<int>(static_cast<int64_t>(o + 1) * ph.n / gridDim.x) -
@@ -919,12 +926,7 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
                    per_group, row_chunks, y);
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // pool_h is rewritten next
-    __syncwarp();
-    if (lane == 0) tma::MbarArrive(empty0 + s * 8);
-    if (++s == a.stages) {
-      s = 0;
-      ++pass;
-    }
+    ReleaseStage(empty0, s, pass, a.stages);
     ++consumed;
   }
   if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
@@ -1219,14 +1221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int s = 0;
   uint32_t pass = 0;
-  auto release = [&]() {
-    __syncwarp();
-    if (lane == 0) tma::MbarArrive(empty0 + s * 8);
-    if (++s == stages) {
-      s = 0;
-      ++pass;
-    }
-  };
+  auto release = [&]() { ReleaseStage(empty0, s, pass, stages); };
   for (int i = 0; i < a.num_phases; ++i) {
     const ChainPhaseArgs& ph = a.ph[i];
     const int gi = i + a.has_attention;  // the phase's index counting the attention
@@ -1344,17 +1339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int consumed = static_cast<int>((bytes + stage_bytes - 1) / stage_bytes);
       for (int taken = 0;; ++taken) {
         // The next stage, or the phase's end: the producer publishes how many stages it streamed
-        // for the phase before it loads any of the next phase's (so a full stage seen with the
-        // count still unknown is this phase's).
-        bool full;
-        for (;;) {
-          full = tma::MbarTest(full0 + s * 8, pass & 1);
-          if (*reinterpret_cast<volatile const int*>(&phase_stages[i]) == consumed) {
-            full = false;
-            break;
-          }
-          if (full) break;
-        }
+        // for the phase before it loads any of the next phase's (NextStageOrEnd).
+        const bool full = NextStageOrEnd(full0 + s * 8, pass, &phase_stages[i], consumed);
         __syncwarp();
         if (!full) break;
         if (t0 && bytes == 0 && taken == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
