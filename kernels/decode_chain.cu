@@ -116,7 +116,7 @@ constexpr int kDefaultMmaFold = 0;
 // Measured default (-1) of DecodeChainTuning::fused_mlp: off. H200, 2026-12-04, mqabench latency
 // StarCoder b1 (decode step, --chain auto,fm,auto,fm): ~15:59 UTC 8.210 / 8.213 ms separate,
 // 8.145 / 8.178 fused (-0.6%); ~16:10 UTC (another machine) 7.992 / 7.992 separate, 8.151 /
-// 8.149 fused (+2.0%). One layer in isolation (gemm_bench --chain only) 190.5 against 190.9 us,
+// 8.149 fused (+2.0%); ~16:14 and ~16:22 UTC +1.3% and +1.4%. One layer in isolation (gemm_bench --chain only) 190.5 against 190.9 us,
 // then 186.7 against 193.2. The timeline: the barrier between c_fc and mlp.c_proj goes, but the
 // pair's CTAs carry their c_fc lateness into mlp.c_proj (their finishing times spread over 19-21
 // us instead of ~7-10), and the barrier after the pair waits for the slowest; the fp32 vector's
