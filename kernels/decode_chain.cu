@@ -570,6 +570,13 @@ __device__ __forceinline__ void GridBarrier(unsigned* counter, unsigned target) 
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
 }
 
+// This CTA's arrival on the grid counter without waiting (a phase with no barrier before it: an
+// LL input, the fused MLP's down phase), so that the barriers after it and the last CTA out still
+// count one arrival a CTA and phase.
+__device__ __forceinline__ void GridArrive(unsigned* counter) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 // The LN weight and bias of `ph` into shared memory with cp.async (no register waits on them):
 // thread t copies the 16-byte vectors t, t + kConsumers, ..., the same ones it reads in LoadInput,
 // so its own cp.async.wait_all is all the ordering needed. Issued ahead of the phase's grid
@@ -836,6 +843,14 @@ __device__ __forceinline__ void AxpyStage(const unsigned char* stage, const floa
   }
 }
 
+// The first row of the fused MLP's pool item (ticket) t: CTA t % grid's (t / grid)-th donated
+// stage of pool_rows rows, counting from the end of its rows (CtaRows) back.
+__device__ __forceinline__ int PoolFirstRow(const ChainPhaseArgs& ph, int t) {
+  const int o = t % static_cast<int>(gridDim.x), q = t / static_cast<int>(gridDim.x);
+  return static_cast<int>(static_cast<int64_t>(o + 1) * ph.n / gridDim.x) -
+         (ph.pool - q) * ph.pool_rows;
+}
+
 // Whether ring slot `full` (pass `pass`) holds another stage of the phase (true), or the phase has
 // ended: its producer published in *count that it streamed `consumed` stages. The count is
 // published before any stage of the next phase is loaded, so a full stage seen with the count
@@ -876,9 +891,7 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
                                         const int* stolen, const int* streamed, unsigned epoch,
                                         float* pool_h) {
   const bool t0 = threadIdx.x == 0;
-  // The phase's arrival on the grid counter without waiting (as an LL input's): the barriers
-  // after it and the last CTA out count one arrival a CTA and phase.
-  if (t0) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
+  if (t0) GridArrive(a.counter);
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   int r0, r1;
   CtaRows(ph, r0, r1);
@@ -907,9 +920,8 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
   for (int taken = 0; ph.pool > 0; ++taken) {
     if (!NextStageOrEnd(full0 + s * 8, pass, streamed, consumed)) break;
     const int t = stolen[taken];
-    const int o = t % static_cast<int>(gridDim.x), q = t / static_cast<int>(gridDim.x);
-    const int first = static_cast<int>(static_cast<int64_t>(o + 1) * ph.n / gridDim.x) -
-                      (ph.pool - q) * ph.pool_rows;
+    const int o = t % static_cast<int>(gridDim.x);  // the owner, whose flag says its rows are in
+    const int first = PoolFirstRow(ph, t);
     if (threadIdx.x < static_cast<unsigned>(ph.pool_rows)) {
       unsigned f;
       do {
@@ -1141,19 +1153,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<volatile int*>(&phase_stages[i]) = streamed;
         }
         if (kFused && pooled) {
-          // The pool of donated stages: ticket t is CTA t % grid's (t / grid)-th from the end
-          // of its rows; a stage each, until the pool is empty (or the list is full: no ticket
-          // is taken that would not be streamed).
+          // The pool of donated stages (PoolFirstRow): a stage each, until the pool is empty (or
+          // the list is full: no ticket is taken that would not be streamed).
           const int items = static_cast<int>(gridDim.x) * ph.pool;
           const uint32_t len = static_cast<uint32_t>(ph.pool_rows * row_bytes);
           for (int taken = 0; taken < kMaxStealChunks; ++taken) {
             const int t = ticket(i);
             if (t >= items) break;
             stolen[i][taken] = t;
-            const int o = t % static_cast<int>(gridDim.x), q = t / static_cast<int>(gridDim.x);
-            const int end = static_cast<int>(static_cast<int64_t>(o + 1) * ph.n / gridDim.x);
-            const char* from =
-                w + static_cast<int64_t>(end - (ph.pool - q) * ph.pool_rows) * row_bytes;
+            const char* from = w + static_cast<int64_t>(PoolFirstRow(ph, t)) * row_bytes;
             issue(len, [&](uint32_t dst, uint32_t bar) { BulkLoad(dst, from, len, bar, policy); });
             ++streamed;
           }
@@ -1241,7 +1249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // No wait: the input's LL words say when it is there. The arrival keeps the counter's
         // targets (and the last CTA's count) as with a barrier.
         if (t0)
-          asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(a.counter) : "memory");
+          GridArrive(a.counter);
       } else {
         GridBarrier(a.counter, static_cast<unsigned>(gi) * gridDim.x);
       }
@@ -1622,10 +1630,15 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.num_phases = p.num_phases;
   // The fused MLP: phases up = fused, down = fused + 1 (see DecodeChainTuning::fused_mlp).
   int fused = -1;
-  // (One fused instantiation a dtype: fp16 with the pair fold, bf16 with the fp32 one.)
+  // (One fused instantiation a dtype: fp16 with the pair fold, bf16 with the fp32 one; none
+  // with the tiled layout.)
   const bool half = (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0;
+  const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
   const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0 &&
-                    (p.dtype != DType::kF16 || half) && tuning.mma_fold <= 0;
+                    (p.dtype != DType::kF16 || half) && mma_fold == 0;
+  // This launch's slot of the workspace (null for a chain of one phase).
+  char* const slot_base =
+      workspace == nullptr ? nullptr : static_cast<char*>(workspace) + slot * kSlotBytes;
   for (int i = 1; fuse && fused < 0 && i + 2 < p.num_phases; ++i) {
     const DecodeChainPhase& up = p.phases[i];
     const DecodeChainPhase& down = p.phases[i + 1];
@@ -1657,8 +1670,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     d.k = static_cast<int>(ph.k);
     if (fused >= 0 && i >= fused && i <= fused + 2) {
       d.kind = i - fused + 1;
-      d.y32 = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                       static_cast<size_t>(slot) * kSlotBytes + kFusedOffset);
+      d.y32 = reinterpret_cast<float*>(slot_base + kFusedOffset);
       if (d.kind == kPhaseUp) d.y32_bias = p.phases[i + 1].bias;
       if (d.kind == kPhaseDown) {  // rows of the transposed weight, the up phase's partition
         d.w = ph.weight_t;
@@ -1700,8 +1712,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   in_bytes = (in_bytes + 15) / 16 * 16;
   a.in_bytes = static_cast<int>(in_bytes);
   a.ln_k = static_cast<int>(ln_k);
-  a.counter = reinterpret_cast<unsigned*>(static_cast<char*>(workspace) +
-                                          static_cast<size_t>(slot) * kSlotBytes);
+  a.counter = reinterpret_cast<unsigned*>(slot_base);
   a.acc_floats = static_cast<int>((max_rows + 3) / 4 * 4);
   const size_t fixed = static_cast<size_t>(in_bytes) + static_cast<size_t>(ln_k) * 2 * 2 +
                        static_cast<size_t>(a.acc_floats) * sizeof(float) * (fused >= 0 ? 2 : 1);
@@ -1735,17 +1746,15 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     const int rows = stage_bytes / (down.k * 2);
     if (pool > 0 && rows <= kMaxPoolRows && up.n <= kFusedMaxUp && grid <= kFusedMaxGrid &&
         up.n / grid >= (pool + 1) * rows) {
-      char* base = static_cast<char*>(workspace) + static_cast<size_t>(slot) * kSlotBytes;
       for (ChainPhaseArgs* d : {&up, &down}) {
         d->pool = pool;
         d->pool_rows = rows;
-        d->up_g = reinterpret_cast<float*>(base + kFusedUpOffset);
-        d->flags = reinterpret_cast<unsigned*>(base + kFusedFlagOffset);
+        d->up_g = reinterpret_cast<float*>(slot_base + kFusedUpOffset);
+        d->flags = reinterpret_cast<unsigned*>(slot_base + kFusedFlagOffset);
       }
     }
   }
   // The tiled layout (mma_fold): each ring slot has kTileSlack bytes more for the rows' padding.
-  const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
   if (mma_fold > 1 && (mma_fold % 8 != 0 || mma_fold > kTileMaxRows)) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChain: mma_fold ", mma_fold,
                                                    " (0, 1, or tile rows 8..", kTileMaxRows,
@@ -1839,10 +1848,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       constexpr int kFusedFold = std::is_same_v<T, __half> ? kFoldHalfPairsFused : kFoldRowsFused;
       const int fold = fused >= 0  ? kFusedFold
                        : any_tiled ? kFoldTiles
-                       : (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0 &&
-                               std::is_same_v<T, __half>
-                           ? kFoldHalfPairs
-                           : kFoldRows;
+                       : half && std::is_same_v<T, __half> ? kFoldHalfPairs
+                                                           : kFoldRows;
       auto with_stamps = [&]<bool kS>() {
         return fold == kFusedFold       ? DecodeChainKernel<T, kS, kFusedFold>
                : fold == kFoldTiles     ? DecodeChainKernel<T, kS, kFoldTiles>
