@@ -991,6 +991,120 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   }
 }
 
+// The merge's second form (variant 17): one warp per (query token, head), kWarpMergeHeads heads a
+// 128-thread CTA, lane c holding dims [c D / 32, (c + 1) D / 32). After the wait a warp reads its
+// splits' lse (a lane a split) and the first kWarpMergeBatch splits' partial rows in one round trip
+// and merges online (a running maximum, rescaled per 32 splits); no shared memory, no CTA
+// barrier. MergeSplitsKernel gives every (token, head) a 128-thread CTA: 3072 CTAs at 64 x 2048,
+// more than a wave beside the attention's, each a chain of three barriers and two round trips.
+constexpr int kWarpMergeHeads = 4;
+constexpr int kWarpMergeBatch = 8;
+
+template <typename T, int D, typename P>
+__device__ __forceinline__ void LoadPartialSlice(const KernelArgs& a, int64_t row, int lane,
+                                                 float (&x)[D / 32]) {
+  static_assert(D == 64 || D == 128, "D / 32 = 2 or 4 dims a lane");
+  if constexpr (std::is_same_v<P, float>) {
+    const float* src = a.partial_o + row * D + lane * (D / 32);
+    if constexpr (D == 128) {
+      const float4 v = *reinterpret_cast<const float4*>(src);
+      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(src);
+      x[0] = v.x, x[1] = v.y;
+    }
+  } else {
+    const T* src = reinterpret_cast<const T*>(a.partial_o) + row * D + lane * (D / 32);
+    if constexpr (D == 128) {
+      const uint2 u = *reinterpret_cast<const uint2*>(src);
+      const float2 lo = Unpack2<T>(u.x), hi = Unpack2<T>(u.y);
+      x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+    } else {
+      const float2 v = Unpack2<T>(*reinterpret_cast<const uint32_t*>(src));
+      x[0] = v.x, x[1] = v.y;
+    }
+  }
+}
+
+template <typename T, int D, typename P>
+__global__ void __launch_bounds__(32 * kWarpMergeHeads) MergeSplitsWarpKernel(const KernelArgs a) {
+  constexpr int kV = D / 32;
+  const int token = blockIdx.x, lane = threadIdx.x & 31;
+  const int head = blockIdx.y * kWarpMergeHeads + (threadIdx.x >> 5);
+  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.query_start[mid] <= token) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int q_len = a.query_start[lo + 1] - a.query_start[lo];
+  const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
+  const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
+  // As MergeSplitsKernel: the metadata above overlapped the attention kernel.
+  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  if (head >= a.num_heads) return;
+  const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
+  const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
+  float m = -INFINITY, l = 0.0f, acc[kV];
+#pragma unroll
+  for (int v = 0; v < kV; ++v) acc[v] = 0.0f;
+  for (int base = 0; base < valid; base += 32) {
+    const int n = min(32, valid - base);
+    // This group's lse (lane s: split base + s) and its first batch of partial rows, together.
+    const float my_lse = lane < n ? a.partial_lse[(base + lane) * split_stride + row0] : -INFINITY;
+    float x[kWarpMergeBatch][kV];
+    auto load_batch = [&](int j) {
+#pragma unroll
+      for (int u = 0; u < kWarpMergeBatch; ++u) {
+        if (j + u < n) {
+          LoadPartialSlice<T, D, P>(a, (base + j + u) * split_stride + row0, lane, x[u]);
+        } else {
+#pragma unroll
+          for (int v = 0; v < kV; ++v) x[u][v] = 0.0f;
+        }
+      }
+    };
+    load_batch(0);
+    float gm = my_lse;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
+    const float new_m = fmaxf(m, gm);  // finite: every valid split saw a key
+    const float rescale = Exp2(m - new_m);  // 0 for the first group
+    l *= rescale;
+#pragma unroll
+    for (int v = 0; v < kV; ++v) acc[v] *= rescale;
+    m = new_m;
+    const float my_w = lane < n ? Exp2(my_lse - m) : 0.0f;
+    l += my_w;
+    for (int j = 0; j < n; j += kWarpMergeBatch) {
+      if (j > 0) load_batch(j);
+#pragma unroll
+      for (int u = 0; u < kWarpMergeBatch; ++u) {
+        const float w = __shfl_sync(0xffffffffu, my_w, j + u);  // j + u < 32; 0 past n
+#pragma unroll
+        for (int v = 0; v < kV; ++v) acc[v] = fmaf(w, x[u][v], acc[v]);
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  const float inv = 1.0f / l;
+  T* dst = static_cast<T*>(a.output) + row0 * D + lane * kV;
+  if constexpr (kV == 4) {
+    uint2 packed;
+    packed.x = Pack2<T>(acc[0] * inv, acc[1] * inv);
+    packed.y = Pack2<T>(acc[2] * inv, acc[3] * inv);
+    *reinterpret_cast<uint2*>(dst) = packed;
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = Pack2<T>(acc[0] * inv, acc[1] * inv);
+  }
+}
+
 // CTAs per SM of `kernel` at this block size and dynamic shared memory, after raising its
 // shared-memory limit to that size; 0 when it cannot be resident. Callers cache it per kernel.
 template <typename Kernel>
@@ -1247,11 +1361,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         bool hopper = false;
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
-        const bool fuse_requested =
-            tuning.fuse_kv_write || variant == 14 || variant == 15 || variant == 16;
+        const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15 ||
+                                    variant == 16 || variant == 17;
         const bool tma_cluster = variant == 15;
         const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
-        if (variant == 14 || variant == 15 || variant == 16) variant = 13;
+        const bool warp_merge = tuning.warp_merge || variant == 17;
+        if (variant >= 14 && variant <= 17) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
@@ -1468,12 +1583,22 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         if (!merge_launch) return absl::OkStatus();
         auto merge = a.narrow_partials ? MergeSplitsKernel<T, D, T> : MergeSplitsKernel<T, D, float>;
+        dim3 merge_grid(p.num_tokens, p.num_heads);
+        size_t merge_smem = plan.num_splits * sizeof(float);
+        if constexpr (D == 64 || D == 128) {
+          if (warp_merge) {
+            merge = a.narrow_partials ? MergeSplitsWarpKernel<T, D, T>
+                                      : MergeSplitsWarpKernel<T, D, float>;
+            merge_grid.y = CeilDiv(p.num_heads, kWarpMergeHeads);
+            merge_smem = 0;
+          }
+        }
         if (a.pdl) {
           // Programmatic dependent launch: the merge launches while the attention kernel runs.
           cudaLaunchConfig_t config = {};
-          config.gridDim = dim3(p.num_tokens, p.num_heads);
+          config.gridDim = merge_grid;
           config.blockDim = dim3(128);
-          config.dynamicSmemBytes = plan.num_splits * sizeof(float);
+          config.dynamicSmemBytes = merge_smem;
           config.stream = stream;
           cudaLaunchAttribute attr[1];
           attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -1483,8 +1608,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, merge, a));
           CUDA_RETURN_IF_LAUNCH_ERROR();
         } else {
-          merge<<<dim3(p.num_tokens, p.num_heads), 128, plan.num_splits * sizeof(float), stream>>>(
-              a);
+          merge<<<merge_grid, 128, merge_smem, stream>>>(a);
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }
         return absl::OkStatus();

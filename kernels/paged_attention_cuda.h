@@ -90,6 +90,7 @@ struct PagedAttentionTuning {
   //     and slower (H200, 2026-12-04 ~14:02 UTC, mqabench --attn 14,16,14,16: StarCoder b1 decode
   //     step 7.969 / 7.967 ms against 8.021 / 8.021, b32 8.720 / 8.749 against 8.786 / 8.809): the
   //     early loads queue behind the previous kernel's tail; kept for side-by-side runs.
+  // 17: 14 with warp_merge (the split merge as one warp a (token, head): MergeSplitsWarpKernel).
   // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode shapes of attention_bench's variant table with splits of at most 512
@@ -123,9 +124,13 @@ struct PagedAttentionTuning {
   // the programmatic-dependent wait (every cached row they hold was written by an earlier step;
   // the new row's stale copy is replaced in shared memory). Variant 16 sets it.
   bool kv_before_wait = false;
+  // The split merge (variants 1 and 3 onwards, where a merge kernel follows) as one warp a
+  // (query token, head), four heads a CTA, instead of a 128-thread CTA a (token, head)
+  // (head_dim 64 / 128). Variant 17 sets it.
+  bool warp_merge = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 17;
+inline constexpr int kNumPagedAttentionVariants = 18;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -146,6 +151,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 14 ? "hopper-tma+kvw"
          : v == 15 ? "hopper-tma+kvw+cluster"
          : v == 16 ? "hopper-tma+kvw+early"
+         : v == 17 ? "hopper-tma+kvw+warpmerge"
                    : "?";
 }
 

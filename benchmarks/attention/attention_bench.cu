@@ -383,11 +383,12 @@ int Main(bool variants_only) {
       "times in us, "
       "GB/s = (KV + q + out bytes) / graph time; copy(same): a copy moving the same bytes, "
       "graph time, and the attention's time as a %% of it; read(paged): a kernel that only "
-      "reads the same KV through the block tables, and the attention's time as a %% of it\n",
+      "reads the same KV through the block tables, and the attention's time as a %% of it; "
+      "v17: variant 17 (the warp merge), graph time and %% of copy\n",
       PagedAttentionTuning{}.variant);
-  std::printf("%-12s %6s %10s %10s %8s %7s %10s %6s %11s %7s %12s %8s\n", "batch x ctx",
+  std::printf("%-12s %6s %10s %10s %8s %7s %10s %6s %11s %7s %12s %8s %9s %7s\n", "batch x ctx",
               "splits", "mqa(graph)", "mqa(strm)", "GB/s", "%copy", "copy(same)", "%same",
-              "read(paged)", "%paged", "per-head", "speedup");
+              "read(paged)", "%paged", "per-head", "speedup", "v17", "%copy");
   const int configs[][2] = {{1, 8192},  {1, 2048},  {8, 2048},   {16, 2048}, {32, 2048},
                             {64, 2048}, {64, 8192}, {128, 2048}, {256, 1024}};
   for (const auto& c : configs) {
@@ -402,11 +403,15 @@ int Main(bool variants_only) {
     const int splits = w.workspace_bytes ? int(w.workspace_bytes / per_split) : 1;
     const double same = SameTrafficCopyUs(w.kv_bytes + w.io_bytes);
     const double paged = PagedReadUs(w);
+    PagedAttentionTuning warp_merge;
+    warp_merge.variant = 17;
+    const double g17 = TimeMqa(w, warp_merge, true);
+    const double gbs17 = (w.kv_bytes + w.io_bytes) / (g17 * 1e3);
     std::printf(
         "%4d x %-5d %6d %10.2f %10.2f %8.0f %6.1f%% %10.2f %5.1f%% %11.2f %6.1f%% %12.2f "
-        "%7.1fx\n",
+        "%7.1fx %9.2f %6.1f%%\n",
         c[0], c[1], splits, g, st, gbs, 100 * gbs / copy_gbs, same, 100 * same / g, paged,
-        100 * paged / g, base, base / g);
+        100 * paged / g, base, base / g, g17, 100 * gbs17 / copy_gbs);
     Free(w);
   }
 

@@ -390,7 +390,8 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
 // forced splits (at most 512 tokens each: the TMA kernel; 8 a cluster, at most one CTA an SM)
 // merges each sequence's splits in a cluster through distributed shared memory, the 1-token
 // sequence's 7 idle CTAs taking part with empty rows; it runs twice on one workspace. Variant 16
-// (14 with the first stages' K / V requested before the PDL wait) on both batches. Every path
+// (14 with the first stages' K / V requested before the PDL wait) and variant 17 (14 with the
+// merge kernel's warp form) on both batches. Every path
 // must leave the caches equal to the reference's and the output near the CPU reference.
 TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
   std::mt19937 rng(std::random_device{}());
@@ -433,7 +434,7 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
     cpu.max_query_len = 1;
     ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
 
-    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0, 3, 4}) {
+    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2, 4, 5} : std::vector<int>{0, 3, 4, 5}) {
       DeviceBuffer dqkv = DeviceBuffer::From(qkv), dk = DeviceBuffer::From(k_dev),
                    dv = DeviceBuffer::From(v_dev), dt = DeviceBuffer::From(b.block_tables),
                    dqs = DeviceBuffer::From(b.query_start),
@@ -456,9 +457,9 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       kv.block_size = sh.block_size;
       kv.dtype = sh.dtype;
       PagedAttentionTuning tuning;
-      tuning.variant = config == 2 ? 11 : config == 3 ? 15 : config == 4 ? 16 : 13;
+      tuning.variant = config == 2 ? 11 : config == 3 ? 15 : config == 4 ? 16 : config == 5 ? 17 : 13;
       tuning.num_splits = config == 1 ? 2 : config == 3 ? 8 : 0;
-      tuning.pdl = config == 0 || config == 4;
+      tuning.pdl = config == 0 || config == 4 || config == 5;
       tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
       DeviceBuffer ws(ws_bytes);
