@@ -997,8 +997,15 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
 // and merges online (a running maximum, rescaled per 32 splits); no shared memory, no CTA
 // barrier. MergeSplitsKernel gives every (token, head) a 128-thread CTA: 3072 CTAs at 64 x 2048,
 // more than a wave beside the attention's, each a chain of three barriers and two round trips.
+//
+// Taken up to kWarpMergeMaxSplits splits (one round trip), where it was faster on the H200
+// (2026-12-04 ~16:49 UTC, attention_bench, graph us, variant 14 / 17): 64 x 2048 (4 splits) 28.50
+// / 25.99, 64 x 8192 (4) 78.30 / 75.61, 128 x 2048 (2) 50.57 / 46.39, 32 x 576 (5) 10.80 / 10.28,
+// 32 x 2048 (8) 17.09 / 17.40; past it each further batch of splits is one more round trip a warp
+// and the CTA form wins: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84.
 constexpr int kWarpMergeHeads = 4;
 constexpr int kWarpMergeBatch = 8;
+constexpr int kWarpMergeMaxSplits = kWarpMergeBatch;
 
 template <typename T, int D, typename P>
 __device__ __forceinline__ void LoadPartialSlice(const KernelArgs& a, int64_t row, int lane,
@@ -1586,7 +1593,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         dim3 merge_grid(p.num_tokens, p.num_heads);
         size_t merge_smem = plan.num_splits * sizeof(float);
         if constexpr (D == 64 || D == 128) {
-          if (warp_merge) {
+          if (warp_merge && plan.num_splits <= kWarpMergeMaxSplits) {
             merge = a.narrow_partials ? MergeSplitsWarpKernel<T, D, T>
                                       : MergeSplitsWarpKernel<T, D, float>;
             merge_grid.y = CeilDiv(p.num_heads, kWarpMergeHeads);

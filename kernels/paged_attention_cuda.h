@@ -90,15 +90,20 @@ struct PagedAttentionTuning {
   //     and slower (H200, 2026-12-04 ~14:02 UTC, mqabench --attn 14,16,14,16: StarCoder b1 decode
   //     step 7.969 / 7.967 ms against 8.021 / 8.021, b32 8.720 / 8.749 against 8.786 / 8.809): the
   //     early loads queue behind the previous kernel's tail; kept for side-by-side runs.
-  // 17: 14 with warp_merge (the split merge as one warp a (token, head): MergeSplitsWarpKernel).
-  // Default 14, the model's (GptBigCodeOptions::attention_variant; H200 2026-12-03 ~19:25 UTC,
+  // 17: 14 with warp_merge (the split merge as one warp a (token, head) up to 8 splits:
+  //     MergeSplitsWarpKernel). H200 2026-12-04 ~16:49 UTC against 14 (attention_bench, graph
+  //     us): 64 x 2048 28.50 -> 25.99, 64 x 8192 78.30 -> 75.61, 128 x 2048 50.57 -> 46.39;
+  //     mqabench: SantaCoder b1 decode step 0.989 / 0.988 -> 0.985 / 0.984 ms, StarCoder b32
+  //     9.028 -> 9.018 ms.
+  // Default 17, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~16:49 UTC;
+  // 14 before (H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode shapes of attention_bench's variant table with splits of at most 512
   // tokens, and 11 elsewhere (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us,
   // 11 / 13: 64 x 2048 29.16 / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04;
   // BENCHMARKS.md). 11 was the default from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal
   // 4096 prefill 618 vs 989), 3 before.
-  int variant = 14;
+  int variant = 17;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
   // kernel's tail. The previous kernel must not write the step metadata (query_start,
@@ -126,7 +131,7 @@ struct PagedAttentionTuning {
   bool kv_before_wait = false;
   // The split merge (variants 1 and 3 onwards, where a merge kernel follows) as one warp a
   // (query token, head), four heads a CTA, instead of a 128-thread CTA a (token, head)
-  // (head_dim 64 / 128). Variant 17 sets it.
+  // (head_dim 64 / 128, at most 8 splits). Variant 17 sets it.
   bool warp_merge = false;
 };
 

@@ -140,8 +140,11 @@ struct GptBigCodeOptions {
   // 32 x 576 in isolation; end to end equal within 0.3%). 14 = 13 with the decode step's KV-cache
   // write fused into the TMA kernel (the model hands it its write): the default since the H200 run
   // of 2026-12-03 ~19:25 UTC, side by side with 13: StarCoder b32 1.9410 -> 1.9387 s (and 1.9535
-  // -> 1.9362), b1 1.0844 -> 1.0781 s, SantaCoder b1 0.1363 -> 0.1318 s.
-  int attention_variant = 14;
+  // -> 1.9362), b1 1.0844 -> 1.0781 s, SantaCoder b1 0.1363 -> 0.1318 s. 17 = 14 with the split
+  // merge as one warp a (token, head) up to 8 splits: the default since the H200 run of
+  // 2026-12-04 ~16:49 UTC (64 x 2048 in isolation 28.50 -> 25.99 us; end to end equal or a
+  // little faster: SantaCoder b1 decode step -0.4%, StarCoder b32 -0.1%).
+  int attention_variant = 17;
   // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
   // (StarCoder's GEMMs are too wide to take it).

@@ -384,11 +384,11 @@ int Main(bool variants_only) {
       "GB/s = (KV + q + out bytes) / graph time; copy(same): a copy moving the same bytes, "
       "graph time, and the attention's time as a %% of it; read(paged): a kernel that only "
       "reads the same KV through the block tables, and the attention's time as a %% of it; "
-      "v17: variant 17 (the warp merge), graph time and %% of copy\n",
+      "v14: variant 14 (the default before 2026-12-04: the CTA merge), graph time and %% of copy\n",
       PagedAttentionTuning{}.variant);
   std::printf("%-12s %6s %10s %10s %8s %7s %10s %6s %11s %7s %12s %8s %9s %7s\n", "batch x ctx",
               "splits", "mqa(graph)", "mqa(strm)", "GB/s", "%copy", "copy(same)", "%same",
-              "read(paged)", "%paged", "per-head", "speedup", "v17", "%copy");
+              "read(paged)", "%paged", "per-head", "speedup", "v14", "%copy");
   const int configs[][2] = {{1, 8192},  {1, 2048},  {8, 2048},   {16, 2048}, {32, 2048},
                             {64, 2048}, {64, 8192}, {128, 2048}, {256, 1024}};
   for (const auto& c : configs) {
@@ -403,15 +403,15 @@ int Main(bool variants_only) {
     const int splits = w.workspace_bytes ? int(w.workspace_bytes / per_split) : 1;
     const double same = SameTrafficCopyUs(w.kv_bytes + w.io_bytes);
     const double paged = PagedReadUs(w);
-    PagedAttentionTuning warp_merge;
-    warp_merge.variant = 17;
-    const double g17 = TimeMqa(w, warp_merge, true);
-    const double gbs17 = (w.kv_bytes + w.io_bytes) / (g17 * 1e3);
+    PagedAttentionTuning cta_merge;
+    cta_merge.variant = 14;
+    const double g14 = TimeMqa(w, cta_merge, true);
+    const double gbs14 = (w.kv_bytes + w.io_bytes) / (g14 * 1e3);
     std::printf(
         "%4d x %-5d %6d %10.2f %10.2f %8.0f %6.1f%% %10.2f %5.1f%% %11.2f %6.1f%% %12.2f "
         "%7.1fx %9.2f %6.1f%%\n",
         c[0], c[1], splits, g, st, gbs, 100 * gbs / copy_gbs, same, 100 * same / g, paged,
-        100 * paged / g, base, base / g, g17, 100 * gbs17 / copy_gbs);
+        100 * paged / g, base, base / g, g14, 100 * gbs14 / copy_gbs);
     Free(w);
   }
 
