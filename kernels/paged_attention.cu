@@ -1002,7 +1002,10 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
 // (2026-12-04 ~16:49 UTC, attention_bench, graph us, variant 14 / 17): 64 x 2048 (4 splits) 28.50
 // / 25.99, 64 x 8192 (4) 78.30 / 75.61, 128 x 2048 (2) 50.57 / 46.39, 32 x 576 (5) 10.80 / 10.28,
 // 32 x 2048 (8) 17.09 / 17.40; past it each further batch of splits is one more round trip a warp
-// and the CTA form wins: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84.
+// and the CTA form wins: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84. Not where the
+// merge releases a decode chain early (release_dependents_early: StarCoder b1): there the warp form
+// made the step slower in the same call (mqabench --attn 14,17,14,17, ~16:58 UTC: decode step
+// 8.085 / 8.100 ms against 8.135 / 8.145), for a reason not yet found.
 constexpr int kWarpMergeHeads = 4;
 constexpr int kWarpMergeBatch = 8;
 constexpr int kWarpMergeMaxSplits = kWarpMergeBatch;
@@ -1050,10 +1053,10 @@ __global__ void __launch_bounds__(32 * kWarpMergeHeads) MergeSplitsWarpKernel(co
   const int q_len = a.query_start[lo + 1] - a.query_start[lo];
   const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
-  // As MergeSplitsKernel: the metadata above overlapped the attention kernel.
-  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  // As MergeSplitsKernel: the metadata above overlapped the attention kernel. (Never launched
+  // with early_release: the host keeps the CTA form there.)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   if (head >= a.num_heads) return;
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
@@ -1593,7 +1596,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         dim3 merge_grid(p.num_tokens, p.num_heads);
         size_t merge_smem = plan.num_splits * sizeof(float);
         if constexpr (D == 64 || D == 128) {
-          if (warp_merge && plan.num_splits <= kWarpMergeMaxSplits) {
+          if (warp_merge && plan.num_splits <= kWarpMergeMaxSplits && !a.early_release) {
             merge = a.narrow_partials ? MergeSplitsWarpKernel<T, D, T>
                                       : MergeSplitsWarpKernel<T, D, float>;
             merge_grid.y = CeilDiv(p.num_heads, kWarpMergeHeads);
