@@ -384,11 +384,13 @@ int Main(bool variants_only) {
       "GB/s = (KV + q + out bytes) / graph time; copy(same): a copy moving the same bytes, "
       "graph time, and the attention's time as a %% of it; read(paged): a kernel that only "
       "reads the same KV through the block tables, and the attention's time as a %% of it; "
-      "v14: variant 14 (the default before 2026-12-04: the CTA merge), graph time and %% of copy\n",
+      "v14: variant 14 (the default before 2026-12-04: the CTA merge), graph time and %% of copy; "
+      "pdl: the default launched as the model launches it (a programmatic dependent of the "
+      "previous call's merge: its prologue overlaps that kernel), graph time and %% of copy\n",
       PagedAttentionTuning{}.variant);
-  std::printf("%-12s %6s %10s %10s %8s %7s %10s %6s %11s %7s %12s %8s %9s %7s\n", "batch x ctx",
+  std::printf("%-12s %6s %10s %10s %8s %7s %10s %6s %11s %7s %12s %8s %9s %7s %9s %7s\n", "batch x ctx",
               "splits", "mqa(graph)", "mqa(strm)", "GB/s", "%copy", "copy(same)", "%same",
-              "read(paged)", "%paged", "per-head", "speedup", "v14", "%copy");
+              "read(paged)", "%paged", "per-head", "speedup", "v14", "%copy", "pdl", "%copy");
   const int configs[][2] = {{1, 8192},  {1, 2048},  {8, 2048},   {16, 2048}, {32, 2048},
                             {64, 2048}, {64, 8192}, {128, 2048}, {256, 1024}};
   for (const auto& c : configs) {
@@ -407,11 +409,16 @@ int Main(bool variants_only) {
     cta_merge.variant = 14;
     const double g14 = TimeMqa(w, cta_merge, true);
     const double gbs14 = (w.kv_bytes + w.io_bytes) / (g14 * 1e3);
+    PagedAttentionTuning pdl;
+    pdl.pdl = true;
+    const double gp = TimeMqa(w, pdl, true);
+    const double gbsp = (w.kv_bytes + w.io_bytes) / (gp * 1e3);
     std::printf(
         "%4d x %-5d %6d %10.2f %10.2f %8.0f %6.1f%% %10.2f %5.1f%% %11.2f %6.1f%% %12.2f "
-        "%7.1fx %9.2f %6.1f%%\n",
+        "%7.1fx %9.2f %6.1f%% %9.2f %6.1f%%\n",
         c[0], c[1], splits, g, st, gbs, 100 * gbs / copy_gbs, same, 100 * same / g, paged,
-        100 * paged / g, base, base / g, g14, 100 * gbs14 / copy_gbs);
+        100 * paged / g, base, base / g, g14, 100 * gbs14 / copy_gbs, gp,
+        100 * gbsp / copy_gbs);
     Free(w);
   }
 
