@@ -162,7 +162,10 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     if (k == kNumPagedAttentionVariants + 3) name += ", three CTAs an SM";
     return name + ")";
   };
-  std::vector<std::vector<uint16_t>> outs;  // [config * 2 + run]
+  // Runs: plain; a programmatic dependent launch; and that with the merge kernel releasing its
+  // dependents at its start (release_dependents_early, as before a decode chain).
+  constexpr int kRuns = 3;
+  std::vector<std::vector<uint16_t>> outs;  // [config * kRuns + run]
   for (int config = 0; config < kConfigs; ++config) {
     const int variant = config_variant(config);
     PagedAttentionTuning tuning;
@@ -176,8 +179,9 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
     DeviceBuffer ws(ws_bytes);
     if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
-    for (int run = 0; run < 2; ++run) {
-      tuning.pdl = run == 1;  // the second run as a programmatic dependent launch
+    for (int run = 0; run < kRuns; ++run) {
+      tuning.pdl = run >= 1;
+      p.release_dependents_early = run == 2;
       EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
       const absl::Status st = PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
       EXPECT_TRUE(st.ok()) << st << " variant " << variant;
@@ -195,7 +199,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     for (size_t i = 0; i < ref.size(); ++i) {
       const float x = FromBits(out_bits[i], c.dtype);
       if (!std::isfinite(x)) {
-        ADD_FAILURE() << "variant " << config_name(static_cast<int>(k / 2)) << " run " << k % 2
+        ADD_FAILURE() << "variant " << config_name(static_cast<int>(k / kRuns)) << " run " << k % kRuns
                       << ": element " << i << " not written / not finite";
         return 1e9;
       }
@@ -203,7 +207,8 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
       den += static_cast<double>(ref[i]) * ref[i];
     }
     const double err = std::sqrt(num / den);
-    EXPECT_LT(err, 1e-2) << "variant " << config_name(static_cast<int>(k / 2)) << " run " << k % 2;
+    EXPECT_LT(err, 1e-2) << "variant " << config_name(static_cast<int>(k / kRuns)) << " run "
+                         << k % kRuns;
     worst = std::max(worst, err);
   }
   return worst;
@@ -313,9 +318,11 @@ TEST_F(AttentionCudaTest, DecodeVariantsOnBenchmarkShapes) {
 // past that: split counts at and just past each cap, a one-token sequence (its only split CTA
 // is its own last arriver) and a long one, both dtypes. (The launcher rounds each split to whole
 // 64-token tiles: with a longest context of 8000-8192 these counts are exact; 33 would become 32.)
+// The same counts take variant 17's merge kernels at and past theirs (the warp form up to 8, the
+// wide form past it, whose threads load 64 splits a round trip at head_dim 128: 128 takes two).
 TEST_F(AttentionCudaTest, InlineMergeAtAndPastItsCaps) {
   std::mt19937 rng(std::random_device{}());
-  for (int splits : {2, 8, 9, 32, 64}) {
+  for (int splits : {2, 8, 9, 32, 64, 128}) {
     const DType dtype = splits == 9 || splits == 64 ? DType::kBF16 : DType::kF16;
     AttentionCase c{dtype, 128, 16, 48, 1, {}};
     c.seqs = {{RandomContext(rng, 8000, 8192, 16), 1}, {1, 1}, {RandomContext(rng, 2, 8192, 16), 1}};
