@@ -1002,7 +1002,11 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
 // (2026-12-04 ~16:49 UTC, attention_bench, graph us, variant 14 / 17): 64 x 2048 (4 splits) 28.50
 // / 25.99, 64 x 8192 (4) 78.30 / 75.61, 128 x 2048 (2) 50.57 / 46.39, 32 x 576 (5) 10.80 / 10.28,
 // 32 x 2048 (8) 17.09 / 17.40; past it each further batch of splits is one more round trip a warp
-// and the CTA form wins: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84. Not where the
+// and the CTA form wins: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84. (A wide CTA
+// form for more splits — each thread loading 8 splits' 16-byte chunks with the lse in one round
+// trip, the split lanes meeting in 4 KiB of shared memory — measured ~17:10 UTC: 1 x 8192 9.28
+// against 9.52, 8 x 2048 10.27 / 10.45, but 16 x 2048 14.12 / 12.74, and StarCoder b1 at 4096
+// tokens equal (decode step 8.231 / 8.224 against 8.240 / 8.232 ms): not kept.) Not where the
 // merge releases a decode chain early (release_dependents_early: StarCoder b1): there the warp form
 // made the step slower in the same call (mqabench --attn 14,17,14,17, ~16:58 UTC: decode step
 // 8.085 / 8.100 ms against 8.135 / 8.145), for a reason not yet found.
@@ -1112,104 +1116,6 @@ __global__ void __launch_bounds__(32 * kWarpMergeHeads) MergeSplitsWarpKernel(co
     *reinterpret_cast<uint2*>(dst) = packed;
   } else {
     *reinterpret_cast<uint32_t*>(dst) = Pack2<T>(acc[0] * inv, acc[1] * inv);
-  }
-}
-
-// The merge's third form (variant 17 past kWarpMergeMaxSplits splits): a 128-thread CTA a
-// (query token, head) as MergeSplitsKernel, but thread t owns the 8-element chunk t % (D / 8) of
-// every (128 / (D / 8))-th split and loads up to kWideMergeBatch of them together with the lse
-// (one round trip for up to 64 splits at D = 128, 128 at D = 64, where MergeSplitsKernel's
-// loop over splits is a chain of round trips); the split lanes meet in shared memory.
-// Dynamic shared memory: 2 x num_splits floats (lse, then weights).
-constexpr int kWideMergeBatch = 8;
-
-template <typename P, typename T>
-__device__ __forceinline__ void LoadPartialChunk8(const KernelArgs& a, int64_t elem,
-                                                  float (&x)[8]) {
-  if constexpr (std::is_same_v<P, float>) {
-    const float4 u = *reinterpret_cast<const float4*>(a.partial_o + elem);
-    const float4 v = *reinterpret_cast<const float4*>(a.partial_o + elem + 4);
-    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-  } else {
-    const uint4 u = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(a.partial_o) + elem);
-    const float2 f0 = Unpack2<T>(u.x), f1 = Unpack2<T>(u.y), f2 = Unpack2<T>(u.z),
-                 f3 = Unpack2<T>(u.w);
-    x[0] = f0.x, x[1] = f0.y, x[2] = f1.x, x[3] = f1.y, x[4] = f2.x, x[5] = f2.y, x[6] = f3.x,
-    x[7] = f3.y;
-  }
-}
-
-template <typename T, int D, typename P>
-__global__ void __launch_bounds__(128) MergeSplitsWideKernel(const KernelArgs a) {
-  constexpr int kC = D / 8;     // 8-element chunks of a row
-  constexpr int kJ = 128 / kC;  // split lanes
-  __shared__ float part_s[kJ][D];
-  extern __shared__ float lse_s[];  // [num_splits] lse, then [num_splits] weights
-  float* w_s = lse_s + a.num_splits;
-  const int token = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
-  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= token) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int q_len = a.query_start[lo + 1] - a.query_start[lo];
-  const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
-  const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
-  const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
-  // As MergeSplitsKernel (a decode chain may follow it, released early).
-  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
-  const int c = tid % kC, j = tid / kC;
-  const int64_t elem0 = row0 * D + c * 8;
-  float x[kWideMergeBatch][8];
-  auto load_batch = [&](int first) {  // splits first + u kJ, u < kWideMergeBatch
-#pragma unroll
-    for (int u = 0; u < kWideMergeBatch; ++u) {
-      const int sp = first + u * kJ;
-      if (sp < valid) {
-        LoadPartialChunk8<P, T>(a, sp * split_stride * D + elem0, x[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[u][e] = 0.0f;
-      }
-    }
-  };
-  load_batch(j);  // with the lse below: one round trip
-  for (int sp = tid; sp < valid; sp += 128) lse_s[sp] = a.partial_lse[sp * split_stride + row0];
-  __syncthreads();
-  float m = -INFINITY;
-  for (int sp = 0; sp < valid; ++sp) m = fmaxf(m, lse_s[sp]);  // finite: split 0 saw a key
-  for (int sp = tid; sp < valid; sp += 128) w_s[sp] = Exp2(lse_s[sp] - m);
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int first = j;; first += kWideMergeBatch * kJ) {
-#pragma unroll
-    for (int u = 0; u < kWideMergeBatch; ++u) {
-      const int sp = first + u * kJ;
-      const float w = sp < valid ? Exp2(lse_s[sp] - m) : 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = fmaf(w, x[u][e], acc[e]);
-    }
-    if (first + kWideMergeBatch * kJ >= valid) break;
-    load_batch(first + kWideMergeBatch * kJ);
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) part_s[j][c * 8 + e] = acc[e];
-  __syncthreads();
-  if (tid < D / 2) {
-    float wsum = 0.0f;
-    for (int sp = 0; sp < valid; ++sp) wsum += w_s[sp];
-    float2 sum = make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int jj = 0; jj < kJ; ++jj) sum.x += part_s[jj][2 * tid], sum.y += part_s[jj][2 * tid + 1];
-    const float inv = 1.0f / wsum;
-    *reinterpret_cast<uint32_t*>(static_cast<T*>(a.output) + row0 * D + 2 * tid) =
-        Pack2<T>(sum.x * inv, sum.y * inv);
   }
 }
 
@@ -1699,10 +1605,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                                       : MergeSplitsWarpKernel<T, D, float>;
             merge_grid.y = CeilDiv(p.num_heads, kWarpMergeHeads);
             merge_smem = 0;
-          } else if (warp_merge && plan.num_splits > kWarpMergeMaxSplits) {
-            merge = a.narrow_partials ? MergeSplitsWideKernel<T, D, T>
-                                      : MergeSplitsWideKernel<T, D, float>;
-            merge_smem = 2 * plan.num_splits * sizeof(float);
           }
         }
         if (a.pdl) {

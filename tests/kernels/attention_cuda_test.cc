@@ -318,8 +318,8 @@ TEST_F(AttentionCudaTest, DecodeVariantsOnBenchmarkShapes) {
 // past that: split counts at and just past each cap, a one-token sequence (its only split CTA
 // is its own last arriver) and a long one, both dtypes. (The launcher rounds each split to whole
 // 64-token tiles: with a longest context of 8000-8192 these counts are exact; 33 would become 32.)
-// The same counts take variant 17's merge kernels at and past theirs (the warp form up to 8, the
-// wide form past it, whose threads load 64 splits a round trip at head_dim 128: 128 takes two).
+// The same counts take variant 17's merge kernels at and past its warp form's cap (8); 128 is
+// the most a 8192-token context can have (one 64-token tile a split).
 TEST_F(AttentionCudaTest, InlineMergeAtAndPastItsCaps) {
   std::mt19937 rng(std::random_device{}());
   for (int splits : {2, 8, 9, 32, 64, 128}) {
