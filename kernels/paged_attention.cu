@@ -98,6 +98,13 @@ struct KernelArgs {
   // With new_key (the fused write): the TMA kernel's producer issues the first stages' K / V
   // boxes before griddepcontrol.wait (PagedAttentionTuning::kv_before_wait).
   bool kv_before_wait = false;
+  // Every sequence has exactly one query token (max_query_len 1 and as many tokens as sequences):
+  // token t is sequence t's (the merge kernels skip their binary search).
+  bool one_query_each = false;
+  // Variants 11 and 13-17 when a merge kernel follows (PDL) and does not release a decode chain
+  // early: the attention CTAs trigger the merge's launch right after their PDL wait instead of
+  // after their main loops (PagedAttentionTuning::early_merge_launch).
+  bool early_merge_launch = false;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
@@ -914,6 +921,25 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
   }
 }
 
+// The position of query token `token` in its sequence, for the merge kernels: with one query a
+// sequence (KernelArgs::one_query_each) token t is sequence t's last position, one load; else the
+// sequence is found by a binary search over query_start (a chain of dependent loads, which the
+// merge's prologue runs after the attention grid's main loops: it is on the critical path).
+__device__ __forceinline__ int QueryPosition(const KernelArgs& a, int token) {
+  if (a.one_query_each) return a.context_lens[token] - 1;
+  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.query_start[mid] <= token) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int q_len = a.query_start[lo + 1] - a.query_start[lo];
+  return a.context_lens[lo] - q_len + (token - a.query_start[lo]);
+}
+
 // Merges the split-KV partials of one (query token, head) by log-sum-exp. Thread (group, c)
 // sums 4 dims of every kGroups-th split; the groups meet in shared memory. P is the partial
 // outputs' type: float (variants 0-2) or T (3-5).
@@ -925,17 +951,7 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   __shared__ float4 acc_s[kGroups][kChunks];
   extern __shared__ float w_s[];  // [num_splits]: weights exp2(lse - max)
   const int token = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
-  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= token) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int q_len = a.query_start[lo + 1] - a.query_start[lo];
-  const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
+  const int pos = QueryPosition(a, token);
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
   // Variant 1 launches this as a programmatic dependent: everything above overlapped the
@@ -1045,17 +1061,7 @@ __global__ void __launch_bounds__(32 * kWarpMergeHeads) MergeSplitsWarpKernel(co
   constexpr int kV = D / 32;
   const int token = blockIdx.x, lane = threadIdx.x & 31;
   const int head = blockIdx.y * kWarpMergeHeads + (threadIdx.x >> 5);
-  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= token) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int q_len = a.query_start[lo + 1] - a.query_start[lo];
-  const int pos = a.context_lens[lo] - q_len + (token - a.query_start[lo]);
+  const int pos = QueryPosition(a, token);
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
   // As MergeSplitsKernel: the metadata above overlapped the attention kernel. (Never launched
   // with early_release: the host keeps the CTA form there.)
@@ -1376,11 +1382,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
         const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15 ||
-                                    variant == 16 || variant == 17;
+                                    variant == 16 || variant == 17 || variant == 18;
         const bool tma_cluster = variant == 15;
         const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
-        const bool warp_merge = tuning.warp_merge || variant == 17;
-        if (variant >= 14 && variant <= 17) variant = 13;
+        const bool warp_merge = tuning.warp_merge || variant == 17 || variant == 18;
+        const bool early_merge_launch = tuning.early_merge_launch || variant == 18;
+        if (variant >= 14 && variant <= 18) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
@@ -1500,6 +1507,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         a.narrow_partials = variant >= 3;
         a.early_kv = early_kv;
         a.early_release = p.release_dependents_early;
+        a.one_query_each = p.max_query_len == 1 && p.num_tokens == p.num_seqs;
         a.cluster_merge = cluster && plan.num_splits > 1 &&
                           plan.num_splits <= kClusterMergeCap &&
                           (!cluster_if_small || grid_x * p.num_kv_heads * p.num_seqs <= SmCount());
@@ -1520,6 +1528,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const bool merge_launch =
             plan.num_splits > 1 && variant != 2 && !a.inline_merge && !a.cluster_merge;
         a.pdl = merge_launch && variant != 0;
+        a.early_merge_launch = a.pdl && early_merge_launch && !a.early_release;
         if (variant >= 1) {
           const int first_span = TableSpan(plan.chunk, p.block_size);
           a.table_blocks = first_span <= kTableCap ? first_span : 0;
