@@ -101,10 +101,6 @@ struct KernelArgs {
   // Every sequence has exactly one query token (max_query_len 1 and as many tokens as sequences):
   // token t is sequence t's (the merge kernels skip their binary search).
   bool one_query_each = false;
-  // Variants 11 and 13-17 when a merge kernel follows (PDL) and does not release a decode chain
-  // early: the attention CTAs trigger the merge's launch right after their PDL wait instead of
-  // after their main loops (PagedAttentionTuning::early_merge_launch).
-  bool early_merge_launch = false;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
@@ -924,7 +920,12 @@ __global__ void __launch_bounds__(Shape<D, WM, WN>::kThreads, Shape<D, WM, WN>::
 // The position of query token `token` in its sequence, for the merge kernels: with one query a
 // sequence (KernelArgs::one_query_each) token t is sequence t's last position, one load; else the
 // sequence is found by a binary search over query_start (a chain of dependent loads, which the
-// merge's prologue runs after the attention grid's main loops: it is on the critical path).
+// merge's prologue runs after the attention grid's main loops: it is on the critical path). On
+// the H200 (~17:15 UTC) the one load took the CTA form at 64 x 2048 from 28.5-28.6 to 27.6 us
+// and 64 x 8192 from 77.1-77.7 to 76.7; the warp form, with four heads a CTA, about equal.
+// (Triggering the merge's launch at the attention's start instead, so that its prologue overlaps
+// the main loop, lost in the same call: 64 x 2048 26.62 against 26.44 us, StarCoder b32 decode
+// step 8.961 against 8.920 ms.)
 __device__ __forceinline__ int QueryPosition(const KernelArgs& a, int token) {
   if (a.one_query_each) return a.context_lens[token] - 1;
   int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first query is <= token
@@ -1382,12 +1383,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
         const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15 ||
-                                    variant == 16 || variant == 17 || variant == 18;
+                                    variant == 16 || variant == 17;
         const bool tma_cluster = variant == 15;
         const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
-        const bool warp_merge = tuning.warp_merge || variant == 17 || variant == 18;
-        const bool early_merge_launch = tuning.early_merge_launch || variant == 18;
-        if (variant >= 14 && variant <= 18) variant = 13;
+        const bool warp_merge = tuning.warp_merge || variant == 17;
+        if (variant >= 14 && variant <= 17) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
@@ -1528,7 +1528,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const bool merge_launch =
             plan.num_splits > 1 && variant != 2 && !a.inline_merge && !a.cluster_merge;
         a.pdl = merge_launch && variant != 0;
-        a.early_merge_launch = a.pdl && early_merge_launch && !a.early_release;
         if (variant >= 1) {
           const int first_span = TableSpan(plan.chunk, p.block_size);
           a.table_blocks = first_span <= kTableCap ? first_span : 0;

@@ -95,7 +95,6 @@ struct PagedAttentionTuning {
   //     us): 64 x 2048 28.50 -> 25.99, 64 x 8192 78.30 -> 75.61, 128 x 2048 50.57 -> 46.39;
   //     mqabench: SantaCoder b1 decode step 0.989 / 0.988 -> 0.985 / 0.984 ms, StarCoder b32
   //     9.028 -> 9.018 ms.
-  // 18: 17 with early_merge_launch (the merge CTAs launched at the attention's start).
   // Default 17, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~16:49 UTC;
   // 14 before (H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
@@ -134,13 +133,9 @@ struct PagedAttentionTuning {
   // (query token, head), four heads a CTA, instead of a 128-thread CTA a (token, head)
   // (head_dim 64 / 128, at most 8 splits, not with release_dependents_early). Variant 17 sets it.
   bool warp_merge = false;
-  // Where a merge kernel follows (as a programmatic dependent) and release_dependents_early is
-  // off: the wgmma / TMA attention CTAs trigger its launch right after their PDL wait, not after
-  // their main loops, so that the merge CTAs' prologue overlaps the attention. Variant 18 sets it.
-  bool early_merge_launch = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 19;
+inline constexpr int kNumPagedAttentionVariants = 18;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -162,7 +157,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 15 ? "hopper-tma+kvw+cluster"
          : v == 16 ? "hopper-tma+kvw+early"
          : v == 17 ? "hopper-tma+kvw+warpmerge"
-         : v == 18 ? "17+earlymerge"
                    : "?";
 }
 

@@ -321,9 +321,6 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
   // Everything above reads only step metadata and block tables; Q and the KV rows may be written
   // by the kernel this one follows under PDL.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // KernelArgs::early_merge_launch: the merge kernel's CTAs may launch now (their prologue then
-  // overlaps this grid's main loop); they wait for this grid to complete.
-  if (a.early_merge_launch) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   __syncthreads();  // table_s
 
 #pragma unroll
@@ -522,7 +519,6 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     }
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (a.early_merge_launch) asm volatile("griddepcontrol.launch_dependents;\n" ::);  // as 11's
   __syncthreads();  // table_s, the barriers
 
   if (warp == kConsumers / 32) {  // the producer
