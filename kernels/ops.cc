@@ -8,7 +8,6 @@
 #include "kernels/embedding_cuda.h"
 #include "kernels/gemm_cuda.h"
 #include "kernels/kv_cache_cuda.h"
-#include "kernels/l2_prefetch.h"
 #include "kernels/layer_norm_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #endif
@@ -258,28 +257,6 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
 #endif
   }
   return absl::InternalError("DecodeChain: unknown device");
-}
-
-absl::Status L2Prefetch(const OpContext& ctx, const void* p0, size_t b0, const void* p1,
-                        size_t b1) {
-  if (ctx.device != Device::kCuda || ctx.prefetch_stream == nullptr) return absl::OkStatus();
-#ifdef MQA_WITH_CUDA
-  return L2PrefetchForkCuda({p0, b0}, {p1, b1}, ctx.prefetch_ctas, Stream(ctx),
-                            static_cast<cudaStream_t>(ctx.prefetch_stream),
-                            static_cast<cudaEvent_t>(ctx.prefetch_fork),
-                            static_cast<cudaEvent_t>(ctx.prefetch_done));
-#else
-  return NoCuda("L2Prefetch");
-#endif
-}
-
-absl::Status L2PrefetchJoin(const OpContext& ctx) {
-  if (ctx.device != Device::kCuda || ctx.prefetch_stream == nullptr) return absl::OkStatus();
-#ifdef MQA_WITH_CUDA
-  return L2PrefetchJoinCuda(Stream(ctx), static_cast<cudaEvent_t>(ctx.prefetch_done));
-#else
-  return NoCuda("L2PrefetchJoin");
-#endif
 }
 
 }  // namespace mqa

@@ -67,12 +67,6 @@ struct OpContext {
   // that op's share of the step as the GPU really runs it (overlaps and launch gaps included),
   // which isolated kernel timings cannot.
   uint32_t skip = 0;
-  // CUDA: L2Prefetch's side stream and its fork / done events (cudaStream_t, cudaEvent_t; null:
-  // L2Prefetch does nothing) and its grid.
-  void* prefetch_stream = nullptr;
-  void* prefetch_fork = nullptr;
-  void* prefetch_done = nullptr;
-  int prefetch_ctas = 64;
 };
 
 enum OpSkip : uint32_t {
@@ -131,12 +125,5 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
 // timeline_index: where it records its timeline (OpContext::chain_timeline), if anywhere.
 absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot,
                          int timeline_index = -1);
-// Weights into L2 ahead of their GEMM (kernels/l2_prefetch.h): on the GPU, with
-// ctx.prefetch_stream, forks a side stream that prefetches [p0, p0 + b0) and [p1, p1 + b1) while
-// the main stream goes on; L2PrefetchJoin makes the main stream wait for the last fork. No-ops on
-// the CPU or without a prefetch stream.
-absl::Status L2Prefetch(const OpContext& ctx, const void* p0, size_t b0, const void* p1,
-                        size_t b1);
-absl::Status L2PrefetchJoin(const OpContext& ctx);
 
 }  // namespace mqa

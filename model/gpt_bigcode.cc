@@ -443,10 +443,6 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
   for (int64_t l = 0; l < w_.config.n_layer; ++l) {
     RETURN_IF_ERROR(Layer(l, idx, cache, collectives));
   }
-  if (l2_prefetch_forked_) {  // set_decode_l2_prefetch: the side stream rejoins
-    l2_prefetch_forked_ = false;
-    RETURN_IF_ERROR(L2PrefetchJoin(ctx_));
-  }
   return absl::OkStatus();
 }
 
@@ -656,16 +652,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     }
   }
 
-  // set_decode_l2_prefetch: the attention projection's (then the MLP's) first weights into L2
-  // on a side stream while the attention leaves HBM idle.
-  if (l2_prefetch_bytes_ > 0 && !chain_step && idx.max_query_len == 1) {
-    const size_t proj = std::min<size_t>(l2_prefetch_bytes_, L.c_proj_w.nbytes());
-    const size_t fc = std::min<size_t>(l2_prefetch_bytes_ - proj, L.c_fc_w.nbytes());
-    RETURN_IF_ERROR(L2Prefetch(ctx_, L.c_proj_w.raw(), proj, L.c_fc_w.raw(), fc));
-    l2_prefetch_forked_ = true;
-  }
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
-  // GPU inside the attention kernel where its variant fuses it (14, 15, 16, 17).
+  // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
   RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
   if (chain_step) {
     ASSIGN_OR_RETURN(const bool done, run_chain());

@@ -258,12 +258,6 @@ class GptBigCode {
   // PagedAttentionTuning::warps_m / num_splits / hopper_tile_tokens (0: automatic, as the runner
   // uses). No-op on the CPU. Drops captured graphs.
   void set_attention(int variant, int warps_m, int splits, int tile_tokens = 0);
-  // Benchmarks (an experiment, off by default): in a decode step without the decode chain, every
-  // layer forks a side stream before its attention that prefetches the first `kib` KiB of the
-  // attention projection's and then the MLP up-projection's weights into L2 with `ctas` CTAs
-  // (kernels/l2_prefetch.h), joined at the end of the trunk. 0: off. No-op on the CPU. Drops
-  // captured graphs.
-  void set_decode_l2_prefetch(int kib, int ctas);
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);
@@ -396,8 +390,6 @@ class GptBigCode {
   bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   bool chain_early_release_ = true;         // ... _early_release
-  int64_t l2_prefetch_bytes_ = 0;           // set_decode_l2_prefetch
-  bool l2_prefetch_forked_ = false;         // within a step: a prefetch to join
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

@@ -101,9 +101,6 @@ struct GptBigCode::CudaState {
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> seen;  // buckets run once eagerly (plans and kernel attributes set up)
   cudaEvent_t graph_events[2] = {nullptr, nullptr};  // set_time_graphs
-  // set_decode_l2_prefetch's side stream and events (created on first use).
-  cudaStream_t prefetch_stream = nullptr;
-  cudaEvent_t prefetch_fork = nullptr, prefetch_done = nullptr;
   bool graph_timed = false;                          // the last step launched a timed graph
 
   void ClearGraphs() {
@@ -119,10 +116,6 @@ struct GptBigCode::CudaState {
     for (cudaEvent_t e : sampled) {
       if (e) cudaEventDestroy(e);
     }
-    for (cudaEvent_t e : {prefetch_fork, prefetch_done}) {
-      if (e) cudaEventDestroy(e);
-    }
-    if (prefetch_stream) cudaStreamDestroy(prefetch_stream);
     gemm.reset();
     if (stream) cudaStreamDestroy(stream);
   }
@@ -294,23 +287,6 @@ void GptBigCode::set_attention(int variant, int warps_m, int splits, int tile_to
   if (ctx_.attention_workspace != nullptr) {
     cudaMemset(ctx_.attention_workspace, 0, ctx_.attention_workspace_bytes);
   }
-  ClearCudaGraphs();
-}
-
-void GptBigCode::set_decode_l2_prefetch(int kib, int ctas) {
-  if (!cuda_) return;
-  l2_prefetch_bytes_ = static_cast<int64_t>(std::max(0, kib)) * 1024;
-  if (l2_prefetch_bytes_ > 0 && cuda_->prefetch_stream == nullptr) {
-    if (cudaStreamCreateWithFlags(&cuda_->prefetch_stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&cuda_->prefetch_fork, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&cuda_->prefetch_done, cudaEventDisableTiming) != cudaSuccess) {
-      l2_prefetch_bytes_ = 0;
-    }
-  }
-  ctx_.prefetch_stream = l2_prefetch_bytes_ > 0 ? cuda_->prefetch_stream : nullptr;
-  ctx_.prefetch_fork = cuda_->prefetch_fork;
-  ctx_.prefetch_done = cuda_->prefetch_done;
-  ctx_.prefetch_ctas = std::max(1, ctas);
   ClearCudaGraphs();
 }
 
@@ -733,7 +709,6 @@ int GptBigCode::num_cuda_graphs() const { return 0; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}
 void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }
-void GptBigCode::set_decode_l2_prefetch(int, int) {}
 absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
                                       absl::Span<const RowSamplingParams>, int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -78,7 +78,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -564,13 +563,6 @@ absl::Status Latency(const Flags& f) {
         }
       }
     }
-  }
-  // MQA_L2_PREFETCH=KIB[/CTAS] (an experiment, off): GptBigCode::set_decode_l2_prefetch.
-  if (const char* e = std::getenv("MQA_L2_PREFETCH")) {
-    const char* slash = std::strchr(e, '/');
-    const int kib = std::atoi(e), ctas = slash != nullptr ? std::atoi(slash + 1) : 64;
-    r.model().set_decode_l2_prefetch(kib, ctas);
-    std::printf("decode L2 prefetch: %d KiB a layer, %d CTAs (MQA_L2_PREFETCH)\n", kib, ctas);
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
