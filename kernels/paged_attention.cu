@@ -1061,13 +1061,13 @@ template <typename T, int D, typename P>
 __global__ void __launch_bounds__(32 * kWarpMergeHeads) MergeSplitsWarpKernel(const KernelArgs a) {
   constexpr int kV = D / 32;
   const int token = blockIdx.x, lane = threadIdx.x & 31;
-  const int head = blockIdx.y * kWarpMergeHeads + (threadIdx.x >> 5);
+  const int head = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);  // a warp a head
   const int pos = QueryPosition(a, token);
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
-  // As MergeSplitsKernel: the metadata above overlapped the attention kernel. (Never launched
-  // with early_release: the host keeps the CTA form there.)
+  // As MergeSplitsKernel: the metadata above overlapped the attention kernel.
+  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   if (head >= a.num_heads) return;
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
@@ -1607,11 +1607,15 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         auto merge = a.narrow_partials ? MergeSplitsKernel<T, D, T> : MergeSplitsKernel<T, D, float>;
         dim3 merge_grid(p.num_tokens, p.num_heads);
         size_t merge_smem = plan.num_splits * sizeof(float);
+        unsigned merge_threads = 128;
         if constexpr (D == 64 || D == 128) {
-          if (warp_merge && plan.num_splits <= kWarpMergeMaxSplits && !a.early_release) {
+          if (warp_merge && plan.num_splits <= kWarpMergeMaxSplits) {
             merge = a.narrow_partials ? MergeSplitsWarpKernel<T, D, T>
                                       : MergeSplitsWarpKernel<T, D, float>;
-            merge_grid.y = CeilDiv(p.num_heads, kWarpMergeHeads);
+            // Before an early-released chain: one warp a CTA (EXPERIMENT).
+            const int heads_per_cta = a.early_release ? 1 : kWarpMergeHeads;
+            merge_grid.y = CeilDiv(p.num_heads, heads_per_cta);
+            merge_threads = 32 * heads_per_cta;
             merge_smem = 0;
           }
         }
@@ -1619,7 +1623,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           // Programmatic dependent launch: the merge launches while the attention kernel runs.
           cudaLaunchConfig_t config = {};
           config.gridDim = merge_grid;
-          config.blockDim = dim3(128);
+          config.blockDim = dim3(merge_threads);
           config.dynamicSmemBytes = merge_smem;
           config.stream = stream;
           cudaLaunchAttribute attr[1];
@@ -1630,7 +1634,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, merge, a));
           CUDA_RETURN_IF_LAUNCH_ERROR();
         } else {
-          merge<<<merge_grid, 128, merge_smem, stream>>>(a);
+          merge<<<merge_grid, merge_threads, merge_smem, stream>>>(a);
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }
         return absl::OkStatus();
