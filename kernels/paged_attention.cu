@@ -1008,8 +1008,8 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   }
 }
 
-// The merge's second form (variant 17): one warp per (query token, head), kWarpMergeHeads heads a
-// 128-thread CTA, lane c holding dims [c D / 32, (c + 1) D / 32). After the wait a warp reads its
+// The merge's second form (variant 17): one warp per (query token, head), blockDim.x / 32 heads a
+// CTA (kWarpMergeHeads; one before an early-released decode chain), lane c holding dims [c D / 32, (c + 1) D / 32). After the wait a warp reads its
 // splits' lse (a lane a split) and the first kWarpMergeBatch splits' partial rows in one round trip
 // and merges online (a running maximum, rescaled per 32 splits); no shared memory, no CTA
 // barrier. MergeSplitsKernel gives every (token, head) a 128-thread CTA: 3072 CTAs at 64 x 2048,
@@ -1023,10 +1023,10 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
 // form for more splits — each thread loading 8 splits' 16-byte chunks with the lse in one round
 // trip, the split lanes meeting in 4 KiB of shared memory — measured ~17:10 UTC: 1 x 8192 9.28
 // against 9.52, 8 x 2048 10.27 / 10.45, but 16 x 2048 14.12 / 12.74, and StarCoder b1 at 4096
-// tokens equal (decode step 8.231 / 8.224 against 8.240 / 8.232 ms): not kept.) Not where the
-// merge releases a decode chain early (release_dependents_early: StarCoder b1): there the warp form
-// made the step slower in the same call (mqabench --attn 14,17,14,17, ~16:58 UTC: decode step
-// 8.085 / 8.100 ms against 8.135 / 8.145), for a reason not yet found.
+// tokens equal (decode step 8.231 / 8.224 against 8.240 / 8.232 ms): not kept.) Where the merge
+// releases a decode chain early (release_dependents_early: StarCoder b1) four heads a CTA made the
+// step slower (mqabench --attn 14,17,14,17, ~16:58 UTC: decode step 8.085 / 8.100 ms against
+// 8.135 / 8.145), for a reason not found; one warp a CTA there is equal to the CTA form.
 constexpr int kWarpMergeHeads = 4;
 constexpr int kWarpMergeBatch = 8;
 constexpr int kWarpMergeMaxSplits = kWarpMergeBatch;
@@ -1612,7 +1612,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           if (warp_merge && plan.num_splits <= kWarpMergeMaxSplits) {
             merge = a.narrow_partials ? MergeSplitsWarpKernel<T, D, T>
                                       : MergeSplitsWarpKernel<T, D, float>;
-            // Before an early-released chain: one warp a CTA (EXPERIMENT).
+            // Before an early-released decode chain one warp a CTA, as many CTAs as the CTA form
+            // (H200 ~17:29 UTC, StarCoder b1 decode step 8.137 / 8.144 ms with the CTA form,
+            // 8.153 / 8.149 with this: equal; four heads a CTA there was 0.5% slower, ~16:58).
             const int heads_per_cta = a.early_release ? 1 : kWarpMergeHeads;
             merge_grid.y = CeilDiv(p.num_heads, heads_per_cta);
             merge_threads = 32 * heads_per_cta;
