@@ -1009,11 +1009,12 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
 }
 
 // The merge's second form (variant 17): one warp per (query token, head), blockDim.x / 32 heads a
-// CTA (kWarpMergeHeads; one before an early-released decode chain), lane c holding dims [c D / 32, (c + 1) D / 32). After the wait a warp reads its
-// splits' lse (a lane a split) and the first kWarpMergeBatch splits' partial rows in one round trip
-// and merges online (a running maximum, rescaled per 32 splits); no shared memory, no CTA
-// barrier. MergeSplitsKernel gives every (token, head) a 128-thread CTA: 3072 CTAs at 64 x 2048,
-// more than a wave beside the attention's, each a chain of three barriers and two round trips.
+// CTA (kWarpMergeHeads; one before an early-released decode chain), lane c holding dims [c D / 32,
+// (c + 1) D / 32). After the wait a warp reads its splits' lse (a lane a split) and the first
+// kWarpMergeBatch splits' partial rows in one round trip and merges online (a running maximum,
+// rescaled per 32 splits); no shared memory, no CTA barrier. MergeSplitsKernel gives every (token,
+// head) a 128-thread CTA: 3072 CTAs at 64 x 2048, more than a wave beside the attention's, each a
+// chain of three barriers and two round trips.
 //
 // Taken up to kWarpMergeMaxSplits splits (one round trip), where it was faster on the H200
 // (2026-12-04 ~16:49 UTC, attention_bench, graph us, variant 14 / 17): 64 x 2048 (4 splits) 28.50

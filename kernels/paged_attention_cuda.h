@@ -90,8 +90,8 @@ struct PagedAttentionTuning {
   //     and slower (H200, 2026-12-04 ~14:02 UTC, mqabench --attn 14,16,14,16: StarCoder b1 decode
   //     step 7.969 / 7.967 ms against 8.021 / 8.021, b32 8.720 / 8.749 against 8.786 / 8.809): the
   //     early loads queue behind the previous kernel's tail; kept for side-by-side runs.
-  // 17: 14 with warp_merge (the split merge as one warp a (token, head) up to 8 splits, but not
-  //     before an early-released decode chain: MergeSplitsWarpKernel). H200 2026-12-04 ~16:49 UTC against 14 (attention_bench, graph
+  // 17: 14 with warp_merge (the split merge as one warp a (token, head) up to 8 splits:
+  //     MergeSplitsWarpKernel). H200 2026-12-04 ~16:49 UTC against 14 (attention_bench, graph
   //     us): 64 x 2048 28.50 -> 25.99, 64 x 8192 78.30 -> 75.61, 128 x 2048 50.57 -> 46.39;
   //     mqabench: SantaCoder b1 decode step 0.989 / 0.988 -> 0.985 / 0.984 ms, StarCoder b32
   //     9.028 -> 9.018 ms.
@@ -131,7 +131,8 @@ struct PagedAttentionTuning {
   bool kv_before_wait = false;
   // The split merge (variants 1 and 3 onwards, where a merge kernel follows) as one warp a
   // (query token, head), four heads a CTA, instead of a 128-thread CTA a (token, head)
-  // (head_dim 64 / 128, at most 8 splits, not with release_dependents_early). Variant 17 sets it.
+  // (head_dim 64 / 128, at most 8 splits; one warp a CTA with release_dependents_early). Variant
+  // 17 sets it.
   bool warp_merge = false;
 };
 
