@@ -1384,13 +1384,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
         const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15 ||
-                                    variant == 16 || variant == 17 || variant == 18;
-        // 18: 15's cluster merge at any grid and split length, with or without a KV write.
-        const bool cluster_any = variant == 18;
-        const bool tma_cluster = variant == 15 || cluster_any;
+                                    variant == 16 || variant == 17;
+        const bool tma_cluster = variant == 15;
         const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
         const bool warp_merge = tuning.warp_merge || variant == 17;
-        if (variant >= 14 && variant <= 18) variant = 13;
+        if (variant >= 14 && variant <= 17) variant = 13;
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
@@ -1445,7 +1443,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           if constexpr (D == 64 || D == 128) {
             // Automatic 13 streams splits of at most kTmaMaxSplitTokens; longer ones run 11's
             // kernel on the same plan.
-            if (hcfg.tma_kernel != nullptr && tuning.hopper_tma_ctas == 0 && !cluster_any &&
+            if (hcfg.tma_kernel != nullptr && tuning.hopper_tma_ctas == 0 &&
                 plan.chunk > hopper::kTmaMaxSplitTokens) {
               hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();
             }
@@ -1454,7 +1452,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // Variant 13's tensor maps over the K and V caches; without them (no driver entry point,
         // a map rejected) it runs 11's kernel on the same plan.
         CUtensorMap maps[2];
-        bool fuse_kv = false, fused_inst = false;
+        bool fuse_kv = false;
         if constexpr (D == 64 || D == 128) {
           if (hopper && hcfg.tma_kernel != nullptr &&
               !(EncodeKvCacheMap(&maps[0], p.key_cache, p.dtype, p.num_kv_heads * D) &&
@@ -1470,10 +1468,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                     kv_write->value_stride % 8 == 0 &&
                     reinterpret_cast<uintptr_t>(kv_write->key) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(kv_write->value) % 16 == 0;
-          // 18 clusters in the fused instantiation with or without a write (new_key null).
-          fused_inst = fuse_kv || (cluster_any && tuning.hopper_tma_ctas == 0 && hopper &&
-                                   hcfg.tma_kernel != nullptr);
-          if (fused_inst) {
+          if (fuse_kv) {
             static_assert(hopper::kTmaDefaultCtas == 2, "the fused form is instantiated for two");
             hcfg = hopper::MakeTmaConfig<T, D, 2, true>();
           }
@@ -1525,9 +1520,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                (plan.num_splits <= kAutoMergeSplits && plan.chunk <= kAutoMergeTokens))));
         // 15: the fused TMA kernel's splits of a row tile run as a cluster and merge through
         // distributed shared memory, where the grid is one CTA an SM at most (as variant 9).
-        if (tma_cluster && fused_inst && plan.num_splits > 1 &&
-            plan.num_splits <= kClusterMergeCap &&
-            (cluster_any || grid_x * p.num_kv_heads * p.num_seqs <= SmCount())) {
+        if (tma_cluster && fuse_kv && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap &&
+            grid_x * p.num_kv_heads * p.num_seqs <= SmCount()) {
           a.cluster_merge = true;
         }
         // A merge kernel follows (variants 1 and 3, 4-5 past their cap, 8 past the cluster cap):

@@ -91,9 +91,7 @@ struct PagedAttentionTuning {
   //     step 7.969 / 7.967 ms against 8.021 / 8.021, b32 8.720 / 8.749 against 8.786 / 8.809): the
   //     early loads queue behind the previous kernel's tail; kept for side-by-side runs.
   // 17: 14 with warp_merge (the split merge as one warp a (token, head) up to 8 splits:
-  //     MergeSplitsWarpKernel).
-  // 18: 15's cluster merge at any grid (not only one CTA an SM) and on TMA splits of any length,
-  //     with or without the fused KV write (an experiment). H200 2026-12-04 ~16:49 UTC against 14 (attention_bench, graph
+  //     MergeSplitsWarpKernel). H200 2026-12-04 ~16:49 UTC against 14 (attention_bench, graph
   //     us): 64 x 2048 28.50 -> 25.99, 64 x 8192 78.30 -> 75.61, 128 x 2048 50.57 -> 46.39;
   //     mqabench: SantaCoder b1 decode step 0.989 / 0.988 -> 0.985 / 0.984 ms, StarCoder b32
   //     9.028 -> 9.018 ms.
@@ -138,7 +136,7 @@ struct PagedAttentionTuning {
   bool warp_merge = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 19;
+inline constexpr int kNumPagedAttentionVariants = 18;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -160,7 +158,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 15 ? "hopper-tma+kvw+cluster"
          : v == 16 ? "hopper-tma+kvw+early"
          : v == 17 ? "hopper-tma+kvw+warpmerge"
-         : v == 18 ? "hopper-tma+cluster-any"
                    : "?";
 }
 

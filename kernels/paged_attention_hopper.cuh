@@ -559,8 +559,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     // The fused KV write: the split whose range ends at the context (its last row is the query
     // token's position ctx - 1, the step's new token; for a sequence shorter than the batch's
     // longest that is not the last split), last tile.
-    const bool new_row =
-        kFuseKv && a.new_key != nullptr && i == num_tiles - 1 && kv_stop - 1 == w.pos0;
+    const bool new_row = kFuseKv && i == num_tiles - 1 && kv_stop - 1 == w.pos0;
     if (valid < kTN || new_row) {
       unsigned char* ks = kv_s + stage * H::kStageBytes;
       unsigned char* vs = ks + H::kTileBytes;
