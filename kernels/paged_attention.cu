@@ -941,6 +941,55 @@ __device__ __forceinline__ int QueryPosition(const KernelArgs& a, int token) {
   return a.context_lens[lo] - q_len + (token - a.query_start[lo]);
 }
 
+// The merge kernels' programmatic-dependent protocol: everything before this overlapped the
+// attention kernel, whose partials are complete after the wait. A PDL successor may launch before
+// it with early_release (it waits for this grid itself), else after. No-ops for a plain launch.
+__device__ __forceinline__ void MergeAwaitPartials(const KernelArgs& a) {
+  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+}
+
+// N = 2 or 4 consecutive partial-output elements from element `elem` on (P: float or T), as
+// floats: one 8- or 16-byte load (4- or 8-byte for T).
+template <typename T, typename P, int N>
+__device__ __forceinline__ void LoadPartials(const KernelArgs& a, int64_t elem, float (&x)[N]) {
+  static_assert(N == 2 || N == 4, "2 or 4 elements");
+  if constexpr (std::is_same_v<P, float>) {
+    if constexpr (N == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(a.partial_o + elem);
+      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(a.partial_o + elem);
+      x[0] = v.x, x[1] = v.y;
+    }
+  } else {
+    const T* src = reinterpret_cast<const T*>(a.partial_o) + elem;
+    if constexpr (N == 4) {
+      const uint2 u = *reinterpret_cast<const uint2*>(src);
+      const float2 lo = Unpack2<T>(u.x), hi = Unpack2<T>(u.y);
+      x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+    } else {
+      const float2 v = Unpack2<T>(*reinterpret_cast<const uint32_t*>(src));
+      x[0] = v.x, x[1] = v.y;
+    }
+  }
+}
+
+// N = 2 or 4 values times inv, rounded to T, at dst (one 4- or 8-byte store).
+template <typename T, int N>
+__device__ __forceinline__ void StoreScaledN(T* dst, const float (&v)[N], float inv) {
+  static_assert(N == 2 || N == 4, "2 or 4 elements");
+  if constexpr (N == 4) {
+    uint2 packed;
+    packed.x = Pack2<T>(v[0] * inv, v[1] * inv);
+    packed.y = Pack2<T>(v[2] * inv, v[3] * inv);
+    *reinterpret_cast<uint2*>(dst) = packed;
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = Pack2<T>(v[0] * inv, v[1] * inv);
+  }
+}
+
 // Merges the split-KV partials of one (query token, head) by log-sum-exp. Thread (group, c)
 // sums 4 dims of every kGroups-th split; the groups meet in shared memory. P is the partial
 // outputs' type: float (variants 0-2) or T (3-5).
@@ -955,13 +1004,7 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   const int pos = QueryPosition(a, token);
   const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
-  // Variant 1 launches this as a programmatic dependent: everything above overlapped the
-  // attention kernel, whose partials are complete after the wait. A PDL successor may launch
-  // before it with early_release (it waits for this grid itself), else after. No-ops for a plain
-  // launch.
-  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  MergeAwaitPartials(a);  // variants 1 and 3 on launch this as a programmatic dependent
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   for (int s = tid; s < valid; s += 128) w_s[s] = a.partial_lse[s * split_stride + row0];
   __syncthreads();
@@ -978,16 +1021,9 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
   float4 acc = make_float4(0, 0, 0, 0);
   for (int s = group; s < valid; s += kGroups) {
     const float w = w_s[s];
-    float4 x;
-    if constexpr (std::is_same_v<P, float>) {
-      x = *reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row0) * D + c * 4);
-    } else {
-      const uint2 u = *reinterpret_cast<const uint2*>(reinterpret_cast<const T*>(a.partial_o) +
-                                                      (s * split_stride + row0) * D + c * 4);
-      const float2 lo = Unpack2<T>(u.x), hi = Unpack2<T>(u.y);
-      x = make_float4(lo.x, lo.y, hi.x, hi.y);
-    }
-    acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    float x[4];
+    LoadPartials<T, P, 4>(a, (s * split_stride + row0) * D + c * 4, x);
+    acc.x += w * x[0], acc.y += w * x[1], acc.z += w * x[2], acc.w += w * x[3];
   }
   acc_s[group][c] = acc;
   __syncthreads();
@@ -1000,131 +1036,76 @@ __global__ void __launch_bounds__(128) MergeSplitsKernel(const KernelArgs a) {
       sum.x += acc_s[gi][tid].x, sum.y += acc_s[gi][tid].y;
       sum.z += acc_s[gi][tid].z, sum.w += acc_s[gi][tid].w;
     }
-    const float inv = 1.0f / wsum;
-    uint2 packed;
-    packed.x = Pack2<T>(sum.x * inv, sum.y * inv);
-    packed.y = Pack2<T>(sum.z * inv, sum.w * inv);
-    *reinterpret_cast<uint2*>(static_cast<T*>(a.output) + row0 * D + tid * 4) = packed;
+    const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+    StoreScaledN<T, 4>(static_cast<T*>(a.output) + row0 * D + tid * 4, v, 1.0f / wsum);
   }
 }
 
-// The merge's second form (variant 17): one warp per (query token, head), blockDim.x / 32 heads a
-// CTA (kWarpMergeHeads; one before an early-released decode chain), lane c holding dims [c D / 32,
-// (c + 1) D / 32). After the wait a warp reads its splits' lse (a lane a split) and the first
-// kWarpMergeBatch splits' partial rows in one round trip and merges online (a running maximum,
-// rescaled per 32 splits); no shared memory, no CTA barrier. MergeSplitsKernel gives every (token,
+// The merge's second form (variant 17), for at most kWarpMergeMaxSplits splits: one warp per
+// (query token, head), blockDim.x / 32 heads a CTA (kWarpMergeHeads; one before an
+// early-released decode chain), lane c holding dims [c D / 32, (c + 1) D / 32). After the wait a
+// warp reads its splits' lse (a lane a split) and all their partial rows in one round trip and
+// merges by shuffles: no shared memory, no CTA barrier. MergeSplitsKernel gives every (token,
 // head) a 128-thread CTA: 3072 CTAs at 64 x 2048, more than a wave beside the attention's, each a
 // chain of three barriers and two round trips.
 //
 // Taken up to kWarpMergeMaxSplits splits (one round trip), where it was faster on the H200
 // (2026-12-04 ~16:49 UTC, attention_bench, graph us, variant 14 / 17): 64 x 2048 (4 splits) 28.50
 // / 25.99, 64 x 8192 (4) 78.30 / 75.61, 128 x 2048 (2) 50.57 / 46.39, 32 x 576 (5) 10.80 / 10.28,
-// 32 x 2048 (8) 17.09 / 17.40; past it each further batch of splits is one more round trip a warp
-// and the CTA form wins: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84. (A wide CTA
-// form for more splits — each thread loading 8 splits' 16-byte chunks with the lse in one round
-// trip, the split lanes meeting in 4 KiB of shared memory — measured ~17:10 UTC: 1 x 8192 9.28
-// against 9.52, 8 x 2048 10.27 / 10.45, but 16 x 2048 14.12 / 12.74, and StarCoder b1 at 4096
-// tokens equal (decode step 8.231 / 8.224 against 8.240 / 8.232 ms): not kept.) Where the merge
-// releases a decode chain early (release_dependents_early: StarCoder b1) four heads a CTA made the
-// step slower (mqabench --attn 14,17,14,17, ~16:58 UTC: decode step 8.085 / 8.100 ms against
-// 8.135 / 8.145), for a reason not found; one warp a CTA there is equal to the CTA form.
+// 32 x 2048 (8) 17.09 / 17.40; past it (a form that looped over batches of 8 splits, one more
+// round trip each) the CTA form won: 16 x 2048 (16) 12.72 / 14.42, 1 x 8192 (64) 9.63 / 21.84. (A
+// wide CTA form for more splits — each thread loading 8 splits' 16-byte chunks with the lse in
+// one round trip, the split lanes meeting in 4 KiB of shared memory — measured ~17:10 UTC: 1 x
+// 8192 9.28 against 9.52, 8 x 2048 10.27 / 10.45, but 16 x 2048 14.12 / 12.74, and StarCoder b1 at
+// 4096 tokens equal (decode step 8.231 / 8.224 against 8.240 / 8.232 ms): not kept.) Where the
+// merge releases a decode chain early (release_dependents_early: StarCoder b1) four heads a CTA
+// made the step slower (mqabench --attn 14,17,14,17, ~16:58 UTC: decode step 8.085 / 8.100 ms
+// against 8.135 / 8.145), for a reason not found; one warp a CTA there is equal to the CTA form.
 constexpr int kWarpMergeHeads = 4;
-constexpr int kWarpMergeBatch = 8;
-constexpr int kWarpMergeMaxSplits = kWarpMergeBatch;
-
-template <typename T, int D, typename P>
-__device__ __forceinline__ void LoadPartialSlice(const KernelArgs& a, int64_t row, int lane,
-                                                 float (&x)[D / 32]) {
-  static_assert(D == 64 || D == 128, "D / 32 = 2 or 4 dims a lane");
-  if constexpr (std::is_same_v<P, float>) {
-    const float* src = a.partial_o + row * D + lane * (D / 32);
-    if constexpr (D == 128) {
-      const float4 v = *reinterpret_cast<const float4*>(src);
-      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-    } else {
-      const float2 v = *reinterpret_cast<const float2*>(src);
-      x[0] = v.x, x[1] = v.y;
-    }
-  } else {
-    const T* src = reinterpret_cast<const T*>(a.partial_o) + row * D + lane * (D / 32);
-    if constexpr (D == 128) {
-      const uint2 u = *reinterpret_cast<const uint2*>(src);
-      const float2 lo = Unpack2<T>(u.x), hi = Unpack2<T>(u.y);
-      x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
-    } else {
-      const float2 v = Unpack2<T>(*reinterpret_cast<const uint32_t*>(src));
-      x[0] = v.x, x[1] = v.y;
-    }
-  }
-}
+constexpr int kWarpMergeMaxSplits = 8;
 
 template <typename T, int D, typename P>
 __global__ void __launch_bounds__(32 * kWarpMergeHeads) MergeSplitsWarpKernel(const KernelArgs a) {
   constexpr int kV = D / 32;
+  static_assert(kV == 2 || kV == 4, "head_dim 64 or 128");
   const int token = blockIdx.x, lane = threadIdx.x & 31;
   const int head = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);  // a warp a head
   const int pos = QueryPosition(a, token);
-  const int valid = min(a.num_splits, pos / a.chunk + 1);  // the splits that saw this query
-  // As MergeSplitsKernel: the metadata above overlapped the attention kernel.
-  if (a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (!a.early_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  // The splits that saw this query: at most kWarpMergeMaxSplits (the host's condition).
+  const int valid = min(a.num_splits, pos / a.chunk + 1);
+  MergeAwaitPartials(a);
   if (head >= a.num_heads) return;
   const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
   const int64_t row0 = static_cast<int64_t>(token) * a.num_heads + head;
-  float m = -INFINITY, l = 0.0f, acc[kV];
+  // The lse (lane s: split s) and every split's partial slice, together.
+  const float my_lse = lane < valid ? a.partial_lse[lane * split_stride + row0] : -INFINITY;
+  float x[kWarpMergeMaxSplits][kV];
 #pragma unroll
-  for (int v = 0; v < kV; ++v) acc[v] = 0.0f;
-  for (int base = 0; base < valid; base += 32) {
-    const int n = min(32, valid - base);
-    // This group's lse (lane s: split base + s) and its first batch of partial rows, together.
-    const float my_lse = lane < n ? a.partial_lse[(base + lane) * split_stride + row0] : -INFINITY;
-    float x[kWarpMergeBatch][kV];
-    auto load_batch = [&](int j) {
+  for (int s = 0; s < kWarpMergeMaxSplits; ++s) {
+    if (s < valid) {
+      LoadPartials<T, P, kV>(a, (s * split_stride + row0) * D + lane * kV, x[s]);
+    } else {
 #pragma unroll
-      for (int u = 0; u < kWarpMergeBatch; ++u) {
-        if (j + u < n) {
-          LoadPartialSlice<T, D, P>(a, (base + j + u) * split_stride + row0, lane, x[u]);
-        } else {
-#pragma unroll
-          for (int v = 0; v < kV; ++v) x[u][v] = 0.0f;
-        }
-      }
-    };
-    load_batch(0);
-    float gm = my_lse;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
-    const float new_m = fmaxf(m, gm);  // finite: every valid split saw a key
-    const float rescale = Exp2(m - new_m);  // 0 for the first group
-    l *= rescale;
-#pragma unroll
-    for (int v = 0; v < kV; ++v) acc[v] *= rescale;
-    m = new_m;
-    const float my_w = lane < n ? Exp2(my_lse - m) : 0.0f;
-    l += my_w;
-    for (int j = 0; j < n; j += kWarpMergeBatch) {
-      if (j > 0) load_batch(j);
-#pragma unroll
-      for (int u = 0; u < kWarpMergeBatch; ++u) {
-        const float w = __shfl_sync(0xffffffffu, my_w, j + u);  // j + u < 32; 0 past n
-#pragma unroll
-        for (int v = 0; v < kV; ++v) acc[v] = fmaf(w, x[u][v], acc[v]);
-      }
+      for (int v = 0; v < kV; ++v) x[s][v] = 0.0f;
     }
   }
+  float m = my_lse;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float my_w = lane < valid ? Exp2(my_lse - m) : 0.0f;  // m finite: split 0 saw a key
+  float acc[kV];
+#pragma unroll
+  for (int v = 0; v < kV; ++v) acc[v] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kWarpMergeMaxSplits; ++s) {
+    const float w = __shfl_sync(0xffffffffu, my_w, s);  // 0 past valid
+#pragma unroll
+    for (int v = 0; v < kV; ++v) acc[v] = fmaf(w, x[s][v], acc[v]);
+  }
+  float l = my_w;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-  const float inv = 1.0f / l;
-  T* dst = static_cast<T*>(a.output) + row0 * D + lane * kV;
-  if constexpr (kV == 4) {
-    uint2 packed;
-    packed.x = Pack2<T>(acc[0] * inv, acc[1] * inv);
-    packed.y = Pack2<T>(acc[2] * inv, acc[3] * inv);
-    *reinterpret_cast<uint2*>(dst) = packed;
-  } else {
-    *reinterpret_cast<uint32_t*>(dst) = Pack2<T>(acc[0] * inv, acc[1] * inv);
-  }
+  StoreScaledN<T, kV>(static_cast<T*>(a.output) + row0 * D + lane * kV, acc, 1.0f / l);
 }
 
 // CTAs per SM of `kernel` at this block size and dynamic shared memory, after raising its

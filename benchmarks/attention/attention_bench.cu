@@ -398,7 +398,8 @@ int Main(bool variants_only) {
     const double g = TimeMqa(w, {}, true);
     const double st = TimeMqa(w, {}, false);
     const double base = TimeBaseline(w);
-    const double gbs = (w.kv_bytes + w.io_bytes) / (g * 1e3);
+    auto gbs_at = [&](double us) { return (w.kv_bytes + w.io_bytes) / (us * 1e3); };
+    const double gbs = gbs_at(g);
     // The split count the launcher chose (workspace / bytes per split).
     const size_t per_split =
         static_cast<size_t>(w.p.num_tokens) * w.p.num_heads * (w.p.head_dim + 1) * 4;
@@ -408,17 +409,15 @@ int Main(bool variants_only) {
     PagedAttentionTuning cta_merge;
     cta_merge.variant = 14;
     const double g14 = TimeMqa(w, cta_merge, true);
-    const double gbs14 = (w.kv_bytes + w.io_bytes) / (g14 * 1e3);
     PagedAttentionTuning pdl;
     pdl.pdl = true;
     const double gp = TimeMqa(w, pdl, true);
-    const double gbsp = (w.kv_bytes + w.io_bytes) / (gp * 1e3);
     std::printf(
         "%4d x %-5d %6d %10.2f %10.2f %8.0f %6.1f%% %10.2f %5.1f%% %11.2f %6.1f%% %12.2f "
         "%7.1fx %9.2f %6.1f%% %9.2f %6.1f%%\n",
         c[0], c[1], splits, g, st, gbs, 100 * gbs / copy_gbs, same, 100 * same / g, paged,
-        100 * paged / g, base, base / g, g14, 100 * gbs14 / copy_gbs, gp,
-        100 * gbsp / copy_gbs);
+        100 * paged / g, base, base / g, g14, 100 * gbs_at(g14) / copy_gbs, gp,
+        100 * gbs_at(gp) / copy_gbs);
     Free(w);
   }
 
