@@ -16,6 +16,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -1364,17 +1365,19 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         bool hopper = false;
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
-        const bool fuse_requested = tuning.fuse_kv_write || variant == 14 || variant == 15 ||
-                                    variant == 16 || variant == 17;
+        const bool fuse_requested = tuning.fuse_kv_write || (variant >= 14 && variant <= 18);
         const bool tma_cluster = variant == 15;
         const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
-        const bool warp_merge = tuning.warp_merge || variant == 17;
-        if (variant >= 14 && variant <= 17) variant = 13;
+        const bool warp_merge = tuning.warp_merge || variant == 17 || variant == 18;
+        const bool pair_auto = variant == 18;
+        if (variant >= 14 && variant <= 18) variant = 13;
+        bool tma_chosen = false;  // variant 13's TMA kernel, before the plan's split length
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
               hcfg = hopper::ChooseTmaConfig<T, D>(tuning.hopper_tma_ctas);
               hopper = hcfg.resident > 0;
+              tma_chosen = hopper;
             }
           }
           variant = hopper ? 3 : 11;
@@ -1430,6 +1433,36 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             }
           }
         }
+        // Variant 18 (or tuning.tma_pair): the pair — one CTA an SM, two consumer warpgroups —
+        // with splits that fill the SMs once (at most kClusterMergeCap, merged in a cluster), where
+        // that plan keeps at least 90% of the SMs busy in one wave (forced: any decode shape).
+        bool pair = false;
+        if constexpr (D == 64 || D == 128) {
+          if (tma_chosen && tuning.hopper_tma_ctas == 0 && (pair_auto || tuning.tma_pair)) {
+            const int64_t base = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;  // 1 row tile
+            const int sms = SmCount();
+            PagedAttentionTuning pt = tuning;
+            if (pt.num_splits <= 0) {
+              pt.num_splits = static_cast<int>(
+                  std::clamp<int64_t>(sms / std::max<int64_t>(1, base), 1, kClusterMergeCap));
+            }
+            const hopper::Config pcfg = hopper::MakeTmaConfig<T, D, 1>();
+            const Plan pp = MakePlan(p, pt, 1, plan_bytes, false, pcfg.tile_rows);
+            const int64_t ctas = base * pp.num_splits;
+            const bool one_wave =
+                ctas * 10 >= static_cast<int64_t>(sms) * 9 && ctas <= sms &&
+                (pp.num_splits == 1 ||
+                 hopper::PairMaxClusters<T, D>(pp.num_splits) * pp.num_splits >= ctas);
+            if (pcfg.resident > 0 && TableSpan(pp.chunk, p.block_size) <= kTableCap &&
+                (tuning.tma_pair || one_wave)) {
+              pair = true;
+              hopper = true;
+              hcfg = pcfg;
+              plan = pp;
+              plan.row_tiles = 1;
+            }
+          }
+        }
         // Variant 13's tensor maps over the K and V caches; without them (no driver entry point,
         // a map rejected) it runs 11's kernel on the same plan.
         CUtensorMap maps[2];
@@ -1439,6 +1472,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
               !(EncodeKvCacheMap(&maps[0], p.key_cache, p.dtype, p.num_kv_heads * D) &&
                 EncodeKvCacheMap(&maps[1], p.value_cache, p.dtype, p.num_kv_heads * D))) {
             hcfg = hopper::MakeConfig<T, D, hopper::kDecodeTN, 1>();
+            pair = false;
           }
           // The KV write: fused into the TMA kernel for a decode batch (tuning.fuse_kv_write,
           // 16-byte rows; the fused instantiation exists for the automatic two CTAs an SM, same
@@ -1451,7 +1485,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                     reinterpret_cast<uintptr_t>(kv_write->value) % 16 == 0;
           if (fuse_kv) {
             static_assert(hopper::kTmaDefaultCtas == 2, "the fused form is instantiated for two");
-            hcfg = hopper::MakeTmaConfig<T, D, 2, true>();
+            hcfg = pair ? hopper::MakeTmaConfig<T, D, 1, true>()
+                        : hopper::MakeTmaConfig<T, D, 2, true>();
           }
         }
         if (kv_write != nullptr && !fuse_kv) {
@@ -1503,6 +1538,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // distributed shared memory, where the grid is one CTA an SM at most (as variant 9).
         if (tma_cluster && fuse_kv && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap &&
             grid_x * p.num_kv_heads * p.num_seqs <= SmCount()) {
+          a.cluster_merge = true;
+        }
+        if (pair && plan.num_splits > 1 && plan.num_splits <= kClusterMergeCap) {
           a.cluster_merge = true;
         }
         // A merge kernel follows (variants 1 and 3, 4-5 past their cap, 8 past the cluster cap):

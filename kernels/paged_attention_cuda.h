@@ -95,6 +95,11 @@ struct PagedAttentionTuning {
   //     us): 64 x 2048 28.50 -> 25.99, 64 x 8192 78.30 -> 75.61, 128 x 2048 50.57 -> 46.39;
   //     mqabench: SantaCoder b1 decode step 0.989 / 0.988 -> 0.985 / 0.984 ms, StarCoder b32
   //     9.028 -> 9.018 ms.
+  // 18: 17 with the pair (kernels/paged_attention_hopper.cuh, TmaShape): one CTA an SM, two
+  //     consumer warpgroups taking a split's tiles alternately, where splits that fill the SMs
+  //     once keep at least 90% of them busy (decode batches of 60-66 or 119-132 sequences x KV
+  //     heads at 132 SMs, ...); their splits (at most 8) merge in a cluster (no merge kernel).
+  //     Elsewhere 17. (ATTENTION_NOTES.md, version 24.)
   // Default 17, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~16:49 UTC;
   // 14 before (H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
@@ -134,9 +139,12 @@ struct PagedAttentionTuning {
   // (head_dim 64 / 128, at most 8 splits; one warp a CTA with release_dependents_early). Variant
   // 17 sets it.
   bool warp_merge = false;
+  // Variant 18's pair on every decode shape the TMA kernel takes (splits: num_splits, else the
+  // SMs over the sequences x KV heads, at most 8), whether or not it fills the SMs: for tests.
+  bool tma_pair = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 18;
+inline constexpr int kNumPagedAttentionVariants = 19;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -158,6 +166,7 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 15 ? "hopper-tma+kvw+cluster"
          : v == 16 ? "hopper-tma+kvw+early"
          : v == 17 ? "hopper-tma+kvw+warpmerge"
+         : v == 18 ? "hopper-tma+kvw+warpmerge+pair"
                    : "?";
 }
 

@@ -412,13 +412,25 @@ __global__ void __launch_bounds__(HShape<D, kTN, kWG>::kThreads, HShape<D, kTN, 
 constexpr int kTmaBoxRows = 16;
 constexpr int kTmaBoxCols = 64;  // 128 bytes: the swizzle span
 
+//
+// kCtas = 1 (variant 18, "the pair"): one CTA an SM with two consumer warpgroups that take a
+// split's tiles alternately (warpgroup i % 2 takes tile i; both read the one Q), fed by the one
+// producer from 10 stages at D = 128; at the end the second warpgroup leaves its running max,
+// sums and O in shared memory (each thread its own registers' slots) and the first folds them
+// into its own before the store. A split is then twice as long for the same consumers an SM:
+// half the splits, and with at most kClusterMergeCap of them a cluster merge instead of the merge
+// kernel (ATTENTION_NOTES.md, version 24).
 template <int D, int kCtas>
 struct TmaShape : HShape<D, kDecodeTN, 1> {
   using Base = HShape<D, kDecodeTN, 1>;
-  static_assert(kCtas == 2 || kCtas == 3, "two or three CTAs an SM");
-  static constexpr int kStages = D == 64 ? 6 : kCtas == 2 ? 5 : 3;
-  static constexpr int kCtaThreads = Base::kThreads + 32;  // + the producer warp
-  static constexpr int kSmemBytes = 1024 + Base::kQBytes + kStages * Base::kStageBytes;
+  static_assert(kCtas >= 1 && kCtas <= 3, "one (the pair), two or three CTAs an SM");
+  static constexpr int kWgs = kCtas == 1 ? 2 : 1;  // consumer warpgroups
+  static constexpr int kStages = kCtas == 1 ? (D == 64 ? 16 : 10) : D == 64 ? 6 : kCtas == 2 ? 5 : 3;
+  static constexpr int kCtaThreads = Base::kThreads * kWgs + 32;  // + the producer warp
+  // The pair's exchange: the second warpgroup's O, max and sums, [kON + 4][128] floats.
+  static constexpr int kXBytes = kCtas == 1 ? (Base::kON + 4) * Base::kThreads * 4 : 0;
+  static constexpr int kSmemBytes =
+      1024 + Base::kQBytes + kStages * Base::kStageBytes + kXBytes;
 };
 
 // kFuseKv: the instantiation that also does PagedAttentionCuda's kv_write (KernelArgs::new_key;
@@ -429,7 +441,12 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
                           const __grid_constant__ CUtensorMap v_map) {
   using H = TmaShape<D, kCtas>;
   constexpr int kTN = kDecodeTN;
-  constexpr int kConsumers = H::kThreads;  // one warpgroup
+  constexpr bool kPair = kCtas == 1;
+  constexpr int kWgs = H::kWgs;
+  constexpr int kWgThreads = H::kThreads;         // one warpgroup
+  constexpr int kConsumers = kWgThreads * kWgs;  // every consumer warpgroup
+  // The cluster merge: the fused instantiation (variant 15) and the pair (18).
+  constexpr bool kCluster = kFuseKv || kPair;
   constexpr int kBoxBytes = kTmaBoxRows * 128;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t table_s[kTableCap];
@@ -447,17 +464,17 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   for (int i = tid; i < a.table_blocks; i += kConsumers + 32) {
     table_s[i] = table[min(w.first_block + i, a.max_blocks_per_seq - 1)];
   }
-  // Variant 15 (KernelArgs::cluster_merge, the fused instantiation only): the splits of the row
-  // tile are one cluster; each CTA leaves its rows in the KV stages (free once every tile is
-  // consumed) and ClusterMerge combines them there. Every CTA of the cluster, every thread,
-  // takes part in its barriers: one with no work brings rows of -inf.
+  // Variants 15 and 18 (KernelArgs::cluster_merge): the splits of the row tile are one cluster;
+  // each CTA leaves its rows in the KV stages (free once every tile is consumed) and ClusterMerge
+  // combines them there. Every CTA of the cluster, every thread, takes part in its barriers: one
+  // with no work brings rows of -inf.
   float* ep_s = reinterpret_cast<float*>(kv_s);
   float* lse_s = ep_s + kRows * (D + kEpPad);
   static_assert(kRows * (D + kEpPad + 1) * sizeof(float) <= H::kStages * H::kStageBytes,
                 "the cluster merge's rows fit the KV stages");
   constexpr int kCtaThreads = H::kCtaThreads;
   if (w.num_tiles == 0) {
-    if constexpr (kFuseKv) {
+    if constexpr (kCluster) {
       if (a.cluster_merge) {
         for (int r = tid; r < kRows; r += kCtaThreads) lse_s[r] = -INFINITY;
         asm volatile("griddepcontrol.wait;\n" ::: "memory");  // before writing the output
@@ -472,7 +489,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
 #pragma unroll
     for (int s = 0; s < H::kStages; ++s) {
       tma::MbarInit(full0 + 8 * s, 1);
-      tma::MbarInit(empty0 + 8 * s, kConsumers / 32);
+      tma::MbarInit(empty0 + 8 * s, kWgThreads / 32);  // the warps of the tile's warpgroup
     }
     tma::FenceMbarInit();
   }
@@ -527,7 +544,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     }
     __syncwarp();
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
-    if constexpr (kFuseKv) {
+    if constexpr (kCluster) {
       if (a.cluster_merge) {
         ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
                                                               w.q_begin, ep_s, lse_s);
@@ -536,10 +553,13 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     return;
   }
 
+  // This thread's warpgroup, and its place in it (the rows and fragments it holds are the same
+  // in either warpgroup).
+  const int wg = tid / kWgThreads, wtid = tid % kWgThreads, wwarp = wtid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  IssueQ<T, H>(q_s, a, tid, w.row_begin, w.row_end, w.q_begin, w.kvh);
+  if (wg == 0) IssueQ<T, H>(q_s, a, wtid, w.row_begin, w.row_end, w.q_begin, w.kvh);
   CpAsyncCommit();
-  const int r0 = w.row_begin + warp * 16 + g, r1 = r0 + 8;
+  const int r0 = w.row_begin + wwarp * 16 + g, r1 = r0 + 8;
   const int qpos0 = r0 < w.row_end ? w.pos0 + r0 / a.group : INT_MAX;
   const int qpos1 = r1 < w.row_end ? w.pos0 + r1 / a.group : INT_MAX;
   float o[H::kON];
@@ -550,7 +570,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   wgmma::FenceProxyAsync();
   tma::NamedBarrier(1, kConsumers);  // Q visible to every consumer warp's wgmma
 
-  for (int i = 0; i < num_tiles; ++i) {
+  for (int i = wg; i < num_tiles; i += kWgs) {
     const int stage = i % H::kStages;
     tma::MbarWait(full0 + 8 * stage, (i / H::kStages) & 1);
     const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
@@ -564,16 +584,16 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
       unsigned char* ks = kv_s + stage * H::kStageBytes;
       unsigned char* vs = ks + H::kTileBytes;
       // Zero V rows valid .. kTN - 1 (every 16-byte chunk of them, in every slab).
-      for (int c = tid; c < (kTN - valid) * H::kSlabs * 8; c += kConsumers) {
+      for (int c = wtid; c < (kTN - valid) * H::kSlabs * 8; c += kWgThreads) {
         const int row = valid + c / (H::kSlabs * 8), rest = c % (H::kSlabs * 8);
         *reinterpret_cast<uint4*>(vs + (rest >> 3) * H::kKvSlabBytes + row * 128 +
                                   ((rest & 7) << 4)) = make_uint4(0, 0, 0, 0);
       }
-      if (kFuseKv && new_row && tid < 2 * H::kChunks) {
+      if (kFuseKv && new_row && wtid < 2 * H::kChunks) {
         // Thread c < kChunks: 16-byte chunk c of the K row; the next kChunks: of the V row. The
         // copy the TMA brought for this row is stale (the cache is written here).
-        const bool is_v = tid >= H::kChunks;
-        const int c = tid % H::kChunks;
+        const bool is_v = wtid >= H::kChunks;
+        const int c = wtid % H::kChunks;
         const int64_t col = static_cast<int64_t>(w.kvh) * D + c * 8;
         const T* src = static_cast<const T*>(is_v ? a.new_value : a.new_key) +
                        w.q_begin * (is_v ? a.new_value_stride : a.new_key_stride) + col;
@@ -588,16 +608,56 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
         }
       }
       wgmma::FenceProxyAsync();
-      tma::NamedBarrier(1, kConsumers);
+      tma::NamedBarrier(2 + wg, kWgThreads);  // the tile's warpgroup only
     }
     TileMath<T, D, kTN, H>(q_addr, k_stage, tok0 + 2 * t, kv_stop, qpos0, qpos1, a.scale_log2, o,
                            m, l);
     if (lane == 0) tma::MbarArrive(empty0 + 8 * stage);
   }
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  if constexpr (kFuseKv) {
+  if constexpr (kPair) {
+    // The second warpgroup's state into the exchange ([slot][thread]: conflict-free), the first
+    // folds it into its own (rescaled to the larger max) once the named barrier publishes it.
+    float* x = reinterpret_cast<float*>(kv_s + H::kStages * H::kStageBytes);
+    if (wg == 1) {
+#pragma unroll
+      for (int j = 0; j < H::kON; ++j) x[j * kWgThreads + wtid] = o[j];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        x[(H::kON + r) * kWgThreads + wtid] = m[r];
+        x[(H::kON + 2 + r) * kWgThreads + wtid] = l[r];
+      }
+    }
+    tma::NamedBarrier(1, kConsumers);
+    if (wg == 1) {
+      if (a.cluster_merge) {
+        ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
+                                                              w.q_begin, ep_s, lse_s);
+      }
+      return;
+    }
+    float a0[2], a1[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m1 = x[(H::kON + r) * kWgThreads + wtid];
+      const float l1 = x[(H::kON + 2 + r) * kWgThreads + wtid];
+      const float m_new = fmaxf(m[r], m1);
+      const float mu = m_new == -INFINITY ? 0.0f : m_new;
+      a0[r] = Exp2(m[r] - mu);
+      a1[r] = Exp2(m1 - mu);
+      m[r] = m_new;
+      l[r] = l[r] * a0[r] + l1 * a1[r];
+    }
+#pragma unroll
+    for (int j = 0; j < H::kON; ++j) {
+      const int r = (j >> 1) & 1;
+      o[j] = o[j] * a0[r] + x[j * kWgThreads + wtid] * a1[r];
+    }
+  }
+  if constexpr (kCluster) {
     if (a.cluster_merge) {
-      tma::NamedBarrier(1, kConsumers);  // every consumer is past its last MMA: the stages are free
+      // Every consumer is past its last MMA (the pair: the barrier above): the stages are free.
+      if constexpr (!kPair) tma::NamedBarrier(1, kConsumers);
       StoreRowsShared<T, D, H>(o, m, l, r0, r1, w.row_begin, t, ep_s, lse_s);
       ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
                                                             w.q_begin, ep_s, lse_s);
@@ -650,6 +710,36 @@ Config MakeTmaConfig() {
                                           H::kCtaThreads, H::kSmemBytes);
   return Config{nullptr, HopperTmaDecodeKernel<T, D, kCtas, kFuseKv>, H::kCtaThreads,
                 H::kSmemBytes, ctas, H::kCtaRows};
+}
+
+// How many clusters of `size` CTAs of the pair (kCtas = 1) can be resident at once (cached per
+// size; 0 where the query fails).
+template <typename T, int D>
+int PairMaxClusters(int size) {
+  static std::atomic<int> cache[kClusterMergeCap + 1];
+  if (size < 1 || size > kClusterMergeCap) return 0;
+  int n = cache[size].load(std::memory_order_relaxed);
+  if (n != 0) return n;
+  using H = TmaShape<D, 1>;
+  const Config c = MakeTmaConfig<T, D, 1>();  // also sets the kernel's shared-memory limit
+  if (c.resident == 0) return 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(size) * 132, 1, 1);
+  config.blockDim = dim3(H::kCtaThreads);
+  config.dynamicSmemBytes = H::kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(size);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  if (cudaOccupancyMaxActiveClusters(&n, c.tma_kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cache[size].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 // With hopper_tma_ctas automatic, variant 13 runs the TMA kernel on splits of at most this many

@@ -148,10 +148,15 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
   // its forms: one warpgroup with 32-token stages, with 64, and two warpgroups (its automatic
   // choice takes the first for decode and the last for prefill); then variant 13 forced to three
   // CTAs an SM (which also runs its TMA kernel on splits of any length; automatic: two, on splits
-  // of at most 512 tokens).
-  constexpr int kConfigs = kNumPagedAttentionVariants + 4;
+  // of at most 512 tokens); then variant 18's pair forced on (automatic: only where its splits
+  // fill the SMs, which these small batches rarely do), with the cluster merge up to 8 splits and
+  // the merge kernel past that.
+  constexpr int kConfigs = kNumPagedAttentionVariants + 5;
   auto config_variant = [](int k) {
-    return k < kNumPagedAttentionVariants ? k : k == kNumPagedAttentionVariants + 3 ? 13 : 11;
+    return k < kNumPagedAttentionVariants        ? k
+           : k == kNumPagedAttentionVariants + 3 ? 13
+           : k == kNumPagedAttentionVariants + 4 ? 18
+                                                 : 11;
   };
   auto config_name = [&](int k) {
     std::string name = std::to_string(config_variant(k)) + " (" +
@@ -160,6 +165,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     if (k == kNumPagedAttentionVariants + 1) name += ", 64-token stages";
     if (k == kNumPagedAttentionVariants + 2) name += ", two warpgroups";
     if (k == kNumPagedAttentionVariants + 3) name += ", three CTAs an SM";
+    if (k == kNumPagedAttentionVariants + 4) name += ", the pair forced";
     return name + ")";
   };
   // Runs: plain; a programmatic dependent launch; and that with the merge kernel releasing its
@@ -176,6 +182,7 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
       tuning.hopper_warpgroups = config == kNumPagedAttentionVariants + 2 ? 2 : 1;
     }
     if (config == kNumPagedAttentionVariants + 3) tuning.hopper_tma_ctas = 3;
+    tuning.tma_pair = config == kNumPagedAttentionVariants + 4;
     const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
     DeviceBuffer ws(ws_bytes);
     if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
@@ -398,7 +405,8 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
 // merges each sequence's splits in a cluster through distributed shared memory, the 1-token
 // sequence's 7 idle CTAs taking part with empty rows; it runs twice on one workspace. Variant 16
 // (14 with the first stages' K / V requested before the PDL wait) and variant 17 (14 with the
-// merge kernel's warp form) on both batches. Every path
+// merge kernel's warp form) on both batches; variant 18's pair forced on both (automatic splits:
+// 8, merged in a cluster), and with 9 forced splits (the merge kernel) on the first. Every path
 // must leave the caches equal to the reference's and the output near the CPU reference.
 TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
   std::mt19937 rng(std::random_device{}());
@@ -441,7 +449,8 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
     cpu.max_query_len = 1;
     ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
 
-    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2, 4, 5} : std::vector<int>{0, 3, 4, 5}) {
+    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2, 4, 5, 6, 7}
+                                      : std::vector<int>{0, 3, 4, 5, 6}) {
       DeviceBuffer dqkv = DeviceBuffer::From(qkv), dk = DeviceBuffer::From(k_dev),
                    dv = DeviceBuffer::From(v_dev), dt = DeviceBuffer::From(b.block_tables),
                    dqs = DeviceBuffer::From(b.query_start),
@@ -464,14 +473,20 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       kv.block_size = sh.block_size;
       kv.dtype = sh.dtype;
       PagedAttentionTuning tuning;
-      tuning.variant = config == 2 ? 11 : config == 3 ? 15 : config == 4 ? 16 : config == 5 ? 17 : 13;
-      tuning.num_splits = config == 1 ? 2 : config == 3 ? 8 : 0;
-      tuning.pdl = config == 0 || config == 4 || config == 5;
+      tuning.variant = config == 2   ? 11
+                       : config == 3 ? 15
+                       : config == 4 ? 16
+                       : config == 5 ? 17
+                       : config >= 6 ? 18
+                                     : 13;
+      tuning.num_splits = config == 1 ? 2 : config == 3 ? 8 : config == 7 ? 9 : 0;
+      tuning.pdl = config == 0 || config >= 4;
+      tuning.tma_pair = config >= 6;
       tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
       DeviceBuffer ws(ws_bytes);
       if (ws_bytes > 0) EXPECT_EQ(cudaMemset(ws.get<void>(), 0, ws_bytes), cudaSuccess);
-      for (int run = 0; run < (config == 3 ? 2 : 1); ++run) {
+      for (int run = 0; run < (config == 3 || config == 6 ? 2 : 1); ++run) {
         EXPECT_EQ(cudaMemset(dout.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);
         const absl::Status st =
             PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning, &kv);
