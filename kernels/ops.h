@@ -36,7 +36,7 @@ struct OpContext {
   bool ln_registers = false;
   // CUDA: PagedAttentionTuning::variant (kernels/paged_attention_cuda.h). Variants 2, 4 and 5
   // keep counters in attention_workspace: it must be zeroed once before their first use.
-  int attention_variant = 17;
+  int attention_variant = 18;
   // CUDA: PagedAttentionTuning::warps_m (0: the launcher's automatic layout).
   int attention_warps_m = 0;
   // CUDA: PagedAttentionTuning::num_splits (0: automatic).

@@ -1435,7 +1435,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         // Variant 18 (or tuning.tma_pair): the pair — one CTA an SM, two consumer warpgroups —
         // with splits that fill the SMs once (at most kClusterMergeCap, merged in a cluster), where
-        // that plan keeps at least 90% of the SMs busy in one wave (forced: any decode shape).
+        // that plan keeps at least 90% of the SMs busy in one wave with splits of at most
+        // kPairMaxSplitTokens (forced: any decode shape).
         bool pair = false;
         if constexpr (D == 64 || D == 128) {
           if (tma_chosen && tuning.hopper_tma_ctas == 0 && (pair_auto || tuning.tma_pair)) {
@@ -1451,8 +1452,9 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             const int64_t ctas = base * pp.num_splits;
             const bool one_wave =
                 ctas * 10 >= static_cast<int64_t>(sms) * 9 && ctas <= sms &&
+                pp.chunk <= hopper::kPairMaxSplitTokens &&
                 (pp.num_splits == 1 ||
-                 hopper::PairMaxClusters<T, D>(pp.num_splits) * pp.num_splits >= ctas);
+                 hopper::PairMaxClusters<T, D>(pp.num_splits, stream) * pp.num_splits >= ctas);
             if (pcfg.resident > 0 && TableSpan(pp.chunk, p.block_size) <= kTableCap &&
                 (tuning.tma_pair || one_wave)) {
               pair = true;

@@ -100,15 +100,15 @@ struct PagedAttentionTuning {
   //     once keep at least 90% of them busy (decode batches of 60-66 or 119-132 sequences x KV
   //     heads at 132 SMs, ...); their splits (at most 8) merge in a cluster (no merge kernel).
   //     Elsewhere 17. (ATTENTION_NOTES.md, version 24.)
-  // Default 17, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~16:49 UTC;
-  // 14 before (H200 2026-12-03 ~19:25 UTC,
+  // Default 18, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~18:20 UTC;
+  // 17 from ~16:49 UTC, 14 before (H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
   // fastest at the decode shapes of attention_bench's variant table with splits of at most 512
   // tokens, and 11 elsewhere (prefill: 11's kernel) on the H200 (2026-12-03 ~17:50 UTC, graph us,
   // 11 / 13: 64 x 2048 29.16 / 28.31, 1 x 8192 10.12 / 9.49, 32 x 576 11.50 / 11.04;
   // BENCHMARKS.md). 11 was the default from ~12:28 UTC (against 3: 64 x 2048 29.4 vs 32.8, causal
   // 4096 prefill 618 vs 989), 3 before.
-  int variant = 17;
+  int variant = 18;
   // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
   // (not with variant 2's cooperative launch): its block-table and metadata loads overlap that
   // kernel's tail. The previous kernel must not write the step metadata (query_start,

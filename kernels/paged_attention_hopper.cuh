@@ -426,8 +426,11 @@ struct TmaShape : HShape<D, kDecodeTN, 1> {
   static_assert(kCtas >= 1 && kCtas <= 3, "one (the pair), two or three CTAs an SM");
   static constexpr int kWgs = kCtas == 1 ? 2 : 1;  // consumer warpgroups
   static constexpr int kStages = kCtas == 1 ? (D == 64 ? 16 : 10) : D == 64 ? 6 : kCtas == 2 ? 5 : 3;
-  static constexpr int kCtaThreads = Base::kThreads * kWgs + 32;  // + the producer warp
-  // The pair's exchange: the second warpgroup's O, max and sums, [kON + 4][128] floats.
+  // + the producer warps: one a consumer warpgroup (the pair's second issues the odd tiles, so
+  // that neither warpgroup's refills wait behind the other's releases).
+  static constexpr int kCtaThreads = (Base::kThreads + 32) * kWgs;
+  // The pair's exchange: the second warpgroup's O, max and sums, [kON + 4][128] floats, past
+  // the stages (H200 ~18:10 UTC: 12 stages with the exchange inside them were no faster).
   static constexpr int kXBytes = kCtas == 1 ? (Base::kON + 4) * Base::kThreads * 4 : 0;
   static constexpr int kSmemBytes =
       1024 + Base::kQBytes + kStages * Base::kStageBytes + kXBytes;
@@ -461,7 +464,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Work w = FindWork<H::kCtaRows, kTN>(a);
   const int32_t* table = a.block_tables + static_cast<int64_t>(w.seq) * a.max_blocks_per_seq;
-  for (int i = tid; i < a.table_blocks; i += kConsumers + 32) {
+  for (int i = tid; i < a.table_blocks; i += H::kCtaThreads) {
     table_s[i] = table[min(w.first_block + i, a.max_blocks_per_seq - 1)];
   }
   // Variants 15 and 18 (KernelArgs::cluster_merge): the splits of the row tile are one cluster;
@@ -493,7 +496,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     }
     tma::FenceMbarInit();
   }
-  const bool producer = warp == kConsumers / 32 && lane == 0;
+  const bool producer = warp >= kConsumers / 32 && lane == 0;
   if (producer) {
     tma::PrefetchMap(&k_map);
     tma::PrefetchMap(&v_map);
@@ -526,7 +529,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   // cached row they hold was written by an earlier step (the previous kernel writes only the QKV
   // row), and the new row's stale copy is replaced in shared memory as below.
   int early = 0;
-  if constexpr (kFuseKv) {
+  if constexpr (kFuseKv && !kPair) {  // (not the pair: one producer issues them)
     if (a.new_key != nullptr && a.kv_before_wait) {
       __syncthreads();  // table_s, the barriers
       early = min(num_tiles, H::kStages);
@@ -538,9 +541,9 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   __syncthreads();  // table_s, the barriers
 
-  if (warp == kConsumers / 32) {  // the producer
+  if (warp >= kConsumers / 32) {  // a producer: every tile, or (the pair) its warpgroup's
     if (lane == 0) {
-      for (int i = early; i < num_tiles; ++i) issue_tile(i);
+      for (int i = early + (warp - kConsumers / 32); i < num_tiles; i += kWgs) issue_tile(i);
     }
     __syncwarp();
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
@@ -713,13 +716,19 @@ Config MakeTmaConfig() {
 }
 
 // How many clusters of `size` CTAs of the pair (kCtas = 1) can be resident at once (cached per
-// size; 0 where the query fails).
+// size; 0 where the query fails, and while `stream` is being captured into a graph before the
+// first query: no API call that a capture might refuse).
 template <typename T, int D>
-int PairMaxClusters(int size) {
+int PairMaxClusters(int size, cudaStream_t stream) {
   static std::atomic<int> cache[kClusterMergeCap + 1];
   if (size < 1 || size > kClusterMergeCap) return 0;
   int n = cache[size].load(std::memory_order_relaxed);
   if (n != 0) return n;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return 0;
+  }
   using H = TmaShape<D, 1>;
   const Config c = MakeTmaConfig<T, D, 1>();  // also sets the kernel's shared-memory limit
   if (c.resident == 0) return 0;
@@ -741,6 +750,13 @@ int PairMaxClusters(int size) {
   cache[size].store(n, std::memory_order_relaxed);
   return n;
 }
+
+// Variant 18 takes the pair on splits of at most this many tokens. On the H200 (2026-12-04
+// ~18:07 UTC, attention_bench --one, graph us, 17 / 18): 128 x 512 (one split a sequence) 17.45 /
+// 14.74, 120 x 1024 (one) 26.35 / 23.49, 64 x 2048 (two of 1024) 26.97 / 26.18, 128 x 2048 (one
+// of 2048) 43.15 / 41.29, but 64 x 8192 (two of 4096) 73.40 / 74.50-77.74: four SMs idle, and no
+// merge launch left to save on a long split.
+constexpr int kPairMaxSplitTokens = 2048;
 
 // With hopper_tma_ctas automatic, variant 13 runs the TMA kernel on splits of at most this many
 // tokens and 11's kernel on longer ones. On the H200 (2026-12-03, two calls ~17:30 and ~17:50 UTC,

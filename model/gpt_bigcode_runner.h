@@ -47,7 +47,7 @@ struct GptBigCodeRunnerOptions {
   bool greedy_cluster = true;           // GptBigCodeOptions::greedy_cluster
   bool gemm_split_k = false;            // GptBigCodeOptions::gemm_split_k
   bool gemm_stream_tc = false;          // GptBigCodeOptions::gemm_stream_tc
-  int attention_variant = 17;           // GptBigCodeOptions::attention_variant
+  int attention_variant = 18;           // GptBigCodeOptions::attention_variant
   bool gemm_deep_unroll = true;         // GptBigCodeOptions::gemm_deep_unroll
   bool decode_chain = true;             // GptBigCodeOptions::decode_chain
   int64_t decode_chain_min_layer_bytes = GptBigCodeOptions().decode_chain_min_layer_bytes;

@@ -119,7 +119,7 @@ struct Flags {
   std::string chain = "auto";
   std::string chain_timeline;  // comma list of layers (empty: off)
   std::string attn =
-      "17";  // comma list of PagedAttentionTuning variants (17: the runner's default)
+      "18";  // comma list of PagedAttentionTuning variants (18: the runner's default)
   std::string skip = "none";      // comma list of op sets left out (timing only)
   std::string attn_wm = "0";      // comma list of attention warps_m (0: automatic)
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
