@@ -16,7 +16,6 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -1434,9 +1433,11 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           }
         }
         // Variant 18 (or tuning.tma_pair): the pair — one CTA an SM, two consumer warpgroups —
-        // with splits that fill the SMs once (at most kClusterMergeCap, merged in a cluster), where
-        // that plan keeps at least 90% of the SMs busy in one wave with splits of at most
-        // kPairMaxSplitTokens (forced: any decode shape).
+        // where one split a sequence keeps at least 90% of the SMs busy in one wave (batches of
+        // 119-132 sequences x KV heads at 132 SMs) with splits of at most kPairMaxSplitTokens: no
+        // merge at all, where 17 runs two splits and a merge. Forced (tests): any decode shape,
+        // its splits (num_splits, else the SMs over the sequences x KV heads, at most
+        // kClusterMergeCap) merged in a cluster.
         bool pair = false;
         if constexpr (D == 64 || D == 128) {
           if (tma_chosen && tuning.hopper_tma_ctas == 0 && (pair_auto || tuning.tma_pair)) {
@@ -1444,19 +1445,17 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             const int sms = SmCount();
             PagedAttentionTuning pt = tuning;
             if (pt.num_splits <= 0) {
-              pt.num_splits = static_cast<int>(
-                  std::clamp<int64_t>(sms / std::max<int64_t>(1, base), 1, kClusterMergeCap));
+              pt.num_splits = tuning.tma_pair ? static_cast<int>(std::clamp<int64_t>(
+                                                    sms / std::max<int64_t>(1, base), 1,
+                                                    kClusterMergeCap))
+                                              : 1;
             }
             const hopper::Config pcfg = hopper::MakeTmaConfig<T, D, 1>();
             const Plan pp = MakePlan(p, pt, 1, plan_bytes, false, pcfg.tile_rows);
-            const int64_t ctas = base * pp.num_splits;
-            const bool one_wave =
-                ctas * 10 >= static_cast<int64_t>(sms) * 9 && ctas <= sms &&
-                pp.chunk <= hopper::kPairMaxSplitTokens &&
-                (pp.num_splits == 1 ||
-                 hopper::PairMaxClusters<T, D>(pp.num_splits, stream) * pp.num_splits >= ctas);
+            const bool fills = pp.num_splits == 1 && base <= sms && base * 10 >= sms * 9 &&
+                               pp.chunk <= hopper::kPairMaxSplitTokens;
             if (pcfg.resident > 0 && TableSpan(pp.chunk, p.block_size) <= kTableCap &&
-                (tuning.tma_pair || one_wave)) {
+                (tuning.tma_pair || fills)) {
               pair = true;
               hopper = true;
               hcfg = pcfg;

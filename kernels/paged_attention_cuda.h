@@ -96,10 +96,12 @@ struct PagedAttentionTuning {
   //     mqabench: SantaCoder b1 decode step 0.989 / 0.988 -> 0.985 / 0.984 ms, StarCoder b32
   //     9.028 -> 9.018 ms.
   // 18: 17 with the pair (kernels/paged_attention_hopper.cuh, TmaShape): one CTA an SM, two
-  //     consumer warpgroups taking a split's tiles alternately, where splits that fill the SMs
-  //     once keep at least 90% of them busy (decode batches of 60-66 or 119-132 sequences x KV
-  //     heads at 132 SMs, ...); their splits (at most 8) merge in a cluster (no merge kernel).
-  //     Elsewhere 17. (ATTENTION_NOTES.md, version 24.)
+  //     consumer warpgroups taking a split's tiles alternately, one producer warp each, where one
+  //     split a sequence keeps at least 90% of the SMs busy (decode batches of 119-132 sequences x
+  //     KV heads at 132 SMs) with contexts of at most 2048 tokens: no merge (17: two splits and
+  //     a merge kernel). Elsewhere 17. H200 2026-12-04 ~18:07 UTC (attention_bench --one, graph
+  //     us, 17 / 18): 128 x 512 17.45 / 14.74, 120 x 1024 26.35 / 23.49, 128 x 2048 43.15 /
+  //     41.29. (ATTENTION_NOTES.md, version 24.)
   // Default 18, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~18:20 UTC;
   // 17 from ~16:49 UTC, 14 before (H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
@@ -140,7 +142,8 @@ struct PagedAttentionTuning {
   // 17 sets it.
   bool warp_merge = false;
   // Variant 18's pair on every decode shape the TMA kernel takes (splits: num_splits, else the
-  // SMs over the sequences x KV heads, at most 8), whether or not it fills the SMs: for tests.
+  // SMs over the sequences x KV heads, at most 8; up to 8 merged in a cluster, more by the merge
+  // kernel), whether or not it fills the SMs: for tests and measurements.
   bool tma_pair = false;
 };
 

@@ -418,8 +418,9 @@ constexpr int kTmaBoxCols = 64;  // 128 bytes: the swizzle span
 // producer from 10 stages at D = 128; at the end the second warpgroup leaves its running max,
 // sums and O in shared memory (each thread its own registers' slots) and the first folds them
 // into its own before the store. A split is then twice as long for the same consumers an SM:
-// half the splits, and with at most kClusterMergeCap of them a cluster merge instead of the merge
-// kernel (ATTENTION_NOTES.md, version 24).
+// where one split a sequence fills the SMs (variant 18) no merge at all; forced with more splits
+// (PagedAttentionTuning::tma_pair), up to kClusterMergeCap of them merge in a cluster, more by the
+// merge kernel (ATTENTION_NOTES.md, version 24).
 template <int D, int kCtas>
 struct TmaShape : HShape<D, kDecodeTN, 1> {
   using Base = HShape<D, kDecodeTN, 1>;
@@ -715,47 +716,13 @@ Config MakeTmaConfig() {
                 H::kSmemBytes, ctas, H::kCtaRows};
 }
 
-// How many clusters of `size` CTAs of the pair (kCtas = 1) can be resident at once (cached per
-// size; 0 where the query fails, and while `stream` is being captured into a graph before the
-// first query: no API call that a capture might refuse).
-template <typename T, int D>
-int PairMaxClusters(int size, cudaStream_t stream) {
-  static std::atomic<int> cache[kClusterMergeCap + 1];
-  if (size < 1 || size > kClusterMergeCap) return 0;
-  int n = cache[size].load(std::memory_order_relaxed);
-  if (n != 0) return n;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone) {
-    return 0;
-  }
-  using H = TmaShape<D, 1>;
-  const Config c = MakeTmaConfig<T, D, 1>();  // also sets the kernel's shared-memory limit
-  if (c.resident == 0) return 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(size) * 132, 1, 1);
-  config.blockDim = dim3(H::kCtaThreads);
-  config.dynamicSmemBytes = H::kSmemBytes;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(size);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  if (cudaOccupancyMaxActiveClusters(&n, c.tma_kernel, &config) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  cache[size].store(n, std::memory_order_relaxed);
-  return n;
-}
-
-// Variant 18 takes the pair on splits of at most this many tokens. On the H200 (2026-12-04
-// ~18:07 UTC, attention_bench --one, graph us, 17 / 18): 128 x 512 (one split a sequence) 17.45 /
-// 14.74, 120 x 1024 (one) 26.35 / 23.49, 64 x 2048 (two of 1024) 26.97 / 26.18, 128 x 2048 (one
-// of 2048) 43.15 / 41.29, but 64 x 8192 (two of 4096) 73.40 / 74.50-77.74: four SMs idle, and no
-// merge launch left to save on a long split.
+// Variant 18 takes the pair where one split a sequence fills the SMs, on splits of at most this
+// many tokens. On the H200 (2026-12-04 ~18:07 UTC, attention_bench --one, graph us, 17 / the
+// pair): 128 x 512 (one split a sequence) 17.45 / 14.74, 120 x 1024 (one) 26.35 / 23.49, 128 x
+// 2048 (one of 2048) 43.15 / 41.29; with two splits merged in a cluster 64 x 2048 (1024 each)
+// 26.97 / 26.18 in isolation but StarCoder b64 (~550 tokens) 9.182 / 9.213 ms a decode step and
+// b32 (four of ~150) 8.718 / 8.733 (~18:22 UTC), and 64 x 8192 (two of 4096) 73.40 / 74.50-77.74:
+// so only one split.
 constexpr int kPairMaxSplitTokens = 2048;
 
 // With hopper_tma_ctas automatic, variant 13 runs the TMA kernel on splits of at most this many

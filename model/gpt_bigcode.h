@@ -144,10 +144,10 @@ struct GptBigCodeOptions {
   // merge as one warp a (token, head) up to 8 splits: the default since the H200 run of
   // 2026-12-04 ~16:49 UTC (64 x 2048 in isolation 28.50 -> 25.99 us; end to end equal or a
   // little faster: SantaCoder b1 decode step -0.4%, StarCoder b32 -0.1%). 18 = 17 with the pair
-  // (one CTA an SM, two consumer warpgroups, the splits merged in a cluster) where its splits fill
-  // the SMs once: the default since the H200 run of 2026-12-04 ~18:20 UTC (in isolation 128 x 512
-  // 17.45 -> 14.74 us, 120 x 1024 26.35 -> 23.49, 64 x 2048 26.97 -> 26.18; batch 1 and StarCoder
-  // b32 keep 17's path or equal).
+  // (one CTA an SM, two consumer warpgroups, no split) where one split a sequence fills the SMs
+  // (decode batches of 119-132 sequences, contexts up to 2048): the default since 2026-12-04
+  // ~18:30 UTC (in isolation 128 x 512 17.45 -> 14.74 us, 120 x 1024 26.35 -> 23.49; every other
+  // batch keeps 17's path).
   int attention_variant = 18;
   // CudaGemm::Options::skinny_deep_unroll (mqabench --gemm skinnyd): narrow m = 1 GEMMs keep twice
   // the weight loads in flight. On since the same run: SantaCoder b1 0.1480 -> 0.1410 s
