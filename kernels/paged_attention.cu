@@ -1433,9 +1433,12 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           }
         }
         // Variant 18 (or tuning.tma_pair): the pair — one CTA an SM, two consumer warpgroups —
-        // where one split a sequence keeps at least 90% of the SMs busy in one wave (batches of
-        // 119-132 sequences x KV heads at 132 SMs) with splits of at most kPairMaxSplitTokens: no
-        // merge at all, where 17 runs two splits and a merge. Forced (tests): any decode shape,
+        // where one split a sequence keeps at least 70% of the SMs busy in one wave (batches of
+        // 93-132 sequences x KV heads at 132 SMs) with splits of at most kPairMaxSplitTokens: no
+        // merge at all, where 17 runs two splits and a merge (H200 2026-12-04 ~18:29 UTC,
+        // attention_bench --one, graph us, 17 / the pair with one split: 96 x 2048 38.95 / 35.9,
+        // 100 x 512 15.4 / 12.8; at lower fills no gain: 80 x 1024 20.6 / 20.4, 66 x 512 12.27 /
+        // 12.05, and 72 x 2048 29.0 / 35.5, where 17 runs three splits). Forced (tests): any decode shape,
         // its splits (num_splits, else the SMs over the sequences x KV heads, at most
         // kClusterMergeCap) merged in a cluster.
         bool pair = false;
@@ -1452,7 +1455,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             }
             const hopper::Config pcfg = hopper::MakeTmaConfig<T, D, 1>();
             const Plan pp = MakePlan(p, pt, 1, plan_bytes, false, pcfg.tile_rows);
-            const bool fills = pp.num_splits == 1 && base <= sms && base * 10 >= sms * 9 &&
+            const bool fills = pp.num_splits == 1 && base <= sms && base * 10 >= sms * 7 &&
                                pp.chunk <= hopper::kPairMaxSplitTokens;
             if (pcfg.resident > 0 && TableSpan(pp.chunk, p.block_size) <= kTableCap &&
                 (tuning.tma_pair || fills)) {

@@ -97,7 +97,7 @@ struct PagedAttentionTuning {
   //     9.028 -> 9.018 ms.
   // 18: 17 with the pair (kernels/paged_attention_hopper.cuh, TmaShape): one CTA an SM, two
   //     consumer warpgroups taking a split's tiles alternately, one producer warp each, where one
-  //     split a sequence keeps at least 90% of the SMs busy (decode batches of 119-132 sequences x
+  //     split a sequence keeps at least 70% of the SMs busy (decode batches of 93-132 sequences x
   //     KV heads at 132 SMs) with contexts of at most 2048 tokens: no merge (17: two splits and
   //     a merge kernel). Elsewhere 17. H200 2026-12-04 ~18:07 UTC (attention_bench --one, graph
   //     us, 17 / 18): 128 x 512 17.45 / 14.74, 120 x 1024 26.35 / 23.49, 128 x 2048 43.15 /

@@ -145,7 +145,7 @@ struct GptBigCodeOptions {
   // 2026-12-04 ~16:49 UTC (64 x 2048 in isolation 28.50 -> 25.99 us; end to end equal or a
   // little faster: SantaCoder b1 decode step -0.4%, StarCoder b32 -0.1%). 18 = 17 with the pair
   // (one CTA an SM, two consumer warpgroups, no split) where one split a sequence fills the SMs
-  // (decode batches of 119-132 sequences, contexts up to 2048): the default since 2026-12-04
+  // (decode batches of 93-132 sequences, contexts up to 2048): the default since 2026-12-04
   // ~18:30 UTC (in isolation 128 x 512 17.45 -> 14.74 us, 120 x 1024 26.35 -> 23.49; every other
   // batch keeps 17's path).
   int attention_variant = 18;
