@@ -1438,8 +1438,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         // merge at all, where 17 runs two splits and a merge (H200 2026-12-04 ~18:29 UTC,
         // attention_bench --one, graph us, 17 / the pair with one split: 96 x 2048 38.95 / 35.9,
         // 100 x 512 15.4 / 12.8; at lower fills no gain: 80 x 1024 20.6 / 20.4, 66 x 512 12.27 /
-        // 12.05, and 72 x 2048 29.0 / 35.5, where 17 runs three splits). Forced (tests): any decode shape,
-        // its splits (num_splits, else the SMs over the sequences x KV heads, at most
+        // 12.05, and 72 x 2048 29.0 / 35.5, where 17 runs three splits). Forced (tests): any decode
+        // shape, its splits (num_splits, else the SMs over the sequences x KV heads, at most
         // kClusterMergeCap) merged in a cluster.
         bool pair = false;
         if constexpr (D == 64 || D == 128) {
@@ -1448,10 +1448,10 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             const int sms = SmCount();
             PagedAttentionTuning pt = tuning;
             if (pt.num_splits <= 0) {
-              pt.num_splits = tuning.tma_pair ? static_cast<int>(std::clamp<int64_t>(
-                                                    sms / std::max<int64_t>(1, base), 1,
-                                                    kClusterMergeCap))
-                                              : 1;
+              pt.num_splits = tuning.tma_pair
+                                  ? static_cast<int>(std::clamp<int64_t>(
+                                        sms / std::max<int64_t>(1, base), 1, kClusterMergeCap))
+                                  : 1;
             }
             const hopper::Config pcfg = hopper::MakeTmaConfig<T, D, 1>();
             const Plan pp = MakePlan(p, pt, 1, plan_bytes, false, pcfg.tile_rows);

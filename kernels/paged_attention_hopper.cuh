@@ -426,15 +426,17 @@ struct TmaShape : HShape<D, kDecodeTN, 1> {
   using Base = HShape<D, kDecodeTN, 1>;
   static_assert(kCtas >= 1 && kCtas <= 3, "one (the pair), two or three CTAs an SM");
   static constexpr int kWgs = kCtas == 1 ? 2 : 1;  // consumer warpgroups
-  static constexpr int kStages = kCtas == 1 ? (D == 64 ? 16 : 10) : D == 64 ? 6 : kCtas == 2 ? 5 : 3;
+  static constexpr int kStages = kCtas == 1   ? (D == 64 ? 16 : 10)
+                                 : D == 64    ? 6
+                                 : kCtas == 2 ? 5
+                                              : 3;
   // + the producer warps: one a consumer warpgroup (the pair's second issues the odd tiles, so
   // that neither warpgroup's refills wait behind the other's releases).
   static constexpr int kCtaThreads = (Base::kThreads + 32) * kWgs;
   // The pair's exchange: the second warpgroup's O, max and sums, [kON + 4][128] floats, past
   // the stages (H200 ~18:10 UTC: 12 stages with the exchange inside them were no faster).
   static constexpr int kXBytes = kCtas == 1 ? (Base::kON + 4) * Base::kThreads * 4 : 0;
-  static constexpr int kSmemBytes =
-      1024 + Base::kQBytes + kStages * Base::kStageBytes + kXBytes;
+  static constexpr int kSmemBytes = 1024 + Base::kQBytes + kStages * Base::kStageBytes + kXBytes;
 };
 
 // kFuseKv: the instantiation that also does PagedAttentionCuda's kv_write (KernelArgs::new_key;
@@ -447,7 +449,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   constexpr int kTN = kDecodeTN;
   constexpr bool kPair = kCtas == 1;
   constexpr int kWgs = H::kWgs;
-  constexpr int kWgThreads = H::kThreads;         // one warpgroup
+  constexpr int kWgThreads = H::kThreads;        // one warpgroup
   constexpr int kConsumers = kWgThreads * kWgs;  // every consumer warpgroup
   // The cluster merge: the fused instantiation (variant 15) and the pair (18).
   constexpr bool kCluster = kFuseKv || kPair;
@@ -636,7 +638,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     if (wg == 1) {
       if (a.cluster_merge) {
         ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
-                                                              w.q_begin, ep_s, lse_s);
+                                                           w.q_begin, ep_s, lse_s);
       }
       return;
     }

@@ -394,9 +394,9 @@ int Main(bool variants_only) {
               "batch x ctx", "splits", "mqa(graph)", "mqa(strm)", "GB/s", "%copy", "copy(same)",
               "%same", "read(paged)", "%paged", "per-head", "speedup", "v14", "%copy", "pdl",
               "%copy", "v17", "%copy");
-  const int configs[][2] = {{1, 8192},  {1, 2048},  {8, 2048},   {16, 2048}, {32, 2048},
-                            {64, 2048}, {64, 8192}, {128, 2048}, {256, 1024}, {128, 512},
-                            {120, 1024}};
+  const int configs[][2] = {{1, 8192},   {1, 2048},  {8, 2048},  {16, 2048},
+                            {32, 2048},  {64, 2048}, {64, 8192}, {128, 2048},
+                            {256, 1024}, {128, 512}, {120, 1024}};
   for (const auto& c : configs) {
     Workload w = MakeWorkload(DType::kF16, c[0], c[1], 1, 48, 128, 16, rng);
     const double g = TimeMqa(w, {}, true);
