@@ -1308,6 +1308,12 @@ bool UseTwoWarpgroupPrefill(const PagedAttentionParams& p, int sms) {
              static_cast<int64_t>(kTwoWarpgroupMinWaves) * sms;
 }
 
+bool UsePairDecode(const PagedAttentionParams& p, int sms) {
+  const int64_t base = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
+  return MaxRows(p) <= hopper::kRows && p.max_context_len <= hopper::kPairMaxSplitTokens &&
+         base <= sms && base * 10 >= static_cast<int64_t>(sms) * 7;
+}
+
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,
                                         const PagedAttentionTuning& tuning) {
   if (!ValidateForCuda(p).ok() || p.num_tokens == 0) return 0;
@@ -1455,8 +1461,7 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             }
             const hopper::Config pcfg = hopper::MakeTmaConfig<T, D, 1>();
             const Plan pp = MakePlan(p, pt, 1, plan_bytes, false, pcfg.tile_rows);
-            const bool fills = pp.num_splits == 1 && base <= sms && base * 10 >= sms * 7 &&
-                               pp.chunk <= hopper::kPairMaxSplitTokens;
+            const bool fills = pp.num_splits == 1 && UsePairDecode(p, sms);
             if (pcfg.resident > 0 && TableSpan(pp.chunk, p.block_size) <= kTableCap &&
                 (tuning.tma_pair || fills)) {
               pair = true;

@@ -181,6 +181,13 @@ inline constexpr int kTwoWarpgroupMinContext = 2048;
 inline constexpr int kTwoWarpgroupMinWaves = 4;
 bool UseTwoWarpgroupPrefill(const PagedAttentionParams& p, int sms);
 
+// Variant 18's automatic rule for `p` on a device of `sms` SMs: the pair (one CTA an SM, two
+// consumer warpgroups, one split a sequence, no merge) for a decode batch (at most 64 query rows
+// per sequence and KV head) whose sequences x KV heads fill 70-100% of the SMs, at contexts of
+// at most 2048 tokens (kernels/paged_attention_hopper.cuh and paged_attention.cu have the
+// measurements behind the thresholds).
+bool UsePairDecode(const PagedAttentionParams& p, int sms);
+
 // Bytes of scratch PagedAttentionCuda needs for `p` (split-KV partial results); 0 when it will
 // not split. A smaller workspace is allowed: the launch then uses fewer splits.
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionParams& p,

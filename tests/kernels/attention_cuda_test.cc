@@ -243,6 +243,37 @@ TEST(HopperPrefillForm, TwoWarpgroupsOnlyForLongPrefills) {
   EXPECT_TRUE(UseTwoWarpgroupPrefill(params(8, 2048, 8192), kH200Sms));    // chunks of long prompts
 }
 
+// Variant 18's automatic form (host logic only: runs without a device): the pair where one split
+// a sequence fills 70-100% of the SMs at contexts up to 2048, as measured on the H200.
+TEST(PairDecodeForm, OneSplitWhereItFillsTheSms) {
+  auto params = [](int seqs, int ctx) {
+    PagedAttentionParams p;
+    p.num_seqs = seqs;
+    p.num_tokens = seqs;
+    p.max_query_len = 1;
+    p.max_context_len = ctx;
+    p.num_heads = 48;
+    p.num_kv_heads = 1;
+    return p;
+  };
+  constexpr int kH200Sms = 132;
+  EXPECT_TRUE(UsePairDecode(params(128, 512), kH200Sms));    // 17.46 -> 14.8 us
+  EXPECT_TRUE(UsePairDecode(params(120, 1024), kH200Sms));   // 26.4 -> 23.5
+  EXPECT_TRUE(UsePairDecode(params(128, 2048), kH200Sms));   // 43.2 -> 41.4
+  EXPECT_TRUE(UsePairDecode(params(96, 2048), kH200Sms));    // 38.95 -> 35.9
+  EXPECT_TRUE(UsePairDecode(params(132, 100), kH200Sms));    // the whole GPU, one wave
+  EXPECT_FALSE(UsePairDecode(params(80, 1024), kH200Sms));   // 61%: 20.6 -> 20.4
+  EXPECT_FALSE(UsePairDecode(params(72, 2048), kH200Sms));   // 55%: 29.0 -> 35.5
+  EXPECT_FALSE(UsePairDecode(params(64, 8192), kH200Sms));   // two splits of 4096: slower
+  EXPECT_FALSE(UsePairDecode(params(128, 4096), kH200Sms));  // longer than measured
+  EXPECT_FALSE(UsePairDecode(params(133, 512), kH200Sms));   // more than one wave
+  EXPECT_FALSE(UsePairDecode(params(1, 256), kH200Sms));     // batch 1: splits and a merge
+  PagedAttentionParams prefill = params(128, 512);
+  prefill.max_query_len = 2;  // 96 rows a sequence: not a decode batch for the TMA kernel
+  prefill.num_tokens = 256;
+  EXPECT_FALSE(UsePairDecode(prefill, kH200Sms));
+}
+
 class AttentionCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -406,7 +437,8 @@ TEST_F(AttentionCudaTest, RejectsUnsupportedShapes) {
 // sequence's 7 idle CTAs taking part with empty rows; it runs twice on one workspace. Variant 16
 // (14 with the first stages' K / V requested before the PDL wait) and variant 17 (14 with the
 // merge kernel's warp form) on both batches; variant 18's pair forced on both (automatic splits:
-// 8, merged in a cluster), and with 9 forced splits (the merge kernel) on the first. Every path
+// 8, merged in a cluster) and with one split (the form variant 18 takes by itself where it fills
+// the SMs: no merge), and with 9 forced splits (the merge kernel) on the first. Every path
 // must leave the caches equal to the reference's and the output near the CPU reference.
 TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
   std::mt19937 rng(std::random_device{}());
@@ -449,8 +481,8 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
     cpu.max_query_len = 1;
     ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
 
-    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2, 4, 5, 6, 7}
-                                      : std::vector<int>{0, 3, 4, 5, 6}) {
+    for (int config : max_ctx == 8192 ? std::vector<int>{0, 1, 2, 4, 5, 6, 7, 8}
+                                      : std::vector<int>{0, 3, 4, 5, 6, 8}) {
       DeviceBuffer dqkv = DeviceBuffer::From(qkv), dk = DeviceBuffer::From(k_dev),
                    dv = DeviceBuffer::From(v_dev), dt = DeviceBuffer::From(b.block_tables),
                    dqs = DeviceBuffer::From(b.query_start),
@@ -479,7 +511,11 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
                        : config == 5 ? 17
                        : config >= 6 ? 18
                                      : 13;
-      tuning.num_splits = config == 1 ? 2 : config == 3 ? 8 : config == 7 ? 9 : 0;
+      tuning.num_splits = config == 1   ? 2
+                          : config == 3 ? 8
+                          : config == 7 ? 9
+                          : config == 8 ? 1
+                                        : 0;
       tuning.pdl = config == 0 || config >= 4;
       tuning.tma_pair = config >= 6;
       tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)
