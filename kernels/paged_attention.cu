@@ -1370,20 +1370,17 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         bool hopper = false;
         hopper::Config hcfg;
         // 14 is 13 with the fused KV write; 15 is 14 with the split merge in a cluster.
-        const bool fuse_requested = tuning.fuse_kv_write || (variant >= 14 && variant <= 19);
+        const bool fuse_requested = tuning.fuse_kv_write || (variant >= 14 && variant <= 18);
         const bool tma_cluster = variant == 15;
         const bool kv_before_wait = tuning.kv_before_wait || variant == 16;
-        const bool warp_merge = tuning.warp_merge || (variant >= 17 && variant <= 19);
-        const bool pair_auto = variant == 18 || variant == 19;
-        const bool overlap = variant == 19;  // the two-CTA TMA kernel's overlapped scores
-        if (variant >= 14 && variant <= 19) variant = 13;
+        const bool warp_merge = tuning.warp_merge || variant == 17 || variant == 18;
+        const bool pair_auto = variant == 18;
+        if (variant >= 14 && variant <= 18) variant = 13;
         bool tma_chosen = false;  // variant 13's TMA kernel, before the plan's split length
         if (variant == 13) {  // TMA decode: <= 64 rows, 16-slot boxes within a block; else 11
           if constexpr (D == 64 || D == 128) {
             if (max_rows <= hopper::kRows && p.block_size >= hopper::kTmaBoxRows) {
-              hcfg = overlap && tuning.hopper_tma_ctas == 0
-                         ? hopper::MakeTmaConfig<T, D, 2, false, true>()
-                         : hopper::ChooseTmaConfig<T, D>(tuning.hopper_tma_ctas);
+              hcfg = hopper::ChooseTmaConfig<T, D>(tuning.hopper_tma_ctas);
               hopper = hcfg.resident > 0;
               tma_chosen = hopper;
             }
@@ -1497,9 +1494,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                     reinterpret_cast<uintptr_t>(kv_write->value) % 16 == 0;
           if (fuse_kv) {
             static_assert(hopper::kTmaDefaultCtas == 2, "the fused form is instantiated for two");
-            hcfg = pair      ? hopper::MakeTmaConfig<T, D, 1, true>()
-                   : overlap ? hopper::MakeTmaConfig<T, D, 2, true, true>()
-                             : hopper::MakeTmaConfig<T, D, 2, true>();
+            hcfg = pair ? hopper::MakeTmaConfig<T, D, 1, true>()
+                        : hopper::MakeTmaConfig<T, D, 2, true>();
           }
         }
         if (kv_write != nullptr && !fuse_kv) {

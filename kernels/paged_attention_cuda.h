@@ -102,9 +102,6 @@ struct PagedAttentionTuning {
   //     a merge kernel). Elsewhere 17. H200 2026-12-04 ~18:07 UTC (attention_bench --one, graph
   //     us, 17 / 18): 128 x 512 17.45 / 14.74, 120 x 1024 26.35 / 23.49, 128 x 2048 43.15 /
   //     41.29. (ATTENTION_NOTES.md, version 24.)
-  // 19: 18 with the two-CTA TMA kernel's tiles overlapped (each tile's score MMA issued before
-  //     the previous tile's softmax; kernels/paged_attention_hopper.cuh, kOverlap). Measured
-  //     beside 18.
   // Default 18, the model's (GptBigCodeOptions::attention_variant), since 2026-12-04 ~18:20 UTC;
   // 17 from ~16:49 UTC, 14 before (H200 2026-12-03 ~19:25 UTC,
   // against 13 end to end: StarCoder b32 -0.1..-0.9%, b1 -0.6%, SantaCoder b1 -3.3%). 13 is the
@@ -150,7 +147,7 @@ struct PagedAttentionTuning {
   bool tma_pair = false;
 };
 
-inline constexpr int kNumPagedAttentionVariants = 20;
+inline constexpr int kNumPagedAttentionVariants = 19;
 inline constexpr int kAutoMergeSplits = 8;
 inline constexpr int kAutoMergeTokens = 128;
 inline const char* PagedAttentionVariantName(int v) {
@@ -173,7 +170,6 @@ inline const char* PagedAttentionVariantName(int v) {
          : v == 16 ? "hopper-tma+kvw+early"
          : v == 17 ? "hopper-tma+kvw+warpmerge"
          : v == 18 ? "hopper-tma+kvw+warpmerge+pair"
-         : v == 19 ? "hopper-tma+kvw+warpmerge+pair+overlap"
                    : "?";
 }
 

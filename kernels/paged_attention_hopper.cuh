@@ -74,10 +74,16 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// S = Q K^T of one KV tile (wgmma from shared memory), issued and committed as one wgmma group,
-// not waited on: the caller waits (wgmma::Wait) before it reads `s`.
+// One KV tile's math for the warpgroup that holds rows r0 / r1 of this thread: S = Q K^T
+// (wgmma from shared memory), the online softmax (log2 domain, the scale folded into the
+// exponent; tokens at or past kv_stop and past a row's causal limit masked), then O += P V with P
+// from registers. Both MMAs are waited on before it returns: the tile's stage may be refilled.
 template <typename T, int D, int kTN, typename H>
-__device__ __forceinline__ void ScoreMma(uint32_t q_wg_addr, uint32_t k_addr, float (&s)[H::kSN]) {
+__device__ __forceinline__ void TileMath(uint32_t q_wg_addr, uint32_t k_addr, int tok0, int kv_stop,
+                                         int qpos0, int qpos1, float scale_log2,
+                                         float (&o)[H::kON], float (&m)[2], float (&l)[2]) {
+  const uint32_t v_addr = k_addr + H::kTileBytes;
+  float s[H::kSN];
   FenceRegs(s);
   wgmma::Fence();
 #pragma unroll
@@ -92,16 +98,9 @@ __device__ __forceinline__ void ScoreMma(uint32_t q_wg_addr, uint32_t k_addr, fl
     }
   }
   wgmma::Commit();
-}
+  wgmma::Wait<0>();
+  FenceRegs(s);
 
-// The rest of a tile once its scores `s` are complete: the online softmax (log2 domain, the
-// scale folded into the exponent; tokens at or past kv_stop and past a row's causal limit
-// masked), O rescaled, then O += P V (P from registers) issued and committed as one wgmma group,
-// not waited on. O must not be pending (the previous tile's P V waited on).
-template <typename T, int D, int kTN, typename H>
-__device__ __forceinline__ void SoftmaxPv(uint32_t v_addr, float (&s)[H::kSN], int tok0,
-                                          int kv_stop, int qpos0, int qpos1, float scale_log2,
-                                          float (&o)[H::kON], float (&m)[2], float (&l)[2]) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < kTN / 8; ++j) {
@@ -149,21 +148,6 @@ __device__ __forceinline__ void SoftmaxPv(uint32_t v_addr, float (&s)[H::kSN], i
     }
   }
   wgmma::Commit();
-}
-
-// One KV tile's math for the warpgroup that holds rows r0 / r1 of this thread: ScoreMma, then
-// SoftmaxPv, each waited on. Both MMAs are complete when it returns: the tile's stage may be
-// refilled.
-template <typename T, int D, int kTN, typename H>
-__device__ __forceinline__ void TileMath(uint32_t q_wg_addr, uint32_t k_addr, int tok0, int kv_stop,
-                                         int qpos0, int qpos1, float scale_log2,
-                                         float (&o)[H::kON], float (&m)[2], float (&l)[2]) {
-  float s[H::kSN];
-  ScoreMma<T, D, kTN, H>(q_wg_addr, k_addr, s);
-  wgmma::Wait<0>();
-  FenceRegs(s);
-  SoftmaxPv<T, D, kTN, H>(k_addr + H::kTileBytes, s, tok0, kv_stop, qpos0, qpos1, scale_log2, o,
-                          m, l);
   wgmma::Wait<0>();
   FenceRegs(o);
 }
@@ -457,8 +441,7 @@ struct TmaShape : HShape<D, kDecodeTN, 1> {
 
 // kFuseKv: the instantiation that also does PagedAttentionCuda's kv_write (KernelArgs::new_key;
 // PagedAttentionTuning::fuse_kv_write), separate so that the measured kernel is unchanged.
-// kOverlap (variant 19): each tile's score MMA issued under the previous tile's softmax.
-template <typename T, int D, int kCtas, bool kFuseKv = false, bool kOverlap = false>
+template <typename T, int D, int kCtas, bool kFuseKv = false>
 __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     HopperTmaDecodeKernel(const KernelArgs a, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
@@ -593,11 +576,10 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   wgmma::FenceProxyAsync();
   tma::NamedBarrier(1, kConsumers);  // Q visible to every consumer warp's wgmma
 
-  // Waits for tile i and readies its stage (the last tile: V rows past the split zeroed, the
-  // step's new row written); returns the stage's address.
-  auto prepare = [&](int i) -> uint32_t {
+  for (int i = wg; i < num_tiles; i += kWgs) {
     const int stage = i % H::kStages;
     tma::MbarWait(full0 + 8 * stage, (i / H::kStages) & 1);
+    const uint32_t k_stage = kv_addr + stage * H::kStageBytes;
     const int tok0 = kv_begin + i * kTN;
     const int valid = kv_stop - tok0;
     // The fused KV write: the split whose range ends at the context (its last row is the query
@@ -634,45 +616,9 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
       wgmma::FenceProxyAsync();
       tma::NamedBarrier(2 + wg, kWgThreads);  // the tile's warpgroup only
     }
-    return kv_addr + stage * H::kStageBytes;
-  };
-  if constexpr (kOverlap) {
-    // Variant 19: tile i + 1's scores are issued before tile i's softmax, so that the score MMA
-    // runs under it; tile i's P V and tile i + 1's scores are waited on together.
-    if (wg < num_tiles) {
-      float s[H::kSN];
-      uint32_t k_cur = prepare(wg);
-      ScoreMma<T, D, kTN, H>(q_addr, k_cur, s);
-      wgmma::Wait<0>();
-      FenceRegs(s);
-      for (int i = wg; i < num_tiles; i += kWgs) {
-        const int nx = i + kWgs;
-        float sn[H::kSN];
-        uint32_t k_nx = 0;
-        if (nx < num_tiles) {
-          k_nx = prepare(nx);
-          ScoreMma<T, D, kTN, H>(q_addr, k_nx, sn);
-        }
-        SoftmaxPv<T, D, kTN, H>(k_cur + H::kTileBytes, s, kv_begin + i * kTN + 2 * t, kv_stop,
-                                qpos0, qpos1, a.scale_log2, o, m, l);
-        wgmma::Wait<0>();
-        FenceRegs(o);
-        if (lane == 0) tma::MbarArrive(empty0 + 8 * (i % H::kStages));
-        if (nx < num_tiles) {
-          FenceRegs(sn);
-#pragma unroll
-          for (int j = 0; j < H::kSN; ++j) s[j] = sn[j];
-          k_cur = k_nx;
-        }
-      }
-    }
-  } else {
-    for (int i = wg; i < num_tiles; i += kWgs) {
-      const uint32_t k_stage = prepare(i);
-      TileMath<T, D, kTN, H>(q_addr, k_stage, kv_begin + i * kTN + 2 * t, kv_stop, qpos0, qpos1,
-                             a.scale_log2, o, m, l);
-      if (lane == 0) tma::MbarArrive(empty0 + 8 * (i % H::kStages));
-    }
+    TileMath<T, D, kTN, H>(q_addr, k_stage, tok0 + 2 * t, kv_stop, qpos0, qpos1, a.scale_log2, o,
+                           m, l);
+    if (lane == 0) tma::MbarArrive(empty0 + 8 * stage);
   }
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
   if constexpr (kPair) {
@@ -763,12 +709,12 @@ Config MakeConfig() {
 
 // Variant 13's decode kernel (same shared memory as the 32-token decode form, plus the
 // producer warp).
-template <typename T, int D, int kCtas, bool kFuseKv = false, bool kOverlap = false>
+template <typename T, int D, int kCtas, bool kFuseKv = false>
 Config MakeTmaConfig() {
   using H = TmaShape<D, kCtas>;
-  static const int ctas = MaxResidentCtas(HopperTmaDecodeKernel<T, D, kCtas, kFuseKv, kOverlap>,
+  static const int ctas = MaxResidentCtas(HopperTmaDecodeKernel<T, D, kCtas, kFuseKv>,
                                           H::kCtaThreads, H::kSmemBytes);
-  return Config{nullptr, HopperTmaDecodeKernel<T, D, kCtas, kFuseKv, kOverlap>, H::kCtaThreads,
+  return Config{nullptr, HopperTmaDecodeKernel<T, D, kCtas, kFuseKv>, H::kCtaThreads,
                 H::kSmemBytes, ctas, H::kCtaRows};
 }
 
