@@ -577,6 +577,12 @@ __device__ __forceinline__ void GridArrive(unsigned* counter) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
+// Adds 8 fp32 values into the fused MLP's vector at `dst` (two 16-byte red.adds).
+__device__ __forceinline__ void AddY32(float4* dst, const float* f) {
+  atomicAdd(dst, make_float4(f[0], f[1], f[2], f[3]));
+  atomicAdd(dst + 1, make_float4(f[4], f[5], f[6], f[7]));
+}
+
 // The LN weight and bias of `ph` into shared memory with cp.async (no register waits on them):
 // thread t copies the 16-byte vectors t, t + kConsumers, ..., the same ones it reads in LoadInput,
 // so its own cp.async.wait_all is all the ordering needed. Issued ahead of the phase's grid
@@ -665,9 +671,7 @@ __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T*
       float f[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) f[e] = fwd::ToFloat(val.v[e]) + fwd::ToFloat(b.v[e]);
-      float4* y = reinterpret_cast<float4*>(ph.y32) + 2 * v;
-      atomicAdd(y, make_float4(f[0], f[1], f[2], f[3]));
-      atomicAdd(y + 1, make_float4(f[4], f[5], f[6], f[7]));
+      AddY32(reinterpret_cast<float4*>(ph.y32) + 2 * v, f);
     }
     xs[v] = raw;
     if (ph.ln_w != nullptr) {
@@ -946,9 +950,7 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
   for (int u = 0; u < 2; ++u) {
     const int c = c0 + u * per_group;
     if (c < row_chunks) {
-      float4* dst = reinterpret_cast<float4*>(ph.y32) + 2 * c;
-      atomicAdd(dst, make_float4(y[8 * u], y[8 * u + 1], y[8 * u + 2], y[8 * u + 3]));
-      atomicAdd(dst + 1, make_float4(y[8 * u + 4], y[8 * u + 5], y[8 * u + 6], y[8 * u + 7]));
+      AddY32(reinterpret_cast<float4*>(ph.y32) + 2 * c, y + 8 * u);
     }
   }
   if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);

@@ -1484,8 +1484,8 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             pair = false;
           }
           // The KV write: fused into the TMA kernel for a decode batch (tuning.fuse_kv_write,
-          // 16-byte rows; the fused instantiation exists for the automatic two CTAs an SM, same
-          // plan), else launched first.
+          // 16-byte rows; the fused instantiation exists for the automatic two CTAs an SM and for
+          // the pair, same plan), else launched first.
           fuse_kv = fuse_requested && tuning.hopper_tma_ctas == 0 && kv_write != nullptr &&
                     hopper && hcfg.tma_kernel != nullptr &&
                     p.max_query_len == 1 && kv_write->key_stride % 8 == 0 &&

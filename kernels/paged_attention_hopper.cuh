@@ -414,8 +414,8 @@ constexpr int kTmaBoxCols = 64;  // 128 bytes: the swizzle span
 
 //
 // kCtas = 1 (variant 18, "the pair"): one CTA an SM with two consumer warpgroups that take a
-// split's tiles alternately (warpgroup i % 2 takes tile i; both read the one Q), fed by the one
-// producer from 10 stages at D = 128; at the end the second warpgroup leaves its running max,
+// split's tiles alternately (warpgroup i % 2 takes tile i; both read the one Q), each fed by its
+// own producer warp (10 stages at D = 128, the even ones one warpgroup's); at the end the second warpgroup leaves its running max,
 // sums and O in shared memory (each thread its own registers' slots) and the first folds them
 // into its own before the store. A split is then twice as long for the same consumers an SM:
 // where one split a sequence fills the SMs (variant 18) no merge at all; forced with more splits
@@ -479,13 +479,17 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
   static_assert(kRows * (D + kEpPad + 1) * sizeof(float) <= H::kStages * H::kStageBytes,
                 "the cluster merge's rows fit the KV stages");
   constexpr int kCtaThreads = H::kCtaThreads;
+  // Every thread of the CTA calls it (the producer warps and an idle CTA's included).
+  auto cluster_merge = [&]() {
+    ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end, w.q_begin,
+                                                       ep_s, lse_s);
+  };
   if (w.num_tiles == 0) {
     if constexpr (kCluster) {
       if (a.cluster_merge) {
         for (int r = tid; r < kRows; r += kCtaThreads) lse_s[r] = -INFINITY;
         asm volatile("griddepcontrol.wait;\n" ::: "memory");  // before writing the output
-        ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
-                                                              w.q_begin, ep_s, lse_s);
+        cluster_merge();
       }
     }
     return;
@@ -552,8 +556,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
     if constexpr (kCluster) {
       if (a.cluster_merge) {
-        ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
-                                                              w.q_begin, ep_s, lse_s);
+        cluster_merge();
       }
     }
     return;
@@ -637,8 +640,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     tma::NamedBarrier(1, kConsumers);
     if (wg == 1) {
       if (a.cluster_merge) {
-        ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
-                                                           w.q_begin, ep_s, lse_s);
+        cluster_merge();
       }
       return;
     }
@@ -665,8 +667,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
       // Every consumer is past its last MMA (the pair: the barrier above): the stages are free.
       if constexpr (!kPair) tma::NamedBarrier(1, kConsumers);
       StoreRowsShared<T, D, H>(o, m, l, r0, r1, w.row_begin, t, ep_s, lse_s);
-      ClusterMerge<T, D, kCtaThreads, kRows, D + kEpPad>(a, w.kvh, w.row_begin, w.row_end,
-                                                            w.q_begin, ep_s, lse_s);
+      cluster_merge();
       return;
     }
   }
