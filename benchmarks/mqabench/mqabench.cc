@@ -91,6 +91,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/chain_timeline.h"
+#include "benchmarks/mqabench/engine_run.h"
 #include "benchmarks/mqabench/device_fill.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention_cuda.h"
@@ -116,6 +117,7 @@ struct Flags {
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
+  std::string engine = "off";  // off: mqabench's own step loop; on: the serving engine; both
   std::string chain = "auto";
   std::string chain_timeline;  // comma list of layers (empty: off)
   std::string attn =
@@ -177,6 +179,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.small, value());
     } else if (a == "--async") {
       ASSIGN_OR_RETURN(f.async, value());
+    } else if (a == "--engine") {
+      ASSIGN_OR_RETURN(f.engine, value());
     } else if (a == "--chain") {
       ASSIGN_OR_RETURN(f.chain, value());
     } else if (a == "--chain-timeline") {
@@ -219,6 +223,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   if (f.async != "off" && f.async != "on" && f.async != "both") {
     return absl::InvalidArgumentError("--async off|on|both");
+  }
+  if (f.engine != "off" && f.engine != "on" && f.engine != "both") {
+    return absl::InvalidArgumentError("--engine off|on|both");
   }
   if (f.load_format != "dummy") {
     return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
@@ -399,6 +406,69 @@ absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
   return absl::OkStatus();
 }
 
+// --engine: the latency workload (batch_size prompts of input_len random tokens, output_len
+// greedy tokens each, ignore_eos) queued at once into the serving engine, which runs it as the
+// server would (scheduler, block manager, device sampling, output processing): the first step
+// is the prefill, the rest are decode steps. Prints the same figures as the own loop's rows plus
+// where a decode step's time goes: the GPU (the decode graph's events), the runner's host side
+// (step checks, inputs, launch, token copy) and the engine's (everything outside the runner).
+absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
+  GptBigCodeRunner& r = *s.runner;
+  EngineOptions options;
+  options.max_num_seqs = std::max(256, f.batch_size);
+  options.max_num_batched_tokens = std::max(2048, f.batch_size * f.input_len);
+  options.max_model_len = f.input_len + f.output_len;
+  std::mt19937 rng(f.seed + 11);
+  std::vector<double> latencies, prefills, steps, runner_steps, gpu_steps;
+  for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
+    std::vector<EngineRequestSpec> requests(f.batch_size);
+    for (EngineRequestSpec& q : requests) {
+      q.prompt.resize(f.input_len);
+      for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
+      q.max_tokens = f.output_len;
+    }
+    ASSIGN_OR_RETURN(EngineRunStats st,
+                     RunThroughEngine(&r, options, requests, [&] { return r.model().last_graph_ms(); }));
+    if (iter < f.num_iters_warmup) continue;
+    if (st.step_s.size() != static_cast<size_t>(f.output_len)) {
+      return absl::InternalError(absl::StrCat("the engine ran ", st.step_s.size(), " steps for ",
+                                              f.output_len, " tokens: the prompts were chunked"));
+    }
+    latencies.push_back(st.seconds);
+    prefills.push_back(st.step_s[0]);
+    for (size_t i = 1; i < st.step_s.size(); ++i) {
+      steps.push_back(st.step_s[i]);
+      runner_steps.push_back(st.runner_s[i]);
+      if (st.gpu_ms[i] >= 0) gpu_steps.push_back(st.gpu_ms[i]);
+    }
+  }
+  double avg = 0;
+  for (double l : latencies) avg += l;
+  avg /= latencies.size();
+  const double step_ms = Median(steps) * 1e3, runner_ms = Median(runner_steps) * 1e3;
+  std::printf("latency %s (engine): batch %d, in %d, out %d, %s, the model's knobs of the row above\n",
+              f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+              std::string(DTypeName(s.dtype)).c_str());
+  std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
+              *std::min_element(latencies.begin(), latencies.end()),
+              *std::max_element(latencies.begin(), latencies.end()), latencies.size());
+  std::printf(
+      "  prefill step %.2f ms; decode step median %.3f ms (weights floor %.3f ms, %.0f%% of floor "
+      "speed): inside the runner %.3f ms, the engine's own host work %.3f ms = %.1f%% of the "
+      "step\n",
+      Median(prefills) * 1e3, step_ms, floor_ms, 100.0 * floor_ms / step_ms, runner_ms,
+      step_ms - runner_ms, 100.0 * (step_ms - runner_ms) / step_ms);
+  if (!gpu_steps.empty()) {
+    const double g = Median(gpu_steps);
+    std::printf(
+        "  decode graph on the GPU: median %.3f ms; host work the GPU waited for: %.3f ms = "
+        "%.1f%% of the step (the runner's %.3f ms, the engine's %.3f ms)\n",
+        g, step_ms - g, 100.0 * (step_ms - g) / step_ms, runner_ms - g, step_ms - runner_ms);
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::Status Latency(const Flags& f) {
   const int bs = f.block_size;
   const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
@@ -533,7 +603,7 @@ absl::Status Latency(const Flags& f) {
                    int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
                             [](int n) { return n == 0 || n == 32 || n == 64; }));
   struct Run {
-    std::string variant, fast, autotune, small, async, chain;
+    std::string variant, fast, autotune, small, async, chain, engine;
     int attn = 3;
     std::pair<std::string, uint32_t> skip;
     int wm = 0;
@@ -552,7 +622,9 @@ absl::Status Latency(const Flags& f) {
                   for (int n : split_rows) {
                     for (int tn : tn_rows) {
                       for (const std::string& c : chains) {
-                        runs.push_back({v, k, a, m, y, c, t, x, w, n, tn});
+                        for (const std::string& e : rows_of(f.engine)) {
+                          runs.push_back({v, k, a, m, y, c, e, t, x, w, n, tn});
+                        }
                       }
                     }
                   }
@@ -566,8 +638,8 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
-  for (const auto& [variant, fast, autotune, small, async, chain, attn, skip, wm, splits, tn] :
-       runs) {
+  for (const auto& [variant, fast, autotune, small, async, chain, engine, attn, skip, wm, splits,
+                    tn] : runs) {
     r.model().set_attention(attn, wm, splits, tn);
     const bool attention_row = chain == "at";
     int ring_kib = 0, ring_inflight = -1;
@@ -632,6 +704,15 @@ absl::Status Latency(const Flags& f) {
     std::vector<double> latencies, prefills, steps, graph_ms;
     absl::Status failed;
     r.model().set_time_graphs(true);
+    if (engine == "on") {
+      const absl::Status st = EngineLatencyRow(f, s, floor_ms);
+      if (!st.ok()) {
+        std::printf("latency %s (engine): FAILED %s\n", f.model.c_str(), st.ToString().c_str());
+        std::fflush(stdout);
+        if (first_failure.ok()) first_failure = st;
+      }
+      continue;
+    }
     for (int iter = 0; iter < f.num_iters_warmup + f.num_iters && failed.ok(); ++iter) {
       Blocks blocks(r.num_kv_blocks(), bs);
       std::vector<Seq> seqs(f.batch_size);
@@ -778,6 +859,9 @@ std::vector<std::string> CodeCorpus() {
   return files;
 }
 
+absl::Status ThroughputOwnLoop(const Flags& f, Setup& s, std::deque<Seq> waiting, double params,
+                               double gemm_rate);
+
 absl::Status Throughput(const Flags& f) {
   const std::vector<std::string> corpus = CodeCorpus();
   if (corpus.empty()) return absl::NotFoundError("no source files found for prompts");
@@ -813,6 +897,41 @@ absl::Status Throughput(const Flags& f) {
   r.model().set_gemm_kernels(absl::StrContains(f.gemm, "splitk"),
                              f.gemm == "tc" || absl::StrContains(f.gemm, "+tc"),
                              f.gemm == "skinnyd");
+  const double params = static_cast<double>(s.weight_bytes) / DTypeSize(s.dtype);
+  std::printf(
+      "throughput %s: %d requests (prompts %lld tokens, outputs %lld tokens, lengths cut "
+      "from this repository's code), %s, max %d seqs, %d batched tokens\n",
+      f.model.c_str(), f.num_prompts, (long long)total_prompt, (long long)total_output,
+      std::string(DTypeName(s.dtype)).c_str(), f.max_num_seqs, f.max_num_batched_tokens);
+  std::vector<EngineRequestSpec> specs;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    specs.push_back({waiting[i].prompt, waiting[i].output_len, 0.8f, 0.95f, i});
+  }
+  if (f.engine != "on") RETURN_IF_ERROR(ThroughputOwnLoop(f, s, std::move(waiting), params, gemm_rate));
+  if (f.engine == "off") return absl::OkStatus();
+  // The same requests through the serving engine (chunked prefill, its scheduler and sampling).
+  EngineOptions options;
+  options.max_num_seqs = f.max_num_seqs;
+  options.max_num_batched_tokens = f.max_num_batched_tokens;
+  options.max_model_len = 1024 + 256;
+  ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, specs));
+  double runner_s = 0;
+  for (double x : st.runner_s) runner_s += x;
+  int64_t processed = st.prompt_tokens + st.output_tokens - f.num_prompts;
+  const double flops = 2.0 * params * processed;
+  std::printf(
+      "  engine: %.2f s, %zu steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
+      "GEMM work = %.1f%% of the measured %.0f TFLOP/s; %.1f%% of the time inside the runner\n",
+      st.seconds, st.step_s.size(), st.output_tokens / st.seconds, processed / st.seconds,
+      flops / st.seconds / 1e12, 100.0 * flops / st.seconds / gemm_rate, gemm_rate / 1e12,
+      100.0 * runner_s / st.seconds);
+  return absl::OkStatus();
+}
+
+absl::Status ThroughputOwnLoop(const Flags& f, Setup& s, std::deque<Seq> waiting, double params,
+                               double gemm_rate) {
+  GptBigCodeRunner& r = *s.runner;
+  const int bs = f.block_size;
   Blocks blocks(r.num_kv_blocks(), bs);
   std::vector<Seq> running;
   running.reserve(f.num_prompts);
@@ -870,15 +989,9 @@ absl::Status Throughput(const Flags& f) {
     active = std::move(still);
   }
   const double secs = Seconds(t0, std::chrono::steady_clock::now());
-  const double params = static_cast<double>(s.weight_bytes) / DTypeSize(s.dtype);
   const double flops = 2.0 * params * processed;
   std::printf(
-      "throughput %s: %d requests (prompts %lld tokens, outputs %lld tokens, lengths cut "
-      "from this repository's code), %s, max %d seqs, %d batched tokens\n",
-      f.model.c_str(), f.num_prompts, (long long)total_prompt, (long long)total_output,
-      std::string(DTypeName(s.dtype)).c_str(), f.max_num_seqs, f.max_num_batched_tokens);
-  std::printf(
-      "  %.2f s, %d steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
+      "  own loop: %.2f s, %d steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
       "GEMM work = %.1f%% of the measured %.0f TFLOP/s (8192^3 GEMM)\n",
       secs, steps, generated / secs, processed / secs, flops / secs / 1e12,
       100.0 * flops / secs / gemm_rate, gemm_rate / 1e12);
