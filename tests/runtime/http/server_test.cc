@@ -3,6 +3,13 @@
 // httplib::Client as the client.
 #include "runtime/http/server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -474,6 +481,51 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamFreesBlocksWithinASecond) {
             aborts_before + 1);
   EXPECT_LT(Metric(page, "mqaserve_generation_tokens_total"), 100) << "ran to the end";
   EXPECT_LT(absl::Now() - gone, absl::Seconds(2));
+}
+
+// Streamed tokens are small writes a few ms apart: under Nagle's algorithm each one waits for the
+// client's (delayed, up to 40 ms) ACK of the one before, which on the H200 held every stream's
+// first token back by ~30 ms. The server's end of a connection must have TCP_NODELAY.
+TEST_F(HttpServerTest, ConnectionsHaveNagleOff) {
+  Start(DefaultSetup());
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(client, 0);
+  sockaddr_in server_addr{};
+  server_addr.sin_family = AF_INET;
+  server_addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  server_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&server_addr), sizeof(server_addr)), 0);
+  const std::string request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ASSERT_EQ(::send(client, request.data(), request.size(), 0),
+            static_cast<ssize_t>(request.size()));
+  char reply[256];
+  ASSERT_GT(::recv(client, reply, sizeof(reply), 0), 0);  // accepted and served
+  sockaddr_in mine{};
+  socklen_t len = sizeof(mine);
+  ASSERT_EQ(::getsockname(client, reinterpret_cast<sockaddr*>(&mine), &len), 0);
+  // The server runs in this process: find its end of the connection among our descriptors.
+  int server_end = -1;
+  DIR* dir = ::opendir("/proc/self/fd");
+  ASSERT_NE(dir, nullptr);
+  while (dirent* entry = ::readdir(dir)) {
+    const int fd = std::atoi(entry->d_name);
+    if (fd == client || entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    sockaddr_in local{}, peer{};
+    socklen_t a = sizeof(local), b = sizeof(peer);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &a) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &b) != 0 ||
+        local.sin_family != AF_INET) {
+      continue;
+    }
+    if (local.sin_port == server_addr.sin_port && peer.sin_port == mine.sin_port) server_end = fd;
+  }
+  ::closedir(dir);
+  ASSERT_GE(server_end, 0) << "the server's socket of this connection was not found";
+  int nodelay = 0;
+  len = sizeof(nodelay);
+  ASSERT_EQ(::getsockopt(server_end, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len), 0);
+  EXPECT_NE(nodelay, 0) << "Nagle's algorithm is on for the server's connections";
+  ::close(client);
 }
 
 TEST_F(HttpServerTest, ClientLeavingANonStreamingRequestAbortsIt) {
