@@ -5,6 +5,8 @@
 #
 #   benchmarks/run_serving.sh build/bin/mqaserve MODEL_DIR OUTDIR [mqaserve flags...]
 #
+# MQA_SERVING_PORT (default 8093), MQA_SERVING_SCENARIOS (lines "name | serving.py flags", or a
+# file of them), MQA_SERVING_LAUNCH (see below).
 # MODEL_DIR: a model folder (benchmarks/make_serving_model_dir.py makes one for
 # `--load-format dummy`). Example (one H200):
 #   python3 benchmarks/make_serving_model_dir.py --config configs/starcoder --out /tmp/starcoder
@@ -12,7 +14,7 @@
 #       --device cuda --load-format dummy --dtype float16
 set -uo pipefail
 if (($# < 3)); then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,15p' "$0" >&2
   exit 2
 fi
 bin=$1 model=$2 out=$3
@@ -33,7 +35,9 @@ elif [[ -f $SCENARIOS ]]; then
   SCENARIOS=$(cat "$SCENARIOS")
 fi
 
-"$bin" --model "$model" --port "$port" "$@" >"$out/server.log" 2>&1 &
+# MQA_SERVING_LAUNCH: a launcher in front of the server, e.g. "mpirun -np 2 -x LD_LIBRARY_PATH".
+# shellcheck disable=SC2086
+${MQA_SERVING_LAUNCH:-} "$bin" --model "$model" --port "$port" "$@" >"$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 300); do
