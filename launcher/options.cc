@@ -102,6 +102,8 @@ const std::map<std::string, Flag>& Flags() {
                         Number(&Options::peer_timeout)}},
       {"debug-check-mirror", Switch(&Options::debug_check_mirror, true,
                                     "workers check their block tables against rank 0's each step")},
+      {"enforce-eager", Switch(&Options::enforce_eager, true,
+                               "CUDA: no decode CUDA graphs (else captured at start-up)")},
       {"share-gpu", Switch(&Options::share_gpu, true,
                            "testing: ranks share the node's GPUs, collectives over MPI")},
       {"prompt", {"generate: the prompt text", Text(&Options::prompt)}},

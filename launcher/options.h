@@ -49,6 +49,9 @@ struct Options {
   // Testing: several ranks of a node share its GPUs (rank r uses GPU r % count) and talk over MPI
   // (host-staged) instead of NCCL, which refuses two ranks on one device.
   bool share_gpu = false;
+  // CUDA: no decode CUDA graphs (vLLM's --enforce-eager). Otherwise one rank captures every
+  // decode graph it can need at start-up.
+  bool enforce_eager = false;
   // `generate` subcommand.
   std::string prompt;
   int max_tokens = 64;

@@ -427,9 +427,28 @@ absl::Status RunRank(const Options& o, const World& world) {
     runner_options.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_memory_gib * (1LL << 30));
   }
   runner_options.max_batched_tokens = o.max_num_batched_tokens;
+  runner_options.cuda_graphs = !o.enforce_eager;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
   RETURN_IF_ERROR(AgreeAcrossRanks(world, created.status()));
+  if (cuda && world.size() == 1 && !o.enforce_eager) {
+    // Every decode graph the engine's limits allow, now rather than on a live request's step.
+    // (One rank: graphs are off at T > 1, and this is rank 0, which holds the tokenizer.)
+    const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<int> graphs = (*created)->WarmUpDecodeGraphs(
+        engine_options.max_num_seqs, engine_options.max_model_len);
+    if (!graphs.ok()) {
+      return absl::Status(graphs.status().code(),
+                          absl::StrCat(graphs.status().message(),
+                                       " (--enforce-eager runs without CUDA graphs)"));
+    }
+    std::fprintf(stderr,
+                 "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "
+                 "%.1f s\n",
+                 *graphs, engine_options.max_num_seqs, engine_options.max_model_len,
+                 absl::ToDoubleSeconds(absl::Now() - start));
+  }
   std::unique_ptr<ModelRunner> runner = std::move(*created);
   std::fprintf(stderr,
                "mqaserve: %s: loaded %s (%lld layers, %lld heads of %lld, %lld KV head%s, vocab "

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -307,6 +308,10 @@ class GptBigCode {
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
+  // One decode step shape, {sequences, longest context}, for each (batch bucket, context bucket)
+  // graph key that a decode step of at most max_batch sequences and max_context tokens can land
+  // in (GptBigCodeRunner::WarmUpDecodeGraphs runs them). Empty on the CPU or with graphs off.
+  std::vector<std::pair<int, int>> DecodeGraphShapes(int max_batch, int max_context) const;
   // Benchmarks: time each decode graph launch with CUDA events (the GPU's time from the graph's
   // first node to its last, without the host's step preparation and the sampling that follow).
   // last_graph_ms() is that time for the most recent graph launch once the stream has passed it

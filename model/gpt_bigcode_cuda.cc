@@ -299,6 +299,23 @@ int GptBigCode::num_cuda_graphs() const {
   return cuda_ ? static_cast<int>(cuda_->graphs.size()) : 0;
 }
 
+std::vector<std::pair<int, int>> GptBigCode::DecodeGraphShapes(int max_batch,
+                                                               int max_context) const {
+  std::vector<std::pair<int, int>> shapes;
+  if (!cuda_ || !cuda_->graphs_enabled || max_context < 1) return shapes;
+  const int most = static_cast<int>(std::min<int64_t>(max_batch, cuda_->max_graph_batch));
+  std::vector<int> batches;  // the largest count of each bucket
+  for (int n = 1; n <= most; ++n) {
+    if (n == most || BatchBucket(n + 1) != BatchBucket(n)) batches.push_back(n);
+  }
+  for (int c = ContextBucket(1);; c *= 2) {
+    const int context = std::min(c, max_context);
+    for (int n : batches) shapes.emplace_back(n, context);
+    if (context == max_context) break;
+  }
+  return shapes;
+}
+
 void GptBigCode::set_gemm_autotune(bool on, int max_m) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_autotune(on, max_m);
@@ -706,6 +723,7 @@ absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timelin
   return std::vector<unsigned long long>();
 }
 int GptBigCode::num_cuda_graphs() const { return 0; }
+std::vector<std::pair<int, int>> GptBigCode::DecodeGraphShapes(int, int) const { return {}; }
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}
 void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }

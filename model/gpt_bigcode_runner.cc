@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/status.h"
@@ -216,6 +217,37 @@ absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
     const StepInput& input, absl::Span<const RowSamplingParams> params) {
   ASSIGN_OR_RETURN(SampledStep step, ExecuteSampled(input, params, /*with_logits=*/false));
   return std::move(step.tokens);
+}
+
+absl::StatusOr<int> GptBigCodeRunner::WarmUpDecodeGraphs(int max_batch, int max_context) {
+  const int before = model_->num_cuda_graphs();
+  const int bs = cache_.block_size();
+  for (const auto& [n, context] :
+       model_->DecodeGraphShapes(max_batch, std::min<int>(max_context, weights_.config.n_positions))) {
+    StepInput in;
+    in.max_blocks_per_seq = (context + bs - 1) / bs;
+    in.query_start.push_back(0);
+    for (int s = 0; s < n; ++s) {
+      in.seq_ids.push_back(s);
+      in.token_ids.push_back(0);
+      in.positions.push_back(context - 1);
+      in.slot_mapping.push_back((context - 1) % bs);  // block 0 (every table entry is 0)
+      in.query_start.push_back(s + 1);
+      in.context_lens.push_back(context);
+      in.logits_rows.push_back(s);
+    }
+    in.block_tables.assign(static_cast<size_t>(n) * in.max_blocks_per_seq, 0);
+    const std::vector<RowSamplingParams> greedy(n);
+    for (int pass = 0; pass < 2; ++pass) {
+      auto tokens = ExecuteAndSample(in, greedy);
+      if (!tokens.ok()) {
+        return absl::Status(tokens.status().code(),
+                            absl::StrCat("warming up the decode graph of ", n, " sequences at ",
+                                         context, " tokens: ", tokens.status().message()));
+      }
+    }
+  }
+  return model_->num_cuda_graphs() - before;
 }
 
 absl::Status GptBigCodeRunner::LaunchSample(const StepInput& input,

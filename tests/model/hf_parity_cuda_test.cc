@@ -360,6 +360,60 @@ TEST(GptBigCodeCuda, AsyncLaunchEqualsSynchronousSteps) {
   EXPECT_FALSE((*async_runner)->CollectSample().ok());
 }
 
+// The start-up warm-up captures one graph for each (batch bucket, context bucket) a decode step
+// within the limits can land in; steps of those shapes then capture nothing more and sample what
+// a runner without the warm-up samples (the warm-up's garbage in block 0 is overwritten before
+// anything reads it).
+TEST(GptBigCodeCuda, WarmUpCapturesEveryDecodeGraphAndChangesNoOutput) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto collectives = MakeLocalCollectives();
+  GptBigCodeRunnerOptions opts;
+  opts.num_kv_blocks = 256;
+  auto cold = TinyCudaRunner(collectives.get(), opts);
+  auto warm = TinyCudaRunner(collectives.get(), opts);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  // A bound off the bucket edges: batch buckets 1, 2, 4, 8, 16, 24, ..., 64, 96, 128 (up to 100
+  // sequences), context buckets 256, 512, 1024 (up to 1000 tokens).
+  const auto shapes = (*warm)->model().DecodeGraphShapes(100, 1000);
+  ASSERT_EQ(shapes.size(), 13u * 3u);
+  EXPECT_EQ(shapes.front(), std::make_pair(1, 256));
+  EXPECT_EQ(shapes[12], std::make_pair(100, 256));
+  EXPECT_EQ(shapes.back(), std::make_pair(100, 1000));
+  // The fixture has 128 positions: one context bucket; 16 sequences: 5 batch buckets.
+  auto warmed = (*warm)->WarmUpDecodeGraphs(16, 4096);
+  ASSERT_TRUE(warmed.ok()) << warmed.status();
+  EXPECT_EQ(*warmed, 5);
+  EXPECT_EQ((*warm)->model().num_cuda_graphs(), 5);
+
+  const auto refs =
+      testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), (*cold)->vocab_size());
+  const size_t S = refs.size();
+  ASSERT_LE(S, 16u);
+  const std::vector<RowSamplingParams> greedy(S);
+  auto run = [&](GptBigCodeRunner& r) {
+    Batch batch = Batch::Shuffled(S, opts.num_kv_blocks, opts.block_size, 13);
+    std::vector<std::vector<int32_t>> tokens, out(S);
+    std::vector<int> start(S, 0);
+    for (const Reference& ref : refs) tokens.push_back(ref.prompt);
+    for (int step = 0; step <= 24; ++step) {
+      auto got = r.ExecuteAndSample(batch.Make(tokens, start, false), greedy);
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (!got.ok()) break;
+      for (size_t s = 0; s < S; ++s) {
+        start[s] += static_cast<int>(tokens[s].size());
+        tokens[s] = {(*got)[s]};
+        out[s].push_back((*got)[s]);
+      }
+    }
+    return out;
+  };
+  const auto want = run(**cold);
+  EXPECT_GT((*cold)->model().num_cuda_graphs(), 0);  // it captured during its run
+  EXPECT_EQ(run(**warm), want);
+  EXPECT_EQ((*warm)->model().num_cuda_graphs(), 5) << "a decode step captured after the warm-up";
+}
+
 TEST(GptBigCodeCuda, KvPoolSizedFromFreeMemoryAndBlockCopy) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto collectives = MakeLocalCollectives();
