@@ -456,9 +456,12 @@ absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndicesCuda(const StepI
   PinnedBuffer& host = cuda_->host_indices[cuda_->slot];
   RETURN_IF_ERROR(host.Reserve(total * sizeof(int32_t)));
   if (!cuda_->indices.defined() || cuda_->indices.numel() < total) {
+    // Growing moves the buffer every captured graph reads: they all go. Twice the need, so that
+    // after the start-up warm-up (largest decode shape first) no step of the engine's limits,
+    // prefill chunks included, grows it again.
     ClearCudaGraphs();
-    ASSIGN_OR_RETURN(cuda_->indices,
-                     Tensor::Empty({std::max<int64_t>(total, 1 << 16)}, DType::kI32, Device::kCuda));
+    ASSIGN_OR_RETURN(cuda_->indices, Tensor::Empty({std::max<int64_t>(2 * total, 1 << 16)},
+                                                   DType::kI32, Device::kCuda));
   }
   int32_t* h = host.get<int32_t>();
   auto fill = [&](int64_t off, const std::vector<int32_t>& v, int64_t count, int32_t pad_value) {

@@ -222,8 +222,12 @@ absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
 absl::StatusOr<int> GptBigCodeRunner::WarmUpDecodeGraphs(int max_batch, int max_context) {
   const int before = model_->num_cuda_graphs();
   const int bs = cache_.block_size();
-  for (const auto& [n, context] :
-       model_->DecodeGraphShapes(max_batch, std::min<int>(max_context, weights_.config.n_positions))) {
+  std::vector<std::pair<int, int>> shapes =
+      model_->DecodeGraphShapes(max_batch, std::min<int>(max_context, weights_.config.n_positions));
+  // Largest first: a step that outgrows the model's index buffer drops every graph captured
+  // before it.
+  std::reverse(shapes.begin(), shapes.end());
+  for (const auto& [n, context] : shapes) {
     StepInput in;
     in.max_blocks_per_seq = (context + bs - 1) / bs;
     in.query_start.push_back(0);
