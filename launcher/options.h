@@ -49,9 +49,11 @@ struct Options {
   // Testing: several ranks of a node share its GPUs (rank r uses GPU r % count) and talk over MPI
   // (host-staged) instead of NCCL, which refuses two ranks on one device.
   bool share_gpu = false;
-  // CUDA: no decode CUDA graphs (vLLM's --enforce-eager). Otherwise one rank captures every
-  // decode graph it can need at start-up.
+  // CUDA: no decode CUDA graphs (vLLM's --enforce-eager).
   bool enforce_eager = false;
+  // CUDA, one rank: capture every decode graph the engine's limits allow at start-up instead of
+  // on a bucket's second use. Off: on the H200 it has not yet shown a gain (BENCHMARKS.md).
+  bool cuda_graph_warmup = false;
   // `generate` subcommand.
   std::string prompt;
   int max_tokens = 64;

@@ -431,7 +431,7 @@ absl::Status RunRank(const Options& o, const World& world) {
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
   RETURN_IF_ERROR(AgreeAcrossRanks(world, created.status()));
-  if (cuda && world.size() == 1 && !o.enforce_eager) {
+  if (cuda && world.size() == 1 && !o.enforce_eager && o.cuda_graph_warmup) {
     // Every decode graph the engine's limits allow, now rather than on a live request's step.
     // (One rank: graphs are off at T > 1, and this is rank 0, which holds the tokenizer.)
     const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
