@@ -26,7 +26,6 @@ class TimedRunner final : public ModelRunner {
     const auto t0 = Clock::now();
     auto out = inner_->Execute(input);
     last_s_ = Seconds(t0, Clock::now());
-    last_tokens_ = input.num_tokens();
     return out;
   }
   bool samples_on_device() const override { return inner_->samples_on_device(); }
@@ -36,7 +35,6 @@ class TimedRunner final : public ModelRunner {
     const auto t0 = Clock::now();
     auto out = inner_->ExecuteSampled(input, params, with_logits);
     last_s_ = Seconds(t0, Clock::now());
-    last_tokens_ = input.num_tokens();
     return out;
   }
   int64_t vocab_size() const override { return inner_->vocab_size(); }
@@ -44,12 +42,10 @@ class TimedRunner final : public ModelRunner {
   int block_size() const override { return inner_->block_size(); }
 
   double last_s() const { return last_s_; }
-  int last_tokens() const { return last_tokens_; }
 
  private:
   ModelRunner* inner_;
   double last_s_ = 0;
-  int last_tokens_ = 0;
 };
 
 }  // namespace
@@ -91,7 +87,6 @@ absl::StatusOr<EngineRunStats> RunThroughEngine(ModelRunner* runner, const Engin
     }
     stats.step_s.push_back(wall);
     stats.runner_s.push_back(t->last_s());
-    stats.step_tokens.push_back(t->last_tokens());
     stats.gpu_ms.push_back(gpu_ms ? gpu_ms() : -1.0);
   }
   stats.seconds = Seconds(t0, Clock::now());

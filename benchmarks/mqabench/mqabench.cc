@@ -5,7 +5,8 @@
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|decode|both|LIST]
 //       [--small off|on|both]
-//       [--async off|on|both] [--engine off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]] [--attn-splits 0[,1...]]
+//       [--async off|on|both] [--engine off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]]
+//       [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
@@ -94,10 +95,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/chain_timeline.h"
-#include "benchmarks/mqabench/engine_run.h"
 #include "benchmarks/mqabench/device_fill.h"
+#include "benchmarks/mqabench/engine_run.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention_cuda.h"
 #include "model/config.h"
@@ -411,6 +413,16 @@ absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
   return absl::OkStatus();
 }
 
+// "  Avg latency: ..." as vLLM's benchmark_latency prints it, over the timed iterations.
+void PrintAvgLatency(const std::vector<double>& latencies) {
+  double avg = 0;
+  for (double l : latencies) avg += l;
+  avg /= latencies.size();
+  std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
+              *std::min_element(latencies.begin(), latencies.end()),
+              *std::max_element(latencies.begin(), latencies.end()), latencies.size());
+}
+
 // --engine: the latency workload (batch_size prompts of input_len random tokens, output_len
 // greedy tokens each, ignore_eos) queued at once into the serving engine, which runs it as the
 // server would (scheduler, block manager, device sampling, output processing): the first step
@@ -432,8 +444,9 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
       for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
       q.max_tokens = f.output_len;
     }
-    ASSIGN_OR_RETURN(EngineRunStats st,
-                     RunThroughEngine(&r, options, requests, [&] { return r.model().last_graph_ms(); }));
+    ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, requests, [&] {
+                       return r.model().last_graph_ms();
+                     }));
     if (iter < f.num_iters_warmup) continue;
     if (st.step_s.size() != static_cast<size_t>(f.output_len)) {
       return absl::InternalError(absl::StrCat("the engine ran ", st.step_s.size(), " steps for ",
@@ -447,16 +460,12 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
       if (st.gpu_ms[i] >= 0) gpu_steps.push_back(st.gpu_ms[i]);
     }
   }
-  double avg = 0;
-  for (double l : latencies) avg += l;
-  avg /= latencies.size();
   const double step_ms = Median(steps) * 1e3, runner_ms = Median(runner_steps) * 1e3;
-  std::printf("latency %s (engine): batch %d, in %d, out %d, %s, the model's knobs of the row above\n",
-              f.model.c_str(), f.batch_size, f.input_len, f.output_len,
-              std::string(DTypeName(s.dtype)).c_str());
-  std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
-              *std::min_element(latencies.begin(), latencies.end()),
-              *std::max_element(latencies.begin(), latencies.end()), latencies.size());
+  std::printf(
+      "latency %s (engine): batch %d, in %d, out %d, %s, the model's knobs of the row above\n",
+      f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+      std::string(DTypeName(s.dtype)).c_str());
+  PrintAvgLatency(latencies);
   std::printf(
       "  prefill step %.2f ms; decode step median %.3f ms (weights floor %.3f ms, %.0f%% of floor "
       "speed): inside the runner %.3f ms, the engine's own host work %.3f ms = %.1f%% of the "
@@ -803,9 +812,6 @@ absl::Status Latency(const Flags& f) {
       if (first_failure.ok()) first_failure = failed;
       continue;
     }
-    double avg = 0;
-    for (double l : latencies) avg += l;
-    avg /= latencies.size();
     const double step_ms = Median(steps) * 1e3;
     std::printf(
         "latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
@@ -815,9 +821,7 @@ absl::Status Latency(const Flags& f) {
         std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(), autotune.c_str(),
         small.c_str(), async.c_str(), attn, wm, splits, tn, skip.first.c_str(),
         f.cuda_graphs ? "on" : "off");
-    std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
-                *std::min_element(latencies.begin(), latencies.end()),
-                *std::max_element(latencies.begin(), latencies.end()), latencies.size());
+    PrintAvgLatency(latencies);
     std::printf(
         "  prefill %.2f ms; decode step median %.3f ms (weights floor %.3f ms = %.2f GB / "
         "%.2f TB/s copy; %.0f%% of floor speed; effective %.2f TB/s)\n",
@@ -867,6 +871,19 @@ std::vector<std::string> CodeCorpus() {
 absl::Status ThroughputOwnLoop(const Flags& f, Setup& s, std::deque<Seq> waiting, double params,
                                double gemm_rate);
 
+// One throughput row: `processed` tokens went through the model (prompts and every decode
+// input), `generated` came out; GEMM work is 2 x params FLOP a processed token.
+void PrintThroughputRow(const char* label, double secs, int64_t steps, int64_t generated,
+                        int64_t processed, double params, double gemm_rate,
+                        const std::string& tail = "") {
+  const double flops = 2.0 * params * processed;
+  std::printf(
+      "  %s: %.2f s, %lld steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
+      "GEMM work = %.1f%% of the measured %.0f TFLOP/s (8192^3 GEMM)%s\n",
+      label, secs, static_cast<long long>(steps), generated / secs, processed / secs,
+      flops / secs / 1e12, 100.0 * flops / secs / gemm_rate, gemm_rate / 1e12, tail.c_str());
+}
+
 absl::Status Throughput(const Flags& f) {
   const std::vector<std::string> corpus = CodeCorpus();
   if (corpus.empty()) return absl::NotFoundError("no source files found for prompts");
@@ -912,7 +929,8 @@ absl::Status Throughput(const Flags& f) {
   for (size_t i = 0; i < waiting.size(); ++i) {
     specs.push_back({waiting[i].prompt, waiting[i].output_len, 0.8f, 0.95f, i});
   }
-  if (f.engine != "on") RETURN_IF_ERROR(ThroughputOwnLoop(f, s, std::move(waiting), params, gemm_rate));
+  if (f.engine != "on")
+    RETURN_IF_ERROR(ThroughputOwnLoop(f, s, std::move(waiting), params, gemm_rate));
   if (f.engine == "off") return absl::OkStatus();
   // The same requests through the serving engine (chunked prefill, its scheduler and sampling).
   EngineOptions options;
@@ -922,14 +940,12 @@ absl::Status Throughput(const Flags& f) {
   ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, specs));
   double runner_s = 0;
   for (double x : st.runner_s) runner_s += x;
-  int64_t processed = st.prompt_tokens + st.output_tokens - f.num_prompts;
-  const double flops = 2.0 * params * processed;
-  std::printf(
-      "  engine: %.2f s, %zu steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
-      "GEMM work = %.1f%% of the measured %.0f TFLOP/s; %.1f%% of the time inside the runner\n",
-      st.seconds, st.step_s.size(), st.output_tokens / st.seconds, processed / st.seconds,
-      flops / st.seconds / 1e12, 100.0 * flops / st.seconds / gemm_rate, gemm_rate / 1e12,
-      100.0 * runner_s / st.seconds);
+  // Every request's last output token is never fed back.
+  const int64_t processed = st.prompt_tokens + st.output_tokens - f.num_prompts;
+  PrintThroughputRow(
+      "engine", st.seconds, static_cast<int64_t>(st.step_s.size()), st.output_tokens, processed,
+      params, gemm_rate,
+      absl::StrFormat("; %.1f%% of the time inside the runner", 100.0 * runner_s / st.seconds));
   return absl::OkStatus();
 }
 
@@ -994,12 +1010,7 @@ absl::Status ThroughputOwnLoop(const Flags& f, Setup& s, std::deque<Seq> waiting
     active = std::move(still);
   }
   const double secs = Seconds(t0, std::chrono::steady_clock::now());
-  const double flops = 2.0 * params * processed;
-  std::printf(
-      "  own loop: %.2f s, %d steps: %.1f output tokens/s, %.1f total tokens/s; %.1f TFLOP/s of "
-      "GEMM work = %.1f%% of the measured %.0f TFLOP/s (8192^3 GEMM)\n",
-      secs, steps, generated / secs, processed / secs, flops / secs / 1e12,
-      100.0 * flops / secs / gemm_rate, gemm_rate / 1e12);
+  PrintThroughputRow("own loop", secs, steps, generated, processed, params, gemm_rate);
   return absl::OkStatus();
 }
 
