@@ -436,12 +436,12 @@ absl::Status RunRank(const Options& o, const World& world) {
     // (One rank: graphs are off at T > 1, and this is rank 0, which holds the tokenizer.)
     const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
     const absl::Time start = absl::Now();
-    const absl::StatusOr<int> graphs = (*created)->WarmUpDecodeGraphs(
-        engine_options.max_num_seqs, engine_options.max_model_len);
+    const absl::StatusOr<int> graphs =
+        (*created)->WarmUpDecodeGraphs(engine_options.max_num_seqs, engine_options.max_model_len);
     if (!graphs.ok()) {
-      return absl::Status(graphs.status().code(),
-                          absl::StrCat(graphs.status().message(),
-                                       " (--enforce-eager runs without CUDA graphs)"));
+      return absl::Status(
+          graphs.status().code(),
+          absl::StrCat(graphs.status().message(), " (--enforce-eager runs without CUDA graphs)"));
     }
     std::fprintf(stderr,
                  "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "

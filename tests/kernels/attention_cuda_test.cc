@@ -206,8 +206,8 @@ double RunAttentionCase(const AttentionCase& c, std::mt19937& rng) {
     for (size_t i = 0; i < ref.size(); ++i) {
       const float x = FromBits(out_bits[i], c.dtype);
       if (!std::isfinite(x)) {
-        ADD_FAILURE() << "variant " << config_name(static_cast<int>(k / kRuns)) << " run " << k % kRuns
-                      << ": element " << i << " not written / not finite";
+        ADD_FAILURE() << "variant " << config_name(static_cast<int>(k / kRuns)) << " run "
+                      << k % kRuns << ": element " << i << " not written / not finite";
         return 1e9;
       }
       num += (x - static_cast<double>(ref[i])) * (x - static_cast<double>(ref[i]));
@@ -511,11 +511,7 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
                        : config == 5 ? 17
                        : config >= 6 ? 18
                                      : 13;
-      tuning.num_splits = config == 1   ? 2
-                          : config == 3 ? 8
-                          : config == 7 ? 9
-                          : config == 8 ? 1
-                                        : 0;
+      tuning.num_splits = config == 1 ? 2 : config == 3 ? 8 : config == 7 ? 9 : config == 8 ? 1 : 0;
       tuning.pdl = config == 0 || config >= 4;
       tuning.tma_pair = config >= 6;
       tuning.fuse_kv_write = true;  // taken by config 0 only (the TMA kernel)

@@ -18,7 +18,8 @@ TEST(Options, ParsesVllmStyleFlags) {
   EXPECT_EQ(o->command, Command::kServe);
   EXPECT_FALSE(o->enforce_eager);
   EXPECT_FALSE(o->cuda_graph_warmup);
-  auto graphs = ParseOptions({"mqaserve", "--model", "m", "--enforce-eager", "--cuda-graph-warmup"});
+  auto graphs =
+      ParseOptions({"mqaserve", "--model", "m", "--enforce-eager", "--cuda-graph-warmup"});
   ASSERT_TRUE(graphs.ok()) << graphs.status();
   EXPECT_TRUE(graphs->enforce_eager);
   EXPECT_TRUE(graphs->cuda_graph_warmup);
