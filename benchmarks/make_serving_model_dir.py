@@ -5,8 +5,8 @@ weights sample decodes to text.
 
 StarCoder's own tokenizer cannot be downloaded on the benchmark machines, so this trains one of
 the same kind (byte-level BPE, pre-tokenizer Sequence[Digits(individual_digits), ByteLevel],
-StarCoder's special tokens first) on the Python standard library with HF `tokenizers`, reusing
-tests/fixtures/make_fixtures.py's corpus and special tokens. Token counts of code are then close
+StarCoder's special tokens first) on the Python standard library with HF `tokenizers`, with
+tests/fixtures/make_fixtures.py's corpus and trainer. Token counts of code are then close
 to StarCoder's (prompt lengths in serving.py are measured with the server's /tokenize anyway).
 
   python3 benchmarks/make_serving_model_dir.py --config configs/starcoder --out /tmp/starcoder
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
-from make_fixtures import SPECIAL_TOKENS, read_texts, stdlib_files  # noqa: E402
+from make_fixtures import read_texts, stdlib_files, train_bpe  # noqa: E402
 
 
 def main():
@@ -27,21 +27,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--corpus-bytes", type=int, default=30_000_000)
     args = ap.parse_args()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     config = json.loads((Path(args.config) / "config.json").read_text())
     vocab = int(config["vocab_size"])
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS,
-                                  show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(read_texts(stdlib_files(), limit_bytes=args.corpus_bytes),
-                            trainer=trainer)
+    tok = train_bpe(vocab, read_texts(stdlib_files(), limit_bytes=args.corpus_bytes))
     # The corpus may not hold enough distinct merges: pad with tokens of their own so that every
     # id below vocab_size exists (the sampler can draw any of them).
     missing = vocab - tok.get_vocab_size()
