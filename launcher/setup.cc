@@ -431,24 +431,7 @@ absl::Status RunRank(const Options& o, const World& world) {
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
   RETURN_IF_ERROR(AgreeAcrossRanks(world, created.status()));
-  if (cuda && world.size() == 1 && !o.enforce_eager && o.cuda_graph_warmup) {
-    // Every decode graph the engine's limits allow, now rather than on a live request's step.
-    // (One rank: graphs are off at T > 1, and this is rank 0, which holds the tokenizer.)
-    const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
-    const absl::Time start = absl::Now();
-    const absl::StatusOr<int> graphs =
-        (*created)->WarmUpDecodeGraphs(engine_options.max_num_seqs, engine_options.max_model_len);
-    if (!graphs.ok()) {
-      return absl::Status(
-          graphs.status().code(),
-          absl::StrCat(graphs.status().message(), " (--enforce-eager runs without CUDA graphs)"));
-    }
-    std::fprintf(stderr,
-                 "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "
-                 "%.1f s\n",
-                 *graphs, engine_options.max_num_seqs, engine_options.max_model_len,
-                 absl::ToDoubleSeconds(absl::Now() - start));
-  }
+  GptBigCodeRunner* const local = created->get();
   std::unique_ptr<ModelRunner> runner = std::move(*created);
   std::fprintf(stderr,
                "mqaserve: %s: loaded %s (%lld layers, %lld heads of %lld, %lld KV head%s, vocab "
@@ -480,6 +463,23 @@ absl::Status RunRank(const Options& o, const World& world) {
     runner = std::move(wrapped);
   }
   const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
+  if (cuda && world.size() == 1 && !o.enforce_eager && o.cuda_graph_warmup) {
+    // Every decode graph the engine's limits allow, now rather than on a live request's step
+    // (one rank: graphs are off at T > 1).
+    const absl::Time start = absl::Now();
+    const absl::StatusOr<int> graphs =
+        local->WarmUpDecodeGraphs(engine_options.max_num_seqs, engine_options.max_model_len);
+    if (!graphs.ok()) {
+      return absl::Status(
+          graphs.status().code(),
+          absl::StrCat(graphs.status().message(), " (--enforce-eager runs without CUDA graphs)"));
+    }
+    std::fprintf(stderr,
+                 "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "
+                 "%.1f s\n",
+                 *graphs, engine_options.max_num_seqs, engine_options.max_model_len,
+                 absl::ToDoubleSeconds(absl::Now() - start));
+  }
   ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(runner), engine_options));
   absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len);
   // Workers leave their loop only on the shutdown plan (or their timeout).
