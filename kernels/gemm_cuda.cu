@@ -70,11 +70,6 @@ struct SkinnyArgs {
   T* value_cache = nullptr;
   const int32_t* slots = nullptr;
   int kv_col0 = 0, kv_width = 0;
-  // PDL: release the next kernel at the start instead of after the wait
-  // (CudaGemm::Options::skinny_early_trigger), and L2-prefetch this many bytes of each weight row
-  // beyond the first unrolled group before the wait (Options::skinny_prefetch_bytes).
-  bool early_trigger = false;
-  int prefetch_bytes = 4096;
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
@@ -164,7 +159,6 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
   for (int r = 0; r < R; ++r) brow[r] = p.b + static_cast<int64_t>(min(n0 + r, n - 1)) * p.ldb;
   int kk = lane * kV;
   const bool live = n0 < n;
-  if (p.early_trigger) fwd::PdlTrigger();
   const bool have_first = live && kk + (U - 1) * 32 * kV < k;
   V first[U][R];
   if (have_first) {
@@ -175,14 +169,14 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
   }
   if (live) {
     constexpr int kLine = 128 / sizeof(T);
-    const int end = min(k, kStep + p.prefetch_bytes / static_cast<int>(sizeof(T)));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      for (int off = kStep + lane * kLine; off < end; off += 32 * kLine) PrefetchL2(brow[r] + off);
+      const int off = kStep + lane * kLine;
+      if (off < k) PrefetchL2(brow[r] + off);
     }
   }
   fwd::PdlWait();
-  if (!p.early_trigger) fwd::PdlTrigger();
+  fwd::PdlTrigger();
   if (!live) return;
 
   const T* arow[M];
@@ -327,12 +321,10 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
 // (instantiated for 2 rows per warp only).
 template <typename T, int M, int R>
 absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
-                          int64_t deep_max_warps, bool half_fold, const SkinnyPdlForm& form) {
+                          int64_t deep_max_warps, bool half_fold) {
   const int per_block = kSkinnyWarps * R;
   const int64_t blocks = (p.n + per_block - 1) / per_block;
-  SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
-  a.early_trigger = form.early_trigger;
-  a.prefetch_bytes = form.prefetch_bytes;
+  const SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (M == 1 && R == 2) {
@@ -803,16 +795,15 @@ absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char*
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp, bool pdl, int64_t deep_max_warps, bool half_fold,
-                            const SkinnyPdlForm& form) {
+                            int rows_per_warp, bool pdl, int64_t deep_max_warps, bool half_fold) {
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
   if (empty) return absl::OkStatus();
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
-    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps, half_fold, form);
-    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0, false, form);
-    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl, 0, false, form);
-    return LaunchSkinny<T, 8, R>(p, e, stream, pdl, 0, false, form);
+    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps, half_fold);
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0, false);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl, 0, false);
+    return LaunchSkinny<T, 8, R>(p, e, stream, pdl, 0, false);
   };
   auto with_type = [&]<typename T>() -> absl::Status {
     switch (rows_per_warp) {
@@ -932,7 +923,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
       const int64_t deep_max_warps =
           options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
       return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl,
-                            deep_max_warps, options_.skinny_half_fold, options_.skinny_pdl_form);
+                            deep_max_warps, options_.skinny_half_fold);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {

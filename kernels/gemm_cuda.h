@@ -59,16 +59,6 @@ struct GemmEpilogue {
   int64_t kv_col0 = 0, kv_width = 0;
 };
 
-// How a PDL-launched skinny kernel overlaps its neighbours: it releases the next kernel
-// (griddepcontrol.launch_dependents) at its start when early_trigger, else once its own wait has
-// returned; before the wait it loads its first unrolled group of weights and L2-prefetches the
-// next prefetch_bytes of each weight row. Correct either way: the next kernel still waits for this
-// one's completion before it reads its output.
-struct SkinnyPdlForm {
-  bool early_trigger = false;
-  int prefetch_bytes = 4096;
-};
-
 class CudaGemm {
  public:
   struct Options {
@@ -91,7 +81,6 @@ class CudaGemm {
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
-    SkinnyPdlForm skinny_pdl_form;  // with pdl: when the next kernel is released, what is prefetched
     // cuBLASLt shapes: time up to kAutotuneAlgos heuristic algorithms once per shape and keep the
     // fastest (a one-off synchronisation of the stream per new shape). Results stay correct:
     // overwriting epilogues time on the real C (the real run rewrites it), accumulating ones on a
@@ -158,7 +147,6 @@ class CudaGemm {
   void set_stream_tc(bool on) { options_.stream_tc = on; }
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
-  void set_skinny_pdl_form(const SkinnyPdlForm& form) { options_.skinny_pdl_form = form; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
@@ -201,7 +189,7 @@ class CudaGemm {
 // half_fold: Options::skinny_half_fold (m = 1, fp16, two rows a warp; ignored elsewhere).
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
                             int rows_per_warp = 2, bool pdl = false, int64_t deep_max_warps = 0,
-                            bool half_fold = false, const SkinnyPdlForm& form = {});
+                            bool half_fold = false);
 
 // The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
 // same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least

@@ -269,12 +269,6 @@ void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_gemm_pdl_form(bool early_trigger, int prefetch_bytes) {
-  if (!cuda_ || !cuda_->gemm) return;
-  cuda_->gemm->set_skinny_pdl_form({early_trigger, prefetch_bytes});
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   if (!cuda_) return;
   ctx_.ln_registers = ln_registers;
@@ -358,7 +352,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny_split_k = options.gemm_split_k;
   gemm_options.skinny_deep_unroll = options.gemm_deep_unroll;
   gemm_options.skinny_half_fold = options.gemm_half_fold;
-  gemm_options.skinny_pdl_form = {options.gemm_early_trigger, options.gemm_prefetch_bytes};
   gemm_options.stream_tc = options.gemm_stream_tc;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
@@ -749,7 +742,6 @@ double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
-void GptBigCode::set_gemm_pdl_form(bool, int) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -12,8 +12,7 @@
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
-//     "skinny" is without it), skinnyde / skinnydeN (skinnyd whose skinny kernel releases the next
-//     kernel at its start; N: KiB of each weight row prefetched into L2 before its wait).
+//     "skinny" is without it).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -98,7 +97,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "benchmarks/chain_timeline.h"
 #include "benchmarks/mqabench/device_fill.h"
 #include "benchmarks/mqabench/engine_run.h"
@@ -485,18 +483,6 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
   return absl::OkStatus();
 }
 
-// --gemm skinnyde (skinnyd whose skinny kernel releases the next kernel at its start) and
-// skinnydeN (the same, prefetching N KiB of each weight row into L2 before its wait): true for
-// those, with *prefetch_bytes set when N is given.
-bool SkinnyEarlyForm(absl::string_view v, int* prefetch_bytes) {
-  if (!absl::ConsumePrefix(&v, "skinnyde")) return false;
-  if (v.empty()) return true;
-  int kib = 0;
-  if (!absl::SimpleAtoi(v, &kib) || kib < 0 || kib > 1024) return false;
-  if (prefetch_bytes != nullptr) *prefetch_bytes = kib * 1024;
-  return true;
-}
-
 absl::Status Latency(const Flags& f) {
   const int bs = f.block_size;
   const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
@@ -522,8 +508,7 @@ absl::Status Latency(const Flags& f) {
   }
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf" &&
-        !SkinnyEarlyForm(v, nullptr)) {
+        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf") {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -722,18 +707,10 @@ absl::Status Latency(const Flags& f) {
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     r.model().set_gemm_kernels(
         variant == "splitk" || variant == "splitk+tc", variant == "tc" || variant == "splitk+tc",
-        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf" ||
-            SkinnyEarlyForm(variant, nullptr),
+        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf",
         variant == "skinnydh"   ? 1
         : variant == "skinnydf" ? 0
                                 : -1);
-    {
-      int prefetch = GptBigCodeOptions().gemm_prefetch_bytes;
-      const bool early = SkinnyEarlyForm(variant, &prefetch);
-      r.model().set_gemm_pdl_form(early || (variant == "skinnyd" &&
-                                            GptBigCodeOptions().gemm_early_trigger),
-                                  prefetch);
-    }
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);
