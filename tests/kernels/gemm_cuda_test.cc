@@ -4,6 +4,8 @@
 // poisoned first (except with accumulate, where it holds the residual); the same with cuBLASLt
 // autotuning on; the split-K decode kernel (GemmSplitKTest): every epilogue and the fused ones,
 // run repeatedly on one workspace and in CUDA graphs. Skips without a GPU.
+#include "kernels/gemm_cuda.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm_cuda.h"
 #include "kernels/layer_norm.h"
+#include "runtime/status.h"
 #include "tests/kernels/forward_cuda_test_util.h"
 
 namespace mqa {
@@ -143,10 +145,12 @@ constexpr FShape kFusedShapes[] = {{1, 2048 + 256, 2048, 0, 128},
 
 enum class RunMode { kEager, kGraph, kRefused };
 
-// gemm.Run(p, e) captured into a CUDA graph on `stream`; the graph launched once and awaited.
-void RunInGraph(CudaGemm& gemm, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
+// enqueue(stream) (the GEMM calls, returning their status) captured into a CUDA graph on
+// `stream`; the graph launched once and awaited.
+template <typename F>
+void RunInGraph(cudaStream_t stream, F&& enqueue) {
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = gemm.Run(p, e, stream);
+  const absl::Status st = enqueue(stream);
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_TRUE(st.ok()) << st;
@@ -156,6 +160,11 @@ void RunInGraph(CudaGemm& gemm, const GemmParams& p, const GemmEpilogue& e, cuda
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// gemm.Run(p, e) captured into a CUDA graph on `stream`; the graph launched once and awaited.
+void RunInGraph(CudaGemm& gemm, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {
+  RunInGraph(stream, [&](cudaStream_t s) { return gemm.Run(p, e, s); });
 }
 
 // Runs one fused case through `gemm` (eagerly, or captured into a CUDA graph and replayed) and
@@ -481,6 +490,20 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
     res_bits[i] = RandomRounded(res[i], links[i].n, t, rng_);
     dy[i] = std::make_unique<DeviceMem>(links[i].n * 2);
   }
+  GemmParams params[kLinks];  // link i reads link i - 1's output
+  for (int i = 0; i < kLinks; ++i) {
+    GemmParams& p = params[i];
+    p.a = i == 0 ? dx0->get() : dy[i - 1]->get();
+    p.b = dw[i]->get();
+    p.c = dy[i]->get();
+    p.m = 1;
+    p.n = links[i].n;
+    p.k = links[i].k;
+    p.lda = p.k;
+    p.ldb = p.k;
+    p.ldc = p.n;
+    p.dtype = t;
+  }
   for (const bool deep : {false, true}) {
     SCOPED_TRACE(deep ? "deep unroll" : "default unroll");
     CudaGemm::Options options;
@@ -497,48 +520,23 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
         dy[i]->Poison();
       }
     }
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    absl::Status st;
-    for (int i = 0; i < kLinks && st.ok(); ++i) {
-      GemmParams p;
-      p.a = i == 0 ? dx0->get() : dy[i - 1]->get();
-      p.b = dw[i]->get();
-      p.c = dy[i]->get();
-      p.m = 1;
-      p.n = links[i].n;
-      p.k = links[i].k;
-      p.lda = p.k;
-      p.ldb = p.k;
-      p.ldc = p.n;
-      p.dtype = t;
-      GemmEpilogue e;
-      e.bias = dbias[i]->get();
-      e.activation = links[i].act;
-      e.accumulate = links[i].residual;
-      st = (*gemm)->Run(p, e, stream_);
-    }
-    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
-    ASSERT_TRUE(st.ok()) << st;
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    ASSERT_NO_FATAL_FAILURE(RunInGraph(stream_, [&](cudaStream_t stream) {
+      for (int i = 0; i < kLinks; ++i) {
+        GemmEpilogue e;
+        e.bias = dbias[i]->get();
+        e.activation = links[i].act;
+        e.accumulate = links[i].residual;
+        RETURN_IF_ERROR((*gemm)->Run(params[i], e, stream));
+      }
+      return absl::OkStatus();
+    }));
     std::vector<float> in = x0;
     for (int i = 0; i < kLinks; ++i) {
       std::vector<float> prod(links[i].n), want(links[i].n);
-      GemmParams c;
+      GemmParams c = params[i];
       c.a = in.data();
       c.b = w[i].data();
       c.c = prod.data();
-      c.m = 1;
-      c.n = links[i].n;
-      c.k = links[i].k;
-      c.lda = c.k;
-      c.ldb = c.k;
-      c.ldc = c.n;
       c.dtype = DType::kF32;
       ASSERT_TRUE(GemmCpu(c).ok());
       BiasActivationParams post;
