@@ -70,6 +70,10 @@ struct SkinnyArgs {
   T* value_cache = nullptr;
   const int32_t* slots = nullptr;
   int kv_col0 = 0, kv_width = 0;
+  // m = 1 (CudaGemm::Options::skinny_stage_bytes): elements of each weight row after the first
+  // unrolled group that each lane copies into shared memory (its own 16-byte chunks) before the
+  // PDL wait; a multiple of 32 chunks.
+  int stage_elems = 0;
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
@@ -167,11 +171,28 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
 #pragma unroll
       for (int r = 0; r < R; ++r) first[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
   }
+  // The next stage_elems of each row into shared memory (cp.async), each lane its own chunks, so
+  // that no barrier is needed: with the first group, a row's first (U * 32 + stage) chunks are on
+  // chip, or in flight, when the input arrives.
+  extern __shared__ __align__(16) unsigned char skinny_stage[];
+  const int stage_end = have_first ? min(k, kStep + p.stage_elems) : 0;
+  T* stage_rows = reinterpret_cast<T*>(skinny_stage) +
+                  static_cast<int64_t>(threadIdx.x >> 5) * R * p.stage_elems;
+  if (have_first && stage_end > kStep) {
+    for (int j = kStep + lane * kV; j < stage_end; j += 32 * kV) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        fwd::CpAsync16(fwd::SmemAddr(stage_rows + r * p.stage_elems + (j - kStep)), brow[r] + j,
+                       true);
+      }
+    }
+    fwd::CpAsyncCommit();
+  }
   if (live) {
     constexpr int kLine = 128 / sizeof(T);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int off = kStep + lane * kLine;
+      const int off = max(kStep, stage_end) + lane * kLine;
       if (off < k) PrefetchL2(brow[r] + off);
     }
   }
@@ -238,6 +259,17 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const Skin
     for (int u = 0; u < U; ++u) fma_group(first[u], kk + u * 32 * kV);
     kk += kStep;
   }
+  if (have_first && stage_end > kStep) {
+    fwd::CpAsyncWait<0>();  // each lane reads back only the chunks it copied
+    for (; kk < stage_end; kk += 32 * kV) {
+      V bv[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        bv[r] = *reinterpret_cast<const V*>(stage_rows + r * p.stage_elems + (kk - kStep));
+      }
+      fma_group(bv, kk);
+    }
+  }
   for (; kk + (U - 1) * 32 * kV < k; kk += kStep) {
     V bv[U][R];
 #pragma unroll
@@ -298,19 +330,27 @@ template <typename T, int M, int R, int U, bool kHalf = false>
 absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
                                   cudaStream_t stream, bool pdl) {
   const dim3 block(kSkinnyWarps * 32);
+  // Stage no more than what follows the first unrolled group of a row.
+  constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T)), kStep = U * kChunks32;
+  SkinnyArgs<T> b = a;
+  b.stage_elems =
+      std::max(0, std::min(a.stage_elems, (a.k - kStep + kChunks32 - 1) / kChunks32 * kChunks32));
+  const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T);
+  auto launch = [&](auto kernel) -> absl::Status {
+    if (smem > 48 * 1024) {
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem)));
+    }
+    CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kernel, grid, block, smem, stream, b));
+    return absl::OkStatus();
+  };
   switch (act) {
     case Activation::kIdentity:
-      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl,
-                                               ln ? SkinnyGemmKernel<T, M, 0, R, true, U, kHalf>
-                                                  : SkinnyGemmKernel<T, M, 0, R, false, U, kHalf>,
-                                               grid, block, stream, a));
-      break;
+      return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf>)
+                : launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf>);
     case Activation::kGeluTanh:
-      CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(pdl,
-                                               ln ? SkinnyGemmKernel<T, M, 1, R, true, U, kHalf>
-                                                  : SkinnyGemmKernel<T, M, 1, R, false, U, kHalf>,
-                                               grid, block, stream, a));
-      break;
+      return ln ? launch(SkinnyGemmKernel<T, M, 1, R, true, U, kHalf>)
+                : launch(SkinnyGemmKernel<T, M, 1, R, false, U, kHalf>);
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
   }
@@ -321,10 +361,14 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
 // (instantiated for 2 rows per warp only).
 template <typename T, int M, int R>
 absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
-                          int64_t deep_max_warps, bool half_fold) {
+                          int64_t deep_max_warps, bool half_fold, int stage_bytes) {
   const int per_block = kSkinnyWarps * R;
   const int64_t blocks = (p.n + per_block - 1) / per_block;
-  const SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
+  SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
+  if constexpr (M == 1) {
+    constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T));
+    a.stage_elems = std::max(0, stage_bytes) / static_cast<int>(sizeof(T)) / kChunks32 * kChunks32;
+  }
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (M == 1 && R == 2) {
@@ -795,15 +839,18 @@ absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char*
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp, bool pdl, int64_t deep_max_warps, bool half_fold) {
+                            int rows_per_warp, bool pdl, int64_t deep_max_warps, bool half_fold,
+                            int stage_bytes) {
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
   if (empty) return absl::OkStatus();
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
-    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps, half_fold);
-    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0, false);
-    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl, 0, false);
-    return LaunchSkinny<T, 8, R>(p, e, stream, pdl, 0, false);
+    if (p.m == 1) {
+      return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps, half_fold, stage_bytes);
+    }
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0, false, 0);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl, 0, false, 0);
+    return LaunchSkinny<T, 8, R>(p, e, stream, pdl, 0, false, 0);
   };
   auto with_type = [&]<typename T>() -> absl::Status {
     switch (rows_per_warp) {
@@ -923,7 +970,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
       const int64_t deep_max_warps =
           options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
       return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl,
-                            deep_max_warps, options_.skinny_half_fold);
+                            deep_max_warps, options_.skinny_half_fold, options_.skinny_stage_bytes);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {

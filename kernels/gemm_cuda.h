@@ -78,6 +78,12 @@ class CudaGemm {
     // 4-product partial; as the decode chain's DecodeChainTuning::half_fold). Measured faster for
     // SantaCoder's layer GEMMs, slower for StarCoder's (kernels/gemm_cuda.cu).
     bool skinny_half_fold = false;
+    // m = 1: bytes of each weight row, after the first unrolled group of loads, that the skinny
+    // kernel copies into shared memory before its PDL wait, so that more of its weights are on chip
+    // when its input arrives (at most the rest of the row; 0: none). H200, 2026-12-04 ~21:40 UTC:
+    // SantaCoder b1 decode step 1.008 / 1.000 -> 0.933 / 0.932 ms at 16 KiB (4 and 8 KiB: 0.95),
+    // StarCoder b1 8.144 / 8.112 -> 8.122 / 8.105 ms (its layers run in the decode chain).
+    int skinny_stage_bytes = 16384;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -147,6 +153,7 @@ class CudaGemm {
   void set_stream_tc(bool on) { options_.stream_tc = on; }
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
+  void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
@@ -187,9 +194,10 @@ class CudaGemm {
 // deep_max_warps > 0: an m = 1 call of at most that many warps (two rows a warp) keeps twice the
 // weight loads in flight (CudaGemm passes 16 per SM when Options::skinny_deep_unroll is on).
 // half_fold: Options::skinny_half_fold (m = 1, fp16, two rows a warp; ignored elsewhere).
+// stage_bytes: Options::skinny_stage_bytes (m = 1; ignored elsewhere).
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
                             int rows_per_warp = 2, bool pdl = false, int64_t deep_max_warps = 0,
-                            bool half_fold = false);
+                            bool half_fold = false, int stage_bytes = 0);
 
 // The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
 // same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least

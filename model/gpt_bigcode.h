@@ -160,6 +160,10 @@ struct GptBigCodeOptions {
   // (applied to every m = 1 GEMM then; StarCoder's, k 6144 and 24576, got slower and are left out);
   // ~14:57 with this rule, on / off / on / off: 1.012 / 1.057 / 1.058 / 1.059 ms (a noisy call).
   bool gemm_half_fold = true;
+  // CudaGemm::Options::skinny_stage_bytes (mqabench --gemm skinnydsN): m = 1 GEMMs copy this many
+  // bytes of each weight row into shared memory before their PDL wait. SantaCoder b1 -7% a decode
+  // step (NOTES version 17).
+  int gemm_stage_bytes = 16384;
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
@@ -269,6 +273,8 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll /
   // gemm_half_fold (half_fold < 0: unchanged); no-op on the CPU. Drops captured graphs.
   void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int half_fold = -1);
+  // Benchmarks: GptBigCodeOptions::gemm_stage_bytes. Drops captured graphs.
+  void set_gemm_stage_bytes(int bytes);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

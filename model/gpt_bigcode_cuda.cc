@@ -269,6 +269,12 @@ void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_gemm_stage_bytes(int bytes) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_skinny_stage_bytes(bytes);
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   if (!cuda_) return;
   ctx_.ln_registers = ln_registers;
@@ -352,6 +358,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny_split_k = options.gemm_split_k;
   gemm_options.skinny_deep_unroll = options.gemm_deep_unroll;
   gemm_options.skinny_half_fold = options.gemm_half_fold;
+  gemm_options.skinny_stage_bytes = options.gemm_stage_bytes;
   gemm_options.stream_tc = options.gemm_stream_tc;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
@@ -742,6 +749,7 @@ double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
+void GptBigCode::set_gemm_stage_bytes(int) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

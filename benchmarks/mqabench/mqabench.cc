@@ -12,7 +12,8 @@
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
-//     "skinny" is without it).
+//     "skinny" is without it), skinnydsN (skinnyd with N KiB of each weight row staged in shared
+//     memory before the PDL wait; skinnyd stages the model's default, 16).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -97,6 +98,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "benchmarks/chain_timeline.h"
 #include "benchmarks/mqabench/device_fill.h"
 #include "benchmarks/mqabench/engine_run.h"
@@ -483,6 +485,16 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
   return absl::OkStatus();
 }
 
+// --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
+// wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
+int SkinnyStageKib(absl::string_view v) {
+  int kib = -1;
+  if (!absl::ConsumePrefix(&v, "skinnyds") || !absl::SimpleAtoi(v, &kib) || kib < 0 || kib > 64) {
+    return -1;
+  }
+  return kib;
+}
+
 absl::Status Latency(const Flags& f) {
   const int bs = f.block_size;
   const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
@@ -508,7 +520,8 @@ absl::Status Latency(const Flags& f) {
   }
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf") {
+        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf" &&
+        SkinnyStageKib(v) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -705,12 +718,16 @@ absl::Status Latency(const Flags& f) {
     };
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
-    r.model().set_gemm_kernels(
-        variant == "splitk" || variant == "splitk+tc", variant == "tc" || variant == "splitk+tc",
-        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf",
-        variant == "skinnydh"   ? 1
-        : variant == "skinnydf" ? 0
-                                : -1);
+    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
+                               variant == "tc" || variant == "splitk+tc",
+                               variant == "skinnyd" || variant == "skinnydh" ||
+                                   variant == "skinnydf" || SkinnyStageKib(variant) >= 0,
+                               variant == "skinnydh"   ? 1
+                               : variant == "skinnydf" ? 0
+                                                       : -1);
+    r.model().set_gemm_stage_bytes(SkinnyStageKib(variant) >= 0
+                                       ? SkinnyStageKib(variant) * 1024
+                                       : GptBigCodeOptions().gemm_stage_bytes);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);

@@ -460,7 +460,8 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
 
 // A decode layer's chain of m = 1 GEMMs (QKV-, c_proj-, c_fc- and MLP c_proj-shaped, each reading
 // the previous one's output; GELU and a residual among them) launched with PDL into one CUDA graph,
-// with and without the deep unroll (which loads a whole 4 KiB weight row before the wait). Each
+// with and without the deep unroll (which loads a whole 4 KiB weight row before the wait), with and
+// without the rows staged in shared memory before the wait (Options::skinny_stage_bytes). Each
 // link's output is checked against the CPU on the device's own input, so a link that read its
 // input before the previous link had written it shows as that link's error (the outputs are
 // poisoned first).
@@ -504,10 +505,11 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
     p.ldc = p.n;
     p.dtype = t;
   }
-  for (const bool deep : {false, true}) {
-    SCOPED_TRACE(deep ? "deep unroll" : "default unroll");
+  for (const int form : {0, 1, 2}) {
+    SCOPED_TRACE(form == 0 ? "default unroll" : form == 1 ? "deep unroll" : "deep, no staging");
     CudaGemm::Options options;
-    options.skinny_deep_unroll = deep;
+    options.skinny_deep_unroll = form >= 1;
+    if (form == 2) options.skinny_stage_bytes = 0;
     options.pdl = true;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
