@@ -366,8 +366,25 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   const int64_t blocks = (p.n + per_block - 1) / per_block;
   SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
   if constexpr (M == 1) {
-    constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T));
-    a.stage_elems = std::max(0, stage_bytes) / static_cast<int>(sizeof(T)) / kChunks32 * kChunks32;
+    if (stage_bytes > 0) {
+      // Staging must not cost residency: the grid's CTAs an SM (at most 2048 threads' worth)
+      // share the SM's shared memory, so each stages at most its part of it (1 KiB of it reserved
+      // a CTA). SantaCoder's measured calls (c_fc: 8 CTAs an SM, 2 KiB a row; mlp.c_proj: 2 an
+      // SM, 12 KiB) stay within it; wide calls (a StarCoder-sized layer outside the decode chain,
+      // an lm_head) stage less instead of running in more waves.
+      int device = 0, smem_per_sm = 0;
+      CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+      CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+          &smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+      ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+      const int64_t per_sm =
+          std::min<int64_t>((blocks + sms - 1) / sms, 2048 / (kSkinnyWarps * 32));
+      const int64_t per_cta = std::max<int64_t>(0, smem_per_sm / per_sm - 1024);
+      const int64_t bytes = std::min<int64_t>(stage_bytes, per_cta / (kSkinnyWarps * R));
+      constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T));
+      a.stage_elems =
+          static_cast<int>(bytes / static_cast<int64_t>(sizeof(T)) / kChunks32 * kChunks32);
+    }
   }
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));

@@ -80,9 +80,10 @@ class CudaGemm {
     bool skinny_half_fold = false;
     // m = 1: bytes of each weight row, after the first unrolled group of loads, that the skinny
     // kernel copies into shared memory before its PDL wait, so that more of its weights are on chip
-    // when its input arrives (at most the rest of the row; 0: none). H200, 2026-12-04 ~21:40 UTC:
-    // SantaCoder b1 decode step 1.008 / 1.000 -> 0.933 / 0.932 ms at 16 KiB (4 and 8 KiB: 0.95),
-    // StarCoder b1 8.144 / 8.112 -> 8.122 / 8.105 ms (its layers run in the decode chain).
+    // when its input arrives (at most the rest of the row, and at most the CTA's share of the SM's
+    // shared memory when the grid's CTAs are resident together; 0: none). H200, 2026-12-04 ~21:40
+    // UTC: SantaCoder b1 decode step 1.008 / 1.000 -> 0.933 / 0.932 ms at 16 KiB (4 and 8 KiB:
+    // 0.95), StarCoder b1 8.144 / 8.112 -> 8.122 / 8.105 ms (its layers run in the decode chain).
     int skinny_stage_bytes = 16384;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
