@@ -72,7 +72,7 @@ struct SkinnyArgs {
   int kv_col0 = 0, kv_width = 0;
   // m = 1 (CudaGemm::Options::skinny_stage_bytes): elements of each weight row after the first
   // unrolled group that each lane copies into shared memory (its own 16-byte chunks) before the
-  // PDL wait; a multiple of 32 chunks.
+  // PDL wait; at launch a multiple of 32 chunks (LaunchSkinnyUnrolled rounds and caps it).
   int stage_elems = 0;
 };
 
@@ -330,11 +330,27 @@ template <typename T, int M, int R, int U, bool kHalf = false>
 absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
                                   cudaStream_t stream, bool pdl) {
   const dim3 block(kSkinnyWarps * 32);
-  // Stage no more than what follows the first unrolled group of a row.
+  // How much of each row to stage (a.stage_elems asks): no more than follows the first unrolled
+  // group of a row, and no more than the CTA's part of the SM's shared memory when the grid's CTAs
+  // are resident together (at most 2048 threads' worth an SM; 1 KiB of it reserved a CTA), so that
+  // staging never costs residency. SantaCoder's measured calls (c_fc: 8 CTAs an SM, 2 KiB a row;
+  // mlp.c_proj: 2 an SM, 12 KiB) stay within it; wide calls (a StarCoder-sized layer outside the
+  // decode chain, an lm_head) stage less instead of running in more waves.
   constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T)), kStep = U * kChunks32;
   SkinnyArgs<T> b = a;
-  b.stage_elems =
-      std::max(0, std::min(a.stage_elems, (a.k - kStep + kChunks32 - 1) / kChunks32 * kChunks32));
+  if (a.stage_elems > 0) {
+    int device = 0, smem_per_sm = 0;
+    CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+    const int64_t per_sm = std::min<int64_t>((grid.x + sms - 1) / sms, 2048 / (kSkinnyWarps * 32));
+    const int64_t per_cta = std::max<int64_t>(0, smem_per_sm / per_sm - 1024);
+    const int64_t rest = (a.k - kStep + kChunks32 - 1) / kChunks32 * kChunks32;
+    const int64_t elems = std::min<int64_t>(
+        {a.stage_elems, per_cta / (kSkinnyWarps * R) / static_cast<int64_t>(sizeof(T)), rest});
+    b.stage_elems = static_cast<int>(std::max<int64_t>(0, elems / kChunks32 * kChunks32));
+  }
   const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T);
   auto launch = [&](auto kernel) -> absl::Status {
     if (smem > 48 * 1024) {
@@ -365,27 +381,8 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   const int per_block = kSkinnyWarps * R;
   const int64_t blocks = (p.n + per_block - 1) / per_block;
   SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
-  if constexpr (M == 1) {
-    if (stage_bytes > 0) {
-      // Staging must not cost residency: the grid's CTAs an SM (at most 2048 threads' worth)
-      // share the SM's shared memory, so each stages at most its part of it (1 KiB of it reserved
-      // a CTA). SantaCoder's measured calls (c_fc: 8 CTAs an SM, 2 KiB a row; mlp.c_proj: 2 an
-      // SM, 12 KiB) stay within it; wide calls (a StarCoder-sized layer outside the decode chain,
-      // an lm_head) stage less instead of running in more waves.
-      int device = 0, smem_per_sm = 0;
-      CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-      CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
-          &smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-      ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
-      const int64_t per_sm =
-          std::min<int64_t>((blocks + sms - 1) / sms, 2048 / (kSkinnyWarps * 32));
-      const int64_t per_cta = std::max<int64_t>(0, smem_per_sm / per_sm - 1024);
-      const int64_t bytes = std::min<int64_t>(stage_bytes, per_cta / (kSkinnyWarps * R));
-      constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T));
-      a.stage_elems =
-          static_cast<int>(bytes / static_cast<int64_t>(sizeof(T)) / kChunks32 * kChunks32);
-    }
-  }
+  // m = 1: stage up to stage_bytes of each row (LaunchSkinnyUnrolled caps it).
+  if constexpr (M == 1) a.stage_elems = std::max(0, stage_bytes) / static_cast<int>(sizeof(T));
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (M == 1 && R == 2) {

@@ -718,16 +718,15 @@ absl::Status Latency(const Flags& f) {
     };
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
-    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
-                               variant == "tc" || variant == "splitk+tc",
-                               variant == "skinnyd" || variant == "skinnydh" ||
-                                   variant == "skinnydf" || SkinnyStageKib(variant) >= 0,
-                               variant == "skinnydh"   ? 1
-                               : variant == "skinnydf" ? 0
-                                                       : -1);
-    r.model().set_gemm_stage_bytes(SkinnyStageKib(variant) >= 0
-                                       ? SkinnyStageKib(variant) * 1024
-                                       : GptBigCodeOptions().gemm_stage_bytes);
+    const int stage_kib = SkinnyStageKib(variant);
+    r.model().set_gemm_kernels(
+        variant == "splitk" || variant == "splitk+tc", variant == "tc" || variant == "splitk+tc",
+        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf" || stage_kib >= 0,
+        variant == "skinnydh"   ? 1
+        : variant == "skinnydf" ? 0
+                                : -1);
+    r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
+                                                  : GptBigCodeOptions().gemm_stage_bytes);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);
