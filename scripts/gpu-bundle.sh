@@ -65,12 +65,14 @@ strip --strip-unneeded "$stage"/tests/* "$stage"/bin/* 2>/dev/null || true
 grep -v '^#' scripts/gpu-benchmarks.txt >"$stage/benchmarks.txt"
 
 # Libraries the H200 machine lacks (GPU-MACHINE.md): Abseil, protobuf, httplib, utf8proc, ICU,
-# OpenBLAS. Its own libc, libstdc++, CUDA, cuBLAS, MPI, and NCCL (from its Python wheel) are used.
+# OpenBLAS; and CUPTI (mqabench --kernel-trace), whose activity records must match the headers
+# it was built with. Its own libc, libstdc++, CUDA, cuBLAS, MPI, and NCCL (from its Python wheel)
+# are used.
 shopt -s nullglob  # a bundle may hold no test binaries (MQA_BUNDLE_TESTS=scripts)
 for f in "$stage"/tests/* "$stage"/bin/*; do
   ldd "$f" | awk '/=> \//{print $3}'
 done | sort -u |
-  grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu' |
+  grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu|libcupti' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 
 # A new bundle replaces the old one; benchmark lists kept beside it (gpu-bundle/*.txt, for

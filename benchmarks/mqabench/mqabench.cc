@@ -9,6 +9,7 @@
 //       [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
+//       [--kernel-trace PREFIX]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -70,6 +71,11 @@
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
 //     ended: what a layer costs between its chains (the attention, the kernel handover).
+//     --kernel-trace PREFIX: after a row's timed iterations, one more, untimed, with every kernel
+//     traced through CUPTI (kernel_trace.h): the prefill's and the decode steps' kernels grouped by
+//     name and grid, each group's time beyond the kernels before it ("exposed") and the idle gaps
+//     (benchmarks/kernel_timeline.h), medians over the decode steps; every kernel position to
+//     PREFIX-rowN-prefill.csv / -decode.csv. With --async off and --engine off only.
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -102,6 +108,7 @@
 #include "benchmarks/chain_timeline.h"
 #include "benchmarks/mqabench/device_fill.h"
 #include "benchmarks/mqabench/engine_run.h"
+#include "benchmarks/mqabench/kernel_trace.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention_cuda.h"
 #include "model/config.h"
@@ -129,6 +136,7 @@ struct Flags {
   std::string engine = "off";  // off: mqabench's own step loop; on: the serving engine; both
   std::string chain = "auto";
   std::string chain_timeline;  // comma list of layers (empty: off)
+  std::string kernel_trace;    // CSV path prefix (empty: off)
   std::string attn =
       "18";  // comma list of PagedAttentionTuning variants (18: the runner's default)
   std::string skip = "none";      // comma list of op sets left out (timing only)
@@ -194,6 +202,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.chain, value());
     } else if (a == "--chain-timeline") {
       ASSIGN_OR_RETURN(f.chain_timeline, value());
+    } else if (a == "--kernel-trace") {
+      ASSIGN_OR_RETURN(f.kernel_trace, value());
     } else if (a == "--attn") {
       ASSIGN_OR_RETURN(f.attn, value());
     } else if (a == "--attn-splits") {
@@ -613,6 +623,9 @@ absl::Status Latency(const Flags& f) {
   if (f.skip != "none" && f.async != "off") {
     return absl::InvalidArgumentError("--skip runs with --async off only");
   }
+  if (!f.kernel_trace.empty() && (f.async != "off" || f.engine != "off")) {
+    return absl::InvalidArgumentError("--kernel-trace runs with --async off and --engine off only");
+  }
   std::vector<int> timeline_layers;
   if (!f.chain_timeline.empty()) {
     ASSIGN_OR_RETURN(timeline_layers,
@@ -665,8 +678,10 @@ absl::Status Latency(const Flags& f) {
   }
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
+  int row_index = -1;
   for (const auto& [variant, fast, autotune, small, async, chain, engine, attn, skip, wm, splits,
                     tn] : runs) {
+    ++row_index;
     r.model().set_attention(attn, wm, splits, tn);
     const bool attention_row = chain == "at";
     int ring_kib = 0, ring_inflight = -1;
@@ -743,7 +758,19 @@ absl::Status Latency(const Flags& f) {
       }
       continue;
     }
-    for (int iter = 0; iter < f.num_iters_warmup + f.num_iters && failed.ok(); ++iter) {
+    // --kernel-trace: one more iteration, traced and not timed.
+    const int timed_iters = f.num_iters_warmup + f.num_iters;
+    const int all_iters = timed_iters + (f.kernel_trace.empty() ? 0 : 1);
+    StepTraceRecorder tracer;
+    absl::Status trace_status;  // a tracing failure ends the trace, not the row
+    bool tracing = false;
+    auto end_traced_step = [&] {
+      if (tracing && !(trace_status = tracer.EndStep()).ok()) tracing = false;
+    };
+    for (int iter = 0; iter < all_iters && failed.ok(); ++iter) {
+      const bool traced = iter == timed_iters;
+      const bool measured = iter >= f.num_iters_warmup && !traced;
+      if (traced) tracing = (trace_status = tracer.Start()).ok();
       Blocks blocks(r.num_kv_blocks(), bs);
       std::vector<Seq> seqs(f.batch_size);
       std::vector<Seq*> ptrs;
@@ -768,6 +795,7 @@ absl::Status Latency(const Flags& f) {
       std::vector<int32_t> next = *std::move(first);
       valid_ids(next);
       const auto t1 = std::chrono::steady_clock::now();
+      end_traced_step();
       for (Seq& q : seqs) q.context = f.input_len;
       if (async == "on") {
         // Step t + 1 is launched (tokens fed on the device) before step t's tokens are read:
@@ -806,15 +834,16 @@ absl::Status Latency(const Flags& f) {
           next = *std::move(out);
           valid_ids(next);
           iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
-          if (const double g = r.model().last_graph_ms(); g >= 0 && iter >= f.num_iters_warmup) {
+          if (const double g = r.model().last_graph_ms(); g >= 0 && measured) {
             graph_ms.push_back(g);
           }
+          end_traced_step();
           for (Seq& q : seqs) ++q.context;
         }
       }
       if (!failed.ok()) break;
       const auto t2 = std::chrono::steady_clock::now();
-      if (iter >= f.num_iters_warmup) {
+      if (measured) {
         latencies.push_back(Seconds(t0, t2));
         prefills.push_back(Seconds(t0, t1));
         steps.insert(steps.end(), iter_steps.begin(), iter_steps.end());
@@ -861,6 +890,16 @@ absl::Status Latency(const Flags& f) {
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
     if (!timeline_layers.empty() && chain != "off") {
       RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers, attention_row));
+    }
+    if (!f.kernel_trace.empty()) {
+      if (tracing) {
+        trace_status = tracer.Finish(absl::StrCat(f.kernel_trace, "-row", row_index),
+                                     graph_ms.empty() ? -1.0 : Median(graph_ms));
+      }
+      if (!trace_status.ok()) {
+        std::printf("  kernel trace: FAILED %s\n", trace_status.ToString().c_str());
+        if (first_failure.ok()) first_failure = trace_status;
+      }
     }
   }
   return first_failure;
