@@ -49,6 +49,8 @@ constexpr int kSkinnyDeepUnroll = 8;
 constexpr int kSkinnyDeepMaxWarpsPerSm = 16;
 // CudaGemm::Options::skinny_half_fold: calls of at most this k (or narrow, deep-unrolled ones).
 constexpr int64_t kSkinnyHalfMaxK = 4096;
+// CudaGemm::Options::skinny_single_wave: the CTAs an SM its instantiation's registers allow.
+constexpr int kSkinnySingleWaveCtas = 8;
 
 template <typename T>
 struct SkinnyArgs {
@@ -150,8 +152,11 @@ __device__ __forceinline__ void WarpRowSums(const T* const (&arow)[M], int j0, i
 // kHalf (M = 1, fp16; CudaGemm::Options::skinny_half_fold): each 16-byte chunk's eight products
 // summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
 // rounding on each 4-product partial).
-template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false>
-__global__ void __launch_bounds__(kSkinnyWarps * 32) SkinnyGemmKernel(const SkinnyArgs<T> p) {
+// kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_single_wave).
+template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
+          int kMinCtas = 1>
+__global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
+    SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;
@@ -326,7 +331,7 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   return a;
 }
 
-template <typename T, int M, int R, int U, bool kHalf = false>
+template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1>
 absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
                                   cudaStream_t stream, bool pdl) {
   const dim3 block(kSkinnyWarps * 32);
@@ -362,40 +367,46 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
   };
   switch (act) {
     case Activation::kIdentity:
-      return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf>)
-                : launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf>);
+      return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, kMinCtas>)
+                : launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf, kMinCtas>);
     case Activation::kGeluTanh:
-      return ln ? launch(SkinnyGemmKernel<T, M, 1, R, true, U, kHalf>)
-                : launch(SkinnyGemmKernel<T, M, 1, R, false, U, kHalf>);
+      return ln ? launch(SkinnyGemmKernel<T, M, 1, R, true, U, kHalf, kMinCtas>)
+                : launch(SkinnyGemmKernel<T, M, 1, R, false, U, kHalf, kMinCtas>);
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
   }
   return absl::OkStatus();
 }
 
-// deep_max_warps > 0: an m = 1 call of at most that many warps runs with kSkinnyDeepUnroll
+// o.deep_max_warps > 0: an m = 1 call of at most that many warps runs with kSkinnyDeepUnroll
 // (instantiated for 2 rows per warp only).
 template <typename T, int M, int R>
-absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
-                          int64_t deep_max_warps, bool half_fold, int stage_bytes) {
+absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          const SkinnyOptions& o) {
+  const bool pdl = o.pdl;
   const int per_block = kSkinnyWarps * R;
   const int64_t blocks = (p.n + per_block - 1) / per_block;
   SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
   // m = 1: stage up to stage_bytes of each row (LaunchSkinnyUnrolled caps it).
-  if constexpr (M == 1) a.stage_elems = std::max(0, stage_bytes) / static_cast<int>(sizeof(T));
+  if constexpr (M == 1) a.stage_elems = std::max(0, o.stage_bytes) / static_cast<int>(sizeof(T));
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (M == 1 && R == 2) {
-    const bool deep = deep_max_warps > 0 && blocks * kSkinnyWarps <= deep_max_warps;
+    const bool deep = o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
     if constexpr (std::is_same_v<T, __half>) {
       // Only where it was measured faster (H200, 2026-12-04 ~14:48 UTC, gemm_bench --chain only):
       // SantaCoder's four layer GEMMs 30.8 -> 28.9 us, StarCoder's 200.6 -> 205.4 us (k 6144 and
       // 24576, no deep unroll): narrow calls (the deep unroll) and k <= kSkinnyHalfMaxK.
-      if (half_fold && (deep || p.k <= kSkinnyHalfMaxK)) {
-        return deep ? LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(a, ln, e.activation,
-                                                                             grid, stream, pdl)
-                    : LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true>(a, ln, e.activation, grid,
-                                                                         stream, pdl);
+      if (o.half_fold && (deep || p.k <= kSkinnyHalfMaxK)) {
+        if (deep) {
+          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(a, ln, e.activation, grid,
+                                                                        stream, pdl);
+        }
+        return o.single_wave
+                   ? LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true, kSkinnySingleWaveCtas>(
+                         a, ln, e.activation, grid, stream, pdl)
+                   : LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true>(a, ln, e.activation, grid,
+                                                                        stream, pdl);
       }
     }
     if (deep) {
@@ -853,21 +864,20 @@ absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char*
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
-                            int rows_per_warp, bool pdl, int64_t deep_max_warps, bool half_fold,
-                            int stage_bytes) {
+                            const SkinnyOptions& o) {
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
   if (empty) return absl::OkStatus();
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
-    if (p.m == 1) {
-      return LaunchSkinny<T, 1, R>(p, e, stream, pdl, deep_max_warps, half_fold, stage_bytes);
-    }
-    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, pdl, 0, false, 0);
-    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, pdl, 0, false, 0);
-    return LaunchSkinny<T, 8, R>(p, e, stream, pdl, 0, false, 0);
+    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, o);
+    SkinnyOptions wide;  // the m = 1 options do not apply
+    wide.pdl = o.pdl;
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, wide);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, wide);
+    return LaunchSkinny<T, 8, R>(p, e, stream, wide);
   };
   auto with_type = [&]<typename T>() -> absl::Status {
-    switch (rows_per_warp) {
+    switch (o.rows_per_warp) {
       case 1:
         return with_rows.template operator()<T, 1>();
       case 4:
@@ -981,10 +991,14 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
             SkinnySplitKGemmCuda(p, e, stream, split_workspace_, split_workspace_bytes_, o);
         if (!absl::IsUnimplemented(st)) return st;
       }
-      const int64_t deep_max_warps =
-          options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
-      return SkinnyGemmCuda(p, e, stream, options_.skinny_rows_per_warp, options_.pdl,
-                            deep_max_warps, options_.skinny_half_fold, options_.skinny_stage_bytes);
+      SkinnyOptions o;
+      o.rows_per_warp = options_.skinny_rows_per_warp;
+      o.pdl = options_.pdl;
+      o.deep_max_warps = options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
+      o.half_fold = options_.skinny_half_fold;
+      o.stage_bytes = options_.skinny_stage_bytes;
+      o.single_wave = options_.skinny_single_wave;
+      return SkinnyGemmCuda(p, e, stream, o);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {

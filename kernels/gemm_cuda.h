@@ -85,6 +85,11 @@ class CudaGemm {
     // UTC: SantaCoder b1 decode step 1.008 / 1.000 -> 0.933 / 0.932 ms at 16 KiB (4 and 8 KiB:
     // 0.95), StarCoder b1 8.144 / 8.112 -> 8.122 / 8.105 ms (its layers run in the decode chain).
     int skinny_stage_bytes = 16384;
+    // m = 1, fp16, the half fold without the deep unroll (SantaCoder's c_fc: 1024 CTAs): the
+    // kernel compiled for 8 resident CTAs an SM (at most 64 registers a thread; ptxas spills 32
+    // bytes) instead of 5 (86 registers), so that such a call is one wave and every CTA stages
+    // its rows before the PDL wait. Off until measured (mqabench --gemm skinnydw).
+    bool skinny_single_wave = false;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -155,6 +160,7 @@ class CudaGemm {
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
   void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
+  void set_skinny_single_wave(bool on) { options_.skinny_single_wave = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
@@ -192,13 +198,18 @@ class CudaGemm {
 };
 
 // The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
-// deep_max_warps > 0: an m = 1 call of at most that many warps (two rows a warp) keeps twice the
-// weight loads in flight (CudaGemm passes 16 per SM when Options::skinny_deep_unroll is on).
-// half_fold: Options::skinny_half_fold (m = 1, fp16, two rows a warp; ignored elsewhere).
-// stage_bytes: Options::skinny_stage_bytes (m = 1; ignored elsewhere).
+struct SkinnyOptions {
+  int rows_per_warp = 2;  // 1, 2 or 4 (Options::skinny_rows_per_warp)
+  bool pdl = false;       // launched as a programmatic dependent (Options::pdl)
+  // > 0: an m = 1 call of at most that many warps (two rows a warp) keeps twice the weight loads
+  // in flight (CudaGemm passes 16 per SM when Options::skinny_deep_unroll is on).
+  int64_t deep_max_warps = 0;
+  bool half_fold = false;    // Options::skinny_half_fold (m = 1, fp16, two rows a warp)
+  int stage_bytes = 0;       // Options::skinny_stage_bytes (m = 1)
+  bool single_wave = false;  // Options::skinny_single_wave (with half_fold, not deep-unrolled)
+};
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
-                            int rows_per_warp = 2, bool pdl = false, int64_t deep_max_warps = 0,
-                            bool half_fold = false, int stage_bytes = 0);
+                            const SkinnyOptions& options = {});
 
 // The split-K decode kernel alone (tests and benchmarks; CudaGemm::Options::skinny_split_k): the
 // same conditions, epilogues and errors as SkinnyGemmCuda. `workspace` (device memory of at least

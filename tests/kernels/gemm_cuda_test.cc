@@ -421,22 +421,22 @@ TEST_P(GemmCudaTest, AutotuneSplitKMatchesCpu) {
 TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
   const auto [t, rows] = GetParam();
   if (rows != 2) GTEST_SKIP() << "the deep unroll is instantiated for 2 rows per warp";
-  for (const bool half_fold : {false, true}) {
-    SCOPED_TRACE(half_fold ? "half fold" : "fp32 fold");
+  // fp32 fold; fp16 pairs (fp16 only); fp16 pairs with c_fc-shaped calls in one wave
+  // (Options::skinny_single_wave: the kernel built for 8 CTAs an SM).
+  for (const int form : {0, 1, 2}) {
+    SCOPED_TRACE(form == 0 ? "fp32 fold" : form == 1 ? "half fold" : "half fold, single wave");
     CudaGemm::Options options;
     options.skinny_rows_per_warp = rows;
     options.skinny_max_m = CudaGemm::kSkinnyMaxM;
     options.skinny_deep_unroll = true;
-    options.skinny_half_fold = half_fold;
+    options.skinny_half_fold = form >= 1;
+    options.skinny_single_wave = form == 2;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
-    // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), odd n,
-    // k not a multiple of the unrolled step, padded A.
-    const Shape shapes[] = {{1, 2304, 2048, 0},
-                            {1, 2048, 8192, 8},
-                            {1, 1001, 264, 0},
-                            {1, 77, 40, 0},
-                            {1, 515, 3000, 16}};
+    // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), its
+    // c_fc (too wide for the deep unroll), odd n, k not a multiple of the unrolled step, padded A.
+    const Shape shapes[] = {{1, 2304, 2048, 0}, {1, 2048, 8192, 8}, {1, 8192, 2048, 0},
+                            {1, 1001, 264, 0},  {1, 77, 40, 0},     {1, 515, 3000, 16}};
     for (const Shape& s : shapes) {
       for (int epi = 0; epi < 4; ++epi) {
         EpilogueCase ec;
@@ -451,9 +451,11 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
             << "m " << s.m << " n " << s.n << " k " << s.k << " epilogue " << epi;
       }
     }
-    for (int variant = 0; variant < 4; ++variant) {
-      ASSERT_NO_FATAL_FAILURE(
-          CheckFused(**gemm, t, kFusedShapes[0], variant, RunMode::kEager, rng_, stream_));
+    // The fused layer norm: QKV-shaped (with the KV write) and c_fc-shaped.
+    for (const FShape& s : {kFusedShapes[0], FShape{1, 8192, 2048, 0, 0}}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        ASSERT_NO_FATAL_FAILURE(CheckFused(**gemm, t, s, variant, RunMode::kEager, rng_, stream_));
+      }
     }
   }
 }
@@ -461,7 +463,8 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
 // A decode layer's chain of m = 1 GEMMs (QKV-, c_proj-, c_fc- and MLP c_proj-shaped, each reading
 // the previous one's output; GELU and a residual among them) launched with PDL into one CUDA graph,
 // with and without the deep unroll (which loads a whole 4 KiB weight row before the wait), with and
-// without the rows staged in shared memory before the wait (Options::skinny_stage_bytes). Each
+// without the rows staged in shared memory before the wait (Options::skinny_stage_bytes), and with
+// the half fold and c_fc in one wave (Options::skinny_single_wave). Each
 // link's output is checked against the CPU on the device's own input, so a link that read its
 // input before the previous link had written it shows as that link's error (the outputs are
 // poisoned first).
@@ -505,11 +508,16 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
     p.ldc = p.n;
     p.dtype = t;
   }
-  for (const int form : {0, 1, 2}) {
-    SCOPED_TRACE(form == 0 ? "default unroll" : form == 1 ? "deep unroll" : "deep, no staging");
+  for (const int form : {0, 1, 2, 3}) {
+    SCOPED_TRACE(form == 0   ? "default unroll"
+                 : form == 1 ? "deep unroll"
+                 : form == 2 ? "deep, no staging"
+                             : "deep, half fold, single wave (the model's fp16 form with it)");
     CudaGemm::Options options;
     options.skinny_deep_unroll = form >= 1;
     if (form == 2) options.skinny_stage_bytes = 0;
+    options.skinny_half_fold = form == 3;
+    options.skinny_single_wave = form == 3;
     options.pdl = true;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
