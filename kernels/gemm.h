@@ -2,8 +2,8 @@
 //   C[m, n] = alpha * sum_k A[m, k] * B[n, k] + beta * C[m, n]
 //   GemmCpu (gemm_cpu.cc): OpenBLAS cblas_sgemm where CMake found it (MQA_WITH_CBLAS), plain
 //     loops otherwise;
-//   GemmCuda (gemm.cu, with the CUDA backend): cuBLAS(Lt) behind the same params, plus a stream
-//     and handle.
+//   CudaGemm (gemm_cuda.h, with the CUDA backend): cuBLASLt and the skinny decode kernels
+//     behind the same params, plus a stream.
 #pragma once
 
 #include <cstdint>

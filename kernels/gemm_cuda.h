@@ -76,7 +76,7 @@ class CudaGemm {
     // m = 1, fp16, two rows a warp, and k <= 4096 or a narrow (deep-unrolled) call: each 16-byte
     // chunk's eight products summed as HFMA2 pairs before the fp32 sum (one fp16 rounding on each
     // 4-product partial; as the decode chain's DecodeChainTuning::half_fold). Measured faster for
-    // SantaCoder's layer GEMMs, slower for StarCoder's (kernels/gemm_cuda.cu).
+    // SantaCoder's layer GEMMs, slower for StarCoder's (kernels/gemm_skinny.cu).
     bool skinny_half_fold = false;
     // m = 1: bytes of each weight row, after the first unrolled group of loads, that the skinny
     // kernel copies into shared memory before its PDL wait, so that more of its weights are on chip
@@ -87,8 +87,9 @@ class CudaGemm {
     int skinny_stage_bytes = 16384;
     // m = 1, fp16, the half fold without the deep unroll (SantaCoder's c_fc: 1024 CTAs): the
     // kernel compiled for 8 resident CTAs an SM (at most 64 registers a thread; ptxas spills 32
-    // bytes) instead of 5 (86 registers), so that such a call is one wave and every CTA stages
-    // its rows before the PDL wait. Off until measured (mqabench --gemm skinnydw).
+    // bytes) instead of 4 (127 registers with the fused layer norm), so that such a call is one
+    // wave and every CTA stages its rows before the PDL wait. Off until measured (mqabench --gemm
+    // skinnydw).
     bool skinny_single_wave = false;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
@@ -197,7 +198,12 @@ class CudaGemm {
   AutotuneStats stats_;
 };
 
-// The skinny kernel alone (tests and benchmarks): Unimplemented when its conditions do not hold.
+// What every CUDA GEMM path accepts: fp16 / bf16, sizes and strides that fit, pointers where there
+// is work. InvalidArgument naming `who` otherwise.
+absl::Status CheckGemmCuda(const GemmParams& p, const char* who);
+
+// The skinny kernel alone (tests and benchmarks; gemm_skinny.cu): Unimplemented when its
+// conditions do not hold.
 struct SkinnyOptions {
   int rows_per_warp = 2;  // 1, 2 or 4 (Options::skinny_rows_per_warp)
   bool pdl = false;       // launched as a programmatic dependent (Options::pdl)

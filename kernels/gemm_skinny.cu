@@ -1,0 +1,842 @@
+// The skinny decode GEMMs (m <= CudaGemm::kSkinnyMaxM): the row-streaming kernel (SkinnyGemmCuda)
+// and its split-K form (SkinnySplitKGemmCuda), with their fused epilogues (bias, GELU-tanh,
+// residual, the layer norm of A's rows, the KV-cache write). CudaGemm (gemm_cuda.cu) routes decode
+// shapes here; see gemm_cuda.h for what each option does.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/device_info.h"
+#include "kernels/forward_cuda_common.cuh"
+#include "kernels/gemm_cuda.h"
+#include "runtime/cuda_check.h"
+
+namespace mqa {
+namespace {
+
+// --- Skinny kernel ---------------------------------------------------------------------------
+
+constexpr int kSkinnyWarps = 4;
+constexpr int kSkinnyUnroll = 4;  // 16-byte weight loads in flight per row and lane
+// CudaGemm::Options::skinny_deep_unroll: m = 1 GEMMs whose warps are few (SkinnyOptions::
+// deep_max_warps) stream with twice the loads in flight per lane, and load twice as much before
+// PdlWait.
+constexpr int kSkinnyDeepUnroll = 8;
+// CudaGemm::Options::skinny_half_fold: calls of at most this k (or narrow, deep-unrolled ones).
+constexpr int64_t kSkinnyHalfMaxK = 4096;
+// CudaGemm::Options::skinny_single_wave: the CTAs an SM its instantiation's registers allow.
+constexpr int kSkinnySingleWaveCtas = 8;
+
+template <typename T>
+struct SkinnyArgs {
+  const T* a = nullptr;
+  int64_t lda = 0;
+  const T* b = nullptr;
+  int64_t ldb = 0;
+  T* c = nullptr;
+  int64_t ldc = 0;
+  const T* bias = nullptr;
+  int m = 0, n = 0, k = 0;
+  bool accumulate = false;
+  // Fused layer norm of A's rows (kLn): weight and bias [k].
+  const T* ln_w = nullptr;
+  const T* ln_b = nullptr;
+  float ln_eps = 1e-5f;
+  // Fused KV-cache write (key_cache non-null): columns [kv_col0, kv_col0 + 2 kv_width).
+  T* key_cache = nullptr;
+  T* value_cache = nullptr;
+  const int32_t* slots = nullptr;
+  int kv_col0 = 0, kv_width = 0;
+  // m = 1 (CudaGemm::Options::skinny_stage_bytes): elements of each weight row after the first
+  // unrolled group that each lane copies into shared memory (its own 16-byte chunks) before the
+  // PDL wait; at launch a multiple of 32 chunks (LaunchSkinnyUnrolled rounds and caps it).
+  int stage_elems = 0;
+};
+
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// The fused epilogue of one output element (i, col) whose dot product is `v`: bias, activation,
+// residual, the store, and the fused KV-cache write.
+template <typename T, int kAct>
+__device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v) {
+  if (p.bias != nullptr) v += fwd::ToFloat(p.bias[col]);
+  v = fwd::Activate<kAct>(v);
+  T* out = p.c + static_cast<int64_t>(i) * p.ldc + col;
+  if (p.accumulate) v += fwd::ToFloat(*out);
+  const T o = fwd::FromFloat<T>(v);
+  *out = o;
+  const int j = col - p.kv_col0;
+  if (p.key_cache != nullptr && j >= 0 && j < 2 * p.kv_width) {
+    const int64_t slot = p.slots[i];
+    if (slot >= 0) {
+      if (j < p.kv_width) {
+        p.key_cache[slot * p.kv_width + j] = o;
+      } else {
+        p.value_cache[slot * p.kv_width + (j - p.kv_width)] = o;
+      }
+    }
+  }
+}
+
+// One pass of the fused layer norm's row statistics over A's M rows: this thread's sum over the
+// elements j0, j0 + stride, ... < k of each row, of x (kSquares false) or of the centred square
+// (x - mean)^2 (kSquares true; `mean` is read only then), the rows' loads of a step in flight
+// together; then for each row i in turn, the sum reduced over the warp's lanes and
+// per_row(i, warp_sum) (every lane gets the warp's sum).
+template <typename T, int M, bool kSquares, typename F>
+__device__ __forceinline__ void WarpRowSums(const T* const (&arow)[M], int j0, int stride, int k,
+                                            const float (&mean)[M], F&& per_row) {
+  using V = fwd::Vec16<T>;
+  constexpr int kV = V::kN;
+  float sum[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) sum[i] = 0.0f;
+  for (int j = j0; j < k; j += stride) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        if constexpr (kSquares) {
+          const float d = fwd::ToFloat(av.v[e]) - mean[i];
+          sum[i] += d * d;
+        } else {
+          sum[i] += fwd::ToFloat(av.v[e]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+    per_row(i, sum[i]);
+  }
+}
+
+// R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first (each
+// warp computes the row statistics itself: A is m <= 8 rows, in L1/L2), rounded to T as the
+// separate LayerNormCuda would write them.
+//
+// PDL (forward_cuda_common.cuh): the first unrolled group of weight loads and an L2 prefetch of
+// the next 4 KiB of each weight row are issued before PdlWait; weights never depend on the
+// previous kernel. U: 16-byte weight loads in flight per row and lane (kSkinnyUnroll, or
+// kSkinnyDeepUnroll for narrow m = 1 GEMMs).
+// kHalf (M = 1, fp16; CudaGemm::Options::skinny_half_fold): each 16-byte chunk's eight products
+// summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
+// rounding on each 4-product partial).
+// kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_single_wave).
+template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
+          int kMinCtas = 1>
+__global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
+    SkinnyGemmKernel(const SkinnyArgs<T> p) {
+  static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
+  using V = fwd::Vec16<T>;
+  constexpr int kV = V::kN, kStep = U * 32 * kV;
+  const int lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5)) * R;
+  const int m = p.m, n = p.n, k = p.k;
+  const T* brow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) brow[r] = p.b + static_cast<int64_t>(min(n0 + r, n - 1)) * p.ldb;
+  int kk = lane * kV;
+  const bool live = n0 < n;
+  const bool have_first = live && kk + (U - 1) * 32 * kV < k;
+  V first[U][R];
+  if (have_first) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        first[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
+  }
+  // The next stage_elems of each row into shared memory (cp.async), each lane its own chunks, so
+  // that no barrier is needed: with the first group, a row's first (U * 32 + stage) chunks are on
+  // chip, or in flight, when the input arrives.
+  extern __shared__ __align__(16) unsigned char skinny_stage[];
+  const int stage_end = have_first ? min(k, kStep + p.stage_elems) : 0;
+  T* stage_rows = reinterpret_cast<T*>(skinny_stage) +
+                  static_cast<int64_t>(threadIdx.x >> 5) * R * p.stage_elems;
+  if (have_first && stage_end > kStep) {
+    for (int j = kStep + lane * kV; j < stage_end; j += 32 * kV) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        fwd::CpAsync16(fwd::SmemAddr(stage_rows + r * p.stage_elems + (j - kStep)), brow[r] + j,
+                       true);
+      }
+    }
+    fwd::CpAsyncCommit();
+  }
+  if (live) {
+    constexpr int kLine = 128 / sizeof(T);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int off = max(kStep, stage_end) + lane * kLine;
+      if (off < k) PrefetchL2(brow[r] + off);
+    }
+  }
+  fwd::PdlWait();
+  fwd::PdlTrigger();
+  if (!live) return;
+
+  const T* arow[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
+  float mean[M], rstd[M];
+  if constexpr (kLn) {
+    // All M rows per pass (their loads in flight together): sum, then the centred squares.
+    WarpRowSums<T, M, false>(arow, lane * kV, 32 * kV, k, mean,
+                             [&](int i, float sum) { mean[i] = sum / k; });
+    WarpRowSums<T, M, true>(arow, lane * kV, 32 * kV, k, mean,
+                            [&](int i, float sq) { rstd[i] = rsqrtf(sq / k + p.ln_eps); });
+  }
+  float acc[M][R];
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+
+  auto fma_group = [&](const V(&bv)[R], int kk) {
+    float lw[kV], lb[kV];
+    if constexpr (kLn) {
+      const V wv = *reinterpret_cast<const V*>(p.ln_w + kk);
+      const V bv2 = *reinterpret_cast<const V*>(p.ln_b + kk);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        lw[e] = fwd::ToFloat(wv.v[e]);
+        lb[e] = fwd::ToFloat(bv2.v[e]);
+      }
+    }
+    if constexpr (kHalf) {
+      V xv = *reinterpret_cast<const V*>(arow[0] + kk);
+      if constexpr (kLn) {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          xv.v[e] = fwd::FromFloat<T>((fwd::ToFloat(xv.v[e]) - mean[0]) * rstd[0] * lw[e] + lb[e]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[0][r] += fwd::HalfPairDot8(&bv[r], &xv);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const V av = *reinterpret_cast<const V*>(arow[i] + kk);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        float x = fwd::ToFloat(av.v[e]);
+        if constexpr (kLn) {
+          x = fwd::ToFloat(fwd::FromFloat<T>((x - mean[i]) * rstd[i] * lw[e] + lb[e]));
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[i][r] = fmaf(x, fwd::ToFloat(bv[r].v[e]), acc[i][r]);
+      }
+    }
+  };
+  if (have_first) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) fma_group(first[u], kk + u * 32 * kV);
+    kk += kStep;
+  }
+  if (have_first && stage_end > kStep) {
+    fwd::CpAsyncWait<0>();  // each lane reads back only the chunks it copied
+    for (; kk < stage_end; kk += 32 * kV) {
+      V bv[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        bv[r] = *reinterpret_cast<const V*>(stage_rows + r * p.stage_elems + (kk - kStep));
+      }
+      fma_group(bv, kk);
+    }
+  }
+  for (; kk + (U - 1) * 32 * kV < k; kk += kStep) {
+    V bv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        bv[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
+#pragma unroll
+    for (int u = 0; u < U; ++u) fma_group(bv[u], kk + u * 32 * kV);
+  }
+  for (; kk < k; kk += 32 * kV) {
+    V bv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) bv[r] = *reinterpret_cast<const V*>(brow[r] + kk);
+    fma_group(bv, kk);
+  }
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
+        // Lane i*R + r writes output (i, n0 + r).
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (lane == i * R + r && i < m && n0 + r < n) SkinnyStore<T, kAct>(p, i, n0 + r, acc[i][r]);
+    }
+  }
+}
+
+template <typename T>
+SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
+  SkinnyArgs<T> a;
+  a.a = static_cast<const T*>(p.a);
+  a.lda = p.lda;
+  a.b = static_cast<const T*>(p.b);
+  a.ldb = p.ldb;
+  a.c = static_cast<T*>(p.c);
+  a.ldc = p.ldc;
+  a.bias = static_cast<const T*>(e.bias);
+  a.m = static_cast<int>(p.m);
+  a.n = static_cast<int>(p.n);
+  a.k = static_cast<int>(p.k);
+  a.accumulate = e.accumulate;
+  a.ln_w = static_cast<const T*>(e.ln_weight);
+  a.ln_b = static_cast<const T*>(e.ln_bias);
+  a.ln_eps = e.ln_epsilon;
+  a.key_cache = static_cast<T*>(e.key_cache);
+  a.value_cache = static_cast<T*>(e.value_cache);
+  a.slots = e.slot_mapping;
+  a.kv_col0 = static_cast<int>(e.kv_col0);
+  a.kv_width = static_cast<int>(e.kv_width);
+  return a;
+}
+
+template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1>
+absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
+                                  cudaStream_t stream, bool pdl) {
+  const dim3 block(kSkinnyWarps * 32);
+  // How much of each row to stage (a.stage_elems asks): no more than follows the first unrolled
+  // group of a row, and no more than the CTA's part of the SM's shared memory when the grid's CTAs
+  // are resident together (at most 2048 threads' worth an SM; 1 KiB of it reserved a CTA), so that
+  // staging never costs residency. SantaCoder's measured calls (c_fc: 8 CTAs an SM, 2 KiB a row;
+  // mlp.c_proj: 2 an SM, 12 KiB) stay within it; wide calls (a StarCoder-sized layer outside the
+  // decode chain, an lm_head) stage less instead of running in more waves.
+  constexpr int kChunks32 = 32 * 16 / static_cast<int>(sizeof(T)), kStep = U * kChunks32;
+  SkinnyArgs<T> b = a;
+  if (a.stage_elems > 0) {
+    int device = 0, smem_per_sm = 0;
+    CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+    const int64_t per_sm = std::min<int64_t>((grid.x + sms - 1) / sms, 2048 / (kSkinnyWarps * 32));
+    const int64_t per_cta = std::max<int64_t>(0, smem_per_sm / per_sm - 1024);
+    const int64_t rest = (a.k - kStep + kChunks32 - 1) / kChunks32 * kChunks32;
+    const int64_t elems = std::min<int64_t>(
+        {a.stage_elems, per_cta / (kSkinnyWarps * R) / static_cast<int64_t>(sizeof(T)), rest});
+    b.stage_elems = static_cast<int>(std::max<int64_t>(0, elems / kChunks32 * kChunks32));
+  }
+  const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T);
+  auto launch = [&](auto kernel) -> absl::Status {
+    if (smem > 48 * 1024) {
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem)));
+    }
+    CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kernel, grid, block, smem, stream, b));
+    return absl::OkStatus();
+  };
+  switch (act) {
+    case Activation::kIdentity:
+      return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, kMinCtas>)
+                : launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf, kMinCtas>);
+    case Activation::kGeluTanh:
+      return ln ? launch(SkinnyGemmKernel<T, M, 1, R, true, U, kHalf, kMinCtas>)
+                : launch(SkinnyGemmKernel<T, M, 1, R, false, U, kHalf, kMinCtas>);
+    case Activation::kGeluErf:
+      return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
+  }
+  return absl::OkStatus();
+}
+
+// o.deep_max_warps > 0: an m = 1 call of at most that many warps runs with kSkinnyDeepUnroll
+// (instantiated for 2 rows per warp only).
+template <typename T, int M, int R>
+absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          const SkinnyOptions& o) {
+  const bool pdl = o.pdl;
+  const int per_block = kSkinnyWarps * R;
+  const int64_t blocks = (p.n + per_block - 1) / per_block;
+  SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
+  // m = 1: stage up to stage_bytes of each row (LaunchSkinnyUnrolled caps it).
+  if constexpr (M == 1) a.stage_elems = std::max(0, o.stage_bytes) / static_cast<int>(sizeof(T));
+  const bool ln = e.ln_weight != nullptr;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if constexpr (M == 1 && R == 2) {
+    const bool deep = o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
+    if constexpr (std::is_same_v<T, __half>) {
+      // Only where it was measured faster (H200, 2026-12-04 ~14:48 UTC, gemm_bench --chain only):
+      // SantaCoder's four layer GEMMs 30.8 -> 28.9 us, StarCoder's 200.6 -> 205.4 us (k 6144 and
+      // 24576, no deep unroll): narrow calls (the deep unroll) and k <= kSkinnyHalfMaxK.
+      if (o.half_fold && (deep || p.k <= kSkinnyHalfMaxK)) {
+        if (deep) {
+          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(a, ln, e.activation, grid,
+                                                                        stream, pdl);
+        }
+        return o.single_wave
+                   ? LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true, kSkinnySingleWaveCtas>(
+                         a, ln, e.activation, grid, stream, pdl)
+                   : LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true>(a, ln, e.activation, grid,
+                                                                        stream, pdl);
+      }
+    }
+    if (deep) {
+      return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll>(a, ln, e.activation, grid, stream,
+                                                              pdl);
+    }
+  }
+  return LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll>(a, ln, e.activation, grid, stream, pdl);
+}
+
+// --- Split-K skinny kernel (CudaGemm::Options::skinny_split_k) -------------------------------
+//
+// The weight stream is cut into steps of kSplitRows rows x 32 * 16 bytes (one 16-byte load per
+// lane and row). Row group g (rows g R .. g R + R - 1) has I = ceil(k / (32 kV)) steps; the G I
+// steps of the whole GEMM, row group after row group, are dealt out to W warps in W contiguous,
+// equal ranges: warp w streams steps [w G I / W, (w + 1) G I / W). W is what fits on the device at
+// once (one wave: every SM gets the same share and all finish together) or, for a small GEMM,
+// fewer: no more warps than batches of SplitUnroll(M) steps. A warp streams its range a batch at a
+// time (SplitUnroll(M) x kSplitRows 16-byte loads in flight per lane) with the next batch
+// prefetched into L2. A row group covered by one warp is finished by that warp. A row group
+// shared by several warps gets one partial sum (M x R floats) from each into the workspace; the
+// last to arrive (an atomic counter, which it resets to zero) adds them in warp order
+// (deterministic) and applies the epilogue: no second launch, nothing to clear between launches.
+//
+// Every warp's range is non-empty (W <= G I), so a shared row group's contributors are the warps
+// first..last that hold its first and last step, and all of them but `first` start inside it.
+// The counter of a shared group is indexed by `last` (a warp starts inside at most one group);
+// each warp has two partial slots: its first row group (head) and its last one (tail).
+//
+// Workspace: counters [max warps] (zero on entry and exit), then partials [2 x max warps][32];
+// max warps = SMs x kSplitMaxCtasPerSm x kSplitWarps.
+
+constexpr int kSplitWarps = 4;
+constexpr int kSplitRows = 2;  // weight rows per step
+// Steps per batch (16-byte loads in flight per row and lane): 8, or 4 for M >= 4, whose A rows
+// take the registers.
+constexpr int SplitUnroll(int m) { return m >= 4 ? 4 : 8; }
+constexpr int kSplitMaxCtasPerSm = 8;
+// Registers capped at 128 (4 CTAs of 128 threads per SM): 16 warps x 4-8 KiB of weights in flight
+// per SM, and without the cap ptxas hoists a whole batch of A loads (up to 250 registers).
+constexpr int kSplitMinCtasPerSm = 4;
+constexpr int kSplitSlot = 32;  // floats per partial: M x R <= 32, one per lane
+static_assert(CudaGemm::kSkinnyMaxM * kSplitRows <= kSplitSlot);
+
+int64_t SplitMaxWarps(int num_sms) { return int64_t{num_sms} * kSplitMaxCtasPerSm * kSplitWarps; }
+
+template <typename T>
+struct SplitArgs {
+  SkinnyArgs<T> g;              // operands and epilogue
+  int64_t steps_per_group = 0;  // I (at least 1)
+  int64_t total_steps = 0;      // G I
+  int num_warps = 0;            // W, 1..G I
+  int* counters = nullptr;      // [max warps]
+  float* partials = nullptr;    // [2 max warps][kSplitSlot]
+};
+
+// 16 bytes at ptr if `ok`, else zeros (ptr is not read), without a branch; kept as four 32-bit
+// words (a Vec16 of 16-bit elements would take a register per element). Weights (kStream) are
+// read once: not kept in L1, the L2 fetch widened to 256 bytes. A and the layer-norm parameters
+// are read by every warp: plain (coherent, L1-cached) loads, as A is the previous kernel's output.
+template <bool kStream>
+__device__ __forceinline__ uint4 LoadOrZero(const void* ptr, bool ok) {
+  uint4 u;
+  if constexpr (kStream) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(ptr), "r"(static_cast<int>(ok)));
+  } else {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+        " @p ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(ptr), "r"(static_cast<int>(ok)));
+  }
+  return u;
+}
+
+// The two 16-bit elements of a word as floats (element 0 is the low half).
+template <typename T>
+__device__ __forceinline__ float2 Unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(w));
+    memcpy(&h, &w, sizeof(w));
+    return __half22float2(h);
+  } else {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+}
+
+// Element e (0..7) of a 16-byte word group as a float.
+template <typename T>
+__device__ __forceinline__ void Unpack8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 t = Unpack2<T>(w[q]);
+    f[2 * q] = t.x;
+    f[2 * q + 1] = t.y;
+  }
+}
+
+// The warp whose range holds step `step` (the largest w with w total / W <= step).
+__device__ __forceinline__ int64_t SplitWarpOf(int64_t step, int64_t total, int64_t warps) {
+  return ((step + 1) * warps - 1) / total;
+}
+
+// WarpRowSums over the CTA (each thread takes every kSplitWarps * 32-th 16-byte group), the warps'
+// sums added through `red` in shared memory; then per_row(i, cta_sum) for each row i (every
+// thread gets the CTA's sum).
+template <typename T, int M, bool kSquares, typename F>
+__device__ __forceinline__ void CtaRowSums(const T* const (&arow)[M], int k, const float (&mean)[M],
+                                           float (&red)[kSplitWarps][M], F&& per_row) {
+  constexpr int kV = fwd::Vec16<T>::kN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  WarpRowSums<T, M, kSquares>(arow, threadIdx.x * kV, kSplitWarps * 32 * kV, k, mean,
+                              [&](int i, float sum) {
+                                if (lane == 0) red[warp][i] = sum;
+                              });
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    float t = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kSplitWarps; ++q) t += red[q][i];
+    per_row(i, t);
+  }
+}
+
+// PDL as SkinnyGemmKernel: the first batch of weight loads and the L2 prefetch of the second are
+// issued before PdlWait; A, the workspace and the outputs are touched only after it (the
+// workspace is also used by the previous split-K GEMM, which has completed by then).
+template <typename T, int M, int kAct, bool kLn>
+__global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
+    SplitKSkinnyGemmKernel(const SplitArgs<T> s) {
+  using V = fwd::Vec16<T>;
+  constexpr int R = kSplitRows, U = SplitUnroll(M), kV = V::kN, kStep = 32 * kV;
+  static_assert(kV == 8, "16-bit elements");
+  constexpr int kLine = 128 / sizeof(T);  // elements per 128-byte line
+  constexpr int kLinesPerStep = kStep / kLine;
+  static_assert(U * kLinesPerStep <= 32, "one L2 prefetch per lane and row covers a batch");
+  const SkinnyArgs<T>& p = s.g;
+  const int lane = threadIdx.x & 31;
+  const int64_t w = int64_t{blockIdx.x} * kSplitWarps + (threadIdx.x >> 5);
+  const int64_t I = s.steps_per_group, total = s.total_steps, W = s.num_warps;
+  const int m = p.m, n = p.n, k = p.k;
+  const bool live = w < W;
+  const int64_t begin = live ? w * total / W : 0;
+  const int64_t end = live ? (w + 1) * total / W : 0;
+
+  // The current row group g and the steps [sl, se) of it that this warp streams.
+  int64_t g = begin / I;
+  int64_t sl = begin - g * I, se = min(end - g * I, I);
+  auto set_rows = [&](int64_t group, const T*(&rows)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      rows[r] = p.b + min(group * R + r, static_cast<int64_t>(n - 1)) * p.ldb;
+    }
+  };
+  const T* brow[R];
+  set_rows(g, brow);
+  uint4 bv[U][R];
+  auto load_batch = [&]() {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk = (sl + u) * kStep + lane * kV;
+      const bool ok = sl + u < se && kk < k;
+#pragma unroll
+      for (int r = 0; r < R; ++r) bv[u][r] = LoadOrZero<true>(brow[r] + kk, ok);
+    }
+  };
+  // The batch after the one at sl (in this group, else the next group's first one, if this warp
+  // has it) into L2: lane l takes line l % kLinesPerStep of step l / kLinesPerStep of each row.
+  auto prefetch_next = [&]() {
+    int64_t ps = sl + U, pe = se;
+    const T* prow[R];
+    if (ps < se) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) prow[r] = brow[r];
+    } else {
+      if ((g + 1) * I >= end) return;
+      ps = 0;
+      pe = min(end - (g + 1) * I, I);
+      set_rows(g + 1, prow);
+    }
+    const int64_t step = ps + lane / kLinesPerStep;
+    const int64_t off = step * kStep + (lane % kLinesPerStep) * kLine;
+    if (lane < U * kLinesPerStep && step < pe && off < k) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) PrefetchL2(prow[r] + off);
+    }
+  };
+  if (live) {
+    load_batch();
+    prefetch_next();
+  }
+  fwd::PdlWait();
+  fwd::PdlTrigger();
+
+  const T* arow[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
+  float mean[M], rstd[M];
+  if constexpr (kLn) {
+    // Row statistics once per CTA (two passes, as SkinnyGemmKernel), before idle warps leave.
+    __shared__ float red[2][kSplitWarps][M];
+    CtaRowSums<T, M, false>(arow, k, mean, red[0], [&](int i, float sum) { mean[i] = sum / k; });
+    CtaRowSums<T, M, true>(arow, k, mean, red[1],
+                           [&](int i, float sq) { rstd[i] = rsqrtf(sq / k + p.ln_eps); });
+  }
+  if (!live) return;
+
+  float acc[M][R];
+  // The batch in bv (steps sl .. sl + U - 1; those past se or k are zeros, and so is their A).
+  auto fma_batch = [&]() {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kk64 = (sl + u) * kStep + lane * kV;
+      const bool ok = sl + u < se && kk64 < k;
+      const int kk = ok ? static_cast<int>(kk64) : 0;
+      float b[R][kV];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Unpack8<T>(bv[u][r], b[r]);
+      float lw[kV], lb[kV];
+      if constexpr (kLn) {
+        Unpack8<T>(LoadOrZero<false>(p.ln_w + kk, ok), lw);
+        Unpack8<T>(LoadOrZero<false>(p.ln_b + kk, ok), lb);
+      }
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        float x[kV];
+        Unpack8<T>(LoadOrZero<false>(arow[i] + kk, ok), x);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          if constexpr (kLn) {
+            x[e] = ok ? fwd::ToFloat(fwd::FromFloat<T>((x[e] - mean[i]) * rstd[i] * lw[e] + lb[e]))
+                      : 0.0f;
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[i][r] = fmaf(x[e], b[r][e], acc[i][r]);
+        }
+      }
+    }
+  };
+
+  bool loaded = true;  // bv holds the first batch (loaded before PdlWait)
+  bool head = true;    // g is this warp's first row group
+  for (;;) {
+    const bool whole = sl == 0 && se == I;
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+    for (; sl < se; sl += U) {
+      if (!loaded) {
+        load_batch();
+        prefetch_next();
+      }
+      loaded = false;
+      fma_batch();
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
+    // Lane i * R + r owns output (i, g R + r).
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (lane == i * R + r) v = acc[i][r];
+    bool finish = true;
+    if (!whole) {
+      float* slot = s.partials + (2 * w + (head ? 0 : 1)) * kSplitSlot;
+      if (lane < M * R) __stcg(slot + lane, v);
+      __threadfence();
+      __syncwarp();
+      const int64_t first = SplitWarpOf(g * I, total, W);
+      const int64_t last = SplitWarpOf((g + 1) * I - 1, total, W);
+      int arrived = 0;
+      if (lane == 0) arrived = atomicAdd(s.counters + last, 1);
+      arrived = __shfl_sync(0xffffffffu, arrived, 0);
+      finish = arrived == last - first;
+      if (finish) {
+        __threadfence();
+        v = 0.0f;
+#pragma unroll 4
+        for (int64_t c = first; c <= last; ++c) {
+          const bool c_head = c * total / W >= g * I;
+          const float* ps = s.partials + (2 * c + (c_head ? 0 : 1)) * kSplitSlot;
+          if (lane < M * R) v += __ldcg(ps + lane);
+        }
+        if (lane == 0) s.counters[last] = 0;
+      }
+    }
+    if (finish) {
+      const int i = lane / R;
+      const int64_t col = g * R + lane % R;
+      if (lane < M * R && i < m && col < n) SkinnyStore<T, kAct>(p, i, static_cast<int>(col), v);
+    }
+    if ((g + 1) * I >= end) break;
+    ++g;
+    head = false;
+    sl = 0;
+    se = min(end - g * I, I);
+    set_rows(g, brow);
+  }
+}
+
+template <typename T, int M>
+absl::Status LaunchSplitK(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                          void* workspace, size_t workspace_bytes, const SkinnySplitKOptions& o) {
+  using Kernel = void (*)(SplitArgs<T>);
+  const bool ln = e.ln_weight != nullptr;
+  Kernel kernel = nullptr;
+  int act = 0;
+  switch (e.activation) {
+    case Activation::kIdentity:
+      kernel = ln ? SplitKSkinnyGemmKernel<T, M, 0, true> : SplitKSkinnyGemmKernel<T, M, 0, false>;
+      break;
+    case Activation::kGeluTanh:
+      kernel = ln ? SplitKSkinnyGemmKernel<T, M, 1, true> : SplitKSkinnyGemmKernel<T, M, 1, false>;
+      act = 1;
+      break;
+    case Activation::kGeluErf:
+      return absl::UnimplementedError("SkinnySplitKGemmCuda: GELU (erf) is not fused");
+  }
+  ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+  if (workspace == nullptr || workspace_bytes < SkinnySplitKWorkspaceBytes(sms)) {
+    return absl::InvalidArgumentError(absl::StrCat("SkinnySplitKGemmCuda: workspace of ",
+                                                   workspace_bytes, " bytes, needs ",
+                                                   SkinnySplitKWorkspaceBytes(sms)));
+  }
+  int per_sm = o.ctas_per_sm;
+  if (per_sm <= 0) {
+    // CTAs of this kernel that fit on one SM (registers); the same on every device of a process
+    // in practice, so asked once per kernel.
+    static std::atomic<int> fits[2][2];
+    per_sm = fits[act][ln].load(std::memory_order_relaxed);
+    if (per_sm <= 0) {
+      CUDA_RETURN_IF_ERROR(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSplitWarps * 32, 0));
+      fits[act][ln].store(per_sm, std::memory_order_relaxed);
+    }
+  }
+  per_sm = std::clamp(per_sm, 1, kSplitMaxCtasPerSm);
+
+  constexpr int64_t kStep = 32 * fwd::Vec16<T>::kN;
+  SplitArgs<T> s;
+  s.g = MakeSkinnyArgs<T>(p, e);
+  const int64_t groups = (p.n + kSplitRows - 1) / kSplitRows;
+  s.steps_per_group = std::max<int64_t>(1, (p.k + kStep - 1) / kStep);
+  s.total_steps = groups * s.steps_per_group;
+  const int64_t batches = (s.total_steps + SplitUnroll(M) - 1) / SplitUnroll(M);
+  s.num_warps = static_cast<int>(std::min<int64_t>(int64_t{sms} * per_sm * kSplitWarps, batches));
+  if (s.total_steps > (int64_t{1} << 62) / (s.num_warps + 1)) {
+    return absl::UnimplementedError("SkinnySplitKGemmCuda: shape too large");
+  }
+  s.counters = static_cast<int*>(workspace);
+  s.partials =
+      reinterpret_cast<float*>(static_cast<char*>(workspace) + SkinnySplitKCounterBytes(sms));
+  const int64_t blocks = (s.num_warps + kSplitWarps - 1) / kSplitWarps;
+  CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdl(o.pdl, kernel, dim3(static_cast<unsigned>(blocks)),
+                                           dim3(kSplitWarps * 32), stream, s));
+  return absl::OkStatus();
+}
+
+// What both skinny kernels accept. OK with m or n zero (nothing to do: *empty set).
+absl::Status CheckSkinny(const GemmParams& p, const GemmEpilogue& e, const char* who, bool* empty) {
+  RETURN_IF_ERROR(CheckGemmCuda(p, who));
+  if (e.accumulate && e.activation != Activation::kIdentity) {
+    return absl::InvalidArgumentError("GEMM: accumulate needs the identity activation");
+  }
+  *empty = p.m == 0 || p.n == 0;
+  if (*empty) return absl::OkStatus();
+  if (p.m > CudaGemm::kSkinnyMaxM || p.k % 8 != 0 || p.lda % 8 != 0 || p.ldb % 8 != 0 ||
+      !fwd::Aligned16(p.a) || !fwd::Aligned16(p.b) || e.activation == Activation::kGeluErf) {
+    return absl::UnimplementedError(absl::StrCat(who, ": shape or alignment not supported"));
+  }
+  if ((e.ln_weight != nullptr) != (e.ln_bias != nullptr) ||
+      (e.ln_weight && (!fwd::Aligned16(e.ln_weight) || !fwd::Aligned16(e.ln_bias)))) {
+    return absl::UnimplementedError(
+        absl::StrCat(who, ": layer norm needs aligned weight and bias"));
+  }
+  if (e.key_cache != nullptr) {
+    if (!e.value_cache || !e.slot_mapping || e.kv_col0 < 0 || e.kv_width <= 0 ||
+        e.kv_col0 + 2 * e.kv_width > p.n || e.accumulate) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": bad fused KV-cache write"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                            const SkinnyOptions& o) {
+  bool empty = false;
+  RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
+  if (empty) return absl::OkStatus();
+  auto with_rows = [&]<typename T, int R>() -> absl::Status {
+    if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, o);
+    SkinnyOptions wide;  // the m = 1 options do not apply
+    wide.pdl = o.pdl;
+    if (p.m == 2) return LaunchSkinny<T, 2, R>(p, e, stream, wide);
+    if (p.m <= 4) return LaunchSkinny<T, 4, R>(p, e, stream, wide);
+    return LaunchSkinny<T, 8, R>(p, e, stream, wide);
+  };
+  auto with_type = [&]<typename T>() -> absl::Status {
+    switch (o.rows_per_warp) {
+      case 1:
+        return with_rows.template operator()<T, 1>();
+      case 4:
+        return with_rows.template operator()<T, 4>();
+      default:
+        return with_rows.template operator()<T, 2>();
+    }
+  };
+  return p.dtype == DType::kF16 ? with_type.template operator()<__half>()
+                                : with_type.template operator()<__nv_bfloat16>();
+}
+
+size_t SkinnySplitKCounterBytes(int num_sms) {
+  return static_cast<size_t>((SplitMaxWarps(num_sms) * sizeof(int) + 255) / 256 * 256);
+}
+
+size_t SkinnySplitKWorkspaceBytes(int num_sms) {
+  return SkinnySplitKCounterBytes(num_sms) +
+         static_cast<size_t>(SplitMaxWarps(num_sms)) * 2 * kSplitSlot * sizeof(float);
+}
+
+absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                                  void* workspace, size_t workspace_bytes,
+                                  const SkinnySplitKOptions& options) {
+  bool empty = false;
+  RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnySplitKGemmCuda", &empty));
+  if (empty) return absl::OkStatus();
+  auto with_type = [&]<typename T>() -> absl::Status {
+    if (p.m == 1) return LaunchSplitK<T, 1>(p, e, stream, workspace, workspace_bytes, options);
+    if (p.m == 2) return LaunchSplitK<T, 2>(p, e, stream, workspace, workspace_bytes, options);
+    if (p.m <= 4) return LaunchSplitK<T, 4>(p, e, stream, workspace, workspace_bytes, options);
+    return LaunchSplitK<T, 8>(p, e, stream, workspace, workspace_bytes, options);
+  };
+  return p.dtype == DType::kF16 ? with_type.template operator()<__half>()
+                                : with_type.template operator()<__nv_bfloat16>();
+}
+
+}  // namespace mqa
