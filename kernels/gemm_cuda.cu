@@ -180,7 +180,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
       o.deep_max_warps = options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
       o.half_fold = options_.skinny_half_fold;
       o.stage_bytes = options_.skinny_stage_bytes;
-      o.single_wave = options_.skinny_single_wave;
+      o.occupancy = options_.skinny_occupancy;
       return SkinnyGemmCuda(p, e, stream, o);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;

@@ -85,12 +85,14 @@ class CudaGemm {
     // UTC: SantaCoder b1 decode step 1.008 / 1.000 -> 0.933 / 0.932 ms at 16 KiB (4 and 8 KiB:
     // 0.95), StarCoder b1 8.144 / 8.112 -> 8.122 / 8.105 ms (its layers run in the decode chain).
     int skinny_stage_bytes = 16384;
-    // m = 1, fp16, the half fold without the deep unroll (SantaCoder's c_fc: 1024 CTAs): the
-    // kernel compiled for 8 resident CTAs an SM (at most 64 registers a thread; ptxas spills 32
-    // bytes) instead of 4 (127 registers with the fused layer norm), so that such a call is one
-    // wave and every CTA stages its rows before the PDL wait. Off until measured (mqabench --gemm
-    // skinnydw).
-    bool skinny_single_wave = false;
+    // m = 1, fp16, the half fold: instantiations built for more resident CTAs an SM, so that more
+    // of a call's CTAs stage their rows before the PDL wait, beside the previous kernel's or in
+    // one wave. Without the deep unroll 8 (64 registers; ptxas spills 32 bytes) instead of 4 (127
+    // with the fused layer norm): SantaCoder's c_fc, 1024 CTAs, in one wave. With it 4 (128
+    // registers, no spills) instead of 3 (168 with the fused layer norm): SantaCoder's QKV, 288
+    // CTAs, two an SM beside mlp.c_proj's two instead of one. Off until measured (mqabench
+    // --gemm skinnydo).
+    bool skinny_occupancy = false;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -161,7 +163,7 @@ class CudaGemm {
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
   void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
-  void set_skinny_single_wave(bool on) { options_.skinny_single_wave = on; }
+  void set_skinny_occupancy(bool on) { options_.skinny_occupancy = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
@@ -212,7 +214,7 @@ struct SkinnyOptions {
   int64_t deep_max_warps = 0;
   bool half_fold = false;    // Options::skinny_half_fold (m = 1, fp16, two rows a warp)
   int stage_bytes = 0;       // Options::skinny_stage_bytes (m = 1)
-  bool single_wave = false;  // Options::skinny_single_wave (with half_fold, not deep-unrolled)
+  bool occupancy = false;    // Options::skinny_occupancy (m = 1 with half_fold)
 };
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
                             const SkinnyOptions& options = {});

@@ -25,8 +25,11 @@ constexpr int kSkinnyUnroll = 4;  // 16-byte weight loads in flight per row and 
 constexpr int kSkinnyDeepUnroll = 8;
 // CudaGemm::Options::skinny_half_fold: calls of at most this k (or narrow, deep-unrolled ones).
 constexpr int64_t kSkinnyHalfMaxK = 4096;
-// CudaGemm::Options::skinny_single_wave: the CTAs an SM its instantiation's registers allow.
-constexpr int kSkinnySingleWaveCtas = 8;
+// CudaGemm::Options::skinny_occupancy: the CTAs an SM the registers of its instantiations allow,
+// with the default unroll (64 registers; ptxas spills 16-32 bytes) and with the deep one (128
+// registers, no spills; 168 with the fused layer norm otherwise).
+constexpr int kSkinnyOccupancyCtas = 8;
+constexpr int kSkinnyDeepOccupancyCtas = 4;
 
 template <typename T>
 struct SkinnyArgs {
@@ -128,7 +131,7 @@ __device__ __forceinline__ void WarpRowSums(const T* const (&arow)[M], int j0, i
 // kHalf (M = 1, fp16; CudaGemm::Options::skinny_half_fold): each 16-byte chunk's eight products
 // summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
 // rounding on each 4-product partial).
-// kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_single_wave).
+// kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
           int kMinCtas = 1>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
@@ -377,11 +380,14 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
       // 24576, no deep unroll): narrow calls (the deep unroll) and k <= kSkinnyHalfMaxK.
       if (o.half_fold && (deep || p.k <= kSkinnyHalfMaxK)) {
         if (deep) {
-          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(a, ln, e.activation, grid,
-                                                                        stream, pdl);
+          return o.occupancy ? LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true,
+                                                    kSkinnyDeepOccupancyCtas>(a, ln, e.activation,
+                                                                              grid, stream, pdl)
+                             : LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true>(
+                                   a, ln, e.activation, grid, stream, pdl);
         }
-        return o.single_wave
-                   ? LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true, kSkinnySingleWaveCtas>(
+        return o.occupancy
+                   ? LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true, kSkinnyOccupancyCtas>(
                          a, ln, e.activation, grid, stream, pdl)
                    : LaunchSkinnyUnrolled<T, M, R, kSkinnyUnroll, true>(a, ln, e.activation, grid,
                                                                         stream, pdl);

@@ -164,9 +164,10 @@ struct GptBigCodeOptions {
   // bytes of each weight row into shared memory before their PDL wait. SantaCoder b1 -7% a decode
   // step (NOTES version 17).
   int gemm_stage_bytes = 16384;
-  // CudaGemm::Options::skinny_single_wave (mqabench --gemm skinnydw): c_fc-shaped m = 1 fp16
-  // GEMMs (half fold, not deep-unrolled) in one wave of 8 CTAs an SM. Off until measured.
-  bool gemm_single_wave = false;
+  // CudaGemm::Options::skinny_occupancy (mqabench --gemm skinnydo): m = 1 fp16 GEMMs on
+  // instantiations built for more resident CTAs an SM (SantaCoder's c_fc in one wave, its QKV
+  // beside mlp.c_proj). Off until measured.
+  bool gemm_occupancy = false;
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
@@ -278,8 +279,8 @@ class GptBigCode {
   void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int half_fold = -1);
   // Benchmarks: GptBigCodeOptions::gemm_stage_bytes. Drops captured graphs.
   void set_gemm_stage_bytes(int bytes);
-  // Benchmarks: GptBigCodeOptions::gemm_single_wave. Drops captured graphs.
-  void set_gemm_single_wave(bool on);
+  // Benchmarks: GptBigCodeOptions::gemm_occupancy. Drops captured graphs.
+  void set_gemm_occupancy(bool on);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

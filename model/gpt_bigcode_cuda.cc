@@ -275,9 +275,9 @@ void GptBigCode::set_gemm_stage_bytes(int bytes) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_gemm_single_wave(bool on) {
+void GptBigCode::set_gemm_occupancy(bool on) {
   if (!cuda_ || !cuda_->gemm) return;
-  cuda_->gemm->set_skinny_single_wave(on);
+  cuda_->gemm->set_skinny_occupancy(on);
   ClearCudaGraphs();
 }
 
@@ -365,7 +365,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny_deep_unroll = options.gemm_deep_unroll;
   gemm_options.skinny_half_fold = options.gemm_half_fold;
   gemm_options.skinny_stage_bytes = options.gemm_stage_bytes;
-  gemm_options.skinny_single_wave = options.gemm_single_wave;
+  gemm_options.skinny_occupancy = options.gemm_occupancy;
   gemm_options.stream_tc = options.gemm_stream_tc;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
@@ -757,7 +757,7 @@ void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
 void GptBigCode::set_gemm_stage_bytes(int) {}
-void GptBigCode::set_gemm_single_wave(bool) {}
+void GptBigCode::set_gemm_occupancy(bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

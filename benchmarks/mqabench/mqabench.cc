@@ -14,8 +14,8 @@
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
 //     "skinny" is without it), skinnydsN (skinnyd with N KiB of each weight row staged in shared
-//     memory before the PDL wait; skinnyd stages the model's default, 16), skinnydw (skinnyd with
-//     c_fc-shaped calls in one wave: GptBigCodeOptions::gemm_single_wave).
+//     memory before the PDL wait; skinnyd stages the model's default, 16), skinnydo (skinnyd with
+//     more resident CTAs an SM: GptBigCodeOptions::gemm_occupancy).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
 //     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
@@ -525,7 +525,7 @@ absl::Status Latency(const Flags& f) {
     // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
     // with CudaGemm::Options::skinny_deep_unroll), skinnydh / skinnydf (skinnyd with
     // skinny_half_fold on / off; skinnyd leaves it at the model's default, on), skinnydsN,
-    // skinnydw.
+    // skinnydo.
     for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
       variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
     }
@@ -533,7 +533,7 @@ absl::Status Latency(const Flags& f) {
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
         v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf" &&
-        v != "skinnydw" && SkinnyStageKib(v) < 0) {
+        v != "skinnydo" && SkinnyStageKib(v) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -739,13 +739,13 @@ absl::Status Latency(const Flags& f) {
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
                                variant == "tc" || variant == "splitk+tc",
                                variant == "skinnyd" || variant == "skinnydh" ||
-                                   variant == "skinnydf" || variant == "skinnydw" || stage_kib >= 0,
+                                   variant == "skinnydf" || variant == "skinnydo" || stage_kib >= 0,
                                variant == "skinnydh"   ? 1
                                : variant == "skinnydf" ? 0
                                                        : -1);
     r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
                                                   : GptBigCodeOptions().gemm_stage_bytes);
-    r.model().set_gemm_single_wave(variant == "skinnydw" || GptBigCodeOptions().gemm_single_wave);
+    r.model().set_gemm_occupancy(variant == "skinnydo" || GptBigCodeOptions().gemm_occupancy);
     r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
                              fast == "fuse" || fast == "pdl+fuse");
     r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);

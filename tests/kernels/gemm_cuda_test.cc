@@ -421,16 +421,16 @@ TEST_P(GemmCudaTest, AutotuneSplitKMatchesCpu) {
 TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
   const auto [t, rows] = GetParam();
   if (rows != 2) GTEST_SKIP() << "the deep unroll is instantiated for 2 rows per warp";
-  // fp32 fold; fp16 pairs (fp16 only); fp16 pairs with c_fc-shaped calls in one wave
-  // (Options::skinny_single_wave: the kernel built for 8 CTAs an SM).
+  // fp32 fold; fp16 pairs (fp16 only); fp16 pairs on the instantiations built for more resident
+  // CTAs an SM (Options::skinny_occupancy: 8 without the deep unroll, c_fc's shape; 4 with it).
   for (const int form : {0, 1, 2}) {
-    SCOPED_TRACE(form == 0 ? "fp32 fold" : form == 1 ? "half fold" : "half fold, single wave");
+    SCOPED_TRACE(form == 0 ? "fp32 fold" : form == 1 ? "half fold" : "half fold, occupancy");
     CudaGemm::Options options;
     options.skinny_rows_per_warp = rows;
     options.skinny_max_m = CudaGemm::kSkinnyMaxM;
     options.skinny_deep_unroll = true;
     options.skinny_half_fold = form >= 1;
-    options.skinny_single_wave = form == 2;
+    options.skinny_occupancy = form == 2;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), its
@@ -464,7 +464,7 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
 // the previous one's output; GELU and a residual among them) launched with PDL into one CUDA graph,
 // with and without the deep unroll (which loads a whole 4 KiB weight row before the wait), with and
 // without the rows staged in shared memory before the wait (Options::skinny_stage_bytes), and with
-// the half fold and c_fc in one wave (Options::skinny_single_wave). Each
+// the half fold on the occupancy instantiations (Options::skinny_occupancy). Each
 // link's output is checked against the CPU on the device's own input, so a link that read its
 // input before the previous link had written it shows as that link's error (the outputs are
 // poisoned first).
@@ -512,12 +512,12 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
     SCOPED_TRACE(form == 0   ? "default unroll"
                  : form == 1 ? "deep unroll"
                  : form == 2 ? "deep, no staging"
-                             : "deep, half fold, single wave (the model's fp16 form with it)");
+                             : "deep, half fold, occupancy (the model's fp16 form with it)");
     CudaGemm::Options options;
     options.skinny_deep_unroll = form >= 1;
     if (form == 2) options.skinny_stage_bytes = 0;
     options.skinny_half_fold = form == 3;
-    options.skinny_single_wave = form == 3;
+    options.skinny_occupancy = form == 3;
     options.pdl = true;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
