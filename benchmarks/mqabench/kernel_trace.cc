@@ -1,6 +1,8 @@
 #include "benchmarks/mqabench/kernel_trace.h"
 
+#ifdef MQA_WITH_CUPTI
 #include <cupti.h>
+#endif
 #include <cxxabi.h>
 
 #include <atomic>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda_check.h"
 
+#ifdef MQA_WITH_CUPTI
 // The check macro's CUPTI variant (only this file calls CUPTI).
 #define CUPTI_RETURN_IF_ERROR(expr)                                                            \
   do {                                                                                         \
@@ -27,7 +30,10 @@
     }                                                                                          \
   } while (0)
 
+#endif  // MQA_WITH_CUPTI
+
 namespace mqa::bench {
+#ifdef MQA_WITH_CUPTI
 namespace {
 
 // CUPTI hands records over in buffers it asks for and returns from its own threads.
@@ -136,6 +142,25 @@ absl::StatusOr<std::vector<KernelRecord>> KernelTrace::Take() {
   return std::exchange(c.records, {});
 }
 
+size_t KernelTrace::dropped() const {
+  Collector& c = TheCollector();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.dropped;
+}
+
+#else  // no CUPTI: --kernel-trace reports it
+
+absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
+  return absl::UnimplementedError("KernelTrace: mqabench was built without CUPTI");
+}
+KernelTrace::~KernelTrace() = default;
+absl::StatusOr<std::vector<KernelRecord>> KernelTrace::Take() {
+  return absl::UnimplementedError("KernelTrace: mqabench was built without CUPTI");
+}
+size_t KernelTrace::dropped() const { return 0; }
+
+#endif  // MQA_WITH_CUPTI
+
 absl::Status StepTraceRecorder::Start() {
   steps_.clear();
   ASSIGN_OR_RETURN(trace_, KernelTrace::Start());
@@ -174,12 +199,6 @@ absl::Status StepTraceRecorder::Finish(const std::string& path_prefix, double un
               path_prefix.c_str(), path_prefix.c_str());
   std::fflush(stdout);
   return absl::OkStatus();
-}
-
-size_t KernelTrace::dropped() const {
-  Collector& c = TheCollector();
-  std::lock_guard<std::mutex> lock(c.mu);
-  return c.dropped;
 }
 
 }  // namespace mqa::bench
