@@ -114,7 +114,11 @@ absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
   }
   auto start = []() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    CUPTI_RETURN_IF_ERROR(cuptiActivityRegisterCallbacks(OnBufferRequested, OnBufferCompleted));
+    static bool registered = false;  // once a process (later traces reuse the callbacks)
+    if (!registered) {
+      CUPTI_RETURN_IF_ERROR(cuptiActivityRegisterCallbacks(OnBufferRequested, OnBufferCompleted));
+      registered = true;
+    }
     CUPTI_RETURN_IF_ERROR(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     return absl::OkStatus();
   };
