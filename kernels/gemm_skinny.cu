@@ -120,6 +120,18 @@ __device__ __forceinline__ void WarpRowSums(const T* const (&arow)[M], int j0, i
   }
 }
 
+// Each of a warp's partial dot products summed over its lanes (every lane gets the sums): the
+// end of both skinny kernels' folds.
+template <int M, int R>
+__device__ __forceinline__ void WarpSumAcc(float (&acc)[M][R]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
+}
+
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first (each
 // warp computes the row statistics itself: A is m <= 8 rows, in L1/L2), rounded to T as the
 // separate LayerNormCuda would write them.
@@ -271,13 +283,8 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     for (int r = 0; r < R; ++r) bv[r] = *reinterpret_cast<const V*>(brow[r] + kk);
     fma_group(bv, kk);
   }
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
-        // Lane i*R + r writes output (i, n0 + r).
+  WarpSumAcc(acc);
+  // Lane i*R + r writes output (i, n0 + r).
 #pragma unroll
   for (int i = 0; i < M; ++i) {
 #pragma unroll
@@ -656,12 +663,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
       loaded = false;
       fma_batch();
     }
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
+    WarpSumAcc(acc);
     // Lane i * R + r owns output (i, g R + r).
     float v = 0.0f;
 #pragma unroll
