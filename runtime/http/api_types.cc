@@ -393,6 +393,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
+  if (Field(object, "suffix") != nullptr) {
+    RETURN_IF_ERROR(ReadString(object, "suffix", &request.suffix.emplace()));
+    if (request.echo) return InvalidParam("suffix", "'suffix' cannot be combined with 'echo'");
+    for (const PromptInput& prompt : request.prompts) {
+      if (!prompt.is_text) {
+        return InvalidParam("suffix", "'suffix' needs text prompts (each is the infill's prefix)");
+      }
+    }
+  }
   return request;
 }
 

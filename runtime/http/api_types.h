@@ -62,6 +62,10 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   bool return_token_ids = false;  // vLLM's extension: prompt_token_ids and choices[i].token_ids
+  // OpenAI's `suffix` (/v1/completions only): the text after the completion. Each prompt, which
+  // must be text, is the prefix of a fill-in-the-middle prompt the server builds as /v1/infill
+  // does (a model without FIM tokens refuses it); not with echo.
+  std::optional<std::string> suffix;
 };
 
 // Default max_tokens when the client sends none (OpenAI's).

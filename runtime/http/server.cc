@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -131,6 +132,10 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<CompletionJob>> StartJob(const httplib::Request& req, bool infill,
                                                           bool* stream);
   absl::StatusOr<std::vector<PreparedPrompt>> Prepare(const CompletionRequest& request) const;
+  // The fill-in-the-middle prompt of `prefix` and `suffix` (user text: special-token text in them
+  // stays text); InvalidArgument naming `param` where the model has no FIM tokens.
+  absl::StatusOr<std::vector<int32_t>> FimPrompt(std::string_view prefix, std::string_view suffix,
+                                                 absl::string_view param) const;
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
   void AbortAll(const CompletionJob& job);
 
@@ -245,6 +250,18 @@ absl::Status HttpServer::Impl::Submit(CompletionJob& job, const SamplingParams& 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::FimPrompt(std::string_view prefix,
+                                                                 std::string_view suffix,
+                                                                 absl::string_view param) const {
+  absl::StatusOr<std::vector<int32_t>> ids =
+      tokenizer->EncodeInfill(prefix, suffix, /*parse_special=*/false);
+  if (!ids.ok()) {
+    return ApiError(absl::StatusCode::kInvalidArgument, param,
+                    absl::StrCat("This model cannot fill in the middle: ", ids.status().message()));
+  }
+  return ids;
+}
+
 void HttpServer::Impl::AbortAll(const CompletionJob& job) {
   for (const std::string& id : job.UnfinishedEngineIds()) engine->Abort(id);
 }
@@ -259,20 +276,21 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
     ASSIGN_OR_RETURN(InfillRequest fim, ParseInfillRequest(req.body));
     request = std::move(fim.common);
     RETURN_IF_ERROR(CheckModel(request.model));
-    // Prefix and suffix are user content: special-token text in them stays text.
-    absl::StatusOr<std::vector<int32_t>> ids =
-        tokenizer->EncodeInfill(fim.input_prefix, fim.input_suffix, /*parse_special=*/false);
-    if (!ids.ok()) {
-      return ApiError(
-          absl::StatusCode::kInvalidArgument, "input_prefix",
-          absl::StrCat("This model cannot fill in the middle: ", ids.status().message()));
-    }
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                     FimPrompt(fim.input_prefix, fim.input_suffix, "input_prefix"));
     std::vector<int32_t> extra = tokenizer->Encode(fim.prompt, /*parse_special=*/false);
-    ids->insert(ids->end(), extra.begin(), extra.end());
-    request.prompts.push_back({.is_text = false, .token_ids = *std::move(ids)});
+    ids.insert(ids.end(), extra.begin(), extra.end());
+    request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   } else {
     ASSIGN_OR_RETURN(request, ParseCompletionRequest(req.body));
     RETURN_IF_ERROR(CheckModel(request.model));
+    if (request.suffix.has_value()) {  // OpenAI's insertion: each text prompt is a prefix
+      for (PromptInput& prompt : request.prompts) {
+        ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         FimPrompt(prompt.text, *request.suffix, "suffix"));
+        prompt = {.is_text = false, .token_ids = std::move(ids)};
+      }
+    }
   }
   ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
 

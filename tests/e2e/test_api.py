@@ -116,6 +116,19 @@ def test_infill(server):
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_completion_suffix_is_the_infill(server):
+    # OpenAI's insertion form, through the OpenAI client: the prompt is the prefix, the suffix
+    # follows the completion; the same FIM prompt as /v1/infill.
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    completion = client(server).completions.create(model=server.model, prompt=prefix,
+                                                   suffix=suffix, max_tokens=8, temperature=0)
+    status, infill = server.post_json("/v1/infill", {
+        "input_prefix": prefix, "input_suffix": suffix, "max_tokens": 8, "temperature": 0})
+    assert status == 200, infill
+    assert completion.choices[0].text == infill["choices"][0]["text"]
+    assert completion.usage.prompt_tokens == infill["usage"]["prompt_tokens"]
+
+
 BAD_BODIES = [
     (b'{"prompt": "x"', 400, None),
     (b'["x"]', 400, None),

@@ -222,6 +222,32 @@ TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   }
 }
 
+// OpenAI's `suffix`: kept for the server to build each text prompt's infill; not with echo or
+// token prompts; null is absent.
+TEST(ApiTypesTest, CompletionSuffix) {
+  absl::StatusOr<CompletionRequest> r =
+      ParseCompletionRequest("{\"prompt\": [\"def f(\", \"x = \"], \"suffix\": \"):\\n\"}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->suffix.has_value());
+  EXPECT_EQ(*r->suffix, "):\n");
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[1].text, "x = ");
+  r = ParseCompletionRequest("{\"prompt\": \"a\", \"suffix\": null}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->suffix.has_value());
+  r = ParseCompletionRequest("{\"prompt\": \"a\", \"suffix\": \"\"}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->suffix, "");
+  EXPECT_EQ(ErrorParam(ParseCompletionRequest("{\"prompt\": \"a\", \"suffix\": 3}").status()),
+            "suffix");
+  EXPECT_EQ(
+      ErrorParam(ParseCompletionRequest("{\"prompt\": \"a\", \"suffix\": \"b\", \"echo\": true}")
+                     .status()),
+      "suffix");
+  EXPECT_EQ(ErrorParam(ParseCompletionRequest("{\"prompt\": [1, 2], \"suffix\": \"b\"}").status()),
+            "suffix");
+}
+
 TEST(ApiTypesTest, InfillTokenizeDetokenize) {
   absl::StatusOr<InfillRequest> infill = ParseInfillRequest(
       "{\"input_prefix\": \"def f(\", \"input_suffix\": \"):\\n\", \"max_tokens\": 7}");

@@ -14,13 +14,17 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -79,6 +83,7 @@ struct TestSetup {
   bool run_engine = true;
   bool ready = true;
   absl::Duration step_delay = absl::ZeroDuration();
+  const Tokenizer* tokenizer = nullptr;  // null: FixtureTokenizer()
 };
 
 TestSetup DefaultSetup() {
@@ -109,7 +114,9 @@ class HttpServerTest : public ::testing::Test {
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = *std::move(engine);
     if (setup.run_engine) StartEngine();
-    server_ = std::make_unique<HttpServer>(setup.server, engine_.get(), &FixtureTokenizer());
+    server_ = std::make_unique<HttpServer>(
+        setup.server, engine_.get(),
+        setup.tokenizer != nullptr ? setup.tokenizer : &FixtureTokenizer());
     ASSERT_TRUE(server_->Start().ok());
     if (setup.ready) server_->SetReady();
   }
@@ -613,6 +620,40 @@ TEST_F(HttpServerTest, ModelsTokenizeDetokenize) {
   EXPECT_EQ(status, 404);
 }
 
+// A model whose tokenizer has no fill-in-the-middle tokens (the fixture's, renamed): /v1/infill and
+// a completion's suffix are refused with a 400 that names the field and says why; plain
+// completions still run.
+TEST_F(HttpServerTest, NoFimTokensRefusesInfillAndSuffix) {
+  static const Tokenizer* no_fim = [] {
+    std::ifstream in(SourceDir() + "/tests/fixtures/tokenizer/tokenizer.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<Tokenizer> t =
+        Tokenizer::FromJson(absl::StrReplaceAll(text.str(), {{"<fim_", "<fxm_"}}), "no-fim");
+    MQA_CHECK_OK(t.status());
+    return new Tokenizer(*std::move(t));
+  }();
+  ASSERT_FALSE(no_fim->fim_tokens().has_value());
+  TestSetup setup = DefaultSetup();
+  setup.tokenizer = no_fim;
+  Start(setup);
+  for (const auto& [path, body, param] :
+       {std::tuple<const char*, json, const char*>{
+            "/v1/infill", {{"input_prefix", "def f("}, {"input_suffix", "):"}}, "input_prefix"},
+        {"/v1/completions", {{"prompt", "def f("}, {"suffix", "):"}}, "suffix"}}) {
+    int status = 0;
+    json error = Post(path, body.dump(), &status);
+    EXPECT_EQ(status, 400) << path;
+    EXPECT_EQ(error["error"]["param"], param) << path;
+    EXPECT_TRUE(absl::StrContains(error["error"]["message"].get<std::string>(),
+                                  "cannot fill in the middle"))
+        << error;
+  }
+  json plain =
+      PostOk("/v1/completions", {{"prompt", "def f("}, {"max_tokens", 2}, {"ignore_eos", true}});
+  EXPECT_EQ(plain["usage"]["completion_tokens"], 2);
+}
+
 TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
   Start(DefaultSetup());
   const int vocab = setup_.runner.vocab_size;
@@ -629,6 +670,25 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
   EXPECT_EQ(infill["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), fim_ids);
   EXPECT_EQ(infill["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
             GreedyReference(fim_ids, 6, vocab));
+
+  // OpenAI's suffix on /v1/completions: each text prompt is the prefix of the same FIM prompt.
+  json suffixed = PostOk("/v1/completions", {{"prompt", {"def f(x):\n    return ", "y = "}},
+                                             {"suffix", "\n\nprint(f(2))"},
+                                             {"max_tokens", 6},
+                                             {"temperature", 0},
+                                             {"return_token_ids", true}});
+  ASSERT_EQ(suffixed["choices"].size(), 2u);
+  EXPECT_EQ(suffixed["choices"][0]["prompt_token_ids"], infill["choices"][0]["prompt_token_ids"]);
+  EXPECT_EQ(suffixed["choices"][0]["token_ids"], infill["choices"][0]["token_ids"]);
+  EXPECT_EQ(suffixed["choices"][0]["text"], infill["choices"][0]["text"]);
+  EXPECT_EQ(suffixed["choices"][1]["prompt_token_ids"].get<std::vector<int32_t>>(),
+            *tok.EncodeInfill("y = ", "\n\nprint(f(2))", false));
+  int suffix_status = 0;
+  json refused =
+      Post("/v1/completions", json({{"prompt", {1, 2}}, {"suffix", "x"}, {"max_tokens", 2}}).dump(),
+           &suffix_status);
+  EXPECT_EQ(suffix_status, 400);
+  EXPECT_EQ(refused["error"]["param"], "suffix");
 
   // Echo with max_tokens 0: the prompt alone; with tokens: prompt then completion.
   json echo =
