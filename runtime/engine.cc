@@ -362,7 +362,7 @@ absl::Status Engine::Step() {
 bool DeviceSamplable(const SamplingParams& params) {
   return params.n == 1 && params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         !params.logprobs.has_value();
+         !params.logprobs.has_value() && params.logit_bias.empty();
 }
 
 void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,

@@ -41,6 +41,9 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
                     absl::Span<const int32_t> output_tokens, absl::Span<float> logits) {
   const auto vocab = static_cast<int32_t>(logits.size());
   auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  for (const auto& [t, bias] : params.logit_bias) {
+    if (in_vocab(t)) logits[t] += bias;
+  }
   if (params.repetition_penalty != 1.0f) {
     std::vector<bool> seen(vocab, false);
     for (auto tokens : {prompt_tokens, output_tokens}) {

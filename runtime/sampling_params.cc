@@ -24,6 +24,12 @@ absl::Status SamplingParams::Validate() const {
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
     return bad("frequency_penalty must be in [-2, 2], got ", frequency_penalty);
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return bad("logit_bias token ids must be >= 0, got ", id);
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return bad("logit_bias values must be in [-100, 100], got ", bias);
+    }
+  }
   if (max_tokens < 1) return bad("max_tokens must be at least 1, got ", max_tokens);
   if (min_tokens < 0 || min_tokens > max_tokens) {
     return bad("min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens);

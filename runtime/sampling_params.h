@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,6 +30,10 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   // Subtracted from a token's logit once per occurrence in the output so far.
   float frequency_penalty = 0.0f;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the token's logit before the
+  // penalties (-100 all but bans a token, +100 all but forces it). Ids are checked against the
+  // vocabulary at the edge.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // Same seed, same prompt, same model: same output, whatever else shares the batch. Without a
   // seed the engine draws one from its own generator.
   std::optional<uint64_t> seed;

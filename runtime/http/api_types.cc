@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
@@ -252,6 +253,23 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
     return InvalidParam("min_tokens",
                         absl::StrCat("'min_tokens' (", p.min_tokens,
                                      ") must not exceed 'max_tokens' (", p.max_tokens, ")"));
+  }
+  if (const json* bias = Field(object, "logit_bias"); bias != nullptr) {
+    if (!bias->is_object()) return TypeError("logit_bias", "an object of token id -> bias");
+    for (const auto& [key, value] : bias->items()) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(key, &id) || id < 0) {
+        return InvalidParam("logit_bias",
+                            absl::StrCat("'logit_bias' keys must be token ids, got '", key, "'"));
+      }
+      if (!value.is_number()) return TypeError("logit_bias", "an object of token id -> bias");
+      const double b = value.get<double>();
+      if (!(b >= -100.0 && b <= 100.0)) {
+        return InvalidParam("logit_bias",
+                            absl::StrCat("'logit_bias' values must be in [-100, 100], got ", b));
+      }
+      p.logit_bias.emplace_back(id, static_cast<float>(b));
+    }
   }
   if (const json* logprobs = Field(object, "logprobs"); logprobs != nullptr) {
     int value = 0;

@@ -202,6 +202,13 @@ absl::Status HttpServer::Impl::CheckModel(const std::optional<std::string>& mode
 
 absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(
     const CompletionRequest& request) const {
+  for (const auto& [id, bias] : request.params.logit_bias) {
+    if (id >= tokenizer->vocab_size()) {
+      return InvalidParam(
+          "logit_bias", absl::StrCat("'logit_bias' token id ", id, " is outside the vocabulary of ",
+                                     tokenizer->vocab_size(), " tokens"));
+    }
+  }
   std::vector<PreparedPrompt> prepared;
   prepared.reserve(request.prompts.size());
   for (const PromptInput& input : request.prompts) {

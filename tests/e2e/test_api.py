@@ -129,6 +129,18 @@ def test_completion_suffix_is_the_infill(server):
     assert completion.usage.prompt_tokens == infill["usage"]["prompt_tokens"]
 
 
+def test_logit_bias_through_the_openai_client(server):
+    status, tokens = server.post_json("/tokenize", {"prompt": " x"})
+    assert status == 200, tokens
+    forced = tokens["tokens"][0]
+    status, detok = server.post_json("/detokenize", {"tokens": [forced] * 4})
+    assert status == 200, detok
+    completion = client(server).completions.create(
+        model=server.model, prompt="def f(", max_tokens=4, temperature=0,
+        logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    assert completion.choices[0].text == detok["prompt"]
+
+
 BAD_BODIES = [
     (b'{"prompt": "x"', 400, None),
     (b'["x"]', 400, None),

@@ -315,6 +315,46 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleCase{"DeviceSamplingTinyPool", 32, 8, 24, true, true, true, true}),
     [](const ::testing::TestParamInfo<OracleCase>& info) { return info.param.name; });
 
+// logit_bias is not the device sampler's: with device sampling on, such a request is sampled on the
+// host from its logits (the bias added first), beside device-sampled ones, and a +100 bias forces
+// its token.
+TEST(Engine, LogitBiasRequestsAreSampledOnTheHost) {
+  FakeRunnerOptions runner_options;
+  runner_options.device_sampling = true;
+  EngineOptions options;
+  options.max_model_len = 64;
+  options.eos_token_id = kEos;
+  Harness h(runner_options, options);
+  SamplingParams forced;
+  forced.seed = 1;
+  forced.temperature = 0;
+  forced.max_tokens = 6;
+  forced.ignore_eos = true;
+  forced.logit_bias = {{5, 100.0f}};
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  EXPECT_FALSE(DeviceSamplable(forced));
+  EXPECT_EQ(Oracle(prompt, forced, 0, runner_options.vocab_size, 64).tokens,
+            std::vector<int32_t>(6, 5));
+  ASSERT_TRUE(h.Add("forced", prompt, forced).ok());
+  SamplingParams drawn;
+  drawn.seed = 2;
+  drawn.max_tokens = 10;
+  drawn.logit_bias = {{3, -100.0f}, {9, 4.0f}};
+  const Expected with_bias = Oracle(prompt, drawn, 0, runner_options.vocab_size, 64);
+  SamplingParams unbiased = drawn;
+  unbiased.logit_bias.clear();
+  EXPECT_NE(with_bias.tokens, Oracle(prompt, unbiased, 0, runner_options.vocab_size, 64).tokens);
+  EXPECT_EQ(std::count(with_bias.tokens.begin(), with_bias.tokens.end(), 3), 0);
+  ASSERT_TRUE(h.Add("drawn", prompt, drawn).ok());
+  SamplingParams plain;  // device-samplable, in the same batch
+  plain.seed = 3;
+  plain.max_tokens = 10;
+  ASSERT_TRUE(h.Add("plain", {4, 5}, plain).ok());
+  h.RunToCompletion();
+  h.ExpectMatchesOracle();
+  EXPECT_GT(h.runner().sampled_steps_with_logits, 0);
+}
+
 // A batch the device sampler covers entirely: only token ids come back (no logits copied), and
 // every request gets the device sampler's draws, which differ from the host sampler's.
 TEST(Engine, DeviceSamplingShipsNoLogitsAndUsesTheDeviceDraws) {

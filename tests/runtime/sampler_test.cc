@@ -169,6 +169,29 @@ TEST(Sampler, PenaltiesFollowTheFormulas) {
   }
 }
 
+// logit_bias is added first (a repetition penalty then scales the biased logit); ids outside the
+// row are ignored.
+TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
+  std::mt19937_64 rng(6);
+  const std::vector<float> logits = RandomLogits(rng, 10);
+  SamplingParams params;
+  params.logit_bias = {{4, 2.5f}, {2, -1.0f}, {99, 3.0f}};
+  params.repetition_penalty = 1.3f;
+  const std::vector<int32_t> prompt = {2};
+  std::vector<float> got = logits;
+  ApplyPenalties(params, prompt, {}, absl::MakeSpan(got));
+  for (int t = 0; t < 10; ++t) {
+    float want = logits[t] + (t == 4 ? 2.5f : t == 2 ? -1.0f : 0.0f);
+    if (t == 2) want = want > 0 ? want / 1.3f : want * 1.3f;
+    EXPECT_FLOAT_EQ(got[t], want) << "token " << t;
+  }
+  params = SamplingParams();
+  params.temperature = 0;
+  params.logit_bias = {{7, 100.0f}};
+  SamplingContext context{&params, {}, {}, -1, nullptr};
+  EXPECT_EQ(Sample(logits, context).token_id, 7);
+}
+
 TEST(Sampler, GreedyTakesTheArgmaxAfterPenaltiesWithoutRandomness) {
   std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f};
   SamplingParams params;
@@ -269,6 +292,13 @@ TEST(SamplingParams, ValidateNamesTheBadField) {
   params = SamplingParams();
   params.n = 0;
   EXPECT_FALSE(params.Validate().ok());
+  params = SamplingParams();
+  params.logit_bias = {{3, 100.5f}};
+  EXPECT_NE(params.Validate().message().find("logit_bias"), std::string::npos);
+  params.logit_bias = {{-1, 1.0f}};
+  EXPECT_NE(params.Validate().message().find("logit_bias"), std::string::npos);
+  params.logit_bias = {{3, -100.0f}};
+  EXPECT_TRUE(params.Validate().ok());
 }
 
 TEST(StopStringMatcher, FindsStopsAcrossDeltasAndHoldsBackPrefixes) {

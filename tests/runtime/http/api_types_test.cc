@@ -1,7 +1,9 @@
 #include "runtime/http/api_types.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -220,6 +222,27 @@ TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
     EXPECT_EQ(r->include_usage, usage);
     EXPECT_TRUE(p.Validate().ok()) << p.Validate();
   }
+}
+
+// OpenAI's logit_bias: token id keys (as JSON strings) to biases in [-100, 100].
+TEST(ApiTypesTest, LogitBias) {
+  absl::StatusOr<CompletionRequest> r =
+      ParseCompletionRequest("{\"prompt\": \"a\", \"logit_bias\": {\"50\": -100, \"7\": 2.5}}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto bias = r->params.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{7, 2.5f}, {50, -100.0f}}));
+  EXPECT_TRUE(r->params.Validate().ok());
+  for (const char* bad : {"{\"prompt\": \"a\", \"logit_bias\": {\"x\": 1}}",
+                          "{\"prompt\": \"a\", \"logit_bias\": {\"-3\": 1}}",
+                          "{\"prompt\": \"a\", \"logit_bias\": {\"3\": 101}}",
+                          "{\"prompt\": \"a\", \"logit_bias\": {\"3\": \"up\"}}",
+                          "{\"prompt\": \"a\", \"logit_bias\": [3]}"}) {
+    EXPECT_EQ(ErrorParam(ParseCompletionRequest(bad).status()), "logit_bias") << bad;
+  }
+  r = ParseCompletionRequest("{\"prompt\": \"a\", \"logit_bias\": null}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->params.logit_bias.empty());
 }
 
 // OpenAI's `suffix`: kept for the server to build each text prompt's infill; not with echo or

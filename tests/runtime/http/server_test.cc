@@ -690,6 +690,24 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
   EXPECT_EQ(suffix_status, 400);
   EXPECT_EQ(refused["error"]["param"], "suffix");
 
+  // logit_bias: +100 on a token makes greedy decoding repeat it; an id past the vocabulary is a
+  // 400 naming the field.
+  const int32_t forced = tok.Encode(" x").at(0);
+  json biased = PostOk("/v1/completions", {{"prompt", "def f("},
+                                           {"max_tokens", 4},
+                                           {"temperature", 0},
+                                           {"ignore_eos", true},
+                                           {"logit_bias", {{std::to_string(forced), 100}}},
+                                           {"return_token_ids", true}});
+  EXPECT_EQ(biased["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(4, forced));
+  int bias_status = 0;
+  json far = Post("/v1/completions",
+                  json({{"prompt", "a"}, {"logit_bias", {{std::to_string(vocab + 5), 1}}}}).dump(),
+                  &bias_status);
+  EXPECT_EQ(bias_status, 400);
+  EXPECT_EQ(far["error"]["param"], "logit_bias");
+
   // Echo with max_tokens 0: the prompt alone; with tokens: prompt then completion.
   json echo =
       PostOk("/v1/completions", {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 0}});
