@@ -200,6 +200,15 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   if (p.n < 1 || p.n > kMaxN) {
     return InvalidParam("n", absl::StrCat("'n' must be in [1, ", kMaxN, "], got ", p.n));
   }
+  // best_of (the n best of best_of samples by likelihood) is not implemented: accepted only where
+  // it changes nothing (1, or n), refused otherwise rather than silently ignored.
+  int best_of = 1;
+  RETURN_IF_ERROR(ReadInt(object, "best_of", std::numeric_limits<int>::min(), kIntMax, &best_of));
+  if (best_of != 1 && best_of != p.n) {
+    return InvalidParam("best_of", absl::StrCat("'best_of' other than 1 or 'n' is not supported "
+                                                "(got ",
+                                                best_of, " with n = ", p.n, ")"));
+  }
   RETURN_IF_ERROR(ReadFloat(object, "presence_penalty", &p.presence_penalty));
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
     return InvalidParam(

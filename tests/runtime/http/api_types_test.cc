@@ -245,6 +245,17 @@ TEST(ApiTypesTest, LogitBias) {
   EXPECT_TRUE(r->params.logit_bias.empty());
 }
 
+// best_of: only where it changes nothing (1 or n); otherwise a 400 instead of being ignored.
+TEST(ApiTypesTest, BestOfOnlyWhereItChangesNothing) {
+  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": 1}").ok());
+  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"n\": 3, \"best_of\": 3}").ok());
+  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": null}").ok());
+  EXPECT_EQ(ErrorParam(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": 4}").status()),
+            "best_of");
+  EXPECT_EQ(ErrorParam(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": \"2\"}").status()),
+            "best_of");
+}
+
 // OpenAI's `suffix`: kept for the server to build each text prompt's infill; not with echo or
 // token prompts; null is absent.
 TEST(ApiTypesTest, CompletionSuffix) {
