@@ -66,3 +66,52 @@ function(mqa_add_script_test)
     set_tests_properties(${T_NAME} PROPERTIES SKIP_RETURN_CODE ${T_SKIP_RETURN_CODE})
   endif()
 endfunction()
+
+# mqa_add_fuzz_test(NAME name SOURCES a.cc ... [PKG_MODULES m ...] [DEFINES -Dx ...]
+#                   [DEPENDS headers ...] [CORPUS dir] [ARGS libFuzzer flags ...])
+#
+# A libFuzzer target and the ctest (label fuzz) that runs it for 10 seconds over the committed
+# seeds in CORPUS (new inputs go to a folder in the build tree). The project compiles with g++ and
+# libFuzzer needs clang, so the binary is built by invoking clang++ directly on the listed sources
+# (ASan and UBSan, undefined behaviour fatal), linked against the pkg-config modules. Nothing is
+# added without MQA_ENABLE_FUZZERS, clang++ or one of the modules.
+function(mqa_add_fuzz_test)
+  cmake_parse_arguments(F "" "NAME;CORPUS" "SOURCES;PKG_MODULES;DEFINES;DEPENDS;ARGS" ${ARGN})
+  if(NOT MQA_ENABLE_FUZZERS)
+    return()
+  endif()
+  find_program(MQA_CLANGXX NAMES clang++ clang++-14)
+  if(NOT MQA_CLANGXX)
+    message(STATUS "mqaserve: no clang++, fuzz test ${F_NAME} not built")
+    return()
+  endif()
+  pkg_check_modules(MQA_FUZZ_${F_NAME} QUIET ${F_PKG_MODULES})
+  if(NOT MQA_FUZZ_${F_NAME}_FOUND)
+    message(STATUS "mqaserve: ${F_PKG_MODULES} not all found, fuzz test ${F_NAME} not built")
+    return()
+  endif()
+  # nlohmann-json's include folder, unless it is a system one (-I/usr/include breaks libstdc++'s
+  # include_next).
+  set(includes -I${PROJECT_SOURCE_DIR} -I${PROJECT_BINARY_DIR})
+  get_target_property(json_inc nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
+  foreach(dir IN LISTS json_inc)
+    if(dir AND NOT dir STREQUAL "/usr/include")
+      list(APPEND includes -I${dir})
+    endif()
+  endforeach()
+  set(bin ${CMAKE_BINARY_DIR}/tests/${F_NAME})
+  add_custom_command(
+    OUTPUT ${bin}
+    COMMAND ${MQA_CLANGXX} -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined
+            -fno-sanitize-recover=undefined ${includes} ${F_DEFINES} ${F_SOURCES} -o ${bin}
+            ${MQA_FUZZ_${F_NAME}_LDFLAGS}
+    DEPENDS ${F_SOURCES} ${F_DEPENDS}
+    COMMENT "clang++ -fsanitize=fuzzer: ${F_NAME}"
+    COMMAND_EXPAND_LISTS VERBATIM)
+  add_custom_target(${F_NAME} ALL DEPENDS ${bin})
+  set(work ${CMAKE_BINARY_DIR}/tests/${F_NAME}_corpus)
+  file(MAKE_DIRECTORY ${work})
+  mqa_add_script_test(NAME ${F_NAME} LABELS fuzz TIMEOUT 120
+    COMMAND ${bin} -max_total_time=10 -timeout=5 -rss_limit_mb=2048
+            -artifact_prefix=${CMAKE_BINARY_DIR}/tests/${F_NAME}- ${F_ARGS} ${work} ${F_CORPUS})
+endfunction()

@@ -1,0 +1,54 @@
+// libFuzzer target for the HTTP API's request parsing (runtime/http/api_types.h): arbitrary bytes
+// as the body of every endpoint give a request or an error naming a field, never a crash or
+// undefined behaviour; what is accepted holds the ranges the server relies on, and every error
+// renders as an OpenAI error body with a 4xx status. Built with clang++ (CMakeLists.txt beside).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+#include "runtime/http/api_types.h"
+#include "runtime/status.h"
+
+namespace {
+
+void CheckError(const absl::Status& status) {
+  const int http = mqa::HttpStatusFor(status);
+  MQA_CHECK(http >= 400 && http < 500);
+  const nlohmann::json body = nlohmann::json::parse(mqa::ErrorBody(status), nullptr, false);
+  MQA_CHECK(!body.is_discarded());
+  const std::string param = mqa::ErrorParam(status);
+  MQA_CHECK(param.empty() ? body["error"]["param"].is_null() : body["error"]["param"] == param);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const absl::string_view body(reinterpret_cast<const char*>(data), size);
+  if (auto r = mqa::ParseCompletionRequest(body); r.ok()) {
+    const mqa::SamplingParams& p = r->params;
+    MQA_CHECK(!r->prompts.empty() && r->prompts.size() <= mqa::kMaxPromptsPerRequest);
+    MQA_CHECK(p.n >= 1 && p.n <= mqa::kMaxN);
+    MQA_CHECK(p.max_tokens >= 1 || (p.max_tokens == 0 && r->echo));
+    MQA_CHECK(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= -1);
+    for (const auto& [id, bias] : p.logit_bias) MQA_CHECK(id >= 0 && bias >= -100 && bias <= 100);
+    if (r->suffix.has_value()) {
+      MQA_CHECK(!r->echo);
+      for (const mqa::PromptInput& prompt : r->prompts) MQA_CHECK(prompt.is_text);
+    }
+    for (const mqa::PromptInput& prompt : r->prompts) {
+      for (int32_t id : prompt.token_ids) MQA_CHECK(id >= 0);
+    }
+  } else {
+    CheckError(r.status());
+  }
+  if (auto r = mqa::ParseInfillRequest(body); !r.ok()) CheckError(r.status());
+  if (auto r = mqa::ParseTokenizeRequest(body); !r.ok()) CheckError(r.status());
+  if (auto r = mqa::ParseDetokenizeRequest(body); r.ok()) {
+    for (int32_t id : r->tokens) MQA_CHECK(id >= 0);
+  } else {
+    CheckError(r.status());
+  }
+  return 0;
+}
