@@ -434,6 +434,18 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/v1/infill", [this](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(req, res, /*infill=*/true);
   });
+  // GPT-BigCode checkpoints are completion models (no chat template): a chat client gets a 404
+  // that names the endpoints there are, not just "no route".
+  server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    absl::Status status = CheckAuth(req);
+    if (status.ok()) {
+      status = ApiError(absl::StatusCode::kNotFound, "",
+                        absl::StrCat("There is no chat endpoint: '", options.served_model_name,
+                                     "' is served for completions; use /v1/completions (with "
+                                     "'suffix' to fill in the middle) or /v1/infill"));
+    }
+    ReplyError(res, status);
+  });
   server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     HandleModels(req, res);
   });

@@ -604,6 +604,13 @@ TEST_F(HttpServerTest, ModelsTokenizeDetokenize) {
   auto client = Client();
   json models = json::parse(client->Get("/v1/models")->body);
   EXPECT_EQ(models["data"][0]["id"], "demo");
+  int chat_status = 0;
+  json chat =
+      Post("/v1/chat/completions",
+           json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}).dump(), &chat_status);
+  EXPECT_EQ(chat_status, 404);
+  EXPECT_TRUE(absl::StrContains(chat["error"]["message"].get<std::string>(), "/v1/completions"))
+      << chat;
   const std::string text = "def hello(name):\n    print(f'hi {name}') # ünïcode";
   json tokens = PostOk("/tokenize", {{"prompt", text}});
   std::vector<int32_t> expected = FixtureTokenizer().Encode(text);
