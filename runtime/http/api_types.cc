@@ -420,6 +420,12 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
+  if (request.echo && request.params.logprobs.has_value()) {
+    // OpenAI's answer holds the prompt tokens' log-probabilities too, which are not computed.
+    return InvalidParam("logprobs",
+                        "'logprobs' with 'echo' (the prompt tokens' log-probabilities) is not "
+                        "supported");
+  }
   if (Field(object, "suffix") != nullptr) {
     RETURN_IF_ERROR(ReadString(object, "suffix", &request.suffix.emplace()));
     if (request.echo) return InvalidParam("suffix", "'suffix' cannot be combined with 'echo'");

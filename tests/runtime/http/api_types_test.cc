@@ -152,6 +152,20 @@ TEST(ApiTypesTest, DefaultsAndNullsLeaveDefaults) {
   EXPECT_EQ(echo->params.max_tokens, 0);
 }
 
+// The prompt tokens' log-probabilities (what echo with logprobs means in OpenAI's API, and what
+// loglikelihood evaluations read) are not computed: refused, not answered with the completion's
+// alone.
+TEST(ApiTypesTest, EchoWithLogprobsIsRefused) {
+  for (const char* body :
+       {"{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0}",
+        "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 0}"}) {
+    EXPECT_EQ(ErrorParam(ParseCompletionRequest(body).status()), "logprobs") << body;
+  }
+  EXPECT_TRUE(
+      ParseCompletionRequest("{\"prompt\": \"x\", \"echo\": true, \"logprobs\": null}").ok());
+  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"x\", \"logprobs\": 1}").ok());
+}
+
 // Random in-range values of every field come through unchanged.
 TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   std::mt19937_64 rng(1234);
@@ -196,6 +210,7 @@ TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
                  {"return_token_ids", true},
                  {"stream", stream}};
     if (stream) body["stream_options"] = {{"include_usage", usage}};
+    if (echo) body.erase("logprobs");  // not with echo (EchoWithLogprobsIsRefused)
     absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body.dump());
     ASSERT_TRUE(r.ok()) << body.dump() << ": " << r.status();
     const SamplingParams& p = r->params;
@@ -212,7 +227,11 @@ TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
     EXPECT_FLOAT_EQ(p.repetition_penalty, static_cast<float>(repetition));
     EXPECT_EQ(p.n, n);
     EXPECT_EQ(*p.seed, static_cast<uint64_t>(seed));
-    EXPECT_EQ(*p.logprobs, logprobs);
+    if (echo) {
+      EXPECT_FALSE(p.logprobs.has_value());
+    } else {
+      EXPECT_EQ(*p.logprobs, logprobs);
+    }
     EXPECT_EQ(p.stop, std::vector<std::string>{stop});
     EXPECT_EQ(p.stop_token_ids, stop_ids);
     EXPECT_EQ(r->echo, echo);
