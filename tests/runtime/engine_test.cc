@@ -315,15 +315,24 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleCase{"DeviceSamplingTinyPool", 32, 8, 24, true, true, true, true}),
     [](const ::testing::TestParamInfo<OracleCase>& info) { return info.param.name; });
 
+// The device-sampling tests' runner (it samples on the device) and engine options.
+struct DeviceSampling {
+  FakeRunnerOptions runner;
+  EngineOptions engine;
+};
+DeviceSampling DeviceSamplingSetup() {
+  DeviceSampling d;
+  d.runner.device_sampling = true;
+  d.engine.max_model_len = 64;
+  d.engine.eos_token_id = kEos;
+  return d;
+}
+
 // logit_bias is not the device sampler's: with device sampling on, such a request is sampled on the
 // host from its logits (the bias added first), beside device-sampled ones, and a +100 bias forces
 // its token.
 TEST(Engine, LogitBiasRequestsAreSampledOnTheHost) {
-  FakeRunnerOptions runner_options;
-  runner_options.device_sampling = true;
-  EngineOptions options;
-  options.max_model_len = 64;
-  options.eos_token_id = kEos;
+  auto [runner_options, options] = DeviceSamplingSetup();
   Harness h(runner_options, options);
   SamplingParams forced;
   forced.seed = 1;
@@ -358,11 +367,7 @@ TEST(Engine, LogitBiasRequestsAreSampledOnTheHost) {
 // A batch the device sampler covers entirely: only token ids come back (no logits copied), and
 // every request gets the device sampler's draws, which differ from the host sampler's.
 TEST(Engine, DeviceSamplingShipsNoLogitsAndUsesTheDeviceDraws) {
-  FakeRunnerOptions runner_options;
-  runner_options.device_sampling = true;
-  EngineOptions options;
-  options.max_model_len = 64;
-  options.eos_token_id = kEos;
+  auto [runner_options, options] = DeviceSamplingSetup();
   Harness h(runner_options, options);
   std::mt19937_64 rng(5);
   int differs_from_host = 0;
