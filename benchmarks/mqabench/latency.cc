@@ -1,0 +1,555 @@
+// mqabench latency (vLLM's benchmark_latency; mqabench.cc's header comment lists its flags): one
+// prefill and output_len - 1 decode steps a timed iteration, a row per combination of the knobs
+// asked for, each on the same runner; optionally through the serving engine (--engine), with the
+// decode chain's timeline (--chain-timeline) or a CUPTI kernel trace (--kernel-trace).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "benchmarks/chain_timeline.h"
+#include "benchmarks/mqabench/common.h"
+#include "benchmarks/mqabench/engine_run.h"
+#include "benchmarks/mqabench/kernel_trace.h"
+#include "kernels/ops.h"
+#include "kernels/paged_attention_cuda.h"
+
+namespace mqa::bench {
+namespace {
+
+// --chain-timeline: the last decode step's chains of `layers`, each beside where the previous
+// layer's chain ended (what lies between them: the attention, or with the attention inside, the
+// kernel handover alone).
+absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
+                                      const std::vector<int>& layers, bool attention_inside) {
+  ASSIGN_OR_RETURN(const std::vector<unsigned long long> words, model.decode_chain_timeline());
+  const size_t stride = words.size() / s.config.n_layer;
+  const int grid = static_cast<int>(stride / kDecodeChainTimelineWords);
+  const ModelConfig& c = s.config;
+  const int64_t e = c.n_embd, inner = c.n_inner, bytes = DTypeSize(s.dtype);
+  std::vector<std::string> names = {"attn.c_proj", "ln_2 + c_fc", "mlp.c_proj", "ln_1 + c_attn"};
+  std::vector<double> ideal = {static_cast<double>(e * c.n_head * c.head_dim()),
+                               static_cast<double>(inner * e), static_cast<double>(e * inner),
+                               static_cast<double>(c.qkv_rows() * e)};
+  for (double& u : ideal) u *= bytes / s.copy_bw * 1e6;
+  if (attention_inside) {
+    names.insert(names.begin(), "attention");
+    ideal.insert(ideal.begin(), 0.0);
+  }
+  for (int l : layers) {
+    bench::ChainTimelineView v;
+    v.call = words.data() + l * stride;
+    v.previous = words.data() + (l - 1) * stride;
+    v.previous_name = "layer l - 1's chain";
+    v.grid = grid;
+    v.phases = names;
+    v.ideal_us = ideal;
+    if (v.call[kChainGlobalStart] == 0 || v.previous[kChainGlobalStart] == 0) {
+      std::printf("  chain timeline of layer %d: no chain recorded\n", l);
+      continue;
+    }
+    // The grid ran with the SM count less any spare SMs: CTAs past it have no stamps.
+    while (v.grid > 0 &&
+           v.call[(v.grid - 1) * kDecodeChainTimelineWords + kChainGlobalStart] == 0) {
+      --v.grid;
+    }
+    bench::PrintChainTimeline(absl::StrCat("  chain timeline of layer ", l, " (last decode step)"),
+                              v);
+  }
+  return absl::OkStatus();
+}
+
+// "  Avg latency: ..." as vLLM's benchmark_latency prints it, over the timed iterations.
+void PrintAvgLatency(const std::vector<double>& latencies) {
+  double avg = 0;
+  for (double l : latencies) avg += l;
+  avg /= latencies.size();
+  std::printf("  Avg latency: %.4f seconds (min %.4f, max %.4f over %zu iters)\n", avg,
+              *std::min_element(latencies.begin(), latencies.end()),
+              *std::max_element(latencies.begin(), latencies.end()), latencies.size());
+}
+
+// --engine: the latency workload (batch_size prompts of input_len random tokens, output_len
+// greedy tokens each, ignore_eos) queued at once into the serving engine, which runs it as the
+// server would (scheduler, block manager, device sampling, output processing): the first step
+// is the prefill, the rest are decode steps. Prints the same figures as the own loop's rows plus
+// where a decode step's time goes: the GPU (the decode graph's events), the runner's host side
+// (step checks, inputs, launch, token copy) and the engine's (everything outside the runner).
+absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
+  GptBigCodeRunner& r = *s.runner;
+  EngineOptions options;
+  options.max_num_seqs = std::max(256, f.batch_size);
+  options.max_num_batched_tokens = std::max(2048, f.batch_size * f.input_len);
+  options.max_model_len = f.input_len + f.output_len;
+  std::mt19937 rng(f.seed + 11);
+  std::vector<double> latencies, prefills, steps, runner_steps, gpu_steps;
+  for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
+    std::vector<EngineRequestSpec> requests(f.batch_size);
+    for (EngineRequestSpec& q : requests) {
+      q.prompt.resize(f.input_len);
+      for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
+      q.max_tokens = f.output_len;
+    }
+    ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, requests, [&] {
+                       return r.model().last_graph_ms();
+                     }));
+    if (iter < f.num_iters_warmup) continue;
+    if (st.step_s.size() != static_cast<size_t>(f.output_len)) {
+      return absl::InternalError(absl::StrCat("the engine ran ", st.step_s.size(), " steps for ",
+                                              f.output_len, " tokens: the prompts were chunked"));
+    }
+    latencies.push_back(st.seconds);
+    prefills.push_back(st.step_s[0]);
+    for (size_t i = 1; i < st.step_s.size(); ++i) {
+      steps.push_back(st.step_s[i]);
+      runner_steps.push_back(st.runner_s[i]);
+      if (st.gpu_ms[i] >= 0) gpu_steps.push_back(st.gpu_ms[i]);
+    }
+  }
+  const double step_ms = Median(steps) * 1e3, runner_ms = Median(runner_steps) * 1e3;
+  std::printf(
+      "latency %s (engine): batch %d, in %d, out %d, %s, the model's knobs of the row above\n",
+      f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+      std::string(DTypeName(s.dtype)).c_str());
+  PrintAvgLatency(latencies);
+  std::printf(
+      "  prefill step %.2f ms; decode step median %.3f ms (weights floor %.3f ms, %.0f%% of floor "
+      "speed): inside the runner %.3f ms, the engine's own host work %.3f ms = %.1f%% of the "
+      "step\n",
+      Median(prefills) * 1e3, step_ms, floor_ms, 100.0 * floor_ms / step_ms, runner_ms,
+      step_ms - runner_ms, 100.0 * (step_ms - runner_ms) / step_ms);
+  if (!gpu_steps.empty()) {
+    const double g = Median(gpu_steps);
+    std::printf(
+        "  decode graph on the GPU: median %.3f ms; host work the GPU waited for: %.3f ms = "
+        "%.1f%% of the step (the runner's %.3f ms, the engine's %.3f ms)\n",
+        g, step_ms - g, 100.0 * (step_ms - g) / step_ms, runner_ms - g, step_ms - runner_ms);
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+// --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
+// wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
+int SkinnyStageKib(absl::string_view v) {
+  int kib = -1;
+  if (!absl::ConsumePrefix(&v, "skinnyds") || !absl::SimpleAtoi(v, &kib) || kib < 0 || kib > 64) {
+    return -1;
+  }
+  return kib;
+}
+
+}  // namespace
+
+absl::Status Latency(const Flags& f) {
+  const int bs = f.block_size;
+  const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
+  ASSIGN_OR_RETURN(Setup s, MakeSetup(f, f.batch_size * per_seq + 8,
+                                      std::max<int64_t>(2048, int64_t(f.batch_size) * f.input_len),
+                                      std::max(256, f.batch_size)));
+  GptBigCodeRunner& r = *s.runner;
+  const double floor_ms = s.weight_bytes / s.copy_bw * 1e3;
+  // skinny = skinny2 (two weight rows per warp); "both": skinny2 and cuBLASLt; "all": every one.
+  std::vector<std::string> variants;
+  if (f.gemm == "both") {
+    variants = {"skinny2", "cublaslt"};
+  } else if (f.gemm == "all") {
+    variants = {"skinny1", "skinny2", "skinny4", "cublaslt"};
+  } else {
+    // A comma-separated list: skinny (= skinny2), skinny1, skinny4, cublaslt, splitk (the split-K
+    // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
+    // with CudaGemm::Options::skinny_deep_unroll), skinnydh / skinnydf (skinnyd with
+    // skinny_half_fold on / off; skinnyd leaves it at the model's default, on), skinnydsN,
+    // skinnydo.
+    for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
+      variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
+    }
+  }
+  for (const std::string& v : variants) {
+    if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
+        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf" &&
+        v != "skinnydo" && SkinnyStageKib(v) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
+    }
+  }
+  std::vector<std::string> fasts;
+  if (f.fast == "all") {
+    fasts = {"off", "fuse", "pdl", "pdl+fuse"};  // PDL last: fuse measured even if it fails
+  } else if (f.fast == "off" || f.fast == "pdl" || f.fast == "fuse" || f.fast == "pdl+fuse") {
+    fasts = {f.fast};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fast ", f.fast, ": off|pdl|fuse|pdl+fuse|all"));
+  }
+  // An off|on|both flag as the rows it asks for.
+  auto rows_of = [](const std::string& flag) {
+    return flag == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{flag};
+  };
+  std::vector<std::string> tunes;
+  for (absl::string_view v : absl::StrSplit(f.autotune, ',')) {
+    for (const std::string& row : rows_of(std::string(v))) tunes.push_back(row);
+  }
+  const std::vector<std::string> smalls = rows_of(f.small), asyncs = rows_of(f.async);
+  std::vector<std::string> chains;
+  for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
+    for (const std::string& row : rows_of(std::string(v))) {
+      int number = 0, kib = 0, inflight = 0;
+      if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
+          row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
+          row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
+          row != "fm" &&
+          !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
+            number >= 0) &&
+          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
+            absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
+          !ParseRingForm(row, &kib, &inflight)) {
+        return absl::InvalidArgumentError(
+            "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
+            "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
+            "/ late (auto, released by the attention only once it is done) / wN (auto, each "
+            "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
+            "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
+            "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
+            "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
+            "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "
+            "a CTA dealt by ticket)");
+      }
+      chains.push_back(row);
+    }
+  }
+  // A comma list of integers as rows; `ok` says which values the flag takes.
+  auto int_rows = [](const std::string& list, const char* flag, const char* allowed,
+                     auto ok) -> absl::StatusOr<std::vector<int>> {
+    std::vector<int> rows;
+    for (absl::string_view v : absl::StrSplit(list, ',')) {
+      int x = 0;
+      if (!absl::SimpleAtoi(v, &x) || !ok(x)) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", list, ": ", allowed));
+      }
+      rows.push_back(x);
+    }
+    return rows;
+  };
+  ASSIGN_OR_RETURN(const std::vector<int> attns,
+                   int_rows(f.attn, "--attn",
+                            absl::StrCat("variants 0..", kNumPagedAttentionVariants - 1).c_str(),
+                            [](int a) { return a >= 0 && a < kNumPagedAttentionVariants; }));
+  std::vector<std::pair<std::string, uint32_t>> skips;
+  for (absl::string_view row : absl::StrSplit(f.skip, ',')) {
+    uint32_t bits = 0;
+    if (row != "none") {
+      for (absl::string_view op : absl::StrSplit(row, '+')) {
+        if (op == "ln") {
+          bits |= kSkipLayerNorm;
+        } else if (op == "kvw") {
+          bits |= kSkipKvWrite;
+        } else if (op == "attn") {
+          bits |= kSkipAttention;
+        } else if (op == "gemm") {
+          bits |= kSkipGemm;
+        } else if (op == "act") {
+          bits |= kSkipActivation;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--skip ", f.skip, ": none or ln, kvw, attn, gemm, act joined by +"));
+        }
+      }
+    }
+    skips.emplace_back(std::string(row), bits);
+  }
+  if (f.skip != "none" && f.async != "off") {
+    return absl::InvalidArgumentError("--skip runs with --async off only");
+  }
+  if (!f.kernel_trace.empty() && (f.async != "off" || f.engine != "off")) {
+    return absl::InvalidArgumentError("--kernel-trace runs with --async off and --engine off only");
+  }
+  std::vector<int> timeline_layers;
+  if (!f.chain_timeline.empty()) {
+    ASSIGN_OR_RETURN(timeline_layers,
+                     int_rows(f.chain_timeline, "--chain-timeline", "layers 1 .. n_layer - 1",
+                              [&](int l) { return l >= 1 && l < s.config.n_layer; }));
+  }
+  ASSIGN_OR_RETURN(const std::vector<int> wms,
+                   int_rows(f.attn_wm, "--attn-wm", "0, 1, 2, 3, 4, 8", [](int w) {
+                     return w == 0 || w == 1 || w == 2 || w == 3 || w == 4 || w == 8;
+                   }));
+  ASSIGN_OR_RETURN(
+      const std::vector<int> split_rows,
+      int_rows(f.attn_splits, "--attn-splits", "counts >= 0", [](int n) { return n >= 0; }));
+  ASSIGN_OR_RETURN(const std::vector<int> tn_rows,
+                   int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
+                            [](int n) { return n == 0 || n == 32 || n == 64; }));
+  struct Run {
+    std::string variant, fast, autotune, small, async, chain, engine;
+    int attn = 3;
+    std::pair<std::string, uint32_t> skip;
+    int wm = 0;
+    int splits = 0;
+    int tn = 0;
+  };
+  std::vector<Run> runs;
+  for (const std::string& v : variants) {
+    for (const std::string& k : fasts) {
+      for (const std::string& a : tunes) {
+        for (const std::string& m : smalls) {
+          for (const std::string& y : asyncs) {
+            for (int t : attns) {
+              for (const auto& x : skips) {
+                for (int w : wms) {
+                  for (int n : split_rows) {
+                    for (int tn : tn_rows) {
+                      for (const std::string& c : chains) {
+                        for (const std::string& e : rows_of(f.engine)) {
+                          runs.push_back({v, k, a, m, y, c, e, t, x, w, n, tn});
+                        }
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::mt19937 rng(f.seed + 1);
+  absl::Status first_failure;  // returned after every row ran
+  int row_index = -1;
+  for (const auto& [variant, fast, autotune, small, async, chain, engine, attn, skip, wm, splits,
+                    tn] : runs) {
+    ++row_index;
+    r.model().set_attention(attn, wm, splits, tn);
+    const bool attention_row = chain == "at";
+    int ring_kib = 0, ring_inflight = -1;
+    const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
+    r.model().set_decode_chain(
+        chain != "off",
+        chain[0] == 's' ? std::atoi(chain.c_str() + 1) : GptBigCodeOptions().decode_chain_spare_sms,
+        attention_row ? 1 : GptBigCodeOptions().decode_chain_attention,
+        chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
+        : ring_row      ? ring_inflight
+                        : GptBigCodeOptions().decode_chain_max_inflight,
+        chain == "auto" || chain == "late" || chain[0] == 'w' || chain == "ll" || chain == "nl" ||
+                chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" ||
+                chain.rfind("fm", 0) == 0
+            ? GptBigCodeOptions().decode_chain_min_layer_bytes
+            : 0);
+    r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
+                                                    : GptBigCodeOptions().decode_chain_stage_bytes);
+    r.model().set_decode_chain_early_release(chain != "late");
+    r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
+                                         : chain == "nl"
+                                             ? 0
+                                             : GptBigCodeOptions().decode_chain_ll_inputs);
+    r.model().set_decode_chain_mma_fold(chain == "tc" || chain == "otc" ? 1
+                                        : chain == "cc" || chain == "occ"
+                                            ? 0
+                                            : GptBigCodeOptions().decode_chain_mma_fold);
+    r.model().set_decode_chain_half_fold(chain == "hf" || chain == "ohf" ? 1
+                                         : chain == "hf0" || chain == "ohf0"
+                                             ? 0
+                                             : GptBigCodeOptions().decode_chain_half_fold);
+    const bool fm = chain.rfind("fm", 0) == 0;
+    RETURN_IF_ERROR(r.model().set_decode_chain_fused_mlp(
+        fm ? true : GptBigCodeOptions().decode_chain_fused_mlp,
+        fm && chain.size() > 2 ? std::atoi(chain.c_str() + 2)
+                               : GptBigCodeOptions().decode_chain_fused_pool));
+    r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
+                                                ? std::atoi(chain.c_str() + 1)
+                                                : GptBigCodeOptions().decode_chain_steal_chunks);
+    const int64_t chains_before = r.model().decode_chain_runs();
+    if (!timeline_layers.empty()) {
+      RETURN_IF_ERROR(r.model().set_decode_chain_timeline(chain != "off"));
+    }
+    r.model().set_skip_ops(skip.second);
+    // Skipped ops leave garbage logits: keep the fed tokens valid ids.
+    auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
+      if (bits == 0) return;
+      for (int32_t& t : ids) t = std::clamp<int32_t>(t, 0, s.config.vocab_size - 1);
+    };
+    const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
+    r.model().set_skinny_gemm(variant != "cublaslt", rows);
+    const int stage_kib = SkinnyStageKib(variant);
+    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
+                               variant == "tc" || variant == "splitk+tc",
+                               variant == "skinnyd" || variant == "skinnydh" ||
+                                   variant == "skinnydf" || variant == "skinnydo" || stage_kib >= 0,
+                               variant == "skinnydh"   ? 1
+                               : variant == "skinnydf" ? 0
+                                                       : -1);
+    r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
+                                                  : GptBigCodeOptions().gemm_stage_bytes);
+    r.model().set_gemm_occupancy(variant == "skinnydo" || GptBigCodeOptions().gemm_occupancy);
+    r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
+                             fast == "fuse" || fast == "pdl+fuse");
+    r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);
+    r.model().set_small_kernels(small == "on", small == "on");
+    std::vector<double> latencies, prefills, steps, graph_ms;
+    absl::Status failed;
+    r.model().set_time_graphs(true);
+    if (engine == "on") {
+      const absl::Status st = EngineLatencyRow(f, s, floor_ms);
+      if (!st.ok()) {
+        std::printf("latency %s (engine): FAILED %s\n", f.model.c_str(), st.ToString().c_str());
+        std::fflush(stdout);
+        if (first_failure.ok()) first_failure = st;
+      }
+      continue;
+    }
+    // --kernel-trace: one more iteration, traced and not timed.
+    const int timed_iters = f.num_iters_warmup + f.num_iters;
+    const int all_iters = timed_iters + (f.kernel_trace.empty() ? 0 : 1);
+    StepTraceRecorder tracer;
+    absl::Status trace_status;  // a tracing failure ends the trace, not the row
+    bool tracing = false;
+    auto end_traced_step = [&] {
+      if (tracing && !(trace_status = tracer.EndStep()).ok()) tracing = false;
+    };
+    for (int iter = 0; iter < all_iters && failed.ok(); ++iter) {
+      const bool traced = iter == timed_iters;
+      const bool measured = iter >= f.num_iters_warmup && !traced;
+      if (traced) tracing = (trace_status = tracer.Start()).ok();
+      Blocks blocks(r.num_kv_blocks(), bs);
+      std::vector<Seq> seqs(f.batch_size);
+      std::vector<Seq*> ptrs;
+      std::vector<std::vector<int32_t>> chunk;
+      for (Seq& q : seqs) {
+        q.prompt.resize(f.input_len);
+        for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
+        if (!blocks.Reserve(q.table, f.input_len + f.output_len)) {
+          return absl::InternalError("KV pool too small");
+        }
+        ptrs.push_back(&q);
+        chunk.push_back(q.prompt);
+      }
+      std::vector<RowSamplingParams> greedy(f.batch_size);
+      std::vector<double> iter_steps;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto first = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
+      if (!first.ok()) {  // one knob failing must not hide the other rows
+        failed = first.status();
+        break;
+      }
+      std::vector<int32_t> next = *std::move(first);
+      valid_ids(next);
+      const auto t1 = std::chrono::steady_clock::now();
+      end_traced_step();
+      for (Seq& q : seqs) q.context = f.input_len;
+      if (async == "on") {
+        // Step t + 1 is launched (tokens fed on the device) before step t's tokens are read:
+        // a step's time is the interval between two collections.
+        auto a = std::chrono::steady_clock::now();
+        for (int step = 1; step <= f.output_len && failed.ok(); ++step) {
+          if (step < f.output_len) {
+            for (int i = 0; i < f.batch_size; ++i) chunk[i] = {step == 1 ? next[i] : 0};
+            failed =
+                r.LaunchSample(MakeStep(ptrs, chunk, bs), greedy, step == 1 ? 0 : f.batch_size);
+            for (Seq& q : seqs) ++q.context;
+          }
+          if (step > 1 && failed.ok()) {
+            auto out = r.CollectSample();
+            if (!out.ok()) {
+              failed = out.status();
+              break;
+            }
+            next = *std::move(out);
+            const auto b = std::chrono::steady_clock::now();
+            if (step > 2) iter_steps.push_back(Seconds(a, b));
+            a = b;
+          }
+        }
+        while (r.model().CollectSample().ok()) {  // drain after a failure
+        }
+      } else {
+        for (int step = 1; step < f.output_len; ++step) {
+          for (int i = 0; i < f.batch_size; ++i) chunk[i] = {next[i]};
+          const auto a = std::chrono::steady_clock::now();
+          auto out = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
+          if (!out.ok()) {
+            failed = out.status();
+            break;
+          }
+          next = *std::move(out);
+          valid_ids(next);
+          iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
+          if (const double g = r.model().last_graph_ms(); g >= 0 && measured) {
+            graph_ms.push_back(g);
+          }
+          end_traced_step();
+          for (Seq& q : seqs) ++q.context;
+        }
+      }
+      if (!failed.ok()) break;
+      const auto t2 = std::chrono::steady_clock::now();
+      if (measured) {
+        latencies.push_back(Seconds(t0, t2));
+        prefills.push_back(Seconds(t0, t1));
+        steps.insert(steps.end(), iter_steps.begin(), iter_steps.end());
+      }
+    }
+    if (!failed.ok()) {
+      std::printf("latency %s: batch %d, gemm %s, fast %s, autotune %s: FAILED %s\n",
+                  f.model.c_str(), f.batch_size, variant.c_str(), fast.c_str(), autotune.c_str(),
+                  failed.ToString().c_str());
+      std::fflush(stdout);
+      if (first_failure.ok()) first_failure = failed;
+      continue;
+    }
+    const double step_ms = Median(steps) * 1e3;
+    std::printf(
+        "latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
+        "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), skip "
+        "%s, cuda graphs %s\n",
+        f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+        std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(), autotune.c_str(),
+        small.c_str(), async.c_str(), attn, wm, splits, tn, skip.first.c_str(),
+        f.cuda_graphs ? "on" : "off");
+    PrintAvgLatency(latencies);
+    std::printf(
+        "  prefill %.2f ms; decode step median %.3f ms (weights floor %.3f ms = %.2f GB / "
+        "%.2f TB/s copy; %.0f%% of floor speed; effective %.2f TB/s)\n",
+        Median(prefills) * 1e3, step_ms, floor_ms, s.weight_bytes / 1e9, s.copy_bw / 1e12,
+        100.0 * floor_ms / step_ms, s.weight_bytes / (step_ms * 1e-3) / 1e12);
+    if (!graph_ms.empty()) {
+      // What the host adds to a step: preparing and staging the next step's indices, the launch,
+      // the sampling kernel and the token copy back, all while the GPU waits.
+      const double g = Median(graph_ms);
+      std::printf(
+          "  decode graph on the GPU: median %.3f ms (%zu launches timed by events); the "
+          "rest of the step (host preparation, launch, sampling, token copy) %.3f ms = "
+          "%.1f%% of the step\n",
+          g, graph_ms.size(), step_ms - g, 100.0 * (step_ms - g) / step_ms);
+    }
+    std::printf(
+        "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
+        "captured)\n",
+        r.model().num_cuda_graphs(), chain.c_str(),
+        static_cast<long long>(r.model().decode_chain_runs() - chains_before));
+    if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
+    if (!timeline_layers.empty() && chain != "off") {
+      RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers, attention_row));
+    }
+    if (!f.kernel_trace.empty()) {
+      if (tracing) {
+        trace_status = tracer.Finish(absl::StrCat(f.kernel_trace, "-row", row_index),
+                                     graph_ms.empty() ? -1.0 : Median(graph_ms));
+      }
+      if (!trace_status.ok()) {
+        std::printf("  kernel trace: FAILED %s\n", trace_status.ToString().c_str());
+        if (first_failure.ok()) first_failure = trace_status;
+      }
+    }
+  }
+  return first_failure;
+}
+
+}  // namespace mqa::bench
