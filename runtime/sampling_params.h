@@ -48,6 +48,9 @@ struct SamplingParams {
   int min_tokens = 0;
   // Keep generating after EOS (EOS is not masked either).
   bool ignore_eos = false;
+  // Special tokens (EOS, FIM markers) left out of the output text (vLLM's default); the token ids
+  // are returned either way. Read by the server's detokenizer, not by the engine.
+  bool skip_special_tokens = true;
   // Return the log-probability of each chosen token and of the `logprobs` most likely tokens
   // (0: the chosen token only). Log-probabilities are of the model's distribution, before
   // penalties, temperature and filtering. Unset: none.

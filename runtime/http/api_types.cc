@@ -252,6 +252,7 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   }
   RETURN_IF_ERROR(ReadBool(object, "include_stop_str_in_output", &p.include_stop_str_in_output));
   RETURN_IF_ERROR(ReadBool(object, "ignore_eos", &p.ignore_eos));
+  RETURN_IF_ERROR(ReadBool(object, "skip_special_tokens", &p.skip_special_tokens));
   RETURN_IF_ERROR(
       ReadInt(object, "min_tokens", std::numeric_limits<int>::min(), kIntMax, &p.min_tokens));
   if (p.min_tokens < 0) {
@@ -426,7 +427,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
                         "'logprobs' with 'echo' (the prompt tokens' log-probabilities) is not "
                         "supported");
   }
+  if (Field(object, "truncate_prompt_tokens") != nullptr) {
+    RETURN_IF_ERROR(ReadInt(object, "truncate_prompt_tokens", 1, kIntMax,
+                            &request.truncate_prompt_tokens.emplace()));
+  }
   if (Field(object, "suffix") != nullptr) {
+    if (request.truncate_prompt_tokens.has_value()) {
+      return InvalidParam("truncate_prompt_tokens",
+                          "'truncate_prompt_tokens' cannot be combined with 'suffix'");
+    }
     RETURN_IF_ERROR(ReadString(object, "suffix", &request.suffix.emplace()));
     if (request.echo) return InvalidParam("suffix", "'suffix' cannot be combined with 'echo'");
     for (const PromptInput& prompt : request.prompts) {

@@ -66,6 +66,9 @@ struct CompletionRequest {
   // must be text, is the prefix of a fill-in-the-middle prompt the server builds as /v1/infill
   // does (a model without FIM tokens refuses it); not with echo.
   std::optional<std::string> suffix;
+  // vLLM's truncate_prompt_tokens (/v1/completions only): each prompt keeps its last N tokens
+  // (echo returns the kept part); not with suffix, whose FIM prompt would lose its start.
+  std::optional<int> truncate_prompt_tokens;
 };
 
 // Default max_tokens when the client sends none (OpenAI's).

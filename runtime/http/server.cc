@@ -220,7 +220,16 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(
       prompt.token_ids = input.token_ids;
     }
     RETURN_IF_ERROR(ValidatePromptTokens(prompt.token_ids, tokenizer->vocab_size(), "prompt"));
-    if (!input.is_text && request.echo) prompt.text = tokenizer->Decode(prompt.token_ids);
+    bool truncated = false;
+    if (request.truncate_prompt_tokens.has_value() &&
+        static_cast<int64_t>(prompt.token_ids.size()) > *request.truncate_prompt_tokens) {
+      prompt.token_ids.erase(prompt.token_ids.begin(),
+                             prompt.token_ids.end() - *request.truncate_prompt_tokens);
+      truncated = true;
+    }
+    if ((!input.is_text || truncated) && request.echo) {
+      prompt.text = tokenizer->Decode(prompt.token_ids);
+    }
     ASSIGN_OR_RETURN(prompt.max_tokens,
                      ResolveMaxTokens(request, static_cast<int>(prompt.token_ids.size()),
                                       options.max_model_len));
@@ -242,11 +251,12 @@ absl::Status HttpServer::Impl::Submit(CompletionJob& job, const SamplingParams& 
     request.params.max_tokens = job.prompt(p).max_tokens;
     request.on_output = job.Callback(p);
     const Tokenizer* tok = tokenizer;
-    request.make_detokenizer = [tok]() -> std::unique_ptr<IncrementalDetokenizer> {
+    const bool skip_special = params.skip_special_tokens;
+    request.make_detokenizer = [tok, skip_special]() -> std::unique_ptr<IncrementalDetokenizer> {
       // Stop strings are the engine's (StopStringMatcher); special tokens (EOS, FIM markers) stay
-      // out of the text, as with vLLM's default skip_special_tokens.
+      // out of the text unless the request says otherwise (vLLM's skip_special_tokens).
       return std::make_unique<StreamingDetokenizer>(
-          *tok, StreamingDetokenizerOptions{.skip_special_tokens = true});
+          *tok, StreamingDetokenizerOptions{.skip_special_tokens = skip_special});
     };
     absl::Status status = engine->AddRequest(std::move(request));
     if (!status.ok()) {

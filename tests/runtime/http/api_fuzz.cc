@@ -32,6 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MQA_CHECK(p.n >= 1 && p.n <= mqa::kMaxN);
     MQA_CHECK(p.max_tokens >= 1 || (p.max_tokens == 0 && r->echo));
     MQA_CHECK(!(r->echo && p.logprobs.has_value()));
+    if (r->truncate_prompt_tokens.has_value()) {
+      MQA_CHECK(*r->truncate_prompt_tokens >= 1 && !r->suffix.has_value());
+    }
     MQA_CHECK(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= -1);
     for (const auto& [id, bias] : p.logit_bias) MQA_CHECK(id >= 0 && bias >= -100 && bias <= 100);
     if (r->suffix.has_value()) {

@@ -264,6 +264,28 @@ TEST(ApiTypesTest, LogitBias) {
   EXPECT_TRUE(r->params.logit_bias.empty());
 }
 
+// vLLM's truncate_prompt_tokens (>= 1, not with suffix) and skip_special_tokens (default on).
+TEST(ApiTypesTest, TruncatePromptTokensAndSkipSpecialTokens) {
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(
+      "{\"prompt\": \"a\", \"truncate_prompt_tokens\": 5, \"skip_special_tokens\": false}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->truncate_prompt_tokens, 5);
+  EXPECT_FALSE(r->params.skip_special_tokens);
+  r = ParseCompletionRequest("{\"prompt\": \"a\"}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->truncate_prompt_tokens.has_value());
+  EXPECT_TRUE(r->params.skip_special_tokens);
+  for (const char* bad :
+       {"{\"prompt\": \"a\", \"truncate_prompt_tokens\": 0}",
+        "{\"prompt\": \"a\", \"truncate_prompt_tokens\": 2.5}",
+        "{\"prompt\": \"a\", \"truncate_prompt_tokens\": 2, \"suffix\": \"b\"}"}) {
+    EXPECT_EQ(ErrorParam(ParseCompletionRequest(bad).status()), "truncate_prompt_tokens") << bad;
+  }
+  EXPECT_EQ(ErrorParam(
+                ParseCompletionRequest("{\"prompt\": \"a\", \"skip_special_tokens\": 1}").status()),
+            "skip_special_tokens");
+}
+
 // best_of: only where it changes nothing (1 or n); otherwise a 400 instead of being ignored.
 TEST(ApiTypesTest, BestOfOnlyWhereItChangesNothing) {
   EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": 1}").ok());

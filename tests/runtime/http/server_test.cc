@@ -715,6 +715,40 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
   EXPECT_EQ(bias_status, 400);
   EXPECT_EQ(far["error"]["param"], "logit_bias");
 
+  // truncate_prompt_tokens: the prompt's last N tokens are what runs (and what echo returns).
+  const std::string long_prompt = "import os\nimport sys\n\ndef main(argv):\n    return 0\n";
+  const std::vector<int32_t> long_ids = tok.Encode(long_prompt);
+  ASSERT_GT(long_ids.size(), 5u);
+  json cut = PostOk("/v1/completions", {{"prompt", long_prompt},
+                                        {"truncate_prompt_tokens", 5},
+                                        {"max_tokens", 3},
+                                        {"temperature", 0},
+                                        {"echo", true},
+                                        {"return_token_ids", true}});
+  const std::vector<int32_t> kept(long_ids.end() - 5, long_ids.end());
+  EXPECT_EQ(cut["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), kept);
+  EXPECT_EQ(cut["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(cut["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            GreedyReference(kept, 3, vocab));
+  EXPECT_TRUE(absl::StartsWith(cut["choices"][0]["text"].get<std::string>(), tok.Decode(kept)))
+      << cut;
+
+  // skip_special_tokens: EOS forced by logit_bias (and not stopping: ignore_eos) is left out of
+  // the text by default, and spelled out with skip_special_tokens false.
+  json special_body = {{"prompt", "x"},
+                       {"max_tokens", 2},
+                       {"temperature", 0},
+                       {"ignore_eos", true},
+                       {"logit_bias", {{"0", 100}}},
+                       {"return_token_ids", true}};
+  json skipped = PostOk("/v1/completions", special_body);
+  EXPECT_EQ(skipped["choices"][0]["token_ids"], json({0, 0}));
+  EXPECT_EQ(skipped["choices"][0]["text"], "");
+  special_body["skip_special_tokens"] = false;
+  json spelled = PostOk("/v1/completions", special_body);
+  EXPECT_EQ(spelled["choices"][0]["text"], tok.Decode({0, 0}));
+  EXPECT_FALSE(tok.Decode({0, 0}).empty());
+
   // Echo with max_tokens 0: the prompt alone; with tokens: prompt then completion.
   json echo =
       PostOk("/v1/completions", {{"prompt", "import os"}, {"echo", true}, {"max_tokens", 0}});
