@@ -12,13 +12,6 @@
 namespace mqa::bench {
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
 using Signature = std::vector<std::tuple<std::string, int64_t, int>>;
 
 Signature SignatureOf(const std::vector<KernelRecord>& sorted) {
@@ -29,6 +22,12 @@ Signature SignatureOf(const std::vector<KernelRecord>& sorted) {
 }
 
 }  // namespace
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 std::vector<KernelSpan> StepSpans(std::vector<KernelRecord>& step) {
   std::sort(step.begin(), step.end(), [](const KernelRecord& a, const KernelRecord& b) {

@@ -20,6 +20,9 @@
 
 namespace mqa::bench {
 
+// The upper median (0 for none); mqabench's figures use it too.
+double Median(std::vector<double> v);
+
 struct KernelRecord {
   std::string name;  // demangled
   uint64_t start_ns = 0;

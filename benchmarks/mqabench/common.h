@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "benchmarks/kernel_timeline.h"  // Median
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
 #include "parallel/collectives.h"
@@ -52,8 +53,6 @@ struct Flags {
 bool ParseRingForm(const std::string& row, int* kib, int* inflight);
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b);
-// The upper median (0 for none).
-double Median(std::vector<double> v);
 
 // The KV block bookkeeping of the benchmark's sequences (blocks never shared).
 class Blocks {

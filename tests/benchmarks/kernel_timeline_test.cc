@@ -80,6 +80,12 @@ TEST(KernelTimelineTest, MediansOverStepsWithTheSameKernels) {
   EXPECT_EQ(g[1].count, 1);
 }
 
+TEST(KernelTimelineTest, MedianIsTheUpperOne) {
+  EXPECT_EQ(Median({}), 0.0);
+  EXPECT_EQ(Median({5.0}), 5.0);
+  EXPECT_EQ(Median({4.0, 1.0, 3.0, 2.0}), 3.0);
+}
+
 TEST(KernelTimelineTest, NoKernelsIsAnError) {
   EXPECT_FALSE(MedianTimeline({{}, {}}).ok());
   EXPECT_FALSE(MedianTimeline({}).ok());
