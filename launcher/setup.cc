@@ -427,6 +427,11 @@ absl::Status RunRank(const Options& o, const World& world) {
     runner_options.kv_cache_bytes = static_cast<int64_t>(o.kv_cache_memory_gib * (1LL << 30));
   }
   runner_options.max_batched_tokens = o.max_num_batched_tokens;
+  // A step's logits rows: one per sequence, plus the prompt rows the engine allows for prompt
+  // log-probabilities (EngineOptions::max_prompt_logprob_rows), preallocated before the KV pool
+  // is sized so that a scoring request never grows the workspace later.
+  runner_options.max_logits_rows =
+      int64_t{o.max_num_seqs} + EngineOptions().max_prompt_logprob_rows;
   runner_options.cuda_graphs = !o.enforce_eager;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);

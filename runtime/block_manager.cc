@@ -51,7 +51,9 @@ void BlockManager::Allocate(SequenceGroup& group) {
   const int bs = block_size();
   const int num_blocks_needed = BlocksFor(leader.num_tokens());
 
-  if (options_.enable_prefix_caching) {
+  // A prompt whose every position must yield logits (prompt log-probabilities) starts from
+  // scratch; its blocks still enter the cache once computed.
+  if (options_.enable_prefix_caching && !group.NeedsPromptLogprobs()) {
     // Only blocks that end before the last token: the last token is always computed, so that
     // the step yields its logits and never writes into a shared cached block.
     const int reusable = (leader.num_tokens() - 1) / bs;

@@ -55,8 +55,9 @@ class BlockManager {
   // Gives every unfinished sequence of a waiting group a block table for all its tokens. The
   // first unfinished sequence (the leader) reuses cached full blocks (setting its
   // num_computed_tokens past them; the block holding its last token is never reused, so at least
-  // one token is computed); the others share the leader's full prompt blocks and wait for the
-  // leader to compute them (Sequence::set_prefix_owner). Requires CanAllocate() == kOk.
+  // one token is computed; none is reused while the group NeedsPromptLogprobs); the others share
+  // the leader's full prompt blocks and wait for the leader to compute them
+  // (Sequence::set_prefix_owner). Requires CanAllocate() == kOk.
   void Allocate(SequenceGroup& group);
 
   // Free blocks needed so that every sequence in `seqs` can AppendSlot.

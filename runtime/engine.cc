@@ -31,6 +31,7 @@ SchedulerOptions MakeSchedulerOptions(const EngineOptions& options) {
   scheduler_options.max_num_seqs = options.max_num_seqs;
   scheduler_options.max_num_batched_tokens = options.max_num_batched_tokens;
   scheduler_options.enable_chunked_prefill = options.enable_chunked_prefill;
+  scheduler_options.max_prompt_logprob_rows = options.max_prompt_logprob_rows;
   return scheduler_options;
 }
 
@@ -80,6 +81,9 @@ absl::Status Engine::ValidateOptions(const EngineOptions& options, const ModelRu
   }
   if (options.max_queued_requests < 0) {
     return bad("max_queued_requests must be >= 0, got ", options.max_queued_requests);
+  }
+  if (options.max_prompt_logprob_rows < 0) {
+    return bad("max_prompt_logprob_rows must be >= 0, got ", options.max_prompt_logprob_rows);
   }
   if (options.keep_alive_interval <= absl::ZeroDuration()) {
     return bad("keep_alive_interval must be positive");
@@ -138,6 +142,16 @@ absl::Status Engine::AddRequest(EngineRequest request) {
     return bad("n = ", params.n, " exceeds max_num_seqs (", options_.max_num_seqs,
                ") or max_num_batched_tokens (", options_.max_num_batched_tokens, ")");
   }
+  if (params.prompt_logprobs.has_value()) {
+    if (options_.max_prompt_logprob_rows == 0) {
+      return bad("prompt log-probabilities are disabled (max_prompt_logprob_rows is 0)");
+    }
+    if (!options_.enable_chunked_prefill && prompt_len > options_.max_prompt_logprob_rows) {
+      return bad("prompt log-probabilities of a ", prompt_len,
+                 "-token prompt need chunked prefill (a step computes at most ",
+                 options_.max_prompt_logprob_rows, " of them)");
+    }
+  }
   if (!params.stop.empty() && !request.make_detokenizer) {
     return bad("stop strings need a detokenizer");
   }
@@ -148,7 +162,8 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   const int64_t worst_case =
       full_prompt_blocks +
       static_cast<int64_t>(params.n) *
-          (block_manager_.BlocksFor(prompt_len + params.max_tokens) - full_prompt_blocks);
+          (block_manager_.BlocksFor(prompt_len + std::max(params.max_tokens, 1)) -
+           full_prompt_blocks);
   const int usable =
       block_manager_.num_blocks() - WatermarkBlocks(options_, block_manager_.num_blocks());
   if (worst_case > usable) {
@@ -264,6 +279,7 @@ absl::Status Engine::Step() {
   if (on_device) {
     row_params.resize(rows);
     for (const ScheduledSeq& s : plan.scheduled) {
+      if (s.num_prompt_rows > 0) host_rows = true;
       if (s.logits_index < 0) continue;
       const SamplingParams& params = s.group->params();
       if (!DeviceSamplable(params)) {
@@ -317,11 +333,22 @@ absl::Status Engine::Step() {
   std::vector<SequenceGroup*> order;  // groups with output, in step order
   absl::flat_hash_map<SequenceGroup*, RequestOutput> outputs;
   for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.num_prompt_rows > 0) ScorePromptRows(s, *logits);
     if (s.logits_index < 0) continue;
     SequenceGroup& group = *s.group;
     RequestState& state = requests_.at(group.request_id());
     if (!outputs.contains(&group)) order.push_back(&group);
     RequestOutput& output = outputs[&group];
+    if (group.NeedsPromptLogprobs()) {
+      // The prompt's last row: every position before it has been scored.
+      output.prompt_logprobs = std::move(state.prompt_logprobs);
+      state.prompt_logprobs.clear();
+      group.set_prompt_logprobs_done();
+    }
+    if (group.params().max_tokens == 0) {  // scoring only
+      FinishSeq(*s.seq, FinishReason::kLength, output);
+      continue;
+    }
     if (on_device && DeviceSamplable(group.params())) {
       SampleResult result;
       result.token_id = device_tokens[s.logits_index];
@@ -362,7 +389,23 @@ absl::Status Engine::Step() {
 bool DeviceSamplable(const SamplingParams& params) {
   return params.n == 1 && params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         !params.logprobs.has_value() && params.logit_bias.empty();
+         !params.logprobs.has_value() && !params.prompt_logprobs.has_value() &&
+         params.logit_bias.empty();
+}
+
+void Engine::ScorePromptRows(const ScheduledSeq& s, const Tensor& logits) {
+  const SequenceGroup& group = *s.group;
+  RequestState& state = requests_.at(group.request_id());
+  const Sequence& seq = *s.seq;
+  // Rows of a chunk run again after a preemption overwrite what they wrote the first time.
+  state.prompt_logprobs.resize(seq.prompt_len() - 1);
+  const int64_t vocab = runner_->vocab_size();
+  for (int r = 0; r < s.num_prompt_rows; ++r) {
+    const int position = s.first_position + r;
+    absl::Span<const float> row(logits.data<float>() + (s.prompt_rows_index + r) * vocab, vocab);
+    state.prompt_logprobs[position] =
+        ScoreToken(row, seq.tokens()[position + 1], *group.params().prompt_logprobs);
+  }
 }
 
 void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,

@@ -54,11 +54,15 @@ struct EngineOptions {
   // come back to the host. Others, and every request when off, use the host sampler on copied
   // logits. A request's sampler depends only on its own parameters, never on its batch.
   bool device_sampling = true;
+  // Prompt tokens one step may compute for prompt log-probabilities (SamplingParams::
+  // prompt_logprobs), each costing a logits row: a step's logits rows stay within max_num_seqs
+  // plus this, the size a runner's logits workspace needs. 0 refuses such requests.
+  int max_prompt_logprob_rows = 256;
 };
 
 // Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
 // draws exactly what a request asks for: one sample, no penalties, min-p, min_tokens masking or
-// logprobs.
+// logprobs (of the output or of the prompt).
 bool DeviceSamplable(const SamplingParams& params);
 
 // New output of one sample since the previous RequestOutput.
@@ -79,6 +83,9 @@ struct RequestOutput {
   int num_prompt_tokens = 0;
   int num_generated_tokens = 0;      // all samples, so far
   int num_cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache at admission
+  // SamplingParams::prompt_logprobs: set once, in the first output after the whole prompt ran;
+  // entry i scores prompt token i + 1 (token_id) given the tokens before it.
+  std::optional<std::vector<SampleResult>> prompt_logprobs;
   // Why an aborted request ended when it was not the client (refused, engine failure).
   absl::Status error;
 };
@@ -174,9 +181,12 @@ class Engine {
     std::vector<SampleState> samples;  // by sample index
     int num_cached_prompt_tokens = 0;
     bool admitted = false;
+    std::vector<SampleResult> prompt_logprobs;  // filled chunk by chunk while the prompt runs
   };
 
   void TakeInbox();
+  // Scores the prompt tokens of `s`'s chunk from the step's logits (prompt_logprobs).
+  void ScorePromptRows(const ScheduledSeq& s, const Tensor& logits);
   void ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,
                      const SampleResult& result, RequestOutput& output);
   SampleOutput& OutputFor(RequestOutput& output, int sample_index);

@@ -176,17 +176,29 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
   }
 
   if (params.logprobs.has_value()) {
-    double max_logit = -std::numeric_limits<double>::infinity();
-    for (float l : raw_logits) max_logit = std::max<double>(max_logit, l);
-    double sum = 0;
-    for (float l : raw_logits) sum += std::exp(static_cast<double>(l) - max_logit);
-    const double log_z = max_logit + std::log(sum);
-    result.logprob = static_cast<float>(raw_logits[result.token_id] - log_z);
-    if (*params.logprobs > 0) {
-      std::vector<float> values(raw_logits.begin(), raw_logits.end());
-      for (int32_t t : OrderDescending(values, *params.logprobs)) {
-        result.top_logprobs.push_back({t, static_cast<float>(raw_logits[t] - log_z)});
-      }
+    SampleResult scored = ScoreToken(raw_logits, result.token_id, *params.logprobs);
+    result.logprob = scored.logprob;
+    result.top_logprobs = std::move(scored.top_logprobs);
+  }
+  return result;
+}
+
+SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int top) {
+  MQA_CHECK(token >= 0 && token < static_cast<int64_t>(logits.size()));
+  double max_logit = -std::numeric_limits<double>::infinity();
+  for (float l : logits) max_logit = std::max<double>(max_logit, l);
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
+  const double log_z = max_logit + std::log(sum);
+  SampleResult result;
+  result.token_id = token;
+  result.logprob = static_cast<float>(logits[token] - log_z);
+  result.rank = 1 + static_cast<int32_t>(std::count_if(logits.begin(), logits.end(),
+                                                       [&](float l) { return l > logits[token]; }));
+  if (top > 0) {
+    std::vector<float> values(logits.begin(), logits.end());
+    for (int32_t t : OrderDescending(values, top)) {
+      result.top_logprobs.push_back({t, static_cast<float>(logits[t] - log_z)});
     }
   }
   return result;

@@ -26,6 +26,8 @@ struct SampleResult {
   // distribution (log_softmax of the raw row), and the `logprobs` most likely tokens, best first.
   float logprob = 0.0f;
   std::vector<TokenLogprob> top_logprobs;
+  // Set by ScoreToken: 1 + the number of tokens more likely than token_id.
+  int32_t rank = 0;
 };
 
 struct SamplingContext {
@@ -37,6 +39,11 @@ struct SamplingContext {
 };
 
 SampleResult Sample(absl::Span<const float> logits, const SamplingContext& context);
+
+// `token` scored under the distribution of a raw logits row (log_softmax): its log-probability,
+// its rank and the `top` most likely tokens, best first (ties by id). What Sample returns for
+// logprobs, and what a prompt position yields for prompt_logprobs.
+SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int top);
 
 // The pieces, exposed for tests.
 // Applies the three penalties in place.

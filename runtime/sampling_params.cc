@@ -30,7 +30,10 @@ absl::Status SamplingParams::Validate() const {
       return bad("logit_bias values must be in [-100, 100], got ", bias);
     }
   }
-  if (max_tokens < 1) return bad("max_tokens must be at least 1, got ", max_tokens);
+  if (max_tokens < 0 || (max_tokens == 0 && !(prompt_logprobs.has_value() && n == 1))) {
+    return bad("max_tokens must be at least 1 (0 only with prompt_logprobs and n = 1), got ",
+               max_tokens);
+  }
   if (min_tokens < 0 || min_tokens > max_tokens) {
     return bad("min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens);
   }
@@ -42,6 +45,9 @@ absl::Status SamplingParams::Validate() const {
   }
   if (logprobs.has_value() && (*logprobs < 0 || *logprobs > kMaxLogprobs)) {
     return bad("logprobs must be in [0, ", kMaxLogprobs, "], got ", *logprobs);
+  }
+  if (prompt_logprobs.has_value() && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxLogprobs)) {
+    return bad("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ", *prompt_logprobs);
   }
   return absl::OkStatus();
 }

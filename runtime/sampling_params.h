@@ -43,6 +43,7 @@ struct SamplingParams {
   // returned ends before the stop string unless include_stop_str_in_output.
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
+  // 0 scores the prompt without generating: only with prompt_logprobs and n = 1.
   int max_tokens = 16;
   // EOS and stop_token_ids are masked out (and stop strings ignored) until this many tokens.
   int min_tokens = 0;
@@ -55,6 +56,11 @@ struct SamplingParams {
   // (0: the chosen token only). Log-probabilities are of the model's distribution, before
   // penalties, temperature and filtering. Unset: none.
   std::optional<int> logprobs;
+  // Return, once the prompt has run, the log-probability of each prompt token after the first
+  // (given the tokens before it) and of the `prompt_logprobs` most likely tokens at its position
+  // (vLLM's prompt_logprobs; OpenAI's echo with logprobs). Such a request computes its whole
+  // prompt: it does not start from the prefix cache. Unset: none.
+  std::optional<int> prompt_logprobs;
 
   bool greedy() const { return temperature == 0.0f; }
 

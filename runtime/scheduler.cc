@@ -75,6 +75,7 @@ int Scheduler::NumRunningSeqs() const {
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   token_budget_ = options_.max_num_batched_tokens;
+  prompt_rows_budget_ = options_.max_prompt_logprob_rows;
   in_step_.clear();
   preempted_in_step_.clear();
 
@@ -134,14 +135,18 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
     for (Sequence* seq : seqs) plan.emplace_back(seq, 1);
   } else {
     int budget = token_budget_;
+    int rows_budget = prompt_rows_budget_;
     for (Sequence* seq : group.UnfinishedSeqs()) {
       if (budget == 0) break;
       if (!PrefixReady(group, *seq)) continue;
       const int remaining = seq->num_uncomputed_tokens();
-      const int chunk = std::min(remaining, budget);
+      int chunk = std::min(remaining, budget);
+      if (group.NeedsPromptLogprobs()) chunk = std::min(chunk, rows_budget);
+      if (chunk == 0) continue;
       if (!options_.enable_chunked_prefill && chunk < remaining) continue;
       plan.emplace_back(seq, chunk);
       budget -= chunk;
+      if (group.NeedsPromptLogprobs()) rows_budget -= chunk;
     }
   }
   if (plan.empty()) return true;
@@ -174,6 +179,7 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
     }
     AddToStep(group, *seq, chunk, out);
     token_budget_ -= chunk;
+    if (group.NeedsPromptLogprobs()) prompt_rows_budget_ -= chunk;
   }
   in_step_.push_back(&group);
   return true;
@@ -215,6 +221,16 @@ void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens,
   in.query_start.push_back(in.num_tokens());
   in.context_lens.push_back(start + num_tokens);
   ScheduledSeq scheduled{&group, &seq, num_tokens, -1};
+  scheduled.first_position = start;
+  if (group.NeedsPromptLogprobs()) {
+    // Every computed position before the prompt's last scores the token after it.
+    const int end = std::min(start + num_tokens, seq.prompt_len() - 1);
+    scheduled.prompt_rows_index = static_cast<int>(in.logits_rows.size());
+    for (int p = start; p < end; ++p) {
+      in.logits_rows.push_back(in.num_tokens() - num_tokens + (p - start));
+      ++scheduled.num_prompt_rows;
+    }
+  }
   if (start + num_tokens == seq.num_tokens()) {
     scheduled.logits_index = static_cast<int>(in.logits_rows.size());
     in.logits_rows.push_back(in.num_tokens() - 1);

@@ -29,6 +29,10 @@ struct SchedulerOptions {
   // Without chunked prefill a prompt runs in one step or waits (needs max_num_batched_tokens at
   // least as long as the longest prompt).
   bool enable_chunked_prefill = true;
+  // Prompt tokens a step may compute for prompt log-probabilities (SequenceGroup::
+  // NeedsPromptLogprobs), each of which costs a logits row: such a prompt runs in chunks of at
+  // most this many tokens, so a step's logits rows stay within max_num_seqs plus this.
+  int max_prompt_logprob_rows = 256;
 };
 
 // One sequence's share of a step.
@@ -37,6 +41,11 @@ struct ScheduledSeq {
   Sequence* seq = nullptr;
   int num_tokens = 0;     // tokens computed this step, from seq->num_computed_tokens()
   int logits_index = -1;  // row of the step's logits to sample from; -1: mid-prompt chunk
+  // Prompt log-probabilities: logits rows [prompt_rows_index, prompt_rows_index + num_prompt_rows)
+  // hold positions first_position, first_position + 1, ..., each scoring the prompt token after it.
+  int prompt_rows_index = -1;
+  int num_prompt_rows = 0;
+  int first_position = 0;
 };
 
 struct SchedulerOutput {
@@ -100,6 +109,7 @@ class Scheduler {
   std::vector<int64_t> released_seq_ids_;  // since the last Schedule()
   // Per-Schedule() state.
   int token_budget_ = 0;
+  int prompt_rows_budget_ = 0;
   std::vector<const SequenceGroup*> in_step_;
   std::vector<const SequenceGroup*> preempted_in_step_;
   int64_t num_preemptions_ = 0;

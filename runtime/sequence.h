@@ -119,6 +119,13 @@ class SequenceGroup {
   Sequence* FindSeq(int64_t seq_id) const;
   void AddSeq(std::unique_ptr<Sequence> seq) { seqs_.push_back(std::move(seq)); }
 
+  // True while the prompt's log-probabilities are asked for and not yet all computed: the prompt
+  // then runs from its first token (no prefix cache) and every prompt row yields logits.
+  bool NeedsPromptLogprobs() const {
+    return params_.prompt_logprobs.has_value() && !prompt_logprobs_done_;
+  }
+  void set_prompt_logprobs_done() { prompt_logprobs_done_ = true; }
+
   // True once all n samples exist.
   bool forked() const { return static_cast<int>(seqs_.size()) == params_.n; }
   // The most sequences this group may run at once (n before the fork).
@@ -131,6 +138,7 @@ class SequenceGroup {
   SamplingParams params_;
   uint64_t seed_;
   std::vector<std::unique_ptr<Sequence>> seqs_;
+  bool prompt_logprobs_done_ = false;
 };
 
 }  // namespace mqa

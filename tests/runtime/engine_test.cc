@@ -43,7 +43,7 @@ Expected Oracle(const std::vector<int32_t>& prompt, const SamplingParams& params
   const bool on_device = device_sampler && DeviceSamplable(params);
   std::vector<int32_t> history = prompt;
   Expected expected;
-  while (true) {
+  while (params.max_tokens > 0) {
     const std::vector<float> logits = ReferenceLogits(history, vocab);
     int32_t token = 0;
     if (on_device) {
@@ -78,6 +78,25 @@ Expected Oracle(const std::vector<int32_t>& prompt, const SamplingParams& params
       return expected;
     }
   }
+  return expected;  // max_tokens 0: the prompt is only scored
+}
+
+// What prompt_logprobs must return: each prompt token after the first scored under the logits of
+// the tokens before it.
+void ExpectPromptLogprobs(const std::vector<int32_t>& prompt, int top,
+                          const std::vector<SampleResult>& got, int vocab, const std::string& id) {
+  ASSERT_EQ(got.size(), prompt.size() - 1) << id;
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const std::vector<int32_t> history(prompt.begin(), prompt.begin() + i + 1);
+    const SampleResult want = ScoreToken(ReferenceLogits(history, vocab), prompt[i + 1], top);
+    EXPECT_EQ(got[i].token_id, prompt[i + 1]) << id << " position " << i + 1;
+    EXPECT_FLOAT_EQ(got[i].logprob, want.logprob) << id << " position " << i + 1;
+    ASSERT_EQ(got[i].top_logprobs.size(), want.top_logprobs.size()) << id;
+    for (size_t k = 0; k < want.top_logprobs.size(); ++k) {
+      EXPECT_EQ(got[i].top_logprobs[k].token_id, want.top_logprobs[k].token_id) << id;
+      EXPECT_FLOAT_EQ(got[i].top_logprobs[k].logprob, want.top_logprobs[k].logprob) << id;
+    }
+  }
 }
 
 // What one request received, accumulated from its outputs.
@@ -87,6 +106,8 @@ struct Received {
   std::map<int, FinishReason> reasons;
   std::map<int, std::string> stop_reasons;
   std::vector<SampleResult> logprobs;
+  std::vector<SampleResult> prompt_logprobs;
+  int outputs_with_prompt_logprobs = 0;
   int finished_outputs = 0;
   int outputs_after_finish = 0;
   RequestOutput last;
@@ -136,6 +157,16 @@ class Harness {
       const SamplingParams& params = params_.at(id);
       ASSERT_EQ(got.finished_outputs, 1) << id;
       EXPECT_EQ(got.outputs_after_finish, 0) << id;
+      const bool aborted = std::any_of(got.reasons.begin(), got.reasons.end(), [](const auto& r) {
+        return r.second == FinishReason::kAbort;
+      });
+      if (params.prompt_logprobs.has_value() && !aborted) {
+        EXPECT_EQ(got.outputs_with_prompt_logprobs, 1) << id;
+        ExpectPromptLogprobs(prompt, *params.prompt_logprobs, got.prompt_logprobs,
+                             runner_options_.vocab_size, id);
+      } else if (!params.prompt_logprobs.has_value()) {
+        EXPECT_EQ(got.outputs_with_prompt_logprobs, 0) << id;
+      }
       for (int i = 0; i < params.n; ++i) {
         const Expected want =
             Oracle(prompt, params, i, runner_options_.vocab_size, options_.max_model_len,
@@ -164,6 +195,10 @@ class Harness {
     Received& r = received_[id];
     EXPECT_EQ(output.request_id, id);
     if (r.finished_outputs > 0) ++r.outputs_after_finish;
+    if (output.prompt_logprobs.has_value()) {
+      ++r.outputs_with_prompt_logprobs;
+      r.prompt_logprobs = *output.prompt_logprobs;
+    }
     for (const SampleOutput& s : output.samples) {
       auto& tokens = r.tokens[s.index];
       tokens.insert(tokens.end(), s.token_ids.begin(), s.token_ids.end());
@@ -226,6 +261,16 @@ SamplingParams RandomParams(std::mt19937_64& rng, int max_n, int max_tokens) {
   if (rng() % 5 == 0) params.ignore_eos = true;
   if (rng() % 5 == 0) params.stop_token_ids = {static_cast<int32_t>(1 + rng() % 31)};
   if (rng() % 4 == 0) params.min_tokens = static_cast<int>(rng() % (params.max_tokens + 1));
+  // From the seed's bits, so that the other tests' random streams stay as they were.
+  const uint64_t bits = *params.seed;
+  if (bits % 6 == 0) {
+    params.prompt_logprobs = static_cast<int>((bits >> 8) % 4);
+    if ((bits >> 16) % 3 == 0) {  // scoring only
+      params.n = 1;
+      params.max_tokens = 0;
+      params.min_tokens = 0;
+    }
+  }
   return params;
 }
 
@@ -264,11 +309,14 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   options.eos_token_id = kEos;
   options.enable_prefix_caching = c.prefix_caching;
   options.enable_chunked_prefill = c.chunked_prefill;
+  // Small enough that prompt log-probabilities split prompts into chunks of their own.
+  options.max_prompt_logprob_rows = c.chunked_prefill ? 10 : 48;
   Harness h(runner_options, options);
   int64_t max_step_tokens = 0;
   h.runner().on_step = [&](const StepInput& in) {
     max_step_tokens = std::max<int64_t>(max_step_tokens, in.num_tokens());
     EXPECT_LE(in.num_seqs(), options.max_num_seqs);
+    EXPECT_LE(in.logits_rows.size(), options.max_num_seqs + options.max_prompt_logprob_rows);
   };
 
   std::mt19937_64 rng(std::hash<std::string>()(c.name));
@@ -745,6 +793,72 @@ TEST(Engine, PrefixCacheHitsAreReportedPerRequest) {
   EXPECT_EQ(h.received().at("second").last.num_cached_prompt_tokens, 24);  // 3 blocks of 8
   EXPECT_EQ(h.received().at("third").last.num_cached_prompt_tokens, 0);
   h.ExpectMatchesOracle();
+}
+
+// prompt_logprobs: a request computes its whole prompt even when the prefix cache holds it (an
+// identical earlier prompt), in chunks of at most max_prompt_logprob_rows tokens; max_tokens 0
+// only scores the prompt. Requests that could not run are refused.
+TEST(Engine, PromptLogprobsScoreEveryPromptTokenAndBypassThePrefixCache) {
+  FakeRunnerOptions runner_options;
+  EngineOptions options;
+  options.max_model_len = 64;
+  options.max_prompt_logprob_rows = 7;
+  Harness h(runner_options, options);
+  size_t max_rows = 0;
+  h.runner().on_step = [&](const StepInput& in) {
+    max_rows = std::max(max_rows, in.logits_rows.size());
+  };
+  std::vector<int32_t> prompt(29);
+  for (int i = 0; i < 29; ++i) prompt[i] = 1 + i;
+  SamplingParams params;
+  params.seed = 3;
+  params.max_tokens = 3;
+  ASSERT_TRUE(h.Add("plain", prompt, params).ok());
+  h.RunToCompletion();
+  params.prompt_logprobs = 2;
+  ASSERT_TRUE(h.Add("scored", prompt, params).ok());
+  h.RunToCompletion();
+  SamplingParams only = params;
+  only.max_tokens = 0;
+  only.prompt_logprobs = 0;
+  ASSERT_TRUE(h.Add("only", prompt, only).ok());
+  ASSERT_TRUE(h.Add("one-token", {5}, only).ok());
+  h.RunToCompletion();
+  h.ExpectMatchesOracle();  // checks the log-probabilities too
+  EXPECT_EQ(h.received().at("scored").last.num_cached_prompt_tokens, 0);
+  EXPECT_EQ(h.received().at("only").last.num_cached_prompt_tokens, 0);
+  EXPECT_EQ(h.received().at("only").reasons.at(0), FinishReason::kLength);
+  EXPECT_TRUE(h.received().at("only").tokens[0].empty());
+  EXPECT_EQ(h.received().at("one-token").outputs_with_prompt_logprobs, 1);
+  EXPECT_TRUE(h.received().at("one-token").prompt_logprobs.empty());
+  EXPECT_EQ(h.received().at("plain").outputs_with_prompt_logprobs, 0);
+  // Two prompt-logprob requests ran at once: at most 7 prompt rows and one sampling row each.
+  EXPECT_LE(max_rows, 7u + 2u);
+
+  SamplingParams bad = params;
+  bad.max_tokens = 0;
+  bad.prompt_logprobs.reset();
+  EXPECT_FALSE(h.Add("no-tokens", prompt, bad).ok());
+  bad.prompt_logprobs = 21;
+  bad.max_tokens = 1;
+  EXPECT_FALSE(h.Add("too-many", prompt, bad).ok());
+
+  EngineOptions no_chunks = options;
+  no_chunks.enable_chunked_prefill = false;
+  no_chunks.max_num_batched_tokens = 64;
+  no_chunks.max_num_seqs = 64;
+  Harness whole(runner_options, no_chunks);
+  absl::Status status = whole.Add("long", prompt, params);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("chunked prefill"), std::string::npos) << status;
+  EXPECT_TRUE(whole.Add("short", {1, 2, 3, 4, 5, 6, 7}, params).ok());
+  whole.RunToCompletion();
+  whole.ExpectMatchesOracle();
+
+  EngineOptions disabled = options;
+  disabled.max_prompt_logprob_rows = 0;
+  Harness off(runner_options, disabled);
+  EXPECT_FALSE(off.Add("off", prompt, params).ok());
 }
 
 TEST(Engine, RunnerFailureFailsEveryRequestInFlight) {

@@ -299,6 +299,35 @@ TEST(SamplingParams, ValidateNamesTheBadField) {
   EXPECT_NE(params.Validate().message().find("logit_bias"), std::string::npos);
   params.logit_bias = {{3, -100.0f}};
   EXPECT_TRUE(params.Validate().ok());
+  // max_tokens 0 only scores a prompt: it needs prompt_logprobs and one sample.
+  params = SamplingParams();
+  params.max_tokens = 0;
+  EXPECT_NE(params.Validate().message().find("max_tokens"), std::string::npos);
+  params.prompt_logprobs = 0;
+  EXPECT_TRUE(params.Validate().ok());
+  params.n = 2;
+  EXPECT_NE(params.Validate().message().find("max_tokens"), std::string::npos);
+  params = SamplingParams();
+  params.prompt_logprobs = 21;
+  EXPECT_NE(params.Validate().message().find("prompt_logprobs"), std::string::npos);
+}
+
+TEST(Sampler, ScoreTokenIsTheLogSoftmaxAndTheBestTokens) {
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  const SampleResult scored = ScoreToken(logits, 4, 3);
+  EXPECT_EQ(scored.token_id, 4);
+  EXPECT_NEAR(scored.logprob, 0.5 - std::log(z), 1e-6);
+  ASSERT_EQ(scored.top_logprobs.size(), 3u);
+  EXPECT_EQ(scored.top_logprobs[0].token_id, 1);  // ties by id
+  EXPECT_EQ(scored.top_logprobs[1].token_id, 3);
+  EXPECT_EQ(scored.top_logprobs[2].token_id, 0);
+  EXPECT_NEAR(scored.top_logprobs[2].logprob, 1.0 - std::log(z), 1e-6);
+  EXPECT_EQ(scored.rank, 4);
+  EXPECT_EQ(ScoreToken(logits, 3, 1).rank, 1);  // tied with token 1: nothing is more likely
+  EXPECT_TRUE(ScoreToken(logits, 2, 0).top_logprobs.empty());
+  EXPECT_EQ(ScoreToken(logits, 2, 0).rank, 5);
 }
 
 TEST(StopStringMatcher, FindsStopsAcrossDeltasAndHoldsBackPrefixes) {
