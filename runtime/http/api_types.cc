@@ -421,11 +421,22 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
-  if (request.echo && request.params.logprobs.has_value()) {
-    // OpenAI's answer holds the prompt tokens' log-probabilities too, which are not computed.
-    return InvalidParam("logprobs",
-                        "'logprobs' with 'echo' (the prompt tokens' log-probabilities) is not "
-                        "supported");
+  if (Field(object, "prompt_logprobs") != nullptr) {
+    RETURN_IF_ERROR(
+        ReadInt(object, "prompt_logprobs", 0, kMaxLogprobs, &request.prompt_logprobs.emplace()));
+    if (request.stream) {
+      return InvalidParam("prompt_logprobs",
+                          "'prompt_logprobs' is not available with stream=true (use echo with "
+                          "logprobs)");
+    }
+  }
+  // The engine computes the prompt's log-probabilities once, with the larger of the two counts
+  // of alternatives: OpenAI's echo + logprobs holds them in the logprobs object, vLLM's
+  // prompt_logprobs in choices[i].prompt_logprobs.
+  std::optional<int>& engine_count = request.params.prompt_logprobs;
+  if (request.echo && request.params.logprobs.has_value()) engine_count = request.params.logprobs;
+  if (request.prompt_logprobs.has_value()) {
+    engine_count = std::max(engine_count.value_or(0), *request.prompt_logprobs);
   }
   if (Field(object, "truncate_prompt_tokens") != nullptr) {
     RETURN_IF_ERROR(ReadInt(object, "truncate_prompt_tokens", 1, kIntMax,

@@ -55,7 +55,8 @@ struct PromptInput {
 struct CompletionRequest {
   std::optional<std::string> model;
   std::vector<PromptInput> prompts;  // at least one
-  // params.max_tokens is the client's value (0 allowed only with echo) or 16 when not given.
+  // params.max_tokens is the client's value (0 allowed only with echo: the prompt alone, scored
+  // when log-probabilities are asked for) or 16 when not given.
   SamplingParams params;
   bool max_tokens_given = false;
   bool echo = false;
@@ -69,6 +70,11 @@ struct CompletionRequest {
   // vLLM's truncate_prompt_tokens (/v1/completions only): each prompt keeps its last N tokens
   // (echo returns the kept part); not with suffix, whose FIM prompt would lose its start.
   std::optional<int> truncate_prompt_tokens;
+  // vLLM's prompt_logprobs (/v1/completions, not streamed): choices[i].prompt_logprobs lists, for
+  // each prompt token after the first, its log-probability, rank and this many alternatives.
+  // With echo, `logprobs` also covers the prompt (OpenAI's answer). Either sets
+  // params.prompt_logprobs, so that the engine computes them.
+  std::optional<int> prompt_logprobs;
 };
 
 // Default max_tokens when the client sends none (OpenAI's).

@@ -23,6 +23,19 @@ int64_t CodePoints(absl::string_view text) {
 
 std::string SseEvent(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
 
+json EmptyLogprobs() {
+  return {{"tokens", json::array()},
+          {"token_logprobs", json::array()},
+          {"top_logprobs", json::array()},
+          {"text_offset", json::array()}};
+}
+
+void Concatenate(json& logprobs, const json& delta) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const json& item : delta[key]) logprobs[key].push_back(item);
+  }
+}
+
 }  // namespace
 
 CompletionJob::CompletionJob(CompletionJobOptions options, std::vector<PreparedPrompt> prompts,
@@ -36,12 +49,7 @@ CompletionJob::CompletionJob(CompletionJobOptions options, std::vector<PreparedP
       prompt_finished_(prompts_.size(), false) {
   MQA_CHECK(options_.n >= 1);
   for (Choice& choice : choices_) {
-    if (options_.logprobs) {
-      choice.logprobs = {{"tokens", json::array()},
-                         {"token_logprobs", json::array()},
-                         {"top_logprobs", json::array()},
-                         {"text_offset", json::array()}};
-    }
+    if (options_.logprobs) choice.logprobs = EmptyLogprobs();
   }
   if (options_.echo) {
     for (size_t p = 0; p < prompts_.size(); ++p) {
@@ -66,6 +74,16 @@ std::function<void(RequestOutput)> CompletionJob::Callback(int prompt_index) {
 }
 
 void CompletionJob::OnOutput(int prompt_index, RequestOutput output) {
+  if (prompts_[prompt_index].max_tokens == 0) {
+    // A scored echo runs one engine sample; each of the n choices is that sample.
+    for (size_t i = 0, size = output.samples.size(); i < size; ++i) {
+      if (output.samples[i].index != 0) continue;
+      for (int s = 1; s < options_.n; ++s) {
+        output.samples.push_back(output.samples[i]);
+        output.samples.back().index = s;
+      }
+    }
+  }
   {
     absl::Time now = absl::Now();
     bool has_tokens = false;
@@ -99,6 +117,11 @@ void CompletionJob::MarkSubmittedNone(int prompt_index) {
   }
 }
 
+bool CompletionJob::NeedsEngine(int prompt_index) const {
+  return prompts_[prompt_index].max_tokens > 0 || options_.prompt_logprobs.has_value() ||
+         (options_.echo && options_.logprobs.has_value());
+}
+
 bool CompletionJob::Drain(absl::Duration timeout, std::string* chunks) {
   std::deque<Arrived> arrived;
   {
@@ -125,37 +148,91 @@ std::vector<std::string> CompletionJob::UnfinishedEngineIds() const {
   return ids;
 }
 
-void CompletionJob::AppendLogprobs(Choice& choice, const SampleOutput& sample, json* delta) {
-  *delta = {{"tokens", json::array()},
-            {"token_logprobs", json::array()},
-            {"top_logprobs", json::array()},
-            {"text_offset", json::array()}};
-  int64_t offset = choice.text_chars;
-  for (size_t k = 0; k < sample.token_ids.size(); ++k) {
-    std::string token = tokenizer_->Decode({sample.token_ids[k]});
-    json top = json::object();
-    float chosen = 0.0f;
-    if (k < sample.logprobs.size()) {
-      chosen = sample.logprobs[k].logprob;
-      for (const TokenLogprob& alt : sample.logprobs[k].top_logprobs) {
-        top[tokenizer_->Decode({alt.token_id})] = alt.logprob;
-      }
+int64_t CompletionJob::PushLogprobsEntry(json& object, int32_t token_id, const SampleResult* scored,
+                                         int64_t offset) const {
+  std::string token = tokenizer_->Decode({token_id});
+  const int64_t chars = CodePoints(token);
+  json top = nullptr;
+  json chosen = nullptr;
+  if (scored != nullptr) {
+    top = json::object();
+    const int count = options_.logprobs.value_or(0);
+    for (int k = 0; k < count && k < static_cast<int>(scored->top_logprobs.size()); ++k) {
+      const TokenLogprob& alt = scored->top_logprobs[k];
+      top[tokenizer_->Decode({alt.token_id})] = alt.logprob;
     }
-    top[token] = chosen;
-    (*delta)["tokens"].push_back(token);
-    (*delta)["token_logprobs"].push_back(chosen);
-    (*delta)["top_logprobs"].push_back(std::move(top));
-    (*delta)["text_offset"].push_back(offset);
-    offset += CodePoints(token);
+    top[token] = scored->logprob;
+    chosen = scored->logprob;
   }
-  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-    for (const json& item : (*delta)[key]) choice.logprobs[key].push_back(item);
+  object["tokens"].push_back(std::move(token));
+  object["token_logprobs"].push_back(std::move(chosen));
+  object["top_logprobs"].push_back(std::move(top));
+  object["text_offset"].push_back(offset);
+  return chars;
+}
+
+void CompletionJob::AppendLogprobs(Choice& choice, const SampleOutput& sample, json* delta) {
+  *delta = EmptyLogprobs();
+  int64_t offset = choice.text_chars;
+  const SampleResult unscored;  // a token the engine sent without its log-probability
+  for (size_t k = 0; k < sample.token_ids.size(); ++k) {
+    const SampleResult* scored = k < sample.logprobs.size() ? &sample.logprobs[k] : &unscored;
+    offset += PushLogprobsEntry(*delta, sample.token_ids[k], scored, offset);
+  }
+  Concatenate(choice.logprobs, *delta);
+}
+
+void CompletionJob::FoldPromptLogprobs(int p, const std::vector<SampleResult>& scored,
+                                       std::string* chunks) {
+  const std::vector<int32_t>& ids = prompts_[p].token_ids;
+  MQA_CHECK(scored.size() + 1 == ids.size());
+  json echo;  // the prompt's part of the logprobs object
+  if (options_.echo && options_.logprobs.has_value()) {
+    echo = EmptyLogprobs();
+    int64_t offset = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      offset += PushLogprobsEntry(echo, ids[i], i == 0 ? nullptr : &scored[i - 1], offset);
+    }
+  }
+  json vllm;  // vLLM's prompt_logprobs: null, then {token id: {logprob, rank, decoded_token}}
+  if (options_.prompt_logprobs.has_value()) {
+    vllm = json::array({nullptr});
+    for (const SampleResult& entry : scored) {
+      json position = json::object();
+      position[std::to_string(entry.token_id)] = {
+          {"logprob", entry.logprob},
+          {"rank", entry.rank},
+          {"decoded_token", tokenizer_->Decode({entry.token_id})}};
+      for (int k = 0;
+           k < *options_.prompt_logprobs && k < static_cast<int>(entry.top_logprobs.size()); ++k) {
+        const TokenLogprob& alt = entry.top_logprobs[k];
+        const std::string key = std::to_string(alt.token_id);
+        if (position.contains(key)) continue;
+        position[key] = {{"logprob", alt.logprob},
+                         {"rank", k + 1},
+                         {"decoded_token", tokenizer_->Decode({alt.token_id})}};
+      }
+      vllm.push_back(std::move(position));
+    }
+  }
+  for (int s = 0; s < options_.n; ++s) {
+    const int ci = p * options_.n + s;
+    Choice& choice = choices_[ci];
+    if (!vllm.is_null()) choice.prompt_logprobs = vllm;
+    if (echo.is_null()) continue;
+    Concatenate(choice.logprobs, echo);
+    if (chunks != nullptr) {  // the echo, held back until its log-probabilities came
+      absl::StrAppend(chunks,
+                      ChoiceChunk(ci, prompts_[p].text, {}, echo, std::nullopt, !choice.opened));
+      choice.opened = true;
+    }
   }
 }
 
 void CompletionJob::Fold(const Arrived& arrived, std::string* chunks) {
   const RequestOutput& output = arrived.output;
   const int p = arrived.prompt_index;
+  if (output.prompt_logprobs.has_value()) FoldPromptLogprobs(p, *output.prompt_logprobs, chunks);
   for (const SampleOutput& sample : output.samples) {
     MQA_CHECK(sample.index >= 0 && sample.index < options_.n);
     const int ci = p * options_.n + sample.index;
@@ -227,6 +304,8 @@ std::string CompletionJob::OpeningChunks() {
     const int p = ci / options_.n;
     const bool echo_only = prompts_[p].max_tokens == 0;
     if (!options_.echo && !options_.return_token_ids && !echo_only) continue;
+    // An echo with log-probabilities is sent when they arrive (FoldPromptLogprobs).
+    if (options_.echo && options_.logprobs.has_value()) continue;
     std::string text = options_.echo ? prompts_[p].text : std::string();
     json logprobs = options_.logprobs ? json::object() : json();
     absl::StrAppend(&chunks, ChoiceChunk(ci, text, {}, logprobs,
@@ -272,6 +351,7 @@ std::string CompletionJob::ResponseBody() const {
       entry["prompt_token_ids"] = prompts_[ci / options_.n].token_ids;
       entry["token_ids"] = choice.token_ids;
     }
+    if (options_.prompt_logprobs.has_value()) entry["prompt_logprobs"] = choice.prompt_logprobs;
     choices.push_back(std::move(entry));
   }
   json body = ChunkBase();

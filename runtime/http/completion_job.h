@@ -29,7 +29,9 @@ namespace mqa {
 struct PreparedPrompt {
   std::vector<int32_t> token_ids;
   std::string text;    // for echo
-  int max_tokens = 0;  // resolved; 0: echo only, nothing to generate
+  // Resolved; 0: echo only, nothing to generate (the engine runs the prompt, one sample, only when
+  // its log-probabilities are asked for).
+  int max_tokens = 0;
 };
 
 struct CompletionJobOptions {
@@ -38,7 +40,11 @@ struct CompletionJobOptions {
   int64_t created = 0;  // Unix seconds
   int n = 1;
   bool echo = false;
-  bool logprobs = false;
+  // `logprobs` alternatives per token (the logprobs object; with echo it starts with the prompt's
+  // tokens). Unset: no logprobs object.
+  std::optional<int> logprobs;
+  // vLLM's prompt_logprobs: alternatives per prompt token in choices[i].prompt_logprobs.
+  std::optional<int> prompt_logprobs;
   bool include_usage = false;
   bool return_token_ids = false;
   absl::Time arrival;  // when the HTTP request came in, for TTFT and end-to-end latency
@@ -58,6 +64,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   std::function<void(RequestOutput)> Callback(int prompt_index);
   // Marks a prompt as never submitted (echo only): it counts as finished from the start.
   void MarkSubmittedNone(int prompt_index);
+  // Whether prompt `prompt_index` runs in the engine: it generates, or its prompt is scored.
+  bool NeedsEngine(int prompt_index) const;
 
   // HTTP thread. Waits up to `timeout` for outputs, folds them in; false on timeout.
   // Streaming chunks produced are appended to `*chunks` when non-null.
@@ -82,6 +90,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     std::vector<int32_t> token_ids;
     std::optional<FinishReason> finish_reason;
     nlohmann::json logprobs;  // the completions API's logprobs object, when asked for
+    nlohmann::json prompt_logprobs;  // vLLM's, when asked for
     int64_t text_chars = 0;   // code points in `text`, for text_offset
     bool opened = false;      // streaming: the first chunk has been sent
   };
@@ -97,6 +106,15 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   void OnOutput(int prompt_index, RequestOutput output);
   void Fold(const Arrived& arrived, std::string* chunks);
   void AppendLogprobs(Choice& choice, const SampleOutput& sample, nlohmann::json* delta);
+  // The prompt's log-probabilities (they arrive once, before its first token) into every choice
+  // of the prompt: the echo's part of the logprobs object and vLLM's prompt_logprobs.
+  void FoldPromptLogprobs(int prompt_index, const std::vector<SampleResult>& scored,
+                          std::string* chunks);
+  // One token's entry of a logprobs object, `offset` code points into the choice's text; null
+  // log-probability and alternatives without `scored` (a prompt's first token). Returns the
+  // token's code points.
+  int64_t PushLogprobsEntry(nlohmann::json& object, int32_t token_id, const SampleResult* scored,
+                            int64_t offset) const;
   nlohmann::json ChunkBase() const;
   std::string ChoiceChunk(int choice_index, const std::string& text,
                           const std::vector<int32_t>& token_ids, const nlohmann::json& logprobs,

@@ -240,7 +240,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(
 
 absl::Status HttpServer::Impl::Submit(CompletionJob& job, const SamplingParams& params) {
   for (int p = 0; p < job.num_prompts(); ++p) {
-    if (job.prompt(p).max_tokens == 0) {
+    if (!job.NeedsEngine(p)) {
       job.MarkSubmittedNone(p);
       continue;
     }
@@ -249,6 +249,11 @@ absl::Status HttpServer::Impl::Submit(CompletionJob& job, const SamplingParams& 
     request.prompt_token_ids = job.prompt(p).token_ids;
     request.params = params;
     request.params.max_tokens = job.prompt(p).max_tokens;
+    if (request.params.max_tokens == 0) {
+      // Only the prompt's log-probabilities: one engine sample serves all n choices.
+      request.params.n = 1;
+      request.params.min_tokens = 0;
+    }
     request.on_output = job.Callback(p);
     const Tokenizer* tok = tokenizer;
     const bool skip_special = params.skip_special_tokens;
@@ -317,7 +322,8 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
       .created = absl::ToUnixSeconds(arrival),
       .n = request.params.n,
       .echo = request.echo,
-      .logprobs = request.params.logprobs.has_value(),
+      .logprobs = request.params.logprobs,
+      .prompt_logprobs = request.prompt_logprobs,
       .include_usage = request.include_usage,
       .return_token_ids = request.return_token_ids,
       .arrival = arrival,

@@ -31,7 +31,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MQA_CHECK(!r->prompts.empty() && r->prompts.size() <= mqa::kMaxPromptsPerRequest);
     MQA_CHECK(p.n >= 1 && p.n <= mqa::kMaxN);
     MQA_CHECK(p.max_tokens >= 1 || (p.max_tokens == 0 && r->echo));
-    MQA_CHECK(!(r->echo && p.logprobs.has_value()));
+    // Echo with logprobs and vLLM's prompt_logprobs ask the engine for the prompt's scores.
+    if (r->echo && p.logprobs.has_value()) {
+      MQA_CHECK(p.prompt_logprobs.has_value() && *p.prompt_logprobs >= *p.logprobs);
+    }
+    if (r->prompt_logprobs.has_value()) {
+      MQA_CHECK(!r->stream && p.prompt_logprobs.has_value() &&
+                *p.prompt_logprobs >= *r->prompt_logprobs);
+    }
+    if (p.prompt_logprobs.has_value()) {
+      MQA_CHECK(*p.prompt_logprobs >= 0 && *p.prompt_logprobs <= mqa::kMaxLogprobs);
+    }
     if (r->truncate_prompt_tokens.has_value()) {
       MQA_CHECK(*r->truncate_prompt_tokens >= 1 && !r->suffix.has_value());
     }

@@ -152,18 +152,37 @@ TEST(ApiTypesTest, DefaultsAndNullsLeaveDefaults) {
   EXPECT_EQ(echo->params.max_tokens, 0);
 }
 
-// The prompt tokens' log-probabilities (what echo with logprobs means in OpenAI's API, and what
-// loglikelihood evaluations read) are not computed: refused, not answered with the completion's
-// alone.
-TEST(ApiTypesTest, EchoWithLogprobsIsRefused) {
-  for (const char* body :
-       {"{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0}",
-        "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 0}"}) {
-    EXPECT_EQ(ErrorParam(ParseCompletionRequest(body).status()), "logprobs") << body;
+// The prompt tokens' log-probabilities: echo with logprobs (OpenAI's meaning, what loglikelihood
+// evaluations read) and vLLM's prompt_logprobs both ask the engine for them, with the larger count
+// of alternatives; prompt_logprobs is not streamed.
+TEST(ApiTypesTest, EchoWithLogprobsAndPromptLogprobsAskForThePromptScores) {
+  auto parse = [](const char* body) {
+    absl::StatusOr<CompletionRequest> request = ParseCompletionRequest(body);
+    EXPECT_TRUE(request.ok()) << body << ": " << request.status();
+    return request.ok() ? *request : CompletionRequest();
+  };
+  CompletionRequest echo =
+      parse("{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0}");
+  EXPECT_EQ(echo.params.prompt_logprobs, 1);
+  EXPECT_EQ(echo.params.max_tokens, 0);
+  EXPECT_FALSE(echo.prompt_logprobs.has_value());
+  EXPECT_EQ(parse("{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 0}").params.prompt_logprobs,
+            0);
+  EXPECT_FALSE(parse("{\"prompt\": \"x\", \"echo\": true, \"logprobs\": null}")
+                   .params.prompt_logprobs.has_value());
+  EXPECT_FALSE(parse("{\"prompt\": \"x\", \"logprobs\": 1}").params.prompt_logprobs.has_value());
+  CompletionRequest vllm = parse("{\"prompt\": \"x\", \"prompt_logprobs\": 3}");
+  EXPECT_EQ(vllm.prompt_logprobs, 3);
+  EXPECT_EQ(vllm.params.prompt_logprobs, 3);
+  EXPECT_EQ(parse("{\"prompt\": \"x\", \"prompt_logprobs\": 2, \"echo\": true, \"logprobs\": 5}")
+                .params.prompt_logprobs,
+            5);
+  for (const char* body : {"{\"prompt\": \"x\", \"prompt_logprobs\": 21}",
+                           "{\"prompt\": \"x\", \"prompt_logprobs\": -1}",
+                           "{\"prompt\": \"x\", \"prompt_logprobs\": \"2\"}",
+                           "{\"prompt\": \"x\", \"prompt_logprobs\": 1, \"stream\": true}"}) {
+    EXPECT_EQ(ErrorParam(ParseCompletionRequest(body).status()), "prompt_logprobs") << body;
   }
-  EXPECT_TRUE(
-      ParseCompletionRequest("{\"prompt\": \"x\", \"echo\": true, \"logprobs\": null}").ok());
-  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"x\", \"logprobs\": 1}").ok());
 }
 
 // Random in-range values of every field come through unchanged.

@@ -801,6 +801,134 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
               1e-4);
 }
 
+// The log-probability of `token` after `history` under the test model, and its rank.
+std::pair<double, int> ReferenceScore(const std::vector<int32_t>& history, int32_t token,
+                                      int vocab) {
+  const std::vector<float> logits = testing::ReferenceLogits(history, vocab);
+  const double max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(l - max);
+  const int rank = 1 + static_cast<int>(std::count_if(logits.begin(), logits.end(),
+                                                      [&](float l) { return l > logits[token]; }));
+  return {logits[token] - max - std::log(sum), rank};
+}
+
+// Prompt log-probabilities: OpenAI's echo + logprobs (what lm-eval's loglikelihood tasks send:
+// token-id prompts, max_tokens 1, logprobs 1, echo), scoring only (max_tokens 0), streamed, and
+// vLLM's prompt_logprobs field.
+TEST_F(HttpServerTest, EchoWithLogprobsScoresThePromptTokens) {
+  Start(DefaultSetup());
+  const int vocab = setup_.runner.vocab_size;
+  const Tokenizer& tok = FixtureTokenizer();
+  const std::vector<int32_t> prompt = tok.Encode("def add(a, b):\n    return a + b\n");
+  ASSERT_GT(prompt.size(), 6u);
+  const size_t len = prompt.size();
+  // Every prompt position after the first against the model, as a client reads them.
+  auto expect_prompt_part = [&](const json& logprobs, const std::string& what) {
+    ASSERT_GE(logprobs["token_logprobs"].size(), len) << what;
+    EXPECT_TRUE(logprobs["token_logprobs"][0].is_null()) << what;
+    EXPECT_TRUE(logprobs["top_logprobs"][0].is_null()) << what;
+    EXPECT_EQ(logprobs["text_offset"][0], 0) << what;
+    for (size_t i = 0; i < len; ++i) {
+      EXPECT_EQ(logprobs["tokens"][i], tok.Decode({prompt[i]})) << what << " " << i;
+      if (i == 0) continue;
+      const std::vector<int32_t> history(prompt.begin(), prompt.begin() + i);
+      const double want = ReferenceScore(history, prompt[i], vocab).first;
+      EXPECT_NEAR(logprobs["token_logprobs"][i].get<double>(), want, 1e-4) << what << " " << i;
+      const json& top = logprobs["top_logprobs"][i];
+      EXPECT_LE(top.size(), 2u) << what;  // the best alternative and the prompt's token
+      EXPECT_NEAR(top[tok.Decode({prompt[i]})].get<double>(), want, 1e-4) << what;
+      EXPECT_GT(logprobs["text_offset"][i].get<int64_t>(),
+                logprobs["text_offset"][i - 1].get<int64_t>())
+          << what;
+    }
+  };
+
+  json lm_eval = PostOk("/v1/completions", {{"prompt", json::array({prompt})},
+                                            {"echo", true},
+                                            {"logprobs", 1},
+                                            {"max_tokens", 1},
+                                            {"temperature", 0},
+                                            {"return_token_ids", true}});
+  const json& choice = lm_eval["choices"][0];
+  ASSERT_EQ(choice["logprobs"]["token_logprobs"].size(), len + 1) << lm_eval;
+  expect_prompt_part(choice["logprobs"], "echo");
+  const int32_t generated = choice["token_ids"][0];
+  EXPECT_EQ(generated, GreedyReference(prompt, 1, vocab)[0]);
+  EXPECT_NEAR(choice["logprobs"]["token_logprobs"][len].get<double>(),
+              ReferenceScore(prompt, generated, vocab).first, 1e-4);
+  EXPECT_EQ(choice["text"], tok.Decode(prompt) + tok.Decode({generated}));
+
+  // Scoring only, two choices: each holds the prompt's part; nothing is generated.
+  json scored = PostOk("/v1/completions", {{"prompt", json::array({prompt})},
+                                           {"echo", true},
+                                           {"logprobs", 1},
+                                           {"max_tokens", 0},
+                                           {"n", 2}});
+  ASSERT_EQ(scored["choices"].size(), 2u) << scored;
+  for (const json& c : scored["choices"]) {
+    ASSERT_EQ(c["logprobs"]["token_logprobs"].size(), len) << scored;
+    expect_prompt_part(c["logprobs"], "scored");
+    EXPECT_EQ(c["finish_reason"], "length");
+    EXPECT_EQ(c["text"], tok.Decode(prompt));
+  }
+  EXPECT_EQ(scored["usage"]["completion_tokens"], 0);
+
+  // Streamed: the echo comes with its log-probabilities, then the completion's tokens.
+  Sse sse = Stream({{"prompt", json::array({prompt})},
+                    {"echo", true},
+                    {"logprobs", 0},
+                    {"max_tokens", 3},
+                    {"stream", true},
+                    {"temperature", 0}});
+  ASSERT_EQ(sse.status, 200);
+  EXPECT_TRUE(sse.done) << sse.error;
+  ASSERT_FALSE(sse.chunks.empty());
+  json streamed = {{"tokens", json::array()},
+                   {"token_logprobs", json::array()},
+                   {"top_logprobs", json::array()},
+                   {"text_offset", json::array()}};
+  for (const json& chunk : sse.chunks) {
+    for (const json& c : chunk["choices"]) {
+      if (!c["logprobs"].is_object()) continue;
+      for (auto& [key, values] : c["logprobs"].items()) {
+        for (const json& v : values) streamed[key].push_back(v);
+      }
+    }
+  }
+  ASSERT_EQ(streamed["token_logprobs"].size(), len + 3) << sse.chunks.front();
+  expect_prompt_part(streamed, "stream");
+  EXPECT_TRUE(absl::StartsWith(sse.text, tok.Decode(prompt))) << sse.text;
+  EXPECT_EQ(sse.chunks.front()["choices"][0]["text"], tok.Decode(prompt));
+
+  // vLLM's prompt_logprobs: {token id: {logprob, rank, decoded_token}} per position after the
+  // first, the prompt's token and the 2 best.
+  json vllm = PostOk("/v1/completions", {{"prompt", json::array({prompt})},
+                                         {"prompt_logprobs", 2},
+                                         {"max_tokens", 2},
+                                         {"temperature", 0}});
+  const json& positions = vllm["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(positions.size(), len) << vllm;
+  EXPECT_TRUE(positions[0].is_null());
+  EXPECT_TRUE(vllm["choices"][0]["logprobs"].is_null());
+  for (size_t i = 1; i < len; ++i) {
+    const std::vector<int32_t> history(prompt.begin(), prompt.begin() + i);
+    const auto [want, rank] = ReferenceScore(history, prompt[i], vocab);
+    const json& entry = positions[i][std::to_string(prompt[i])];
+    EXPECT_NEAR(entry["logprob"].get<double>(), want, 1e-4) << i;
+    EXPECT_EQ(entry["rank"], rank) << i;
+    EXPECT_EQ(entry["decoded_token"], tok.Decode({prompt[i]}));
+    EXPECT_GE(positions[i].size(), 2u);
+    EXPECT_LE(positions[i].size(), 3u);
+  }
+  int status = 0;
+  json refused =
+      Post("/v1/completions",
+           json({{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}}).dump(), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "prompt_logprobs");
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);
