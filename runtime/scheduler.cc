@@ -142,7 +142,7 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
       const int remaining = seq->num_uncomputed_tokens();
       int chunk = std::min(remaining, budget);
       if (group.NeedsPromptLogprobs()) chunk = std::min(chunk, rows_budget);
-      if (chunk == 0) continue;
+      if (chunk <= 0) continue;
       if (!options_.enable_chunked_prefill && chunk < remaining) continue;
       plan.emplace_back(seq, chunk);
       budget -= chunk;
@@ -179,7 +179,6 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
     }
     AddToStep(group, *seq, chunk, out);
     token_budget_ -= chunk;
-    if (group.NeedsPromptLogprobs()) prompt_rows_budget_ -= chunk;
   }
   in_step_.push_back(&group);
   return true;
@@ -230,6 +229,8 @@ void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens,
       in.logits_rows.push_back(in.num_tokens() - num_tokens + (p - start));
       ++scheduled.num_prompt_rows;
     }
+    // A prompt's last token alone (scheduled like a decode) adds no prompt row.
+    prompt_rows_budget_ -= scheduled.num_prompt_rows;
   }
   if (start + num_tokens == seq.num_tokens()) {
     scheduled.logits_index = static_cast<int>(in.logits_rows.size());

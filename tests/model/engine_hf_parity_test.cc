@@ -5,8 +5,12 @@
 // prefix caching on (some prompts repeat), and with a KV pool small enough to force preemption.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,14 +57,15 @@ struct RunResult {
   int cached_prompt_tokens = 0;
 };
 
-RunResult RunEngine(const std::string& model, const std::vector<Case>& cases, const EngineSetup& s) {
-  auto collectives = MakeLocalCollectives();
+// An engine over the CPU runner of fixture `model`; `collectives` must outlive it.
+std::unique_ptr<Engine> MakeEngine(const std::string& model, const EngineSetup& s,
+                                   Collectives* collectives, int max_prompt_logprob_rows = 256) {
   LoadOptions load;
   load.model_dir = FixtureModelDir(model);
   GptBigCodeRunnerOptions ro;
   ro.block_size = s.block_size;
   ro.num_kv_blocks = s.num_kv_blocks;
-  auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), ro);
+  auto runner = CreateGptBigCodeRunnerFromDir(load, collectives, ro);
   MQA_CHECK_OK(runner.status());
   EngineOptions eo;
   eo.max_num_batched_tokens = s.max_num_batched_tokens;
@@ -68,8 +73,16 @@ RunResult RunEngine(const std::string& model, const std::vector<Case>& cases, co
   eo.max_model_len = 128;
   eo.enable_prefix_caching = s.prefix_caching;
   eo.eos_token_id = -1;  // HF's reference loop never stops early
+  eo.max_prompt_logprob_rows = max_prompt_logprob_rows;
   auto engine = Engine::Create(*std::move(runner), eo);
   MQA_CHECK_OK(engine.status());
+  return *std::move(engine);
+}
+
+RunResult RunEngine(const std::string& model, const std::vector<Case>& cases,
+                    const EngineSetup& s) {
+  auto collectives = MakeLocalCollectives();
+  std::unique_ptr<Engine> engine = MakeEngine(model, s, collectives.get());
 
   RunResult result;
   result.outputs.resize(cases.size());
@@ -81,7 +94,7 @@ RunResult RunEngine(const std::string& model, const std::vector<Case>& cases, co
     r.params.temperature = 0;
     r.params.max_tokens = static_cast<int>(cases[i].greedy.size());
     r.on_output = queues[i].Callback();
-    MQA_CHECK_OK((*engine)->AddRequest(std::move(r)));
+    MQA_CHECK_OK(engine->AddRequest(std::move(r)));
   };
   auto drain = [&](size_t i, bool& finished) {
     while (auto out = queues[i].Pop(absl::ZeroDuration())) {
@@ -96,7 +109,7 @@ RunResult RunEngine(const std::string& model, const std::vector<Case>& cases, co
   };
   if (s.together) {
     for (size_t i = 0; i < cases.size(); ++i) submit(i);
-    while ((*engine)->HasWork()) MQA_CHECK_OK((*engine)->Step());
+    while (engine->HasWork()) MQA_CHECK_OK(engine->Step());
     for (size_t i = 0; i < cases.size(); ++i) {
       bool finished = false;
       drain(i, finished);
@@ -105,14 +118,14 @@ RunResult RunEngine(const std::string& model, const std::vector<Case>& cases, co
   } else {
     for (size_t i = 0; i < cases.size(); ++i) {
       submit(i);
-      while ((*engine)->HasWork()) MQA_CHECK_OK((*engine)->Step());
+      while (engine->HasWork()) MQA_CHECK_OK(engine->Step());
       bool finished = false;
       drain(i, finished);
       EXPECT_TRUE(finished) << "request " << i;
     }
   }
-  result.metrics = (*engine)->metrics();
-  EXPECT_EQ((*engine)->block_manager().NumFreeBlocks(), s.num_kv_blocks) << "blocks leaked";
+  result.metrics = engine->metrics();
+  EXPECT_EQ(engine->block_manager().NumFreeBlocks(), s.num_kv_blocks) << "blocks leaked";
   return result;
 }
 
@@ -151,6 +164,75 @@ TEST_P(EngineHfParity, SmallPoolForcesPreemption) {
   // 9 sequences of up to 65 tokens need ~70 blocks of 8 at once; 16 blocks force recompute.
   Check({.block_size = 8, .num_kv_blocks = 16, .prefix_caching = true, .together = true},
         "small pool", /*expect_preemption=*/true);
+}
+
+// Prompt log-probabilities (what echo + logprobs returns) against HF's logits at every prompt
+// position: each prompt token's log-softmax score and the best alternative, with every prompt
+// running at once in chunks of at most 24 scored rows, twice (the repeat would find the first in
+// the prefix cache, and must not use it), some without generating.
+TEST_P(EngineHfParity, PromptLogprobsMatchTransformers) {
+  const std::string dir = FixtureModelDir(GetParam());
+  auto collectives = MakeLocalCollectives();
+  std::unique_ptr<Engine> engine = MakeEngine(GetParam(), {.block_size = 8, .prefix_caching = true},
+                                              collectives.get(), /*max_prompt_logprob_rows=*/24);
+  std::vector<testing::HfReference> refs = testing::LoadHfReferences(dir, /*vocab=*/1001);
+  ASSERT_GE(refs.size(), 5u);
+  const size_t unique = refs.size();
+  for (size_t i = 0; i < unique; ++i) refs.push_back(refs[i]);
+  std::vector<RequestOutputQueue> queues(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    EngineRequest r;
+    r.request_id = "p" + std::to_string(i);
+    r.prompt_token_ids = refs[i].prompt;
+    r.params.temperature = 0;
+    r.params.max_tokens = i % 2 == 0 ? 0 : 2;
+    r.params.prompt_logprobs = 2;
+    r.on_output = queues[i].Callback();
+    ASSERT_TRUE(engine->AddRequest(std::move(r)).ok());
+  }
+  while (engine->HasWork()) {
+    absl::Status step = engine->Step();
+    ASSERT_TRUE(step.ok()) << step;
+  }
+  const int64_t vocab = 1001;
+  double worst = 0;
+  int scored = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const testing::HfReference& ref = refs[i];
+    std::optional<std::vector<SampleResult>> got;
+    int cached = 0;
+    while (auto out = queues[i].Pop(absl::ZeroDuration())) {
+      ASSERT_TRUE(out->error.ok()) << out->error;
+      if (out->prompt_logprobs.has_value()) got = out->prompt_logprobs;
+      cached += out->num_cached_prompt_tokens;
+    }
+    ASSERT_TRUE(got.has_value()) << "prompt " << i;
+    ASSERT_EQ(got->size() + 1, ref.prompt.size());
+    EXPECT_EQ(cached, 0) << "prompt " << i;
+    for (size_t p = 1; p < ref.prompt.size(); ++p) {
+      const float* row = ref.logits.data() + (p - 1) * vocab;
+      const float max = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+      const double want = row[ref.prompt[p]] - max - std::log(sum);
+      const SampleResult& entry = (*got)[p - 1];
+      EXPECT_EQ(entry.token_id, ref.prompt[p]);
+      worst = std::max(worst, std::abs(entry.logprob - want));
+      ASSERT_NEAR(entry.logprob, want, 1e-3) << GetParam() << " prompt " << i << " position " << p;
+      ASSERT_EQ(entry.top_logprobs.size(), 2u);
+      // HF's best token, unless HF's own top two are within rounding of each other.
+      std::vector<float> sorted(row, row + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] > 1e-4) {
+        EXPECT_EQ(entry.top_logprobs[0].token_id, std::max_element(row, row + vocab) - row);
+      }
+      ++scored;
+    }
+  }
+  std::printf("%s: %d prompt positions scored, worst |log-prob error| %.3g\n", GetParam().c_str(),
+              scored, worst);
+  EXPECT_GT(scored, 140);  // 7 prompts of 1 to 33 tokens, twice
+  EXPECT_EQ(engine->block_manager().NumFreeBlocks(), 256);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineHfParity,

@@ -87,6 +87,10 @@ class FakeRunner : public ModelRunner {
     }
     std::vector<uint64_t> row_hash(in.num_tokens());
     for (int s = 0; s < in.num_seqs(); ++s) {
+      // What the model's ValidateStepInput refuses too.
+      if (in.query_start[s + 1] <= in.query_start[s]) {
+        return absl::InvalidArgumentError(absl::StrCat("seq ", in.seq_ids[s], " has no tokens"));
+      }
       const int32_t* table = in.block_tables.data() + s * in.max_blocks_per_seq;
       auto slot_of = [&](int p) -> int64_t {
         if (p / bs >= in.max_blocks_per_seq) return -1;
