@@ -141,6 +141,55 @@ def test_logit_bias_through_the_openai_client(server):
     assert completion.choices[0].text == detok["prompt"]
 
 
+def test_prompt_logprobs_agree_with_the_generated_ones(server):
+    # lm-eval's loglikelihood request (token-id prompt, echo, logprobs 1, max_tokens 1) through
+    # the OpenAI client: a greedy continuation's own log-probabilities, computed while decoding,
+    # must come back when the prompt plus that continuation is scored as a prompt.
+    c = client(server)
+    status, tokens = server.post_json("/tokenize", {"prompt": PROMPTS[1]})
+    assert status == 200, tokens
+    ids = tokens["tokens"]
+    generated = c.completions.create(model=server.model, prompt=[ids], max_tokens=4,
+                                     temperature=0, logprobs=1,
+                                     extra_body={"ignore_eos": True, "return_token_ids": True})
+    continuation = generated.choices[0].token_ids
+    decode_scores = generated.choices[0].logprobs.token_logprobs
+    assert len(continuation) == 4 and len(decode_scores) == 4
+
+    scored = c.completions.create(model=server.model, prompt=[ids + continuation], echo=True,
+                                  logprobs=1, max_tokens=1, temperature=0)
+    lp = scored.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(ids) + 4 + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    for got, want in zip(lp.token_logprobs[len(ids):len(ids) + 4], decode_scores):
+        assert got == pytest.approx(want, abs=1e-4)
+    # Greedy tokens are their position's best: lm-eval's is_greedy test holds for them.
+    for got, top in zip(lp.token_logprobs[len(ids):len(ids) + 4],
+                        lp.top_logprobs[len(ids):len(ids) + 4]):
+        assert got == pytest.approx(max(top.values()), abs=1e-6)
+
+    # Scoring alone (max_tokens 0) and vLLM's prompt_logprobs give the same scores.
+    only = c.completions.create(model=server.model, prompt=[ids + continuation], echo=True,
+                                logprobs=0, max_tokens=0)
+    assert only.usage.completion_tokens == 0
+    assert len(only.choices[0].logprobs.token_logprobs) == len(ids) + 4
+    for a, b in zip(only.choices[0].logprobs.token_logprobs[1:], lp.token_logprobs[1:-1]):
+        assert a == pytest.approx(b, abs=1e-5)
+    status, vllm = server.post_json("/v1/completions", {
+        "model": server.model, "prompt": [ids + continuation], "prompt_logprobs": 0,
+        "max_tokens": 1})
+    assert status == 200, vllm
+    positions = vllm["choices"][0]["prompt_logprobs"]
+    assert positions[0] is None
+    for i, token in enumerate(ids + continuation):
+        if i == 0:
+            continue
+        entry = positions[i][str(token)]
+        assert entry["logprob"] == pytest.approx(lp.token_logprobs[i], abs=1e-5)
+        assert entry["rank"] >= 1
+
+
 BAD_BODIES = [
     (b'{"prompt": "x"', 400, None),
     (b'["x"]', 400, None),
