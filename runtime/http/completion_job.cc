@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/http/api_types.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -46,6 +47,7 @@ CompletionJob::CompletionJob(CompletionJobOptions options, std::vector<PreparedP
       metrics_(metrics),
       timing_(prompts_.size()),
       choices_(prompts_.size() * options_.n),
+      prompt_scores_(prompts_.size()),
       prompt_finished_(prompts_.size(), false) {
   MQA_CHECK(options_.n >= 1);
   for (Choice& choice : choices_) {
@@ -232,7 +234,10 @@ void CompletionJob::FoldPromptLogprobs(int p, const std::vector<SampleResult>& s
 void CompletionJob::Fold(const Arrived& arrived, std::string* chunks) {
   const RequestOutput& output = arrived.output;
   const int p = arrived.prompt_index;
-  if (output.prompt_logprobs.has_value()) FoldPromptLogprobs(p, *output.prompt_logprobs, chunks);
+  if (output.prompt_logprobs.has_value()) {
+    prompt_scores_[p] = output.prompt_logprobs;
+    FoldPromptLogprobs(p, *output.prompt_logprobs, chunks);
+  }
   for (const SampleOutput& sample : output.samples) {
     MQA_CHECK(sample.index >= 0 && sample.index < options_.n);
     const int ci = p * options_.n + sample.index;
@@ -243,7 +248,11 @@ void CompletionJob::Fold(const Arrived& arrived, std::string* chunks) {
     choice.text_chars += CodePoints(sample.text);
     choice.token_ids.insert(choice.token_ids.end(), sample.token_ids.begin(),
                             sample.token_ids.end());
-    if (sample.finish_reason.has_value()) choice.finish_reason = sample.finish_reason;
+    choice.scores.insert(choice.scores.end(), sample.logprobs.begin(), sample.logprobs.end());
+    if (sample.finish_reason.has_value()) {
+      choice.finish_reason = sample.finish_reason;
+      choice.stop_reason = sample.stop_reason;
+    }
     bool news =
         !sample.text.empty() || !sample.token_ids.empty() || sample.finish_reason.has_value();
     if (chunks != nullptr && news) {
@@ -325,13 +334,14 @@ json CompletionJob::Usage() const {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-std::string CompletionJob::ClosingChunks() const {
+std::string CompletionJob::ClosingChunks(const absl::Status& error) const {
   std::string chunks;
+  if (!error.ok()) absl::StrAppend(&chunks, "data: ", mqa::ErrorBody(error), "\n\n");
   if (options_.include_usage) {
     json chunk = ChunkBase();
     chunk["choices"] = json::array();
     chunk["usage"] = Usage();
-    chunks = SseEvent(chunk);
+    absl::StrAppend(&chunks, SseEvent(chunk));
   }
   absl::StrAppend(&chunks, "data: [DONE]\n\n");
   return chunks;
@@ -358,6 +368,14 @@ std::string CompletionJob::ResponseBody() const {
   body["choices"] = std::move(choices);
   body["usage"] = Usage();
   return Dump(body);
+}
+
+int CompletionJob::ErrorHttpStatus(const absl::Status& status) const {
+  return HttpStatusFor(status);
+}
+
+std::string CompletionJob::ErrorBody(const absl::Status& status) const {
+  return mqa::ErrorBody(status);
 }
 
 }  // namespace mqa

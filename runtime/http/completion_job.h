@@ -21,6 +21,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine.h"
+#include "runtime/http/http_job.h"
 #include "runtime/http/metrics.h"
 
 namespace mqa {
@@ -50,8 +51,21 @@ struct CompletionJobOptions {
   absl::Time arrival;  // when the HTTP request came in, for TTFT and end-to-end latency
 };
 
-class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
+class CompletionJob : public HttpJob, public std::enable_shared_from_this<CompletionJob> {
  public:
+  // What one choice (sample) has received so far.
+  struct Choice {
+    std::string text;
+    std::vector<int32_t> token_ids;
+    std::vector<SampleResult> scores;  // parallel to token_ids when logprobs are asked for
+    std::optional<FinishReason> finish_reason;
+    std::string stop_reason;         // the stop string or stop token id that ended it ("" for EOS)
+    nlohmann::json logprobs;         // the completions API's logprobs object, when asked for
+    nlohmann::json prompt_logprobs;  // vLLM's, when asked for
+    int64_t text_chars = 0;          // code points in `text`, for text_offset
+    bool opened = false;             // streaming: the first chunk has been sent
+  };
+
   CompletionJob(CompletionJobOptions options, std::vector<PreparedPrompt> prompts,
                 const Tokenizer* tokenizer, ServerMetrics* metrics);
 
@@ -67,33 +81,27 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   // Whether prompt `prompt_index` runs in the engine: it generates, or its prompt is scored.
   bool NeedsEngine(int prompt_index) const;
 
-  // HTTP thread. Waits up to `timeout` for outputs, folds them in; false on timeout.
-  // Streaming chunks produced are appended to `*chunks` when non-null.
-  bool Drain(absl::Duration timeout, std::string* chunks);
-  // True once every prompt's last output has been folded in.
-  bool finished() const;
-  // The first error an engine request ended with (OK when none).
-  const absl::Status& error() const { return error_; }
-  // Engine ids of prompts whose last output has not arrived yet (to abort on disconnect).
-  std::vector<std::string> UnfinishedEngineIds() const;
+  // HttpJob. Streaming chunks are OpenAI's `data: {...}` events: OpeningChunks sends the echo of
+  // the prompts and the prompt token ids, ClosingChunks an error event, the usage chunk (when asked
+  // for) and `data: [DONE]`.
+  bool Drain(absl::Duration timeout, std::string* chunks) override;
+  bool finished() const override;
+  const absl::Status& error() const override { return error_; }
+  std::vector<std::string> UnfinishedEngineIds() const override;
+  std::string OpeningChunks() override;
+  std::string ClosingChunks(const absl::Status& error) const override;
+  std::string ResponseBody() const override;
+  int ErrorHttpStatus(const absl::Status& status) const override;
+  std::string ErrorBody(const absl::Status& status) const override;
 
-  // Streaming: the chunks to send before any output (echo of the prompts, prompt token ids).
-  std::string OpeningChunks();
-  // Streaming: the usage chunk (when asked for) and `data: [DONE]`.
-  std::string ClosingChunks() const;
-  // Non-streaming: the whole response body.
-  std::string ResponseBody() const;
+  // HTTP thread: choice `ci` (prompt ci / n, sample ci % n) as received so far, and the scores of
+  // prompt `p`'s tokens once they arrived (prompt_logprobs).
+  const Choice& choice(int ci) const { return choices_[ci]; }
+  const std::optional<std::vector<SampleResult>>& prompt_scores(int p) const {
+    return prompt_scores_[p];
+  }
 
  private:
-  struct Choice {
-    std::string text;
-    std::vector<int32_t> token_ids;
-    std::optional<FinishReason> finish_reason;
-    nlohmann::json logprobs;  // the completions API's logprobs object, when asked for
-    nlohmann::json prompt_logprobs;  // vLLM's, when asked for
-    int64_t text_chars = 0;   // code points in `text`, for text_offset
-    bool opened = false;      // streaming: the first chunk has been sent
-  };
   struct Arrived {
     int prompt_index = 0;
     RequestOutput output;
@@ -133,6 +141,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
   // HTTP thread.
   std::vector<Choice> choices_;  // prompt_index * n + sample index
+  std::vector<std::optional<std::vector<SampleResult>>> prompt_scores_;  // per prompt
   std::vector<bool> prompt_finished_;
   absl::Status error_;
 };

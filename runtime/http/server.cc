@@ -137,13 +137,12 @@ struct HttpServer::Impl {
   absl::StatusOr<std::vector<int32_t>> FimPrompt(std::string_view prefix, std::string_view suffix,
                                                  absl::string_view param) const;
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
-  void AbortAll(const CompletionJob& job);
+  void AbortAll(const HttpJob& job);
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool infill);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
-  void RespondPlain(const std::shared_ptr<CompletionJob>& job, int connection,
-                    httplib::Response& res);
-  void RespondStream(std::shared_ptr<CompletionJob> job, int connection, httplib::Response& res);
+  void RespondPlain(const std::shared_ptr<HttpJob>& job, int connection, httplib::Response& res);
+  void RespondStream(std::shared_ptr<HttpJob> job, int connection, httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
@@ -284,7 +283,7 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::FimPrompt(std::string_vie
   return ids;
 }
 
-void HttpServer::Impl::AbortAll(const CompletionJob& job) {
+void HttpServer::Impl::AbortAll(const HttpJob& job) {
   for (const std::string& id : job.UnfinishedEngineIds()) engine->Abort(id);
 }
 
@@ -345,25 +344,29 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   RespondPlain(*job, connection, res);
 }
 
-void HttpServer::Impl::RespondPlain(const std::shared_ptr<CompletionJob>& job, int connection,
+void HttpServer::Impl::RespondPlain(const std::shared_ptr<HttpJob>& job, int connection,
                                     httplib::Response& res) {
+  auto fail = [&](const absl::Status& status) {
+    res.status = job->ErrorHttpStatus(status);
+    res.set_content(job->ErrorBody(status), kJson);
+  };
   while (!job->finished()) {
     if (stopping) {
       AbortAll(*job);
-      return ReplyError(res, absl::UnavailableError("The server is shutting down"));
+      return fail(absl::UnavailableError("The server is shutting down"));
     }
     if (PeerGone(connection)) {
       AbortAll(*job);
-      return ReplyError(res, absl::CancelledError("The client closed the connection"));
+      return fail(absl::CancelledError("The client closed the connection"));
     }
     job->Drain(options.stream_keepalive, nullptr);
   }
-  if (!job->error().ok()) return ReplyError(res, job->error());
+  if (!job->error().ok()) return fail(job->error());
   res.status = 200;
   res.set_content(job->ResponseBody(), kJson);
 }
 
-void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, int connection,
+void HttpServer::Impl::RespondStream(std::shared_ptr<HttpJob> job, int connection,
                                      httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -378,9 +381,7 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<CompletionJob> job, int con
         }
         if (!job->finished()) job->Drain(options.stream_keepalive, &chunks);
         if (job->finished()) {
-          if (!job->error().ok())
-            absl::StrAppend(&chunks, "data: ", ErrorBody(job->error()), "\n\n");
-          absl::StrAppend(&chunks, job->ClosingChunks());
+          absl::StrAppend(&chunks, job->ClosingChunks(job->error()));
           if (!sink.write(chunks.data(), chunks.size())) return false;
           sink.done();
           return true;
