@@ -472,6 +472,134 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
   return request;
 }
 
+absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  TgiRequest request;
+  CompletionRequest& c = request.completion;
+  SamplingParams& p = c.params;
+  const json* inputs = Field(object, "inputs");
+  if (inputs == nullptr) return InvalidParam("inputs", "'inputs' is required");
+  if (!inputs->is_string()) return TypeError("inputs", "a string");
+  if (inputs->get_ref<const std::string&>().empty()) {
+    return InvalidParam("inputs", "'inputs' must not be empty");
+  }
+  c.prompts.push_back({.is_text = true, .text = inputs->get<std::string>()});
+  RETURN_IF_ERROR(ReadBool(object, "stream", &c.stream));
+  json none = json::object();
+  const json* parameters = Field(object, "parameters");
+  if (parameters != nullptr && !parameters->is_object()) {
+    return TypeError("parameters", "an object");
+  }
+  const json& params = parameters != nullptr ? *parameters : none;
+
+  for (const char* name : {"typical_p", "grammar", "adapter_id"}) {
+    if (Field(params, name) != nullptr) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
+    }
+  }
+  bool watermark = false;
+  RETURN_IF_ERROR(ReadBool(params, "watermark", &watermark));
+  if (watermark) return InvalidParam("watermark", "'watermark' is not supported by this server");
+  int best_of = 1;
+  RETURN_IF_ERROR(ReadInt(params, "best_of", 1, kIntMax, &best_of));
+  if (best_of != 1) {
+    return InvalidParam("best_of", absl::StrCat("'best_of' must be 1 here, got ", best_of));
+  }
+  RETURN_IF_ERROR(ReadBool(params, "details", &request.details));
+  RETURN_IF_ERROR(ReadBool(params, "decoder_input_details", &request.decoder_input_details));
+  RETURN_IF_ERROR(ReadBool(params, "return_full_text", &request.return_full_text));
+  RETURN_IF_ERROR(ReadInt(params, "top_n_tokens", 0, kTgiMaxTopNTokens, &request.top_n_tokens));
+  p.max_tokens = kTgiDefaultMaxNewTokens;
+  RETURN_IF_ERROR(
+      ReadInt(params, "max_new_tokens", 1, kIntMax, &p.max_tokens, &c.max_tokens_given));
+  if (Field(params, "truncate") != nullptr) {
+    RETURN_IF_ERROR(ReadInt(params, "truncate", 1, kIntMax, &c.truncate_prompt_tokens.emplace()));
+  }
+
+  bool do_sample = false;
+  RETURN_IF_ERROR(ReadBool(params, "do_sample", &do_sample));
+  // TGI: temperature > 0, top_k > 0, top_p in (0, 1); any of them turns sampling on.
+  request.sampling = do_sample;
+  float temperature = 1.0f;
+  RETURN_IF_ERROR(ReadFloat(params, "temperature", &temperature));
+  if (Field(params, "temperature") != nullptr) {
+    if (!(temperature > 0.0f)) {
+      return InvalidParam("temperature",
+                          absl::StrCat("'temperature' must be > 0, got ", temperature));
+    }
+    request.sampling |= temperature != 1.0f;
+  }
+  if (Field(params, "top_k") != nullptr) {
+    RETURN_IF_ERROR(ReadInt(params, "top_k", 1, kIntMax, &p.top_k));
+    request.sampling = true;
+  }
+  if (Field(params, "top_p") != nullptr) {
+    RETURN_IF_ERROR(ReadFloat(params, "top_p", &p.top_p));
+    if (!(p.top_p > 0.0f && p.top_p < 1.0f)) {
+      return InvalidParam("top_p", absl::StrCat("'top_p' must be in (0, 1), got ", p.top_p));
+    }
+    request.sampling = true;
+  }
+  p.temperature = request.sampling ? temperature : 0.0f;
+  RETURN_IF_ERROR(ReadFloat(params, "repetition_penalty", &p.repetition_penalty));
+  if (!(p.repetition_penalty > 0.0f)) {
+    return InvalidParam("repetition_penalty", absl::StrCat("'repetition_penalty' must be > 0, got ",
+                                                           p.repetition_penalty));
+  }
+  RETURN_IF_ERROR(ReadFloat(params, "frequency_penalty", &p.frequency_penalty));
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return InvalidParam(
+        "frequency_penalty",
+        absl::StrCat("'frequency_penalty' must be in [-2, 2], got ", p.frequency_penalty));
+  }
+  std::optional<int64_t> seed;
+  if (const json* value = Field(params, "seed"); value != nullptr && value->is_number_unsigned()) {
+    p.seed = value->get<uint64_t>();  // TGI's seed is a u64
+  } else {
+    RETURN_IF_ERROR(ReadInt64(params, "seed", &seed));
+    if (seed.has_value()) {
+      if (*seed < 0) return InvalidParam("seed", "'seed' must be >= 0");
+      p.seed = static_cast<uint64_t>(*seed);
+    }
+  }
+  if (const json* stop = Field(params, "stop"); stop != nullptr) {
+    if (!stop->is_array()) return TypeError("stop", "a list of strings");
+    for (const json& item : *stop) {
+      if (!item.is_string() || item.get_ref<const std::string&>().empty()) {
+        return TypeError("stop", "a list of non-empty strings");
+      }
+      p.stop.push_back(item.get<std::string>());
+    }
+  }
+  p.include_stop_str_in_output = true;  // TGI's generated_text ends with the stop sequence
+  // (The generated tokens' log-probabilities depend on the route, which may stream: the server
+  // sets params.logprobs.)
+  if (request.decoder_input_details) p.prompt_logprobs = request.top_n_tokens;
+  return request;
+}
+
+int TgiHttpStatusFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 422;
+    default:
+      return HttpStatusFor(status);
+  }
+}
+
+std::string TgiErrorBody(const absl::Status& status) {
+  const int http_status = TgiHttpStatusFor(status);
+  const char* type = http_status == 422   ? "validation"
+                     : http_status == 429 ? "overloaded"
+                     : http_status == 401 ? "authentication"
+                     : http_status == 404 ? "not_found"
+                                          : "generation";
+  return json{{"error", std::string(status.message())}, {"error_type", type}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
+}
+
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   TokenizeRequest request;

@@ -96,6 +96,34 @@ struct InfillRequest {
 
 absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
 
+// Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
+// API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",
+// "parameters": {...}, "stream"}. Unset (null) parameters keep their defaults; the ones this
+// server does not implement (typical_p, watermark, grammar, adapter_id, best_of > 1) are refused
+// by name rather than ignored. Sampling is on with do_sample or any of temperature / top_k /
+// top_p, as in TGI; otherwise decoding is greedy.
+struct TgiRequest {
+  // prompts = {inputs}; params from the parameters (max_new_tokens -> max_tokens, stop strings kept
+  // in the text as TGI does); truncate -> truncate_prompt_tokens; stream from the body.
+  CompletionRequest completion;
+  bool return_full_text = false;       // generated_text starts with the inputs
+  bool details = false;                // the details object (finish reason, tokens, seed ...)
+  bool decoder_input_details = false;  // details.prefill: the inputs' tokens with their scores
+  int top_n_tokens = 0;                // details.top_tokens / the stream's top_tokens
+  bool sampling = false;
+};
+
+// Default max_new_tokens (TGI's), cut to what fits the model when not given.
+inline constexpr int kTgiDefaultMaxNewTokens = 100;
+inline constexpr int kTgiMaxTopNTokens = 5;
+
+absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body);
+
+// TGI's error shape: {"error": message, "error_type": "validation" | "overloaded" |
+// "generation" | ...}, and its HTTP status (422 for validation errors).
+int TgiHttpStatusFor(const absl::Status& status);
+std::string TgiErrorBody(const absl::Status& status);
+
 struct TokenizeRequest {
   std::optional<std::string> model;
   std::string prompt;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "runtime/http/api_types.h"
 #include "runtime/http/completion_job.h"
 #include "runtime/http/metrics.h"
+#include "runtime/http/tgi_job.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -140,6 +142,12 @@ struct HttpServer::Impl {
   void AbortAll(const HttpJob& job);
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool infill);
+  // TGI's API. kRoot: POST /, streamed when the body says so, a one-element list otherwise.
+  enum class TgiRoute { kGenerate, kGenerateStream, kRoot };
+  void HandleTgi(const httplib::Request& req, httplib::Response& res, TgiRoute route);
+  absl::StatusOr<std::shared_ptr<TgiJob>> StartTgiJob(const httplib::Request& req, TgiRoute route,
+                                                      bool* stream);
+  void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
   void RespondPlain(const std::shared_ptr<HttpJob>& job, int connection, httplib::Response& res);
   void RespondStream(std::shared_ptr<HttpJob> job, int connection, httplib::Response& res);
@@ -344,6 +352,78 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   RespondPlain(*job, connection, res);
 }
 
+absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const httplib::Request& req,
+                                                                      TgiRoute route,
+                                                                      bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(TgiRequest tgi, ParseTgiRequest(req.body));
+  CompletionRequest& request = tgi.completion;
+  if (route != TgiRoute::kRoot) request.stream = route == TgiRoute::kGenerateStream;
+  SamplingParams& params = request.params;
+  // Every streamed token carries its log-probability (TGI's events), as do the details.
+  params.logprobs.reset();
+  if (request.stream || tgi.details) params.logprobs = tgi.top_n_tokens;
+  if (tgi.sampling && !params.seed.has_value()) {
+    // Drawn here, not by the engine, so that the details can report it as TGI does.
+    std::random_device entropy;
+    params.seed = (static_cast<uint64_t>(entropy()) << 32) | entropy();
+  }
+  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
+  CompletionJobOptions job_options{
+      .id = absl::StrCat("tgi-", next_id.fetch_add(1)),
+      .model = options.served_model_name,
+      .created = absl::ToUnixSeconds(arrival),
+      .n = 1,
+      .logprobs = params.logprobs,
+      .arrival = arrival,
+  };
+  auto inner = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
+                                               tokenizer, &metrics);
+  RETURN_IF_ERROR(Submit(*inner, params));
+  *stream = request.stream;
+  return std::make_shared<TgiJob>(std::move(inner),
+                                  TgiJobOptions{.list_response = route == TgiRoute::kRoot,
+                                                .return_full_text = tgi.return_full_text,
+                                                .details = tgi.details,
+                                                .decoder_input_details = tgi.decoder_input_details,
+                                                .top_n_tokens = tgi.top_n_tokens,
+                                                .seed = tgi.sampling ? params.seed : std::nullopt},
+                                  tokenizer);
+}
+
+void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response& res,
+                                 TgiRoute route) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<TgiJob>> job = StartTgiJob(req, route, &stream);
+  if (!job.ok()) {
+    res.status = TgiHttpStatusFor(job.status());
+    res.set_content(TgiErrorBody(job.status()), kJson);
+    return;
+  }
+  const int connection = FindConnectionSocket(req);
+  if (stream) return RespondStream(*std::move(job), connection, res);
+  RespondPlain(*job, connection, res);
+}
+
+void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) {
+    res.status = TgiHttpStatusFor(status);
+    res.set_content(TgiErrorBody(status), kJson);
+    return;
+  }
+  ReplyJson(res, {{"model_id", options.served_model_name},
+                  {"model_pipeline_tag", "text-generation"},
+                  {"max_best_of", 1},
+                  {"max_input_tokens", options.max_model_len - 1},
+                  {"max_total_tokens", options.max_model_len},
+                  {"max_top_n_tokens", kTgiMaxTopNTokens},
+                  {"max_concurrent_requests", options.num_threads},
+                  {"router", "mqaserve"}});
+}
+
 void HttpServer::Impl::RespondPlain(const std::shared_ptr<HttpJob>& job, int connection,
                                     httplib::Response& res) {
   auto fail = [&](const absl::Status& status) {
@@ -462,6 +542,20 @@ void HttpServer::Impl::InstallRoutes() {
                                      "'suffix' to fill in the middle) or /v1/infill"));
     }
     ReplyError(res, status);
+  });
+  // Text-generation-inference's native API (its clients, and the code-completion plugins that
+  // speak it).
+  server.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTgi(req, res, TgiRoute::kGenerate);
+  });
+  server.Post("/generate_stream", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTgi(req, res, TgiRoute::kGenerateStream);
+  });
+  server.Post("/", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTgi(req, res, TgiRoute::kRoot);
+  });
+  server.Get("/info", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTgiInfo(req, res);
   });
   server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     HandleModels(req, res);

@@ -190,6 +190,47 @@ def test_prompt_logprobs_agree_with_the_generated_ones(server):
         assert entry["rank"] >= 1
 
 
+def test_tgi_api_through_huggingface_hub(server):
+    # TGI's own client (what HF's code-completion plugins and Inference Endpoints users run)
+    # against /, /generate_stream's events and TGI's error shape.
+    from huggingface_hub import InferenceClient
+    from huggingface_hub.errors import ValidationError
+
+    hub = InferenceClient(model=server.url, token=server.api_key or None)
+    text = hub.text_generation(PROMPTS[0], max_new_tokens=8)
+    reference = client(server).completions.create(model=server.model, prompt=PROMPTS[0],
+                                                  max_tokens=8, temperature=0)
+    assert text == reference.choices[0].text
+
+    out = hub.text_generation(PROMPTS[0], max_new_tokens=8, details=True,
+                              decoder_input_details=True, top_n_tokens=2)
+    assert out.generated_text == text
+    assert out.details.finish_reason in ("length", "eos_token")
+    assert out.details.generated_tokens == len(out.details.tokens) == reference.usage.completion_tokens
+    assert len(out.details.prefill) == reference.usage.prompt_tokens
+    assert out.details.prefill[0].logprob is None
+    assert all(t.logprob <= 0 for t in out.details.tokens)
+    assert all(len(top) == 2 for top in out.details.top_tokens)
+
+    streamed = list(hub.text_generation(PROMPTS[0], max_new_tokens=8, stream=True, details=True))
+    assert [e.token.id for e in streamed] == [t.id for t in out.details.tokens]
+    assert streamed[-1].generated_text == text
+    assert streamed[-1].details.finish_reason == out.details.finish_reason
+    for event, token in zip(streamed, out.details.tokens):
+        assert event.token.logprob == pytest.approx(token.logprob, abs=1e-5)
+
+    seeded = hub.text_generation(PROMPTS[0], max_new_tokens=8, do_sample=True, seed=11,
+                                 details=True)
+    assert seeded.details.seed == 11
+    again = hub.text_generation(PROMPTS[0], max_new_tokens=8, do_sample=True, seed=11)
+    assert again == seeded.generated_text
+
+    with pytest.raises(ValidationError):
+        hub.text_generation(PROMPTS[0], max_new_tokens=8, typical_p=0.5)
+    status, info = server.request("GET", "/info")
+    assert status == 200 and json.loads(info)["model_id"] == server.model
+
+
 BAD_BODIES = [
     (b'{"prompt": "x"', 400, None),
     (b'["x"]', 400, None),

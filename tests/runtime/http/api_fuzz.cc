@@ -58,6 +58,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckError(r.status());
   }
   if (auto r = mqa::ParseInfillRequest(body); !r.ok()) CheckError(r.status());
+  if (auto r = mqa::ParseTgiRequest(body); r.ok()) {
+    const mqa::SamplingParams& p = r->completion.params;
+    MQA_CHECK(r->completion.prompts.size() == 1 && !r->completion.prompts[0].text.empty());
+    MQA_CHECK(p.max_tokens >= 1 && p.n == 1);
+    MQA_CHECK(r->sampling ? p.temperature > 0 : p.temperature == 0);
+    MQA_CHECK(p.top_p > 0 && p.top_p <= 1 && p.top_k >= -1 && p.top_k != 0);
+    MQA_CHECK(r->top_n_tokens >= 0 && r->top_n_tokens <= mqa::kTgiMaxTopNTokens);
+    MQA_CHECK(p.Validate().ok());
+  } else {
+    CheckError(r.status());
+    const nlohmann::json tgi = nlohmann::json::parse(mqa::TgiErrorBody(r.status()), nullptr, false);
+    MQA_CHECK(!tgi.is_discarded() && tgi["error"].is_string() && tgi["error_type"].is_string());
+  }
   if (auto r = mqa::ParseTokenizeRequest(body); !r.ok()) CheckError(r.status());
   if (auto r = mqa::ParseDetokenizeRequest(body); r.ok()) {
     for (int32_t id : r->tokens) MQA_CHECK(id >= 0);

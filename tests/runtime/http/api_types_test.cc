@@ -185,6 +185,83 @@ TEST(ApiTypesTest, EchoWithLogprobsAndPromptLogprobsAskForThePromptScores) {
   }
 }
 
+// TGI's request: parameters map onto the engine's; sampling as TGI turns it on; unset (null)
+// parameters, as huggingface_hub sends them, keep the defaults; what is not implemented is refused
+// by name.
+TEST(ApiTypesTest, TgiRequests) {
+  auto parse = [](const char* body) {
+    absl::StatusOr<TgiRequest> request = ParseTgiRequest(body);
+    EXPECT_TRUE(request.ok()) << body << ": " << request.status();
+    return request.ok() ? *request : TgiRequest();
+  };
+  TgiRequest plain = parse(R"({"inputs": "def f("})");
+  ASSERT_EQ(plain.completion.prompts.size(), 1u);
+  EXPECT_EQ(plain.completion.prompts[0].text, "def f(");
+  EXPECT_FALSE(plain.sampling);
+  EXPECT_EQ(plain.completion.params.temperature, 0.0f);
+  EXPECT_EQ(plain.completion.params.max_tokens, kTgiDefaultMaxNewTokens);
+  EXPECT_FALSE(plain.completion.max_tokens_given);
+  EXPECT_TRUE(plain.completion.params.include_stop_str_in_output);
+  EXPECT_FALSE(plain.completion.params.prompt_logprobs.has_value());
+
+  TgiRequest hub = parse(
+      R"({"inputs": "x", "stream": true, "parameters": {"adapter_id": null, "best_of": null,
+          "decoder_input_details": true, "details": true, "do_sample": false,
+          "frequency_penalty": null, "grammar": null, "max_new_tokens": 7,
+          "repetition_penalty": 1.1, "return_full_text": true, "seed": 18446744073709551615,
+          "stop": ["\n\n"], "temperature": 0.2, "top_k": null, "top_n_tokens": 3, "top_p": 0.95,
+          "truncate": 100, "typical_p": null, "watermark": false}})");
+  EXPECT_TRUE(hub.completion.stream);
+  EXPECT_TRUE(hub.sampling);  // temperature and top_p turn it on, do_sample or not
+  EXPECT_FLOAT_EQ(hub.completion.params.temperature, 0.2f);
+  EXPECT_FLOAT_EQ(hub.completion.params.top_p, 0.95f);
+  EXPECT_EQ(hub.completion.params.max_tokens, 7);
+  EXPECT_FLOAT_EQ(hub.completion.params.repetition_penalty, 1.1f);
+  EXPECT_EQ(hub.completion.params.seed, 18446744073709551615ull);
+  EXPECT_EQ(hub.completion.params.stop, std::vector<std::string>{"\n\n"});
+  EXPECT_EQ(hub.completion.truncate_prompt_tokens, 100);
+  EXPECT_TRUE(hub.details && hub.decoder_input_details && hub.return_full_text);
+  EXPECT_EQ(hub.top_n_tokens, 3);
+  EXPECT_EQ(hub.completion.params.prompt_logprobs, 3);
+
+  TgiRequest sampled = parse(R"({"inputs": "x", "parameters": {"do_sample": true}})");
+  EXPECT_TRUE(sampled.sampling);
+  EXPECT_EQ(sampled.completion.params.temperature, 1.0f);
+  EXPECT_TRUE(parse(R"({"inputs": "x", "parameters": {"top_k": 5}})").sampling);
+  EXPECT_FALSE(parse(R"({"inputs": "x", "parameters": {"temperature": 1.0}})").sampling);
+
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"parameters": {}})", "inputs"},
+      {R"({"inputs": 5})", "inputs"},
+      {R"({"inputs": ""})", "inputs"},
+      {R"({"inputs": "x", "parameters": []})", "parameters"},
+      {R"({"inputs": "x", "parameters": {"typical_p": 0.9}})", "typical_p"},
+      {R"({"inputs": "x", "parameters": {"grammar": {"type": "json"}}})", "grammar"},
+      {R"({"inputs": "x", "parameters": {"adapter_id": "a"}})", "adapter_id"},
+      {R"({"inputs": "x", "parameters": {"watermark": true}})", "watermark"},
+      {R"({"inputs": "x", "parameters": {"best_of": 2}})", "best_of"},
+      {R"({"inputs": "x", "parameters": {"temperature": 0}})", "temperature"},
+      {R"({"inputs": "x", "parameters": {"top_p": 1}})", "top_p"},
+      {R"({"inputs": "x", "parameters": {"top_k": 0}})", "top_k"},
+      {R"({"inputs": "x", "parameters": {"max_new_tokens": 0}})", "max_new_tokens"},
+      {R"({"inputs": "x", "parameters": {"top_n_tokens": 6}})", "top_n_tokens"},
+      {R"({"inputs": "x", "parameters": {"seed": -1}})", "seed"},
+      {R"({"inputs": "x", "parameters": {"stop": "x"}})", "stop"},
+      {R"({"inputs": "x", "parameters": {"stop": [""]}})", "stop"},
+  };
+  for (const auto& [body, param] : refused) {
+    absl::Status status = ParseTgiRequest(body).status();
+    EXPECT_EQ(ErrorParam(status), param) << body << ": " << status;
+    EXPECT_EQ(TgiHttpStatusFor(status), 422) << body;
+    const auto error = nlohmann::json::parse(TgiErrorBody(status));
+    EXPECT_EQ(error["error_type"], "validation");
+    EXPECT_EQ(error["error"], std::string(status.message()));
+  }
+  EXPECT_EQ(TgiHttpStatusFor(absl::ResourceExhaustedError("full")), 429);
+  EXPECT_EQ(nlohmann::json::parse(TgiErrorBody(absl::ResourceExhaustedError("full")))["error_type"],
+            "overloaded");
+}
+
 // Random in-range values of every field come through unchanged.
 TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   std::mt19937_64 rng(1234);

@@ -929,6 +929,142 @@ TEST_F(HttpServerTest, EchoWithLogprobsScoresThePromptTokens) {
   EXPECT_EQ(refused["error"]["param"], "prompt_logprobs");
 }
 
+// TGI's native API: /generate with details against the model, POST / (a list), /generate_stream
+// and POST / streamed (TGI's events), stop sequences kept in the text, seeds reported and
+// reproducible, TGI-shaped errors, /info.
+TEST_F(HttpServerTest, TgiGenerateAndStreamAgreeWithTheModel) {
+  Start(DefaultSetup());
+  const int vocab = setup_.runner.vocab_size;
+  const Tokenizer& tok = FixtureTokenizer();
+  const std::string inputs = "def add(a, b):\n    return ";
+  const std::vector<int32_t> prompt = tok.Encode(inputs);
+  const std::vector<int32_t> greedy = GreedyReference(prompt, 5, vocab);
+  ASSERT_EQ(greedy.size(), 5u) << "the reference continuation ended early";
+
+  json body = {{"inputs", inputs},
+               {"parameters",
+                {{"max_new_tokens", 5},
+                 {"details", true},
+                 {"decoder_input_details", true},
+                 {"top_n_tokens", 2}}}};
+  json generated = PostOk("/generate", body);
+  EXPECT_EQ(generated["generated_text"], tok.Decode(greedy));
+  const json& details = generated["details"];
+  EXPECT_EQ(details["finish_reason"], "length");
+  EXPECT_EQ(details["generated_tokens"], 5);
+  EXPECT_TRUE(details["seed"].is_null());  // greedy
+  ASSERT_EQ(details["tokens"].size(), 5u);
+  ASSERT_EQ(details["top_tokens"].size(), 5u);
+  std::vector<int32_t> history = prompt;
+  for (size_t k = 0; k < 5; ++k) {
+    const json& token = details["tokens"][k];
+    EXPECT_EQ(token["id"], greedy[k]);
+    EXPECT_EQ(token["text"], tok.Decode({greedy[k]}));
+    EXPECT_EQ(token["special"], false);
+    EXPECT_NEAR(token["logprob"].get<double>(), ReferenceScore(history, greedy[k], vocab).first,
+                1e-4);
+    ASSERT_EQ(details["top_tokens"][k].size(), 2u);
+    EXPECT_EQ(details["top_tokens"][k][0]["id"], greedy[k]);  // greedy: the best token
+    history.push_back(greedy[k]);
+  }
+  ASSERT_EQ(details["prefill"].size(), prompt.size());
+  EXPECT_TRUE(details["prefill"][0]["logprob"].is_null());
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    EXPECT_EQ(details["prefill"][i]["id"], prompt[i]);
+    const std::vector<int32_t> before(prompt.begin(), prompt.begin() + i);
+    EXPECT_NEAR(details["prefill"][i]["logprob"].get<double>(),
+                ReferenceScore(before, prompt[i], vocab).first, 1e-4);
+  }
+
+  // POST /: the same in a one-element list; return_full_text puts the inputs first; no details
+  // unless asked for.
+  json root = PostOk("/", {{"inputs", inputs},
+                           {"parameters", {{"max_new_tokens", 5}, {"return_full_text", true}}}});
+  ASSERT_TRUE(root.is_array() && root.size() == 1u) << root;
+  EXPECT_EQ(root[0]["generated_text"], inputs + tok.Decode(greedy));
+  EXPECT_FALSE(root[0].contains("details"));
+
+  // Streams: /generate_stream and POST / with "stream": true; TGI's `data:` events, no [DONE].
+  for (const char* path : {"/generate_stream", "/"}) {
+    auto client = Client();
+    json stream_body = {{"inputs", inputs},
+                        {"parameters", {{"max_new_tokens", 5}, {"details", true}}},
+                        {"stream", true}};
+    httplib::Result result = client->Post(path, stream_body.dump(), "application/json");
+    ASSERT_TRUE(result) << path;
+    ASSERT_EQ(result->status, 200) << result->body;
+    std::vector<json> events;
+    for (absl::string_view line : absl::StrSplit(result->body, '\n')) {
+      if (line.empty()) continue;
+      ASSERT_TRUE(absl::StartsWith(line, "data:")) << line;
+      events.push_back(json::parse(line.substr(5)));
+    }
+    ASSERT_EQ(events.size(), 5u) << path << ": " << result->body;
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_EQ(events[k]["index"], k + 1);
+      EXPECT_EQ(events[k]["token"]["id"], greedy[k]);
+      EXPECT_NEAR(events[k]["token"]["logprob"].get<double>(),
+                  details["tokens"][k]["logprob"].get<double>(), 1e-6);
+      if (k < 4) {
+        EXPECT_TRUE(events[k]["generated_text"].is_null());
+        EXPECT_TRUE(events[k]["details"].is_null());
+      }
+    }
+    EXPECT_EQ(events[4]["generated_text"], tok.Decode(greedy)) << path;
+    EXPECT_EQ(events[4]["details"]["finish_reason"], "length");
+    EXPECT_EQ(events[4]["details"]["input_length"], prompt.size());
+  }
+
+  // A stop sequence ends the text with it (TGI keeps it).
+  const std::string text = tok.Decode(GreedyReference(prompt, 30, vocab));
+  std::string stop;
+  for (size_t k = 2; k + 2 <= text.size() && stop.empty(); ++k) {
+    if (std::isalnum(static_cast<unsigned char>(text[k])) &&
+        std::isalnum(static_cast<unsigned char>(text[k + 1]))) {
+      stop = text.substr(k, 2);
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << text;
+  json stopped = PostOk(
+      "/generate", {{"inputs", inputs},
+                    {"parameters", {{"max_new_tokens", 30}, {"stop", {stop}}, {"details", true}}}});
+  EXPECT_EQ(stopped["generated_text"], text.substr(0, text.find(stop) + stop.size()));
+  EXPECT_EQ(stopped["details"]["finish_reason"], "stop_sequence");
+
+  // Sampling: the seed is reported; the same seed gives the same text.
+  json sample_body = {
+      {"inputs", inputs},
+      {"parameters", {{"max_new_tokens", 8}, {"do_sample", true}, {"details", true}}}};
+  json sampled = PostOk("/generate", sample_body);
+  ASSERT_TRUE(sampled["details"]["seed"].is_number_unsigned()) << sampled;
+  sample_body["parameters"]["seed"] = sampled["details"]["seed"];
+  EXPECT_EQ(PostOk("/generate", sample_body)["generated_text"], sampled["generated_text"]);
+
+  // TGI's errors: 422 with error_type "validation" naming the problem.
+  for (const json& bad : {json({{"inputs", ""}}), json({{"parameters", json::object()}}),
+                          json({{"inputs", "x"}, {"parameters", {{"temperature", 0}}}}),
+                          json({{"inputs", "x"}, {"parameters", {{"typical_p", 0.5}}}}),
+                          json({{"inputs", "x"}, {"parameters", {{"best_of", 2}}}}),
+                          json({{"inputs", "x"}, {"parameters", {{"top_p", 1.0}}}}),
+                          json({{"inputs", "x"}, {"parameters", {{"max_new_tokens", 1000}}}})}) {
+    int status = 0;
+    json error = Post("/generate", bad.dump(), &status);
+    EXPECT_EQ(status, 422) << bad;
+    EXPECT_EQ(error["error_type"], "validation") << bad;
+    EXPECT_TRUE(error["error"].is_string()) << error;
+  }
+  int status = 0;
+  EXPECT_EQ(Post("/generate", "{not json", &status)["error_type"], "validation");
+  EXPECT_EQ(status, 422);
+
+  auto client = Client();
+  httplib::Result info = client->Get("/info");
+  ASSERT_TRUE(info && info->status == 200);
+  json parsed = json::parse(info->body);
+  EXPECT_EQ(parsed["model_id"], "demo");
+  EXPECT_EQ(parsed["max_total_tokens"], 128);
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);

@@ -1,0 +1,68 @@
+// One TGI-API call in flight (POST /generate, /generate_stream or /): the CompletionJob that
+// talks to the engine (one prompt, one sample), rendered in text-generation-inference's shapes.
+//
+//   plain:   {"generated_text": ..., "details": {finish_reason, generated_tokens, seed, prefill,
+//            tokens, top_tokens}} (details only when asked for; POST / wraps it in a list)
+//   stream:  one `data:{"index", "token": {id, text, logprob, special}, "top_tokens",
+//            "generated_text", "details"}` event a token; the last carries generated_text (and
+//            details when asked for); an error is `data:{"error", "error_type"}`. No end marker.
+//   finish_reason: "length", "eos_token" or "stop_sequence".
+//
+// Threads: as CompletionJob (the HTTP thread serving the call).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "runtime/http/completion_job.h"
+#include "runtime/http/http_job.h"
+
+namespace mqa {
+
+struct TgiJobOptions {
+  bool list_response = false;  // POST /: the plain response is a one-element list
+  bool return_full_text = false;
+  bool details = false;
+  bool decoder_input_details = false;
+  int top_n_tokens = 0;
+  std::optional<uint64_t> seed;  // reported in the details: the seed a sampled request ran with
+};
+
+class TgiJob : public HttpJob {
+ public:
+  // `inner` has one prompt and n = 1, with logprobs (top_n_tokens alternatives) when streamed or
+  // with details, and prompt log-probabilities with decoder_input_details.
+  TgiJob(std::shared_ptr<CompletionJob> inner, TgiJobOptions options, const Tokenizer* tokenizer);
+
+  bool Drain(absl::Duration timeout, std::string* chunks) override;
+  bool finished() const override { return inner_->finished(); }
+  const absl::Status& error() const override { return inner_->error(); }
+  std::vector<std::string> UnfinishedEngineIds() const override {
+    return inner_->UnfinishedEngineIds();
+  }
+  std::string OpeningChunks() override { return ""; }
+  std::string ClosingChunks(const absl::Status& error) const override;
+  std::string ResponseBody() const override;
+  int ErrorHttpStatus(const absl::Status& status) const override;
+  std::string ErrorBody(const absl::Status& status) const override;
+
+ private:
+  // {"id", "text", "logprob", "special"}; logprob null without a score.
+  nlohmann::json Token(int32_t id, std::optional<float> logprob) const;
+  nlohmann::json TopTokens(const SampleResult& scored) const;
+  std::string GeneratedText() const;
+  const char* FinishReason() const;
+  nlohmann::json Details() const;
+
+  const std::shared_ptr<CompletionJob> inner_;
+  const TgiJobOptions options_;
+  const Tokenizer* tokenizer_;
+  size_t streamed_ = 0;  // tokens already sent as events
+};
+
+}  // namespace mqa
