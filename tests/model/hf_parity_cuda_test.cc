@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "model/gpt_bigcode_runner.h"
 #include "nlohmann/json.hpp"
 #include "parallel/collectives.h"
+#include "runtime/engine.h"
 #include "tests/model/hf_fixture.h"
 
 namespace mqa {
@@ -280,6 +282,76 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> TinyCudaRunner(Collectives* co
   load.dtype = DType::kF16;
   opts.device = Device::kCuda;
   return CreateGptBigCodeRunnerFromDir(load, collectives, opts);
+}
+
+// Prompt log-probabilities through the engine over the CUDA runner (device sampling on, so a
+// scoring step copies every prompt row's logits back beside device-sampled rows): each prompt
+// token's score within what fp16 logits can resolve of HF's log-softmax, every prompt at once in
+// chunks of at most 24 scored rows, some without generating.
+TEST(GptBigCodeCuda, EnginePromptLogprobsNearTransformers) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto collectives = MakeLocalCollectives();
+  GptBigCodeRunnerOptions opts;
+  opts.block_size = 16;
+  opts.num_kv_blocks = 256;
+  auto runner = TinyCudaRunner(collectives.get(), opts);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const int64_t vocab = (*runner)->vocab_size();
+  EngineOptions eo;
+  eo.max_num_batched_tokens = 64;
+  eo.max_num_seqs = 16;
+  eo.max_model_len = 128;
+  eo.max_prompt_logprob_rows = 24;
+  auto engine = Engine::Create(*std::move(runner), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto refs = testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), vocab);
+  ASSERT_GE(refs.size(), 5u);
+  std::vector<RequestOutputQueue> queues(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    EngineRequest r;
+    r.request_id = "p" + std::to_string(i);
+    r.prompt_token_ids = refs[i].prompt;
+    r.params.temperature = 0;
+    r.params.max_tokens = i % 2 == 0 ? 0 : 3;
+    r.params.prompt_logprobs = 1;
+    r.on_output = queues[i].Callback();
+    ASSERT_TRUE((*engine)->AddRequest(std::move(r)).ok());
+  }
+  while ((*engine)->HasWork()) {
+    absl::Status step = (*engine)->Step();
+    ASSERT_TRUE(step.ok()) << step;
+  }
+  double worst = 0;
+  int scored = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    std::optional<std::vector<SampleResult>> got;
+    while (auto out = queues[i].Pop(absl::ZeroDuration())) {
+      ASSERT_TRUE(out->error.ok()) << out->error;
+      if (out->prompt_logprobs.has_value()) got = out->prompt_logprobs;
+    }
+    ASSERT_TRUE(got.has_value()) << "prompt " << i;
+    ASSERT_EQ(got->size() + 1, refs[i].prompt.size());
+    for (size_t p = 1; p < refs[i].prompt.size(); ++p) {
+      const float* row = refs[i].logits.data() + (p - 1) * vocab;
+      double max = row[0], scale = 0, sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        max = std::max<double>(max, row[v]);
+        scale = std::max<double>(scale, std::abs(row[v]));
+      }
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - max);
+      const double want = row[refs[i].prompt[p]] - max - std::log(sum);
+      const double err = std::abs((*got)[p - 1].logprob - want);
+      worst = std::max(worst, err / scale);
+      // A log-softmax moves by at most twice the largest logit error (2e-2 of the row's scale).
+      EXPECT_LT(err, 2 * 2e-2 * scale) << "prompt " << i << " position " << p;
+      ++scored;
+    }
+  }
+  std::printf(
+      "engine prompt log-probabilities on the GPU (fp16): %d positions, worst error %.3g "
+      "of the row's largest |logit|\n",
+      scored, worst);
+  EXPECT_GT(scored, 100);
 }
 
 // LaunchSample / CollectSample with tokens fed on the device give the same greedy tokens as
