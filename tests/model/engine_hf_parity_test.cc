@@ -18,6 +18,7 @@
 #include "parallel/collectives.h"
 #include "runtime/engine.h"
 #include "tests/model/hf_fixture.h"
+#include "tests/model/prompt_scores_util.h"
 
 namespace mqa {
 namespace {
@@ -179,53 +180,23 @@ TEST_P(EngineHfParity, PromptLogprobsMatchTransformers) {
   ASSERT_GE(refs.size(), 5u);
   const size_t unique = refs.size();
   for (size_t i = 0; i < unique; ++i) refs.push_back(refs[i]);
-  std::vector<RequestOutputQueue> queues(refs.size());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    EngineRequest r;
-    r.request_id = "p" + std::to_string(i);
-    r.prompt_token_ids = refs[i].prompt;
-    r.params.temperature = 0;
-    r.params.max_tokens = i % 2 == 0 ? 0 : 2;
-    r.params.prompt_logprobs = 2;
-    r.on_output = queues[i].Callback();
-    ASSERT_TRUE(engine->AddRequest(std::move(r)).ok());
-  }
-  while (engine->HasWork()) {
-    absl::Status step = engine->Step();
-    ASSERT_TRUE(step.ok()) << step;
-  }
-  const int64_t vocab = 1001;
+  const std::vector<testing::ScoredPrompt> got = testing::ScorePrompts(*engine, refs, 2, 2);
   double worst = 0;
   int scored = 0;
   for (size_t i = 0; i < refs.size(); ++i) {
     const testing::HfReference& ref = refs[i];
-    std::optional<std::vector<SampleResult>> got;
-    int cached = 0;
-    while (auto out = queues[i].Pop(absl::ZeroDuration())) {
-      ASSERT_TRUE(out->error.ok()) << out->error;
-      if (out->prompt_logprobs.has_value()) got = out->prompt_logprobs;
-      cached += out->num_cached_prompt_tokens;
-    }
-    ASSERT_TRUE(got.has_value()) << "prompt " << i;
-    ASSERT_EQ(got->size() + 1, ref.prompt.size());
-    EXPECT_EQ(cached, 0) << "prompt " << i;
+    ASSERT_TRUE(got[i].scores.has_value() && got[i].scores->size() + 1 == ref.prompt.size());
+    EXPECT_EQ(got[i].cached_prompt_tokens, 0) << "prompt " << i;
     for (size_t p = 1; p < ref.prompt.size(); ++p) {
-      const float* row = ref.logits.data() + (p - 1) * vocab;
-      const float max = *std::max_element(row, row + vocab);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
-      const double want = row[ref.prompt[p]] - max - std::log(sum);
-      const SampleResult& entry = (*got)[p - 1];
+      const testing::HfScore want = testing::HfPromptScore(ref, p, /*vocab=*/1001);
+      const SampleResult& entry = (*got[i].scores)[p - 1];
       EXPECT_EQ(entry.token_id, ref.prompt[p]);
-      worst = std::max(worst, std::abs(entry.logprob - want));
-      ASSERT_NEAR(entry.logprob, want, 1e-3) << GetParam() << " prompt " << i << " position " << p;
+      worst = std::max(worst, std::abs(entry.logprob - want.logprob));
+      ASSERT_NEAR(entry.logprob, want.logprob, 1e-3)
+          << GetParam() << " prompt " << i << " position " << p;
       ASSERT_EQ(entry.top_logprobs.size(), 2u);
       // HF's best token, unless HF's own top two are within rounding of each other.
-      std::vector<float> sorted(row, row + vocab);
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] > 1e-4) {
-        EXPECT_EQ(entry.top_logprobs[0].token_id, std::max_element(row, row + vocab) - row);
-      }
+      if (want.margin > 1e-4) EXPECT_EQ(entry.top_logprobs[0].token_id, want.best);
       ++scored;
     }
   }
