@@ -1,7 +1,9 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -183,21 +185,125 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
   return result;
 }
 
+namespace {
+
+// Whole-row passes in GCC / Clang vector types of 4 lanes (one SSE register on the baseline
+// x86-64 target; wider types are lowered through memory there), so that they run as SIMD without
+// -ffast-math: a StarCoder row (49152 logits) is scored in ~0.07 ms instead of ~0.3.
+using Floats = float __attribute__((vector_size(16)));
+using Ints = int32_t __attribute__((vector_size(16)));
+constexpr size_t kLanes = sizeof(Floats) / sizeof(float);
+
+inline Floats Load(const float* p) {
+  Floats v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline Floats Splat(float x) { return Floats{} + x; }
+
+// e^x for x <= 0 in single precision: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its degree-6
+// Taylor polynomial (relative error below 2e-7), 2^n through the exponent bits. Below -87
+// (e^-87 ~ 1.6e-38) x is clamped: a logit that far under the row's maximum adds nothing to a sum.
+inline Floats ExpNonPositive(Floats x) {
+  const Floats lo = Splat(-87.0f);
+  x = x < lo ? lo : x;
+  const Ints n = __builtin_convertvector(x * 1.44269504f - 0.5f, Ints);  // nearest, as x <= 0
+  const Floats nf = __builtin_convertvector(n, Floats);
+  const Floats r = x - nf * 0.693145751953125f - nf * 1.428606765330187e-6f;
+  Floats p = Splat(1.0f / 720.0f);
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const Ints bits = (n + 127) << 23;
+  Floats scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+float RowMax(absl::Span<const float> row) {
+  Floats lanes = Splat(-std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + kLanes <= row.size(); i += kLanes) {
+    const Floats v = Load(row.data() + i);
+    lanes = v > lanes ? v : lanes;
+  }
+  float max = -std::numeric_limits<float>::infinity();
+  for (size_t j = 0; j < kLanes; ++j) max = std::max(max, lanes[j]);
+  for (; i < row.size(); ++i) max = std::max(max, row[i]);
+  return max;
+}
+
+// log(sum_v e^(row[v])), each term taken relative to `max` (the row's maximum); the float lanes
+// are flushed into a double every 1024 elements, which bounds their rounding.
+double RowLogSumExp(absl::Span<const float> row, float max) {
+  const Floats m = Splat(max);
+  double sum = 0;
+  size_t i = 0;
+  while (i + kLanes <= row.size()) {
+    Floats lanes = {};
+    const size_t end = std::min(row.size() - row.size() % kLanes, i + 1024);
+    for (; i < end; i += kLanes) lanes += ExpNonPositive(Load(row.data() + i) - m);
+    for (size_t j = 0; j < kLanes; ++j) sum += lanes[j];
+  }
+  for (; i < row.size(); ++i) sum += std::exp(static_cast<double>(row[i]) - max);
+  return max + std::log(sum);
+}
+
+int32_t CountAbove(absl::Span<const float> row, float value) {
+  const Floats v = Splat(value);
+  Ints lanes = {};
+  size_t i = 0;
+  for (; i + kLanes <= row.size(); i += kLanes) lanes -= Load(row.data() + i) > v;  // true: -1
+  int32_t count = 0;
+  for (size_t j = 0; j < kLanes; ++j) count += lanes[j];
+  for (; i < row.size(); ++i) count += row[i] > value;
+  return count;
+}
+
+// The `k` largest entries, largest first, ties by lower index (OrderDescending's order), in one
+// pass: an entry enters only when it beats the current k-th, and once k are held a group of lanes
+// none of which does is skipped whole, which is most of a row.
+std::vector<int32_t> TopK(absl::Span<const float> row, int k) {
+  std::vector<int32_t> best;  // sorted, best first
+  best.reserve(k + 1);
+  float kth = -std::numeric_limits<float>::infinity();  // meaningful once best.size() == k
+  auto offer = [&](size_t v) {
+    if (static_cast<int>(best.size()) == k && !(row[v] > kth)) return;
+    auto pos = std::upper_bound(best.begin(), best.end(), row[v],
+                                [&](float value, int32_t t) { return value > row[t]; });
+    best.insert(pos, static_cast<int32_t>(v));
+    if (static_cast<int>(best.size()) > k) best.pop_back();
+    if (static_cast<int>(best.size()) == k) kth = row[best.back()];
+  };
+  size_t i = 0;
+  for (; i + kLanes <= row.size(); i += kLanes) {
+    if (static_cast<int>(best.size()) == k) {
+      const Ints above = Load(row.data() + i) > Splat(kth);
+      bool any = false;
+      for (size_t j = 0; j < kLanes; ++j) any |= above[j] != 0;
+      if (!any) continue;
+    }
+    for (size_t j = 0; j < kLanes; ++j) offer(i + j);
+  }
+  for (; i < row.size(); ++i) offer(i);
+  return best;
+}
+
+}  // namespace
+
 SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int top) {
   MQA_CHECK(token >= 0 && token < static_cast<int64_t>(logits.size()));
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (float l : logits) max_logit = std::max<double>(max_logit, l);
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
-  const double log_z = max_logit + std::log(sum);
+  const double log_z = RowLogSumExp(logits, RowMax(logits));
   SampleResult result;
   result.token_id = token;
   result.logprob = static_cast<float>(logits[token] - log_z);
-  result.rank = 1 + static_cast<int32_t>(std::count_if(logits.begin(), logits.end(),
-                                                       [&](float l) { return l > logits[token]; }));
+  result.rank = 1 + CountAbove(logits, logits[token]);
   if (top > 0) {
-    std::vector<float> values(logits.begin(), logits.end());
-    for (int32_t t : OrderDescending(values, top)) {
+    for (int32_t t : TopK(logits, top)) {
       result.top_logprobs.push_back({t, static_cast<float>(logits[t] - log_z)});
     }
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -276,6 +277,43 @@ TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
   ASSERT_EQ(top3.top_logprobs.size(), 3u);
   const std::vector<int> ranked = Ranked(p);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(top3.top_logprobs[i].token_id, ranked[i]);
+}
+
+// ScoreToken's vectorised passes (max, log-sum-exp with its own exp, rank, one-pass top-k)
+// against a plain double-precision reference on StarCoder-sized rows with repeated values (ties),
+// a masked (-inf) entry, a length that is not a multiple of the vector width, and a row spread
+// wide enough that the exp's clamp is reached.
+TEST(Sampler, ScoreTokenMatchesAPlainReferenceOnLargeRows) {
+  std::mt19937_64 rng(42);
+  for (int trial = 0; trial < 6; ++trial) {
+    const size_t vocab = 49152 + trial;
+    const float spread = trial == 5 ? 60.0f : 4.0f;
+    std::normal_distribution<float> dist(0.0f, spread);
+    std::vector<float> row(vocab);
+    for (float& x : row) x = std::round(dist(rng) * 8.0f) / 8.0f;  // coarse: many ties
+    row[rng() % vocab] = -std::numeric_limits<float>::infinity();
+    const double max = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (float x : row) sum += std::exp(static_cast<double>(x) - max);
+    const double log_z = max + std::log(sum);
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    for (int32_t token : {order[0], order[7], order[vocab / 2], static_cast<int32_t>(vocab - 1)}) {
+      const SampleResult got = ScoreToken(row, token, 20);
+      EXPECT_NEAR(got.logprob, row[token] - log_z, 1e-5) << trial;
+      const int32_t rank =
+          1 + static_cast<int32_t>(
+                  std::count_if(row.begin(), row.end(), [&](float x) { return x > row[token]; }));
+      EXPECT_EQ(got.rank, rank) << trial;
+      ASSERT_EQ(got.top_logprobs.size(), 20u);
+      for (int k = 0; k < 20; ++k) {
+        EXPECT_EQ(got.top_logprobs[k].token_id, order[k]) << trial << " " << k;
+        EXPECT_NEAR(got.top_logprobs[k].logprob, row[order[k]] - log_z, 1e-5);
+      }
+    }
+  }
 }
 
 TEST(SamplingParams, ValidateNamesTheBadField) {
