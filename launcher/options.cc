@@ -63,43 +63,57 @@ Flag Switch(bool Options::*field, bool value, std::string help) {
 const std::map<std::string, Flag>& Flags() {
   static const auto* flags = new std::map<std::string, Flag>{
       {"model", {"model folder (config.json, safetensors, tokenizer.json)", Text(&Options::model)}},
-      {"tokenizer", {"tokenizer folder or tokenizer.json (default: the model's)",
-                     Text(&Options::tokenizer)}},
+      {"tokenizer",
+       {"tokenizer folder or tokenizer.json (default: the model's)", Text(&Options::tokenizer)}},
       {"device", {"cpu | cuda", OneOf(&Options::device, {"cpu", "cuda"})}},
-      {"dtype", {"auto | float16 | bfloat16 | float32",
-                 OneOf(&Options::dtype, {"auto", "float16", "bfloat16", "float32"})}},
-      {"load-format", {"auto | safetensors | dummy (random weights of the config's shapes)",
-                       OneOf(&Options::load_format, {"auto", "safetensors", "dummy"})}},
-      {"tensor-parallel-size", {"must equal the number of MPI ranks (default: that number)",
-                                Number(&Options::tensor_parallel_size)}},
+      {"dtype",
+       {"auto | float16 | bfloat16 | float32",
+        OneOf(&Options::dtype, {"auto", "float16", "bfloat16", "float32"})}},
+      {"load-format",
+       {"auto | safetensors | dummy (random weights of the config's shapes)",
+        OneOf(&Options::load_format, {"auto", "safetensors", "dummy"})}},
+      {"tensor-parallel-size",
+       {"must equal the number of MPI ranks (default: that number)",
+        Number(&Options::tensor_parallel_size)}},
       {"seed", {"engine seed (requests without a seed draw from it)", Number(&Options::seed)}},
       {"block-size", {"KV cache block size in tokens: 8, 16 or 32", Number(&Options::block_size)}},
-      {"num-kv-blocks", {"KV cache blocks (default: from --kv-cache-memory or GPU memory)",
-                         Number(&Options::num_kv_blocks)}},
-      {"kv-cache-memory", {"CPU backend: GiB for the KV cache",
-                           Number(&Options::kv_cache_memory_gib)}},
-      {"gpu-memory-utilization", {"fraction of GPU memory for weights, activations and KV cache",
-                                  Number(&Options::gpu_memory_utilization)}},
+      {"num-kv-blocks",
+       {"KV cache blocks (default: from --kv-cache-memory or GPU memory)",
+        Number(&Options::num_kv_blocks)}},
+      {"kv-cache-memory",
+       {"CPU backend: GiB for the KV cache", Number(&Options::kv_cache_memory_gib)}},
+      {"gpu-memory-utilization",
+       {"fraction of GPU memory for weights, activations and KV cache",
+        Number(&Options::gpu_memory_utilization)}},
       {"max-num-seqs", {"most sequences in one step", Number(&Options::max_num_seqs)}},
-      {"max-num-batched-tokens", {"most tokens in one step",
-                                  Number(&Options::max_num_batched_tokens)}},
-      {"max-model-len", {"longest prompt + output (default: the model's n_positions)",
-                         Number(&Options::max_model_len)}},
-      {"max-queued-requests", {"waiting requests beyond which new ones get 429",
-                               Number(&Options::max_queued_requests)}},
-      {"enable-prefix-caching", Switch(&Options::enable_prefix_caching, true, "reuse prompt blocks")},
+      {"max-num-batched-tokens",
+       {"most tokens in one step", Number(&Options::max_num_batched_tokens)}},
+      {"max-model-len",
+       {"longest prompt + output (default: the model's n_positions)",
+        Number(&Options::max_model_len)}},
+      {"max-queued-requests",
+       {"waiting requests beyond which new ones get 429", Number(&Options::max_queued_requests)}},
+      {"max-prompt-logprob-rows",
+       {"prompt tokens a step may score for prompt log-probabilities (echo + logprobs); 0 refuses "
+        "such requests",
+        Number(&Options::max_prompt_logprob_rows)}},
+      {"enable-prefix-caching",
+       Switch(&Options::enable_prefix_caching, true, "reuse prompt blocks")},
       {"no-enable-prefix-caching", Switch(&Options::enable_prefix_caching, false, "")},
-      {"enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
+      {"enable-chunked-prefill",
+       Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
       {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},
       {"host", {"address to listen on", Text(&Options::host)}},
       {"port", {"port to listen on", Number(&Options::port)}},
       {"api-key", {"require `Authorization: Bearer KEY` on /v1/*", Text(&Options::api_key)}},
-      {"served-model-name", {"model id in the API (default: the model folder's name)",
-                             Text(&Options::served_model_name)}},
-      {"shutdown-timeout", {"seconds to finish in-flight requests after SIGTERM",
-                            Number(&Options::shutdown_timeout)}},
-      {"peer-timeout", {"seconds without an answer from another rank before the job is ended",
-                        Number(&Options::peer_timeout)}},
+      {"served-model-name",
+       {"model id in the API (default: the model folder's name)",
+        Text(&Options::served_model_name)}},
+      {"shutdown-timeout",
+       {"seconds to finish in-flight requests after SIGTERM", Number(&Options::shutdown_timeout)}},
+      {"peer-timeout",
+       {"seconds without an answer from another rank before the job is ended",
+        Number(&Options::peer_timeout)}},
       {"debug-check-mirror", Switch(&Options::debug_check_mirror, true,
                                     "workers check their block tables against rank 0's each step")},
       {"enforce-eager", Switch(&Options::enforce_eager, true, "CUDA: no decode CUDA graphs")},
@@ -113,13 +127,14 @@ const std::map<std::string, Flag>& Flags() {
       {"temperature", {"generate: 0 is greedy", Number(&Options::temperature)}},
       {"top-p", {"generate: nucleus sampling mass", Number(&Options::top_p)}},
       {"top-k", {"generate: keep the k most likely tokens (-1: all)", Number(&Options::top_k)}},
-      {"sample-seed", {"generate: sampling seed",
-                       [](Options& o, const std::string& v) -> absl::Status {
-                         uint64_t s = 0;
-                         if (!absl::SimpleAtoi(v, &s)) return absl::InvalidArgumentError("not an integer");
-                         o.sample_seed = s;
-                         return absl::OkStatus();
-                       }}},
+      {"sample-seed",
+       {"generate: sampling seed",
+        [](Options& o, const std::string& v) -> absl::Status {
+          uint64_t s = 0;
+          if (!absl::SimpleAtoi(v, &s)) return absl::InvalidArgumentError("not an integer");
+          o.sample_seed = s;
+          return absl::OkStatus();
+        }}},
   };
   return *flags;
 }
@@ -172,6 +187,9 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   }
   if (o.port < 0 || o.port > 65535) return absl::InvalidArgumentError("--port out of range");
   if (o.peer_timeout <= 0) return absl::InvalidArgumentError("--peer-timeout must be positive");
+  if (o.max_prompt_logprob_rows < 0) {
+    return absl::InvalidArgumentError("--max-prompt-logprob-rows must be >= 0");
+  }
   return o;
 }
 

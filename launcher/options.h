@@ -33,6 +33,7 @@ struct Options {
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;                 // 0: the model's n_positions
   int max_queued_requests = 1024;
+  int max_prompt_logprob_rows = 256;  // prompt tokens scored per step (EngineOptions)
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).

@@ -240,6 +240,7 @@ EngineOptions MakeEngineOptions(const Options& o, const ModelConfig& config,
   e.max_num_batched_tokens = o.max_num_batched_tokens;
   e.max_model_len = o.max_model_len > 0 ? o.max_model_len : static_cast<int>(config.n_positions);
   e.max_queued_requests = o.max_queued_requests;
+  e.max_prompt_logprob_rows = o.max_prompt_logprob_rows;
   e.enable_prefix_caching = o.enable_prefix_caching;
   e.enable_chunked_prefill = o.enable_chunked_prefill;
   e.seed = o.seed;
@@ -428,10 +429,9 @@ absl::Status RunRank(const Options& o, const World& world) {
   }
   runner_options.max_batched_tokens = o.max_num_batched_tokens;
   // A step's logits rows: one per sequence, plus the prompt rows the engine allows for prompt
-  // log-probabilities (EngineOptions::max_prompt_logprob_rows), preallocated before the KV pool
+  // log-probabilities (--max-prompt-logprob-rows), preallocated before the KV pool
   // is sized so that a scoring request never grows the workspace later.
-  runner_options.max_logits_rows =
-      int64_t{o.max_num_seqs} + EngineOptions().max_prompt_logprob_rows;
+  runner_options.max_logits_rows = int64_t{o.max_num_seqs} + o.max_prompt_logprob_rows;
   runner_options.cuda_graphs = !o.enforce_eager;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);

@@ -47,6 +47,15 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_FALSE(ParseOptions({"x"}).ok());  // --model required
   EXPECT_FALSE(ParseOptions({"x", "--model"}).ok());
   EXPECT_FALSE(ParseOptions({"x", "generate", "--model", "m"}).ok());  // no prompt
+  EXPECT_NE(ParseOptions({"x", "--model", "m", "--max-prompt-logprob-rows", "-1"})
+                .status()
+                .message()
+                .find("--max-prompt-logprob-rows"),
+            std::string::npos);
+  auto rows = ParseOptions({"x", "--model", "m", "--max-prompt-logprob-rows", "64"});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->max_prompt_logprob_rows, 64);
+  EXPECT_EQ(ParseOptions({"x", "--model", "m"})->max_prompt_logprob_rows, 256);
 }
 
 }  // namespace
