@@ -427,7 +427,10 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
   if (is_eos || is_stop_token) {
     // Stop tokens end the sample without adding text.
     reason = FinishReason::kStop;
-    if (!is_eos) sample_output.stop_reason = std::to_string(token);
+    if (!is_eos) {
+      sample_output.stop_reason = std::to_string(token);
+      sample_output.stop_token_id = token;
+    }
   } else if (sample.detokenizer != nullptr) {
     std::string delta = sample.detokenizer->Next(token);
     if (sample.stop_matcher.has_value() && seq.num_output_tokens() >= params.min_tokens) {

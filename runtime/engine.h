@@ -74,6 +74,7 @@ struct SampleOutput {
   std::optional<FinishReason> finish_reason;  // set once, on the sample's last output
   // The stop string or stop token id (as text) that ended the sample.
   std::string stop_reason;
+  std::optional<int32_t> stop_token_id;  // set when a stop token id ended it
 };
 
 struct RequestOutput {

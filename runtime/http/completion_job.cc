@@ -24,6 +24,15 @@ int64_t CodePoints(absl::string_view text) {
 
 std::string SseEvent(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
 
+// vLLM's stop_reason: the stop token id (a number) or stop string that ended a choice; null when
+// it is still running or ended otherwise (EOS, length).
+json StopReason(const CompletionJob::Choice& choice) {
+  if (choice.finish_reason != FinishReason::kStop) return nullptr;
+  if (choice.stop_token_id.has_value()) return *choice.stop_token_id;
+  if (!choice.stop_reason.empty()) return choice.stop_reason;
+  return nullptr;
+}
+
 json EmptyLogprobs() {
   return {{"tokens", json::array()},
           {"token_logprobs", json::array()},
@@ -252,6 +261,7 @@ void CompletionJob::Fold(const Arrived& arrived, std::string* chunks) {
     if (sample.finish_reason.has_value()) {
       choice.finish_reason = sample.finish_reason;
       choice.stop_reason = sample.stop_reason;
+      choice.stop_token_id = sample.stop_token_id;
     }
     bool news =
         !sample.text.empty() || !sample.token_ids.empty() || sample.finish_reason.has_value();
@@ -295,7 +305,8 @@ std::string CompletionJob::ChoiceChunk(int choice_index, const std::string& text
       {"text", text},
       {"logprobs", logprobs.is_null() ? json(nullptr) : logprobs},
       {"finish_reason",
-       finish_reason.has_value() ? json(FinishReasonName(*finish_reason)) : json(nullptr)}};
+       finish_reason.has_value() ? json(FinishReasonName(*finish_reason)) : json(nullptr)},
+      {"stop_reason", finish_reason.has_value() ? StopReason(choices_[choice_index]) : json()}};
   if (options_.return_token_ids) {
     choice["token_ids"] = token_ids;
     if (first) choice["prompt_token_ids"] = prompts_[choice_index / options_.n].token_ids;
@@ -356,7 +367,8 @@ std::string CompletionJob::ResponseBody() const {
                   {"logprobs", options_.logprobs ? choice.logprobs : json(nullptr)},
                   {"finish_reason", choice.finish_reason.has_value()
                                         ? json(FinishReasonName(*choice.finish_reason))
-                                        : json(nullptr)}};
+                                        : json(nullptr)},
+                  {"stop_reason", StopReason(choice)}};
     if (options_.return_token_ids) {
       entry["prompt_token_ids"] = prompts_[ci / options_.n].token_ids;
       entry["token_ids"] = choice.token_ids;

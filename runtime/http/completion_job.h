@@ -59,7 +59,8 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
     std::vector<int32_t> token_ids;
     std::vector<SampleResult> scores;  // parallel to token_ids when logprobs are asked for
     std::optional<FinishReason> finish_reason;
-    std::string stop_reason;         // the stop string or stop token id that ended it ("" for EOS)
+    std::string stop_reason;  // the stop string or stop token id that ended it ("" for EOS)
+    std::optional<int32_t> stop_token_id;  // when a stop token id ended it
     nlohmann::json logprobs;         // the completions API's logprobs object, when asked for
     nlohmann::json prompt_logprobs;  // vLLM's, when asked for
     int64_t text_chars = 0;          // code points in `text`, for text_offset

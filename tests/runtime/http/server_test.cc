@@ -780,6 +780,16 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
              {{"prompt", "for i in"}, {"max_tokens", 30}, {"temperature", 0}, {"stop", stop}});
   EXPECT_EQ(stopped["choices"][0]["text"], text.substr(0, text.find(stop)));
   EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  // vLLM's stop_reason: the stop string, a stop token id as a number, null for length.
+  EXPECT_EQ(stopped["choices"][0]["stop_reason"], stop);
+  EXPECT_TRUE(full["choices"][0]["stop_reason"].is_null());
+  const int32_t second = GreedyReference(tok.Encode("for i in"), 2, vocab).at(1);
+  json by_token = PostOk("/v1/completions", {{"prompt", "for i in"},
+                                             {"max_tokens", 30},
+                                             {"temperature", 0},
+                                             {"stop_token_ids", {second}}});
+  EXPECT_EQ(by_token["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(by_token["choices"][0]["stop_reason"], second);
 
   // Logprobs: the chosen token's log-probability under the model's distribution.
   json lp = PostOk("/v1/completions", {{"prompt", "x = "},
