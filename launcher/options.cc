@@ -109,6 +109,12 @@ const std::map<std::string, Flag>& Flags() {
       {"served-model-name",
        {"model id in the API (default: the model folder's name)",
         Text(&Options::served_model_name)}},
+      {"disable-log-stats",
+       Switch(&Options::log_stats, false, "no periodic throughput / queue / cache line on stderr")},
+      {"log-stats-interval",
+       {"seconds between statistics lines (default 10)", Number(&Options::log_stats_interval)}},
+      {"log-requests", Switch(&Options::log_requests, true,
+                              "one stderr line per finished request (no prompt text)")},
       {"shutdown-timeout",
        {"seconds to finish in-flight requests after SIGTERM", Number(&Options::shutdown_timeout)}},
       {"peer-timeout",
@@ -187,6 +193,9 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   }
   if (o.port < 0 || o.port > 65535) return absl::InvalidArgumentError("--port out of range");
   if (o.peer_timeout <= 0) return absl::InvalidArgumentError("--peer-timeout must be positive");
+  if (!(o.log_stats_interval > 0)) {
+    return absl::InvalidArgumentError("--log-stats-interval must be positive");
+  }
   if (o.max_prompt_logprob_rows < 0) {
     return absl::InvalidArgumentError("--max-prompt-logprob-rows must be >= 0");
   }

@@ -42,6 +42,9 @@ struct Options {
   std::string api_key;
   std::string served_model_name;         // default: the model folder's name
   double shutdown_timeout = 10.0;        // seconds to finish in-flight requests on SIGTERM
+  bool log_stats = true;                 // the periodic engine-statistics line
+  double log_stats_interval = 10.0;      // seconds
+  bool log_requests = false;             // one line per finished request
   // A collective or plan that another rank has not answered within this many seconds means that
   // rank is gone or stuck: rank 0 fails the requests in flight and ends the job.
   double peer_timeout = 30.0;

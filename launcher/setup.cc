@@ -20,8 +20,8 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "launcher/signals.h"
 #include "kernels/device_info.h"
+#include "launcher/signals.h"
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
 #include "model/tokenizer/tokenizer.h"
@@ -32,6 +32,7 @@
 #include "runtime/detokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/http/server.h"
+#include "runtime/stats_log.h"
 
 namespace mqa {
 namespace {
@@ -297,6 +298,11 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
           ? std::filesystem::path(o.model).lexically_normal().filename().string()
           : o.served_model_name;
   if (server_options.served_model_name.empty()) server_options.served_model_name = o.model;
+  if (o.log_requests) {
+    server_options.request_log = [](const std::string& line) {
+      std::fprintf(stderr, "mqaserve: %s\n", line.c_str());
+    };
+  }
   HttpServer server(server_options, &engine, &tokenizer);
   if (absl::Status started = server.Start(); !started.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port, ": ",
@@ -306,6 +312,12 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
                server_options.served_model_name.c_str(), ConnectHost(o.host).c_str(),
                server.port());
   server.SetReady();
+  std::optional<StatsLogger> stats;
+  if (o.log_stats) {
+    stats.emplace(&engine, absl::Seconds(o.log_stats_interval), [](const std::string& line) {
+      std::fprintf(stderr, "mqaserve: %s\n", line.c_str());
+    });
+  }
 
   // First signal: refuse new requests, let the ones in flight finish for up to
   // --shutdown-timeout, then stop the engine (what is left is aborted). Second signal: stop now.

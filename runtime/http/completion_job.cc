@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "runtime/http/api_types.h"
 #include "runtime/status.h"
 
@@ -388,6 +390,21 @@ int CompletionJob::ErrorHttpStatus(const absl::Status& status) const {
 
 std::string CompletionJob::ErrorBody(const absl::Status& status) const {
   return mqa::ErrorBody(status);
+}
+
+std::string CompletionJob::Summary() const {
+  const json usage = Usage();
+  std::string finish;
+  for (const Choice& choice : choices_) {
+    absl::StrAppend(
+        &finish, finish.empty() ? "" : ",",
+        choice.finish_reason.has_value() ? FinishReasonName(*choice.finish_reason) : "unfinished");
+  }
+  return absl::StrFormat("%s: %d prompt%s, %d prompt tokens, %d generated, finish %s, %.3f s",
+                         options_.id, num_prompts(), num_prompts() == 1 ? "" : "s",
+                         usage["prompt_tokens"].get<int64_t>(),
+                         usage["completion_tokens"].get<int64_t>(), finish,
+                         absl::ToDoubleSeconds(absl::Now() - options_.arrival));
 }
 
 }  // namespace mqa

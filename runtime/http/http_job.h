@@ -40,6 +40,9 @@ class HttpJob {
   // An error before or instead of the response, as this API spells it.
   virtual int ErrorHttpStatus(const absl::Status& status) const = 0;
   virtual std::string ErrorBody(const absl::Status& status) const = 0;
+  // One line for the request log: the call's id, its prompts' and generated token counts, how its
+  // choices finished and how long it took (never prompt or output text).
+  virtual std::string Summary() const = 0;
 };
 
 }  // namespace mqa

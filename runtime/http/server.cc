@@ -141,6 +141,10 @@ struct HttpServer::Impl {
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
   void AbortAll(const HttpJob& job);
 
+  // The request log's line (ServerOptions::request_log): `job` null for a call refused before it
+  // started.
+  void LogRequest(const httplib::Request& req, int status, const HttpJob* job,
+                  absl::string_view note) const;
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool infill);
   // TGI's API. kRoot: POST /, streamed when the body says so, a one-element list otherwise.
   enum class TgiRoute { kGenerate, kGenerateStream, kRoot };
@@ -149,8 +153,10 @@ struct HttpServer::Impl {
                                                       bool* stream);
   void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
-  void RespondPlain(const std::shared_ptr<HttpJob>& job, int connection, httplib::Response& res);
-  void RespondStream(std::shared_ptr<HttpJob> job, int connection, httplib::Response& res);
+  void RespondPlain(const std::shared_ptr<HttpJob>& job, int connection,
+                    const httplib::Request& req, httplib::Response& res);
+  void RespondStream(std::shared_ptr<HttpJob> job, int connection, const httplib::Request& req,
+                     httplib::Response& res);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
@@ -346,10 +352,13 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
                                         bool infill) {
   bool stream = false;
   absl::StatusOr<std::shared_ptr<CompletionJob>> job = StartJob(req, infill, &stream);
-  if (!job.ok()) return ReplyError(res, job.status());
+  if (!job.ok()) {
+    ReplyError(res, job.status());
+    return LogRequest(req, res.status, nullptr, job.status().message());
+  }
   const int connection = FindConnectionSocket(req);
-  if (stream) return RespondStream(*std::move(job), connection, res);
-  RespondPlain(*job, connection, res);
+  if (stream) return RespondStream(*std::move(job), connection, req, res);
+  RespondPlain(*job, connection, req, res);
 }
 
 absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const httplib::Request& req,
@@ -400,11 +409,11 @@ void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response&
   if (!job.ok()) {
     res.status = TgiHttpStatusFor(job.status());
     res.set_content(TgiErrorBody(job.status()), kJson);
-    return;
+    return LogRequest(req, res.status, nullptr, job.status().message());
   }
   const int connection = FindConnectionSocket(req);
-  if (stream) return RespondStream(*std::move(job), connection, res);
-  RespondPlain(*job, connection, res);
+  if (stream) return RespondStream(*std::move(job), connection, req, res);
+  RespondPlain(*job, connection, req, res);
 }
 
 void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Response& res) {
@@ -424,11 +433,21 @@ void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Respo
                   {"router", "mqaserve"}});
 }
 
+void HttpServer::Impl::LogRequest(const httplib::Request& req, int status, const HttpJob* job,
+                                  absl::string_view note) const {
+  if (!options.request_log) return;
+  std::string line = absl::StrCat(req.method, " ", req.path, " ", status);
+  if (job != nullptr) absl::StrAppend(&line, " ", job->Summary());
+  if (!note.empty()) absl::StrAppend(&line, job != nullptr ? " (" : ": ", note, job ? ")" : "");
+  options.request_log(line);
+}
+
 void HttpServer::Impl::RespondPlain(const std::shared_ptr<HttpJob>& job, int connection,
-                                    httplib::Response& res) {
+                                    const httplib::Request& req, httplib::Response& res) {
   auto fail = [&](const absl::Status& status) {
     res.status = job->ErrorHttpStatus(status);
     res.set_content(job->ErrorBody(status), kJson);
+    LogRequest(req, res.status, job.get(), status.message());
   };
   while (!job->finished()) {
     if (stopping) {
@@ -444,10 +463,11 @@ void HttpServer::Impl::RespondPlain(const std::shared_ptr<HttpJob>& job, int con
   if (!job->error().ok()) return fail(job->error());
   res.status = 200;
   res.set_content(job->ResponseBody(), kJson);
+  LogRequest(req, res.status, job.get(), "");
 }
 
 void HttpServer::Impl::RespondStream(std::shared_ptr<HttpJob> job, int connection,
-                                     httplib::Response& res) {
+                                     const httplib::Request& req, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   auto opened = std::make_shared<bool>(false);
@@ -477,7 +497,18 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<HttpJob> job, int connectio
       },
       // Runs when the response ends, however it ends: a stream cut short (client gone, server
       // stopping) leaves requests unfinished, and their KV blocks are released now.
-      [this, job](bool /*success*/) { AbortAll(*job); });
+      [this, job, method = req.method, path = req.path](bool /*success*/) {
+        AbortAll(*job);
+        if (!options.request_log) return;
+        httplib::Request logged;  // the request itself is gone by now
+        logged.method = method;
+        logged.path = path;
+        const absl::Status& error = job->error();
+        LogRequest(logged, 200, job.get(),
+                   !job->finished() ? "stream cut short: client gone or server stopping"
+                   : !error.ok()    ? absl::StrCat("failed in the stream: ", error.message())
+                                    : "");
+      });
 }
 
 void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res) {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -51,6 +52,10 @@ struct ServerOptions {
   // A streaming response with nothing to send writes an SSE comment this often, which is how a
   // client that disconnected while its request waits is noticed.
   absl::Duration stream_keepalive = absl::Milliseconds(200);
+  // One line per finished completion / generation call (and per refused one) to `request_log`:
+  // method, path, status, the call's id, token counts, finish reasons and duration; never the
+  // prompt or output text. Null: no request log.
+  std::function<void(const std::string&)> request_log;
 };
 
 class HttpServer {

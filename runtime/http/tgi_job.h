@@ -50,6 +50,7 @@ class TgiJob : public HttpJob {
   std::string ResponseBody() const override;
   int ErrorHttpStatus(const absl::Status& status) const override;
   std::string ErrorBody(const absl::Status& status) const override;
+  std::string Summary() const override { return inner_->Summary(); }
 
  private:
   // {"id", "text", "logprob", "special"}; logprob null without a score.

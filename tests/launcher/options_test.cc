@@ -56,6 +56,15 @@ TEST(Options, ErrorsNameTheFlag) {
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(rows->max_prompt_logprob_rows, 64);
   EXPECT_EQ(ParseOptions({"x", "--model", "m"})->max_prompt_logprob_rows, 256);
+  auto logs = ParseOptions({"x", "--model", "m", "--disable-log-stats", "--log-requests",
+                            "--log-stats-interval", "2.5"});
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  EXPECT_FALSE(logs->log_stats);
+  EXPECT_TRUE(logs->log_requests);
+  EXPECT_DOUBLE_EQ(logs->log_stats_interval, 2.5);
+  EXPECT_TRUE(ParseOptions({"x", "--model", "m"})->log_stats);
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m"})->log_requests);
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--log-stats-interval", "0"}).ok());
 }
 
 }  // namespace

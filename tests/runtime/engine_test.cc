@@ -10,6 +10,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/sampling.h"
+#include "runtime/stats_log.h"
 #include "tests/runtime/fake_runner.h"
 
 namespace mqa {
@@ -987,6 +989,62 @@ TEST(Engine, IdleRunCallsKeepAliveAndStopsOnItsError) {
   failing->keep_alive_status = absl::UnavailableError("worker 1 is gone");
   auto engine2 = *Engine::Create(std::move(failing), options);
   EXPECT_EQ(engine2->Run().code(), absl::StatusCode::kUnavailable);
+}
+
+// The operator's periodic line: throughputs over the interval from two snapshots, quiet when
+// nothing happened; the logger thread writes it while the engine serves and stops cleanly.
+TEST(StatsLog, LineFromTwoSnapshotsAndALoggerThatStaysQuietWhenIdle) {
+  EngineMetrics before;
+  before.prompt_tokens = 100;
+  before.generation_tokens = 50;
+  before.prefix_cache_queried_blocks = 10;
+  before.prefix_cache_hit_blocks = 2;
+  before.num_steps = 7;
+  EngineMetrics now = before;
+  now.prompt_tokens = 300;
+  now.generation_tokens = 90;
+  now.prefix_cache_queried_blocks = 20;
+  now.prefix_cache_hit_blocks = 6;
+  now.num_running = 3;
+  now.num_waiting = 1;
+  now.kv_cache_usage = 0.125;
+  now.num_preemptions = 2;
+  now.num_steps = 9;
+  EXPECT_EQ(StatsLine(before, now, 2.0),
+            "prompt 100.0 tokens/s, generation 20.0 tokens/s, running 3 reqs, waiting 1 reqs, KV "
+            "cache 12.5%, prefix cache hits 40.0%, preemptions 2");
+  EXPECT_TRUE(StatsChanged(before, now));
+  EngineMetrics idle = before;
+  EXPECT_FALSE(StatsChanged(before, idle));
+
+  FakeRunnerOptions runner_options;
+  EngineOptions options;
+  options.max_model_len = 64;
+  Harness h(runner_options, options);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  {
+    StatsLogger logger(&h.engine(), absl::Milliseconds(20), [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+    });
+    absl::SleepFor(absl::Milliseconds(80));  // idle: nothing to say
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(lines.empty()) << lines.front();
+    }
+    SamplingParams params;
+    params.seed = 1;
+    params.max_tokens = 20;
+    params.ignore_eos = true;
+    ASSERT_TRUE(h.Add("r", {1, 2, 3}, params).ok());
+    h.RunToCompletion();
+    absl::SleepFor(absl::Milliseconds(80));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.front().find("generation "), std::string::npos) << lines.front();
+  EXPECT_EQ(lines.front().find("generation 0.0 tokens/s"), std::string::npos) << lines.front();
 }
 
 TEST(Engine, CreateRejectsInconsistentOptions) {

@@ -1075,6 +1075,51 @@ TEST_F(HttpServerTest, TgiGenerateAndStreamAgreeWithTheModel) {
   EXPECT_EQ(parsed["max_total_tokens"], 128);
 }
 
+// The request log: one line per call, served (plain or streamed, either API) or refused, with
+// its id, token counts, finish reasons and duration, and never the prompt or output text.
+TEST_F(HttpServerTest, RequestLogHasALinePerCallAndNoText) {
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  TestSetup setup = DefaultSetup();
+  setup.server.request_log = [lines, mu](const std::string& line) {
+    std::lock_guard<std::mutex> lock(*mu);
+    lines->push_back(line);
+  };
+  Start(setup);
+  const std::string secret = "def secret_function_name(";
+  PostOk("/v1/completions", {{"prompt", secret}, {"max_tokens", 3}, {"temperature", 0}});
+  Sse sse = Stream({{"prompt", secret}, {"max_tokens", 2}, {"stream", true}});
+  EXPECT_TRUE(sse.done);
+  PostOk("/generate", {{"inputs", secret}, {"parameters", {{"max_new_tokens", 2}}}});
+  int status = 0;
+  Post("/v1/completions", json({{"prompt", secret}, {"temperature", -1}}).dump(), &status);
+  EXPECT_EQ(status, 400);
+  // The stream's line is written when its response is released, just after the client has it.
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(*mu);
+      if (lines->size() >= 4) break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::lock_guard<std::mutex> lock(*mu);
+  ASSERT_EQ(lines->size(), 4u);
+  std::sort(lines->begin(), lines->end());
+  for (const std::string& line : *lines) {
+    EXPECT_EQ(line.find("secret"), std::string::npos) << line;
+  }
+  const std::string prompt_tokens =
+      absl::StrCat(FixtureTokenizer().Encode(secret).size(), " prompt tokens");
+  EXPECT_TRUE(absl::StartsWith((*lines)[0], "POST /generate 200 tgi-")) << (*lines)[0];
+  EXPECT_NE((*lines)[0].find("2 generated, finish length"), std::string::npos) << (*lines)[0];
+  EXPECT_TRUE(absl::StartsWith((*lines)[1], "POST /v1/completions 200 cmpl-")) << (*lines)[1];
+  EXPECT_NE((*lines)[1].find(prompt_tokens), std::string::npos) << (*lines)[1];
+  EXPECT_TRUE(absl::StartsWith((*lines)[2], "POST /v1/completions 200 cmpl-")) << (*lines)[2];
+  EXPECT_NE((*lines)[1].find(" s"), std::string::npos);
+  EXPECT_TRUE(absl::StartsWith((*lines)[3], "POST /v1/completions 400: ")) << (*lines)[3];
+  EXPECT_NE((*lines)[3].find("temperature"), std::string::npos) << (*lines)[3];
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);
