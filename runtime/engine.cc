@@ -286,6 +286,9 @@ absl::Status Engine::Step() {
         host_rows = true;
         continue;
       }
+      // Drawn on the device; the chosen token's score (and the best alternatives) come from the
+      // row's logits on the host, without the host sampler's filtering and sort.
+      if (params.logprobs.has_value()) host_rows = true;
       RowSamplingParams& row = row_params[s.logits_index];
       row.temperature = params.temperature;
       row.top_k = params.top_k;
@@ -349,13 +352,18 @@ absl::Status Engine::Step() {
       FinishSeq(*s.seq, FinishReason::kLength, output);
       continue;
     }
+    absl::Span<const float> row;
+    if (host_rows)
+      row = {logits->data<float>() + s.logits_index * vocab, static_cast<size_t>(vocab)};
     if (on_device && DeviceSamplable(group.params())) {
       SampleResult result;
       result.token_id = device_tokens[s.logits_index];
+      if (group.params().logprobs.has_value()) {
+        result = ScoreToken(row, result.token_id, *group.params().logprobs);
+      }
       ProcessSample(group, state, *s.seq, result, output);
       continue;
     }
-    absl::Span<const float> row(logits->data<float>() + s.logits_index * vocab, vocab);
 
     std::vector<Sequence*> samples = {s.seq};
     if (!group.forked()) {
@@ -389,7 +397,6 @@ absl::Status Engine::Step() {
 bool DeviceSamplable(const SamplingParams& params) {
   return params.n == 1 && params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         !params.logprobs.has_value() && !params.prompt_logprobs.has_value() &&
          params.logit_bias.empty();
 }
 

@@ -62,7 +62,9 @@ struct EngineOptions {
 
 // Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
 // draws exactly what a request asks for: one sample, no penalties, min-p, min_tokens masking or
-// logprobs (of the output or of the prompt).
+// logit_bias. Log-probabilities (of the output or the prompt) do not need the host sampler: the
+// engine scores the device's draw (and prompt rows) from the step's logits, copied back only for
+// steps that hold such a request.
 bool DeviceSamplable(const SamplingParams& params);
 
 // New output of one sample since the previous RequestOutput.

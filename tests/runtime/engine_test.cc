@@ -414,6 +414,48 @@ TEST(Engine, LogitBiasRequestsAreSampledOnTheHost) {
   EXPECT_GT(h.runner().sampled_steps_with_logits, 0);
 }
 
+// Log-probabilities keep a request on the device sampler: its tokens are the device's draws (the
+// oracle's device path), and their scores come from the step's logits, which are copied back only
+// for steps that hold such a request.
+TEST(Engine, LogprobsRequestsAreDeviceSampledAndScoredOnTheHost) {
+  auto [runner_options, options] = DeviceSamplingSetup();
+  Harness h(runner_options, options);
+  SamplingParams scored;
+  scored.seed = 4;
+  scored.max_tokens = 8;
+  scored.ignore_eos = true;
+  scored.temperature = 0.9f;
+  scored.logprobs = 2;
+  ASSERT_TRUE(DeviceSamplable(scored));
+  const std::vector<int32_t> prompt = {6, 7, 8};
+  ASSERT_TRUE(h.Add("scored", prompt, scored).ok());
+  h.RunToCompletion();
+  h.ExpectMatchesOracle();  // device draws
+  const Received& r = h.received().at("scored");
+  const std::vector<int32_t>& tokens = r.tokens.at(0);
+  ASSERT_EQ(r.logprobs.size(), tokens.size());
+  std::vector<int32_t> history = prompt;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const SampleResult want =
+        ScoreToken(ReferenceLogits(history, runner_options.vocab_size), tokens[i], 2);
+    EXPECT_EQ(r.logprobs[i].token_id, tokens[i]);
+    EXPECT_FLOAT_EQ(r.logprobs[i].logprob, want.logprob);
+    ASSERT_EQ(r.logprobs[i].top_logprobs.size(), 2u);
+    EXPECT_EQ(r.logprobs[i].top_logprobs[0].token_id, want.top_logprobs[0].token_id);
+    history.push_back(tokens[i]);
+  }
+  EXPECT_EQ(h.runner().sampled_steps_with_logits, static_cast<int>(tokens.size()));
+  EXPECT_EQ(h.runner().sampled_steps_without_logits, 0);
+  // The same request without logprobs draws the same tokens, and ships no logits.
+  SamplingParams plain = scored;
+  plain.logprobs.reset();
+  ASSERT_TRUE(h.Add("plain", prompt, plain).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.received().at("plain").tokens.at(0), tokens);
+  EXPECT_EQ(h.runner().sampled_steps_with_logits, static_cast<int>(tokens.size()));
+  EXPECT_GT(h.runner().sampled_steps_without_logits, 0);
+}
+
 // A batch the device sampler covers entirely: only token ids come back (no logits copied), and
 // every request gets the device sampler's draws, which differ from the host sampler's.
 TEST(Engine, DeviceSamplingShipsNoLogitsAndUsesTheDeviceDraws) {
