@@ -289,13 +289,17 @@ absl::Status Engine::Step() {
       // Drawn on the device; the chosen token's score (and the best alternatives) come from the
       // row's logits on the host, without the host sampler's filtering and sort.
       if (params.logprobs.has_value()) host_rows = true;
-      RowSamplingParams& row = row_params[s.logits_index];
-      row.temperature = params.temperature;
-      row.top_k = params.top_k;
-      row.top_p = params.top_p;
-      row.seed = SampleSeed(s.group->seed(), s.seq->sample_index());
-      // Every draw of this sequence is a device draw: its output count is its draw count.
-      row.offset = static_cast<uint64_t>(s.seq->num_output_tokens());
+      // Draw d of the row is sample d's first token before the group forks (num_draws = n),
+      // else this sequence's next one.
+      for (int d = 0; d < s.num_draws; ++d) {
+        RowSamplingParams& row = row_params[s.logits_index + d];
+        row.temperature = params.temperature;
+        row.top_k = params.top_k;
+        row.top_p = params.top_p;
+        row.seed = SampleSeed(s.group->seed(), s.num_draws > 1 ? d : s.seq->sample_index());
+        // Every draw of a sequence is a device draw: its output count is its draw count.
+        row.offset = static_cast<uint64_t>(s.seq->num_output_tokens());
+      }
     }
   }
   std::vector<int32_t> device_tokens;
@@ -356,12 +360,21 @@ absl::Status Engine::Step() {
     if (host_rows)
       row = {logits->data<float>() + s.logits_index * vocab, static_cast<size_t>(vocab)};
     if (on_device && DeviceSamplable(group.params())) {
-      SampleResult result;
-      result.token_id = device_tokens[s.logits_index];
-      if (group.params().logprobs.has_value()) {
-        result = ScoreToken(row, result.token_id, *group.params().logprobs);
+      // Sample d's token is draw d; before the fork, the other samples start here, all sharing
+      // the prompt's blocks (forked before any of them takes its token).
+      std::vector<Sequence*> samples = {s.seq};
+      for (int d = 1; d < s.num_draws; ++d) {
+        samples.push_back(scheduler_.Fork(group, *s.seq, next_seq_id_++, d));
       }
-      ProcessSample(group, state, *s.seq, result, output);
+      for (int d = 0; d < s.num_draws; ++d) {
+        Sequence* seq = samples[d];
+        SampleResult result;
+        result.token_id = device_tokens[s.logits_index + d];
+        if (group.params().logprobs.has_value()) {
+          result = ScoreToken(row, result.token_id, *group.params().logprobs);
+        }
+        ProcessSample(group, state, *seq, result, output);
+      }
       continue;
     }
 
@@ -395,7 +408,7 @@ absl::Status Engine::Step() {
 }
 
 bool DeviceSamplable(const SamplingParams& params) {
-  return params.n == 1 && params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
+  return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
          params.logit_bias.empty();
 }

@@ -234,7 +234,9 @@ void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens,
   }
   if (start + num_tokens == seq.num_tokens()) {
     scheduled.logits_index = static_cast<int>(in.logits_rows.size());
-    in.logits_rows.push_back(in.num_tokens() - 1);
+    // Before the fork, the prompt's last row yields every sample's first token.
+    if (!group.forked()) scheduled.num_draws = group.params().n;
+    for (int d = 0; d < scheduled.num_draws; ++d) in.logits_rows.push_back(in.num_tokens() - 1);
   }
   out.scheduled.push_back(scheduled);
 }

@@ -41,6 +41,9 @@ struct ScheduledSeq {
   Sequence* seq = nullptr;
   int num_tokens = 0;     // tokens computed this step, from seq->num_computed_tokens()
   int logits_index = -1;  // row of the step's logits to sample from; -1: mid-prompt chunk
+  // Rows from logits_index holding this same row: n for a prompt's last token before the group
+  // forks into its n samples (one draw each, e.g. on the device), else 1.
+  int num_draws = 1;
   // Prompt log-probabilities: logits rows [prompt_rows_index, prompt_rows_index + num_prompt_rows)
   // hold positions first_position, first_position + 1, ..., each scoring the prompt token after it.
   int prompt_rows_index = -1;

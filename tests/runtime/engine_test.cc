@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -347,7 +348,7 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   if (c.prefix_caching) EXPECT_GT(m.prefix_cache_hit_blocks, 0);
   if (c.device_sampling) {
     // The random parameters mix device-samplable requests with host-sampled ones (penalties,
-    // min-p, min_tokens, n > 1): both kinds of step happened.
+    // min-p, min_tokens): both kinds of step happened.
     EXPECT_GT(h.runner().sampled_steps_without_logits + h.runner().sampled_steps_with_logits, 0);
     EXPECT_GT(h.runner().sampled_steps_with_logits, 0);
   }
@@ -454,6 +455,34 @@ TEST(Engine, LogprobsRequestsAreDeviceSampledAndScoredOnTheHost) {
   EXPECT_EQ(h.received().at("plain").tokens.at(0), tokens);
   EXPECT_EQ(h.runner().sampled_steps_with_logits, static_cast<int>(tokens.size()));
   EXPECT_GT(h.runner().sampled_steps_without_logits, 0);
+}
+
+// n samples are drawn on the device too: the prompt's last row appears n times among the step's
+// logits rows, one draw per sample (its own seed), and the samples fork from it; no logits cross.
+TEST(Engine, SeveralSamplesAreDrawnOnTheDeviceFromOnePromptRow) {
+  auto [runner_options, options] = DeviceSamplingSetup();
+  Harness h(runner_options, options);
+  size_t max_duplicates = 0;
+  h.runner().on_step = [&](const StepInput& in) {
+    std::map<int32_t, size_t> count;
+    for (int32_t row : in.logits_rows) max_duplicates = std::max(max_duplicates, ++count[row]);
+  };
+  SamplingParams params;
+  params.n = 4;
+  params.seed = 8;
+  params.max_tokens = 10;
+  params.ignore_eos = true;
+  params.top_p = 0.9f;
+  ASSERT_TRUE(DeviceSamplable(params));
+  ASSERT_TRUE(h.Add("four", {3, 1, 4, 1, 5}, params).ok());
+  h.RunToCompletion();
+  h.ExpectMatchesOracle();  // each sample: the device's draws with its own seed
+  EXPECT_EQ(max_duplicates, 4u);
+  EXPECT_EQ(h.runner().sampled_steps_with_logits, 0);
+  const Received& r = h.received().at("four");
+  std::set<std::vector<int32_t>> distinct;
+  for (int i = 0; i < 4; ++i) distinct.insert(r.tokens.at(i));
+  EXPECT_GT(distinct.size(), 1u);
 }
 
 // A batch the device sampler covers entirely: only token ids come back (no logits copied), and
