@@ -328,6 +328,64 @@ TEST(GptBigCodeCuda, EnginePromptLogprobsNearTransformers) {
   EXPECT_GT(scored, 70);  // 7 prompts of 1 to 33 tokens
 }
 
+// n samples drawn on the device from one prompt row repeated n times among the logits rows:
+// greedy, every sample must be HF's greedy continuation (up to a step HF's fp16 margin cannot
+// resolve), through the engine over the CUDA runner.
+TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto collectives = MakeLocalCollectives();
+  GptBigCodeRunnerOptions opts;
+  opts.num_kv_blocks = 256;
+  auto runner = TinyCudaRunner(collectives.get(), opts);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const int64_t vocab = (*runner)->vocab_size();
+  EngineOptions eo;
+  eo.max_num_seqs = 32;
+  eo.max_model_len = 128;
+  eo.eos_token_id = -1;
+  auto engine = Engine::Create(*std::move(runner), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto refs = testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), vocab);
+  std::vector<RequestOutputQueue> queues(refs.size());
+  std::vector<int> lengths(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    while (lengths[i] < static_cast<int>(refs[i].greedy.size()) &&
+           refs[i].margins[lengths[i]] >= 5e-2) {
+      ++lengths[i];
+    }
+    if (lengths[i] == 0) continue;
+    EngineRequest r;
+    r.request_id = "n" + std::to_string(i);
+    r.prompt_token_ids = refs[i].prompt;
+    r.params.n = 3;
+    r.params.temperature = 0;
+    r.params.max_tokens = lengths[i];
+    r.on_output = queues[i].Callback();
+    ASSERT_TRUE((*engine)->AddRequest(std::move(r)).ok());
+  }
+  while ((*engine)->HasWork()) {
+    absl::Status step = (*engine)->Step();
+    ASSERT_TRUE(step.ok()) << step;
+  }
+  int compared = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (lengths[i] == 0) continue;
+    std::vector<std::vector<int32_t>> samples(3);
+    while (auto out = queues[i].Pop(absl::ZeroDuration())) {
+      ASSERT_TRUE(out->error.ok()) << out->error;
+      for (const SampleOutput& sample : out->samples) {
+        samples[sample.index].insert(samples[sample.index].end(), sample.token_ids.begin(),
+                                     sample.token_ids.end());
+      }
+    }
+    const std::vector<int32_t> want(refs[i].greedy.begin(), refs[i].greedy.begin() + lengths[i]);
+    for (int d = 0; d < 3; ++d) EXPECT_EQ(samples[d], want) << "prompt " << i << " sample " << d;
+    compared += lengths[i];
+  }
+  std::printf("three greedy samples a prompt on the GPU: %d steps each equal HF's\n", compared);
+  EXPECT_GT(compared, 20);
+}
+
 // LaunchSample / CollectSample with tokens fed on the device give the same greedy tokens as
 // one synchronous ExecuteAndSample per step (two runners over the same weights, same blocks).
 TEST(GptBigCodeCuda, AsyncLaunchEqualsSynchronousSteps) {
