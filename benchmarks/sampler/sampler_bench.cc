@@ -1,0 +1,111 @@
+// Host-side cost of the engine's per-row work on one core: ScoreToken (what a log-probability
+// costs: output logprobs of a device-drawn token, every prompt_logprobs row) and the host Sample()
+// (requests the device sampler does not cover), per logits row, beside the ceiling measured in the
+// same run: one plain summing pass over the same rows (the least any whole-row work costs).
+//
+//   sampler_bench [--vocab 49152] [--rows 256] [--passes 5]
+//
+// Rows are random logits (normal, sigma 3: a broad distribution, so top-p keeps thousands of
+// tokens; a trained model's rows are usually far more peaked, which makes top-p cheaper). Prints
+// the best pass of each, in microseconds a row.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace {
+
+double BestMicrosPerRow(int passes, int rows, const std::function<double(int)>& per_row) {
+  double best = 1e30;
+  volatile double sink = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    double acc = 0;
+    for (int r = 0; r < rows; ++r) acc += per_row(r);
+    const auto end = std::chrono::steady_clock::now();
+    sink = sink + acc;
+    best = std::min(best, std::chrono::duration<double, std::micro>(end - start).count() / rows);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int vocab = 49152, rows = 256, passes = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int value = std::atoi(argv[i + 1]);
+    if (flag == "--vocab") {
+      vocab = value;
+    } else if (flag == "--rows") {
+      rows = value;
+    } else if (flag == "--passes") {
+      passes = value;
+    } else {
+      std::fprintf(stderr, "usage: sampler_bench [--vocab N] [--rows N] [--passes N]\n");
+      return 2;
+    }
+  }
+  if (vocab < 1 || rows < 1 || passes < 1) return 2;
+  std::vector<float> logits(static_cast<size_t>(vocab) * rows);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (float& x : logits) x = dist(gen);
+  auto row = [&](int r) {
+    return absl::MakeConstSpan(logits).subspan(static_cast<size_t>(r) * vocab, vocab);
+  };
+
+  std::printf("vocab %d, %d rows, best of %d passes, one thread; us a row\n", vocab, rows, passes);
+  const double ceiling = BestMicrosPerRow(passes, rows, [&](int r) {
+    float lanes[8] = {};
+    const absl::Span<const float> x = row(r);
+    size_t i = 0;
+    for (; i + 8 <= x.size(); i += 8) {
+      for (int j = 0; j < 8; ++j) lanes[j] += x[i + j];
+    }
+    double sum = 0;
+    for (float lane : lanes) sum += lane;
+    for (; i < x.size(); ++i) sum += x[i];
+    return sum;
+  });
+  std::printf("%-44s %9.1f   (ceiling: one summing pass)\n", "plain pass over the row", ceiling);
+  auto report = [&](const char* name, double us) {
+    std::printf("%-44s %9.1f   %5.1fx the ceiling\n", name, us, us / ceiling);
+  };
+  for (int top : {0, 1, 5, 20}) {
+    report(("ScoreToken, top " + std::to_string(top)).c_str(),
+           BestMicrosPerRow(passes, rows, [&](int r) {
+             return mqa::ScoreToken(row(r), r % vocab, top).logprob;
+           }));
+  }
+  struct Case {
+    const char* name;
+    float temperature, top_p;
+    int top_k;
+  };
+  for (const Case& c : {Case{"Sample greedy", 0.0f, 1.0f, -1},
+                        Case{"Sample temperature 0.8", 0.8f, 1.0f, -1},
+                        Case{"Sample temperature 0.8, top_k 50", 0.8f, 1.0f, 50},
+                        Case{"Sample temperature 0.8, top_p 0.95", 0.8f, 0.95f, -1}}) {
+    mqa::SamplingParams params;
+    params.temperature = c.temperature;
+    params.top_p = c.top_p;
+    params.top_k = c.top_k;
+    mqa::SampleRng rng(7);
+    report(c.name, BestMicrosPerRow(passes, rows, [&](int r) {
+             mqa::SamplingContext context;
+             context.params = &params;
+             context.rng = &rng;
+             return mqa::Sample(row(r), context).token_id;
+           }));
+  }
+  return 0;
+}
