@@ -297,6 +297,13 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
       if (!usage->is_boolean()) return TypeError("stream_options", "{\"include_usage\": bool}");
       request->include_usage = usage->get<bool>();
     }
+    // vLLM's: every chunk carries the usage so far (with include_usage).
+    if (const json* running = Field(*options, "continuous_usage_stats"); running != nullptr) {
+      if (!running->is_boolean()) {
+        return TypeError("stream_options", "{\"continuous_usage_stats\": bool}");
+      }
+      request->continuous_usage = running->get<bool>();
+    }
   }
   return absl::OkStatus();
 }

@@ -62,6 +62,7 @@ struct CompletionRequest {
   bool echo = false;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM's)
   bool return_token_ids = false;  // vLLM's extension: prompt_token_ids and choices[i].token_ids
   // OpenAI's `suffix` (/v1/completions only): the text after the completion. Each prompt, which
   // must be text, is the prefix of a fill-in-the-middle prompt the server builds as /v1/infill

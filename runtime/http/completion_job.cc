@@ -315,7 +315,9 @@ std::string CompletionJob::ChoiceChunk(int choice_index, const std::string& text
   }
   json chunk = ChunkBase();
   chunk["choices"] = json::array({std::move(choice)});
-  if (options_.include_usage) chunk["usage"] = nullptr;
+  if (options_.include_usage) {
+    chunk["usage"] = options_.continuous_usage ? Usage() : json(nullptr);
+  }
   return SseEvent(chunk);
 }
 

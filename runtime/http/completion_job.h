@@ -47,6 +47,7 @@ struct CompletionJobOptions {
   // vLLM's prompt_logprobs: alternatives per prompt token in choices[i].prompt_logprobs.
   std::optional<int> prompt_logprobs;
   bool include_usage = false;
+  bool continuous_usage = false;  // with include_usage: every chunk carries the usage so far
   bool return_token_ids = false;
   absl::Time arrival;  // when the HTTP request came in, for TTFT and end-to-end latency
 };

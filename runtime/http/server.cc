@@ -338,6 +338,7 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
       .logprobs = request.params.logprobs,
       .prompt_logprobs = request.prompt_logprobs,
       .include_usage = request.include_usage,
+      .continuous_usage = request.continuous_usage,
       .return_token_ids = request.return_token_ids,
       .arrival = arrival,
   };

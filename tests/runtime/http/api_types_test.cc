@@ -78,6 +78,9 @@ TEST(ApiTypesTest, BadCompletionBodiesNameTheirField) {
       {"{\"prompt\": \"a\", \"stream\": 1}", "stream"},
       {"{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": true}}", "stream_options"},
       {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": 3}", "stream_options"},
+      {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": "
+       "{\"continuous_usage_stats\": 1}}",
+       "stream_options"},
       {"{\"prompt\": \"a\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
        "stream_options"},
   };

@@ -296,6 +296,24 @@ TEST_F(HttpServerTest, PlainAndStreamedGreedyCompletionsAgreeWithTheModel) {
     EXPECT_TRUE(sse.chunks.back()["choices"].empty());
     EXPECT_EQ(sse.chunks[sse.chunks.size() - 2]["choices"][0]["finish_reason"],
               choice["finish_reason"]);
+
+    // vLLM's continuous_usage_stats: every chunk carries the usage so far.
+    body["stream_options"]["continuous_usage_stats"] = true;
+    Sse running = Stream(body);
+    ASSERT_TRUE(running.done);
+    int64_t seen = 0;
+    for (const json& chunk : running.chunks) {
+      ASSERT_TRUE(chunk["usage"].is_object()) << chunk;
+      EXPECT_EQ(chunk["usage"]["prompt_tokens"], prompt_ids.size());
+      const int64_t completion = chunk["usage"]["completion_tokens"];
+      EXPECT_GE(completion, seen);
+      seen = completion;
+      if (!chunk["choices"].empty() && chunk["choices"][0].contains("token_ids")) {
+        // A chunk's usage counts its own tokens.
+        EXPECT_GE(completion, static_cast<int64_t>(chunk["choices"][0]["token_ids"].size()));
+      }
+    }
+    EXPECT_EQ(running.chunks.back()["usage"], plain["usage"]);
   }
 }
 
