@@ -109,6 +109,10 @@ const std::map<std::string, Flag>& Flags() {
       {"served-model-name",
        {"model id in the API (default: the model folder's name)",
         Text(&Options::served_model_name)}},
+      {"allowed-origins",
+       {"CORS: comma-separated browser origins allowed to call the API "
+        "(default *: any; empty: none)",
+        Text(&Options::allowed_origins)}},
       {"disable-log-stats",
        Switch(&Options::log_stats, false, "no periodic throughput / queue / cache line on stderr")},
       {"log-stats-interval",

@@ -19,6 +19,8 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "kernels/device_info.h"
 #include "launcher/signals.h"
@@ -298,6 +300,10 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
           ? std::filesystem::path(o.model).lexically_normal().filename().string()
           : o.served_model_name;
   if (server_options.served_model_name.empty()) server_options.served_model_name = o.model;
+  server_options.allowed_origins.clear();
+  for (absl::string_view origin : absl::StrSplit(o.allowed_origins, ',', absl::SkipWhitespace())) {
+    server_options.allowed_origins.emplace_back(absl::StripAsciiWhitespace(origin));
+  }
   if (o.log_requests) {
     server_options.request_log = [](const std::string& line) {
       std::fprintf(stderr, "mqaserve: %s\n", line.c_str());

@@ -125,6 +125,8 @@ struct HttpServer::Impl {
         created(absl::ToUnixSeconds(absl::Now())) {}
 
   void InstallRoutes();
+  // The Access-Control-Allow-Origin value for `req` ("" when it has no Origin or one not allowed).
+  std::string AllowedOrigin(const httplib::Request& req) const;
 
   absl::Status CheckAuth(const httplib::Request& req) const;
   absl::Status CheckServing() const;
@@ -180,6 +182,16 @@ struct HttpServer::Impl {
   Health health = Health::kLoading;
   absl::Status failure;
 };
+
+std::string HttpServer::Impl::AllowedOrigin(const httplib::Request& req) const {
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty()) return "";
+  for (const std::string& allowed : options.allowed_origins) {
+    if (allowed == "*") return "*";
+    if (allowed == origin) return origin;
+  }
+  return "";
+}
 
 absl::Status HttpServer::Impl::CheckAuth(const httplib::Request& req) const {
   if (options.api_key.empty()) return absl::OkStatus();
@@ -603,6 +615,22 @@ void HttpServer::Impl::InstallRoutes() {
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.status = 200;
     res.set_content(metrics.Render(engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  // CORS: the allowed origin on every response, and preflights answered.
+  server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string origin = AllowedOrigin(req);
+    if (origin.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", origin);
+    if (origin != "*") res.set_header("Vary", "Origin");
+  });
+  server.Options(".*", [this](const httplib::Request& req, httplib::Response& res) {
+    res.status = 204;
+    if (AllowedOrigin(req).empty()) return;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers",
+                   asked.empty() ? "Authorization, Content-Type" : asked);
+    res.set_header("Access-Control-Max-Age", "600");
   });
   // httplib's own errors (no route, body over the limit, unreadable request) get OpenAI's shape
   // too; our handlers' errors already carry a body and pass through.

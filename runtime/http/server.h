@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -52,6 +53,11 @@ struct ServerOptions {
   // A streaming response with nothing to send writes an SSE comment this often, which is how a
   // client that disconnected while its request waits is noticed.
   absl::Duration stream_keepalive = absl::Milliseconds(200);
+  // CORS, for browser clients (vLLM's --allowed-origins, whose default also allows every origin):
+  // responses to a request with an Origin header in this list ("*": any) carry
+  // Access-Control-Allow-Origin, and OPTIONS preflights are answered (without the API key, which
+  // browsers do not send on a preflight). Empty: no CORS headers.
+  std::vector<std::string> allowed_origins = {"*"};
   // One line per finished completion / generation call (and per refused one) to `request_log`:
   // method, path, status, the call's id, token counts, finish reasons and duration; never the
   // prompt or output text. Null: no request log.

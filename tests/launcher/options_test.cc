@@ -65,6 +65,10 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_TRUE(ParseOptions({"x", "--model", "m"})->log_stats);
   EXPECT_FALSE(ParseOptions({"x", "--model", "m"})->log_requests);
   EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--log-stats-interval", "0"}).ok());
+  EXPECT_EQ(ParseOptions({"x", "--model", "m"})->allowed_origins, "*");
+  EXPECT_EQ(ParseOptions({"x", "--model", "m", "--allowed-origins", "http://a, http://b"})
+                ->allowed_origins,
+            "http://a, http://b");
 }
 
 }  // namespace

@@ -1138,6 +1138,66 @@ TEST_F(HttpServerTest, RequestLogHasALinePerCallAndNoText) {
   EXPECT_NE((*lines)[3].find("temperature"), std::string::npos) << (*lines)[3];
 }
 
+// CORS for browser clients: the allowed origin on plain, streamed and error responses, and
+// preflights answered without the API key; an origin not in the list gets nothing.
+TEST_F(HttpServerTest, CorsHeadersAndPreflights) {
+  TestSetup setup = DefaultSetup();
+  setup.server.api_key = "k";
+  setup.server.allowed_origins = {"http://ide.example"};
+  Start(setup);
+  auto client = Client();  // sends the key
+  httplib::Headers from_ide = {{"Origin", "http://ide.example"}};
+  const std::string body = json({{"prompt", "x"}, {"max_tokens", 2}}).dump();
+  httplib::Result plain = client->Post("/v1/completions", from_ide, body, "application/json");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->status, 200);
+  EXPECT_EQ(plain->get_header_value("Access-Control-Allow-Origin"), "http://ide.example");
+  EXPECT_EQ(plain->get_header_value("Vary"), "Origin");
+  httplib::Result streamed = client->Post(
+      "/v1/completions", from_ide,
+      json({{"prompt", "x"}, {"max_tokens", 2}, {"stream", true}}).dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_EQ(streamed->get_header_value("Access-Control-Allow-Origin"), "http://ide.example");
+  httplib::Result refused =
+      client->Post("/v1/completions", from_ide, R"({"prompt": 5})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(refused->get_header_value("Access-Control-Allow-Origin"), "http://ide.example");
+
+  httplib::Client bare("127.0.0.1", server_->port());  // a preflight carries no key
+  httplib::Headers preflight = {{"Origin", "http://ide.example"},
+                                {"Access-Control-Request-Method", "POST"},
+                                {"Access-Control-Request-Headers", "authorization, content-type"}};
+  httplib::Result options = bare.Options("/v1/completions", preflight);
+  ASSERT_TRUE(options);
+  EXPECT_EQ(options->status, 204);
+  EXPECT_EQ(options->get_header_value("Access-Control-Allow-Origin"), "http://ide.example");
+  EXPECT_NE(options->get_header_value("Access-Control-Allow-Methods").find("POST"),
+            std::string::npos);
+  EXPECT_EQ(options->get_header_value("Access-Control-Allow-Headers"),
+            "authorization, content-type");
+
+  httplib::Headers elsewhere = {{"Origin", "http://evil.example"}};
+  httplib::Result other = client->Post("/v1/completions", elsewhere, body, "application/json");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 200);  // CORS is the browser's to enforce; the server only says who
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+  httplib::Result other_preflight = bare.Options("/v1/completions", elsewhere);
+  ASSERT_TRUE(other_preflight);
+  EXPECT_FALSE(other_preflight->has_header("Access-Control-Allow-Origin"));
+  EXPECT_FALSE(other_preflight->has_header("Access-Control-Allow-Methods"));
+}
+
+TEST_F(HttpServerTest, EveryOriginByDefault) {
+  Start(DefaultSetup());
+  auto client = Client();
+  httplib::Result got = client->Get("/v1/models", {{"Origin", "http://anywhere.example"}});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_FALSE(client->Get("/v1/models")->has_header("Access-Control-Allow-Origin"));
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);
