@@ -136,7 +136,8 @@ def test_sigterm_finishes_requests_in_flight_and_stops_every_rank(target):
     # One sequence at a time, so that four requests keep the server busy for a few seconds. Open
     # MPI's mpirun, though, SIGKILLs its ranks about 1 s after forwarding a signal: through it,
     # only what finishes within that second can (one request).
-    job = Job("--shutdown-timeout", "30", "--max-num-seqs", "1")
+    job = Job("--shutdown-timeout", "30", "--max-num-seqs", "1", "--log-requests",
+              "--log-stats-interval", "0.5")
     streams = [[] for _ in range(4 if target == "ranks" else 1)]
     tokens = 450 if target == "ranks" else 200
     clients = [threading.Thread(target=stream_completion, args=(job.url, tokens, e)) for e in streams]
@@ -166,6 +167,10 @@ def test_sigterm_finishes_requests_in_flight_and_stops_every_rank(target):
     assert out.count(": stopped") == 2, out  # every rank returned 0 from main
     if target == "ranks":
         assert rc == 0, out
+        # The operator's logs: a line per finished request (no prompt text), statistics while busy.
+        assert out.count("POST /v1/completions 200 cmpl-") == 4, out
+        assert "class Parser" not in out, out
+        assert "generation " in out and "tokens/s, running" in out, out
     # (Open MPI's mpirun exits 1 after it has forwarded a signal, whatever its ranks returned.)
 
 
