@@ -17,10 +17,10 @@
 #include <system_error>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "kernels/device_info.h"
 #include "launcher/signals.h"

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -161,13 +162,15 @@ class HttpServerTest : public ::testing::Test {
     return response;
   }
 
-  // Streams a completion. `stop_after_chunks` > 0 closes the connection after that many chunks.
-  Sse Stream(const json& body, int stop_after_chunks = 0) {
+  // Streams a completion (or a TGI generation: `path`). `stop_after_chunks` > 0 closes the
+  // connection after that many chunks.
+  Sse Stream(const json& body, int stop_after_chunks = 0,
+             const std::string& path = "/v1/completions") {
     Sse sse;
     auto client = Client();
     httplib::Request req;
     req.method = "POST";
-    req.path = "/v1/completions";
+    req.path = path;
     req.body = body.dump();
     req.set_header("Content-Type", "application/json");
     std::string pending;
@@ -179,8 +182,8 @@ class HttpServerTest : public ::testing::Test {
         pending.erase(0, end + 2);
         for (absl::string_view line : absl::StrSplit(event, '\n')) {
           if (line.empty() || line[0] == ':') continue;  // SSE comment (keep-alive)
-          EXPECT_TRUE(absl::StartsWith(line, "data: ")) << line;
-          absl::string_view payload = line.substr(6);
+          EXPECT_TRUE(absl::StartsWith(line, "data:")) << line;
+          absl::string_view payload = absl::StripLeadingAsciiWhitespace(line.substr(5));
           if (payload == "[DONE]") {
             sse.done = true;
             continue;
@@ -506,6 +509,19 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamFreesBlocksWithinASecond) {
             aborts_before + 1);
   EXPECT_LT(Metric(page, "mqaserve_generation_tokens_total"), 100) << "ran to the end";
   EXPECT_LT(absl::Now() - gone, absl::Seconds(2));
+}
+
+// The same through TGI's stream: a client that leaves mid-stream frees its blocks at once.
+TEST_F(HttpServerTest, TgiClientDisconnectMidStreamFreesBlocks) {
+  TestSetup setup = DefaultSetup();
+  setup.step_delay = absl::Milliseconds(5);
+  Start(setup);
+  json body = {{"inputs", "while True:"}, {"parameters", {{"max_new_tokens", 100}}}};
+  Sse sse = Stream(body, /*stop_after_chunks=*/3, "/generate_stream");
+  EXPECT_EQ(sse.chunks.size(), 3u);
+  EXPECT_EQ(sse.chunks.back()["index"], 3);
+  EXPECT_LT(WaitIdle(absl::Seconds(1)), absl::Seconds(1)) << "blocks not released";
+  EXPECT_LT(Metric(Metrics(), "mqaserve_generation_tokens_total"), 100) << "ran to the end";
 }
 
 // Streamed tokens are small writes a few ms apart: under Nagle's algorithm each one waits for the
