@@ -581,7 +581,8 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   p.include_stop_str_in_output = true;  // TGI's generated_text ends with the stop sequence
   // (The generated tokens' log-probabilities depend on the route, which may stream: the server
   // sets params.logprobs.)
-  if (request.decoder_input_details) p.prompt_logprobs = request.top_n_tokens;
+  // The prefill scores appear only in the details (TGI ignores decoder_input_details without).
+  if (request.decoder_input_details && request.details) p.prompt_logprobs = request.top_n_tokens;
   return request;
 }
 

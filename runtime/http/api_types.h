@@ -109,7 +109,8 @@ struct TgiRequest {
   CompletionRequest completion;
   bool return_full_text = false;       // generated_text starts with the inputs
   bool details = false;                // the details object (finish reason, tokens, seed ...)
-  bool decoder_input_details = false;  // details.prefill: the inputs' tokens with their scores
+  bool decoder_input_details =
+      false;  // details.prefill: the inputs' tokens with their scores (with details)
   int top_n_tokens = 0;                // details.top_tokens / the stream's top_tokens
   bool sampling = false;
 };

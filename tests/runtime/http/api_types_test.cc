@@ -227,6 +227,8 @@ TEST(ApiTypesTest, TgiRequests) {
   EXPECT_EQ(hub.top_n_tokens, 3);
   EXPECT_EQ(hub.completion.params.prompt_logprobs, 3);
 
+  EXPECT_FALSE(parse(R"({"inputs": "x", "parameters": {"decoder_input_details": true}})")
+                   .completion.params.prompt_logprobs.has_value());  // no details: nothing to show
   TgiRequest sampled = parse(R"({"inputs": "x", "parameters": {"do_sample": true}})");
   EXPECT_TRUE(sampled.sampling);
   EXPECT_EQ(sampled.completion.params.temperature, 1.0f);
