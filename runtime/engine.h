@@ -61,10 +61,10 @@ struct EngineOptions {
 };
 
 // Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
-// draws exactly what a request asks for: one sample, no penalties, min-p, min_tokens masking or
-// logit_bias. Log-probabilities (of the output or the prompt) do not need the host sampler: the
-// engine scores the device's draw (and prompt rows) from the step's logits, copied back only for
-// steps that hold such a request.
+// draws exactly what a request asks for: no penalties, min-p, min_tokens masking, logit_bias or
+// allowed_token_ids. Log-probabilities (of the output or the prompt) do not need the host sampler:
+// the engine scores the device's draw (and prompt rows) from the step's logits, copied back only
+// for steps that hold such a request.
 bool DeviceSamplable(const SamplingParams& params);
 
 // New output of one sample since the previous RequestOutput.

@@ -149,6 +149,18 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
                     absl::Span<const int32_t> output_tokens, absl::Span<float> logits) {
   const auto vocab = static_cast<int32_t>(logits.size());
   auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  if (!params.allowed_token_ids.empty()) {
+    std::vector<float> kept(params.allowed_token_ids.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const int32_t t = params.allowed_token_ids[i];
+      kept[i] = in_vocab(t) ? logits[t] : kMasked;
+    }
+    std::fill(logits.begin(), logits.end(), kMasked);
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const int32_t t = params.allowed_token_ids[i];
+      if (in_vocab(t)) logits[t] = kept[i];
+    }
+  }
   for (const auto& [t, bias] : params.logit_bias) {
     if (in_vocab(t)) logits[t] += bias;
   }

@@ -1,9 +1,10 @@
 // Sampler: picks the next token from one fp32 logits row on the CPU.
 //
-// Order (vLLM's): logit bias, repetition / presence / frequency penalties, masking of EOS and stop
-// tokens before min_tokens, temperature, then top-k, top-p (over the top-k renormalised), min-p,
-// and a draw from the sample's own generator. The result depends only on the row, the sample's
-// history and its generator, never on the rest of the batch. Stateless; safe from any thread.
+// Order (vLLM's): allowed_token_ids (every other logit masked), logit bias, repetition / presence /
+// frequency penalties, masking of EOS and stop tokens before min_tokens, temperature, then top-k,
+// top-p (over the top-k renormalised), min-p, and a draw from the sample's own generator. The
+// result depends only on the row, the sample's history and its generator, never on the rest of the
+// batch. Stateless; safe from any thread.
 #pragma once
 
 #include <cstdint>

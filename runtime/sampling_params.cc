@@ -30,6 +30,9 @@ absl::Status SamplingParams::Validate() const {
       return bad("logit_bias values must be in [-100, 100], got ", bias);
     }
   }
+  for (int32_t id : allowed_token_ids) {
+    if (id < 0) return bad("allowed_token_ids must be >= 0, got ", id);
+  }
   if (max_tokens < 0 || (max_tokens == 0 && !(prompt_logprobs.has_value() && n == 1))) {
     return bad("max_tokens must be at least 1 (0 only with prompt_logprobs and n = 1), got ",
                max_tokens);

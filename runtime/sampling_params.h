@@ -34,6 +34,9 @@ struct SamplingParams {
   // penalties (-100 all but bans a token, +100 all but forces it). Ids are checked against the
   // vocabulary at the edge.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's allowed_token_ids: when not empty, only these tokens can be drawn (every other logit is
+  // masked first). Ids are checked against the vocabulary at the edge.
+  std::vector<int32_t> allowed_token_ids;
   // Same seed, same prompt, same model: same output, whatever else shares the batch. Without a
   // seed the engine draws one from its own generator.
   std::optional<uint64_t> seed;

@@ -246,6 +246,35 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
       if (s.empty()) return InvalidParam("stop", "'stop' strings must not be empty");
     }
   }
+  if (const json* ids = Field(object, "allowed_token_ids"); ids != nullptr) {
+    if (!ids->is_array() || ids->empty()) {
+      return TypeError("allowed_token_ids", "a non-empty list of integer token ids");
+    }
+    RETURN_IF_ERROR(ReadTokenList(*ids, "allowed_token_ids", &p.allowed_token_ids));
+  }
+  // Structured output and beam search (vLLM's and OpenAI's fields) are not implemented: refused
+  // by name rather than answered with unconstrained text.
+  for (const char* name :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (Field(object, name) != nullptr) {
+      return InvalidParam(name, absl::StrCat("'", name, "' (structured output) is not supported"));
+    }
+  }
+  if (const json* format = Field(object, "response_format"); format != nullptr) {
+    const json* type = format->is_object() ? Field(*format, "type") : nullptr;
+    if (type == nullptr || *type != "text") {
+      return InvalidParam("response_format",
+                          "only {\"type\": \"text\"} is supported (structured output is not)");
+    }
+  }
+  bool beam_search = false;
+  RETURN_IF_ERROR(ReadBool(object, "use_beam_search", &beam_search));
+  if (beam_search) return InvalidParam("use_beam_search", "beam search is not supported");
+  if (const json* bad_words = Field(object, "bad_words"); bad_words != nullptr) {
+    if (!bad_words->is_array() || !bad_words->empty()) {
+      return InvalidParam("bad_words", "'bad_words' is not supported (use logit_bias)");
+    }
+  }
   if (const json* ids = Field(object, "stop_token_ids"); ids != nullptr) {
     if (!ids->is_array()) return TypeError("stop_token_ids", "a list of integer token ids");
     RETURN_IF_ERROR(ReadTokenList(*ids, "stop_token_ids", &p.stop_token_ids));

@@ -234,6 +234,13 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(
                                      tokenizer->vocab_size(), " tokens"));
     }
   }
+  for (int32_t id : request.params.allowed_token_ids) {
+    if (id >= tokenizer->vocab_size()) {
+      return InvalidParam("allowed_token_ids", absl::StrCat("'allowed_token_ids' token id ", id,
+                                                            " is outside the vocabulary of ",
+                                                            tokenizer->vocab_size(), " tokens"));
+    }
+  }
   std::vector<PreparedPrompt> prepared;
   prepared.reserve(request.prompts.size());
   for (const PromptInput& input : request.prompts) {

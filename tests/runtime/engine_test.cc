@@ -393,6 +393,9 @@ TEST(Engine, LogitBiasRequestsAreSampledOnTheHost) {
   forced.logit_bias = {{5, 100.0f}};
   const std::vector<int32_t> prompt = {1, 2, 3};
   EXPECT_FALSE(DeviceSamplable(forced));
+  SamplingParams allowed;
+  allowed.allowed_token_ids = {4};
+  EXPECT_FALSE(DeviceSamplable(allowed));
   EXPECT_EQ(Oracle(prompt, forced, 0, runner_options.vocab_size, 64).tokens,
             std::vector<int32_t>(6, 5));
   ASSERT_TRUE(h.Add("forced", prompt, forced).ok());

@@ -193,6 +193,32 @@ TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
   EXPECT_EQ(Sample(logits, context).token_id, 7);
 }
 
+// vLLM's allowed_token_ids: only those tokens are ever drawn, greedy or sampled, and a
+// log-probability is still the model's (the raw row's).
+TEST(Sampler, AllowedTokenIdsRestrictTheDraws) {
+  std::mt19937_64 rng(21);
+  const std::vector<float> logits = RandomLogits(rng, 64);
+  SamplingParams params;
+  params.allowed_token_ids = {3, 17, 40};
+  params.logprobs = 0;
+  SampleRng draws(5);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 300; ++i) {
+    SamplingContext context{&params, {}, {}, -1, &draws};
+    seen.insert(Sample(logits, context).token_id);
+  }
+  EXPECT_EQ(seen, std::set<int32_t>({3, 17, 40}));
+  params.temperature = 0;
+  SamplingContext greedy{&params, {}, {}, -1, nullptr};
+  const SampleResult best = Sample(logits, greedy);
+  int32_t want = 3;
+  for (int32_t t : params.allowed_token_ids) want = logits[t] > logits[want] ? t : want;
+  EXPECT_EQ(best.token_id, want);
+  EXPECT_FLOAT_EQ(best.logprob, ScoreToken(logits, want, 0).logprob);
+  params.allowed_token_ids = {-1};
+  EXPECT_NE(params.Validate().message().find("allowed_token_ids"), std::string::npos);
+}
+
 TEST(Sampler, GreedyTakesTheArgmaxAfterPenaltiesWithoutRandomness) {
   std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f};
   SamplingParams params;

@@ -47,6 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     MQA_CHECK(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= -1);
     for (const auto& [id, bias] : p.logit_bias) MQA_CHECK(id >= 0 && bias >= -100 && bias <= 100);
+    for (int32_t id : p.allowed_token_ids) MQA_CHECK(id >= 0);
     if (r->suffix.has_value()) {
       MQA_CHECK(!r->echo);
       for (const mqa::PromptInput& prompt : r->prompts) MQA_CHECK(prompt.is_text);

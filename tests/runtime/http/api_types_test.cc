@@ -267,6 +267,35 @@ TEST(ApiTypesTest, TgiRequests) {
             "overloaded");
 }
 
+// allowed_token_ids is taken; structured output and beam search, not implemented, are refused by
+// name instead of answered with unconstrained text.
+TEST(ApiTypesTest, AllowedTokenIdsTakenStructuredOutputRefused) {
+  absl::StatusOr<CompletionRequest> allowed =
+      ParseCompletionRequest(R"({"prompt": "x", "allowed_token_ids": [5, 9]})");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(allowed->params.allowed_token_ids, std::vector<int32_t>({5, 9}));
+  EXPECT_TRUE(
+      ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "text"}})").ok());
+  EXPECT_TRUE(
+      ParseCompletionRequest(R"({"prompt": "x", "bad_words": [], "use_beam_search": false})").ok());
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
+      {R"({"prompt": "x", "allowed_token_ids": [-1]})", "allowed_token_ids"},
+      {R"({"prompt": "x", "guided_json": {"type": "object"}})", "guided_json"},
+      {R"({"prompt": "x", "guided_regex": "a+"})", "guided_regex"},
+      {R"({"prompt": "x", "guided_choice": ["a", "b"]})", "guided_choice"},
+      {R"({"prompt": "x", "guided_grammar": "root ::= x"})", "guided_grammar"},
+      {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
+      {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format"},
+      {R"({"prompt": "x", "response_format": "json"})", "response_format"},
+      {R"({"prompt": "x", "use_beam_search": true})", "use_beam_search"},
+      {R"({"prompt": "x", "bad_words": ["import"]})", "bad_words"},
+  };
+  for (const auto& [body, param] : refused) {
+    EXPECT_EQ(ErrorParam(ParseCompletionRequest(body).status()), param) << body;
+  }
+}
+
 // Random in-range values of every field come through unchanged.
 TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   std::mt19937_64 rng(1234);

@@ -767,6 +767,22 @@ TEST_F(HttpServerTest, InfillEchoStopAndLogprobs) {
   EXPECT_TRUE(absl::StartsWith(cut["choices"][0]["text"].get<std::string>(), tok.Decode(kept)))
       << cut;
 
+  // allowed_token_ids: every token drawn is one of them; an id past the vocabulary is a 400.
+  json restricted = PostOk("/v1/completions", {{"prompt", "def f("},
+                                               {"max_tokens", 8},
+                                               {"ignore_eos", true},
+                                               {"allowed_token_ids", {forced, 7}},
+                                               {"return_token_ids", true}});
+  for (const json& id : restricted["choices"][0]["token_ids"]) {
+    EXPECT_TRUE(id == forced || id == 7) << restricted;
+  }
+  int allowed_status = 0;
+  json past =
+      Post("/v1/completions", json({{"prompt", "a"}, {"allowed_token_ids", {vocab + 1}}}).dump(),
+           &allowed_status);
+  EXPECT_EQ(allowed_status, 400);
+  EXPECT_EQ(past["error"]["param"], "allowed_token_ids");
+
   // skip_special_tokens: EOS forced by logit_bias (and not stopping: ignore_eos) is left out of
   // the text by default, and spelled out with skip_special_tokens false.
   json special_body = {{"prompt", "x"},
