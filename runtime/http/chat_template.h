@@ -1,0 +1,49 @@
+// Chat templates: the Jinja subset that Hugging Face chat templates (tokenizer_config.json's
+// `chat_template`, rendered by transformers' apply_chat_template) are written in, so that
+// /v1/chat/completions turns messages into the prompt the model was fine-tuned on.
+//
+// Rendered as transformers does: trim_blocks and lstrip_blocks on, `raise_exception(message)`
+// available, and the context's variables (messages, add_generation_prompt, bos_token, eos_token).
+// Supported: text, {{ expr }}, {% if / elif / else / endif %}, {% for x in expr %} (with
+// loop.index, index0, first, last, length, revindex, revindex0) / endfor, {% set name = expr %},
+// comments, whitespace control (-), and expressions: literals, names, .attr, [index], [a:b] slices,
+// calls of raise_exception and of string methods (strip, lstrip, rstrip, upper, lower, startswith,
+// endswith, title), filters (trim, length, upper, lower, string, tojson), tests (defined,
+// undefined, none, string, number, mapping, iterable, sequence, true, false), not / and / or, == !=
+// < <= > >=, in / not in, + - * / % ~, and `a if cond else b`. Anything else is an error naming the
+// construct and its line, at Parse time for syntax, at Render time for values. One difference from
+// Python remains: mappings keep their keys sorted, so `tojson` of a dict whose keys were not in
+// order prints them in another order than transformers.
+//
+// Thread safety: a parsed ChatTemplate is immutable; Render may run on many threads at once.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace mqa {
+
+class ChatTemplate {
+ public:
+  static absl::StatusOr<ChatTemplate> Parse(absl::string_view source);
+
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+  ~ChatTemplate();
+
+  // `context` is an object of the template's variables. InvalidArgument for an error the template
+  // raises (raise_exception: the client's messages broke its rules) or a value it cannot use.
+  absl::StatusOr<std::string> Render(const nlohmann::json& context) const;
+
+  struct Node;
+
+ private:
+  explicit ChatTemplate(std::shared_ptr<const Node> root);
+  std::shared_ptr<const Node> root_;
+};
+
+}  // namespace mqa

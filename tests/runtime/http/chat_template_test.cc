@@ -1,0 +1,80 @@
+// ChatTemplate against Hugging Face: every case of chat_templates/cases.json (written by
+// chat_templates/make_cases.py through transformers' apply_chat_template) rendered the same, or
+// refused with the template's own message; and templates this subset cannot run are refused at
+// Parse or Render with the line named, never rendered wrong.
+#include "runtime/http/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace mqa {
+namespace {
+
+using json = nlohmann::json;
+
+std::string SourceDir() {
+  const char* dir = std::getenv("MQA_SOURCE_DIR");
+  return dir != nullptr ? dir : MQA_DEFAULT_SOURCE_DIR;
+}
+
+TEST(ChatTemplate, RendersAsTransformersDoes) {
+  std::ifstream f(SourceDir() + "/tests/runtime/http/chat_templates/cases.json");
+  ASSERT_TRUE(f.good());
+  const json cases = json::parse(f);
+  ASSERT_GE(cases.size(), 50u);
+  int rendered = 0, raised = 0;
+  for (const json& c : cases) {
+    const std::string name = c["name"];
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(c["template"].get<std::string>());
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    const json context = {{"messages", c["messages"]},
+                          {"add_generation_prompt", c["add_generation_prompt"]},
+                          {"bos_token", c["bos_token"]},
+                          {"eos_token", c["eos_token"]}};
+    absl::StatusOr<std::string> got = t->Render(context);
+    if (c.contains("error")) {
+      ASSERT_FALSE(got.ok()) << name << " rendered " << *got;
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(got.status().message(), c["error"].get<std::string>()) << name;
+      ++raised;
+    } else {
+      ASSERT_TRUE(got.ok()) << name << ": " << got.status();
+      EXPECT_EQ(*got, c["expected"].get<std::string>()) << name;
+      ++rendered;
+    }
+  }
+  EXPECT_GT(rendered, 40);
+  EXPECT_GT(raised, 0);
+}
+
+TEST(ChatTemplate, WhatItCannotRunIsRefusedWithTheLine) {
+  for (const char* source : {"{% if x %}no end", "{% for m in messages %}", "{{ x", "{% endif %}",
+                             "{% macro f() %}{% endmacro %}", "{{ 'unterminated }}",
+                             "line one\n{{ x ! y }}", "{% for in x %}{% endfor %}"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+    EXPECT_FALSE(t.ok()) << source;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << source;
+  }
+  EXPECT_NE(ChatTemplate::Parse("a\nb\n{{ x ! y }}").status().message().find("line 3"),
+            std::string::npos);
+  for (const char* source : {"{{ x | frobnicate }}", "{{ unknown_fn() }}", "{{ 1 / 0 }}",
+                             "{{ messages is weird }}", "{{ 'a' - 1 }}"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+    ASSERT_TRUE(t.ok()) << source << ": " << t.status();
+    absl::StatusOr<std::string> got = t->Render({{"messages", json::array()}});
+    EXPECT_FALSE(got.ok()) << source << " rendered " << *got;
+  }
+  // Undefined values print as nothing and are false, as in Jinja.
+  absl::StatusOr<ChatTemplate> t =
+      ChatTemplate::Parse("[{{ missing }}{{ messages[5] }}{% if missing %}x{% endif %}]");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t->Render({{"messages", json::array()}}), "[]");
+}
+
+}  // namespace
+}  // namespace mqa
