@@ -109,6 +109,11 @@ const std::map<std::string, Flag>& Flags() {
       {"served-model-name",
        {"model id in the API (default: the model folder's name)",
         Text(&Options::served_model_name)}},
+      {"chat-template",
+       {"chat template for /v1/chat/completions: a file, or the template text "
+        "(default: the tokenizer folder's chat_template.jinja or "
+        "tokenizer_config.json)",
+        Text(&Options::chat_template)}},
       {"allowed-origins",
        {"CORS: comma-separated browser origins allowed to call the API "
         "(default *: any; empty: none)",

@@ -42,6 +42,7 @@ struct Options {
   std::string api_key;
   std::string served_model_name;         // default: the model folder's name
   double shutdown_timeout = 10.0;        // seconds to finish in-flight requests on SIGTERM
+  std::string chat_template;             // file or template text; default: the tokenizer's
   std::string allowed_origins = "*";     // CORS: comma-separated origins, "*" any, "" none
   bool log_stats = true;                 // the periodic engine-statistics line
   double log_stats_interval = 10.0;      // seconds

@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -27,12 +29,14 @@
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
 #include "model/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
 #include "parallel/collectives.h"
 #include "parallel/control_channel.h"
 #include "parallel/distributed_runner.h"
 #include "parallel/mpi_wait.h"
 #include "runtime/detokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/http/chat_template.h"
 #include "runtime/http/server.h"
 #include "runtime/stats_log.h"
 
@@ -286,6 +290,89 @@ absl::Status Generate(const Options& o, Engine& engine, const Tokenizer& tokeniz
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  std::ostringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
+// A tokenizer_config.json token field: "text" or {"content": "text"}.
+std::string ConfigToken(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return "";
+}
+
+// The chat template for /v1/chat/completions and its bos / eos token texts: --chat-template (a
+// file, or the template itself), else the tokenizer folder's chat_template.jinja, else its
+// tokenizer_config.json's chat_template ("default" of a named list). A --chat-template that does
+// not parse fails start-up; a bundled one that does not is reported and chat stays off.
+absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer,
+                              ServerOptions& server_options) {
+  ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
+  const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
+  nlohmann::json config = nlohmann::json::object();
+  if (absl::StatusOr<std::string> text = ReadWholeFile(dir / "tokenizer_config.json"); text.ok()) {
+    config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!config.is_object()) {
+      std::fprintf(stderr, "mqaserve: %s/tokenizer_config.json is not a JSON object: ignored\n",
+                   dir.string().c_str());
+      config = nlohmann::json::object();
+    }
+  }
+  server_options.bos_token = ConfigToken(config, "bos_token");
+  server_options.eos_token = ConfigToken(config, "eos_token");
+  if (server_options.eos_token.empty()) {
+    if (auto eos = tokenizer.eos_id()) server_options.eos_token = tokenizer.Decode({*eos});
+  }
+
+  std::string source, origin;
+  if (!o.chat_template.empty()) {
+    origin = o.chat_template;
+    if (std::filesystem::is_regular_file(o.chat_template)) {
+      ASSIGN_OR_RETURN(source, ReadWholeFile(o.chat_template));
+    } else {
+      source = o.chat_template;
+      origin = "--chat-template";
+    }
+  } else if (absl::StatusOr<std::string> jinja = ReadWholeFile(dir / "chat_template.jinja");
+             jinja.ok()) {
+    source = *jinja;
+    origin = (dir / "chat_template.jinja").string();
+  } else if (auto it = config.find("chat_template"); it != config.end()) {
+    origin = (dir / "tokenizer_config.json").string() + ": chat_template";
+    if (it->is_string()) {
+      source = it->get<std::string>();
+    } else if (it->is_array()) {
+      for (const auto& named : *it) {
+        if (named.is_object() && named.value("name", "") == "default" &&
+            named.contains("template") && named["template"].is_string()) {
+          source = named["template"].get<std::string>();
+        }
+      }
+    }
+  }
+  if (source.empty()) return absl::OkStatus();
+  absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
+  if (!parsed.ok()) {
+    const absl::Status status = absl::InvalidArgumentError(
+        absl::StrCat("the chat template of ", origin, ": ", parsed.status().message()));
+    if (!o.chat_template.empty()) return status;
+    std::fprintf(stderr, "mqaserve: %s; /v1/chat/completions is off (give --chat-template)\n",
+                 std::string(status.message()).c_str());
+    return absl::OkStatus();
+  }
+  server_options.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+  std::fprintf(stderr, "mqaserve: chat template from %s\n", origin.c_str());
+  return absl::OkStatus();
+}
+
 // Serves HTTP until SIGTERM / SIGINT (or an engine failure). The engine runs on this thread, the
 // one that started MPI; cpp-httplib's threads parse and tokenize; the watcher thread drains.
 absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
@@ -309,6 +396,7 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
       std::fprintf(stderr, "mqaserve: %s\n", line.c_str());
     };
   }
+  RETURN_IF_ERROR(LoadChatTemplate(o, tokenizer, server_options));
   HttpServer server(server_options, &engine, &tokenizer);
   if (absl::Status started = server.Start(); !started.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port, ": ",

@@ -508,6 +508,80 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
   return request;
 }
 
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  ChatRequest request;
+  for (const char* name :
+       {"prompt", "echo", "suffix", "chat_template", "tools", "tool_choice", "top_logprobs"}) {
+    const json* value = Field(object, name);
+    const bool empty_list = value != nullptr && value->is_array() && value->empty();
+    if (value != nullptr && !empty_list &&
+        !(std::string(name) == "tool_choice" && *value == "none")) {
+      return InvalidParam(name,
+                          absl::StrCat("'", name, "' is not supported by /v1/chat/completions"));
+    }
+  }
+  bool logprobs = false;
+  RETURN_IF_ERROR(ReadBool(object, "logprobs", &logprobs));
+  if (logprobs) {
+    return InvalidParam("logprobs", "'logprobs' is not supported by /v1/chat/completions yet");
+  }
+  object.erase("logprobs");  // chat's is a boolean: not /v1/completions' count
+  bool continue_final = false;
+  RETURN_IF_ERROR(ReadBool(object, "continue_final_message", &continue_final));
+  if (continue_final) {
+    return InvalidParam("continue_final_message", "'continue_final_message' is not supported");
+  }
+  RETURN_IF_ERROR(ReadBool(object, "add_generation_prompt", &request.add_generation_prompt));
+  if (Field(object, "max_completion_tokens") != nullptr) {
+    if (Field(object, "max_tokens") != nullptr) {
+      return InvalidParam("max_completion_tokens",
+                          "give 'max_completion_tokens' or 'max_tokens', not both");
+    }
+    object["max_tokens"] = object["max_completion_tokens"];
+  }
+  RETURN_IF_ERROR(ReadCommon(object, &request.common));
+  if (request.common.params.max_tokens == 0) {
+    return InvalidParam("max_tokens", "'max_tokens' must be at least 1");
+  }
+
+  const json* messages = Field(object, "messages");
+  if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) {
+    return TypeError("messages", "a non-empty list of {\"role\", \"content\"} objects");
+  }
+  if (messages->size() > static_cast<size_t>(kMaxPromptsPerRequest)) {
+    return InvalidParam("messages", absl::StrCat("at most ", kMaxPromptsPerRequest, " messages"));
+  }
+  request.messages = json::array();
+  for (const json& m : *messages) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return TypeError("messages", "a list of objects with a string 'role'");
+    }
+    json message = m;
+    const json* content = Field(m, "content");
+    if (content == nullptr) {
+      message["content"] = "";
+    } else if (content->is_array()) {
+      std::string text;
+      for (const json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return InvalidParam("messages",
+                              "message content parts must be {\"type\": \"text\", \"text\": ...}");
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      message["content"] = text;
+    } else if (!content->is_string()) {
+      return TypeError("messages", "objects whose 'content' is a string or a list of text parts");
+    }
+    request.messages.push_back(std::move(message));
+  }
+  return request;
+}
+
 absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   TgiRequest request;

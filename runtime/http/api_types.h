@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "nlohmann/json.hpp"
 #include "runtime/sampling_params.h"
 
 namespace mqa {
@@ -96,6 +97,20 @@ struct InfillRequest {
 };
 
 absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
+
+// POST /v1/chat/completions: the messages (each {"role": string, "content": string or a list of
+// {"type": "text", "text": string} parts, joined with newlines; other keys such as "name" kept
+// for the template), turned into a prompt by the model's chat template, and the sampling fields of
+// /v1/completions (max_completion_tokens as max_tokens). Refused with a 400 naming the field:
+// logprobs / top_logprobs (chat's form is not implemented), tools / tool_choice, a per-request
+// chat_template, continue_final_message, and echo / suffix / prompt (completion-only fields).
+struct ChatRequest {
+  CompletionRequest common;           // prompts left empty: the server renders the one chat prompt
+  nlohmann::json messages;            // validated as above; content normalised to a string
+  bool add_generation_prompt = true;  // vLLM's: end the prompt with the assistant's turn opener
+};
+
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 
 // Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
 // API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",

@@ -1166,6 +1166,8 @@ ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::~ChatTemplate() = default;
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Parse(absl::string_view source) {
+  // Jinja drops one newline at the end of the source (keep_trailing_newline is off).
+  if (absl::EndsWith(source, "\n")) source.remove_suffix(1);
   ASSIGN_OR_RETURN(std::vector<Segment> segments, Split(source));
   TemplateParser parser(std::move(segments));
   ASSIGN_OR_RETURN(std::unique_ptr<Node> root, parser.ParseAll());

@@ -26,15 +26,6 @@ int64_t CodePoints(absl::string_view text) {
 
 std::string SseEvent(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
 
-// vLLM's stop_reason: the stop token id (a number) or stop string that ended a choice; null when
-// it is still running or ended otherwise (EOS, length).
-json StopReason(const CompletionJob::Choice& choice) {
-  if (choice.finish_reason != FinishReason::kStop) return nullptr;
-  if (choice.stop_token_id.has_value()) return *choice.stop_token_id;
-  if (!choice.stop_reason.empty()) return choice.stop_reason;
-  return nullptr;
-}
-
 json EmptyLogprobs() {
   return {{"tokens", json::array()},
           {"token_logprobs", json::array()},
@@ -308,7 +299,7 @@ std::string CompletionJob::ChoiceChunk(int choice_index, const std::string& text
       {"logprobs", logprobs.is_null() ? json(nullptr) : logprobs},
       {"finish_reason",
        finish_reason.has_value() ? json(FinishReasonName(*finish_reason)) : json(nullptr)},
-      {"stop_reason", finish_reason.has_value() ? StopReason(choices_[choice_index]) : json()}};
+      {"stop_reason", finish_reason.has_value() ? StopReasonJson(choices_[choice_index]) : json()}};
   if (options_.return_token_ids) {
     choice["token_ids"] = token_ids;
     if (first) choice["prompt_token_ids"] = prompts_[choice_index / options_.n].token_ids;
@@ -316,7 +307,7 @@ std::string CompletionJob::ChoiceChunk(int choice_index, const std::string& text
   json chunk = ChunkBase();
   chunk["choices"] = json::array({std::move(choice)});
   if (options_.include_usage) {
-    chunk["usage"] = options_.continuous_usage ? Usage() : json(nullptr);
+    chunk["usage"] = options_.continuous_usage ? UsageJson() : json(nullptr);
   }
   return SseEvent(chunk);
 }
@@ -339,7 +330,7 @@ std::string CompletionJob::OpeningChunks() {
   return chunks;
 }
 
-json CompletionJob::Usage() const {
+json CompletionJob::UsageJson() const {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   for (const PreparedPrompt& prompt : prompts_) prompt_tokens += prompt.token_ids.size();
@@ -355,7 +346,7 @@ std::string CompletionJob::ClosingChunks(const absl::Status& error) const {
   if (options_.include_usage) {
     json chunk = ChunkBase();
     chunk["choices"] = json::array();
-    chunk["usage"] = Usage();
+    chunk["usage"] = UsageJson();
     absl::StrAppend(&chunks, SseEvent(chunk));
   }
   absl::StrAppend(&chunks, "data: [DONE]\n\n");
@@ -372,7 +363,7 @@ std::string CompletionJob::ResponseBody() const {
                   {"finish_reason", choice.finish_reason.has_value()
                                         ? json(FinishReasonName(*choice.finish_reason))
                                         : json(nullptr)},
-                  {"stop_reason", StopReason(choice)}};
+                  {"stop_reason", StopReasonJson(choice)}};
     if (options_.return_token_ids) {
       entry["prompt_token_ids"] = prompts_[ci / options_.n].token_ids;
       entry["token_ids"] = choice.token_ids;
@@ -382,8 +373,15 @@ std::string CompletionJob::ResponseBody() const {
   }
   json body = ChunkBase();
   body["choices"] = std::move(choices);
-  body["usage"] = Usage();
+  body["usage"] = UsageJson();
   return Dump(body);
+}
+
+json CompletionJob::StopReasonJson(const Choice& choice) {
+  if (choice.finish_reason != FinishReason::kStop) return nullptr;
+  if (choice.stop_token_id.has_value()) return *choice.stop_token_id;
+  if (!choice.stop_reason.empty()) return choice.stop_reason;
+  return nullptr;
 }
 
 int CompletionJob::ErrorHttpStatus(const absl::Status& status) const {
@@ -395,7 +393,7 @@ std::string CompletionJob::ErrorBody(const absl::Status& status) const {
 }
 
 std::string CompletionJob::Summary() const {
-  const json usage = Usage();
+  const json usage = UsageJson();
   std::string finish;
   for (const Choice& choice : choices_) {
     absl::StrAppend(

@@ -72,6 +72,7 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
                 const Tokenizer* tokenizer, ServerMetrics* metrics);
 
   int num_prompts() const { return static_cast<int>(prompts_.size()); }
+  int num_choices() const { return static_cast<int>(choices_.size()); }
   const PreparedPrompt& prompt(int i) const { return prompts_[i]; }
   std::string EngineRequestId(int prompt_index) const;
 
@@ -100,6 +101,10 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   // HTTP thread: choice `ci` (prompt ci / n, sample ci % n) as received so far, and the scores of
   // prompt `p`'s tokens once they arrived (prompt_logprobs).
   const Choice& choice(int ci) const { return choices_[ci]; }
+  // {"prompt_tokens", "completion_tokens", "total_tokens"} so far.
+  nlohmann::json UsageJson() const;
+  // vLLM's stop_reason of a choice: the stop string, the stop token id as a number, or null.
+  static nlohmann::json StopReasonJson(const Choice& choice);
   const std::optional<std::vector<SampleResult>>& prompt_scores(int p) const {
     return prompt_scores_[p];
   }
@@ -130,7 +135,6 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   std::string ChoiceChunk(int choice_index, const std::string& text,
                           const std::vector<int32_t>& token_ids, const nlohmann::json& logprobs,
                           std::optional<FinishReason> finish_reason, bool first) const;
-  nlohmann::json Usage() const;
 
   const CompletionJobOptions options_;
   const std::vector<PreparedPrompt> prompts_;

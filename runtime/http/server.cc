@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/detokenizer.h"
 #include "runtime/http/api_types.h"
+#include "runtime/http/chat_job.h"
 #include "runtime/http/completion_job.h"
 #include "runtime/http/metrics.h"
 #include "runtime/http/tgi_job.h"
@@ -154,6 +155,9 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<TgiJob>> StartTgiJob(const httplib::Request& req, TgiRoute route,
                                                       bool* stream);
   void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
+  // POST /v1/chat/completions.
+  absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
+  void HandleChat(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
   void RespondPlain(const std::shared_ptr<HttpJob>& job, int connection,
                     const httplib::Request& req, httplib::Response& res);
@@ -436,6 +440,65 @@ void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response&
   RespondPlain(*job, connection, req, res);
 }
 
+absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const httplib::Request& req,
+                                                                        bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body));
+  CompletionRequest& request = chat.common;
+  RETURN_IF_ERROR(CheckModel(request.model));
+  if (options.chat_template == nullptr) {
+    return InvalidParam("messages",
+                        absl::StrCat("'", options.served_model_name,
+                                     "' has no chat template (none in its tokenizer_config.json): "
+                                     "start mqaserve with --chat-template FILE, or use "
+                                     "/v1/completions"));
+  }
+  const nlohmann::json context = {{"messages", chat.messages},
+                                  {"add_generation_prompt", chat.add_generation_prompt},
+                                  {"bos_token", options.bos_token},
+                                  {"eos_token", options.eos_token}};
+  absl::StatusOr<std::string> rendered = options.chat_template->Render(context);
+  if (!rendered.ok()) {
+    // The template's own raise_exception (roles out of order ...) or a value it cannot use.
+    return InvalidParam("messages", rendered.status().message());
+  }
+  // The template writes special tokens as text (<|user|>, EOS ...): they are parsed as tokens.
+  request.prompts.push_back(
+      {.is_text = false, .token_ids = tokenizer->Encode(*rendered, /*parse_special=*/true)});
+  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
+  const std::string id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
+  CompletionJobOptions job_options{
+      .id = id,
+      .model = options.served_model_name,
+      .created = absl::ToUnixSeconds(arrival),
+      .n = request.params.n,
+      .arrival = arrival,
+  };
+  auto inner = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
+                                               tokenizer, &metrics);
+  RETURN_IF_ERROR(Submit(*inner, request.params));
+  *stream = request.stream;
+  return std::make_shared<ChatJob>(std::move(inner),
+                                   ChatJobOptions{.id = id,
+                                                  .model = options.served_model_name,
+                                                  .created = absl::ToUnixSeconds(arrival),
+                                                  .include_usage = request.include_usage});
+}
+
+void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<ChatJob>> job = StartChatJob(req, &stream);
+  if (!job.ok()) {
+    ReplyError(res, job.status());
+    return LogRequest(req, res.status, nullptr, job.status().message());
+  }
+  const int connection = FindConnectionSocket(req);
+  if (stream) return RespondStream(*std::move(job), connection, req, res);
+  RespondPlain(*job, connection, req, res);
+}
+
 void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Response& res) {
   absl::Status status = CheckAuth(req);
   if (!status.ok()) {
@@ -582,17 +645,8 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/v1/infill", [this](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(req, res, /*infill=*/true);
   });
-  // GPT-BigCode checkpoints are completion models (no chat template): a chat client gets a 404
-  // that names the endpoints there are, not just "no route".
   server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::Status status = CheckAuth(req);
-    if (status.ok()) {
-      status = ApiError(absl::StatusCode::kNotFound, "",
-                        absl::StrCat("There is no chat endpoint: '", options.served_model_name,
-                                     "' is served for completions; use /v1/completions (with "
-                                     "'suffix' to fill in the middle) or /v1/infill"));
-    }
-    ReplyError(res, status);
+    HandleChat(req, res);
   });
   // Text-generation-inference's native API (its clients, and the code-completion plugins that
   // speak it).

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "model/tokenizer/tokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/http/chat_template.h"
 
 namespace mqa {
 
@@ -53,6 +54,11 @@ struct ServerOptions {
   // A streaming response with nothing to send writes an SSE comment this often, which is how a
   // client that disconnected while its request waits is noticed.
   absl::Duration stream_keepalive = absl::Milliseconds(200);
+  // /v1/chat/completions renders messages with this template (null: the endpoint answers 400
+  // saying how to give one), with these as its bos_token / eos_token.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string bos_token;
+  std::string eos_token;
   // CORS, for browser clients (vLLM's --allowed-origins, whose default also allows every origin):
   // responses to a request with an Origin header in this list ("*": any) carry
   // Access-Control-Allow-Origin, and OPTIONS preflights are answered (without the API key, which

@@ -231,6 +231,30 @@ def test_tgi_api_through_huggingface_hub(server):
     assert status == 200 and json.loads(info)["model_id"] == server.model
 
 
+def test_chat_completions_through_the_openai_client(server):
+    # The server runs with tests/e2e/chatml.jinja: a chat answer is the completion of the
+    # rendered ChatML conversation, plain and streamed.
+    c = client(server)
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "def add(a, b):"}]
+    chat = c.chat.completions.create(model=server.model, messages=messages, max_tokens=10,
+                                     temperature=0)
+    rendered = ("<|im_start|>system\nYou write Python.<|im_end|>\n"
+                "<|im_start|>user\ndef add(a, b):<|im_end|>\n<|im_start|>assistant\n")
+    plain = c.completions.create(model=server.model, prompt=rendered, max_tokens=10, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == plain.choices[0].text
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+    pieces = []
+    for chunk in c.chat.completions.create(model=server.model, messages=messages, max_tokens=10,
+                                           temperature=0, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    assert "".join(pieces) == chat.choices[0].message.content
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=server.model, messages=[], max_tokens=2)
+
+
 BAD_BODIES = [
     (b'{"prompt": "x"', 400, None),
     (b'["x"]', 400, None),

@@ -66,6 +66,8 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_FALSE(ParseOptions({"x", "--model", "m"})->log_requests);
   EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--log-stats-interval", "0"}).ok());
   EXPECT_EQ(ParseOptions({"x", "--model", "m"})->allowed_origins, "*");
+  EXPECT_EQ(ParseOptions({"x", "--model", "m", "--chat-template", "t.jinja"})->chat_template,
+            "t.jinja");
   EXPECT_EQ(ParseOptions({"x", "--model", "m", "--allowed-origins", "http://a, http://b"})
                 ->allowed_origins,
             "http://a, http://b");

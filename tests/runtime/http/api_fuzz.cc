@@ -59,6 +59,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckError(r.status());
   }
   if (auto r = mqa::ParseInfillRequest(body); !r.ok()) CheckError(r.status());
+  if (auto r = mqa::ParseChatRequest(body); r.ok()) {
+    MQA_CHECK(r->messages.is_array() && !r->messages.empty());
+    for (const nlohmann::json& m : r->messages) {
+      MQA_CHECK(m["role"].is_string() && m["content"].is_string());
+    }
+    MQA_CHECK(r->common.params.max_tokens >= 1 && r->common.prompts.empty());
+  } else {
+    CheckError(r.status());
+  }
   if (auto r = mqa::ParseTgiRequest(body); r.ok()) {
     const mqa::SamplingParams& p = r->completion.params;
     MQA_CHECK(r->completion.prompts.size() == 1 && !r->completion.prompts[0].text.empty());

@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "runtime/http/chat_template.h"
 #include "tests/runtime/fake_runner.h"
 #include "tests/runtime/http/prometheus_text.h"
 
@@ -193,7 +196,7 @@ class HttpServerTest : public ::testing::Test {
           if (chunk.contains("choices")) {
             for (const json& choice : chunk["choices"]) {
               if (choice["index"] != 0) continue;
-              sse.text += choice["text"].get<std::string>();
+              if (choice.contains("text")) sse.text += choice["text"].get<std::string>();
               if (choice.contains("token_ids")) {
                 for (const json& id : choice["token_ids"]) sse.token_ids.push_back(id);
               }
@@ -642,8 +645,9 @@ TEST_F(HttpServerTest, ModelsTokenizeDetokenize) {
   json chat =
       Post("/v1/chat/completions",
            json({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}).dump(), &chat_status);
-  EXPECT_EQ(chat_status, 404);
-  EXPECT_TRUE(absl::StrContains(chat["error"]["message"].get<std::string>(), "/v1/completions"))
+  // No chat template (none given, none in the tokenizer's config): a 400 that says what to do.
+  EXPECT_EQ(chat_status, 400);
+  EXPECT_TRUE(absl::StrContains(chat["error"]["message"].get<std::string>(), "--chat-template"))
       << chat;
   const std::string text = "def hello(name):\n    print(f'hi {name}') # ünïcode";
   json tokens = PostOk("/tokenize", {{"prompt", text}});
@@ -1228,6 +1232,109 @@ TEST_F(HttpServerTest, EveryOriginByDefault) {
   ASSERT_TRUE(got);
   EXPECT_EQ(got->get_header_value("Access-Control-Allow-Origin"), "*");
   EXPECT_FALSE(client->Get("/v1/models")->has_header("Access-Control-Allow-Origin"));
+}
+
+// /v1/chat/completions with a chat template (starchat-beta's): the prompt is the rendered
+// conversation with its special tokens as tokens, so the answer equals /v1/completions on those
+// tokens; streamed as chat chunks; the template's and the request's errors are 400s.
+TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
+  TestSetup setup = DefaultSetup();
+  auto parsed = ChatTemplate::Parse(
+      "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+      "{{ '<|user|>\\n' + message['content'] + eos_token }}\n"
+      "{% elif message['role'] == 'system' %}\n{{ '<|system|>\\n' + message['content'] + "
+      "eos_token }}\n{% elif message['role'] == 'assistant' %}\n"
+      "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% else %}\n"
+      "{{ raise_exception('unknown role ' + message['role']) }}\n{% endif %}\n"
+      "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+      "{% endfor %}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+  setup.server.eos_token = "<|endoftext|>";
+  Start(setup);
+  const Tokenizer& tok = FixtureTokenizer();
+  const json messages = {
+      {{"role", "system"}, {"content", "You write Python."}},
+      {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "def fib(n):"}}}}}};
+  const std::vector<int32_t> prompt = tok.Encode(
+      "<|system|>\nYou write Python.<|endoftext|>\n<|user|>\ndef fib(n):<|endoftext|>\n"
+      "<|assistant|>\n",
+      /*parse_special=*/true);
+  ASSERT_NE(std::find(prompt.begin(), prompt.end(), 0), prompt.end()) << "EOS as a token";
+
+  json chat = PostOk("/v1/chat/completions", {{"model", "demo"},
+                                              {"messages", messages},
+                                              {"max_completion_tokens", 12},
+                                              {"temperature", 0}});
+  json same =
+      PostOk("/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}});
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_TRUE(absl::StartsWith(chat["id"].get<std::string>(), "chatcmpl-"));
+  ASSERT_EQ(chat["choices"].size(), 1u);
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], same["choices"][0]["text"]);
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], same["choices"][0]["finish_reason"]);
+  EXPECT_EQ(chat["usage"], same["usage"]);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], prompt.size());
+
+  // Streamed: the role first, then the text in deltas, then the finish; usage; [DONE].
+  Sse sse = Stream({{"messages", messages},
+                    {"max_tokens", 12},
+                    {"temperature", 0},
+                    {"n", 2},
+                    {"stream", true},
+                    {"stream_options", {{"include_usage", true}}}},
+                   0, "/v1/chat/completions");
+  ASSERT_EQ(sse.status, 200);
+  EXPECT_TRUE(sse.done);
+  std::map<int, std::string> content;
+  std::map<int, int> finishes;
+  std::set<int> roles;
+  for (const json& chunk : sse.chunks) {
+    if (chunk["choices"].empty()) {
+      EXPECT_EQ(chunk["usage"]["completion_tokens"],
+                2 * chat["usage"]["completion_tokens"].get<int>());
+      continue;
+    }
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    const json& c = chunk["choices"][0];
+    const int index = c["index"];
+    if (c["delta"].contains("role")) {
+      EXPECT_EQ(c["delta"]["role"], "assistant");
+      EXPECT_FALSE(roles.contains(index)) << "role sent twice";
+      EXPECT_TRUE(content[index].empty()) << "role after content";
+      roles.insert(index);
+    }
+    if (c["delta"].contains("content")) content[index] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finishes[index];
+  }
+  EXPECT_EQ(roles, std::set<int>({0, 1}));
+  for (int i : {0, 1}) {
+    EXPECT_EQ(content[i], chat["choices"][0]["message"]["content"]) << i;  // greedy: the same
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+
+  // Errors: the template's own (an unknown role), the request's shape, what chat does not do.
+  const std::pair<json, std::string> refused[] = {
+      {{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages"},
+      {{{"messages", json::array()}}, "messages"},
+      {{{"messages", {{{"content", "no role"}}}}}, "messages"},
+      {{{"messages", {{{"role", "user"}, {"content", 5}}}}}, "messages"},
+      {{{"messages", messages}, {"logprobs", true}}, "logprobs"},
+      {{{"messages", messages}, {"tools", {{{"type", "function"}}}}}, "tools"},
+      {{{"messages", messages}, {"max_tokens", 3}, {"max_completion_tokens", 3}},
+       "max_completion_tokens"},
+  };
+  for (const auto& [body, param] : refused) {
+    int status = 0;
+    json error = Post("/v1/chat/completions", body.dump(), &status);
+    EXPECT_EQ(status, 400) << body;
+    EXPECT_EQ(error["error"]["param"], param) << body << " -> " << error;
+  }
+  int status = 0;
+  json raised = Post("/v1/chat/completions",
+                     json({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(), &status);
+  EXPECT_EQ(raised["error"]["message"], "unknown role tool");
 }
 
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {

@@ -67,6 +67,10 @@ TEMPLATES = {
         "        {{- '<|assistant|>\\n'  + message['content'] + eos_token }}\n    {%- endif %}\n"
         "    {%- if loop.last and add_generation_prompt %}\n        {{- '<|assistant|>' }}\n"
         "    {%- endif %}\n{%- endfor %}"),
+    # A file's last newline is not part of the template (keep_trailing_newline off).
+    "trailing_newline": (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}\n"),
     # Indented blocks (lstrip_blocks, trim_blocks) and a comment.
     "indented": (
         "{# a comment #}\n{% for message in messages %}\n    {% if message.role == 'user' %}\n"

@@ -1,0 +1,62 @@
+// One /v1/chat/completions call in flight: the CompletionJob of its rendered prompt (n choices),
+// rendered in OpenAI's chat shapes.
+//
+//   plain:   {"object": "chat.completion", "choices": [{"index", "message": {"role": "assistant",
+//            "content"}, "finish_reason", "stop_reason", "logprobs": null}], "usage"}
+//   stream:  "chat.completion.chunk" events: each choice's first delta {"role": "assistant",
+//            "content": ""}, then {"content": new text}, then an empty delta with its
+//            finish_reason; the usage chunk when asked for; `data: [DONE]`.
+//
+// Threads: as CompletionJob (the HTTP thread serving the call).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "runtime/http/completion_job.h"
+#include "runtime/http/http_job.h"
+
+namespace mqa {
+
+struct ChatJobOptions {
+  std::string id;  // "chatcmpl-<n>"
+  std::string model;
+  int64_t created = 0;
+  bool include_usage = false;
+};
+
+class ChatJob : public HttpJob {
+ public:
+  ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options);
+
+  bool Drain(absl::Duration timeout, std::string* chunks) override;
+  bool finished() const override { return inner_->finished(); }
+  const absl::Status& error() const override { return inner_->error(); }
+  std::vector<std::string> UnfinishedEngineIds() const override {
+    return inner_->UnfinishedEngineIds();
+  }
+  std::string OpeningChunks() override;
+  std::string ClosingChunks(const absl::Status& error) const override;
+  std::string ResponseBody() const override;
+  int ErrorHttpStatus(const absl::Status& status) const override {
+    return inner_->ErrorHttpStatus(status);
+  }
+  std::string ErrorBody(const absl::Status& status) const override {
+    return inner_->ErrorBody(status);
+  }
+  std::string Summary() const override { return inner_->Summary(); }
+
+ private:
+  nlohmann::json ChunkBase() const;
+  std::string ChoiceChunk(int index, nlohmann::json delta, const nlohmann::json& finish) const;
+
+  const std::shared_ptr<CompletionJob> inner_;
+  const ChatJobOptions options_;
+  const int num_choices_;
+  std::vector<size_t> streamed_bytes_;  // per choice: text already sent
+  std::vector<bool> finish_sent_;
+};
+
+}  // namespace mqa
