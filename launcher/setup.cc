@@ -313,8 +313,12 @@ std::string ConfigToken(const nlohmann::json& config, const char* key) {
 // file, or the template itself), else the tokenizer folder's chat_template.jinja, else its
 // tokenizer_config.json's chat_template ("default" of a named list). A --chat-template that does
 // not parse fails start-up; a bundled one that does not is reported and chat stays off.
-absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer,
-                              ServerOptions& server_options) {
+struct ChatSetup {
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string bos_token, eos_token;
+};
+
+absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, ChatSetup& chat) {
   ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
   const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
   nlohmann::json config = nlohmann::json::object();
@@ -326,10 +330,10 @@ absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer,
       config = nlohmann::json::object();
     }
   }
-  server_options.bos_token = ConfigToken(config, "bos_token");
-  server_options.eos_token = ConfigToken(config, "eos_token");
-  if (server_options.eos_token.empty()) {
-    if (auto eos = tokenizer.eos_id()) server_options.eos_token = tokenizer.Decode({*eos});
+  chat.bos_token = ConfigToken(config, "bos_token");
+  chat.eos_token = ConfigToken(config, "eos_token");
+  if (chat.eos_token.empty()) {
+    if (auto eos = tokenizer.eos_id()) chat.eos_token = tokenizer.Decode({*eos});
   }
 
   std::string source, origin;
@@ -368,15 +372,15 @@ absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer,
                  std::string(status.message()).c_str());
     return absl::OkStatus();
   }
-  server_options.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+  chat.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
   std::fprintf(stderr, "mqaserve: chat template from %s\n", origin.c_str());
   return absl::OkStatus();
 }
 
 // Serves HTTP until SIGTERM / SIGINT (or an engine failure). The engine runs on this thread, the
 // one that started MPI; cpp-httplib's threads parse and tokenize; the watcher thread drains.
-absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
-                   int max_model_len) {
+absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer, int max_model_len,
+                   const ChatSetup& chat) {
   ServerOptions server_options;
   server_options.host = o.host;
   server_options.port = o.port;
@@ -396,7 +400,9 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
       std::fprintf(stderr, "mqaserve: %s\n", line.c_str());
     };
   }
-  RETURN_IF_ERROR(LoadChatTemplate(o, tokenizer, server_options));
+  server_options.chat_template = chat.chat_template;
+  server_options.bos_token = chat.bos_token;
+  server_options.eos_token = chat.eos_token;
   HttpServer server(server_options, &engine, &tokenizer);
   if (absl::Status started = server.Start(); !started.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port, ": ",
@@ -442,12 +448,12 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
 }
 
 absl::Status RunRoot(const Options& o, Engine& engine, const Tokenizer& tokenizer,
-                     int max_model_len) {
+                     int max_model_len, const ChatSetup& chat) {
   switch (o.command) {
     case Command::kGenerate:
       return Generate(o, engine, tokenizer);
     case Command::kServe:
-      return Serve(o, engine, tokenizer, max_model_len);
+      return Serve(o, engine, tokenizer, max_model_len, chat);
   }
   return absl::OkStatus();
 }
@@ -463,6 +469,7 @@ absl::Status RunRank(const Options& o, const World& world) {
   // collective verdict: a problem is one line from rank 0, never a hang of the others.
   ModelConfig config;
   std::optional<Tokenizer> tokenizer;
+  ChatSetup chat;  // rank 0, serving
   LoadOptions load;
   int cuda_device = -1;  // --device cuda: this rank's GPU (its node-local rank)
   auto check = [&]() -> absl::Status {
@@ -499,7 +506,10 @@ absl::Status RunRank(const Options& o, const World& world) {
     if (world.is_root()) {
       ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
       ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
-      if (o.command == Command::kServe) RETURN_IF_ERROR(CheckPortFree(o.host, o.port));
+      if (o.command == Command::kServe) {
+        RETURN_IF_ERROR(CheckPortFree(o.host, o.port));
+        RETURN_IF_ERROR(LoadChatTemplate(o, *tokenizer, chat));
+      }
     }
     return absl::OkStatus();
   };
@@ -592,7 +602,7 @@ absl::Status RunRank(const Options& o, const World& world) {
                  absl::ToDoubleSeconds(absl::Now() - start));
   }
   ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(runner), engine_options));
-  absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len);
+  absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len, chat);
   // Workers leave their loop only on the shutdown plan (or their timeout).
   // (Not after a peer failure: a shutdown plan would only wait for the rank that is gone.)
   const bool peer_failed =

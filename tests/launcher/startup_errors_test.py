@@ -128,6 +128,17 @@ def main():
                          gen + ["--model", model, "--device", "cuda"],
                          "--device cuda", "no CUDA device")
 
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        broken_template = os.path.join(tmp, "broken.jinja")
+        with open(broken_template, "w") as f:
+            f.write("{% for m in messages %}{{ m.content }}\n")
+        expect_error("chat template that does not parse", binary,
+                     ["serve", "--model", model, "--device", "cpu", "--port", str(port),
+                      "--chat-template", broken_template],
+                     broken_template, "{% for %} without {% endfor %}")
+
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
