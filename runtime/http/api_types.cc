@@ -511,8 +511,7 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   ChatRequest request;
-  for (const char* name :
-       {"prompt", "echo", "suffix", "chat_template", "tools", "tool_choice", "top_logprobs"}) {
+  for (const char* name : {"prompt", "echo", "suffix", "chat_template", "tools", "tool_choice"}) {
     const json* value = Field(object, name);
     const bool empty_list = value != nullptr && value->is_array() && value->empty();
     if (value != nullptr && !empty_list &&
@@ -521,12 +520,18 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
                           absl::StrCat("'", name, "' is not supported by /v1/chat/completions"));
     }
   }
+  // Chat's logprobs is a boolean, with top_logprobs the count of alternatives: /v1/completions'
+  // logprobs count once read.
   bool logprobs = false;
   RETURN_IF_ERROR(ReadBool(object, "logprobs", &logprobs));
-  if (logprobs) {
-    return InvalidParam("logprobs", "'logprobs' is not supported by /v1/chat/completions yet");
+  int top_logprobs = 0;
+  const bool top_given = Field(object, "top_logprobs") != nullptr;
+  RETURN_IF_ERROR(ReadInt(object, "top_logprobs", 0, kMaxLogprobs, &top_logprobs));
+  if (top_given && !logprobs) {
+    return InvalidParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
-  object.erase("logprobs");  // chat's is a boolean: not /v1/completions' count
+  object.erase("logprobs");
+  object.erase("top_logprobs");
   bool continue_final = false;
   RETURN_IF_ERROR(ReadBool(object, "continue_final_message", &continue_final));
   if (continue_final) {
@@ -541,6 +546,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     object["max_tokens"] = object["max_completion_tokens"];
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
+  if (logprobs) request.common.params.logprobs = top_logprobs;
   if (request.common.params.max_tokens == 0) {
     return InvalidParam("max_tokens", "'max_tokens' must be at least 1");
   }

@@ -101,9 +101,9 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
 // POST /v1/chat/completions: the messages (each {"role": string, "content": string or a list of
 // {"type": "text", "text": string} parts, joined with newlines; other keys such as "name" kept
 // for the template), turned into a prompt by the model's chat template, and the sampling fields of
-// /v1/completions (max_completion_tokens as max_tokens). Refused with a 400 naming the field:
-// logprobs / top_logprobs (chat's form is not implemented), tools / tool_choice, a per-request
-// chat_template, continue_final_message, and echo / suffix / prompt (completion-only fields).
+// /v1/completions (max_completion_tokens as max_tokens; chat's boolean logprobs with top_logprobs
+// alternatives as params.logprobs). Refused with a 400 naming the field: tools / tool_choice, a
+// per-request chat_template, continue_final_message, and echo / suffix / prompt.
 struct ChatRequest {
   CompletionRequest common;           // prompts left empty: the server renders the one chat prompt
   nlohmann::json messages;            // validated as above; content normalised to a string

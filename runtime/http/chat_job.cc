@@ -20,11 +20,14 @@ json FinishJson(const CompletionJob::Choice& c) {
 
 }  // namespace
 
-ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options)
+ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options,
+                 const Tokenizer* tokenizer)
     : inner_(std::move(inner)),
       options_(std::move(options)),
+      tokenizer_(tokenizer),
       num_choices_(inner_->num_choices()),
       streamed_bytes_(num_choices_, 0),
+      streamed_tokens_(num_choices_, 0),
       finish_sent_(num_choices_, false) {
   MQA_CHECK(inner_->num_prompts() == 1);
 }
@@ -36,10 +39,31 @@ json ChatJob::ChunkBase() const {
           {"model", options_.model}};
 }
 
-std::string ChatJob::ChoiceChunk(int index, json delta, const json& finish) const {
+json ChatJob::LogprobsContent(int i, size_t from, size_t to) const {
+  const CompletionJob::Choice& c = inner_->choice(i);
+  auto entry = [&](int32_t id, float logprob) {
+    const std::string token = tokenizer_->Decode({id});
+    std::vector<int> bytes;
+    for (char b : token) bytes.push_back(static_cast<unsigned char>(b));
+    return json{{"token", token}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+  };
+  json content = json::array();
+  for (size_t k = from; k < to && k < c.scores.size(); ++k) {
+    json item = entry(c.token_ids[k], c.scores[k].logprob);
+    json top = json::array();
+    for (const TokenLogprob& alt : c.scores[k].top_logprobs) {
+      top.push_back(entry(alt.token_id, alt.logprob));
+    }
+    item["top_logprobs"] = std::move(top);
+    content.push_back(std::move(item));
+  }
+  return content;
+}
+
+std::string ChatJob::ChoiceChunk(int index, json delta, const json& finish, json logprobs) const {
   json choice = {{"index", index},
                  {"delta", std::move(delta)},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish}};
   if (!finish.is_null())
     choice["stop_reason"] = CompletionJob::StopReasonJson(inner_->choice(index));
@@ -62,9 +86,15 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
   if (chunks == nullptr) return got;
   for (int i = 0; i < num_choices_; ++i) {
     const CompletionJob::Choice& c = inner_->choice(i);
-    if (c.text.size() > streamed_bytes_[i]) {
-      absl::StrAppend(chunks,
-                      ChoiceChunk(i, {{"content", c.text.substr(streamed_bytes_[i])}}, nullptr));
+    const bool new_tokens = options_.logprobs && c.token_ids.size() > streamed_tokens_[i];
+    if (c.text.size() > streamed_bytes_[i] || new_tokens) {
+      json logprobs = nullptr;
+      if (options_.logprobs) {
+        logprobs = {{"content", LogprobsContent(i, streamed_tokens_[i], c.token_ids.size())}};
+        streamed_tokens_[i] = c.token_ids.size();
+      }
+      absl::StrAppend(chunks, ChoiceChunk(i, {{"content", c.text.substr(streamed_bytes_[i])}},
+                                          nullptr, std::move(logprobs)));
       streamed_bytes_[i] = c.text.size();
     }
     if (c.finish_reason.has_value() && !finish_sent_[i]) {
@@ -92,11 +122,14 @@ std::string ChatJob::ResponseBody() const {
   json choices = json::array();
   for (int i = 0; i < num_choices_; ++i) {
     const CompletionJob::Choice& c = inner_->choice(i);
-    choices.push_back({{"index", i},
-                       {"message", {{"role", "assistant"}, {"content", c.text}}},
-                       {"logprobs", nullptr},
-                       {"finish_reason", FinishJson(c)},
-                       {"stop_reason", CompletionJob::StopReasonJson(c)}});
+    choices.push_back(
+        {{"index", i},
+         {"message", {{"role", "assistant"}, {"content", c.text}}},
+         {"logprobs", options_.logprobs
+                          ? json{{"content", LogprobsContent(i, 0, c.token_ids.size())}}
+                          : json(nullptr)},
+         {"finish_reason", FinishJson(c)},
+         {"stop_reason", CompletionJob::StopReasonJson(c)}});
   }
   json body = {
       {"id", options_.id},       {"object", "chat.completion"},   {"created", options_.created},

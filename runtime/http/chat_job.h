@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "runtime/http/completion_job.h"
 #include "runtime/http/http_job.h"
@@ -25,11 +26,12 @@ struct ChatJobOptions {
   std::string model;
   int64_t created = 0;
   bool include_usage = false;
+  bool logprobs = false;  // choices carry OpenAI's chat logprobs ({"content": [...]})
 };
 
 class ChatJob : public HttpJob {
  public:
-  ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options);
+  ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options, const Tokenizer* tokenizer);
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
   bool finished() const override { return inner_->finished(); }
@@ -50,12 +52,17 @@ class ChatJob : public HttpJob {
 
  private:
   nlohmann::json ChunkBase() const;
-  std::string ChoiceChunk(int index, nlohmann::json delta, const nlohmann::json& finish) const;
+  // {"token", "logprob", "bytes", "top_logprobs": [...]} for tokens [from, to) of choice i.
+  nlohmann::json LogprobsContent(int i, size_t from, size_t to) const;
+  std::string ChoiceChunk(int index, nlohmann::json delta, const nlohmann::json& finish,
+                          nlohmann::json logprobs = nullptr) const;
 
   const std::shared_ptr<CompletionJob> inner_;
   const ChatJobOptions options_;
+  const Tokenizer* tokenizer_;
   const int num_choices_;
   std::vector<size_t> streamed_bytes_;  // per choice: text already sent
+  std::vector<size_t> streamed_tokens_;  // per choice: tokens whose logprobs were sent
   std::vector<bool> finish_sent_;
 };
 

@@ -475,7 +475,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
       .created = absl::ToUnixSeconds(arrival),
       .n = request.params.n,
       .arrival = arrival,
-  };
+  };  // the token scores reach the choices without the completions API's logprobs object
   auto inner = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
                                                tokenizer, &metrics);
   RETURN_IF_ERROR(Submit(*inner, request.params));
@@ -484,7 +484,9 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                                    ChatJobOptions{.id = id,
                                                   .model = options.served_model_name,
                                                   .created = absl::ToUnixSeconds(arrival),
-                                                  .include_usage = request.include_usage});
+                                                  .include_usage = request.include_usage,
+                                                  .logprobs = request.params.logprobs.has_value()},
+                                   tokenizer);
 }
 
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {

@@ -1314,13 +1314,50 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
     EXPECT_EQ(finishes[i], 1) << i;
   }
 
+  // Chat's logprobs: each token's text, log-probability and bytes, with top_logprobs
+  // alternatives, equal to /v1/completions' scores of the same tokens; streamed alike.
+  json scored = PostOk("/v1/chat/completions", {{"messages", messages},
+                                                {"max_tokens", 6},
+                                                {"temperature", 0},
+                                                {"logprobs", true},
+                                                {"top_logprobs", 2}});
+  json reference =
+      PostOk("/v1/completions",
+             {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}});
+  const json& token_scores = scored["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(token_scores.size(), reference["choices"][0]["logprobs"]["token_logprobs"].size());
+  for (size_t k = 0; k < token_scores.size(); ++k) {
+    EXPECT_EQ(token_scores[k]["token"], reference["choices"][0]["logprobs"]["tokens"][k]);
+    EXPECT_NEAR(token_scores[k]["logprob"].get<double>(),
+                reference["choices"][0]["logprobs"]["token_logprobs"][k].get<double>(), 1e-6);
+    ASSERT_EQ(token_scores[k]["top_logprobs"].size(), 2u);
+    std::string bytes;
+    for (const json& b : token_scores[k]["bytes"]) bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(bytes, token_scores[k]["token"].get<std::string>());
+  }
+  EXPECT_TRUE(chat["choices"][0]["logprobs"].is_null());  // not asked for
+  Sse scored_stream = Stream({{"messages", messages},
+                              {"max_tokens", 6},
+                              {"temperature", 0},
+                              {"logprobs", true},
+                              {"stream", true}},
+                             0, "/v1/chat/completions");
+  size_t streamed = 0;
+  for (const json& chunk : scored_stream.chunks) {
+    for (const json& c : chunk["choices"]) {
+      if (c["logprobs"].is_object()) streamed += c["logprobs"]["content"].size();
+    }
+  }
+  EXPECT_EQ(streamed, token_scores.size());
+
   // Errors: the template's own (an unknown role), the request's shape, what chat does not do.
   const std::pair<json, std::string> refused[] = {
       {{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages"},
       {{{"messages", json::array()}}, "messages"},
       {{{"messages", {{{"content", "no role"}}}}}, "messages"},
       {{{"messages", {{{"role", "user"}, {"content", 5}}}}}, "messages"},
-      {{{"messages", messages}, {"logprobs", true}}, "logprobs"},
+      {{{"messages", messages}, {"top_logprobs", 2}}, "top_logprobs"},
+      {{{"messages", messages}, {"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
       {{{"messages", messages}, {"tools", {{{"type", "function"}}}}}, "tools"},
       {{{"messages", messages}, {"max_tokens", 3}, {"max_completion_tokens", 3}},
        "max_completion_tokens"},
