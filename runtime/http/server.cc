@@ -40,6 +40,11 @@ void ReplyError(httplib::Response& res, const absl::Status& status) {
   res.set_content(ErrorBody(status), kJson);
 }
 
+void ReplyTgiError(httplib::Response& res, const absl::Status& status) {
+  res.status = TgiHttpStatusFor(status);
+  res.set_content(TgiErrorBody(status), kJson);
+}
+
 void ReplyJson(httplib::Response& res, const json& body) {
   res.status = 200;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
@@ -159,6 +164,11 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
   void HandleChat(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
+  // Serves a started job, plainly or streamed, or replies with what kept it from starting (in
+  // the API's own error shape, `reply_error`); logs the call either way.
+  void Respond(const httplib::Request& req, httplib::Response& res,
+               absl::StatusOr<std::shared_ptr<HttpJob>> job, bool stream,
+               void (*reply_error)(httplib::Response&, const absl::Status&));
   void RespondPlain(const std::shared_ptr<HttpJob>& job, int connection,
                     const httplib::Request& req, httplib::Response& res);
   void RespondStream(std::shared_ptr<HttpJob> job, int connection, const httplib::Request& req,
@@ -375,9 +385,15 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
 void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,
                                         bool infill) {
   bool stream = false;
-  absl::StatusOr<std::shared_ptr<CompletionJob>> job = StartJob(req, infill, &stream);
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartJob(req, infill, &stream);
+  Respond(req, res, std::move(job), stream, ReplyError);
+}
+
+void HttpServer::Impl::Respond(const httplib::Request& req, httplib::Response& res,
+                               absl::StatusOr<std::shared_ptr<HttpJob>> job, bool stream,
+                               void (*reply_error)(httplib::Response&, const absl::Status&)) {
   if (!job.ok()) {
-    ReplyError(res, job.status());
+    reply_error(res, job.status());
     return LogRequest(req, res.status, nullptr, job.status().message());
   }
   const int connection = FindConnectionSocket(req);
@@ -429,15 +445,8 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
 void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response& res,
                                  TgiRoute route) {
   bool stream = false;
-  absl::StatusOr<std::shared_ptr<TgiJob>> job = StartTgiJob(req, route, &stream);
-  if (!job.ok()) {
-    res.status = TgiHttpStatusFor(job.status());
-    res.set_content(TgiErrorBody(job.status()), kJson);
-    return LogRequest(req, res.status, nullptr, job.status().message());
-  }
-  const int connection = FindConnectionSocket(req);
-  if (stream) return RespondStream(*std::move(job), connection, req, res);
-  RespondPlain(*job, connection, req, res);
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartTgiJob(req, route, &stream);
+  Respond(req, res, std::move(job), stream, ReplyTgiError);
 }
 
 absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const httplib::Request& req,
@@ -491,23 +500,13 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
 
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {
   bool stream = false;
-  absl::StatusOr<std::shared_ptr<ChatJob>> job = StartChatJob(req, &stream);
-  if (!job.ok()) {
-    ReplyError(res, job.status());
-    return LogRequest(req, res.status, nullptr, job.status().message());
-  }
-  const int connection = FindConnectionSocket(req);
-  if (stream) return RespondStream(*std::move(job), connection, req, res);
-  RespondPlain(*job, connection, req, res);
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartChatJob(req, &stream);
+  Respond(req, res, std::move(job), stream, ReplyError);
 }
 
 void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Response& res) {
   absl::Status status = CheckAuth(req);
-  if (!status.ok()) {
-    res.status = TgiHttpStatusFor(status);
-    res.set_content(TgiErrorBody(status), kJson);
-    return;
-  }
+  if (!status.ok()) return ReplyTgiError(res, status);
   ReplyJson(res, {{"model_id", options.served_model_name},
                   {"model_pipeline_tag", "text-generation"},
                   {"max_best_of", 1},
