@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -61,7 +62,8 @@ std::string PythonJson(const json& v) {
     case json::value_t::object: {
       std::vector<std::string> items;
       for (const auto& [key, item] : v.items()) {
-        items.push_back(absl::StrCat(json(key).dump(), ": ", PythonJson(item)));
+        items.push_back(absl::StrCat(json(key).dump(-1, ' ', false, json::error_handler_t::replace),
+                                     ": ", PythonJson(item)));
       }
       return absl::StrCat("{", absl::StrJoin(items, ", "), "}");
     }
@@ -252,6 +254,14 @@ class ExprParser {
   }
 
   absl::StatusOr<std::unique_ptr<Expr>> Conditional() {
+    // Nesting (parentheses, lists, arguments, `not`, `-`) is bounded, so that no template can
+    // exhaust the stack.
+    if (++depth_ > kMaxDepth) return Bad("expression nested too deeply");
+    absl::StatusOr<std::unique_ptr<Expr>> e = ConditionalBody();
+    --depth_;
+    return e;
+  }
+  absl::StatusOr<std::unique_ptr<Expr>> ConditionalBody() {
     ASSIGN_OR_RETURN(auto then, Or());
     if (!IsName("if")) return then;
     ++p_;
@@ -290,6 +300,7 @@ class ExprParser {
   }
   absl::StatusOr<std::unique_ptr<Expr>> Not() {
     if (!IsName("not")) return Compare();
+    if (++depth_ > kMaxDepth) return Bad("expression nested too deeply");
     ++p_;
     ASSIGN_OR_RETURN(auto operand, Not());
     auto e = Make(Expr::kNot);
@@ -359,6 +370,7 @@ class ExprParser {
   }
   absl::StatusOr<std::unique_ptr<Expr>> Unary() {
     if (IsOp("-")) {
+      if (++depth_ > kMaxDepth) return Bad("expression nested too deeply");
       ++p_;
       ASSIGN_OR_RETURN(auto operand, Unary());
       auto e = Make(Expr::kNeg);
@@ -509,13 +521,15 @@ class ExprParser {
       default:
         break;
     }
-    --p_;
+    if (t.kind != Tok::kEnd) --p_;  // point the message at the token (Next stays at the end)
     return Bad("expected an expression");
   }
 
+  static constexpr int kMaxDepth = 100;
   std::vector<Token> t_;
   size_t p_ = 0;
   int line_;
+  int depth_ = 0;
 };
 
 // ---- Parsing the template ----------------------------------------------------------------------
@@ -561,8 +575,9 @@ absl::StatusOr<std::vector<Segment>> Split(absl::string_view src) {
     absl::string_view inner = src.substr(open + 2, end - open - 2);
     const bool left_minus = !inner.empty() && inner.front() == '-';
     const bool left_plus = !inner.empty() && inner.front() == '+';
-    const bool right_minus = !inner.empty() && inner.back() == '-';
     if (left_minus || left_plus) inner.remove_prefix(1);
+    // After the left marker: in {%-%} the one '-' is not also the right one.
+    const bool right_minus = !inner.empty() && inner.back() == '-';
     if (right_minus) inner.remove_suffix(1);
     if (left_minus) {
       text = std::string(absl::StripTrailingAsciiWhitespace(text));
@@ -608,6 +623,15 @@ class TemplateParser {
   // Parses nodes into `body` until a block whose keyword is in `stops` (returned, its tag
   // consumed; its expression tokens left in rest_) or the end ("").
   absl::StatusOr<std::string> Body(Node& body, std::vector<std::string> stops) {
+    if (stops.size() > 0 && ++depth_ > kMaxDepth) {
+      return Bad(p_ > 0 ? s_[p_ - 1].line : 1, "blocks nested too deeply");
+    }
+    absl::StatusOr<std::string> stop = BodyLoop(body, stops);
+    if (stops.size() > 0) --depth_;
+    return stop;
+  }
+
+  absl::StatusOr<std::string> BodyLoop(Node& body, const std::vector<std::string>& stops) {
     while (p_ < s_.size()) {
       const Segment& seg = s_[p_++];
       if (seg.kind == Segment::kText) {
@@ -723,10 +747,12 @@ class TemplateParser {
     return absl::OkStatus();
   }
 
+  static constexpr int kMaxDepth = 100;
   std::vector<Segment> s_;
   size_t p_ = 0;
   std::vector<Token> rest_;
   int stop_line_ = 0;
+  int depth_ = 0;
 };
 
 // ---- Rendering ---------------------------------------------------------------------------------
@@ -888,7 +914,11 @@ class Renderer {
       }
       case Expr::kNeg: {
         ASSIGN_OR_RETURN(Value x, Eval(*e.args[0]));
-        if (x.v.is_number_integer()) return Value{json(-x.v.get<int64_t>())};
+        if (x.v.is_number_integer()) {
+          const int64_t v = x.v.get<int64_t>();
+          if (v == std::numeric_limits<int64_t>::min()) return Bad(e.line, "integer overflow");
+          return Value{json(-v)};
+        }
         if (x.v.is_number()) return Value{json(-x.v.get<double>())};
         return Bad(e.line, "'-' of a value that is not a number");
       }
@@ -1135,12 +1165,26 @@ class Renderer {
       const bool ints = l.v.is_number_integer() && r.v.is_number_integer();
       if (ints && op != "/") {
         const int64_t a = l.v.get<int64_t>(), b = r.v.get<int64_t>();
-        if (op == "+") return Value{json(a + b)};
-        if (op == "-") return Value{json(a - b)};
-        if (op == "*") return Value{json(a * b)};
+        int64_t out = 0;
+        const bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &out)
+                              : op == "-" ? __builtin_sub_overflow(a, b, &out)
+                              : op == "*" ? __builtin_mul_overflow(a, b, &out)
+                                          : false;
+        if (overflow) return Bad(e.line, "integer overflow");
+        if (op == "+" || op == "-" || op == "*") return Value{json(out)};
         if (b == 0) return Bad(e.line, "division by zero");
-        if (op == "%") return Value{json(((a % b) + b) % b)};  // Python's sign
-        if (op == "//") return Value{json(static_cast<int64_t>(std::floor(double(a) / b)))};
+        if (b == -1 && a == std::numeric_limits<int64_t>::min()) {
+          return Bad(e.line, "integer overflow");
+        }
+        // Python's: the remainder takes the divisor's sign, the quotient rounds down.
+        int64_t rem = a % b;
+        int64_t quot = a / b;
+        if (rem != 0 && ((rem < 0) != (b < 0))) {
+          rem += b;
+          --quot;
+        }
+        if (op == "%") return Value{json(rem)};
+        if (op == "//") return Value{json(quot)};
       }
       const double a = l.v.get<double>(), b = r.v.get<double>();
       if (op == "+") return Value{json(a + b)};

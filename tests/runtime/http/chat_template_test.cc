@@ -55,7 +55,13 @@ TEST(ChatTemplate, RendersAsTransformersDoes) {
 TEST(ChatTemplate, WhatItCannotRunIsRefusedWithTheLine) {
   for (const char* source : {"{% if x %}no end", "{% for m in messages %}", "{{ x", "{% endif %}",
                              "{% macro f() %}{% endmacro %}", "{{ 'unterminated }}",
-                             "line one\n{{ x ! y }}", "{% for in x %}{% endfor %}"}) {
+                             "line one\n{{ x ! y }}", "{% for in x %}{% endfor %}",
+                             // an empty condition (the fuzzer's first find: a read before the
+                             // token list), and nesting past the limit
+                             "{% if %}x{% endif %}", "{%-%}", "{{- -}}",
+                             "{{ ((((((((((((((((((((((((((((((((((((((("
+                             "(((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((("
+                             "((((((((((((((((((((1 }}"}) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
     EXPECT_FALSE(t.ok()) << source;
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << source;
@@ -67,6 +73,18 @@ TEST(ChatTemplate, WhatItCannotRunIsRefusedWithTheLine) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
     ASSERT_TRUE(t.ok()) << source << ": " << t.status();
     absl::StatusOr<std::string> got = t->Render({{"messages", json::array()}});
+    EXPECT_FALSE(got.ok()) << source << " rendered " << *got;
+  }
+  // Integer arithmetic as Python's, overflow refused (the fuzzer found it undefined before).
+  absl::StatusOr<ChatTemplate> arithmetic =
+      ChatTemplate::Parse("{{ -7 // 2 }} {{ -7 % 2 }} {{ 7 % -2 }} {{ 7 // -2 }} {{ 2 * 3 - 1 }}");
+  ASSERT_TRUE(arithmetic.ok()) << arithmetic.status();
+  EXPECT_EQ(*arithmetic->Render(json::object()), "-4 1 -1 -4 5");
+  for (const char* source : {"{{ 9223372036854775807 + 1 }}", "{{ 5555555555555 * 555555555 }}",
+                             "{{ (-9223372036854775807 - 1) // -1 }}"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+    ASSERT_TRUE(t.ok()) << source << ": " << t.status();
+    absl::StatusOr<std::string> got = t->Render(json::object());
     EXPECT_FALSE(got.ok()) << source << " rendered " << *got;
   }
   // Undefined values print as nothing and are false, as in Jinja.
