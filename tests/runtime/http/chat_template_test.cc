@@ -87,6 +87,10 @@ TEST(ChatTemplate, WhatItCannotRunIsRefusedWithTheLine) {
     absl::StatusOr<std::string> got = t->Render(json::object());
     EXPECT_FALSE(got.ok()) << source << " rendered " << *got;
   }
+  // A dict key that is not UTF-8 (template text is bytes) prints with a replacement, not a throw.
+  absl::StatusOr<ChatTemplate> bytes = ChatTemplate::Parse("{{ {'\xff': 1} | tojson }}");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(bytes->Render(json::object()).ok());
   // Undefined values print as nothing and are false, as in Jinja.
   absl::StatusOr<ChatTemplate> t =
       ChatTemplate::Parse("[{{ missing }}{{ messages[5] }}{% if missing %}x{% endif %}]");
