@@ -547,6 +547,10 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
   if (logprobs) request.common.params.logprobs = top_logprobs;
+  // Chat's default (OpenAI's, vLLM's): up to the context, not /v1/completions' 16 tokens.
+  if (!request.common.max_tokens_given) {
+    request.common.params.max_tokens = std::numeric_limits<int>::max();
+  }
   if (request.common.params.max_tokens == 0) {
     return InvalidParam("max_tokens", "'max_tokens' must be at least 1");
   }

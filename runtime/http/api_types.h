@@ -101,7 +101,8 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
 // POST /v1/chat/completions: the messages (each {"role": string, "content": string or a list of
 // {"type": "text", "text": string} parts, joined with newlines; other keys such as "name" kept
 // for the template), turned into a prompt by the model's chat template, and the sampling fields of
-// /v1/completions (max_completion_tokens as max_tokens; chat's boolean logprobs with top_logprobs
+// /v1/completions (max_completion_tokens as max_tokens, by default up to the context as OpenAI's;
+// chat's boolean logprobs with top_logprobs
 // alternatives as params.logprobs). Refused with a 400 naming the field: tools / tool_choice, a
 // per-request chat_template, continue_final_message, and echo / suffix / prompt.
 struct ChatRequest {

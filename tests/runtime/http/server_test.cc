@@ -1314,6 +1314,12 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
     EXPECT_EQ(finishes[i], 1) << i;
   }
 
+  // Without max_tokens a chat answer may run to the context (OpenAI's default), not 16 tokens.
+  json long_answer = PostOk("/v1/chat/completions",
+                            {{"messages", messages}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(long_answer["usage"]["completion_tokens"], 128 - static_cast<int>(prompt.size()));
+  EXPECT_EQ(long_answer["choices"][0]["finish_reason"], "length");
+
   // Chat's logprobs: each token's text, log-probability and bytes, with top_logprobs
   // alternatives, equal to /v1/completions' scores of the same tokens; streamed alike.
   json scored = PostOk("/v1/chat/completions", {{"messages", messages},
