@@ -11,16 +11,14 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "tests/source_dir.h"
 
 namespace mqa {
 namespace {
 
 using json = nlohmann::json;
 
-std::string SourceDir() {
-  const char* dir = std::getenv("MQA_SOURCE_DIR");
-  return dir != nullptr ? dir : MQA_DEFAULT_SOURCE_DIR;
-}
+using testing::SourceDir;
 
 TEST(ChatTemplate, RendersAsTransformersDoes) {
   std::ifstream f(SourceDir() + "/tests/runtime/http/chat_templates/cases.json");

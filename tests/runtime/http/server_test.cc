@@ -36,16 +36,14 @@
 #include "runtime/http/chat_template.h"
 #include "tests/runtime/fake_runner.h"
 #include "tests/runtime/http/prometheus_text.h"
+#include "tests/source_dir.h"
 
 namespace mqa {
 namespace {
 
 using json = nlohmann::json;
 
-std::string SourceDir() {
-  const char* env = std::getenv("MQA_SOURCE_DIR");
-  return env != nullptr ? env : MQA_DEFAULT_SOURCE_DIR;
-}
+using testing::SourceDir;
 
 const Tokenizer& FixtureTokenizer() {
   static const Tokenizer* tokenizer = [] {
