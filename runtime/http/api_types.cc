@@ -508,6 +508,50 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
   return request;
 }
 
+namespace {
+
+// messages: a non-empty list of {"role": string, "content": string or text parts} (other keys
+// kept for the template), content normalised to a string.
+absl::Status ReadMessages(const json& object, json* out) {
+  const json* messages = Field(object, "messages");
+  if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) {
+    return TypeError("messages", "a non-empty list of {\"role\", \"content\"} objects");
+  }
+  if (messages->size() > static_cast<size_t>(kMaxPromptsPerRequest)) {
+    return InvalidParam("messages", absl::StrCat("at most ", kMaxPromptsPerRequest, " messages"));
+  }
+  *out = json::array();
+  for (const json& m : *messages) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return TypeError("messages", "a list of objects with a string 'role'");
+    }
+    json message = m;
+    const json* content = Field(m, "content");
+    if (content == nullptr) {
+      message["content"] = "";
+    } else if (content->is_array()) {
+      std::string text;
+      for (const json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return InvalidParam("messages",
+                              "message content parts must be {\"type\": \"text\", \"text\": ...}");
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      message["content"] = text;
+    } else if (!content->is_string()) {
+      return TypeError("messages", "objects whose 'content' is a string or a list of text parts");
+    }
+    out->push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   ChatRequest request;
@@ -555,40 +599,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     return InvalidParam("max_tokens", "'max_tokens' must be at least 1");
   }
 
-  const json* messages = Field(object, "messages");
-  if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
-  if (!messages->is_array() || messages->empty()) {
-    return TypeError("messages", "a non-empty list of {\"role\", \"content\"} objects");
-  }
-  if (messages->size() > static_cast<size_t>(kMaxPromptsPerRequest)) {
-    return InvalidParam("messages", absl::StrCat("at most ", kMaxPromptsPerRequest, " messages"));
-  }
-  request.messages = json::array();
-  for (const json& m : *messages) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-      return TypeError("messages", "a list of objects with a string 'role'");
-    }
-    json message = m;
-    const json* content = Field(m, "content");
-    if (content == nullptr) {
-      message["content"] = "";
-    } else if (content->is_array()) {
-      std::string text;
-      for (const json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return InvalidParam("messages",
-                              "message content parts must be {\"type\": \"text\", \"text\": ...}");
-        }
-        if (!text.empty()) text += "\n";
-        text += part["text"].get<std::string>();
-      }
-      message["content"] = text;
-    } else if (!content->is_string()) {
-      return TypeError("messages", "objects whose 'content' is a string or a list of text parts");
-    }
-    request.messages.push_back(std::move(message));
-  }
+  RETURN_IF_ERROR(ReadMessages(object, &request.messages));
   return request;
 }
 
@@ -725,6 +736,15 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   TokenizeRequest request;
   RETURN_IF_ERROR(ReadModel(object, &request.model));
+  if (Field(object, "messages") != nullptr) {  // vLLM's: a conversation, through the template
+    if (Field(object, "prompt") != nullptr) {
+      return InvalidParam("prompt", "give 'prompt' or 'messages', not both");
+    }
+    request.messages.emplace();
+    RETURN_IF_ERROR(ReadMessages(object, &*request.messages));
+    RETURN_IF_ERROR(ReadBool(object, "add_generation_prompt", &request.add_generation_prompt));
+    return request;
+  }
   if (Field(object, "prompt") == nullptr) return InvalidParam("prompt", "'prompt' is required");
   RETURN_IF_ERROR(ReadString(object, "prompt", &request.prompt));
   return request;

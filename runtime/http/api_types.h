@@ -142,9 +142,13 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body);
 int TgiHttpStatusFor(const absl::Status& status);
 std::string TgiErrorBody(const absl::Status& status);
 
+// POST /tokenize: a prompt, or (vLLM's) a conversation of chat messages rendered by the chat
+// template as /v1/chat/completions does.
 struct TokenizeRequest {
   std::optional<std::string> model;
   std::string prompt;
+  std::optional<nlohmann::json> messages;  // validated as ChatRequest's
+  bool add_generation_prompt = true;
 };
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
 

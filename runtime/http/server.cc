@@ -162,6 +162,10 @@ struct HttpServer::Impl {
   void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
   // POST /v1/chat/completions.
   absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
+  // The conversation's prompt tokens through the chat template (400 naming messages when there is
+  // no template or the template refuses them).
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const nlohmann::json& messages,
+                                                  bool add_generation_prompt) const;
   void HandleChat(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
   // Serves a started job, plainly or streamed, or replies with what kept it from starting (in
@@ -449,14 +453,8 @@ void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response&
   Respond(req, res, std::move(job), stream, ReplyTgiError);
 }
 
-absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const httplib::Request& req,
-                                                                        bool* stream) {
-  const absl::Time arrival = absl::Now();
-  RETURN_IF_ERROR(CheckAuth(req));
-  RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body));
-  CompletionRequest& request = chat.common;
-  RETURN_IF_ERROR(CheckModel(request.model));
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(
+    const nlohmann::json& messages, bool add_generation_prompt) const {
   if (options.chat_template == nullptr) {
     return InvalidParam("messages",
                         absl::StrCat("'", options.served_model_name,
@@ -464,8 +462,8 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                                      "start mqaserve with --chat-template FILE, or use "
                                      "/v1/completions"));
   }
-  const nlohmann::json context = {{"messages", chat.messages},
-                                  {"add_generation_prompt", chat.add_generation_prompt},
+  const nlohmann::json context = {{"messages", messages},
+                                  {"add_generation_prompt", add_generation_prompt},
                                   {"bos_token", options.bos_token},
                                   {"eos_token", options.eos_token}};
   absl::StatusOr<std::string> rendered = options.chat_template->Render(context);
@@ -474,8 +472,19 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
     return InvalidParam("messages", rendered.status().message());
   }
   // The template writes special tokens as text (<|user|>, EOS ...): they are parsed as tokens.
-  request.prompts.push_back(
-      {.is_text = false, .token_ids = tokenizer->Encode(*rendered, /*parse_special=*/true)});
+  return tokenizer->Encode(*rendered, /*parse_special=*/true);
+}
+
+absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const httplib::Request& req,
+                                                                        bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body));
+  CompletionRequest& request = chat.common;
+  RETURN_IF_ERROR(CheckModel(request.model));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.messages, chat.add_generation_prompt));
+  request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
   const std::string id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
   CompletionJobOptions job_options{
@@ -602,7 +611,15 @@ void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
   if (!request.ok()) return ReplyError(res, request.status());
   status = CheckModel(request->model);
   if (!status.ok()) return ReplyError(res, status);
-  std::vector<int32_t> ids = tokenizer->Encode(request->prompt);
+  std::vector<int32_t> ids;
+  if (request->messages.has_value()) {
+    absl::StatusOr<std::vector<int32_t>> chat =
+        ChatPrompt(*request->messages, request->add_generation_prompt);
+    if (!chat.ok()) return ReplyError(res, chat.status());
+    ids = *std::move(chat);
+  } else {
+    ids = tokenizer->Encode(request->prompt);
+  }
   ReplyJson(res,
             {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", options.max_model_len}});
 }

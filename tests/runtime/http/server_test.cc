@@ -1312,6 +1312,25 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
     EXPECT_EQ(finishes[i], 1) << i;
   }
 
+  // vLLM's /tokenize of a conversation: the chat prompt's tokens, with or without the generation
+  // prompt; both fields, or a template error, are 400s.
+  json counted = PostOk("/tokenize", {{"messages", messages}});
+  EXPECT_EQ(counted["tokens"].get<std::vector<int32_t>>(), prompt);
+  json without = PostOk("/tokenize", {{"messages", messages}, {"add_generation_prompt", false}});
+  EXPECT_EQ(without["count"].get<size_t>(),
+            tok.Encode("<|system|>\nYou write Python.<|endoftext|>\n<|user|>\ndef fib(n):"
+                       "<|endoftext|>\n",
+                       /*parse_special=*/true)
+                .size());
+  int tokenize_status = 0;
+  Post("/tokenize", json({{"messages", messages}, {"prompt", "x"}}).dump(), &tokenize_status);
+  EXPECT_EQ(tokenize_status, 400);
+  json unknown_role =
+      Post("/tokenize", json({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(),
+           &tokenize_status);
+  EXPECT_EQ(tokenize_status, 400);
+  EXPECT_EQ(unknown_role["error"]["message"], "unknown role tool");
+
   // Without max_tokens a chat answer may run to the context (OpenAI's default), not 16 tokens.
   json long_answer = PostOk("/v1/chat/completions",
                             {{"messages", messages}, {"temperature", 0}, {"ignore_eos", true}});
