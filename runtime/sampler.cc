@@ -1,7 +1,6 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,20 +20,6 @@ double Uniform01(SampleRng& rng) { return static_cast<double>(rng() >> 11) * 0x1
 
 int32_t Argmax(absl::Span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-// Indices ordered by value, largest first, ties by index.
-template <typename T>
-std::vector<int32_t> OrderDescending(const std::vector<T>& values, size_t count) {
-  std::vector<int32_t> order(values.size());
-  std::iota(order.begin(), order.end(), 0);
-  auto better = [&](int32_t a, int32_t b) {
-    return values[a] != values[b] ? values[a] > values[b] : a < b;
-  };
-  count = std::min(count, order.size());
-  std::partial_sort(order.begin(), order.begin() + count, order.end(), better);
-  order.resize(count);
-  return order;
 }
 
 // Whole-row passes in GCC / Clang vector types of 4 lanes (one SSE register on the baseline
@@ -114,7 +99,7 @@ int32_t CountAbove(absl::Span<const float> row, float value) {
   return count;
 }
 
-// The `k` largest entries, largest first, ties by lower index (OrderDescending's order), in one
+// The `k` largest entries, largest first, ties by lower index, in one
 // pass: an entry enters only when it beats the current k-th, and once k are held a group of lanes
 // none of which does is skipped whole, which is most of a row.
 std::vector<int32_t> TopK(absl::Span<const float> row, int k) {
