@@ -14,16 +14,11 @@ std::string Dump(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-json FinishJson(const CompletionJob::Choice& c) {
-  return c.finish_reason.has_value() ? json(FinishReasonName(*c.finish_reason)) : json(nullptr);
-}
-
 }  // namespace
 
-ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options,
-                 const Tokenizer* tokenizer)
+ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, const Tokenizer* tokenizer)
     : inner_(std::move(inner)),
-      options_(std::move(options)),
+      logprobs_(logprobs),
       tokenizer_(tokenizer),
       num_choices_(inner_->num_choices()),
       streamed_bytes_(num_choices_, 0),
@@ -33,10 +28,10 @@ ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options,
 }
 
 json ChatJob::ChunkBase() const {
-  return {{"id", options_.id},
+  return {{"id", inner_->options().id},
           {"object", "chat.completion.chunk"},
-          {"created", options_.created},
-          {"model", options_.model}};
+          {"created", inner_->options().created},
+          {"model", inner_->options().model}};
 }
 
 json ChatJob::LogprobsContent(int i, size_t from, size_t to) const {
@@ -69,7 +64,7 @@ std::string ChatJob::ChoiceChunk(int index, json delta, const json& finish, json
     choice["stop_reason"] = CompletionJob::StopReasonJson(inner_->choice(index));
   json chunk = ChunkBase();
   chunk["choices"] = json::array({std::move(choice)});
-  if (options_.include_usage) chunk["usage"] = nullptr;
+  if (inner_->options().include_usage) chunk["usage"] = nullptr;
   return absl::StrCat("data: ", Dump(chunk), "\n\n");
 }
 
@@ -86,10 +81,10 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
   if (chunks == nullptr) return got;
   for (int i = 0; i < num_choices_; ++i) {
     const CompletionJob::Choice& c = inner_->choice(i);
-    const bool new_tokens = options_.logprobs && c.token_ids.size() > streamed_tokens_[i];
+    const bool new_tokens = logprobs_ && c.token_ids.size() > streamed_tokens_[i];
     if (c.text.size() > streamed_bytes_[i] || new_tokens) {
       json logprobs = nullptr;
-      if (options_.logprobs) {
+      if (logprobs_) {
         logprobs = {{"content", LogprobsContent(i, streamed_tokens_[i], c.token_ids.size())}};
         streamed_tokens_[i] = c.token_ids.size();
       }
@@ -98,7 +93,8 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
       streamed_bytes_[i] = c.text.size();
     }
     if (c.finish_reason.has_value() && !finish_sent_[i]) {
-      absl::StrAppend(chunks, ChoiceChunk(i, json::object(), FinishJson(c)));
+      absl::StrAppend(
+          chunks, ChoiceChunk(i, json::object(), CompletionJob::FinishReasonJson(c.finish_reason)));
       finish_sent_[i] = true;
     }
   }
@@ -108,7 +104,7 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
 std::string ChatJob::ClosingChunks(const absl::Status& error) const {
   std::string chunks;
   if (!error.ok()) absl::StrAppend(&chunks, "data: ", inner_->ErrorBody(error), "\n\n");
-  if (options_.include_usage) {
+  if (inner_->options().include_usage) {
     json chunk = ChunkBase();
     chunk["choices"] = json::array();
     chunk["usage"] = inner_->UsageJson();
@@ -125,15 +121,14 @@ std::string ChatJob::ResponseBody() const {
     choices.push_back(
         {{"index", i},
          {"message", {{"role", "assistant"}, {"content", c.text}}},
-         {"logprobs", options_.logprobs
-                          ? json{{"content", LogprobsContent(i, 0, c.token_ids.size())}}
-                          : json(nullptr)},
-         {"finish_reason", FinishJson(c)},
+         {"logprobs",
+          logprobs_ ? json{{"content", LogprobsContent(i, 0, c.token_ids.size())}} : json(nullptr)},
+         {"finish_reason", CompletionJob::FinishReasonJson(c.finish_reason)},
          {"stop_reason", CompletionJob::StopReasonJson(c)}});
   }
-  json body = {
-      {"id", options_.id},       {"object", "chat.completion"},   {"created", options_.created},
-      {"model", options_.model}, {"choices", std::move(choices)}, {"usage", inner_->UsageJson()}};
+  json body = {{"id", inner_->options().id},           {"object", "chat.completion"},
+               {"created", inner_->options().created}, {"model", inner_->options().model},
+               {"choices", std::move(choices)},        {"usage", inner_->UsageJson()}};
   return Dump(body);
 }
 

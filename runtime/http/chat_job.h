@@ -21,17 +21,11 @@
 
 namespace mqa {
 
-struct ChatJobOptions {
-  std::string id;  // "chatcmpl-<n>"
-  std::string model;
-  int64_t created = 0;
-  bool include_usage = false;
-  bool logprobs = false;  // choices carry OpenAI's chat logprobs ({"content": [...]})
-};
-
 class ChatJob : public HttpJob {
  public:
-  ChatJob(std::shared_ptr<CompletionJob> inner, ChatJobOptions options, const Tokenizer* tokenizer);
+  // The chunks' id, model, created and include_usage are `inner`'s; logprobs: the choices carry
+  // OpenAI's chat logprobs ({"content": [...]}).
+  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, const Tokenizer* tokenizer);
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
   bool finished() const override { return inner_->finished(); }
@@ -58,7 +52,7 @@ class ChatJob : public HttpJob {
                           nlohmann::json logprobs = nullptr) const;
 
   const std::shared_ptr<CompletionJob> inner_;
-  const ChatJobOptions options_;
+  const bool logprobs_;
   const Tokenizer* tokenizer_;
   const int num_choices_;
   std::vector<size_t> streamed_bytes_;  // per choice: text already sent

@@ -297,8 +297,7 @@ std::string CompletionJob::ChoiceChunk(int choice_index, const std::string& text
       {"index", choice_index},
       {"text", text},
       {"logprobs", logprobs.is_null() ? json(nullptr) : logprobs},
-      {"finish_reason",
-       finish_reason.has_value() ? json(FinishReasonName(*finish_reason)) : json(nullptr)},
+      {"finish_reason", FinishReasonJson(finish_reason)},
       {"stop_reason", finish_reason.has_value() ? StopReasonJson(choices_[choice_index]) : json()}};
   if (options_.return_token_ids) {
     choice["token_ids"] = token_ids;
@@ -360,9 +359,7 @@ std::string CompletionJob::ResponseBody() const {
     json entry = {{"index", ci},
                   {"text", choice.text},
                   {"logprobs", options_.logprobs ? choice.logprobs : json(nullptr)},
-                  {"finish_reason", choice.finish_reason.has_value()
-                                        ? json(FinishReasonName(*choice.finish_reason))
-                                        : json(nullptr)},
+                  {"finish_reason", FinishReasonJson(choice.finish_reason)},
                   {"stop_reason", StopReasonJson(choice)}};
     if (options_.return_token_ids) {
       entry["prompt_token_ids"] = prompts_[ci / options_.n].token_ids;
@@ -375,6 +372,10 @@ std::string CompletionJob::ResponseBody() const {
   body["choices"] = std::move(choices);
   body["usage"] = UsageJson();
   return Dump(body);
+}
+
+json CompletionJob::FinishReasonJson(const std::optional<FinishReason>& reason) {
+  return reason.has_value() ? json(FinishReasonName(*reason)) : json(nullptr);
 }
 
 json CompletionJob::StopReasonJson(const Choice& choice) {

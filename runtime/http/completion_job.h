@@ -71,6 +71,7 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   CompletionJob(CompletionJobOptions options, std::vector<PreparedPrompt> prompts,
                 const Tokenizer* tokenizer, ServerMetrics* metrics);
 
+  const CompletionJobOptions& options() const { return options_; }
   int num_prompts() const { return static_cast<int>(prompts_.size()); }
   int num_choices() const { return static_cast<int>(choices_.size()); }
   const PreparedPrompt& prompt(int i) const { return prompts_[i]; }
@@ -103,6 +104,8 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   const Choice& choice(int ci) const { return choices_[ci]; }
   // {"prompt_tokens", "completion_tokens", "total_tokens"} so far.
   nlohmann::json UsageJson() const;
+  // A choice's finish_reason ("stop", "length", "abort") or null while it runs.
+  static nlohmann::json FinishReasonJson(const std::optional<FinishReason>& reason);
   // vLLM's stop_reason of a choice: the stop string, the stop token id as a number, or null.
   static nlohmann::json StopReasonJson(const Choice& choice);
   const std::optional<std::vector<SampleResult>>& prompt_scores(int p) const {

@@ -146,6 +146,11 @@ struct HttpServer::Impl {
   // stays text); InvalidArgument naming `param` where the model has no FIM tokens.
   absl::StatusOr<std::vector<int32_t>> FimPrompt(std::string_view prefix, std::string_view suffix,
                                                  absl::string_view param) const;
+  // Prepares `request`'s prompts, makes their job (model, created and n filled in here) and
+  // submits its engine requests with `params`.
+  absl::StatusOr<std::shared_ptr<CompletionJob>> SubmitJob(const CompletionRequest& request,
+                                                           const SamplingParams& params,
+                                                           CompletionJobOptions job_options);
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
   void AbortAll(const HttpJob& job);
 
@@ -364,25 +369,28 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
       }
     }
   }
-  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
+  *stream = request.stream;
+  return SubmitJob(request, request.params,
+                   {.id = absl::StrCat("cmpl-", next_id.fetch_add(1)),
+                    .echo = request.echo,
+                    .logprobs = request.params.logprobs,
+                    .prompt_logprobs = request.prompt_logprobs,
+                    .include_usage = request.include_usage,
+                    .continuous_usage = request.continuous_usage,
+                    .return_token_ids = request.return_token_ids,
+                    .arrival = arrival});
+}
 
-  CompletionJobOptions job_options{
-      .id = absl::StrCat("cmpl-", next_id.fetch_add(1)),
-      .model = options.served_model_name,
-      .created = absl::ToUnixSeconds(arrival),
-      .n = request.params.n,
-      .echo = request.echo,
-      .logprobs = request.params.logprobs,
-      .prompt_logprobs = request.prompt_logprobs,
-      .include_usage = request.include_usage,
-      .continuous_usage = request.continuous_usage,
-      .return_token_ids = request.return_token_ids,
-      .arrival = arrival,
-  };
+absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitJob(
+    const CompletionRequest& request, const SamplingParams& params,
+    CompletionJobOptions job_options) {
+  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
+  job_options.model = options.served_model_name;
+  job_options.created = absl::ToUnixSeconds(job_options.arrival);
+  job_options.n = params.n;
   auto job = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts), tokenizer,
                                              &metrics);
-  RETURN_IF_ERROR(Submit(*job, request.params));
-  *stream = request.stream;
+  RETURN_IF_ERROR(Submit(*job, params));
   return job;
 }
 
@@ -423,18 +431,11 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
     std::random_device entropy;
     params.seed = (static_cast<uint64_t>(entropy()) << 32) | entropy();
   }
-  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
-  CompletionJobOptions job_options{
-      .id = absl::StrCat("tgi-", next_id.fetch_add(1)),
-      .model = options.served_model_name,
-      .created = absl::ToUnixSeconds(arrival),
-      .n = 1,
-      .logprobs = params.logprobs,
-      .arrival = arrival,
-  };
-  auto inner = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
-                                               tokenizer, &metrics);
-  RETURN_IF_ERROR(Submit(*inner, params));
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
+                   SubmitJob(request, params,
+                             {.id = absl::StrCat("tgi-", next_id.fetch_add(1)),
+                              .logprobs = params.logprobs,
+                              .arrival = arrival}));
   *stream = request.stream;
   return std::make_shared<TgiJob>(std::move(inner),
                                   TgiJobOptions{.list_response = route == TgiRoute::kRoot,
@@ -485,25 +486,14 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
   RETURN_IF_ERROR(CheckModel(request.model));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.messages, chat.add_generation_prompt));
   request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
-  ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
-  const std::string id = absl::StrCat("chatcmpl-", next_id.fetch_add(1));
-  CompletionJobOptions job_options{
-      .id = id,
-      .model = options.served_model_name,
-      .created = absl::ToUnixSeconds(arrival),
-      .n = request.params.n,
-      .arrival = arrival,
-  };  // the token scores reach the choices without the completions API's logprobs object
-  auto inner = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts),
-                                               tokenizer, &metrics);
-  RETURN_IF_ERROR(Submit(*inner, request.params));
+  // The token scores reach the choices without the completions API's logprobs object.
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
+                   SubmitJob(request, request.params,
+                             {.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1)),
+                              .include_usage = request.include_usage,
+                              .arrival = arrival}));
   *stream = request.stream;
-  return std::make_shared<ChatJob>(std::move(inner),
-                                   ChatJobOptions{.id = id,
-                                                  .model = options.served_model_name,
-                                                  .created = absl::ToUnixSeconds(arrival),
-                                                  .include_usage = request.include_usage,
-                                                  .logprobs = request.params.logprobs.has_value()},
+  return std::make_shared<ChatJob>(std::move(inner), request.params.logprobs.has_value(),
                                    tokenizer);
 }
 
