@@ -82,6 +82,25 @@ absl::Status ReadFloat(const json& object, const char* name, float* out) {
   return absl::OkStatus();
 }
 
+// presence_penalty / frequency_penalty: in [-2, 2] (OpenAI's range; TGI's too).
+absl::Status ReadAdditivePenalty(const json& object, const char* name, float* out) {
+  RETURN_IF_ERROR(ReadFloat(object, name, out));
+  if (!(*out >= -2.0f && *out <= 2.0f)) {
+    return InvalidParam(name, absl::StrCat("'", name, "' must be in [-2, 2], got ", *out));
+  }
+  return absl::OkStatus();
+}
+
+// repetition_penalty: > 0.
+absl::Status ReadRepetitionPenalty(const json& object, float* out) {
+  RETURN_IF_ERROR(ReadFloat(object, "repetition_penalty", out));
+  if (!(*out > 0.0f)) {
+    return InvalidParam("repetition_penalty",
+                        absl::StrCat("'repetition_penalty' must be > 0, got ", *out));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadString(const json& object, const char* name, std::string* out) {
   const json* value = Field(object, name);
   if (value == nullptr) return absl::OkStatus();
@@ -209,23 +228,9 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
                                                 "(got ",
                                                 best_of, " with n = ", p.n, ")"));
   }
-  RETURN_IF_ERROR(ReadFloat(object, "presence_penalty", &p.presence_penalty));
-  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
-    return InvalidParam(
-        "presence_penalty",
-        absl::StrCat("'presence_penalty' must be in [-2, 2], got ", p.presence_penalty));
-  }
-  RETURN_IF_ERROR(ReadFloat(object, "frequency_penalty", &p.frequency_penalty));
-  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
-    return InvalidParam(
-        "frequency_penalty",
-        absl::StrCat("'frequency_penalty' must be in [-2, 2], got ", p.frequency_penalty));
-  }
-  RETURN_IF_ERROR(ReadFloat(object, "repetition_penalty", &p.repetition_penalty));
-  if (!(p.repetition_penalty > 0.0f)) {
-    return InvalidParam("repetition_penalty", absl::StrCat("'repetition_penalty' must be > 0, got ",
-                                                           p.repetition_penalty));
-  }
+  RETURN_IF_ERROR(ReadAdditivePenalty(object, "presence_penalty", &p.presence_penalty));
+  RETURN_IF_ERROR(ReadAdditivePenalty(object, "frequency_penalty", &p.frequency_penalty));
+  RETURN_IF_ERROR(ReadRepetitionPenalty(object, &p.repetition_penalty));
   std::optional<int64_t> seed;
   RETURN_IF_ERROR(ReadInt64(object, "seed", &seed));
   // Negative seeds are accepted (OpenAI's seed is any int64) and reinterpreted as unsigned.
@@ -672,17 +677,8 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
     request.sampling = true;
   }
   p.temperature = request.sampling ? temperature : 0.0f;
-  RETURN_IF_ERROR(ReadFloat(params, "repetition_penalty", &p.repetition_penalty));
-  if (!(p.repetition_penalty > 0.0f)) {
-    return InvalidParam("repetition_penalty", absl::StrCat("'repetition_penalty' must be > 0, got ",
-                                                           p.repetition_penalty));
-  }
-  RETURN_IF_ERROR(ReadFloat(params, "frequency_penalty", &p.frequency_penalty));
-  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
-    return InvalidParam(
-        "frequency_penalty",
-        absl::StrCat("'frequency_penalty' must be in [-2, 2], got ", p.frequency_penalty));
-  }
+  RETURN_IF_ERROR(ReadRepetitionPenalty(params, &p.repetition_penalty));
+  RETURN_IF_ERROR(ReadAdditivePenalty(params, "frequency_penalty", &p.frequency_penalty));
   std::optional<int64_t> seed;
   if (const json* value = Field(params, "seed"); value != nullptr && value->is_number_unsigned()) {
     p.seed = value->get<uint64_t>();  // TGI's seed is a u64
