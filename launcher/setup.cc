@@ -11,10 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -39,6 +37,7 @@
 #include "runtime/http/chat_template.h"
 #include "runtime/http/server.h"
 #include "runtime/stats_log.h"
+#include "runtime/text_file.h"
 
 namespace mqa {
 namespace {
@@ -290,14 +289,6 @@ absl::Status Generate(const Options& o, Engine& engine, const Tokenizer& tokeniz
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  std::ostringstream text;
-  text << f.rdbuf();
-  return text.str();
-}
-
 // A tokenizer_config.json token field: "text" or {"content": "text"}.
 std::string ConfigToken(const nlohmann::json& config, const char* key) {
   auto it = config.find(key);
@@ -322,7 +313,7 @@ absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, Chat
   ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
   const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
   nlohmann::json config = nlohmann::json::object();
-  if (absl::StatusOr<std::string> text = ReadWholeFile(dir / "tokenizer_config.json"); text.ok()) {
+  if (absl::StatusOr<std::string> text = ReadTextFile(dir / "tokenizer_config.json"); text.ok()) {
     config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object()) {
       std::fprintf(stderr, "mqaserve: %s/tokenizer_config.json is not a JSON object: ignored\n",
@@ -340,12 +331,12 @@ absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, Chat
   if (!o.chat_template.empty()) {
     origin = o.chat_template;
     if (std::filesystem::is_regular_file(o.chat_template)) {
-      ASSIGN_OR_RETURN(source, ReadWholeFile(o.chat_template));
+      ASSIGN_OR_RETURN(source, ReadTextFile(o.chat_template));
     } else {
       source = o.chat_template;
       origin = "--chat-template";
     }
-  } else if (absl::StatusOr<std::string> jinja = ReadWholeFile(dir / "chat_template.jinja");
+  } else if (absl::StatusOr<std::string> jinja = ReadTextFile(dir / "chat_template.jinja");
              jinja.ok()) {
     source = *jinja;
     origin = (dir / "chat_template.jinja").string();

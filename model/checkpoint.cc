@@ -1,13 +1,12 @@
 #include "model/checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
+#include "runtime/text_file.h"
 
 namespace mqa {
 namespace {
@@ -17,15 +16,6 @@ using nlohmann::json;
 // Keeps the status code, puts `context` in front of the message.
 absl::Status WithContext(const absl::Status& s, const std::string& context) {
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return text.str();
 }
 
 }  // namespace
@@ -54,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   }
 
   ckpt->source_ = index_path;
-  ASSIGN_OR_RETURN(std::string text, ReadText(index_path));
+  ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path));
   json index;
   try {
     index = json::parse(text);

@@ -1,7 +1,5 @@
 #include "model/config.h"
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -9,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status.h"
+#include "runtime/text_file.h"
 
 namespace mqa {
 namespace {
@@ -212,12 +211,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return ParseModelConfig(text.str(), path);
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
+  return ParseModelConfig(text, path);
 }
 
 }  // namespace mqa
