@@ -16,28 +16,27 @@ std::string Dump(const json& value) {
 
 }  // namespace
 
-ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, const Tokenizer* tokenizer)
-    : inner_(std::move(inner)),
+ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs)
+    : CompletionJobView(std::move(inner)),
       logprobs_(logprobs),
-      tokenizer_(tokenizer),
-      num_choices_(inner_->num_choices()),
+      num_choices_(this->inner().num_choices()),
       streamed_bytes_(num_choices_, 0),
       streamed_tokens_(num_choices_, 0),
       finish_sent_(num_choices_, false) {
-  MQA_CHECK(inner_->num_prompts() == 1);
+  MQA_CHECK(this->inner().num_prompts() == 1);
 }
 
 json ChatJob::ChunkBase() const {
-  return {{"id", inner_->options().id},
+  return {{"id", inner().options().id},
           {"object", "chat.completion.chunk"},
-          {"created", inner_->options().created},
-          {"model", inner_->options().model}};
+          {"created", inner().options().created},
+          {"model", inner().options().model}};
 }
 
 json ChatJob::LogprobsContent(int i, size_t from, size_t to) const {
-  const CompletionJob::Choice& c = inner_->choice(i);
+  const CompletionJob::Choice& c = inner().choice(i);
   auto entry = [&](int32_t id, float logprob) {
-    const std::string token = tokenizer_->Decode({id});
+    const std::string token = inner().tokenizer().Decode({id});
     std::vector<int> bytes;
     for (char b : token) bytes.push_back(static_cast<unsigned char>(b));
     return json{{"token", token}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
@@ -61,10 +60,10 @@ std::string ChatJob::ChoiceChunk(int index, json delta, const json& finish, json
                  {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish}};
   if (!finish.is_null())
-    choice["stop_reason"] = CompletionJob::StopReasonJson(inner_->choice(index));
+    choice["stop_reason"] = CompletionJob::StopReasonJson(inner().choice(index));
   json chunk = ChunkBase();
   chunk["choices"] = json::array({std::move(choice)});
-  if (inner_->options().include_usage) chunk["usage"] = nullptr;
+  if (inner().options().include_usage) chunk["usage"] = nullptr;
   return absl::StrCat("data: ", Dump(chunk), "\n\n");
 }
 
@@ -77,10 +76,10 @@ std::string ChatJob::OpeningChunks() {
 }
 
 bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
-  const bool got = inner_->Drain(timeout, nullptr);
+  const bool got = DrainInner(timeout);
   if (chunks == nullptr) return got;
   for (int i = 0; i < num_choices_; ++i) {
-    const CompletionJob::Choice& c = inner_->choice(i);
+    const CompletionJob::Choice& c = inner().choice(i);
     const bool new_tokens = logprobs_ && c.token_ids.size() > streamed_tokens_[i];
     if (c.text.size() > streamed_bytes_[i] || new_tokens) {
       json logprobs = nullptr;
@@ -103,11 +102,11 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
 
 std::string ChatJob::ClosingChunks(const absl::Status& error) const {
   std::string chunks;
-  if (!error.ok()) absl::StrAppend(&chunks, "data: ", inner_->ErrorBody(error), "\n\n");
-  if (inner_->options().include_usage) {
+  if (!error.ok()) absl::StrAppend(&chunks, "data: ", inner().ErrorBody(error), "\n\n");
+  if (inner().options().include_usage) {
     json chunk = ChunkBase();
     chunk["choices"] = json::array();
-    chunk["usage"] = inner_->UsageJson();
+    chunk["usage"] = inner().UsageJson();
     absl::StrAppend(&chunks, "data: ", Dump(chunk), "\n\n");
   }
   absl::StrAppend(&chunks, "data: [DONE]\n\n");
@@ -117,7 +116,7 @@ std::string ChatJob::ClosingChunks(const absl::Status& error) const {
 std::string ChatJob::ResponseBody() const {
   json choices = json::array();
   for (int i = 0; i < num_choices_; ++i) {
-    const CompletionJob::Choice& c = inner_->choice(i);
+    const CompletionJob::Choice& c = inner().choice(i);
     choices.push_back(
         {{"index", i},
          {"message", {{"role", "assistant"}, {"content", c.text}}},
@@ -126,9 +125,9 @@ std::string ChatJob::ResponseBody() const {
          {"finish_reason", CompletionJob::FinishReasonJson(c.finish_reason)},
          {"stop_reason", CompletionJob::StopReasonJson(c)}});
   }
-  json body = {{"id", inner_->options().id},           {"object", "chat.completion"},
-               {"created", inner_->options().created}, {"model", inner_->options().model},
-               {"choices", std::move(choices)},        {"usage", inner_->UsageJson()}};
+  json body = {{"id", inner().options().id},           {"object", "chat.completion"},
+               {"created", inner().options().created}, {"model", inner().options().model},
+               {"choices", std::move(choices)},        {"usage", inner().UsageJson()}};
   return Dump(body);
 }
 

@@ -21,28 +21,16 @@
 
 namespace mqa {
 
-class ChatJob : public HttpJob {
+class ChatJob : public CompletionJobView {
  public:
   // The chunks' id, model, created and include_usage are `inner`'s; logprobs: the choices carry
   // OpenAI's chat logprobs ({"content": [...]}).
-  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, const Tokenizer* tokenizer);
+  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs);
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
-  bool finished() const override { return inner_->finished(); }
-  const absl::Status& error() const override { return inner_->error(); }
-  std::vector<std::string> UnfinishedEngineIds() const override {
-    return inner_->UnfinishedEngineIds();
-  }
   std::string OpeningChunks() override;
   std::string ClosingChunks(const absl::Status& error) const override;
   std::string ResponseBody() const override;
-  int ErrorHttpStatus(const absl::Status& status) const override {
-    return inner_->ErrorHttpStatus(status);
-  }
-  std::string ErrorBody(const absl::Status& status) const override {
-    return inner_->ErrorBody(status);
-  }
-  std::string Summary() const override { return inner_->Summary(); }
 
  private:
   nlohmann::json ChunkBase() const;
@@ -51,9 +39,7 @@ class ChatJob : public HttpJob {
   std::string ChoiceChunk(int index, nlohmann::json delta, const nlohmann::json& finish,
                           nlohmann::json logprobs = nullptr) const;
 
-  const std::shared_ptr<CompletionJob> inner_;
   const bool logprobs_;
-  const Tokenizer* tokenizer_;
   const int num_choices_;
   std::vector<size_t> streamed_bytes_;  // per choice: text already sent
   std::vector<size_t> streamed_tokens_;  // per choice: tokens whose logprobs were sent

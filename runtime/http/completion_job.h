@@ -72,6 +72,7 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
                 const Tokenizer* tokenizer, ServerMetrics* metrics);
 
   const CompletionJobOptions& options() const { return options_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
   int num_prompts() const { return static_cast<int>(prompts_.size()); }
   int num_choices() const { return static_cast<int>(choices_.size()); }
   const PreparedPrompt& prompt(int i) const { return prompts_[i]; }
@@ -154,6 +155,35 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   std::vector<std::optional<std::vector<SampleResult>>> prompt_scores_;  // per prompt
   std::vector<bool> prompt_finished_;
   absl::Status error_;
+};
+
+// An HttpJob that renders one CompletionJob in another API's shapes (TgiJob, ChatJob): the
+// engine's side — its outputs, when it has finished, its error, the request log's line — and the
+// tokenizer are the CompletionJob's; a view draws its events after the job's Drain.
+class CompletionJobView : public HttpJob {
+ public:
+  explicit CompletionJobView(std::shared_ptr<CompletionJob> inner) : inner_(std::move(inner)) {}
+
+  bool finished() const override { return inner_->finished(); }
+  const absl::Status& error() const override { return inner_->error(); }
+  std::vector<std::string> UnfinishedEngineIds() const override {
+    return inner_->UnfinishedEngineIds();
+  }
+  int ErrorHttpStatus(const absl::Status& status) const override {
+    return inner_->ErrorHttpStatus(status);
+  }
+  std::string ErrorBody(const absl::Status& status) const override {
+    return inner_->ErrorBody(status);
+  }
+  std::string Summary() const override { return inner_->Summary(); }
+
+ protected:
+  const CompletionJob& inner() const { return *inner_; }
+  // Folds in what arrived (the job renders nothing itself); false on timeout.
+  bool DrainInner(absl::Duration timeout) { return inner_->Drain(timeout, nullptr); }
+
+ private:
+  const std::shared_ptr<CompletionJob> inner_;
 };
 
 }  // namespace mqa

@@ -443,8 +443,7 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
                                                 .details = tgi.details,
                                                 .decoder_input_details = tgi.decoder_input_details,
                                                 .top_n_tokens = tgi.top_n_tokens,
-                                                .seed = tgi.sampling ? params.seed : std::nullopt},
-                                  tokenizer);
+                                                .seed = tgi.sampling ? params.seed : std::nullopt});
 }
 
 void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response& res,
@@ -493,8 +492,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                               .include_usage = request.include_usage,
                               .arrival = arrival}));
   *stream = request.stream;
-  return std::make_shared<ChatJob>(std::move(inner), request.params.logprobs.has_value(),
-                                   tokenizer);
+  return std::make_shared<ChatJob>(std::move(inner), request.params.logprobs.has_value());
 }
 
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {

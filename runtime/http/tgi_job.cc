@@ -20,17 +20,16 @@ std::string Event(const json& value) { return absl::StrCat("data:", Dump(value),
 
 }  // namespace
 
-TgiJob::TgiJob(std::shared_ptr<CompletionJob> inner, TgiJobOptions options,
-               const Tokenizer* tokenizer)
-    : inner_(std::move(inner)), options_(std::move(options)), tokenizer_(tokenizer) {
-  MQA_CHECK(inner_ != nullptr && inner_->num_prompts() == 1);
+TgiJob::TgiJob(std::shared_ptr<CompletionJob> inner, TgiJobOptions options)
+    : CompletionJobView(std::move(inner)), options_(std::move(options)) {
+  MQA_CHECK(this->inner().num_prompts() == 1);
 }
 
 json TgiJob::Token(int32_t id, std::optional<float> logprob) const {
   return {{"id", id},
-          {"text", tokenizer_->Decode({id})},
+          {"text", inner().tokenizer().Decode({id})},
           {"logprob", logprob.has_value() ? json(*logprob) : json(nullptr)},
-          {"special", tokenizer_->IsSpecial(id)}};
+          {"special", inner().tokenizer().IsSpecial(id)}};
 }
 
 json TgiJob::TopTokens(const SampleResult& scored) const {
@@ -41,12 +40,12 @@ json TgiJob::TopTokens(const SampleResult& scored) const {
 }
 
 std::string TgiJob::GeneratedText() const {
-  const std::string& text = inner_->choice(0).text;
-  return options_.return_full_text ? inner_->prompt(0).text + text : text;
+  const std::string& text = inner().choice(0).text;
+  return options_.return_full_text ? inner().prompt(0).text + text : text;
 }
 
 const char* TgiJob::FinishReason() const {
-  const CompletionJob::Choice& c = inner_->choice(0);
+  const CompletionJob::Choice& c = inner().choice(0);
   if (c.finish_reason == FinishReason::kStop) {
     return c.stop_reason.empty() ? "eos_token" : "stop_sequence";
   }
@@ -54,7 +53,7 @@ const char* TgiJob::FinishReason() const {
 }
 
 json TgiJob::Details() const {
-  const CompletionJob::Choice& c = inner_->choice(0);
+  const CompletionJob::Choice& c = inner().choice(0);
   json tokens = json::array();
   json top_tokens = json::array();
   for (size_t k = 0; k < c.token_ids.size(); ++k) {
@@ -65,9 +64,9 @@ json TgiJob::Details() const {
       top_tokens.push_back(scored ? TopTokens(*scored) : json::array());
   }
   json prefill = json::array();
-  const auto& prompt_scores = inner_->prompt_scores(0);
+  const auto& prompt_scores = inner().prompt_scores(0);
   if (options_.decoder_input_details && prompt_scores.has_value()) {
-    const std::vector<int32_t>& ids = inner_->prompt(0).token_ids;
+    const std::vector<int32_t>& ids = inner().prompt(0).token_ids;
     for (size_t i = 0; i < ids.size(); ++i) {
       json entry = Token(
           ids[i], i == 0 ? std::nullopt : std::optional<float>((*prompt_scores)[i - 1].logprob));
@@ -85,10 +84,10 @@ json TgiJob::Details() const {
 }
 
 bool TgiJob::Drain(absl::Duration timeout, std::string* chunks) {
-  const bool got = inner_->Drain(timeout, nullptr);
+  const bool got = DrainInner(timeout);
   if (chunks == nullptr) return got;
-  const CompletionJob::Choice& c = inner_->choice(0);
-  const bool done = inner_->finished() && inner_->error().ok();
+  const CompletionJob::Choice& c = inner().choice(0);
+  const bool done = inner().finished() && inner().error().ok();
   while (streamed_ < c.token_ids.size()) {
     const size_t k = streamed_++;
     const SampleResult* scored = k < c.scores.size() ? &c.scores[k] : nullptr;
@@ -107,7 +106,7 @@ bool TgiJob::Drain(absl::Duration timeout, std::string* chunks) {
             {"finish_reason", FinishReason()},
             {"generated_tokens", c.token_ids.size()},
             {"seed", options_.seed.has_value() ? json(*options_.seed) : json(nullptr)},
-            {"input_length", inner_->prompt(0).token_ids.size()}};
+            {"input_length", inner().prompt(0).token_ids.size()}};
       }
     }
     absl::StrAppend(chunks, Event(event));

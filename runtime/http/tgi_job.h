@@ -33,24 +33,19 @@ struct TgiJobOptions {
   std::optional<uint64_t> seed;  // reported in the details: the seed a sampled request ran with
 };
 
-class TgiJob : public HttpJob {
+class TgiJob : public CompletionJobView {
  public:
   // `inner` has one prompt and n = 1, with logprobs (top_n_tokens alternatives) when streamed or
   // with details, and prompt log-probabilities with decoder_input_details.
-  TgiJob(std::shared_ptr<CompletionJob> inner, TgiJobOptions options, const Tokenizer* tokenizer);
+  TgiJob(std::shared_ptr<CompletionJob> inner, TgiJobOptions options);
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
-  bool finished() const override { return inner_->finished(); }
-  const absl::Status& error() const override { return inner_->error(); }
-  std::vector<std::string> UnfinishedEngineIds() const override {
-    return inner_->UnfinishedEngineIds();
-  }
   std::string OpeningChunks() override { return ""; }
   std::string ClosingChunks(const absl::Status& error) const override;
   std::string ResponseBody() const override;
+  // TGI's error shape, not OpenAI's.
   int ErrorHttpStatus(const absl::Status& status) const override;
   std::string ErrorBody(const absl::Status& status) const override;
-  std::string Summary() const override { return inner_->Summary(); }
 
  private:
   // {"id", "text", "logprob", "special"}; logprob null without a score.
@@ -60,9 +55,7 @@ class TgiJob : public HttpJob {
   const char* FinishReason() const;
   nlohmann::json Details() const;
 
-  const std::shared_ptr<CompletionJob> inner_;
   const TgiJobOptions options_;
-  const Tokenizer* tokenizer_;
   size_t streamed_ = 0;  // tokens already sent as events
 };
 
