@@ -600,9 +600,6 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   if (!request.common.max_tokens_given) {
     request.common.params.max_tokens = std::numeric_limits<int>::max();
   }
-  if (request.common.params.max_tokens == 0) {
-    return InvalidParam("max_tokens", "'max_tokens' must be at least 1");
-  }
 
   RETURN_IF_ERROR(ReadMessages(object, &request.messages));
   return request;
