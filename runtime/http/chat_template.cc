@@ -74,6 +74,11 @@ std::string PythonJson(const json& v) {
   }
 }
 
+// The length of a string (bytes), list or mapping.
+int64_t Length(const json& v) {
+  return static_cast<int64_t>(v.is_string() ? v.get_ref<const std::string&>().size() : v.size());
+}
+
 // str() of a value, as Jinja prints it.
 std::string ToText(const Value& x) {
   if (x.undefined) return "";
@@ -939,9 +944,7 @@ class Renderer {
       return Value::Undefined();
     }
     if ((obj.v.is_array() || obj.v.is_string()) && key.v.is_number_integer()) {
-      const int64_t n = obj.v.is_array()
-                            ? static_cast<int64_t>(obj.v.size())
-                            : static_cast<int64_t>(obj.v.get_ref<const std::string&>().size());
+      const int64_t n = Length(obj.v);
       int64_t i = key.v.get<int64_t>();
       if (i < 0) i += n;
       if (i < 0 || i >= n) return Value::Undefined();
@@ -955,24 +958,21 @@ class Renderer {
   absl::StatusOr<Value> Slice(const Expr& e) {
     ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
     if (!obj.v.is_array() && !obj.v.is_string()) return Bad(e.line, "cannot slice this value");
-    const int64_t n = obj.v.is_array()
-                          ? static_cast<int64_t>(obj.v.size())
-                          : static_cast<int64_t>(obj.v.get_ref<const std::string&>().size());
-    auto bound = [&](int arg, int64_t fallback) -> absl::StatusOr<int64_t> {
+    const int64_t n = Length(obj.v);
+    auto bound = [&](int arg) -> absl::StatusOr<int64_t> {
       ASSIGN_OR_RETURN(Value b, Eval(*e.args[arg]));
       if (!b.v.is_number_integer()) return Bad(e.line, "slice bounds must be integers");
       int64_t i = b.v.get<int64_t>();
       if (i < 0) i += n;
-      (void)fallback;
       return std::clamp<int64_t>(i, 0, n);
     };
     int64_t lo = 0, hi = n;
     int arg = 1;
     if (e.has_lo) {
-      ASSIGN_OR_RETURN(lo, bound(arg++, 0));
+      ASSIGN_OR_RETURN(lo, bound(arg++));
     }
     if (e.has_hi) {
-      ASSIGN_OR_RETURN(hi, bound(arg++, n));
+      ASSIGN_OR_RETURN(hi, bound(arg++));
     }
     hi = std::max(hi, lo);
     if (obj.v.is_string()) return Value{json(obj.v.get<std::string>().substr(lo, hi - lo))};
@@ -1064,8 +1064,7 @@ class Renderer {
     }
     if (f == "string") return Value{json(ToText(x))};
     if (f == "length" || f == "count") {
-      if (x.v.is_string()) return Value{json(static_cast<int64_t>(x.v.get<std::string>().size()))};
-      if (x.v.is_array() || x.v.is_object()) return Value{json(static_cast<int64_t>(x.v.size()))};
+      if (x.v.is_string() || x.v.is_array() || x.v.is_object()) return Value{json(Length(x.v))};
       return Bad(e.line, "length of a value that has none");
     }
     if (f == "tojson") return Value{json(PythonJson(x.v))};
