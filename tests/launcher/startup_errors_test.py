@@ -33,8 +33,8 @@ def skip(name, why):
     print(f"SKIP {name}: {why}", flush=True)
 
 
-def mpirun(binary, args, ranks=2, env=ENV):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), binary] + args
+def mpirun(binary, args, ranks=2, env=ENV, mpirun_args=()):
+    cmd = ["mpirun", "--oversubscribe", *mpirun_args, "-np", str(ranks), binary] + args
     start = time.monotonic()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIME_LIMIT)
@@ -153,12 +153,21 @@ def main():
                               str(port)], f"127.0.0.1:{port}", "in use")
 
     # Load progress: with a 0 s interval every tensor is reported, per rank, with bytes and count.
-    rc, out, _ = mpirun(binary, gen + ["--model", model],
-                        env=dict(ENV, MQASERVE_PROGRESS_INTERVAL="0"))
+    # Each rank's stderr is read from its own file (mpirun --output-filename): mpirun's merged
+    # stream may splice one rank's line into the middle of another's.
+    with tempfile.TemporaryDirectory(prefix="mqa-progress-") as logs:
+        rc, out, _ = mpirun(binary, gen + ["--model", model],
+                            env=dict(ENV, MQASERVE_PROGRESS_INTERVAL="0"),
+                            mpirun_args=("--output-filename", logs))
+        rank_err = {}
+        for r in (0, 1):
+            path = os.path.join(logs, "1", f"rank.{r}", "stderr")
+            rank_err[r] = open(path).read() if os.path.exists(path) else ""
     check("load progress: the job succeeds", rc == 0, out)
     for r in (0, 1):
-        lines = [l for l in out.splitlines() if f"rank {r}/2 " in l and "loading weights:" in l]
-        loaded = [l for l in out.splitlines() if f"rank {r}/2 " in l and ": loaded " in l]
+        own = rank_err[r].splitlines()
+        lines = [l for l in own if f"rank {r}/2 " in l and "loading weights:" in l]
+        loaded = [l for l in own if f"rank {r}/2 " in l and ": loaded " in l]
         counts = [int(l.split(" tensors")[0].rsplit(" ", 1)[1].split("/")[0]) for l in lines]
         check(f"load progress: rank {r} reports every tensor in order",
               counts and counts == list(range(1, len(counts) + 1)), "\n".join(lines))
