@@ -18,10 +18,6 @@ constexpr float kMasked = -std::numeric_limits<float>::infinity();
 // std::uniform_real_distribution, whose algorithm the standard leaves open).
 double Uniform01(SampleRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
-int32_t Argmax(absl::Span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
 // Whole-row passes in GCC / Clang vector types of 4 lanes (one SSE register on the baseline
 // x86-64 target; wider types are lowered through memory there), so that they run as SIMD without
 // -ffast-math: a StarCoder row (49152 logits) is scored in ~0.07 ms instead of ~0.3.
@@ -59,6 +55,22 @@ inline Floats ExpNonPositive(Floats x) {
   return p * scale;
 }
 
+// The sum of a row in double precision, in SIMD: each group of 4 widened and added to one of two
+// double accumulators of 4 lanes.
+double SumInDouble(absl::Span<const float> row) {
+  using Doubles = double __attribute__((vector_size(32)));
+  Doubles a = {}, b = {};
+  size_t i = 0;
+  for (; i + 2 * kLanes <= row.size(); i += 2 * kLanes) {
+    a += __builtin_convertvector(Load(row.data() + i), Doubles);
+    b += __builtin_convertvector(Load(row.data() + i + kLanes), Doubles);
+  }
+  a += b;
+  double sum = (a[0] + a[1]) + (a[2] + a[3]);
+  for (; i < row.size(); ++i) sum += row[i];
+  return sum;
+}
+
 float RowMax(absl::Span<const float> row) {
   Floats lanes = Splat(-std::numeric_limits<float>::infinity());
   size_t i = 0;
@@ -86,6 +98,12 @@ double RowLogSumExp(absl::Span<const float> row, float max) {
   }
   for (; i < row.size(); ++i) sum += std::exp(static_cast<double>(row[i]) - max);
   return max + std::log(sum);
+}
+
+// The first index of the row's maximum (0 for a row of NaNs).
+int32_t Argmax(absl::Span<const float> row) {
+  const auto it = std::find(row.begin(), row.end(), RowMax(row));
+  return it == row.end() ? 0 : static_cast<int32_t>(it - row.begin());
 }
 
 int32_t CountAbove(absl::Span<const float> row, float value) {
@@ -150,16 +168,15 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
     if (in_vocab(t)) logits[t] += bias;
   }
   if (params.repetition_penalty != 1.0f) {
-    std::vector<bool> seen(vocab, false);
+    // Each distinct token once, in a walk over the tokens rather than the vocabulary.
+    std::vector<uint8_t> seen(vocab, 0);
     for (auto tokens : {prompt_tokens, output_tokens}) {
       for (int32_t t : tokens) {
-        if (in_vocab(t)) seen[t] = true;
+        if (!in_vocab(t) || seen[t]) continue;
+        seen[t] = 1;
+        logits[t] = logits[t] > 0 ? logits[t] / params.repetition_penalty
+                                  : logits[t] * params.repetition_penalty;
       }
-    }
-    for (int32_t t = 0; t < vocab; ++t) {
-      if (!seen[t]) continue;
-      logits[t] = logits[t] > 0 ? logits[t] / params.repetition_penalty
-                                : logits[t] * params.repetition_penalty;
     }
   }
   if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
@@ -173,76 +190,226 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
   }
 }
 
-std::vector<double> FilteredProbs(const SamplingParams& params, absl::Span<const float> logits) {
+namespace {
+
+// The weights a draw is made from: e^((l - max) / T) for the kept tokens (the row's best weighs
+// 1), 0 for the dropped ones, and their sum. Floats, computed in SIMD (a row of 49152 in tens of
+// microseconds); the sum in double. Reused from row to row (`spare` too): a fresh row-sized
+// vector a call cost more in page faults than the arithmetic.
+struct FilteredRow {
+  std::vector<float> weights;
+  std::vector<float> spare;
+  double total = 0;
+};
+
+// Most likely first, ties by lower id (the logits order the tokens as their weights do).
+struct Better {
+  absl::Span<const float> logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  }
+};
+
+// How much of the best-first order to keep: `count` tokens (top-k), or while the weight strictly
+// before a token is short of `mass` (top-p: the smallest set whose weight reaches it).
+struct Quota {
+  size_t count = 0;
+  double mass = std::numeric_limits<double>::infinity();
+};
+
+// Appends to `kept` the longest best-first prefix of `ids` (ascending ids, at least one) that the
+// quota allows, and takes what it keeps off the quota. Instead of sorting the candidates (a
+// sorted StarCoder row costs milliseconds), they are dealt into buckets of equal logit width, best
+// first; buckets the quota takes whole are kept unsorted, and only the one it ends in is looked
+// at further, the same way, until it is small enough to sort.
+// The least and the greatest unmasked logit among `ids` (a separate function: inline, GCC kept
+// the running maximum in memory, a store and a load each element).
+[[gnu::noinline]] std::pair<float, float> FiniteExtremes(const float* l,
+                                                         const std::vector<int32_t>& ids) {
+  float max = -std::numeric_limits<float>::infinity();
+  float min = std::numeric_limits<float>::infinity();
+  for (int32_t t : ids) {
+    max = l[t] > max ? l[t] : max;
+    min = l[t] < min && l[t] != kMasked ? l[t] : min;
+  }
+  return {min, max};
+}
+
+void KeepBestPrefix(absl::Span<const float> logits, absl::Span<const float> weights,
+                    std::vector<int32_t> ids, Quota& quota, std::vector<int32_t>& kept) {
+  // Raw pointers in the passes: the spans' checked indexing keeps the running extremes in memory.
+  const float* l = logits.data();
+  const float* w = weights.data();
+  auto done = [&] { return quota.count == 0 || !(quota.mass > 0); };
+  while (!ids.empty() && !done()) {
+    const auto [min, max] = FiniteExtremes(l, ids);
+    constexpr size_t kSortBelow = 256;
+    constexpr int kBuckets = 1024;
+    if (ids.size() <= kSortBelow || !(max > min)) {
+      // Few, or one logit (and masked ones) left: the order is the sort's (ids ascending already
+      // for equal logits).
+      std::sort(ids.begin(), ids.end(), Better{logits});
+      for (size_t i = 0; i < ids.size() && !done(); ++i) {
+        kept.push_back(ids[i]);
+        --quota.count;
+        quota.mass -= w[ids[i]];
+      }
+      return;
+    }
+    // Bucket 0 holds the best logits; masked ones go last, in their own bucket.
+    const float scale = static_cast<float>(kBuckets) / (max - min);
+    std::vector<uint16_t> buckets(ids.size());
+    std::vector<uint32_t> counts(kBuckets + 1, 0);
+    std::vector<double> masses(kBuckets + 1, 0.0);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int32_t t = ids[i];
+      const int b = l[t] == kMasked
+                        ? kBuckets
+                        : std::min(kBuckets - 1, static_cast<int>((max - l[t]) * scale));
+      buckets[i] = static_cast<uint16_t>(b);
+      ++counts[b];
+      masses[b] += w[t];
+    }
+    // The first bucket the quota cannot take whole.
+    int last = 0;
+    while (last <= kBuckets && counts[last] <= quota.count && !(masses[last] >= quota.mass)) {
+      quota.count -= counts[last];
+      quota.mass -= masses[last];
+      ++last;
+    }
+    std::vector<int32_t> rest;
+    if (last <= kBuckets) rest.reserve(counts[last]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (buckets[i] < last) {
+        kept.push_back(ids[i]);
+      } else if (buckets[i] == last) {
+        rest.push_back(ids[i]);
+      }
+    }
+    ids = std::move(rest);
+  }
+}
+
+void FilterRow(const SamplingParams& params, absl::Span<const float> logits, FilteredRow& row) {
   MQA_CHECK(params.temperature > 0.0f);
   const size_t vocab = logits.size();
-  std::vector<double> probs(vocab);
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (size_t i = 0; i < vocab; ++i) {
-    probs[i] = static_cast<double>(logits[i]) / params.temperature;
-    max_logit = std::max(max_logit, probs[i]);
-  }
-  MQA_CHECK(std::isfinite(max_logit));
-  double sum = 0;
-  for (double& p : probs) {
-    p = std::exp(p - max_logit);
-    sum += p;
-  }
-  for (double& p : probs) p /= sum;
-
+  const float max = RowMax(logits);
+  MQA_CHECK(std::isfinite(max));
+  const float inv_t = 1.0f / params.temperature;
   const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
   const bool use_top_p = params.top_p < 1.0f;
-  if (use_top_k || use_top_p) {
-    // Most likely first, ties by lower id; the logits order it as the probabilities do.
-    auto better = [&](int32_t a, int32_t b) {
-      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-    };
-    std::vector<int32_t> order;
-    size_t keep = vocab;
-    if (use_top_k && params.top_k <= 128) {
-      order = TopK(logits, params.top_k);  // one pass, already in order
-      keep = order.size();
-    } else {
-      order.resize(vocab);
-      std::iota(order.begin(), order.end(), 0);
-      if (use_top_k) {
-        keep = static_cast<size_t>(params.top_k);
-        std::nth_element(order.begin(), order.begin() + (keep - 1), order.end(), better);
-      }
+  if (use_top_k && params.top_k <= 128) {
+    // A few tokens: found in one pass (best first), and only they are weighed.
+    const std::vector<int32_t> best = TopK(logits, params.top_k);
+    row.weights.assign(vocab, 0.0f);
+    double mass = 0;
+    for (int32_t t : best) {
+      if (logits[t] == kMasked) break;
+      mass += row.weights[t] = std::exp((logits[t] - max) * inv_t);
     }
     if (use_top_p) {
-      // Over the top-k renormalised: keep a token while the mass strictly before it is short
-      // of top_p (so the kept set is the smallest whose mass reaches top_p). Most of the mass
-      // usually lies in a few tokens, so sort only as much of the head as that takes.
-      double mass = 0;
-      for (size_t i = 0; i < keep; ++i) mass += probs[order[i]];
+      // Over the top-k renormalised: keep a token while the weight before it is short of top_p.
       const double target = static_cast<double>(params.top_p) * mass;
       double before = 0;
-      size_t kept = 0;
-      size_t sorted = 0;
-      for (size_t count = std::min<size_t>(64, keep);; count = std::min(keep, count * 8)) {
-        std::partial_sort(order.begin() + sorted, order.begin() + count, order.begin() + keep,
-                          better);
-        sorted = count;
-        while (kept < sorted && before < target) before += probs[order[kept++]];
-        if (before >= target || sorted == keep) break;
-      }
-      keep = std::max<size_t>(kept, 1);
+      size_t keep = 0;
+      while (keep < best.size() && before < target) before += row.weights[best[keep++]];
+      for (size_t i = std::max<size_t>(keep, 1); i < best.size(); ++i) row.weights[best[i]] = 0;
     }
-    std::vector<bool> kept(vocab, false);
-    for (size_t i = 0; i < keep; ++i) kept[order[i]] = true;
-    for (size_t i = 0; i < vocab; ++i) {
-      if (!kept[i]) probs[i] = 0;
+  } else {
+    row.weights.resize(vocab);
+    const Floats m = Splat(max);
+    const Floats masked = Splat(kMasked);
+    size_t i = 0;
+    for (; i + kLanes <= vocab; i += kLanes) {
+      const Floats l = Load(logits.data() + i);
+      Floats w = ExpNonPositive((l - m) * inv_t);
+      w = l == masked ? Splat(0.0f) : w;
+      std::memcpy(row.weights.data() + i, &w, sizeof(w));
+    }
+    for (; i < vocab; ++i) {
+      row.weights[i] = logits[i] == kMasked ? 0.0f : std::exp((logits[i] - max) * inv_t);
+    }
+    if (use_top_k || use_top_p) {
+      const auto weights = absl::MakeConstSpan(row.weights);
+      std::vector<int32_t> kept;  // unordered
+      std::vector<int32_t> candidates(vocab);
+      std::iota(candidates.begin(), candidates.end(), 0);
+      if (use_top_k) {
+        Quota quota{static_cast<size_t>(params.top_k)};
+        KeepBestPrefix(logits, weights, std::move(candidates), quota, kept);
+        candidates = std::move(kept);
+        kept.clear();
+        std::sort(candidates.begin(), candidates.end());
+      }
+      if (use_top_p) {
+        // Over the top-k renormalised.
+        double mass = 0;
+        if (use_top_k) {
+          for (int32_t t : candidates) mass += weights[t];
+        } else {
+          mass = SumInDouble(row.weights);
+        }
+        Quota quota{candidates.size(), static_cast<double>(params.top_p) * mass};
+        KeepBestPrefix(logits, weights, std::move(candidates), quota, kept);
+      } else {
+        kept = std::move(candidates);
+      }
+      if (kept.empty()) kept.push_back(Argmax(logits));  // a quota of nothing keeps the best
+      row.spare.assign(vocab, 0.0f);
+      for (int32_t t : kept) row.spare[t] = row.weights[t];
+      std::swap(row.weights, row.spare);
     }
   }
   if (params.min_p > 0.0f) {
-    const double threshold = params.min_p * *std::max_element(probs.begin(), probs.end());
-    for (double& p : probs) {
-      if (p < threshold) p = 0;
+    // Below min_p times the best token's probability; the best weighs 1 (e^0), and dropping by
+    // top-k / top-p never drops it.
+    const float threshold = params.min_p;
+    for (float& w : row.weights) {
+      if (w < threshold) w = 0;
     }
   }
-  sum = std::accumulate(probs.begin(), probs.end(), 0.0);
-  for (double& p : probs) p /= sum;
+  row.total = SumInDouble(row.weights);
+}
+
+// The first token (by id) at which the running sum of the weights passes u times their total.
+int32_t Draw(const FilteredRow& row, double u) {
+  const double target = u * row.total;
+  const size_t vocab = row.weights.size();
+  constexpr size_t kBlock = 64;
+  double before = 0;
+  size_t i = 0;
+  // Whole blocks the target lies beyond are summed in SIMD and skipped.
+  for (; i + kBlock <= vocab; i += kBlock) {
+    Floats lanes = {};
+    for (size_t j = 0; j < kBlock; j += kLanes) lanes += Load(row.weights.data() + i + j);
+    double block = 0;
+    for (size_t j = 0; j < kLanes; ++j) block += lanes[j];
+    if (before + block > target) break;
+    before += block;
+  }
+  int32_t last_nonzero = -1;
+  for (; i < vocab; ++i) {
+    if (row.weights[i] == 0) continue;
+    last_nonzero = static_cast<int32_t>(i);
+    before += row.weights[i];
+    if (target < before) return last_nonzero;
+  }
+  // Rounding left the target at or above the sum: the last kept token.
+  if (last_nonzero >= 0) return last_nonzero;
+  for (size_t t = vocab; t-- > 0;) {
+    if (row.weights[t] != 0) return static_cast<int32_t>(t);
+  }
+  MQA_CHECK(false);  // FilterRow keeps at least the best token
+  return 0;
+}
+
+}  // namespace
+
+std::vector<double> FilteredProbs(const SamplingParams& params, absl::Span<const float> logits) {
+  FilteredRow row;
+  FilterRow(params, logits, row);
+  std::vector<double> probs(row.weights.size());
+  for (size_t i = 0; i < probs.size(); ++i) probs[i] = row.weights[i] / row.total;
   return probs;
 }
 
@@ -250,7 +417,8 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
   const SamplingParams& params = *context.params;
   const auto vocab = static_cast<int32_t>(raw_logits.size());
   MQA_CHECK(vocab > 0);
-  std::vector<float> logits(raw_logits.begin(), raw_logits.end());
+  thread_local std::vector<float> logits;  // reused: see FilteredRow
+  logits.assign(raw_logits.begin(), raw_logits.end());
   ApplyPenalties(params, context.prompt_tokens, context.output_tokens, absl::MakeSpan(logits));
   if (static_cast<int>(context.output_tokens.size()) < params.min_tokens) {
     for (int32_t t : params.stop_token_ids) {
@@ -270,21 +438,9 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
     result.token_id = Argmax(logits);
   } else {
     MQA_CHECK(context.rng != nullptr);
-    const std::vector<double> probs = FilteredProbs(params, logits);
-    const double u = Uniform01(*context.rng);
-    double cumulative = 0;
-    result.token_id = -1;
-    int32_t last_nonzero = 0;
-    for (int32_t t = 0; t < vocab; ++t) {
-      if (probs[t] == 0) continue;
-      last_nonzero = t;
-      cumulative += probs[t];
-      if (u < cumulative) {
-        result.token_id = t;
-        break;
-      }
-    }
-    if (result.token_id < 0) result.token_id = last_nonzero;  // rounding left u above the sum
+    thread_local FilteredRow row;
+    FilterRow(params, logits, row);
+    result.token_id = Draw(row, Uniform01(*context.rng));
   }
 
   if (params.logprobs.has_value()) {
