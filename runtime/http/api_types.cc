@@ -555,6 +555,30 @@ absl::Status ReadMessages(const json& object, json* out) {
   return absl::OkStatus();
 }
 
+// The conversation fields that /v1/chat/completions and /tokenize share.
+absl::Status ReadChat(const json& object, ChatTemplate::Chat* chat) {
+  RETURN_IF_ERROR(ReadMessages(object, &chat->messages));
+  RETURN_IF_ERROR(ReadBool(object, "add_generation_prompt", &chat->add_generation_prompt));
+  RETURN_IF_ERROR(ReadBool(object, "continue_final_message", &chat->continue_final_message));
+  if (chat->continue_final_message && chat->add_generation_prompt) {
+    return InvalidParam("continue_final_message",
+                        "'continue_final_message' and 'add_generation_prompt' cannot both be true "
+                        "(add_generation_prompt is true unless given false)");
+  }
+  if (const json* kwargs = Field(object, "chat_template_kwargs"); kwargs != nullptr) {
+    if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
+    for (const char* reserved : {"messages", "add_generation_prompt", "tools", "documents"}) {
+      if (kwargs->contains(reserved)) {
+        return InvalidParam("chat_template_kwargs",
+                            absl::StrCat("'chat_template_kwargs' may not set '", reserved,
+                                         "' (give it as a request field)"));
+      }
+    }
+    chat->kwargs = *kwargs;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
@@ -581,12 +605,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   }
   object.erase("logprobs");
   object.erase("top_logprobs");
-  bool continue_final = false;
-  RETURN_IF_ERROR(ReadBool(object, "continue_final_message", &continue_final));
-  if (continue_final) {
-    return InvalidParam("continue_final_message", "'continue_final_message' is not supported");
-  }
-  RETURN_IF_ERROR(ReadBool(object, "add_generation_prompt", &request.add_generation_prompt));
+  RETURN_IF_ERROR(ReadChat(object, &request.chat));
   if (Field(object, "max_completion_tokens") != nullptr) {
     if (Field(object, "max_tokens") != nullptr) {
       return InvalidParam("max_completion_tokens",
@@ -600,8 +619,6 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   if (!request.common.max_tokens_given) {
     request.common.params.max_tokens = std::numeric_limits<int>::max();
   }
-
-  RETURN_IF_ERROR(ReadMessages(object, &request.messages));
   return request;
 }
 
@@ -733,9 +750,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
     if (Field(object, "prompt") != nullptr) {
       return InvalidParam("prompt", "give 'prompt' or 'messages', not both");
     }
-    request.messages.emplace();
-    RETURN_IF_ERROR(ReadMessages(object, &*request.messages));
-    RETURN_IF_ERROR(ReadBool(object, "add_generation_prompt", &request.add_generation_prompt));
+    RETURN_IF_ERROR(ReadChat(object, &request.chat.emplace()));
     return request;
   }
   if (Field(object, "prompt") == nullptr) return InvalidParam("prompt", "'prompt' is required");

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "nlohmann/json.hpp"
+#include "runtime/http/chat_template.h"
 #include "runtime/sampling_params.h"
 
 namespace mqa {
@@ -106,9 +107,13 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
 // alternatives as params.logprobs). Refused with a 400 naming the field: tools / tool_choice, a
 // per-request chat_template, continue_final_message, and echo / suffix / prompt.
 struct ChatRequest {
-  CompletionRequest common;           // prompts left empty: the server renders the one chat prompt
-  nlohmann::json messages;            // validated as above; content normalised to a string
-  bool add_generation_prompt = true;  // vLLM's: end the prompt with the assistant's turn opener
+  CompletionRequest common;  // prompts left empty: the server renders the one chat prompt
+  // The messages (validated as above; content normalised to a string) and vLLM's
+  // add_generation_prompt (end the prompt with the assistant's turn opener), continue_final_message
+  // (end it inside the last message; excludes add_generation_prompt, as in vLLM) and
+  // chat_template_kwargs (further template variables; not messages / add_generation_prompt /
+  // tools / documents).
+  ChatTemplate::Chat chat;
 };
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
@@ -147,8 +152,7 @@ std::string TgiErrorBody(const absl::Status& status);
 struct TokenizeRequest {
   std::optional<std::string> model;
   std::string prompt;
-  std::optional<nlohmann::json> messages;  // validated as ChatRequest's
-  bool add_generation_prompt = true;
+  std::optional<ChatTemplate::Chat> chat;  // vLLM's messages form, read as ChatRequest's
 };
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
 

@@ -1203,7 +1203,8 @@ class Renderer {
 
 }  // namespace
 
-ChatTemplate::ChatTemplate(std::shared_ptr<const Node> root) : root_(std::move(root)) {}
+ChatTemplate::ChatTemplate(std::shared_ptr<const Node> root, std::string source)
+    : root_(std::move(root)), source_(std::move(source)) {}
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::~ChatTemplate() = default;
@@ -1214,7 +1215,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(absl::string_view source) {
   ASSIGN_OR_RETURN(std::vector<Segment> segments, Split(source));
   TemplateParser parser(std::move(segments));
   ASSIGN_OR_RETURN(std::unique_ptr<Node> root, parser.ParseAll());
-  return ChatTemplate(std::shared_ptr<const Node>(std::move(root)));
+  return ChatTemplate(std::shared_ptr<const Node>(std::move(root)), std::string(source));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const json& context) const {
@@ -1222,6 +1223,49 @@ absl::StatusOr<std::string> ChatTemplate::Render(const json& context) const {
   std::string out;
   RETURN_IF_ERROR(renderer.Run(*root_, out));
   return out;
+}
+
+absl::StatusOr<std::string> ChatTemplate::RenderChat(const Chat& chat, const std::string& bos_token,
+                                                     const std::string& eos_token) const {
+  json context = {{"bos_token", bos_token}, {"eos_token", eos_token}};
+  for (const auto& [key, value] : chat.kwargs.items()) context[key] = value;
+  context["messages"] = chat.messages;
+  context["add_generation_prompt"] = chat.add_generation_prompt;
+  if (!chat.continue_final_message) return Render(context);
+
+  // transformers' way: a marker after the final message's content, the rendering cut there.
+  static constexpr absl::string_view kTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+  if (chat.messages.empty()) {
+    return absl::InvalidArgumentError(
+        "continue_final_message is set but the conversation is empty");
+  }
+  const json& last = chat.messages.back();
+  if (!last.contains("content") || !last["content"].is_string()) {
+    return absl::InvalidArgumentError(
+        "continue_final_message is set but the final message has no \"content\" to continue");
+  }
+  if (!absl::StrContains(source_, "content")) {
+    return absl::InvalidArgumentError(
+        "continue_final_message is set but the chat template does not use 'content'");
+  }
+  const std::string final_message = last["content"].get<std::string>();
+  context["messages"].back()["content"] = absl::StrCat(final_message, kTag);
+  ASSIGN_OR_RETURN(std::string rendered, Render(context));
+  const absl::string_view stripped_tag = absl::StripAsciiWhitespace(kTag);
+  if (!absl::StrContains(rendered, absl::StripAsciiWhitespace(final_message)) ||
+      !absl::StrContains(rendered, stripped_tag)) {
+    return absl::InvalidArgumentError(
+        "continue_final_message is set but the final message does not appear in the chat after "
+        "applying the chat template (the template deletes part of it)");
+  }
+  const size_t at = absl::string_view(rendered).rfind(stripped_tag);
+  if (absl::string_view(rendered).substr(at, kTag.size()) == kTag) {
+    rendered.resize(at);  // the template kept the marker's spacing
+  } else {
+    rendered.resize(at);  // the trailing space was trimmed: so is what precedes the marker
+    rendered.resize(absl::StripTrailingAsciiWhitespace(rendered).size());
+  }
+  return rendered;
 }
 
 }  // namespace mqa

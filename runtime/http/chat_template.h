@@ -39,11 +39,26 @@ class ChatTemplate {
   // raises (raise_exception: the client's messages broke its rules) or a value it cannot use.
   absl::StatusOr<std::string> Render(const nlohmann::json& context) const;
 
+  // A conversation rendered as transformers' apply_chat_template(messages, add_generation_prompt,
+  // continue_final_message, **kwargs) renders it, with the tokenizer's BOS and EOS as bos_token
+  // and eos_token (which kwargs may override, as there).
+  struct Chat {
+    nlohmann::json messages;  // a list of {role, content (a string), ...}
+    bool add_generation_prompt = true;
+    // The prompt ends inside the last message, so that the model goes on writing it (a prefilled
+    // assistant turn): rendered with a marker after its content and cut at the marker.
+    bool continue_final_message = false;
+    nlohmann::json kwargs = nlohmann::json::object();  // further variables (chat_template_kwargs)
+  };
+  absl::StatusOr<std::string> RenderChat(const Chat& chat, const std::string& bos_token,
+                                         const std::string& eos_token) const;
+
   struct Node;
 
  private:
-  explicit ChatTemplate(std::shared_ptr<const Node> root);
+  ChatTemplate(std::shared_ptr<const Node> root, std::string source);
   std::shared_ptr<const Node> root_;
+  std::string source_;
 };
 
 }  // namespace mqa

@@ -169,8 +169,7 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
   // The conversation's prompt tokens through the chat template (400 naming messages when there is
   // no template or the template refuses them).
-  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const nlohmann::json& messages,
-                                                  bool add_generation_prompt) const;
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatTemplate::Chat& chat) const;
   void HandleChat(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
   // Serves a started job, plainly or streamed, or replies with what kept it from starting (in
@@ -454,7 +453,7 @@ void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response&
 }
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(
-    const nlohmann::json& messages, bool add_generation_prompt) const {
+    const ChatTemplate::Chat& chat) const {
   if (options.chat_template == nullptr) {
     return InvalidParam("messages",
                         absl::StrCat("'", options.served_model_name,
@@ -462,11 +461,8 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(
                                      "start mqaserve with --chat-template FILE, or use "
                                      "/v1/completions"));
   }
-  const nlohmann::json context = {{"messages", messages},
-                                  {"add_generation_prompt", add_generation_prompt},
-                                  {"bos_token", options.bos_token},
-                                  {"eos_token", options.eos_token}};
-  absl::StatusOr<std::string> rendered = options.chat_template->Render(context);
+  absl::StatusOr<std::string> rendered =
+      options.chat_template->RenderChat(chat, options.bos_token, options.eos_token);
   if (!rendered.ok()) {
     // The template's own raise_exception (roles out of order ...) or a value it cannot use.
     return InvalidParam("messages", rendered.status().message());
@@ -483,7 +479,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
   ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body));
   CompletionRequest& request = chat.common;
   RETURN_IF_ERROR(CheckModel(request.model));
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.messages, chat.add_generation_prompt));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));
   request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   // The token scores reach the choices without the completions API's logprobs object.
   ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
@@ -600,9 +596,8 @@ void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
   status = CheckModel(request->model);
   if (!status.ok()) return ReplyError(res, status);
   std::vector<int32_t> ids;
-  if (request->messages.has_value()) {
-    absl::StatusOr<std::vector<int32_t>> chat =
-        ChatPrompt(*request->messages, request->add_generation_prompt);
+  if (request->chat.has_value()) {
+    absl::StatusOr<std::vector<int32_t>> chat = ChatPrompt(*request->chat);
     if (!chat.ok()) return ReplyError(res, chat.status());
     ids = *std::move(chat);
   } else {

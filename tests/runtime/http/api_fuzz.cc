@@ -60,10 +60,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (auto r = mqa::ParseInfillRequest(body); !r.ok()) CheckError(r.status());
   if (auto r = mqa::ParseChatRequest(body); r.ok()) {
-    MQA_CHECK(r->messages.is_array() && !r->messages.empty());
-    for (const nlohmann::json& m : r->messages) {
+    const mqa::ChatTemplate::Chat& chat = r->chat;
+    MQA_CHECK(chat.messages.is_array() && !chat.messages.empty());
+    for (const nlohmann::json& m : chat.messages) {
       MQA_CHECK(m["role"].is_string() && m["content"].is_string());
     }
+    MQA_CHECK(!(chat.continue_final_message && chat.add_generation_prompt));
+    MQA_CHECK(chat.kwargs.is_object() && !chat.kwargs.contains("messages"));
     MQA_CHECK(r->common.params.max_tokens >= 1 && r->common.prompts.empty());
   } else {
     CheckError(r.status());

@@ -1331,6 +1331,32 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
   EXPECT_EQ(tokenize_status, 400);
   EXPECT_EQ(unknown_role["error"]["message"], "unknown role tool");
 
+  // vLLM's continue_final_message: the prompt ends inside a prefilled assistant turn (no EOS
+  // after it, no new turn), so the answer goes on from it: equal to /v1/completions on the
+  // template's rendering cut after that message's text.
+  const json prefilled = {{{"role", "user"}, {"content", "def fib(n):"}},
+                          {{"role", "assistant"}, {"content", "    return"}}};
+  const std::vector<int32_t> cut = tok.Encode(
+      "<|user|>\ndef fib(n):<|endoftext|>\n<|assistant|>\n    return", /*parse_special=*/true);
+  json continued = PostOk("/v1/chat/completions", {{"messages", prefilled},
+                                                   {"add_generation_prompt", false},
+                                                   {"continue_final_message", true},
+                                                   {"max_tokens", 8},
+                                                   {"temperature", 0}});
+  json continued_same =
+      PostOk("/v1/completions", {{"prompt", cut}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(continued["usage"]["prompt_tokens"], cut.size());
+  EXPECT_EQ(continued["choices"][0]["message"]["content"], continued_same["choices"][0]["text"]);
+  json continued_tokens = PostOk("/tokenize", {{"messages", prefilled},
+                                               {"add_generation_prompt", false},
+                                               {"continue_final_message", true}});
+  EXPECT_EQ(continued_tokens["tokens"].get<std::vector<int32_t>>(), cut);
+  // chat_template_kwargs reach the template (here eos_token, which they may override).
+  json kwargs_tokens = PostOk("/tokenize", {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                            {"chat_template_kwargs", {{"eos_token", "<|end|>"}}}});
+  EXPECT_EQ(kwargs_tokens["tokens"].get<std::vector<int32_t>>(),
+            tok.Encode("<|user|>\nhi<|end|>\n<|assistant|>\n", /*parse_special=*/true));
+
   // Without max_tokens a chat answer may run to the context (OpenAI's default), not 16 tokens.
   json long_answer = PostOk("/v1/chat/completions",
                             {{"messages", messages}, {"temperature", 0}, {"ignore_eos", true}});
@@ -1384,6 +1410,11 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
       {{{"messages", messages}, {"tools", {{{"type", "function"}}}}}, "tools"},
       {{{"messages", messages}, {"max_tokens", 3}, {"max_completion_tokens", 3}},
        "max_completion_tokens"},
+      // add_generation_prompt is true unless given false.
+      {{{"messages", prefilled}, {"continue_final_message", true}}, "continue_final_message"},
+      {{{"messages", messages}, {"chat_template_kwargs", {{"messages", json::array()}}}},
+       "chat_template_kwargs"},
+      {{{"messages", messages}, {"chat_template_kwargs", "x"}}, "chat_template_kwargs"},
   };
   for (const auto& [body, param] : refused) {
     int status = 0;

@@ -3,7 +3,8 @@ apply_chat_template (the reference for ChatTemplate, runtime/http/chat_template.
 
 Run: python3 tests/runtime/http/chat_templates/make_cases.py (needs transformers; the tokenizer
 is the test fixture's, with <|endoftext|> as its BOS and EOS). Each case: the template, the
-messages, add_generation_prompt, and the rendered text or the error message the template raised.
+messages, add_generation_prompt, continue_final_message, the extra variables (chat_template_kwargs),
+and the rendered text or the error message raised.
 """
 import json
 import os
@@ -84,7 +85,17 @@ TEMPLATES = {
         "{% if m['role'] not in ['user', 'assistant', 'system'] %}"
         "{{ raise_exception('bad role ' + m['role']) }}{% endif %}"
         "{% if not loop.last %}|{% endif %}{% endfor %}{{ (3 - 1) * 2 }} {{ 7 // 2 }} {{ -1 }}"),
+    # Variables from chat_template_kwargs (and bos_token overridden by them).
+    "kwargs": (
+        "{{ bos_token }}{% if system_prefix is defined %}{{ system_prefix }}\n{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% if enable_thinking %} <think>{% endif %}"
+        "{% endif %}"),
 }
+
+# chat_template_kwargs given with every case of the "kwargs" template (and none elsewhere).
+KWARGS = {"kwargs": [{}, {"enable_thinking": True, "system_prefix": "Be brief."},
+                     {"bos_token": "<BOS>", "enable_thinking": False}]}
 
 MESSAGES = {
     "system_user": [{"role": "system", "content": "You write Python."},
@@ -96,6 +107,10 @@ MESSAGES = {
     "assistant_first": [{"role": "assistant", "content": "hello"},
                         {"role": "user", "content": "hi", "name": "bob"}],
     "odd_role": [{"role": "user", "content": "x"}, {"role": "tool", "content": "code"}],
+    # An assistant turn begun by the client, to be continued (continue_final_message); its
+    # trailing spaces are what a template's strip() would cut.
+    "prefill": [{"role": "user", "content": "Write fib."},
+                {"role": "assistant", "content": "def fib(n):\n    "}],
 }
 
 
@@ -105,19 +120,24 @@ def main():
         bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     cases = []
     for tname, template in TEMPLATES.items():
-        for mname, messages in MESSAGES.items():
-            for gen in (True, False):
-                case = {"name": f"{tname}/{mname}/{'gen' if gen else 'nogen'}",
-                        "template": template, "messages": messages,
-                        "add_generation_prompt": gen,
-                        "bos_token": tok.bos_token, "eos_token": tok.eos_token}
-                try:
-                    case["expected"] = tok.apply_chat_template(
-                        messages, chat_template=template, tokenize=False,
-                        add_generation_prompt=gen)
-                except Exception as e:  # a template's raise_exception
-                    case["error"] = str(e)
-                cases.append(case)
+        for kwargs in KWARGS.get(tname, [{}]):
+            for mname, messages in MESSAGES.items():
+                # continue_final_message excludes add_generation_prompt in transformers (and vLLM).
+                for gen, cont in ((True, False), (False, False), (False, True)):
+                    name = f"{tname}/{mname}/{'cont' if cont else 'gen' if gen else 'nogen'}"
+                    if kwargs:
+                        name += "/" + ",".join(sorted(kwargs))
+                    case = {"name": name, "template": template, "messages": messages,
+                            "add_generation_prompt": gen, "continue_final_message": cont,
+                            "kwargs": kwargs,
+                            "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+                    try:
+                        case["expected"] = tok.apply_chat_template(
+                            messages, chat_template=template, tokenize=False,
+                            add_generation_prompt=gen, continue_final_message=cont, **kwargs)
+                    except Exception as e:  # a template's raise_exception, or no final message
+                        case["error"] = str(e)
+                    cases.append(case)
     with open(os.path.join(HERE, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, ensure_ascii=False, indent=1)
         f.write("\n")
