@@ -584,7 +584,7 @@ absl::Status ReadChat(const json& object, ChatTemplate::Chat* chat) {
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   ChatRequest request;
-  for (const char* name : {"prompt", "echo", "suffix", "chat_template", "tools", "tool_choice"}) {
+  for (const char* name : {"prompt", "suffix", "chat_template", "tools", "tool_choice"}) {
     const json* value = Field(object, name);
     const bool empty_list = value != nullptr && value->is_array() && value->empty();
     if (value != nullptr && !empty_list &&
@@ -606,6 +606,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   object.erase("logprobs");
   object.erase("top_logprobs");
   RETURN_IF_ERROR(ReadChat(object, &request.chat));
+  // Chat's echo is its own (ReadCommon's would score the prompt).
+  RETURN_IF_ERROR(ReadBool(object, "echo", &request.echo));
+  object.erase("echo");
   if (Field(object, "max_completion_tokens") != nullptr) {
     if (Field(object, "max_tokens") != nullptr) {
       return InvalidParam("max_completion_tokens",

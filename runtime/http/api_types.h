@@ -114,6 +114,9 @@ struct ChatRequest {
   // chat_template_kwargs (further template variables; not messages / add_generation_prompt /
   // tools / documents).
   ChatTemplate::Chat chat;
+  // vLLM's echo: the answer starts with the last message's content when that message has the
+  // answer's role (assistant), or add_generation_prompt is false (the answer continues it).
+  bool echo = false;
 };
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);

@@ -16,9 +16,10 @@ std::string Dump(const json& value) {
 
 }  // namespace
 
-ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs)
+ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::string echo)
     : CompletionJobView(std::move(inner)),
       logprobs_(logprobs),
+      echo_(std::move(echo)),
       num_choices_(this->inner().num_choices()),
       streamed_bytes_(num_choices_, 0),
       streamed_tokens_(num_choices_, 0),
@@ -70,7 +71,7 @@ std::string ChatJob::ChoiceChunk(int index, json delta, const json& finish, json
 std::string ChatJob::OpeningChunks() {
   std::string chunks;
   for (int i = 0; i < num_choices_; ++i) {
-    absl::StrAppend(&chunks, ChoiceChunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr));
+    absl::StrAppend(&chunks, ChoiceChunk(i, {{"role", "assistant"}, {"content", echo_}}, nullptr));
   }
   return chunks;
 }
@@ -119,7 +120,7 @@ std::string ChatJob::ResponseBody() const {
     const CompletionJob::Choice& c = inner().choice(i);
     choices.push_back(
         {{"index", i},
-         {"message", {{"role", "assistant"}, {"content", c.text}}},
+         {"message", {{"role", "assistant"}, {"content", echo_ + c.text}}},
          {"logprobs",
           logprobs_ ? json{{"content", LogprobsContent(i, 0, c.token_ids.size())}} : json(nullptr)},
          {"finish_reason", CompletionJob::FinishReasonJson(c.finish_reason)},

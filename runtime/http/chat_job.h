@@ -4,8 +4,8 @@
 //   plain:   {"object": "chat.completion", "choices": [{"index", "message": {"role": "assistant",
 //            "content"}, "finish_reason", "stop_reason", "logprobs": null}], "usage"}
 //   stream:  "chat.completion.chunk" events: each choice's first delta {"role": "assistant",
-//            "content": ""}, then {"content": new text}, then an empty delta with its
-//            finish_reason; the usage chunk when asked for; `data: [DONE]`.
+//            "content": "" (or the echoed text)}, then {"content": new text}, then an empty delta
+//            with its finish_reason; the usage chunk when asked for; `data: [DONE]`.
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
@@ -24,8 +24,9 @@ namespace mqa {
 class ChatJob : public CompletionJobView {
  public:
   // The chunks' id, model, created and include_usage are `inner`'s; logprobs: the choices carry
-  // OpenAI's chat logprobs ({"content": [...]}).
-  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs);
+  // OpenAI's chat logprobs ({"content": [...]}); echo: text each choice's content starts with (in
+  // the stream, the opening delta's content), vLLM's chat `echo`.
+  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::string echo = "");
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
   std::string OpeningChunks() override;
@@ -40,6 +41,7 @@ class ChatJob : public CompletionJobView {
                           nlohmann::json logprobs = nullptr) const;
 
   const bool logprobs_;
+  const std::string echo_;
   const int num_choices_;
   std::vector<size_t> streamed_bytes_;  // per choice: text already sent
   std::vector<size_t> streamed_tokens_;  // per choice: tokens whose logprobs were sent

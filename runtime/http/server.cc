@@ -488,7 +488,13 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                               .include_usage = request.include_usage,
                               .arrival = arrival}));
   *stream = request.stream;
-  return std::make_shared<ChatJob>(std::move(inner), request.params.logprobs.has_value());
+  std::string echo;
+  if (chat.echo) {
+    const nlohmann::json& last = chat.chat.messages.back();
+    if (!chat.chat.add_generation_prompt || last["role"] == "assistant") echo = last["content"];
+  }
+  return std::make_shared<ChatJob>(std::move(inner), request.params.logprobs.has_value(),
+                                   std::move(echo));
 }
 
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {

@@ -1347,6 +1347,37 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
       PostOk("/v1/completions", {{"prompt", cut}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(continued["usage"]["prompt_tokens"], cut.size());
   EXPECT_EQ(continued["choices"][0]["message"]["content"], continued_same["choices"][0]["text"]);
+  // vLLM's chat echo: the continued message's own text first (in a stream, the opening delta).
+  json echoed = PostOk("/v1/chat/completions", {{"messages", prefilled},
+                                                {"add_generation_prompt", false},
+                                                {"continue_final_message", true},
+                                                {"echo", true},
+                                                {"max_tokens", 8},
+                                                {"temperature", 0}});
+  EXPECT_EQ(echoed["choices"][0]["message"]["content"],
+            "    return" + continued_same["choices"][0]["text"].get<std::string>());
+  Sse echoed_stream = Stream({{"messages", prefilled},
+                              {"add_generation_prompt", false},
+                              {"continue_final_message", true},
+                              {"echo", true},
+                              {"max_tokens", 8},
+                              {"temperature", 0},
+                              {"stream", true}},
+                             0, "/v1/chat/completions");
+  std::string echoed_text;
+  for (const json& chunk : echoed_stream.chunks) {
+    const json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content")) echoed_text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(echoed_text, echoed["choices"][0]["message"]["content"]);
+  ASSERT_FALSE(echoed_stream.chunks.empty());
+  EXPECT_EQ(echoed_stream.chunks[0]["choices"][0]["delta"]["content"], "    return");
+  // A user's last message is not the answer's to repeat.
+  json not_echoed = PostOk(
+      "/v1/chat/completions",
+      {{"messages", messages}, {"echo", true}, {"max_completion_tokens", 12}, {"temperature", 0}});
+  EXPECT_EQ(not_echoed["choices"][0]["message"]["content"],
+            chat["choices"][0]["message"]["content"]);
   json continued_tokens = PostOk("/tokenize", {{"messages", prefilled},
                                                {"add_generation_prompt", false},
                                                {"continue_final_message", true}});
