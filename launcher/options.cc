@@ -97,6 +97,11 @@ const std::map<std::string, Flag>& Flags() {
        {"prompt tokens a step may score for prompt log-probabilities (echo + logprobs); 0 refuses "
         "such requests",
         Number(&Options::max_prompt_logprob_rows)}},
+      {"speculative-config",
+       {"speculative decoding by prompt lookup, as JSON: {\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1} "
+        "(greedy requests; default off)",
+        Text(&Options::speculative_config)}},
       {"enable-prefix-caching",
        Switch(&Options::enable_prefix_caching, true, "reuse prompt blocks")},
       {"no-enable-prefix-caching", Switch(&Options::enable_prefix_caching, false, "")},
@@ -208,6 +213,9 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   if (o.max_prompt_logprob_rows < 0) {
     return absl::InvalidArgumentError("--max-prompt-logprob-rows must be >= 0");
   }
+  absl::StatusOr<SpeculativeConfig> speculative = ParseSpeculativeConfig(o.speculative_config);
+  if (!speculative.ok()) return speculative.status();
+  o.speculative = *speculative;
   return o;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/speculative.h"
 
 namespace mqa {
 
@@ -34,6 +35,9 @@ struct Options {
   int max_model_len = 0;                 // 0: the model's n_positions
   int max_queued_requests = 1024;
   int max_prompt_logprob_rows = 256;  // prompt tokens scored per step (EngineOptions)
+  // vLLM's --speculative-config (JSON; runtime/speculative.h), parsed into `speculative`.
+  std::string speculative_config;
+  SpeculativeConfig speculative;
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).

@@ -145,6 +145,29 @@ std::optional<BlockCopy> BlockManager::AppendSlot(const Sequence& seq) {
   return BlockCopy{block, copy};
 }
 
+int BlockManager::NumBlocksToReserve(const Sequence& seq, int num_tokens) const {
+  return std::max(0,
+                  BlocksFor(num_tokens) - static_cast<int>(tables_.at(seq.seq_id()).blocks.size()));
+}
+
+void BlockManager::Reserve(const Sequence& seq, int num_tokens) {
+  Table& table = tables_.at(seq.seq_id());
+  MQA_CHECK(!table.blocks.empty() && blocks_[table.blocks.back()].ref_count == 1);
+  while (static_cast<int>(table.blocks.size()) < BlocksFor(num_tokens)) {
+    table.blocks.push_back(AllocateFresh());
+  }
+}
+
+void BlockManager::Trim(const Sequence& seq) {
+  Table& table = tables_.at(seq.seq_id());
+  const size_t keep = BlocksFor(seq.num_tokens());
+  MQA_CHECK(table.hashes.size() <= keep);
+  while (table.blocks.size() > keep) {
+    Release(table.blocks.back());
+    table.blocks.pop_back();
+  }
+}
+
 void BlockManager::Fork(const Sequence& parent, const Sequence& child) {
   MQA_CHECK(!tables_.contains(child.seq_id()));
   const Table parent_table = tables_.at(parent.seq_id());

@@ -66,6 +66,15 @@ class BlockManager {
   // copy when the last block is shared (returned; the runner copies src to dst before the step).
   // Requires a free block when one is needed (NumBlocksToAppend).
   std::optional<BlockCopy> AppendSlot(const Sequence& seq);
+  // Speculative decoding (runtime/speculative.h): a sequence whose step also computes draft
+  // tokens after its last one holds blocks for them from the scheduler's decision until the
+  // engine has checked them. Fresh blocks needed for the table to hold `num_tokens` tokens (its
+  // last block must be its own: AppendSlot ran first), and their allocation (requires that many
+  // free blocks).
+  int NumBlocksToReserve(const Sequence& seq, int num_tokens) const;
+  void Reserve(const Sequence& seq, int num_tokens);
+  // Releases the blocks past those that hold the sequence's tokens (drafts that were rejected).
+  void Trim(const Sequence& seq);
   // `child` shares all of `parent`'s blocks.
   void Fork(const Sequence& parent, const Sequence& child);
   // Releases the sequence's blocks (last block first, so that a prefix's tail is evicted first).

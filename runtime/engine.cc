@@ -32,6 +32,8 @@ SchedulerOptions MakeSchedulerOptions(const EngineOptions& options) {
   scheduler_options.max_num_batched_tokens = options.max_num_batched_tokens;
   scheduler_options.enable_chunked_prefill = options.enable_chunked_prefill;
   scheduler_options.max_prompt_logprob_rows = options.max_prompt_logprob_rows;
+  scheduler_options.speculative = options.speculative;
+  scheduler_options.max_model_len = options.max_model_len;
   return scheduler_options;
 }
 
@@ -300,6 +302,10 @@ absl::Status Engine::Step() {
         // Every draw of a sequence is a device draw: its output count is its draw count.
         row.offset = static_cast<uint64_t>(s.seq->num_output_tokens());
       }
+      // Draft rows: greedy too (SpeculationEligible).
+      for (size_t i = 1; i <= s.draft.size(); ++i) {
+        row_params[s.logits_index + i] = row_params[s.logits_index];
+      }
     }
   }
   std::vector<int32_t> device_tokens;
@@ -359,6 +365,11 @@ absl::Status Engine::Step() {
     absl::Span<const float> row;
     if (host_rows)
       row = {logits->data<float>() + s.logits_index * vocab, static_cast<size_t>(vocab)};
+    if (!s.draft.empty()) {
+      CheckDrafts(s, on_device ? absl::MakeConstSpan(device_tokens) : absl::Span<const int32_t>(),
+                  *logits, state, output);
+      continue;
+    }
     if (on_device && DeviceSamplable(group.params())) {
       // Sample d's token is draw d; before the fork, the other samples start here, all sharing
       // the prompt's blocks (forked before any of them takes its token).
@@ -407,12 +418,6 @@ absl::Status Engine::Step() {
   return absl::OkStatus();
 }
 
-bool DeviceSamplable(const SamplingParams& params) {
-  return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
-         params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         params.logit_bias.empty() && params.allowed_token_ids.empty();
-}
-
 void Engine::ScorePromptRows(const ScheduledSeq& s, const Tensor& logits) {
   const SequenceGroup& group = *s.group;
   RequestState& state = requests_.at(group.request_id());
@@ -426,6 +431,35 @@ void Engine::ScorePromptRows(const ScheduledSeq& s, const Tensor& logits) {
     state.prompt_logprobs[position] =
         ScoreToken(row, seq.tokens()[position + 1], *group.params().prompt_logprobs);
   }
+}
+
+void Engine::CheckDrafts(const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
+                         const Tensor& logits, RequestState& state, RequestOutput& output) {
+  SequenceGroup& group = *s.group;
+  Sequence& seq = *s.seq;
+  const int64_t vocab = runner_->vocab_size();
+  // The model's (greedy) token after the last token and after each draft, in order: kept while
+  // the draft it follows matched the one before it.
+  const auto num_draft = static_cast<int>(s.draft.size());
+  int accepted = 0;
+  for (int i = 0; i <= num_draft; ++i) {
+    const int row = s.logits_index + i;
+    SampleResult result;
+    if (!device_tokens.empty()) {
+      result.token_id = device_tokens[row];
+    } else {
+      SamplingContext context;
+      context.params = &group.params();
+      context.eos_token_id = options_.eos_token_id;
+      result = Sample({logits.data<float>() + row * vocab, static_cast<size_t>(vocab)}, context);
+    }
+    ProcessSample(group, state, seq, result, output);
+    if (seq.finished() || i == num_draft || result.token_id != s.draft[i]) break;
+    ++accepted;
+  }
+  counters_.spec_draft_tokens += num_draft;
+  counters_.spec_accepted_tokens += accepted;
+  if (!seq.finished()) scheduler_.OnDraftsChecked(seq);
 }
 
 void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,

@@ -28,6 +28,7 @@
 #include "runtime/sampling_params.h"
 #include "runtime/scheduler.h"
 #include "runtime/sequence.h"
+#include "runtime/speculative.h"
 #include "runtime/stop_strings.h"
 
 namespace mqa {
@@ -58,14 +59,9 @@ struct EngineOptions {
   // prompt_logprobs), each costing a logits row: a step's logits rows stay within max_num_seqs
   // plus this, the size a runner's logits workspace needs. 0 refuses such requests.
   int max_prompt_logprob_rows = 256;
+  // Speculative decoding by prompt lookup (runtime/speculative.h); off by default.
+  SpeculativeConfig speculative;
 };
-
-// Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
-// draws exactly what a request asks for: no penalties, min-p, min_tokens masking, logit_bias or
-// allowed_token_ids. Log-probabilities (of the output or the prompt) do not need the host sampler:
-// the engine scores the device's draw (and prompt rows) from the step's logits, copied back only
-// for steps that hold such a request.
-bool DeviceSamplable(const SamplingParams& params);
 
 // New output of one sample since the previous RequestOutput.
 struct SampleOutput {
@@ -117,6 +113,9 @@ struct EngineMetrics {
   int64_t finished_length = 0;
   int64_t finished_abort = 0;
   int64_t num_steps = 0;
+  // Speculative decoding: draft tokens computed, and those the model's tokens confirmed.
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
 };
 
 // A thread-safe queue of one request's outputs, for callers that want to block on them.
@@ -190,6 +189,10 @@ class Engine {
   void TakeInbox();
   // Scores the prompt tokens of `s`'s chunk from the step's logits (prompt_logprobs).
   void ScorePromptRows(const ScheduledSeq& s, const Tensor& logits);
+  // A speculating sequence's step (ScheduledSeq::draft): appends the model's tokens while the
+  // drafts match them, counts them, and returns the blocks of rejected drafts.
+  void CheckDrafts(const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
+                   const Tensor& logits, RequestState& state, RequestOutput& output);
   void ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,
                      const SampleResult& result, RequestOutput& output);
   SampleOutput& OutputFor(RequestOutput& output, int sample_index);

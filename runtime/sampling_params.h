@@ -71,6 +71,13 @@ struct SamplingParams {
   absl::Status Validate() const;
 };
 
+// Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
+// draws exactly what a request asks for: no penalties, min-p, min_tokens masking, logit_bias or
+// allowed_token_ids. Log-probabilities (of the output or the prompt) do not need the host sampler:
+// the engine scores the device's draw (and prompt rows) from the step's logits, copied back only
+// for steps that hold such a request.
+bool DeviceSamplable(const SamplingParams& params);
+
 // Most logprobs one request may ask for (the OpenAI API's cap).
 inline constexpr int kMaxLogprobs = 20;
 

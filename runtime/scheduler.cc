@@ -171,14 +171,18 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
     Preempt(*victim);
   }
 
+  const bool decoding = IsDecoding(group);
   for (const auto& [seq, chunk] : plan) {
     if (chunk == seq->num_uncomputed_tokens()) {
       if (std::optional<BlockCopy> copy = block_manager_->AppendSlot(*seq)) {
         out.input.block_copies.push_back(*copy);
       }
     }
-    AddToStep(group, *seq, chunk, out);
-    token_budget_ -= chunk;
+    std::vector<int32_t> draft;
+    if (decoding) draft = Speculate(group, *seq);
+    token_budget_ -= chunk + static_cast<int>(draft.size());
+    prompt_rows_budget_ -= static_cast<int>(draft.size());
+    AddToStep(group, *seq, chunk, out, std::move(draft));
   }
   in_step_.push_back(&group);
   return true;
@@ -206,8 +210,29 @@ void Scheduler::Preempt(SequenceGroup& group) {
   ++num_preemptions_;
 }
 
-void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens,
-                          SchedulerOutput& out) {
+std::vector<int32_t> Scheduler::Speculate(const SequenceGroup& group, const Sequence& seq) {
+  const SpeculativeConfig& config = options_.speculative;
+  if (!config.enabled() || !SpeculationEligible(group.params())) return {};
+  // Each accepted draft and the token after the last one are output tokens: the drafts stop one
+  // short of max_tokens and of the longest sequence.
+  int most = std::min({config.num_speculative_tokens, token_budget_ - 1, prompt_rows_budget_,
+                       group.params().max_tokens - seq.num_output_tokens() - 1});
+  if (options_.max_model_len > 0)
+    most = std::min(most, options_.max_model_len - seq.num_tokens() - 1);
+  if (most <= 0) return {};
+  std::vector<int32_t> draft = ProposeNgramDraft(seq.tokens(), config, most);
+  if (draft.empty()) return draft;
+  const int num_tokens = seq.num_tokens() + static_cast<int>(draft.size());
+  // Speculation never preempts: without free blocks the step is an ordinary decode.
+  if (block_manager_->NumBlocksToReserve(seq, num_tokens) > block_manager_->NumFreeBlocks()) {
+    return {};
+  }
+  block_manager_->Reserve(seq, num_tokens);
+  return draft;
+}
+
+void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens, SchedulerOutput& out,
+                          std::vector<int32_t> draft) {
   StepInput& in = out.input;
   if (in.query_start.empty()) in.query_start.push_back(0);
   const int start = seq.num_computed_tokens();
@@ -216,9 +241,16 @@ void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens,
     in.positions.push_back(p);
     in.slot_mapping.push_back(block_manager_->Slot(seq.seq_id(), p));
   }
+  const auto num_draft = static_cast<int>(draft.size());
+  for (int i = 0; i < num_draft; ++i) {
+    const int p = start + num_tokens + i;
+    in.token_ids.push_back(draft[i]);
+    in.positions.push_back(p);
+    in.slot_mapping.push_back(block_manager_->Slot(seq.seq_id(), p));
+  }
   in.seq_ids.push_back(seq.seq_id());
   in.query_start.push_back(in.num_tokens());
-  in.context_lens.push_back(start + num_tokens);
+  in.context_lens.push_back(start + num_tokens + num_draft);
   ScheduledSeq scheduled{&group, &seq, num_tokens, -1};
   scheduled.first_position = start;
   if (group.NeedsPromptLogprobs()) {
@@ -236,9 +268,12 @@ void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens,
     scheduled.logits_index = static_cast<int>(in.logits_rows.size());
     // Before the fork, the prompt's last row yields every sample's first token.
     if (!group.forked()) scheduled.num_draws = group.params().n;
-    for (int d = 0; d < scheduled.num_draws; ++d) in.logits_rows.push_back(in.num_tokens() - 1);
+    const int last_row = in.num_tokens() - 1 - num_draft;
+    for (int d = 0; d < scheduled.num_draws; ++d) in.logits_rows.push_back(last_row);
+    for (int i = 1; i <= num_draft; ++i) in.logits_rows.push_back(last_row + i);
   }
-  out.scheduled.push_back(scheduled);
+  scheduled.draft = std::move(draft);
+  out.scheduled.push_back(std::move(scheduled));
 }
 
 void Scheduler::FinalizeStepInput(SchedulerOutput& out) const {
@@ -261,6 +296,12 @@ void Scheduler::OnStepExecuted(const SchedulerOutput& output) {
     s.seq->set_num_computed_tokens(s.seq->num_computed_tokens() + s.num_tokens);
     block_manager_->MarkComputed(*s.seq);
   }
+}
+
+void Scheduler::OnDraftsChecked(Sequence& seq) {
+  seq.set_num_computed_tokens(seq.num_tokens() - 1);
+  block_manager_->MarkComputed(seq);
+  block_manager_->Trim(seq);
 }
 
 Sequence* Scheduler::Fork(SequenceGroup& group, const Sequence& parent, int64_t new_seq_id,

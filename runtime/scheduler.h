@@ -20,6 +20,7 @@
 #include "runtime/block_manager.h"
 #include "runtime/model_runner.h"
 #include "runtime/sequence.h"
+#include "runtime/speculative.h"
 
 namespace mqa {
 
@@ -33,6 +34,12 @@ struct SchedulerOptions {
   // NeedsPromptLogprobs), each of which costs a logits row: such a prompt runs in chunks of at
   // most this many tokens, so a step's logits rows stay within max_num_seqs plus this.
   int max_prompt_logprob_rows = 256;
+  // Speculative decoding (runtime/speculative.h): a decoding sequence of an eligible request also
+  // computes up to num_speculative_tokens draft tokens a step, each taking a token of the step's
+  // budget and a logits row of the prompt-logprob rows' (so that a step's logits rows stay
+  // within max_num_seqs + max_prompt_logprob_rows), and blocks only if free ones are left.
+  SpeculativeConfig speculative;
+  int max_model_len = 0;  // positions a draft may reach (0: no limit)
 };
 
 // One sequence's share of a step.
@@ -49,6 +56,10 @@ struct ScheduledSeq {
   int prompt_rows_index = -1;
   int num_prompt_rows = 0;
   int first_position = 0;
+  // Speculative decoding: the draft tokens computed after the sequence's last token, at positions
+  // num_tokens() ... ; logits rows logits_index + 1 ... hold them (row logits_index + i gives the
+  // model's token after draft i - 1). The engine then calls Scheduler::OnDraftsChecked.
+  std::vector<int32_t> draft;
 };
 
 struct SchedulerOutput {
@@ -77,6 +88,10 @@ class Scheduler {
   // After the runner executed `output`: advances computed tokens and fills the prefix cache.
   void OnStepExecuted(const SchedulerOutput& output);
 
+  // After the engine appended the model's tokens for a sequence that had drafts (and it did not
+  // finish): the accepted drafts' KV counts as computed (all but its newest token), full blocks
+  // join the prefix cache, and blocks held for rejected drafts are released.
+  void OnDraftsChecked(Sequence& seq);
   // Creates sample `sample_index` of a running group from `parent`, sharing its blocks.
   Sequence* Fork(SequenceGroup& group, const Sequence& parent, int64_t new_seq_id,
                  int sample_index);
@@ -102,7 +117,11 @@ class Scheduler {
   // when `may_preempt`. Returns false when `group` itself was preempted.
   bool ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerOutput& out);
   void Preempt(SequenceGroup& group);
-  void AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens, SchedulerOutput& out);
+  // Draft tokens for a decoding sequence whose last slot is ready, with their blocks reserved;
+  // empty when the request or the budgets do not allow any.
+  std::vector<int32_t> Speculate(const SequenceGroup& group, const Sequence& seq);
+  void AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens, SchedulerOutput& out,
+                 std::vector<int32_t> draft = {});
   void FinalizeStepInput(SchedulerOutput& out) const;
 
   SchedulerOptions options_;

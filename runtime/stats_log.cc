@@ -12,13 +12,20 @@ std::string StatsLine(const EngineMetrics& before, const EngineMetrics& now, dou
   const double s = seconds > 0 ? seconds : 1.0;
   const int64_t queried = now.prefix_cache_queried_blocks - before.prefix_cache_queried_blocks;
   const int64_t hits = now.prefix_cache_hit_blocks - before.prefix_cache_hit_blocks;
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "prompt %.1f tokens/s, generation %.1f tokens/s, running %d reqs, waiting %d reqs, KV cache "
       "%.1f%%, prefix cache hits %.1f%%, preemptions %d",
       (now.prompt_tokens - before.prompt_tokens) / s,
       (now.generation_tokens - before.generation_tokens) / s, now.num_running, now.num_waiting,
       100.0 * now.kv_cache_usage, queried > 0 ? 100.0 * hits / queried : 0.0,
       now.num_preemptions - before.num_preemptions);
+  const int64_t drafts = now.spec_draft_tokens - before.spec_draft_tokens;
+  if (drafts > 0) {
+    absl::StrAppendFormat(
+        &line, ", draft acceptance %.1f%%",
+        100.0 * (now.spec_accepted_tokens - before.spec_accepted_tokens) / drafts);
+  }
+  return line;
 }
 
 bool StatsChanged(const EngineMetrics& before, const EngineMetrics& now) {

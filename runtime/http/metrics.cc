@@ -147,6 +147,12 @@ std::string ServerMetrics::Render(const EngineMetrics& engine) const {
                 static_cast<double>(engine.generation_tokens));
   AppendCounter(&out, "mqaserve_num_preemptions_total", "Sequences preempted.", labels_,
                 static_cast<double>(engine.num_preemptions));
+  AppendCounter(&out, "mqaserve_spec_decode_num_draft_tokens_total",
+                "Speculative decoding: draft tokens checked.", labels_,
+                static_cast<double>(engine.spec_draft_tokens));
+  AppendCounter(&out, "mqaserve_spec_decode_num_accepted_tokens_total",
+                "Speculative decoding: draft tokens accepted.", labels_,
+                static_cast<double>(engine.spec_accepted_tokens));
 
   constexpr char kSuccess[] = "mqaserve_request_success_total";
   AppendHeader(&out, kSuccess, "Finished samples, by finish reason.", "counter");

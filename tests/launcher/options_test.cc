@@ -71,6 +71,16 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_EQ(ParseOptions({"x", "--model", "m", "--allowed-origins", "http://a, http://b"})
                 ->allowed_origins,
             "http://a, http://b");
+  auto spec = ParseOptions({"x", "--model", "m", "--speculative-config",
+                            R"({"method": "ngram", "num_speculative_tokens": 4})"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->speculative.num_speculative_tokens, 4);
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m"})->speculative.enabled());
+  EXPECT_NE(ParseOptions({"x", "--model", "m", "--speculative-config", R"({"method": "medusa"})"})
+                .status()
+                .message()
+                .find("--speculative-config"),
+            std::string::npos);
 }
 
 }  // namespace

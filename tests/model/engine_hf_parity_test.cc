@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -50,6 +51,7 @@ struct EngineSetup {
   bool prefix_caching = true;
   bool together = true;
   int max_num_batched_tokens = 64;  // small: long prompts are chunked
+  SpeculativeConfig speculative;
 };
 
 struct RunResult {
@@ -75,6 +77,7 @@ std::unique_ptr<Engine> MakeEngine(const std::string& model, const EngineSetup& 
   eo.enable_prefix_caching = s.prefix_caching;
   eo.eos_token_id = -1;  // HF's reference loop never stops early
   eo.max_prompt_logprob_rows = max_prompt_logprob_rows;
+  eo.speculative = s.speculative;
   auto engine = Engine::Create(*std::move(runner), eo);
   MQA_CHECK_OK(engine.status());
   return *std::move(engine);
@@ -148,6 +151,18 @@ class EngineHfParity : public ::testing::TestWithParam<std::string> {
     EXPECT_GT(steps, 200);
     if (expect_preemption) EXPECT_GT(r.metrics.num_preemptions, 0) << what;
     if (expect_cache_hits) EXPECT_GT(r.cached_prompt_tokens, 0) << what;
+    if (setup.speculative.enabled()) {
+      // These random-weight models seldom repeat themselves, so few drafts are kept (the tests
+      // of engine_test.cc and the demo model's e2e test see many): what matters here is that
+      // the tokens are HF's whatever was kept.
+      EXPECT_LE(r.metrics.spec_accepted_tokens, r.metrics.spec_draft_tokens) << what;
+      std::printf("%s %s: %lld of %lld drafts accepted, %lld steps for %d tokens\n",
+                  GetParam().c_str(), what, static_cast<long long>(r.metrics.spec_accepted_tokens),
+                  static_cast<long long>(r.metrics.spec_draft_tokens),
+                  static_cast<long long>(r.metrics.num_steps), steps);
+    } else {
+      EXPECT_EQ(r.metrics.spec_draft_tokens, 0) << what;
+    }
   }
 };
 
@@ -160,6 +175,32 @@ TEST_P(EngineHfParity, TogetherBlock8) {
 TEST_P(EngineHfParity, TogetherBlock16PrefixCaching) {
   Check({.block_size = 16, .prefix_caching = true, .together = true}, "prefix caching",
         /*expect_preemption=*/false, /*expect_cache_hits=*/true);
+}
+// Speculative decoding by prompt lookup: the same greedy tokens, alone and together, with block
+// sizes 8 and 16, prefix caching, and a pool small enough that drafts must go without blocks.
+TEST_P(EngineHfParity, SpeculativeNgramOneAtATime) {
+  Check({.block_size = 16,
+         .prefix_caching = false,
+         .together = false,
+         .speculative = {.num_speculative_tokens = 5, .prompt_lookup_max = 3}},
+        "speculative, alone");
+}
+TEST_P(EngineHfParity, SpeculativeNgramTogetherBlock8PrefixCaching) {
+  Check({.block_size = 8,
+         .prefix_caching = true,
+         .together = true,
+         .speculative = {.num_speculative_tokens = 7,
+                         .prompt_lookup_max = 4,
+                         .prompt_lookup_min = 2}},
+        "speculative, together, block 8", /*expect_preemption=*/false, /*expect_cache_hits=*/true);
+}
+TEST_P(EngineHfParity, SpeculativeNgramSmallPool) {
+  Check({.block_size = 8,
+         .num_kv_blocks = 16,
+         .prefix_caching = true,
+         .together = true,
+         .speculative = {.num_speculative_tokens = 4}},
+        "speculative, small pool", /*expect_preemption=*/true);
 }
 TEST_P(EngineHfParity, SmallPoolForcesPreemption) {
   // 9 sequences of up to 65 tokens need ~70 blocks of 8 at once; 16 blocks force recompute.

@@ -276,10 +276,11 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The tiny-mqa-d128 fixture in float16 on the GPU with these options.
-absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> TinyCudaRunner(Collectives* collectives,
-                                                                 GptBigCodeRunnerOptions opts) {
+absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> TinyCudaRunner(
+    Collectives* collectives, GptBigCodeRunnerOptions opts,
+    const std::string& fixture = "tiny-mqa-d128") {
   LoadOptions load;
-  load.model_dir = FixtureModelDir("tiny-mqa-d128");
+  load.model_dir = FixtureModelDir(fixture);
   load.dtype = DType::kF16;
   opts.device = Device::kCuda;
   return CreateGptBigCodeRunnerFromDir(load, collectives, opts);
@@ -384,6 +385,73 @@ TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
   }
   std::printf("three greedy samples a prompt on the GPU: %d steps each equal HF's\n", compared);
   EXPECT_GT(compared, 20);
+}
+
+// Speculative decoding by prompt lookup over the CUDA runner: steps of a sequence's last token plus
+// its drafts (the eager path: prefill attention over queries that start mid-sequence, a logits row
+// for each, greedy draws on the device) give HF's greedy continuation, up to a step HF's fp16
+// margin cannot resolve, on both head sizes (d64's text repeats enough for drafts to be kept).
+TEST(GptBigCodeCuda, EngineSpeculativeGreedyEqualsTransformers) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string fixture : {"tiny-mqa-d64", "tiny-mqa-d128"}) {
+    auto collectives = MakeLocalCollectives();
+    GptBigCodeRunnerOptions opts;
+    opts.num_kv_blocks = 256;
+    auto runner = TinyCudaRunner(collectives.get(), opts, fixture);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    const int64_t vocab = (*runner)->vocab_size();
+    EngineOptions eo;
+    eo.max_num_seqs = 16;
+    eo.max_model_len = 128;
+    eo.eos_token_id = -1;
+    eo.speculative = {.num_speculative_tokens = 5, .prompt_lookup_max = 3};
+    auto engine = Engine::Create(*std::move(runner), eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), vocab);
+    std::vector<RequestOutputQueue> queues(refs.size());
+    std::vector<int> lengths(refs.size());
+    for (size_t i = 0; i < refs.size(); ++i) {
+      while (lengths[i] < static_cast<int>(refs[i].greedy.size()) &&
+             refs[i].margins[lengths[i]] >= 5e-2) {
+        ++lengths[i];
+      }
+      if (lengths[i] == 0) continue;
+      EngineRequest r;
+      r.request_id = "s" + std::to_string(i);
+      r.prompt_token_ids = refs[i].prompt;
+      r.params.temperature = 0;
+      r.params.max_tokens = lengths[i];
+      r.on_output = queues[i].Callback();
+      ASSERT_TRUE((*engine)->AddRequest(std::move(r)).ok());
+    }
+    while ((*engine)->HasWork()) {
+      absl::Status step = (*engine)->Step();
+      ASSERT_TRUE(step.ok()) << step;
+    }
+    int compared = 0;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      if (lengths[i] == 0) continue;
+      std::vector<int32_t> got;
+      while (auto out = queues[i].Pop(absl::ZeroDuration())) {
+        ASSERT_TRUE(out->error.ok()) << out->error;
+        for (const SampleOutput& sample : out->samples) {
+          got.insert(got.end(), sample.token_ids.begin(), sample.token_ids.end());
+        }
+      }
+      const std::vector<int32_t> want(refs[i].greedy.begin(), refs[i].greedy.begin() + lengths[i]);
+      EXPECT_EQ(got, want) << fixture << " prompt " << i;
+      compared += lengths[i];
+    }
+    const EngineMetrics m = (*engine)->metrics();
+    std::printf(
+        "%s speculative on the GPU: %d tokens equal HF's in %lld steps, %lld of %lld "
+        "drafts kept\n",
+        fixture.c_str(), compared, static_cast<long long>(m.num_steps),
+        static_cast<long long>(m.spec_accepted_tokens),
+        static_cast<long long>(m.spec_draft_tokens));
+    EXPECT_GT(compared, 20);
+    EXPECT_GT(m.spec_draft_tokens, 0);
+  }
 }
 
 // LaunchSample / CollectSample with tokens fed on the device give the same greedy tokens as

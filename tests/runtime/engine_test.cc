@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/sampling.h"
 #include "runtime/stats_log.h"
@@ -41,13 +42,13 @@ struct Expected {
 // function (SampleTokensCpu: seed from the sample, offset = tokens drawn so far), others with the
 // host Sampler.
 Expected Oracle(const std::vector<int32_t>& prompt, const SamplingParams& params, int sample_index,
-                int vocab, int max_model_len, bool device_sampler = false) {
+                int vocab, int max_model_len, bool device_sampler = false, float cycle_boost = 0) {
   SampleRng rng(SampleSeed(*params.seed, sample_index));
   const bool on_device = device_sampler && DeviceSamplable(params);
   std::vector<int32_t> history = prompt;
   Expected expected;
   while (params.max_tokens > 0) {
-    const std::vector<float> logits = ReferenceLogits(history, vocab);
+    const std::vector<float> logits = ReferenceLogits(history, vocab, cycle_boost);
     int32_t token = 0;
     if (on_device) {
       RowSamplingParams row;
@@ -87,11 +88,13 @@ Expected Oracle(const std::vector<int32_t>& prompt, const SamplingParams& params
 // What prompt_logprobs must return: each prompt token after the first scored under the logits of
 // the tokens before it.
 void ExpectPromptLogprobs(const std::vector<int32_t>& prompt, int top,
-                          const std::vector<SampleResult>& got, int vocab, const std::string& id) {
+                          const std::vector<SampleResult>& got, int vocab, const std::string& id,
+                          float cycle_boost = 0) {
   ASSERT_EQ(got.size(), prompt.size() - 1) << id;
   for (size_t i = 0; i + 1 < prompt.size(); ++i) {
     const std::vector<int32_t> history(prompt.begin(), prompt.begin() + i + 1);
-    const SampleResult want = ScoreToken(ReferenceLogits(history, vocab), prompt[i + 1], top);
+    const SampleResult want =
+        ScoreToken(ReferenceLogits(history, vocab, cycle_boost), prompt[i + 1], top);
     EXPECT_EQ(got[i].token_id, prompt[i + 1]) << id << " position " << i + 1;
     EXPECT_FLOAT_EQ(got[i].logprob, want.logprob) << id << " position " << i + 1;
     ASSERT_EQ(got[i].top_logprobs.size(), want.top_logprobs.size()) << id;
@@ -166,14 +169,15 @@ class Harness {
       if (params.prompt_logprobs.has_value() && !aborted) {
         EXPECT_EQ(got.outputs_with_prompt_logprobs, 1) << id;
         ExpectPromptLogprobs(prompt, *params.prompt_logprobs, got.prompt_logprobs,
-                             runner_options_.vocab_size, id);
+                             runner_options_.vocab_size, id, runner_options_.cycle_boost);
       } else if (!params.prompt_logprobs.has_value()) {
         EXPECT_EQ(got.outputs_with_prompt_logprobs, 0) << id;
       }
       for (int i = 0; i < params.n; ++i) {
         const Expected want =
             Oracle(prompt, params, i, runner_options_.vocab_size, options_.max_model_len,
-                   runner_options_.device_sampling && options_.device_sampling);
+                   runner_options_.device_sampling && options_.device_sampling,
+                   runner_options_.cycle_boost);
         ASSERT_TRUE(got.reasons.contains(i)) << id << " sample " << i;
         const std::vector<int32_t> tokens =
             got.tokens.contains(i) ? got.tokens.at(i) : std::vector<int32_t>{};
@@ -295,6 +299,9 @@ struct OracleCase {
   bool chunked_prefill;
   bool staggered;  // requests arrive over time instead of all at once
   bool device_sampling = false;  // the runner samples on the device (FakeRunnerOptions)
+  // Speculative decoding with this many drafts (and repetitive greedy text: a cycle boost of 4.5,
+  // half of the requests greedy); 0: off.
+  int speculative = 0;
 };
 
 class EngineOracleTest : public ::testing::TestWithParam<OracleCase> {};
@@ -305,7 +312,9 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   runner_options.num_blocks = c.num_blocks;
   runner_options.block_size = c.block_size;
   runner_options.device_sampling = c.device_sampling;
+  if (c.speculative > 0) runner_options.cycle_boost = 4.5f;
   EngineOptions options;
+  options.speculative.num_speculative_tokens = c.speculative;
   options.max_num_seqs = 16;
   options.max_num_batched_tokens = c.max_num_batched_tokens;
   options.max_model_len = 64;
@@ -328,7 +337,17 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   int added = 0;
   auto add_one = [&] {
     const std::string id = absl::StrCat("req", added++);
-    ASSERT_TRUE(h.Add(id, RandomPrompt(rng, 32, 40, prefixes), RandomParams(rng, 3, 16)).ok());
+    SamplingParams params = RandomParams(rng, 3, c.speculative > 0 ? 24 : 16);
+    if (c.speculative > 0 && rng() % 2 == 0 && params.max_tokens > 0) {
+      params.temperature = 0;  // greedy, one sample: it speculates (unless penalised)
+      params.n = 1;
+      if (rng() % 3 != 0) {
+        params.repetition_penalty = 1;
+        params.presence_penalty = params.frequency_penalty = params.min_p = 0;
+        params.min_tokens = 0;
+      }
+    }
+    ASSERT_TRUE(h.Add(id, RandomPrompt(rng, 32, 40, prefixes), params).ok());
   };
   if (!c.staggered) {
     while (added < num_requests) add_one();
@@ -346,6 +365,15 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   if (c.num_blocks <= 40) EXPECT_GT(m.num_preemptions, 0) << "the pool should force preemption";
   if (c.num_blocks > 400) EXPECT_EQ(m.num_preemptions, 0);
   if (c.prefix_caching) EXPECT_GT(m.prefix_cache_hit_blocks, 0);
+  if (c.speculative > 0) {
+    // Drafts were made and many kept (the boosted cycle; random prompts give 1-gram matches
+    // that are not), never more kept than made.
+    EXPECT_GT(m.spec_draft_tokens, 50) << c.name;
+    EXPECT_GT(m.spec_accepted_tokens, 15) << c.name;
+    EXPECT_LE(m.spec_accepted_tokens, m.spec_draft_tokens) << c.name;
+  } else {
+    EXPECT_EQ(m.spec_draft_tokens, 0);
+  }
   if (c.device_sampling) {
     // The random parameters mix device-samplable requests with host-sampled ones (penalties,
     // min-p, min_tokens): both kinds of step happened.
@@ -356,14 +384,19 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, EngineOracleTest,
-    ::testing::Values(OracleCase{"LargePool", 1024, 8, 512, false, true, false},
-                      OracleCase{"TinyPoolPreemptsChunks", 32, 8, 16, false, true, false},
-                      OracleCase{"TinyPoolPrefixCache", 32, 8, 24, true, true, true},
-                      OracleCase{"LargePoolPrefixCache", 1024, 16, 512, true, true, true},
-                      OracleCase{"NoChunkedPrefill", 40, 8, 64, true, false, false},
-                      OracleCase{"Block32Preempts", 12, 32, 32, true, true, true},
-                      OracleCase{"DeviceSamplingLargePool", 1024, 8, 512, false, true, false, true},
-                      OracleCase{"DeviceSamplingTinyPool", 32, 8, 24, true, true, true, true}),
+    ::testing::Values(
+        OracleCase{"LargePool", 1024, 8, 512, false, true, false},
+        OracleCase{"TinyPoolPreemptsChunks", 32, 8, 16, false, true, false},
+        OracleCase{"TinyPoolPrefixCache", 32, 8, 24, true, true, true},
+        OracleCase{"LargePoolPrefixCache", 1024, 16, 512, true, true, true},
+        OracleCase{"NoChunkedPrefill", 40, 8, 64, true, false, false},
+        OracleCase{"Block32Preempts", 12, 32, 32, true, true, true},
+        OracleCase{"DeviceSamplingLargePool", 1024, 8, 512, false, true, false, true},
+        OracleCase{"DeviceSamplingTinyPool", 32, 8, 24, true, true, true, true},
+        OracleCase{"SpeculativeLargePool", 1024, 8, 512, true, true, false, false, 5},
+        OracleCase{"SpeculativeTinyPoolPreempts", 32, 8, 24, true, true, true, false, 4},
+        OracleCase{"SpeculativeDeviceSampling", 1024, 16, 64, true, true, true, true, 7},
+        OracleCase{"SpeculativeBlock32", 14, 32, 40, false, true, true, true, 3}),
     [](const ::testing::TestParamInfo<OracleCase>& info) { return info.param.name; });
 
 // The device-sampling tests' runner (it samples on the device) and engine options.
@@ -1087,6 +1120,11 @@ TEST(StatsLog, LineFromTwoSnapshotsAndALoggerThatStaysQuietWhenIdle) {
   EXPECT_EQ(StatsLine(before, now, 2.0),
             "prompt 100.0 tokens/s, generation 20.0 tokens/s, running 3 reqs, waiting 1 reqs, KV "
             "cache 12.5%, prefix cache hits 40.0%, preemptions 2");
+  now.spec_draft_tokens = 40;  // speculative decoding adds its acceptance over the interval
+  now.spec_accepted_tokens = 30;
+  before.spec_draft_tokens = 20;
+  before.spec_accepted_tokens = 20;
+  EXPECT_TRUE(absl::EndsWith(StatsLine(before, now, 2.0), "preemptions 2, draft acceptance 50.0%"));
   EXPECT_TRUE(StatsChanged(before, now));
   EngineMetrics idle = before;
   EXPECT_FALSE(StatsChanged(before, idle));

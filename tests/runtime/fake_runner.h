@@ -47,9 +47,27 @@ inline void FakeLogits(uint64_t history_hash, int vocab, float* out) {
   out[0] -= 2.0f;
 }
 
-inline std::vector<float> ReferenceLogits(absl::Span<const int32_t> tokens, int vocab) {
+// The token a cycle boost favours after `token`: tokens 1..30 in cycles of five (1 -> 2 -> ... ->
+// 5 -> 1, 6 -> ... -> 10 -> 6, ...), anything else to 1; never 0 (EOS).
+inline int32_t FakeCycleNext(int32_t token) {
+  if (token < 1 || token > 30) return 1;
+  const int32_t group = (token - 1) / 5;
+  return 1 + 5 * group + ((token - 1) % 5 + 1) % 5;
+}
+
+// With cycle_boost > 0 (speculative decoding's tests) the token FakeCycleNext(last token) gains
+// that much: above ~6 it is always the argmax, below that usually, so that greedy text repeats
+// itself (prompt lookup finds drafts) yet still depends on the whole history (the KV).
+inline void FakeBoost(int32_t last_token, float cycle_boost, int vocab, float* out) {
+  const int32_t next = FakeCycleNext(last_token);
+  if (cycle_boost > 0 && next < vocab) out[next] += cycle_boost;
+}
+
+inline std::vector<float> ReferenceLogits(absl::Span<const int32_t> tokens, int vocab,
+                                          float cycle_boost = 0) {
   std::vector<float> logits(vocab);
   FakeLogits(FakeHistoryHash(tokens), vocab, logits.data());
+  if (!tokens.empty()) FakeBoost(tokens.back(), cycle_boost, vocab, logits.data());
   return logits;
 }
 
@@ -61,6 +79,7 @@ struct FakeRunnerOptions {
   // samples_on_device(): ExecuteSampled draws with SampleTokensCpu, the CPU reference of the
   // CUDA sampling kernel, standing in for the GPU.
   bool device_sampling = false;
+  float cycle_boost = 0;  // FakeBoost
 };
 
 class FakeRunner : public ModelRunner {
@@ -122,8 +141,9 @@ class FakeRunner : public ModelRunner {
     }
     Tensor logits = Tensor::Cpu({static_cast<int64_t>(in.logits_rows.size()), vocab_size()});
     for (size_t r = 0; r < in.logits_rows.size(); ++r) {
-      FakeLogits(row_hash[in.logits_rows[r]], options_.vocab_size,
-                 logits.data<float>() + r * options_.vocab_size);
+      float* out = logits.data<float>() + r * options_.vocab_size;
+      FakeLogits(row_hash[in.logits_rows[r]], options_.vocab_size, out);
+      FakeBoost(in.token_ids[in.logits_rows[r]], options_.cycle_boost, options_.vocab_size, out);
     }
     return logits;
   }

@@ -1,0 +1,48 @@
+// Speculative decoding by prompt lookup (vLLM's "ngram" method): a greedy sequence's next tokens
+// are guessed from its own text — the tokens that followed the last earlier occurrence of its
+// final n-gram — and the model checks all the guesses in one step: the step computes the real
+// last token and the k draft tokens after it, each row's argmax is the model's token at that
+// position, and the drafts are kept while they equal it, plus the model's token after the last
+// kept one. Greedy output is unchanged (the same argmaxes, fewer steps); code, which repeats
+// itself, often accepts several drafts a step, and a memory-bound decode step costs about the same
+// with k + 1 tokens as with one.
+//
+// Which requests speculate: SpeculationEligible (one greedy sample the device sampler covers,
+// without log-probabilities).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "runtime/sampling_params.h"
+
+namespace mqa {
+
+struct SpeculativeConfig {
+  int num_speculative_tokens = 0;  // drafts a step at most; 0: off
+  int prompt_lookup_max = 4;       // longest n-gram matched
+  int prompt_lookup_min = 1;       // shortest n-gram matched
+
+  bool enabled() const { return num_speculative_tokens > 0; }
+};
+
+// vLLM's --speculative-config JSON: {"method": "ngram", "num_speculative_tokens": k,
+// "prompt_lookup_max": n, "prompt_lookup_min": m}. An empty string: off. InvalidArgument naming
+// the field for anything else (another method, k outside 1..15, min > max ...).
+absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(absl::string_view json);
+
+// Whether a request's decode steps may speculate: greedy, n = 1, no penalties or other host
+// sampling (DeviceSamplable), no log-probabilities.
+bool SpeculationEligible(const SamplingParams& params);
+
+// Up to `max_tokens` draft tokens for the sequence `tokens` (prompt + output): for n from
+// prompt_lookup_max down to prompt_lookup_min, the last n tokens are looked for earlier in
+// `tokens` (the latest occurrence with a token after it wins) and the tokens that followed it are
+// proposed. Empty when nothing matches.
+std::vector<int32_t> ProposeNgramDraft(absl::Span<const int32_t> tokens,
+                                       const SpeculativeConfig& config, int max_tokens);
+
+}  // namespace mqa
