@@ -21,7 +21,7 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 StepInput MakeStep(const std::vector<Seq*>& seqs, const std::vector<std::vector<int32_t>>& chunk,
-                   int block_size) {
+                   int block_size, bool all_rows) {
   StepInput in;
   in.query_start.push_back(0);
   size_t width = 0;
@@ -39,7 +39,9 @@ StepInput MakeStep(const std::vector<Seq*>& seqs, const std::vector<std::vector<
     }
     in.query_start.push_back(in.num_tokens());
     in.context_lens.push_back(start + static_cast<int>(chunk[i].size()));
-    in.logits_rows.push_back(in.num_tokens() - 1);
+    const int first_row =
+        all_rows ? in.query_start.back() - static_cast<int>(chunk[i].size()) : in.num_tokens() - 1;
+    for (int row = first_row; row < in.num_tokens(); ++row) in.logits_rows.push_back(row);
     for (size_t b = 0; b < width; ++b)
       in.block_tables.push_back(b < s.table.size() ? s.table[b] : 0);
   }

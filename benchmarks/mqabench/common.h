@@ -46,6 +46,9 @@ struct Flags {
   std::string attn_splits = "0";  // comma list of attention split counts (0: automatic)
   std::string attn_tn = "0";      // comma list of variant 11's KV tokens a stage (0: automatic)
   int num_prompts = 500, max_num_seqs = 256, max_num_batched_tokens = 4096;
+  // Speculative decoding's check step: each decode step brings the last token and this many
+  // draft tokens a sequence, with a logits row for each (0: plain decode steps).
+  int verify_tokens = 0;
   uint64_t seed = 0;
 };
 
@@ -88,9 +91,10 @@ struct Seq {
   std::vector<int32_t> table;
 };
 
-// One step over `seqs`: seq i brings chunk[i] tokens; logits for each one's last row.
+// One step over `seqs`: seq i brings chunk[i] tokens; logits for each one's last row (every row
+// with all_rows: a speculative decoding check step).
 StepInput MakeStep(const std::vector<Seq*>& seqs, const std::vector<std::vector<int32_t>>& chunk,
-                   int block_size);
+                   int block_size, bool all_rows = false);
 
 struct Setup {
   ModelConfig config;

@@ -151,10 +151,10 @@ int SkinnyStageKib(absl::string_view v) {
 
 absl::Status Latency(const Flags& f) {
   const int bs = f.block_size;
-  const int per_seq = (f.input_len + f.output_len + bs - 1) / bs;
+  const int per_seq = (f.input_len + f.output_len + f.verify_tokens + bs - 1) / bs;
   ASSIGN_OR_RETURN(Setup s, MakeSetup(f, f.batch_size * per_seq + 8,
                                       std::max<int64_t>(2048, int64_t(f.batch_size) * f.input_len),
-                                      std::max(256, f.batch_size)));
+                                      std::max(256, f.batch_size * (1 + f.verify_tokens))));
   GptBigCodeRunner& r = *s.runner;
   const double floor_ms = s.weight_bytes / s.copy_bw * 1e3;
   // skinny = skinny2 (two weight rows per warp); "both": skinny2 and cuBLASLt; "all": every one.
@@ -267,6 +267,13 @@ absl::Status Latency(const Flags& f) {
   }
   if (f.skip != "none" && f.async != "off") {
     return absl::InvalidArgumentError("--skip runs with --async off only");
+  }
+  if (f.verify_tokens < 0 || f.verify_tokens > 15) {
+    return absl::InvalidArgumentError("--verify-tokens must be in 0..15");
+  }
+  if (f.verify_tokens > 0 && (f.async != "off" || f.engine != "off")) {
+    return absl::InvalidArgumentError(
+        "--verify-tokens runs with --async off and --engine off only");
   }
   if (!f.kernel_trace.empty() && (f.async != "off" || f.engine != "off")) {
     return absl::InvalidArgumentError("--kernel-trace runs with --async off and --engine off only");
@@ -425,7 +432,7 @@ absl::Status Latency(const Flags& f) {
       for (Seq& q : seqs) {
         q.prompt.resize(f.input_len);
         for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
-        if (!blocks.Reserve(q.table, f.input_len + f.output_len)) {
+        if (!blocks.Reserve(q.table, f.input_len + f.output_len + f.verify_tokens)) {
           return absl::InternalError("KV pool too small");
         }
         ptrs.push_back(&q);
@@ -470,15 +477,33 @@ absl::Status Latency(const Flags& f) {
         while (r.model().CollectSample().ok()) {  // drain after a failure
         }
       } else {
+        // --verify-tokens K: each step also brings K draft tokens (greedy: the model's own token
+        // at each, so that they are valid ids) with K + 1 logits rows a sequence; the sequence
+        // advances by one, as when every draft is rejected.
+        const int rows_per_seq = 1 + f.verify_tokens;
+        std::vector<RowSamplingParams> step_params(static_cast<size_t>(f.batch_size) *
+                                                   rows_per_seq);
+        std::vector<int32_t> drafts(step_params.size(), 0);
         for (int step = 1; step < f.output_len; ++step) {
-          for (int i = 0; i < f.batch_size; ++i) chunk[i] = {next[i]};
+          for (int i = 0; i < f.batch_size; ++i) {
+            chunk[i] = {next[i]};
+            for (int d = 1; d <= f.verify_tokens; ++d)
+              chunk[i].push_back(drafts[i * rows_per_seq + d - 1]);
+          }
           const auto a = std::chrono::steady_clock::now();
-          auto out = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs), greedy);
+          auto out = r.ExecuteAndSample(MakeStep(ptrs, chunk, bs, f.verify_tokens > 0),
+                                        f.verify_tokens > 0 ? step_params : greedy);
           if (!out.ok()) {
             failed = out.status();
             break;
           }
-          next = *std::move(out);
+          if (f.verify_tokens > 0) {
+            drafts = *out;
+            next.resize(f.batch_size);
+            for (int i = 0; i < f.batch_size; ++i) next[i] = drafts[i * rows_per_seq];
+          } else {
+            next = *std::move(out);
+          }
           valid_ids(next);
           iter_steps.push_back(Seconds(a, std::chrono::steady_clock::now()));
           if (const double g = r.model().last_graph_ms(); g >= 0 && measured) {
@@ -506,10 +531,13 @@ absl::Status Latency(const Flags& f) {
     }
     const double step_ms = Median(steps) * 1e3;
     std::printf(
-        "latency %s: batch %d, in %d, out %d, %s, gemm %s, fast %s, autotune %s, small "
+        "latency %s: batch %d, in %d, out %d%s, %s, gemm %s, fast %s, autotune %s, small "
         "%s, async %s, attention variant %d (warps_m %d, splits %d, tile tokens %d), skip "
         "%s, cuda graphs %s\n",
         f.model.c_str(), f.batch_size, f.input_len, f.output_len,
+        f.verify_tokens > 0
+            ? absl::StrCat(", check steps of 1 + ", f.verify_tokens, " tokens").c_str()
+            : "",
         std::string(DTypeName(s.dtype)).c_str(), variant.c_str(), fast.c_str(), autotune.c_str(),
         small.c_str(), async.c_str(), attn, wm, splits, tn, skip.first.c_str(),
         f.cuda_graphs ? "on" : "off");

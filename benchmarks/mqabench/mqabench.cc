@@ -9,7 +9,7 @@
 //       [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
-//       [--kernel-trace PREFIX]
+//       [--kernel-trace PREFIX] [--verify-tokens K]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -77,6 +77,9 @@
 //     name and grid, each group's time beyond the kernels before it ("exposed") and the idle gaps
 //     (benchmarks/kernel_timeline.h), medians over the decode steps; every kernel position to
 //     PREFIX-rowN-prefill.csv / -decode.csv. With --async off and --engine off only.
+//     --verify-tokens K: each decode step also brings K draft tokens a sequence with a logits
+//     row for each (speculative decoding's check step, runtime/speculative.h), the sequence
+//     advancing by one token: the step's cost beside a plain decode step's (another run).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -147,6 +150,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.chain, value());
     } else if (a == "--chain-timeline") {
       ASSIGN_OR_RETURN(f.chain_timeline, value());
+    } else if (a == "--verify-tokens") {
+      RETURN_IF_ERROR(as_int(&f.verify_tokens));
     } else if (a == "--kernel-trace") {
       ASSIGN_OR_RETURN(f.kernel_trace, value());
     } else if (a == "--attn") {
