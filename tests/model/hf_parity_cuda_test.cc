@@ -329,6 +329,53 @@ TEST(GptBigCodeCuda, EnginePromptLogprobsNearTransformers) {
   EXPECT_GT(scored, 70);  // 7 prompts of 1 to 33 tokens
 }
 
+// Each fixture prompt, greedy with n samples, through `engine`, for as many tokens as HF's greedy
+// continuation keeps a top-1 margin of at least 5e-2 (what fp16 logits resolve): every sample
+// must be that continuation. Returns the tokens compared a sample.
+int ExpectGreedySamplesEqualHf(Engine& engine, const std::vector<testing::HfReference>& refs, int n,
+                               const std::string& what) {
+  std::vector<RequestOutputQueue> queues(refs.size());
+  std::vector<int> lengths(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    while (lengths[i] < static_cast<int>(refs[i].greedy.size()) &&
+           refs[i].margins[lengths[i]] >= 5e-2) {
+      ++lengths[i];
+    }
+    if (lengths[i] == 0) continue;
+    EngineRequest r;
+    r.request_id = what + std::to_string(i);
+    r.prompt_token_ids = refs[i].prompt;
+    r.params.n = n;
+    r.params.temperature = 0;
+    r.params.max_tokens = lengths[i];
+    r.on_output = queues[i].Callback();
+    EXPECT_TRUE(engine.AddRequest(std::move(r)).ok());
+  }
+  while (engine.HasWork()) {
+    absl::Status step = engine.Step();
+    EXPECT_TRUE(step.ok()) << step;
+    if (!step.ok()) return 0;
+  }
+  int compared = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (lengths[i] == 0) continue;
+    std::vector<std::vector<int32_t>> samples(n);
+    while (auto out = queues[i].Pop(absl::ZeroDuration())) {
+      EXPECT_TRUE(out->error.ok()) << out->error;
+      for (const SampleOutput& sample : out->samples) {
+        samples[sample.index].insert(samples[sample.index].end(), sample.token_ids.begin(),
+                                     sample.token_ids.end());
+      }
+    }
+    const std::vector<int32_t> want(refs[i].greedy.begin(), refs[i].greedy.begin() + lengths[i]);
+    for (int d = 0; d < n; ++d) {
+      EXPECT_EQ(samples[d], want) << what << " prompt " << i << " sample " << d;
+    }
+    compared += lengths[i];
+  }
+  return compared;
+}
+
 // n samples drawn on the device from one prompt row repeated n times among the logits rows:
 // greedy, every sample must be HF's greedy continuation (up to a step HF's fp16 margin cannot
 // resolve), through the engine over the CUDA runner.
@@ -347,42 +394,7 @@ TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
   auto engine = Engine::Create(*std::move(runner), eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const auto refs = testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), vocab);
-  std::vector<RequestOutputQueue> queues(refs.size());
-  std::vector<int> lengths(refs.size());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    while (lengths[i] < static_cast<int>(refs[i].greedy.size()) &&
-           refs[i].margins[lengths[i]] >= 5e-2) {
-      ++lengths[i];
-    }
-    if (lengths[i] == 0) continue;
-    EngineRequest r;
-    r.request_id = "n" + std::to_string(i);
-    r.prompt_token_ids = refs[i].prompt;
-    r.params.n = 3;
-    r.params.temperature = 0;
-    r.params.max_tokens = lengths[i];
-    r.on_output = queues[i].Callback();
-    ASSERT_TRUE((*engine)->AddRequest(std::move(r)).ok());
-  }
-  while ((*engine)->HasWork()) {
-    absl::Status step = (*engine)->Step();
-    ASSERT_TRUE(step.ok()) << step;
-  }
-  int compared = 0;
-  for (size_t i = 0; i < refs.size(); ++i) {
-    if (lengths[i] == 0) continue;
-    std::vector<std::vector<int32_t>> samples(3);
-    while (auto out = queues[i].Pop(absl::ZeroDuration())) {
-      ASSERT_TRUE(out->error.ok()) << out->error;
-      for (const SampleOutput& sample : out->samples) {
-        samples[sample.index].insert(samples[sample.index].end(), sample.token_ids.begin(),
-                                     sample.token_ids.end());
-      }
-    }
-    const std::vector<int32_t> want(refs[i].greedy.begin(), refs[i].greedy.begin() + lengths[i]);
-    for (int d = 0; d < 3; ++d) EXPECT_EQ(samples[d], want) << "prompt " << i << " sample " << d;
-    compared += lengths[i];
-  }
+  const int compared = ExpectGreedySamplesEqualHf(**engine, refs, 3, "n");
   std::printf("three greedy samples a prompt on the GPU: %d steps each equal HF's\n", compared);
   EXPECT_GT(compared, 20);
 }
@@ -408,40 +420,7 @@ TEST(GptBigCodeCuda, EngineSpeculativeGreedyEqualsTransformers) {
     auto engine = Engine::Create(*std::move(runner), eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), vocab);
-    std::vector<RequestOutputQueue> queues(refs.size());
-    std::vector<int> lengths(refs.size());
-    for (size_t i = 0; i < refs.size(); ++i) {
-      while (lengths[i] < static_cast<int>(refs[i].greedy.size()) &&
-             refs[i].margins[lengths[i]] >= 5e-2) {
-        ++lengths[i];
-      }
-      if (lengths[i] == 0) continue;
-      EngineRequest r;
-      r.request_id = "s" + std::to_string(i);
-      r.prompt_token_ids = refs[i].prompt;
-      r.params.temperature = 0;
-      r.params.max_tokens = lengths[i];
-      r.on_output = queues[i].Callback();
-      ASSERT_TRUE((*engine)->AddRequest(std::move(r)).ok());
-    }
-    while ((*engine)->HasWork()) {
-      absl::Status step = (*engine)->Step();
-      ASSERT_TRUE(step.ok()) << step;
-    }
-    int compared = 0;
-    for (size_t i = 0; i < refs.size(); ++i) {
-      if (lengths[i] == 0) continue;
-      std::vector<int32_t> got;
-      while (auto out = queues[i].Pop(absl::ZeroDuration())) {
-        ASSERT_TRUE(out->error.ok()) << out->error;
-        for (const SampleOutput& sample : out->samples) {
-          got.insert(got.end(), sample.token_ids.begin(), sample.token_ids.end());
-        }
-      }
-      const std::vector<int32_t> want(refs[i].greedy.begin(), refs[i].greedy.begin() + lengths[i]);
-      EXPECT_EQ(got, want) << fixture << " prompt " << i;
-      compared += lengths[i];
-    }
+    const int compared = ExpectGreedySamplesEqualHf(**engine, refs, 1, fixture);
     const EngineMetrics m = (*engine)->metrics();
     std::printf(
         "%s speculative on the GPU: %d tokens equal HF's in %lld steps, %lld of %lld "
