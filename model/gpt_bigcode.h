@@ -97,6 +97,10 @@ struct GptBigCodeOptions {
   // CUDA backend only.
   bool cuda_graphs = true;     // decode steps as CUDA graphs (one rank only)
   int max_graph_batch = 256;   // larger decode batches run eagerly
+  // Steps in which every sequence brings the same number q of tokens, 1 < q <= max_graph_query,
+  // each with a logits row (speculative decoding's check step) also run as CUDA graphs, one per
+  // (batch bucket, context bucket, q); 1: decode steps only.
+  int max_graph_query = 1;
   bool skinny_gemm = true;     // the m <= 8 decode GEMM kernel (else cuBLASLt throughout)
   // Launch-latency knobs of the decode path (mqabench --fast; measured side by side on the H200,
   // 2026-12-02: pdl took SantaCoder batch 1 from 1.325 to 1.230 ms a step and left StarCoder
@@ -374,10 +378,11 @@ class GptBigCode {
 
   // CUDA backend (gpt_bigcode_cuda.cc).
   absl::Status InitCuda(const GptBigCodeOptions& options);
-  // Copies the index arrays to the device; bucket_batch > 0 pads a decode step to that many
-  // sequences and sizes its attention for bucket_context tokens (a graph's fixed shape).
+  // Copies the index arrays to the device; bucket_batch > 0 pads a step of `query` tokens a
+  // sequence to that many sequences and sizes its attention for bucket_context tokens (a graph's
+  // fixed shape).
   absl::StatusOr<StepIndices> StageIndicesCuda(const StepInput& input, int64_t bucket_batch,
-                                               int bucket_context);
+                                               int bucket_context, int64_t query);
   // The step up to fp32 logits [logits rows, vocab] in logits_f32_ on rank 0 (asynchronous).
   // feed_rows > 0: token rows [0, feed_rows) take the previous LaunchSample's tokens on the device.
   absl::Status ForwardCuda(const StepInput& input, PagedKvCache& cache, Collectives& collectives,

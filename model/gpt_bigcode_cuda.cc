@@ -97,7 +97,8 @@ struct GptBigCode::CudaState {
   bool graphs_enabled = false;
   bool greedy_cluster = false;  // GptBigCodeOptions::greedy_cluster
   int64_t max_graph_batch = 0;
-  using Key = std::tuple<int64_t, int, const void*>;
+  int max_graph_query = 1;
+  using Key = std::tuple<int64_t, int, int64_t, const void*>;  // batch, context, query, cache
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> seen;  // buckets run once eagerly (plans and kernel attributes set up)
   cudaEvent_t graph_events[2] = {nullptr, nullptr};  // set_time_graphs
@@ -392,6 +393,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   cuda_->greedy_cluster = options.greedy_cluster;
   cuda_->graphs_enabled = options.cuda_graphs && w_.shard.world_size == 1;
   cuda_->max_graph_batch = options.max_graph_batch;
+  cuda_->max_graph_query = std::clamp(options.max_graph_query, 1, 8);
 
   constexpr int kChainSlots = 2;
   ASSIGN_OR_RETURN(cuda_->chain_workspace,
@@ -453,13 +455,16 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
 
 absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndicesCuda(const StepInput& in,
                                                                      int64_t bucket_batch,
-                                                                     int bucket_context) {
+                                                                     int bucket_context,
+                                                                     int64_t query) {
   const int64_t n = in.num_tokens(), s = in.num_seqs();
   const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
   const bool pad = bucket_batch > 0;
-  const int64_t N = pad ? bucket_batch : n;
+  // Padded (a graph's shape): bucket_batch sequences of `query` tokens each; with query > 1 every
+  // token has a logits row.
+  const int64_t N = pad ? bucket_batch * query : n;
   const int64_t S = pad ? bucket_batch : s;
-  const int64_t R = pad ? bucket_batch : rows;
+  const int64_t R = pad ? (query > 1 ? N : bucket_batch) : rows;
   const int64_t MB = pad ? bucket_context / cache_block_size_ : in.max_blocks_per_seq;
   auto round = [](int64_t x) { return (x + 31) / 32 * 32; };
   const int64_t o_tok = 0, o_pos = o_tok + round(N), o_qs = o_pos + round(N);
@@ -488,7 +493,7 @@ absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndicesCuda(const StepI
   fill(o_slot, in.slot_mapping, N, -1);  // padded rows write nothing to the cache
   fill(o_rows, in.logits_rows, R, 0);
   std::copy(in.query_start.begin(), in.query_start.end(), h + o_qs);
-  for (int64_t i = s + 1; i <= S; ++i) h[o_qs + i] = static_cast<int32_t>(n + (i - s));
+  for (int64_t i = s + 1; i <= S; ++i) h[o_qs + i] = static_cast<int32_t>(n + (i - s) * query);
   int max_ctx = 0, max_q = 0;
   for (int64_t i = 0; i < s; ++i) {
     max_ctx = std::max(max_ctx, in.context_lens[i]);
@@ -520,7 +525,7 @@ absl::StatusOr<GptBigCode::StepIndices> GptBigCode::StageIndicesCuda(const StepI
   idx.num_tokens = N;
   idx.num_seqs = static_cast<int>(S);
   idx.max_blocks_per_seq = static_cast<int>(MB);
-  idx.max_query_len = pad ? 1 : max_q;
+  idx.max_query_len = pad ? static_cast<int>(query) : max_q;
   idx.num_logits_rows = R;
   return idx;
 }
@@ -559,25 +564,30 @@ absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
   cache_block_size_ = cache.block_size();
   cuda_->graph_timed = false;
   const auto stream = static_cast<cudaStream_t>(ctx_.stream);
-  bool decode = cuda_->graphs_enabled && n == in.num_seqs() && n <= cuda_->max_graph_batch &&
-                rows <= n;
-  for (int64_t i = 0; decode && i < in.num_seqs(); ++i) {
-    decode = in.query_start[i + 1] - in.query_start[i] == 1;
-  }
-  if (!decode) {
+  // A graph step: every sequence brings q tokens — q = 1 (decode; at most one logits row each),
+  // or 1 < q <= max_graph_query with every token's logits row, in order (speculative decoding's
+  // check step).
+  const int64_t s = in.num_seqs();
+  const int64_t q = s > 0 ? in.query_start[1] - in.query_start[0] : 0;
+  bool graphed = cuda_->graphs_enabled && s > 0 && s <= cuda_->max_graph_batch && q >= 1 &&
+                 q <= cuda_->max_graph_query && n == s * q && (q == 1 ? rows <= n : rows == n);
+  for (int64_t i = 0; graphed && i < s; ++i)
+    graphed = in.query_start[i + 1] - in.query_start[i] == q;
+  for (int64_t r = 0; graphed && q > 1 && r < rows; ++r) graphed = in.logits_rows[r] == r;
+  if (!graphed) {
     RETURN_IF_ERROR(EnsureWorkspace(n, rows));
-    ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, 0, 0));
+    ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, 0, 0, 1));
     RETURN_IF_ERROR(FeedTokens(idx, feed_rows));
     return TrunkAndLogitsCuda(idx, cache, collectives);
   }
-  const int64_t B = BatchBucket(n);
+  const int64_t B = BatchBucket(s);
   int max_ctx = 0;
   for (int32_t c : in.context_lens) max_ctx = std::max(max_ctx, c);
   const int C = ContextBucket(max_ctx);
-  RETURN_IF_ERROR(EnsureWorkspace(B, B));
-  ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, B, C));
+  RETURN_IF_ERROR(EnsureWorkspace(B * q, q > 1 ? B * q : B));
+  ASSIGN_OR_RETURN(const StepIndices idx, StageIndicesCuda(in, B, C, q));
   RETURN_IF_ERROR(FeedTokens(idx, feed_rows));
-  const CudaState::Key key{B, C, cache.key(0).raw()};
+  const CudaState::Key key{B, C, q, cache.key(0).raw()};
   const bool timed = cuda_->graph_events[0] != nullptr && cuda_->graph_events[1] != nullptr;
   auto launch = [&](cudaGraphExec_t exec) -> absl::Status {
     if (timed) CUDA_RETURN_IF_ERROR(cudaEventRecord(cuda_->graph_events[0], stream));

@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.max_logits_rows = options.max_logits_rows;
   model_options.cuda_graphs = options.cuda_graphs;
   model_options.max_graph_batch = options.max_graph_batch;
+  model_options.max_graph_query = options.max_graph_query;
   model_options.skinny_gemm = options.skinny_gemm;
   model_options.pdl = options.pdl;
   model_options.fuse_small_kernels = options.fuse_small_kernels;

@@ -38,6 +38,7 @@ struct GptBigCodeRunnerOptions {
   Device device = Device::kCpu;
   bool cuda_graphs = true;  // decode steps as CUDA graphs (one rank)
   int max_graph_batch = 256;
+  int max_graph_query = 1;              // GptBigCodeOptions::max_graph_query
   bool skinny_gemm = true;              // the m <= 8 GEMM kernel for small decode batches
   bool pdl = true;                      // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;      // GptBigCodeOptions::fuse_small_kernels

@@ -89,6 +89,7 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   o.max_batched_tokens = max_tokens;
   o.max_logits_rows = max_rows;
   o.cuda_graphs = f.cuda_graphs;
+  o.max_graph_query = f.graph_query;
   o.skinny_gemm = f.gemm != "cublaslt";
   o.gemm_autotune = f.autotune == "on" || f.autotune == "decode";
   o.gemm_autotune_max_m = f.autotune == "decode" ? kDecodeAutotuneMaxM : 0;

@@ -49,6 +49,7 @@ struct Flags {
   // Speculative decoding's check step: each decode step brings the last token and this many
   // draft tokens a sequence, with a logits row for each (0: plain decode steps).
   int verify_tokens = 0;
+  int graph_query = 1;  // GptBigCodeOptions::max_graph_query (--graph-query)
   uint64_t seed = 0;
 };
 

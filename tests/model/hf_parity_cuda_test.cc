@@ -400,37 +400,57 @@ TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
 }
 
 // Speculative decoding by prompt lookup over the CUDA runner: steps of a sequence's last token plus
-// its drafts (the eager path: prefill attention over queries that start mid-sequence, a logits row
-// for each, greedy draws on the device) give HF's greedy continuation, up to a step HF's fp16
-// margin cannot resolve, on both head sizes (d64's text repeats enough for drafts to be kept).
+// its drafts (prefill attention over queries that start mid-sequence, a logits row for each,
+// greedy draws on the device) give HF's greedy continuation, up to a step HF's fp16 margin cannot
+// resolve, on both head sizes (d64's text repeats enough for drafts to be kept): the prompts all
+// at once (check steps of mixed lengths: eager), then one at a time with check steps eager and as
+// CUDA graphs (GptBigCodeOptions::max_graph_query), which must then have been captured.
 TEST(GptBigCodeCuda, EngineSpeculativeGreedyEqualsTransformers) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  for (const std::string fixture : {"tiny-mqa-d64", "tiny-mqa-d128"}) {
-    auto collectives = MakeLocalCollectives();
-    GptBigCodeRunnerOptions opts;
-    opts.num_kv_blocks = 256;
-    auto runner = TinyCudaRunner(collectives.get(), opts, fixture);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    const int64_t vocab = (*runner)->vocab_size();
-    EngineOptions eo;
-    eo.max_num_seqs = 16;
-    eo.max_model_len = 128;
-    eo.eos_token_id = -1;
-    eo.speculative = {.num_speculative_tokens = 5, .prompt_lookup_max = 3};
-    auto engine = Engine::Create(*std::move(runner), eo);
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), vocab);
-    const int compared = ExpectGreedySamplesEqualHf(**engine, refs, 1, fixture);
-    const EngineMetrics m = (*engine)->metrics();
-    std::printf(
-        "%s speculative on the GPU: %d tokens equal HF's in %lld steps, %lld of %lld "
-        "drafts kept\n",
-        fixture.c_str(), compared, static_cast<long long>(m.num_steps),
-        static_cast<long long>(m.spec_accepted_tokens),
-        static_cast<long long>(m.spec_draft_tokens));
-    EXPECT_GT(compared, 20);
-    EXPECT_GT(m.spec_draft_tokens, 0);
+  int graphs[2] = {0, 0};             // captured with max_graph_query 1 and 6, one prompt at a time
+  for (const int mode : {0, 1, 6}) {  // 0: together; 1 and 6: alone, max_graph_query
+    for (const std::string fixture : {"tiny-mqa-d64", "tiny-mqa-d128"}) {
+      auto collectives = MakeLocalCollectives();
+      GptBigCodeRunnerOptions opts;
+      opts.num_kv_blocks = 256;
+      opts.max_graph_query = std::max(mode, 1);
+      auto runner = TinyCudaRunner(collectives.get(), opts, fixture);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      GptBigCodeRunner* raw = runner->get();
+      const int64_t vocab = raw->vocab_size();
+      EngineOptions eo;
+      eo.max_num_seqs = 16;
+      eo.max_model_len = 128;
+      eo.eos_token_id = -1;
+      eo.speculative = {.num_speculative_tokens = 5, .prompt_lookup_max = 3};
+      auto engine = Engine::Create(*std::move(runner), eo);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), vocab);
+      int compared = 0;
+      if (mode == 0) {
+        compared = ExpectGreedySamplesEqualHf(**engine, refs, 1, fixture);
+      } else {
+        for (const testing::HfReference& r : refs) {
+          compared += ExpectGreedySamplesEqualHf(**engine, {r}, 1, fixture);
+        }
+        graphs[mode > 1] += raw->model().num_cuda_graphs();
+      }
+      const EngineMetrics m = (*engine)->metrics();
+      std::printf(
+          "%s speculative on the GPU (%s): %d tokens equal HF's in %lld steps, %lld of %lld "
+          "drafts kept, %d CUDA graphs\n",
+          fixture.c_str(),
+          mode == 0   ? "together"
+          : mode == 1 ? "alone, check steps eager"
+                      : "alone, graphed",
+          compared, static_cast<long long>(m.num_steps),
+          static_cast<long long>(m.spec_accepted_tokens),
+          static_cast<long long>(m.spec_draft_tokens), raw->model().num_cuda_graphs());
+      EXPECT_GT(compared, 20);
+      EXPECT_GT(m.spec_draft_tokens, 0);
+    }
   }
+  EXPECT_GT(graphs[1], graphs[0]) << "no check step ran as a CUDA graph";
 }
 
 // LaunchSample / CollectSample with tokens fed on the device give the same greedy tokens as
