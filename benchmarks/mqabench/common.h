@@ -50,6 +50,7 @@ struct Flags {
   // draft tokens a sequence, with a logits row for each (0: plain decode steps).
   int verify_tokens = 0;
   int graph_query = 1;  // GptBigCodeOptions::max_graph_query (--graph-query)
+  int speculative = 0;  // --engine rows: EngineOptions::speculative's drafts a step (--speculative)
   uint64_t seed = 0;
 };
 

@@ -90,6 +90,8 @@ absl::StatusOr<EngineRunStats> RunThroughEngine(ModelRunner* runner, const Engin
     stats.gpu_ms.push_back(gpu_ms ? gpu_ms() : -1.0);
   }
   stats.seconds = Seconds(t0, Clock::now());
+  stats.spec_draft_tokens = engine->metrics().spec_draft_tokens;
+  stats.spec_accepted_tokens = engine->metrics().spec_accepted_tokens;
   RETURN_IF_ERROR(failure);
   return stats;
 }

@@ -28,6 +28,7 @@ struct EngineRunStats {
   // Per engine step that ran the model, in order: the step's wall time, the part of it spent
   // inside the runner (ExecuteSampled / Execute), and what `gpu_ms` reported after it (-1: none).
   std::vector<double> step_s, runner_s, gpu_ms;
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;  // EngineMetrics'
 };
 
 // Runs `requests` (all queued at once, ignore_eos) through an Engine built on `runner` (borrowed:

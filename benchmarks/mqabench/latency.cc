@@ -89,7 +89,9 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
   options.max_num_seqs = std::max(256, f.batch_size);
   options.max_num_batched_tokens = std::max(2048, f.batch_size * f.input_len);
   options.max_model_len = f.input_len + f.output_len;
+  options.speculative.num_speculative_tokens = f.speculative;
   std::mt19937 rng(f.seed + 11);
+  int64_t drafts = 0, accepted = 0, decode_steps = 0;
   std::vector<double> latencies, prefills, steps, runner_steps, gpu_steps;
   for (int iter = 0; iter < f.num_iters_warmup + f.num_iters; ++iter) {
     std::vector<EngineRequestSpec> requests(f.batch_size);
@@ -102,7 +104,10 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
                        return r.model().last_graph_ms();
                      }));
     if (iter < f.num_iters_warmup) continue;
-    if (st.step_s.size() != static_cast<size_t>(f.output_len)) {
+    drafts += st.spec_draft_tokens;
+    accepted += st.spec_accepted_tokens;
+    decode_steps += static_cast<int64_t>(st.step_s.size()) - 1;
+    if (f.speculative == 0 && st.step_s.size() != static_cast<size_t>(f.output_len)) {
       return absl::InternalError(absl::StrCat("the engine ran ", st.step_s.size(), " steps for ",
                                               f.output_len, " tokens: the prompts were chunked"));
     }
@@ -120,6 +125,14 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
       f.model.c_str(), f.batch_size, f.input_len, f.output_len,
       std::string(DTypeName(s.dtype)).c_str());
   PrintAvgLatency(latencies);
+  if (f.speculative > 0) {
+    std::printf(
+        "  speculative decoding, up to %d drafts a step: %lld decode steps for %lld tokens "
+        "after the first, %lld of %lld drafts kept\n",
+        f.speculative, static_cast<long long>(decode_steps),
+        static_cast<long long>(int64_t{f.num_iters} * f.batch_size * (f.output_len - 1)),
+        static_cast<long long>(accepted), static_cast<long long>(drafts));
+  }
   std::printf(
       "  prefill step %.2f ms; decode step median %.3f ms (weights floor %.3f ms, %.0f%% of floor "
       "speed): inside the runner %.3f ms, the engine's own host work %.3f ms = %.1f%% of the "

@@ -9,7 +9,7 @@
 //       [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
-//       [--kernel-trace PREFIX] [--verify-tokens K] [--graph-query Q]
+//       [--kernel-trace PREFIX] [--verify-tokens K] [--graph-query Q] [--speculative K]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
@@ -82,6 +82,9 @@
 //     advancing by one token: the step's cost beside a plain decode step's (another run).
 //     --graph-query Q: such steps of up to Q tokens a sequence run as CUDA graphs too
 //     (GptBigCodeOptions::max_graph_query; 1, the default: decode steps only).
+//     --speculative K: the --engine rows with speculative decoding by prompt lookup, K drafts a
+//     step at most (dummy weights: the text is only as repetitive as random weights make it; the
+//     row prints how many drafts were kept).
 //     vLLM benchmark_latency's flags: one prefill of batch x input_len prompt tokens, then
 //     output_len - 1 decode steps (output_len tokens in all), greedy on the device. Prints the
 //     average latency, the prefill time, the median decode step beside the weights-bandwidth floor
@@ -156,6 +159,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       RETURN_IF_ERROR(as_int(&f.verify_tokens));
     } else if (a == "--graph-query") {
       RETURN_IF_ERROR(as_int(&f.graph_query));
+    } else if (a == "--speculative") {
+      RETURN_IF_ERROR(as_int(&f.speculative));
     } else if (a == "--kernel-trace") {
       ASSIGN_OR_RETURN(f.kernel_trace, value());
     } else if (a == "--attn") {
