@@ -541,6 +541,10 @@ absl::Status RunRank(const Options& o, const World& world) {
   // is sized so that a scoring request never grows the workspace later.
   runner_options.max_logits_rows = int64_t{o.max_num_seqs} + o.max_prompt_logprob_rows;
   runner_options.cuda_graphs = !o.enforce_eager;
+  // Speculative decoding's check steps (1 + k tokens a sequence) run as CUDA graphs too: on the
+  // H200 a SantaCoder b1 check step of 1 + 5 tokens took 1.331 ms graphed against 1.399 eager,
+  // StarCoder's 8.636 against 8.746 (BENCHMARKS.md, 2026-12-05 04:13 UTC).
+  runner_options.max_graph_query = 1 + o.speculative.num_speculative_tokens;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
   RETURN_IF_ERROR(AgreeAcrossRanks(world, created.status()));
