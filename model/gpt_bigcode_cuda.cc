@@ -569,8 +569,11 @@ absl::Status GptBigCode::ForwardCuda(const StepInput& in, PagedKvCache& cache,
   // check step).
   const int64_t s = in.num_seqs();
   const int64_t q = s > 0 ? in.query_start[1] - in.query_start[0] : 0;
+  // (Check steps only up to 8 sequences: a padded bucket of q rows each must stay within the
+  // workspaces preallocated for the engine's limits, and batch 1 is where they matter.)
   bool graphed = cuda_->graphs_enabled && s > 0 && s <= cuda_->max_graph_batch && q >= 1 &&
-                 q <= cuda_->max_graph_query && n == s * q && (q == 1 ? rows <= n : rows == n);
+                 q <= cuda_->max_graph_query && (q == 1 || s <= 8) && n == s * q &&
+                 (q == 1 ? rows <= n : rows == n);
   for (int64_t i = 0; graphed && i < s; ++i)
     graphed = in.query_start[i + 1] - in.query_start[i] == q;
   for (int64_t r = 0; graphed && q > 1 && r < rows; ++r) graphed = in.logits_rows[r] == r;
