@@ -217,11 +217,6 @@ struct Quota {
   double mass = std::numeric_limits<double>::infinity();
 };
 
-// Appends to `kept` the longest best-first prefix of `ids` (ascending ids, at least one) that the
-// quota allows, and takes what it keeps off the quota. Instead of sorting the candidates (a
-// sorted StarCoder row costs milliseconds), they are dealt into buckets of equal logit width, best
-// first; buckets the quota takes whole are kept unsorted, and only the one it ends in is looked
-// at further, the same way, until it is small enough to sort.
 // The least and the greatest unmasked logit among `ids` (a separate function: inline, GCC kept
 // the running maximum in memory, a store and a load each element).
 [[gnu::noinline]] std::pair<float, float> FiniteExtremes(const float* l,
@@ -235,6 +230,11 @@ struct Quota {
   return {min, max};
 }
 
+// Appends to `kept` the longest best-first prefix of `ids` (any order, at least one) that the
+// quota allows, and takes what it keeps off the quota. Instead of sorting the candidates (a
+// sorted StarCoder row costs milliseconds), they are dealt into buckets of equal logit width, best
+// first; buckets the quota takes whole are kept unsorted, and only the one it ends in is looked
+// at further, the same way, until it is small enough to sort.
 void KeepBestPrefix(absl::Span<const float> logits, absl::Span<const float> weights,
                     std::vector<int32_t> ids, Quota& quota, std::vector<int32_t>& kept) {
   // Raw pointers in the passes: the spans' checked indexing keeps the running extremes in memory.
@@ -246,8 +246,7 @@ void KeepBestPrefix(absl::Span<const float> logits, absl::Span<const float> weig
     constexpr size_t kSortBelow = 256;
     constexpr int kBuckets = 1024;
     if (ids.size() <= kSortBelow || !(max > min)) {
-      // Few, or one logit (and masked ones) left: the order is the sort's (ids ascending already
-      // for equal logits).
+      // Few, or one logit (and masked ones) left: the order is the sort's (ties by id).
       std::sort(ids.begin(), ids.end(), Better{logits});
       for (size_t i = 0; i < ids.size() && !done(); ++i) {
         kept.push_back(ids[i]);

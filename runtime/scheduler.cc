@@ -128,7 +128,8 @@ SchedulerOutput Scheduler::Schedule() {
 bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerOutput& out) {
   std::vector<std::pair<Sequence*, int>> plan;
   std::vector<Sequence*> ending;  // sequences whose last token is computed: they need its slot
-  if (IsDecoding(group)) {
+  const bool decoding = IsDecoding(group);
+  if (decoding) {
     std::vector<Sequence*> seqs = group.UnfinishedSeqs();
     // All samples of a request decode together.
     if (static_cast<int>(seqs.size()) > token_budget_) return true;
@@ -171,7 +172,6 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
     Preempt(*victim);
   }
 
-  const bool decoding = IsDecoding(group);
   for (const auto& [seq, chunk] : plan) {
     if (chunk == seq->num_uncomputed_tokens()) {
       if (std::optional<BlockCopy> copy = block_manager_->AppendSlot(*seq)) {
@@ -236,15 +236,11 @@ void Scheduler::AddToStep(SequenceGroup& group, Sequence& seq, int num_tokens, S
   StepInput& in = out.input;
   if (in.query_start.empty()) in.query_start.push_back(0);
   const int start = seq.num_computed_tokens();
-  for (int p = start; p < start + num_tokens; ++p) {
-    in.token_ids.push_back(seq.tokens()[p]);
-    in.positions.push_back(p);
-    in.slot_mapping.push_back(block_manager_->Slot(seq.seq_id(), p));
-  }
   const auto num_draft = static_cast<int>(draft.size());
-  for (int i = 0; i < num_draft; ++i) {
-    const int p = start + num_tokens + i;
-    in.token_ids.push_back(draft[i]);
+  // The sequence's tokens, then the drafts at the positions after them.
+  for (int p = start; p < start + num_tokens + num_draft; ++p) {
+    in.token_ids.push_back(p < start + num_tokens ? seq.tokens()[p]
+                                                  : draft[p - start - num_tokens]);
     in.positions.push_back(p);
     in.slot_mapping.push_back(block_manager_->Slot(seq.seq_id(), p));
   }

@@ -1259,12 +1259,10 @@ absl::StatusOr<std::string> ChatTemplate::RenderChat(const Chat& chat, const std
         "applying the chat template (the template deletes part of it)");
   }
   const size_t at = absl::string_view(rendered).rfind(stripped_tag);
-  if (absl::string_view(rendered).substr(at, kTag.size()) == kTag) {
-    rendered.resize(at);  // the template kept the marker's spacing
-  } else {
-    rendered.resize(at);  // the trailing space was trimmed: so is what precedes the marker
-    rendered.resize(absl::StripTrailingAsciiWhitespace(rendered).size());
-  }
+  const bool spacing_kept = absl::string_view(rendered).substr(at, kTag.size()) == kTag;
+  rendered.resize(at);
+  // Where the template trimmed the marker's trailing space, what precedes the marker is trimmed.
+  if (!spacing_kept) rendered.resize(absl::StripTrailingAsciiWhitespace(rendered).size());
   return rendered;
 }
 
