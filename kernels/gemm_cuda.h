@@ -45,10 +45,15 @@ struct GemmEpilogue {
   bool accumulate = false;
   // Skinny kernel only (elsewhere Unimplemented: the caller runs LayerNormCuda / KvCacheWriteCuda
   // itself). A's rows are replaced by LayerNorm(A) (weight, bias [k], 16-byte aligned), computed
-  // inside the GEMM: the separate layer-norm launch goes away.
+  // inside the GEMM: the separate layer-norm launch goes away. The skinny kernel folds the norm
+  // into its epilogue and needs B's per-column sums against the norm's weight and bias ([n] fp32,
+  // LayerNormFoldSumsCuda, once per weight): Unimplemented without them. The split-K kernel
+  // normalises A first and does not read them.
   const void* ln_weight = nullptr;
   const void* ln_bias = nullptr;
   float ln_epsilon = 1e-5f;
+  const float* ln_wsum = nullptr;  // [n]: sum_j B[col][j] ln_weight[j]
+  const float* ln_bsum = nullptr;  // [n]: sum_j B[col][j] ln_bias[j]
   // Skinny kernel only: output columns [kv_col0, kv_col0 + kv_width) of row i are also written to
   // key_cache row slot_mapping[i] and [kv_col0 + kv_width, kv_col0 + 2 kv_width) to value_cache
   // (rows of kv_width elements, i.e. kv_heads * head_dim of a [blocks, block_size, kv_heads,
@@ -93,6 +98,11 @@ class CudaGemm {
     // CTAs, two an SM beside mlp.c_proj's two instead of one. Off until measured (mqabench
     // --gemm skinnydo).
     bool skinny_occupancy = false;
+    // The skinny kernel's storing lanes load their bias (and layer-norm sums) before the PDL wait
+    // and their residual right after it, so that the fold's end is not followed by a round trip
+    // to memory; off: after the fold. Not yet run on a GPU: off until measured (mqabench --gemm
+    // skinnyde).
+    bool skinny_early_epilogue = false;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -164,6 +174,7 @@ class CudaGemm {
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
   void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
   void set_skinny_occupancy(bool on) { options_.skinny_occupancy = on; }
+  void set_skinny_early_epilogue(bool on) { options_.skinny_early_epilogue = on; }
   bool stream_tc() const { return options_.stream_tc; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
@@ -215,6 +226,7 @@ struct SkinnyOptions {
   bool half_fold = false;    // Options::skinny_half_fold (m = 1, fp16, two rows a warp)
   int stage_bytes = 0;       // Options::skinny_stage_bytes (m = 1)
   bool occupancy = false;    // Options::skinny_occupancy (m = 1 with half_fold)
+  bool early_epilogue = false;  // Options::skinny_early_epilogue
 };
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
                             const SkinnyOptions& options = {});
@@ -233,5 +245,12 @@ size_t SkinnySplitKCounterBytes(int num_sms);
 absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue,
                                   cudaStream_t stream, void* workspace, size_t workspace_bytes,
                                   const SkinnySplitKOptions& options = {});
+
+// The per-column sums GemmEpilogue::ln_wsum / ln_bsum of B ([n, k], row stride ldb, `dtype`)
+// against a layer norm's weight and bias ([k]): wsum[col] = sum_j B[col][j] weight[j], bsum
+// likewise, in fp32. Once per weight (they do not change while it does not).
+absl::Status LayerNormFoldSumsCuda(const void* b, int64_t ldb, int64_t n, int64_t k, DType dtype,
+                                   const void* ln_weight, const void* ln_bias, float* wsum,
+                                   float* bsum, cudaStream_t stream);
 
 }  // namespace mqa

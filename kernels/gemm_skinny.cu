@@ -42,10 +42,13 @@ struct SkinnyArgs {
   const T* bias = nullptr;
   int m = 0, n = 0, k = 0;
   bool accumulate = false;
-  // Fused layer norm of A's rows (kLn): weight and bias [k].
+  // Fused layer norm of A's rows (kLn): weight and bias [k]; the skinny kernel also takes the
+  // per-column sums of GemmEpilogue::ln_wsum / ln_bsum (the split-K kernel does not use them).
   const T* ln_w = nullptr;
   const T* ln_b = nullptr;
   float ln_eps = 1e-5f;
+  const float* ln_wsum = nullptr;
+  const float* ln_bsum = nullptr;
   // Fused KV-cache write (key_cache non-null): columns [kv_col0, kv_col0 + 2 kv_width).
   T* key_cache = nullptr;
   T* value_cache = nullptr;
@@ -55,30 +58,49 @@ struct SkinnyArgs {
   // unrolled group that each lane copies into shared memory (its own 16-byte chunks) before the
   // PDL wait; at launch a multiple of 32 chunks (LaunchSkinnyUnrolled rounds and caps it).
   int stage_elems = 0;
+  // Skinny kernel (CudaGemm::Options::skinny_early_epilogue): each storing lane loads its bias
+  // (and layer-norm sums) before the PDL wait and its residual right after it, instead of after
+  // the fold.
+  bool early_epilogue = false;
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
+// What the epilogue of output element (i, col) reads besides the dot product: the bias and, with
+// accumulate, C's old value (the residual). The skinny kernel loads them early (SkinnyArgs::
+// early_epilogue); the split-K kernel at the end.
+struct SkinnyOut {
+  float bias = 0.0f, resid = 0.0f;
+};
+
+template <typename T>
+__device__ __forceinline__ float SkinnyLoadBias(const SkinnyArgs<T>& p, int col) {
+  return p.bias != nullptr ? fwd::ToFloat(p.bias[col]) : 0.0f;
+}
+
+template <typename T>
+__device__ __forceinline__ float SkinnyLoadResid(const SkinnyArgs<T>& p, int i, int col) {
+  return p.accumulate ? fwd::ToFloat(p.c[static_cast<int64_t>(i) * p.ldc + col]) : 0.0f;
+}
+
 // The fused epilogue of one output element (i, col) whose dot product is `v`: bias, activation,
-// residual, the store, and the fused KV-cache write.
+// residual (from `o`), the store, and the fused KV-cache write.
 template <typename T, int kAct>
-__device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v) {
-  if (p.bias != nullptr) v += fwd::ToFloat(p.bias[col]);
-  v = fwd::Activate<kAct>(v);
-  T* out = p.c + static_cast<int64_t>(i) * p.ldc + col;
-  if (p.accumulate) v += fwd::ToFloat(*out);
-  const T o = fwd::FromFloat<T>(v);
-  *out = o;
+__device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v,
+                                            const SkinnyOut& o) {
+  v = fwd::Activate<kAct>(v + o.bias) + o.resid;
+  const T out = fwd::FromFloat<T>(v);
+  p.c[static_cast<int64_t>(i) * p.ldc + col] = out;
   const int j = col - p.kv_col0;
   if (p.key_cache != nullptr && j >= 0 && j < 2 * p.kv_width) {
     const int64_t slot = p.slots[i];
     if (slot >= 0) {
       if (j < p.kv_width) {
-        p.key_cache[slot * p.kv_width + j] = o;
+        p.key_cache[slot * p.kv_width + j] = out;
       } else {
-        p.value_cache[slot * p.kv_width + (j - p.kv_width)] = o;
+        p.value_cache[slot * p.kv_width + (j - p.kv_width)] = out;
       }
     }
   }
@@ -132,9 +154,70 @@ __device__ __forceinline__ void WarpSumAcc(float (&acc)[M][R]) {
       for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
 }
 
-// R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first (each
-// warp computes the row statistics itself: A is m <= 8 rows, in L1/L2), rounded to T as the
-// separate LayerNormCuda would write them.
+// Row statistics of the skinny kernel's fused layer norm (kLn): thread t of the CTA sums x and x^2
+// over the 16-byte chunks t, t + CTA threads, ... of each of A's M rows (SkinnyLnAccumulate: one
+// pass, the loads of a step in flight together); at the end each warp's sums are reduced over its
+// lanes into `part` (SkinnyLnPublish), and after a __syncthreads LnRowStats combines the warps'
+// sums into row i's mean and 1 / std.
+template <typename T, int M>
+__device__ __forceinline__ void SkinnyLnAccumulate(const T* const (&arow)[M], int k,
+                                                   float (&sum)[M], float (&sq)[M]) {
+  using V = fwd::Vec16<T>;
+  constexpr int kV = V::kN;
+  for (int j = threadIdx.x * kV; j < k; j += kSkinnyWarps * 32 * kV) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const V av = *reinterpret_cast<const V*>(arow[i] + j);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const float x = fwd::ToFloat(av.v[e]);
+        sum[i] += x;
+        sq[i] = fmaf(x, x, sq[i]);
+      }
+    }
+  }
+}
+
+template <int M>
+__device__ __forceinline__ void SkinnyLnPublish(float (&sum)[M], float (&sq)[M],
+                                                float (&part)[kSkinnyWarps][M][2]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+      sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
+    }
+  }
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      part[threadIdx.x >> 5][i][0] = sum[i];
+      part[threadIdx.x >> 5][i][1] = sq[i];
+    }
+  }
+}
+
+template <int M>
+__device__ __forceinline__ float2 LnRowStats(const float (&part)[kSkinnyWarps][M][2], int i, int k,
+                                             float eps) {
+  float sum = 0.0f, sq = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kSkinnyWarps; ++w) {
+    sum += part[w][i][0];
+    sq += part[w][i][1];
+  }
+  const float mean = sum / k;
+  return make_float2(mean, rsqrtf(fmaxf(sq / k - mean * mean, 0.0f) + eps));
+}
+
+// R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first, folded
+// into the epilogue: with g the LN weight and b its bias, a row x of mean mu and 1 / std s gives
+//   LN(x) . w = s (sum_j w_j g_j x_j - mu sum_j w_j g_j) + sum_j w_j b_j,
+// so the fold takes x_j g_j, and the row's statistics (SkinnyLnAccumulate, the CTA's threads
+// sharing the pass) and the two per-column sums (ln_wsum, ln_bsum: LayerNormFoldSumsCuda, once per
+// weight) enter only at the end. Nothing waits on the statistics before the fold; the products
+// are not rounded through T as a separate LayerNormCuda's output would be.
 //
 // PDL (forward_cuda_common.cuh): the first unrolled group of weight loads and an L2 prefetch of
 // the next 4 KiB of each weight row are issued before PdlWait; weights never depend on the
@@ -142,7 +225,7 @@ __device__ __forceinline__ void WarpSumAcc(float (&acc)[M][R]) {
 // kSkinnyDeepUnroll for narrow m = 1 GEMMs).
 // kHalf (M = 1, fp16; CudaGemm::Options::skinny_half_fold): each 16-byte chunk's eight products
 // summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
-// rounding on each 4-product partial).
+// rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
           int kMinCtas = 1>
@@ -193,21 +276,31 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       if (off < k) PrefetchL2(brow[r] + off);
     }
   }
+  // Lane i R + r stores output (i, n0 + r): what its epilogue reads besides the dot product.
+  const int out_i = lane / R, out_col = n0 + lane % R;
+  const bool stores = live && lane < M * R && out_i < m && out_col < n;
+  SkinnyOut out;
+  float ln_ws = 0.0f, ln_bs = 0.0f;
+  auto load_consts = [&] {
+    out.bias = SkinnyLoadBias(p, out_col);
+    if constexpr (kLn) {
+      ln_ws = p.ln_wsum[out_col];
+      ln_bs = p.ln_bsum[out_col];
+    }
+  };
+  if (stores && p.early_epilogue) load_consts();
   fwd::PdlWait();
   fwd::PdlTrigger();
-  if (!live) return;
+  if (!kLn && !live) return;  // with kLn every warp takes its part of the statistics
+  if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
 
   const T* arow[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
-  float mean[M], rstd[M];
-  if constexpr (kLn) {
-    // All M rows per pass (their loads in flight together): sum, then the centred squares.
-    WarpRowSums<T, M, false>(arow, lane * kV, 32 * kV, k, mean,
-                             [&](int i, float sum) { mean[i] = sum / k; });
-    WarpRowSums<T, M, true>(arow, lane * kV, 32 * kV, k, mean,
-                            [&](int i, float sq) { rstd[i] = rsqrtf(sq / k + p.ln_eps); });
-  }
+  __shared__ float ln_part[kLn ? kSkinnyWarps : 1][M][2];
+  float ln_sum[M], ln_sq[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) ln_sum[i] = ln_sq[i] = 0.0f;
   float acc[M][R];
 #pragma unroll
   for (int i = 0; i < M; ++i)
@@ -215,39 +308,27 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
 
   auto fma_group = [&](const V(&bv)[R], int kk) {
-    float lw[kV], lb[kV];
-    if constexpr (kLn) {
-      const V wv = *reinterpret_cast<const V*>(p.ln_w + kk);
-      const V bv2 = *reinterpret_cast<const V*>(p.ln_b + kk);
-#pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        lw[e] = fwd::ToFloat(wv.v[e]);
-        lb[e] = fwd::ToFloat(bv2.v[e]);
-      }
-    }
+    V gv;  // the layer norm's weights of these k
+    if constexpr (kLn) gv = *reinterpret_cast<const V*>(p.ln_w + kk);
     if constexpr (kHalf) {
       V xv = *reinterpret_cast<const V*>(arow[0] + kk);
       if constexpr (kLn) {
 #pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          xv.v[e] = fwd::FromFloat<T>((fwd::ToFloat(xv.v[e]) - mean[0]) * rstd[0] * lw[e] + lb[e]);
-        }
+        for (int e = 0; e < kV; ++e) xv.v[e] = __hmul(xv.v[e], gv.v[e]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[0][r] += fwd::HalfPairDot8(&bv[r], &xv);
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const V av = *reinterpret_cast<const V*>(arow[i] + kk);
+      for (int i = 0; i < M; ++i) {
+        const V av = *reinterpret_cast<const V*>(arow[i] + kk);
 #pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        float x = fwd::ToFloat(av.v[e]);
-        if constexpr (kLn) {
-          x = fwd::ToFloat(fwd::FromFloat<T>((x - mean[i]) * rstd[i] * lw[e] + lb[e]));
+        for (int e = 0; e < kV; ++e) {
+          float x = fwd::ToFloat(av.v[e]);
+          if constexpr (kLn) x *= fwd::ToFloat(gv.v[e]);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[i][r] = fmaf(x, fwd::ToFloat(bv[r].v[e]), acc[i][r]);
         }
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[i][r] = fmaf(x, fwd::ToFloat(bv[r].v[e]), acc[i][r]);
       }
     }
   };
@@ -256,42 +337,59 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     for (int u = 0; u < U; ++u) fma_group(first[u], kk + u * 32 * kV);
     kk += kStep;
   }
-  if (have_first && stage_end > kStep) {
-    fwd::CpAsyncWait<0>();  // each lane reads back only the chunks it copied
-    for (; kk < stage_end; kk += 32 * kV) {
+  // The statistics' pass after the first group (whose registers are free again, and whose input
+  // loads put A's rows in L1), by every warp of the CTA.
+  if constexpr (kLn) SkinnyLnAccumulate<T, M>(arow, k, ln_sum, ln_sq);
+  if (live) {
+    if (have_first && stage_end > kStep) {
+      fwd::CpAsyncWait<0>();  // each lane reads back only the chunks it copied
+      for (; kk < stage_end; kk += 32 * kV) {
+        V bv[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          bv[r] = *reinterpret_cast<const V*>(stage_rows + r * p.stage_elems + (kk - kStep));
+        }
+        fma_group(bv, kk);
+      }
+    }
+    for (; kk + (U - 1) * 32 * kV < k; kk += kStep) {
+      V bv[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          bv[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
+#pragma unroll
+      for (int u = 0; u < U; ++u) fma_group(bv[u], kk + u * 32 * kV);
+    }
+    for (; kk < k; kk += 32 * kV) {
       V bv[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        bv[r] = *reinterpret_cast<const V*>(stage_rows + r * p.stage_elems + (kk - kStep));
-      }
+      for (int r = 0; r < R; ++r) bv[r] = *reinterpret_cast<const V*>(brow[r] + kk);
       fma_group(bv, kk);
     }
+    WarpSumAcc(acc);
   }
-  for (; kk + (U - 1) * 32 * kV < k; kk += kStep) {
-    V bv[U][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        bv[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
-#pragma unroll
-    for (int u = 0; u < U; ++u) fma_group(bv[u], kk + u * 32 * kV);
+  if constexpr (kLn) {
+    SkinnyLnPublish<M>(ln_sum, ln_sq, ln_part);
+    __syncthreads();
   }
-  for (; kk < k; kk += 32 * kV) {
-    V bv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) bv[r] = *reinterpret_cast<const V*>(brow[r] + kk);
-    fma_group(bv, kk);
+  if (!stores) return;
+  if (!p.early_epilogue) {
+    load_consts();
+    out.resid = SkinnyLoadResid(p, out_i, out_col);
   }
-  WarpSumAcc(acc);
-  // Lane i*R + r writes output (i, n0 + r).
+  float v = 0.0f;  // this lane's output: acc[out_i][lane % R]
 #pragma unroll
-  for (int i = 0; i < M; ++i) {
+  for (int i = 0; i < M; ++i)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (lane == i * R + r && i < m && n0 + r < n) SkinnyStore<T, kAct>(p, i, n0 + r, acc[i][r]);
-    }
+    for (int r = 0; r < R; ++r)
+      if (lane == i * R + r) v = acc[i][r];
+  if constexpr (kLn) {
+    const float2 st = LnRowStats<M>(ln_part, out_i, k, p.ln_eps);
+    v = st.y * (v - st.x * ln_ws) + ln_bs;
   }
+  SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
 }
 
 template <typename T>
@@ -311,6 +409,8 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   a.ln_w = static_cast<const T*>(e.ln_weight);
   a.ln_b = static_cast<const T*>(e.ln_bias);
   a.ln_eps = e.ln_epsilon;
+  a.ln_wsum = e.ln_wsum;
+  a.ln_bsum = e.ln_bsum;
   a.key_cache = static_cast<T*>(e.key_cache);
   a.value_cache = static_cast<T*>(e.value_cache);
   a.slots = e.slot_mapping;
@@ -377,6 +477,7 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   SkinnyArgs<T> a = MakeSkinnyArgs<T>(p, e);
   // m = 1: stage up to stage_bytes of each row (LaunchSkinnyUnrolled caps it).
   if constexpr (M == 1) a.stage_elems = std::max(0, o.stage_bytes) / static_cast<int>(sizeof(T));
+  a.early_epilogue = o.early_epilogue;
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (M == 1 && R == 2) {
@@ -698,7 +799,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
     if (finish) {
       const int i = lane / R;
       const int64_t col = g * R + lane % R;
-      if (lane < M * R && i < m && col < n) SkinnyStore<T, kAct>(p, i, static_cast<int>(col), v);
+      if (lane < M * R && i < m && col < n) {
+        const int c = static_cast<int>(col);
+        SkinnyStore<T, kAct>(p, i, c, v, {SkinnyLoadBias(p, c), SkinnyLoadResid(p, i, c)});
+      }
     }
     if ((g + 1) * I >= end) break;
     ++g;
@@ -800,6 +904,9 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnyGemmCuda", &empty));
   if (empty) return absl::OkStatus();
+  if (e.ln_weight != nullptr && (e.ln_wsum == nullptr || e.ln_bsum == nullptr)) {
+    return absl::UnimplementedError("SkinnyGemmCuda: a fused layer norm needs ln_wsum and ln_bsum");
+  }
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
     if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, o);
     SkinnyOptions wide;  // the m = 1 options do not apply
@@ -820,6 +927,70 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
   };
   return p.dtype == DType::kF16 ? with_type.template operator()<__half>()
                                 : with_type.template operator()<__nv_bfloat16>();
+}
+
+namespace {
+
+// One warp a column: its two dot products over k, fp32, lanes strided by 16-byte chunks.
+template <typename T>
+__global__ void LayerNormFoldSumsKernel(const T* b, int64_t ldb, int64_t n, int64_t k,
+                                        const T* ln_w, const T* ln_b, float* wsum, float* bsum) {
+  using V = fwd::Vec16<T>;
+  constexpr int kV = V::kN;
+  const int64_t col = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (col >= n) return;
+  const T* row = b + col * ldb;
+  float ws = 0.0f, bs = 0.0f;
+  for (int64_t j = int64_t{lane} * kV; j < k; j += 32 * kV) {
+    const V bv = *reinterpret_cast<const V*>(row + j);
+    const V wv = *reinterpret_cast<const V*>(ln_w + j);
+    const V lv = *reinterpret_cast<const V*>(ln_b + j);
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      const float x = fwd::ToFloat(bv.v[e]);
+      ws = fmaf(x, fwd::ToFloat(wv.v[e]), ws);
+      bs = fmaf(x, fwd::ToFloat(lv.v[e]), bs);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ws += __shfl_xor_sync(0xffffffffu, ws, o);
+    bs += __shfl_xor_sync(0xffffffffu, bs, o);
+  }
+  if (lane == 0) {
+    wsum[col] = ws;
+    bsum[col] = bs;
+  }
+}
+
+}  // namespace
+
+absl::Status LayerNormFoldSumsCuda(const void* b, int64_t ldb, int64_t n, int64_t k, DType dtype,
+                                   const void* ln_weight, const void* ln_bias, float* wsum,
+                                   float* bsum, cudaStream_t stream) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("LayerNormFoldSumsCuda: fp16 or bf16 weights");
+  }
+  if (n < 0 || k % 8 != 0 || ldb % 8 != 0 || !fwd::Aligned16(b) || !fwd::Aligned16(ln_weight) ||
+      !fwd::Aligned16(ln_bias) || wsum == nullptr || bsum == nullptr) {
+    return absl::InvalidArgumentError("LayerNormFoldSumsCuda: shape or alignment not supported");
+  }
+  if (n == 0) return absl::OkStatus();
+  constexpr int kThreads = 256;
+  const dim3 grid(static_cast<unsigned>((n * 32 + kThreads - 1) / kThreads));
+  if (dtype == DType::kF16) {
+    LayerNormFoldSumsKernel<<<grid, kThreads, 0, stream>>>(
+        static_cast<const __half*>(b), ldb, n, k, static_cast<const __half*>(ln_weight),
+        static_cast<const __half*>(ln_bias), wsum, bsum);
+  } else {
+    LayerNormFoldSumsKernel<<<grid, kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(b), ldb, n, k,
+        static_cast<const __nv_bfloat16*>(ln_weight), static_cast<const __nv_bfloat16*>(ln_bias),
+        wsum, bsum);
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 size_t SkinnySplitKCounterBytes(int num_sms) {

@@ -162,6 +162,8 @@ absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const Line
       e.ln_weight = f.ln_weight;
       e.ln_bias = f.ln_bias;
       e.ln_epsilon = f.ln_epsilon;
+      e.ln_wsum = f.ln_wsum;
+      e.ln_bsum = f.ln_bsum;
       e.key_cache = f.key_cache;
       e.value_cache = f.value_cache;
       e.slot_mapping = f.slot_mapping;

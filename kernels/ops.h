@@ -96,6 +96,8 @@ struct LinearFusion {
   const void* ln_weight = nullptr;
   const void* ln_bias = nullptr;
   float ln_epsilon = 1e-5f;
+  const float* ln_wsum = nullptr;  // GemmEpilogue::ln_wsum / ln_bsum
+  const float* ln_bsum = nullptr;
   void* key_cache = nullptr;
   void* value_cache = nullptr;
   const int32_t* slot_mapping = nullptr;

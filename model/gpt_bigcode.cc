@@ -470,6 +470,13 @@ absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tenso
   return BiasActivation(ctx_, p);
 }
 
+void GptBigCode::SetLnSums(LinearFusion& f, size_t i, int64_t n) const {
+  if (i >= ln_sums_.size()) return;
+  const float* s = static_cast<const float*>(ln_sums_[i].raw());
+  f.ln_wsum = s;
+  f.ln_bsum = s + n;
+}
+
 absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& cache,
                                Collectives& collectives) {
   const LayerWeights& L = w_.layers[l];
@@ -499,8 +506,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.k = embd_;
   gemm.dtype = dtype_;
   qkv_lin.bias = L.c_attn_b.raw();
-  // fuse_ (CUDA decode): ln_1 and the KV-cache write inside the QKV GEMM; else (and always on
-  // the CPU) the three ops below.
+  // fuse_ (CUDA decode): ln_1 (and with fuse_kv_ the KV-cache write) inside the QKV GEMM; else
+  // (and always on the CPU) the ops below.
   bool qkv_fused = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
@@ -509,17 +516,21 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     f.ln_weight = L.ln_1_w.raw();
     f.ln_bias = L.ln_1_b.raw();
     f.ln_epsilon = ln.epsilon;
-    f.key_cache = cache.key(l).raw();
-    f.value_cache = cache.value(l).raw();
-    f.slot_mapping = idx.slot_mapping;
-    f.kv_col0 = heads_ * D;
-    f.kv_width = kv_heads_ * D;
+    SetLnSums(f, 2 * l, qkv_cols_);
+    if (fuse_kv_) {
+      f.key_cache = cache.key(l).raw();
+      f.value_cache = cache.value(l).raw();
+      f.slot_mapping = idx.slot_mapping;
+      f.kv_col0 = heads_ * D;
+      f.kv_width = kv_heads_ * D;
+    }
     LinearParams fused = qkv_lin;
     fused.gemm.a = hidden_.raw();
     const absl::Status st = FusedLinear(ctx_, fused, f);
     if (!st.ok() && !absl::IsUnimplemented(st)) return st;
     qkv_fused = st.ok();
   }
+  const bool kv_written = qkv_fused && fuse_kv_;
   if (!qkv_fused && !qkv_ready) {
     RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
@@ -630,7 +641,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                          .n = qkv_cols_,
                          .k = embd_};
     }
-    if (chain_attention_ && !qkv_fused && idx.num_seqs == 1 &&
+    if (chain_attention_ && !kv_written && idx.num_seqs == 1 &&
         idx.max_context_len <= chain_attention_max_context_) {
       chain.has_attention = true;
       chain.attention = {.qkv = qkv,
@@ -654,7 +665,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
   // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
-  RETURN_IF_ERROR(PagedAttention(ctx_, att, qkv_fused ? nullptr : &kv));
+  RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
   if (chain_step) {
     ASSIGN_OR_RETURN(const bool done, run_chain());
     if (done) return absl::OkStatus();
@@ -691,6 +702,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     f.ln_weight = ln.weight;
     f.ln_bias = ln.bias;
     f.ln_epsilon = ln.epsilon;
+    SetLnSums(f, 2 * l + 1, inner_);
     LinearParams fused = fc;
     fused.gemm.a = hidden_.raw();
     const absl::Status st = FusedLinear(ctx_, fused, f);
@@ -753,6 +765,7 @@ absl::Status GptBigCode::LogitsRows(const StepIndices& idx) {
     f.ln_weight = ln.weight;
     f.ln_bias = ln.bias;
     f.ln_epsilon = ln.epsilon;
+    SetLnSums(f, 2 * w_.config.n_layer, vocab_shard_);
     LinearParams fused;
     fused.gemm = gemm;
     fused.gemm.a = rows_.raw();

@@ -111,9 +111,16 @@ struct GptBigCodeOptions {
   // pdl: layer norm, bias/activation and the skinny GEMM launched as programmatic dependents
   //   (the GEMM loads its first weights before waiting on the previous kernel);
   // fuse_small_kernels: where the skinny GEMM runs (m <= 8), ln_1 / ln_2 / ln_f are computed
-  //   inside the following GEMM and the KV-cache write inside the QKV GEMM (3 launches a layer).
+  //   inside the following GEMM and the KV-cache write inside the QKV GEMM (3 launches a layer);
+  // fuse_layer_norms: only the layer norms (the KV write stays with the attention kernel).
+  // Either keeps each GEMM's per-column sums against its layer norm (LayerNormFoldSumsCuda:
+  // 2 (qkv_cols + inner) floats a layer and 2 vocab_shard for lm_head), from which the skinny
+  // kernel folds the norm into its epilogue (2026-12-05; the figures above are of the earlier
+  // form, whose every warp computed the row statistics before its fold). The folded form has not
+  // yet run on a GPU (mqabench --fast pdl,pdl+ln,pdl+fuse).
   bool pdl = true;
   bool fuse_small_kernels = false;
+  bool fuse_layer_norms = false;
   // cuBLASLt shapes (m > 8, or skinny_gemm off): time up to 8 heuristic algorithms per GEMM shape
   // on its first eager run and keep the fastest (CudaGemm::Options::autotune; mqabench --autotune).
   bool gemm_autotune = false;
@@ -262,9 +269,9 @@ class GptBigCode {
   // Benchmarks switch the skinny decode GEMM (and its weight rows per warp: 1, 2 or 4); no-op on
   // the CPU. Drops captured graphs.
   void set_skinny_gemm(bool on, int rows_per_warp = 2);
-  // Benchmarks and tests switch GptBigCodeOptions::pdl / fuse_small_kernels; no-op on the CPU.
-  // Drops captured graphs.
-  void set_fast_paths(bool pdl, bool fuse_small_kernels);
+  // Benchmarks and tests switch GptBigCodeOptions::pdl / fuse_small_kernels / fuse_layer_norms
+  // (the first fused call computes the layer-norm sums); no-op on the CPU. Drops captured graphs.
+  absl::Status set_fast_paths(bool pdl, bool fuse_small_kernels, bool fuse_layer_norms = false);
   // Benchmarks switch GptBigCodeOptions::gemm_autotune (tuned shapes are kept while off); no-op on
   // the CPU. Drops captured graphs (and their eager first runs, where new shapes get tuned).
   void set_gemm_autotune(bool on, int max_m = 0);
@@ -285,6 +292,8 @@ class GptBigCode {
   void set_gemm_stage_bytes(int bytes);
   // Benchmarks: GptBigCodeOptions::gemm_occupancy. Drops captured graphs.
   void set_gemm_occupancy(bool on);
+  // Benchmarks: CudaGemm::Options::skinny_early_epilogue. Drops captured graphs.
+  void set_gemm_early_epilogue(bool on);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.
@@ -410,7 +419,8 @@ class GptBigCode {
   int64_t embd_ = 0, head_dim_ = 0, heads_ = 0, kv_heads_ = 0, qkv_cols_ = 0, inner_ = 0;
   int64_t vocab_shard_ = 0;
   int cache_block_size_ = 16;  // of the cache of the step being staged (CUDA)
-  bool fuse_ = false;          // GptBigCodeOptions::fuse_small_kernels (CUDA only)
+  bool fuse_ = false;          // the layer norms into the skinny GEMMs (CUDA only; either option)
+  bool fuse_kv_ = false;  // ... and the KV write into QKV (GptBigCodeOptions::fuse_small_kernels)
   bool chain_ = false;         // GptBigCodeOptions::decode_chain (CUDA only)
   int64_t chain_min_layer_bytes_ = 0;  // ... _min_layer_bytes
   bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
@@ -430,6 +440,13 @@ class GptBigCode {
   Tensor mlp_;     // [tokens, inner_shard]
   // CUDA, decode_chain_fused_mlp: each layer's mlp_proj_w transposed ([inner_shard, E]).
   std::vector<Tensor> mlp_proj_wt_;
+  // CUDA, fuse_: [2, n] fp32 sums (GemmEpilogue::ln_wsum, then ln_bsum) of layer l's QKV (2 l)
+  // and c_fc (2 l + 1) against ln_1 / ln_2, then lm_head's against ln_f (2 n_layer).
+  std::vector<Tensor> ln_sums_;
+  absl::Status EnsureLnSums();
+  // f's ln_wsum / ln_bsum from ln_sums_[i] (n columns); left null where there are none (the
+  // skinny GEMM then refuses the fusion and the separate layer norm runs).
+  void SetLnSums(LinearFusion& f, size_t i, int64_t n) const;
   Tensor rows_;    // [logits rows, E]
   Tensor rows_normed_;
   Tensor local_logits_;     // [logits rows, vocab_shard]

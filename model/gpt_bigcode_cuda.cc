@@ -161,12 +161,35 @@ void GptBigCode::set_skinny_gemm(bool on, int rows_per_warp) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels) {
-  if (!cuda_ || !cuda_->gemm) return;
+absl::Status GptBigCode::set_fast_paths(bool pdl, bool fuse_small_kernels, bool fuse_layer_norms) {
+  if (!cuda_ || !cuda_->gemm) return absl::OkStatus();
   ctx_.pdl = pdl;
   cuda_->gemm->set_pdl(pdl);
-  fuse_ = fuse_small_kernels;
+  fuse_ = fuse_small_kernels || fuse_layer_norms;
+  fuse_kv_ = fuse_small_kernels;
   ClearCudaGraphs();
+  return fuse_ ? EnsureLnSums() : absl::OkStatus();
+}
+
+absl::Status GptBigCode::EnsureLnSums() {
+  if (!ln_sums_.empty()) return absl::OkStatus();
+  std::vector<Tensor> sums;
+  auto add = [&](const Tensor& w, int64_t n, const Tensor& ln_w, const Tensor& ln_b) {
+    ASSIGN_OR_RETURN(Tensor t, Tensor::Empty({2, n}, DType::kF32, Device::kCuda));
+    float* ws = static_cast<float*>(t.raw());
+    RETURN_IF_ERROR(LayerNormFoldSumsCuda(w.raw(), embd_, n, embd_, dtype_, ln_w.raw(), ln_b.raw(),
+                                          ws, ws + n, cuda_->stream));
+    sums.push_back(std::move(t));
+    return absl::OkStatus();
+  };
+  for (const LayerWeights& L : w_.layers) {
+    RETURN_IF_ERROR(add(L.c_attn_w, qkv_cols_, L.ln_1_w, L.ln_1_b));
+    RETURN_IF_ERROR(add(L.c_fc_w, inner_, L.ln_2_w, L.ln_2_b));
+  }
+  RETURN_IF_ERROR(add(w_.lm_head, vocab_shard_, w_.ln_f_w, w_.ln_f_b));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
+  ln_sums_ = std::move(sums);
+  return absl::OkStatus();
 }
 
 void GptBigCode::set_decode_chain(bool on, int spare_sms, int attention, int max_inflight,
@@ -282,6 +305,12 @@ void GptBigCode::set_gemm_occupancy(bool on) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_gemm_early_epilogue(bool on) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_skinny_early_epilogue(on);
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   if (!cuda_) return;
   ctx_.ln_registers = ln_registers;
@@ -372,7 +401,9 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.gemm = cuda_->gemm.get();
   ctx_.pdl = options.pdl;
   cuda_->gemm->set_pdl(options.pdl);
-  fuse_ = options.fuse_small_kernels;
+  fuse_ = options.fuse_small_kernels || options.fuse_layer_norms;
+  fuse_kv_ = options.fuse_small_kernels;
+  if (fuse_) RETURN_IF_ERROR(EnsureLnSums());
   chain_ = options.decode_chain;
   chain_min_layer_bytes_ = options.decode_chain_min_layer_bytes;
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
@@ -735,7 +766,7 @@ void GptBigCode::CudaStateDeleter::operator()(CudaState* s) const { delete s; }
 GptBigCode::~GptBigCode() = default;
 void GptBigCode::ClearCudaGraphs() {}
 void GptBigCode::set_skinny_gemm(bool, int) {}
-void GptBigCode::set_fast_paths(bool, bool) {}
+absl::Status GptBigCode::set_fast_paths(bool, bool, bool) { return absl::OkStatus(); }
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
@@ -771,6 +802,7 @@ void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
 void GptBigCode::set_gemm_stage_bytes(int) {}
 void GptBigCode::set_gemm_occupancy(bool) {}
+void GptBigCode::set_gemm_early_epilogue(bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.skinny_gemm = options.skinny_gemm;
   model_options.pdl = options.pdl;
   model_options.fuse_small_kernels = options.fuse_small_kernels;
+  model_options.fuse_layer_norms = options.fuse_layer_norms;
   model_options.gemm_autotune = options.gemm_autotune;
   model_options.gemm_autotune_max_m = options.gemm_autotune_max_m;
   model_options.ln_registers = options.ln_registers;

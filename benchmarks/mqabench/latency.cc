@@ -181,7 +181,7 @@ absl::Status Latency(const Flags& f) {
     // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
     // with CudaGemm::Options::skinny_deep_unroll), skinnydh / skinnydf (skinnyd with
     // skinny_half_fold on / off; skinnyd leaves it at the model's default, on), skinnydsN,
-    // skinnydo.
+    // skinnydo, skinnyde (skinnyd with the epilogue's loads before the fold).
     for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
       variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
     }
@@ -189,18 +189,21 @@ absl::Status Latency(const Flags& f) {
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
         v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf" &&
-        v != "skinnydo" && SkinnyStageKib(v) < 0) {
+        v != "skinnydo" && v != "skinnyde" && SkinnyStageKib(v) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
   std::vector<std::string> fasts;
   if (f.fast == "all") {
     fasts = {"off", "fuse", "pdl", "pdl+fuse"};  // PDL last: fuse measured even if it fails
-  } else if (f.fast == "off" || f.fast == "pdl" || f.fast == "fuse" || f.fast == "pdl+fuse") {
-    fasts = {f.fast};
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--fast ", f.fast, ": off|pdl|fuse|pdl+fuse|all"));
+    for (absl::string_view v : absl::StrSplit(f.fast, ',')) {
+      if (v != "off" && v != "pdl" && v != "fuse" && v != "pdl+fuse" && v != "pdl+ln") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--fast ", v, ": off|pdl|fuse|pdl+fuse|pdl+ln (a list) or all"));
+      }
+      fasts.emplace_back(v);
+    }
   }
   // An off|on|both flag as the rows it asks for.
   auto rows_of = [](const std::string& flag) {
@@ -399,18 +402,19 @@ absl::Status Latency(const Flags& f) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     const int stage_kib = SkinnyStageKib(variant);
-    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
-                               variant == "tc" || variant == "splitk+tc",
-                               variant == "skinnyd" || variant == "skinnydh" ||
-                                   variant == "skinnydf" || variant == "skinnydo" || stage_kib >= 0,
-                               variant == "skinnydh"   ? 1
-                               : variant == "skinnydf" ? 0
-                                                       : -1);
+    r.model().set_gemm_kernels(
+        variant == "splitk" || variant == "splitk+tc", variant == "tc" || variant == "splitk+tc",
+        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf" ||
+            variant == "skinnydo" || variant == "skinnyde" || stage_kib >= 0,
+        variant == "skinnydh"   ? 1
+        : variant == "skinnydf" ? 0
+                                : -1);
     r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
                                                   : GptBigCodeOptions().gemm_stage_bytes);
     r.model().set_gemm_occupancy(variant == "skinnydo" || GptBigCodeOptions().gemm_occupancy);
-    r.model().set_fast_paths(fast == "pdl" || fast == "pdl+fuse",
-                             fast == "fuse" || fast == "pdl+fuse");
+    r.model().set_gemm_early_epilogue(variant == "skinnyde");
+    RETURN_IF_ERROR(r.model().set_fast_paths(
+        fast != "off" && fast != "fuse", fast == "fuse" || fast == "pdl+fuse", fast == "pdl+ln"));
     r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);
     r.model().set_small_kernels(small == "on", small == "on");
     std::vector<double> latencies, prefills, steps, graph_ms;

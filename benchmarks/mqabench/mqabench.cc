@@ -3,7 +3,7 @@
 //   mqabench latency --model configs/starcoder --batch-size 1 --input-len 128 --output-len 128
 //       [--num-iters 3] [--num-iters-warmup 1] [--load-format dummy] [--dtype float16|bfloat16]
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
-//       [--fast off|pdl|fuse|pdl+fuse|all] [--autotune off|on|decode|both|LIST]
+//       [--fast off|pdl|fuse|pdl+fuse|pdl+ln|LIST|all] [--autotune off|on|decode|both|LIST]
 //       [--small off|on|both]
 //       [--async off|on|both] [--engine off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]]
 //       [--attn-splits 0[,1...]]
@@ -15,9 +15,11 @@
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
 //     "skinny" is without it), skinnydsN (skinnyd with N KiB of each weight row staged in shared
 //     memory before the PDL wait; skinnyd stages the model's default, 16), skinnydo (skinnyd with
-//     more resident CTAs an SM: GptBigCodeOptions::gemm_occupancy).
-//     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels); "all" runs
-//     off, pdl, fuse and pdl+fuse one after the other on the same runner (one row each).
+//     more resident CTAs an SM: GptBigCodeOptions::gemm_occupancy), skinnyde (skinnyd with the
+//     epilogue's bias / residual loads before the fold: CudaGemm::Options::skinny_early_epilogue).
+//     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels; pdl+ln: pdl
+//     with fuse_layer_norms), a comma list one row each on the same runner; "all" runs off,
+//     fuse, pdl and pdl+fuse.
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
 //     "decode": only shapes of at most kDecodeAutotuneMaxM rows (gemm_autotune_max_m); "both"
 //     runs off, then on; a comma list (e.g. off,decode,on) one row each, on the same runner (with

@@ -134,7 +134,10 @@ TEST_P(GemmCudaTest, MatchesCpuWithEveryEpilogue) {
 // The fused decode paths (GemmEpilogue::ln_weight, key_cache) with and without PDL launch:
 // C = act(LN(A) B^T + bias) against LayerNormCpu -> rounding to the dtype -> GemmCpu ->
 // BiasActivationCpu; the K/V columns land at their slots (bit-equal to C's), every other cache row
-// keeps its old contents. C poisoned. cuBLASLt-only refuses the fusion (Unimplemented).
+// keeps its old contents. C poisoned. cuBLASLt-only refuses the fusion (Unimplemented). A's rows
+// have a mean as large as their spread, so that the skinny kernel's folded form (which subtracts
+// mean x sum_j B[col][j] w_j at the end) is checked where that term is not small; its sums come
+// from LayerNormFoldSumsCuda.
 struct FShape {
   int64_t m, n, k, pad, kv_width;  // n = q columns + 2 kv_width
 };
@@ -176,7 +179,7 @@ void CheckFused(CudaGemm& gemm, DType t, const FShape& s, int variant, RunMode m
   gemm.set_pdl(pdl);
   const int64_t lda = s.k + s.pad;
   std::vector<float> a, b, bias, lw, lb, cache0;
-  auto ab = RandomRounded(a, s.m * lda, t, rng, 2.0f, 0.5f);
+  auto ab = RandomRounded(a, s.m * lda, t, rng, 2.0f, 2.0f);
   auto bb = RandomRounded(b, s.n * s.k, t, rng, 0.05f);
   auto biasb = RandomRounded(bias, s.n, t, rng);
   auto lwb = RandomRounded(lw, s.k, t, rng, 0.5f, 1.0f);
@@ -209,6 +212,12 @@ void CheckFused(CudaGemm& gemm, DType t, const FShape& s, int variant, RunMode m
   e.ln_weight = dlw->get();
   e.ln_bias = dlb->get();
   e.ln_epsilon = 1e-5f;
+  DeviceMem sums(2 * s.n * sizeof(float));
+  ASSERT_TRUE(LayerNormFoldSumsCuda(p.b, p.ldb, s.n, s.k, t, e.ln_weight, e.ln_bias,
+                                    sums.get<float>(), sums.get<float>() + s.n, stream)
+                  .ok());
+  e.ln_wsum = sums.get<float>();
+  e.ln_bsum = sums.get<float>() + s.n;
   const int64_t kv_col0 = s.n - 2 * s.kv_width;
   if (s.kv_width > 0) {
     e.key_cache = dk->get();
@@ -422,15 +431,20 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
   const auto [t, rows] = GetParam();
   if (rows != 2) GTEST_SKIP() << "the deep unroll is instantiated for 2 rows per warp";
   // fp32 fold; fp16 pairs (fp16 only); fp16 pairs on the instantiations built for more resident
-  // CTAs an SM (Options::skinny_occupancy: 8 without the deep unroll, c_fc's shape; 4 with it).
-  for (const int form : {0, 1, 2}) {
-    SCOPED_TRACE(form == 0 ? "fp32 fold" : form == 1 ? "half fold" : "half fold, occupancy");
+  // CTAs an SM (Options::skinny_occupancy: 8 without the deep unroll, c_fc's shape; 4 with it);
+  // fp16 pairs with the bias / residual loaded before the fold (skinny_early_epilogue).
+  for (const int form : {0, 1, 2, 3}) {
+    SCOPED_TRACE(form == 0   ? "fp32 fold"
+                 : form == 1 ? "half fold"
+                 : form == 2 ? "half fold, occupancy"
+                             : "half fold, the epilogue's loads before the fold");
     CudaGemm::Options options;
     options.skinny_rows_per_warp = rows;
     options.skinny_max_m = CudaGemm::kSkinnyMaxM;
     options.skinny_deep_unroll = true;
     options.skinny_half_fold = form >= 1;
     options.skinny_occupancy = form == 2;
+    options.skinny_early_epilogue = form == 3;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), its
@@ -577,6 +591,42 @@ TEST_P(GemmCudaTest, SkinnyKernelRefusesWhatItCannotDo) {
   p.m = 2;
   p.k = p.lda = p.ldb = 60;  // not a multiple of 8
   EXPECT_TRUE(absl::IsUnimplemented(SkinnyGemmCuda(p, {}, nullptr)));
+  p.k = p.lda = p.ldb = 64;
+  GemmEpilogue e;  // a layer norm without its per-column sums
+  e.ln_weight = e.ln_bias = reinterpret_cast<void*>(256);
+  EXPECT_TRUE(absl::IsUnimplemented(SkinnyGemmCuda(p, e, nullptr)));
+}
+
+// LayerNormFoldSumsCuda against double sums on the host: padded rows, odd n, k not a multiple of
+// a warp's 256 elements.
+TEST_P(GemmCudaTest, LayerNormFoldSumsMatchHost) {
+  const auto [t, rows] = GetParam();
+  if (rows != 2) GTEST_SKIP() << "once a dtype is enough";
+  const int64_t n = 1001, k = 264, ldb = 272;
+  std::vector<float> b, w, lb;
+  auto bb = RandomRounded(b, n * ldb, t, rng_, 0.05f);
+  auto wb = RandomRounded(w, k, t, rng_, 0.5f, 1.0f);
+  auto lbb = RandomRounded(lb, k, t, rng_, 0.5f);
+  auto db = DeviceMem::From(bb), dw = DeviceMem::From(wb), dlb = DeviceMem::From(lbb);
+  DeviceMem sums(2 * n * sizeof(float));
+  sums.Poison();
+  ASSERT_TRUE(LayerNormFoldSumsCuda(db->get(), ldb, n, k, t, dw->get(), dlb->get(),
+                                    sums.get<float>(), sums.get<float>() + n, stream_)
+                  .ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const auto got = sums.Download<float>();
+  for (int64_t c = 0; c < n; ++c) {
+    double ws = 0, bs = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      ws += double{b[c * ldb + j]} * w[j];
+      bs += double{b[c * ldb + j]} * lb[j];
+    }
+    ASSERT_NEAR(got[c], ws, 1e-5 * (1 + std::abs(ws))) << "column " << c;
+    ASSERT_NEAR(got[n + c], bs, 1e-5 * (1 + std::abs(bs))) << "column " << c;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(LayerNormFoldSumsCuda(db->get(), ldb, n, 260, t, dw->get(),
+                                                            dlb->get(), sums.get<float>(),
+                                                            sums.get<float>() + n, stream_)));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GemmCudaTest,

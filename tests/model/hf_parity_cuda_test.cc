@@ -109,8 +109,9 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3; bit 12: the
 // batch-1 decode chain, every prompt prefilled and decoded alone; bit 13: with the attention as
 // the chain's first phase; bit 14: the chain's fp32 fold (decode_chain_half_fold 0; the default
-// sums fp16 pairs first); bit 15: the chain's fused MLP (decode_chain_fused_mlp). 101: the
-// runner's defaults).
+// sums fp16 pairs first); bit 15: the chain's fused MLP (decode_chain_fused_mlp); bit 16:
+// fuse_layer_norms (the layer norms folded into the skinny GEMMs' epilogues). 101: the runner's
+// defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -142,6 +143,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.decode_chain_attention = knobs & 8192;
   if (knobs & 16384) opts.decode_chain_half_fold = 0;
   opts.decode_chain_fused_mlp = knobs & 32768;
+  opts.fuse_layer_norms = knobs & 65536;
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
@@ -250,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
-                                         12389, 20581, 36965)),
+                                         12389, 20581, 36965, 103, 65637)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -269,6 +271,8 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 12389 ? "_defaults_chain_attn"
                           : std::get<3>(info.param) == 20581 ? "_defaults_chain_fp32fold"
                           : std::get<3>(info.param) == 36965 ? "_defaults_chain_fusedmlp"
+                          : std::get<3>(info.param) == 103   ? "_defaults_fuse"
+                          : std::get<3>(info.param) == 65637 ? "_defaults_ln"
                           : std::get<3>(info.param) == 101   ? "_defaults"
                                                              : "");
       std::replace(name.begin(), name.end(), '-', '_');
