@@ -302,9 +302,11 @@ absl::Status Engine::Step() {
         // Every draw of a sequence is a device draw: its output count is its draw count.
         row.offset = static_cast<uint64_t>(s.seq->num_output_tokens());
       }
-      // Draft rows: greedy too (SpeculationEligible).
+      // Draft row i is drawn as the sequence's output i positions on would be (the same seed, the
+      // offset i further), so that the kept tokens are the ones drawn without speculation.
       for (size_t i = 1; i <= s.draft.size(); ++i) {
         row_params[s.logits_index + i] = row_params[s.logits_index];
+        row_params[s.logits_index + i].offset += i;
       }
     }
   }
@@ -366,7 +368,9 @@ absl::Status Engine::Step() {
     if (host_rows)
       row = {logits->data<float>() + s.logits_index * vocab, static_cast<size_t>(vocab)};
     if (!s.draft.empty()) {
-      CheckDrafts(s, on_device ? absl::MakeConstSpan(device_tokens) : absl::Span<const int32_t>(),
+      CheckDrafts(s,
+                  on_device && DeviceSamplable(group.params()) ? absl::MakeConstSpan(device_tokens)
+                                                               : absl::Span<const int32_t>(),
                   *logits, state, output);
       continue;
     }
@@ -438,20 +442,35 @@ void Engine::CheckDrafts(const ScheduledSeq& s, absl::Span<const int32_t> device
   SequenceGroup& group = *s.group;
   Sequence& seq = *s.seq;
   const int64_t vocab = runner_->vocab_size();
-  // The model's (greedy) token after the last token and after each draft, in order: kept while
-  // the draft it follows matched the one before it.
+  // The model's token after the last token and after each draft, in order: kept while the draft
+  // it follows matched the one before it. Each is drawn as it would be without speculation (the
+  // host sampler's context holds the tokens kept so far and the sequence's generator, which draws
+  // only for the rows used; the device drew row i at the sequence's offset + i). For a
+  // deterministic draft d, keeping it exactly when the draw equals d accepts it with the model's
+  // probability of d and otherwise yields a draw from the model's distribution without d: exact
+  // rejection sampling, so sampled output has the distribution (with a seed, the tokens) it has
+  // without speculation.
   const auto num_draft = static_cast<int>(s.draft.size());
+  const SamplingParams& params = group.params();
   int accepted = 0;
   for (int i = 0; i <= num_draft; ++i) {
     const int row = s.logits_index + i;
+    const absl::Span<const float> row_logits =
+        logits.defined() && logits.dim(0) > row
+            ? absl::Span<const float>(logits.data<float>() + row * vocab, static_cast<size_t>(vocab))
+            : absl::Span<const float>();
     SampleResult result;
     if (!device_tokens.empty()) {
       result.token_id = device_tokens[row];
+      if (params.logprobs.has_value()) result = ScoreToken(row_logits, result.token_id, *params.logprobs);
     } else {
       SamplingContext context;
-      context.params = &group.params();
+      context.params = &params;
+      context.prompt_tokens = seq.prompt_tokens();
+      context.output_tokens = seq.output_tokens();
       context.eos_token_id = options_.eos_token_id;
-      result = Sample({logits.data<float>() + row * vocab, static_cast<size_t>(vocab)}, context);
+      context.rng = &seq.rng();
+      result = Sample(row_logits, context);
     }
     ProcessSample(group, state, seq, result, output);
     if (seq.finished() || i == num_draft || result.token_id != s.draft[i]) break;

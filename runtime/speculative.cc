@@ -55,8 +55,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(absl::string_view text)
 }
 
 bool SpeculationEligible(const SamplingParams& params) {
-  return params.greedy() && params.n == 1 && DeviceSamplable(params) &&
-         !params.logprobs.has_value() && !params.prompt_logprobs.has_value();
+  return params.n == 1 && !params.prompt_logprobs.has_value();
 }
 
 std::vector<int32_t> ProposeNgramDraft(absl::Span<const int32_t> tokens,

@@ -1,14 +1,14 @@
-// Speculative decoding by prompt lookup (vLLM's "ngram" method): a greedy sequence's next tokens
-// are guessed from its own text — the tokens that followed the last earlier occurrence of its
-// final n-gram — and the model checks all the guesses in one step: the step computes the real
-// last token and the k draft tokens after it, each row's argmax is the model's token at that
-// position, and the drafts are kept while they equal it, plus the model's token after the last
-// kept one. Greedy output is unchanged (the same argmaxes, fewer steps); code, which repeats
-// itself, often accepts several drafts a step, and a memory-bound decode step costs about the same
-// with k + 1 tokens as with one.
+// Speculative decoding by prompt lookup (vLLM's "ngram" method): a sequence's next tokens are
+// guessed from its own text — the tokens that followed the last earlier occurrence of its final
+// n-gram — and the model checks all the guesses in one step: the step computes the real last
+// token and the k draft tokens after it, the model's token at each position is drawn from its row
+// as it would be without speculation (greedy: the argmax), and the drafts are kept while they
+// equal it, plus the model's token after the last kept one. For a deterministic draft that is
+// exact rejection sampling, so output is unchanged (with a seed, token for token) in fewer steps;
+// code, which repeats itself, often accepts several drafts a step, and a memory-bound decode step
+// costs about the same with k + 1 tokens as with one.
 //
-// Which requests speculate: SpeculationEligible (one greedy sample the device sampler covers,
-// without log-probabilities).
+// Which requests speculate: SpeculationEligible (one sample, no prompt log-probabilities).
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,8 @@ struct SpeculativeConfig {
 // the field for anything else (another method, k outside 1..15, min > max ...).
 absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(absl::string_view json);
 
-// Whether a request's decode steps may speculate: greedy, n = 1, no penalties or other host
-// sampling (DeviceSamplable), no log-probabilities.
+// Whether a request's decode steps may speculate: n = 1 (forked samples share blocks) and no
+// prompt log-probabilities; any sampling parameters and logprobs.
 bool SpeculationEligible(const SamplingParams& params);
 
 // Up to `max_tokens` draft tokens for the sequence `tokens` (prompt + output): for n from

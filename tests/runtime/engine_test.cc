@@ -196,6 +196,7 @@ class Harness {
   Engine& engine() { return *engine_; }
   FakeRunner& runner() { return *runner_; }
   std::map<std::string, Received>& received() { return received_; }
+  const std::vector<int32_t>& prompt(const std::string& id) const { return prompts_.at(id); }
 
  private:
   void Collect(const std::string& id, RequestOutput output) {
@@ -877,6 +878,71 @@ TEST(Engine, LogprobsOfEachTokenAreTheModelsLogSoftmax) {
   }
   EXPECT_EQ(r.last.num_prompt_tokens, 3);
   EXPECT_EQ(r.last.num_generated_tokens, static_cast<int>(tokens.size()));
+}
+
+// Speculation for sampled requests (exact rejection sampling against the deterministic drafts):
+// seeded requests of every kind the host or the device sampler draws — temperature, top-k / top-p,
+// penalties with min-p and min_tokens, logprobs — give the tokens they give without speculation
+// (the oracle), drafts are kept for them, and each returned log-probability is the model's at that
+// position. With the host sampler and with the device sampler.
+TEST(Engine, SampledRequestsSpeculateAndDrawWhatTheyWouldWithout) {
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device sampler" : "host sampler");
+    FakeRunnerOptions runner_options;
+    runner_options.cycle_boost = 6.0f;  // repetitive text: drafts to check
+    runner_options.device_sampling = device;
+    EngineOptions options;
+    options.max_model_len = 64;
+    options.eos_token_id = kEos;
+    options.speculative.num_speculative_tokens = 4;
+    Harness h(runner_options, options);
+    std::mt19937_64 rng(device ? 11 : 7);
+    const auto prefixes = RandomPrefixes(rng, 32, 3, 12);
+    for (int i = 0; i < 16; ++i) {
+      SamplingParams params;
+      params.seed = rng();
+      params.max_tokens = 20 + static_cast<int>(rng() % 20);
+      params.temperature = 0.7f;
+      params.ignore_eos = i % 2 == 0;
+      switch (i % 4) {
+        case 0:
+          break;
+        case 1:
+          params.top_k = 4;
+          params.top_p = 0.9f;
+          break;
+        case 2:  // host-sampled also on a device-sampling runner
+          params.min_p = 0.05f;
+          params.repetition_penalty = 1.1f;
+          params.min_tokens = 3;
+          break;
+        default:
+          params.logprobs = 2;
+          break;
+      }
+      ASSERT_TRUE(h.Add(absl::StrCat("s", i), RandomPrompt(rng, 32, 30, prefixes), params).ok());
+    }
+    h.RunToCompletion();
+    h.ExpectMatchesOracle();
+    const EngineMetrics m = h.engine().metrics();
+    EXPECT_GT(m.spec_accepted_tokens, 20) << "sampled requests should keep drafts";
+    EXPECT_LE(m.spec_accepted_tokens, m.spec_draft_tokens);
+    for (int i = 3; i < 16; i += 4) {
+      const Received& r = h.received().at(absl::StrCat("s", i));
+      const std::vector<int32_t>& tokens = r.tokens.at(0);
+      ASSERT_EQ(r.logprobs.size(), tokens.size()) << i;
+      std::vector<int32_t> history(h.prompt(absl::StrCat("s", i)));
+      for (size_t j = 0; j < tokens.size(); ++j) {
+        const SampleResult want =
+            ScoreToken(ReferenceLogits(history, 32, runner_options.cycle_boost), tokens[j], 2);
+        EXPECT_EQ(r.logprobs[j].token_id, tokens[j]);
+        EXPECT_NEAR(r.logprobs[j].logprob, want.logprob, 1e-5) << "request " << i << " token " << j;
+        ASSERT_EQ(r.logprobs[j].top_logprobs.size(), 2u);
+        EXPECT_EQ(r.logprobs[j].top_logprobs[0].token_id, want.top_logprobs[0].token_id);
+        history.push_back(tokens[j]);
+      }
+    }
+  }
 }
 
 TEST(Engine, PrefixCacheHitsAreReportedPerRequest) {
