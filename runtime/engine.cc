@@ -1,7 +1,9 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +120,11 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options)
       block_manager_(MakeBlockManagerOptions(options_, runner_.get())),
       scheduler_(MakeSchedulerOptions(options_), &block_manager_),
       seed_rng_(options.seed) {
+  const int threads =
+      options_.host_threads > 0
+          ? options_.host_threads
+          : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  host_pool_ = std::make_unique<WorkerPool>(threads);
   PublishMetrics();
 }
 
@@ -344,11 +351,93 @@ absl::Status Engine::Step() {
   scheduler_.OnStepExecuted(plan);
   ++counters_.num_steps;
 
+  // Each scheduled sequence's draws: its samples (a request's first step forks the other n - 1
+  // now, all sharing the prompt's blocks) and a result each, or a speculating sequence's draws for
+  // its rows in order. The device's tokens are filled in here; what the host samples or scores
+  // (Sample, ScoreToken, prompt log-probabilities) then runs on the host pool, in parallel: each
+  // item reads only its rows and its own sequence's tokens and generator, and writes only its
+  // own result. Outputs are processed afterwards in step order.
   const int64_t vocab = runner_->vocab_size();
+  auto row_at = [&](int index) {
+    return host_rows ? absl::Span<const float>(logits->data<float>() + index * vocab,
+                                               static_cast<size_t>(vocab))
+                     : absl::Span<const float>();
+  };
+  struct Draws {
+    std::vector<Sequence*> samples;
+    std::vector<SampleResult> results;  // one a sample, or a speculating sequence's draws
+  };
+  std::vector<Draws> draws(plan.scheduled.size());
+  std::vector<std::function<void()>> host_work;
+  for (size_t j = 0; j < plan.scheduled.size(); ++j) {
+    const ScheduledSeq& s = plan.scheduled[j];
+    if (s.num_prompt_rows > 0) {
+      RequestState& state = requests_.at(s.group->request_id());
+      // Rows of a chunk run again after a preemption overwrite what they wrote the first time.
+      state.prompt_logprobs.resize(s.seq->prompt_len() - 1);
+      const int top = *s.group->params().prompt_logprobs;
+      for (int r = 0; r < s.num_prompt_rows; ++r) {
+        host_work.push_back([&, r, top] {
+          const int position = s.first_position + r;
+          state.prompt_logprobs[position] =
+              ScoreToken(row_at(s.prompt_rows_index + r), s.seq->tokens()[position + 1], top);
+        });
+      }
+    }
+    if (s.logits_index < 0 || s.group->params().max_tokens == 0) continue;
+    SequenceGroup& group = *s.group;
+    const SamplingParams& params = group.params();
+    const bool device = on_device && DeviceSamplable(params);
+    Draws& d = draws[j];
+    if (!s.draft.empty()) {
+      host_work.push_back([&, device] {
+        d.results = DrawChecks(s, device ? absl::MakeConstSpan(device_tokens)
+                                         : absl::Span<const int32_t>(),
+                               row_at);
+      });
+      continue;
+    }
+    // Device: draw i of the row block is sample i's first token (num_draws = n before the fork),
+    // else this sequence's next one. Host: every sample draws from the prompt's last row.
+    const int forks = device ? s.num_draws - 1 : group.forked() ? 0 : params.n - 1;
+    d.samples = {s.seq};
+    for (int f = 1; f <= forks; ++f) {
+      d.samples.push_back(scheduler_.Fork(group, *s.seq, next_seq_id_++, f));
+    }
+    d.results.resize(d.samples.size());
+    for (size_t k = 0; k < d.samples.size(); ++k) {
+      SampleResult& result = d.results[k];
+      if (device) {
+        // The chosen token's score (and the best alternatives) from the row's logits, without
+        // the host sampler's filtering and sort.
+        result.token_id = device_tokens[s.logits_index + k];
+        if (params.logprobs.has_value()) {
+          host_work.push_back([&, k] {
+            result = ScoreToken(row_at(s.logits_index + static_cast<int>(k)), result.token_id,
+                                *params.logprobs);
+          });
+        }
+      } else {
+        Sequence* seq = d.samples[k];
+        host_work.push_back([&, seq] {
+          SamplingContext context;
+          context.params = &params;
+          context.prompt_tokens = seq->prompt_tokens();
+          context.output_tokens = seq->output_tokens();
+          context.eos_token_id = options_.eos_token_id;
+          context.rng = &seq->rng();
+          result = Sample(row_at(s.logits_index), context);
+        });
+      }
+    }
+  }
+  host_pool_->ParallelFor(static_cast<int64_t>(host_work.size()),
+                          [&](int64_t i) { host_work[i](); });
+
   std::vector<SequenceGroup*> order;  // groups with output, in step order
   absl::flat_hash_map<SequenceGroup*, RequestOutput> outputs;
-  for (const ScheduledSeq& s : plan.scheduled) {
-    if (s.num_prompt_rows > 0) ScorePromptRows(s, *logits);
+  for (size_t j = 0; j < plan.scheduled.size(); ++j) {
+    const ScheduledSeq& s = plan.scheduled[j];
     if (s.logits_index < 0) continue;
     SequenceGroup& group = *s.group;
     RequestState& state = requests_.at(group.request_id());
@@ -364,51 +453,13 @@ absl::Status Engine::Step() {
       FinishSeq(*s.seq, FinishReason::kLength, output);
       continue;
     }
-    absl::Span<const float> row;
-    if (host_rows)
-      row = {logits->data<float>() + s.logits_index * vocab, static_cast<size_t>(vocab)};
+    const Draws& d = draws[j];
     if (!s.draft.empty()) {
-      CheckDrafts(s,
-                  on_device && DeviceSamplable(group.params()) ? absl::MakeConstSpan(device_tokens)
-                                                               : absl::Span<const int32_t>(),
-                  *logits, state, output);
+      AcceptDrafts(s, d.results, state, output);
       continue;
     }
-    if (on_device && DeviceSamplable(group.params())) {
-      // Sample d's token is draw d; before the fork, the other samples start here, all sharing
-      // the prompt's blocks (forked before any of them takes its token).
-      std::vector<Sequence*> samples = {s.seq};
-      for (int d = 1; d < s.num_draws; ++d) {
-        samples.push_back(scheduler_.Fork(group, *s.seq, next_seq_id_++, d));
-      }
-      for (int d = 0; d < s.num_draws; ++d) {
-        Sequence* seq = samples[d];
-        SampleResult result;
-        result.token_id = device_tokens[s.logits_index + d];
-        if (group.params().logprobs.has_value()) {
-          result = ScoreToken(row, result.token_id, *group.params().logprobs);
-        }
-        ProcessSample(group, state, *seq, result, output);
-      }
-      continue;
-    }
-
-    std::vector<Sequence*> samples = {s.seq};
-    if (!group.forked()) {
-      // The prompt's logits give the first token of every sample: fork the others now, all
-      // sharing the prompt's blocks.
-      for (int i = 1; i < group.params().n; ++i) {
-        samples.push_back(scheduler_.Fork(group, *s.seq, next_seq_id_++, i));
-      }
-    }
-    for (Sequence* seq : samples) {
-      SamplingContext context;
-      context.params = &group.params();
-      context.prompt_tokens = seq->prompt_tokens();
-      context.output_tokens = seq->output_tokens();
-      context.eos_token_id = options_.eos_token_id;
-      context.rng = &seq->rng();
-      ProcessSample(group, state, *seq, Sample(row, context), output);
+    for (size_t k = 0; k < d.samples.size(); ++k) {
+      ProcessSample(group, state, *d.samples[k], d.results[k], output);
     }
   }
   for (SequenceGroup* group : order) {
@@ -422,61 +473,56 @@ absl::Status Engine::Step() {
   return absl::OkStatus();
 }
 
-void Engine::ScorePromptRows(const ScheduledSeq& s, const Tensor& logits) {
-  const SequenceGroup& group = *s.group;
-  RequestState& state = requests_.at(group.request_id());
+std::vector<SampleResult> Engine::DrawChecks(
+    const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
+    absl::FunctionRef<absl::Span<const float>(int)> row_at) const {
+  // The model's token after the last token and after each draft, in order, until one differs
+  // from its draft. Each is drawn as it would be without speculation: the host sampler's context
+  // holds the tokens kept so far and the sequence's generator (which draws only for the rows
+  // used); the device drew row i at the sequence's offset + i. For a deterministic draft d,
+  // keeping it exactly when the draw equals d accepts it with the model's probability of d and
+  // otherwise yields a draw from the model's distribution without d: exact rejection sampling, so
+  // sampled output has the distribution (with a seed, the tokens) it has without speculation.
   const Sequence& seq = *s.seq;
-  // Rows of a chunk run again after a preemption overwrite what they wrote the first time.
-  state.prompt_logprobs.resize(seq.prompt_len() - 1);
-  const int64_t vocab = runner_->vocab_size();
-  for (int r = 0; r < s.num_prompt_rows; ++r) {
-    const int position = s.first_position + r;
-    absl::Span<const float> row(logits.data<float>() + (s.prompt_rows_index + r) * vocab, vocab);
-    state.prompt_logprobs[position] =
-        ScoreToken(row, seq.tokens()[position + 1], *group.params().prompt_logprobs);
-  }
-}
-
-void Engine::CheckDrafts(const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
-                         const Tensor& logits, RequestState& state, RequestOutput& output) {
-  SequenceGroup& group = *s.group;
-  Sequence& seq = *s.seq;
-  const int64_t vocab = runner_->vocab_size();
-  // The model's token after the last token and after each draft, in order: kept while the draft
-  // it follows matched the one before it. Each is drawn as it would be without speculation (the
-  // host sampler's context holds the tokens kept so far and the sequence's generator, which draws
-  // only for the rows used; the device drew row i at the sequence's offset + i). For a
-  // deterministic draft d, keeping it exactly when the draw equals d accepts it with the model's
-  // probability of d and otherwise yields a draw from the model's distribution without d: exact
-  // rejection sampling, so sampled output has the distribution (with a seed, the tokens) it has
-  // without speculation.
+  const SamplingParams& params = s.group->params();
+  std::vector<int32_t> outputs(seq.output_tokens().begin(), seq.output_tokens().end());
+  std::vector<SampleResult> results;
   const auto num_draft = static_cast<int>(s.draft.size());
-  const SamplingParams& params = group.params();
-  int accepted = 0;
   for (int i = 0; i <= num_draft; ++i) {
     const int row = s.logits_index + i;
-    const absl::Span<const float> row_logits =
-        logits.defined() && logits.dim(0) > row
-            ? absl::Span<const float>(logits.data<float>() + row * vocab, static_cast<size_t>(vocab))
-            : absl::Span<const float>();
     SampleResult result;
     if (!device_tokens.empty()) {
       result.token_id = device_tokens[row];
-      if (params.logprobs.has_value()) result = ScoreToken(row_logits, result.token_id, *params.logprobs);
+      if (params.logprobs.has_value()) {
+        result = ScoreToken(row_at(row), result.token_id, *params.logprobs);
+      }
     } else {
       SamplingContext context;
       context.params = &params;
       context.prompt_tokens = seq.prompt_tokens();
-      context.output_tokens = seq.output_tokens();
+      context.output_tokens = outputs;
       context.eos_token_id = options_.eos_token_id;
-      context.rng = &seq.rng();
-      result = Sample(row_logits, context);
+      context.rng = &s.seq->rng();
+      result = Sample(row_at(row), context);
     }
-    ProcessSample(group, state, seq, result, output);
-    if (seq.finished() || i == num_draft || result.token_id != s.draft[i]) break;
-    ++accepted;
+    results.push_back(result);
+    if (i == num_draft || result.token_id != s.draft[i]) break;
+    outputs.push_back(result.token_id);
   }
-  counters_.spec_draft_tokens += num_draft;
+  return results;
+}
+
+void Engine::AcceptDrafts(const ScheduledSeq& s, absl::Span<const SampleResult> results,
+                          RequestState& state, RequestOutput& output) {
+  // The draws are kept in order while the draft each follows matched the one before it.
+  Sequence& seq = *s.seq;
+  int accepted = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    ProcessSample(*s.group, state, seq, results[i], output);
+    if (seq.finished() || i + 1 == results.size()) break;
+    ++accepted;  // DrawChecks drew on: the draw equalled draft i
+  }
+  counters_.spec_draft_tokens += static_cast<int64_t>(s.draft.size());
   counters_.spec_accepted_tokens += accepted;
   if (!seq.finished()) scheduler_.OnDraftsChecked(seq);
 }

@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "runtime/block_manager.h"
 #include "runtime/model_runner.h"
@@ -30,6 +31,7 @@
 #include "runtime/sequence.h"
 #include "runtime/speculative.h"
 #include "runtime/stop_strings.h"
+#include "runtime/worker_pool.h"
 
 namespace mqa {
 
@@ -61,6 +63,10 @@ struct EngineOptions {
   int max_prompt_logprob_rows = 256;
   // Speculative decoding by prompt lookup (runtime/speculative.h); off by default.
   SpeculativeConfig speculative;
+  // Threads (the engine's own included) that sample and score a step's rows on the host — rows of
+  // requests the device sampler does not cover, log-probabilities, prompt log-probabilities — in
+  // parallel; 0: min(8, hardware threads). Results do not depend on it.
+  int host_threads = 0;
 };
 
 // New output of one sample since the previous RequestOutput.
@@ -187,12 +193,15 @@ class Engine {
   };
 
   void TakeInbox();
-  // Scores the prompt tokens of `s`'s chunk from the step's logits (prompt_logprobs).
-  void ScorePromptRows(const ScheduledSeq& s, const Tensor& logits);
-  // A speculating sequence's step (ScheduledSeq::draft): appends the model's tokens while the
-  // drafts match them, counts them, and returns the blocks of rejected drafts.
-  void CheckDrafts(const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
-                   const Tensor& logits, RequestState& state, RequestOutput& output);
+  // A speculating sequence's step (ScheduledSeq::draft): DrawChecks draws the model's token at
+  // each of its rows (host pool; row_at(i) is logits row i on the host, empty if none came back),
+  // AcceptDrafts appends them while the drafts match, counts them, and returns the blocks of
+  // rejected drafts.
+  std::vector<SampleResult> DrawChecks(
+      const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
+      absl::FunctionRef<absl::Span<const float>(int)> row_at) const;
+  void AcceptDrafts(const ScheduledSeq& s, absl::Span<const SampleResult> results,
+                    RequestState& state, RequestOutput& output);
   void ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,
                      const SampleResult& result, RequestOutput& output);
   SampleOutput& OutputFor(RequestOutput& output, int sample_index);
@@ -211,6 +220,7 @@ class Engine {
   // Engine-thread state.
   absl::flat_hash_map<std::string, RequestState> requests_;
   int64_t next_seq_id_ = 0;
+  std::unique_ptr<WorkerPool> host_pool_;  // EngineOptions::host_threads
   int64_t next_arrival_ = 0;
   SampleRng seed_rng_;
   EngineMetrics counters_;

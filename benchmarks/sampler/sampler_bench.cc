@@ -5,6 +5,10 @@
 //
 //   sampler_bench [--vocab 49152] [--rows 256] [--passes 5]
 //
+// Then the engine's host pool (runtime/worker_pool.h, EngineOptions::host_threads): the top-p
+// sample of every row, rows spread over 1, 2, 4 ... threads up to the machine's, wall time a row
+// beside the one-thread figure divided by the threads (the ceiling of that many threads).
+//
 // Rows are random logits (normal, sigma 3: a broad distribution, so top-p keeps thousands of
 // tokens; a trained model's rows are usually far more peaked, which makes top-p cheaper). Prints
 // the best pass of each, in microseconds a row.
@@ -16,9 +20,11 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/worker_pool.h"
 
 namespace {
 
@@ -106,6 +112,34 @@ int main(int argc, char** argv) {
              context.rng = &rng;
              return mqa::Sample(row(r), context).token_id;
            }));
+  }
+
+  mqa::SamplingParams top_p;
+  top_p.temperature = 0.8f;
+  top_p.top_p = 0.95f;
+  std::vector<mqa::SampleRng> rngs;
+  for (int r = 0; r < rows; ++r) rngs.emplace_back(r);
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("\nthe top-p sample of %d rows on the engine's host pool; wall us a row\n", rows);
+  double one = 0;
+  for (int threads = 1; threads <= hw; threads *= 2) {
+    mqa::WorkerPool pool(threads);
+    std::vector<int32_t> tokens(rows);
+    double best = 1e30;
+    for (int pass = 0; pass < passes; ++pass) {
+      const auto start = std::chrono::steady_clock::now();
+      pool.ParallelFor(rows, [&](int64_t r) {
+        mqa::SamplingContext context;
+        context.params = &top_p;
+        context.rng = &rngs[r];
+        tokens[r] = mqa::Sample(row(static_cast<int>(r)), context).token_id;
+      });
+      const auto end = std::chrono::steady_clock::now();
+      best = std::min(best, std::chrono::duration<double, std::micro>(end - start).count() / rows);
+    }
+    if (threads == 1) one = best;
+    std::printf("%2d threads %9.1f   (ceiling %.1f: one thread's / %d)\n", threads, best,
+                one / threads, threads);
   }
   return 0;
 }

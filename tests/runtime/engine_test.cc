@@ -316,6 +316,7 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   if (c.speculative > 0) runner_options.cycle_boost = 4.5f;
   EngineOptions options;
   options.speculative.num_speculative_tokens = c.speculative;
+  options.host_threads = 4;  // rows sampled and scored in parallel (results must not change)
   options.max_num_seqs = 16;
   options.max_num_batched_tokens = c.max_num_batched_tokens;
   options.max_model_len = 64;
