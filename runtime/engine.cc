@@ -42,10 +42,10 @@ SchedulerOptions MakeSchedulerOptions(const EngineOptions& options) {
 }  // namespace
 
 void RequestOutputQueue::Push(RequestOutput output) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    outputs_.push_back(std::move(output));
-  }
+  // Notified under the lock: once a waiter has the last output it may destroy the queue, so
+  // nothing here may touch it after the lock is released.
+  std::lock_guard<std::mutex> lock(mu_);
+  outputs_.push_back(std::move(output));
   cv_.notify_all();
 }
 
