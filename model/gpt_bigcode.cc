@@ -582,7 +582,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                           w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
   // The attention's merge kernel lets the chain after it launch early (its CTAs stream weights
   // while the attention runs).
-  att.release_dependents_early = chain_step && chain_early_release_;
+  att.release_dependents_early = (chain_step && chain_early_release_) || attention_release_early_;
   DecodeChainParams chain;
   const bool next = l + 1 < w_.config.n_layer;
   auto run_chain = [&]() -> absl::StatusOr<bool> {

@@ -327,6 +327,11 @@ class GptBigCode {
   absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
   // Benchmarks: GptBigCodeOptions::decode_chain_early_release. Drops captured graphs.
   void set_decode_chain_early_release(bool on);
+  // Benchmarks: every decode attention's merge releases the next kernel before the attention is
+  // done (PagedAttentionParams::release_dependents_early), not only before a decode chain: the
+  // skinny GEMM after it then stages its weights during the attention. Measured slower for
+  // StarCoder b1 without the chain (2026-12-04); not yet for SantaCoder. Drops captured graphs.
+  void set_attention_release_early(bool on);
   // Benchmarks: GptBigCodeOptions::decode_chain_steal_chunks. Drops captured graphs.
   void set_decode_chain_steal_chunks(int chunks);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
@@ -426,6 +431,7 @@ class GptBigCode {
   bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   bool chain_early_release_ = true;         // ... _early_release
+  bool attention_release_early_ = false;    // set_attention_release_early
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

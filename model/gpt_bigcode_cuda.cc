@@ -250,6 +250,11 @@ void GptBigCode::set_decode_chain_early_release(bool on) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_attention_release_early(bool on) {
+  attention_release_early_ = on;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
   ctx_.chain_steal_chunks = chunks;
   ClearCudaGraphs();
@@ -769,6 +774,7 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 absl::Status GptBigCode::set_fast_paths(bool, bool, bool) { return absl::OkStatus(); }
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
+void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

@@ -219,6 +219,7 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
+          row != "rel" &&
           row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
           row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
           row != "fm" &&
@@ -230,7 +231,8 @@ absl::Status Latency(const Flags& f) {
         return absl::InvalidArgumentError(
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
             "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
-            "/ late (auto, released by the attention only once it is done) / wN (auto, each "
+            "/ late (auto, released by the attention only once it is done) / rel (auto, and "
+            "every attention releases the next kernel early, chain or not) / wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
             "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
@@ -361,7 +363,8 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "late" || chain[0] == 'w' || chain == "ll" || chain == "nl" ||
+        chain == "auto" || chain == "late" || chain == "rel" || chain[0] == 'w' || chain == "ll" ||
+                chain == "nl" ||
                 chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" ||
                 chain.rfind("fm", 0) == 0
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
@@ -369,6 +372,7 @@ absl::Status Latency(const Flags& f) {
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
+    r.model().set_attention_release_early(chain == "rel");
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0
