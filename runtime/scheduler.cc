@@ -212,7 +212,7 @@ void Scheduler::Preempt(SequenceGroup& group) {
 
 std::vector<int32_t> Scheduler::Speculate(const SequenceGroup& group, const Sequence& seq) {
   const SpeculativeConfig& config = options_.speculative;
-  if (!config.enabled() || !SpeculationEligible(group.params())) return {};
+  if (!config.enabled()) return {};
   // Each accepted draft and the token after the last one are output tokens: the drafts stop one
   // short of max_tokens and of the longest sequence.
   int most = std::min({config.num_speculative_tokens, token_budget_ - 1, prompt_rows_budget_,

@@ -54,10 +54,6 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(absl::string_view text)
   return config;
 }
 
-bool SpeculationEligible(const SamplingParams& params) {
-  return params.n == 1 && !params.prompt_logprobs.has_value();
-}
-
 std::vector<int32_t> ProposeNgramDraft(absl::Span<const int32_t> tokens,
                                        const SpeculativeConfig& config, int max_tokens) {
   const int len = static_cast<int>(tokens.size());

@@ -8,7 +8,8 @@
 // code, which repeats itself, often accepts several drafts a step, and a memory-bound decode step
 // costs about the same with k + 1 tokens as with one.
 //
-// Which requests speculate: SpeculationEligible (one sample, no prompt log-probabilities).
+// Every request speculates: greedy or sampled, one sample or several (forked samples draft from
+// their own text), with or without (prompt) log-probabilities.
 #pragma once
 
 #include <cstdint>
@@ -33,10 +34,6 @@ struct SpeculativeConfig {
 // "prompt_lookup_max": n, "prompt_lookup_min": m}. An empty string: off. InvalidArgument naming
 // the field for anything else (another method, k outside 1..15, min > max ...).
 absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(absl::string_view json);
-
-// Whether a request's decode steps may speculate: n = 1 (forked samples share blocks) and no
-// prompt log-probabilities; any sampling parameters and logprobs.
-bool SpeculationEligible(const SamplingParams& params);
 
 // Up to `max_tokens` draft tokens for the sequence `tokens` (prompt + output): for n from
 // prompt_lookup_max down to prompt_lookup_min, the last n tokens are looked for earlier in

@@ -341,7 +341,7 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
     const std::string id = absl::StrCat("req", added++);
     SamplingParams params = RandomParams(rng, 3, c.speculative > 0 ? 24 : 16);
     if (c.speculative > 0 && rng() % 2 == 0 && params.max_tokens > 0) {
-      params.temperature = 0;  // greedy, one sample: it speculates (unless penalised)
+      params.temperature = 0;  // greedy, one sample: most of its drafts are kept
       params.n = 1;
       if (rng() % 3 != 0) {
         params.repetition_penalty = 1;
@@ -943,6 +943,47 @@ TEST(Engine, SampledRequestsSpeculateAndDrawWhatTheyWouldWithout) {
         history.push_back(tokens[j]);
       }
     }
+  }
+}
+
+// Requests of several samples (forked after the prompt, sharing its blocks copy-on-write) and
+// with prompt log-probabilities speculate too: with a pool small enough to preempt and a block
+// size that leaves shared, partly filled last blocks, every sample equals the oracle, the prompt
+// scores are right, drafts are kept, and no block leaks.
+TEST(Engine, SeveralSamplesAndPromptLogprobsSpeculateToo) {
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device sampler" : "host sampler");
+    FakeRunnerOptions runner_options;
+    runner_options.cycle_boost = 6.0f;
+    runner_options.device_sampling = device;
+    runner_options.num_blocks = 40;
+    runner_options.block_size = 8;
+    EngineOptions options;
+    options.max_model_len = 64;
+    options.eos_token_id = kEos;
+    options.max_num_seqs = 16;
+    options.max_num_batched_tokens = 48;
+    options.speculative.num_speculative_tokens = 3;
+    Harness h(runner_options, options);
+    std::mt19937_64 rng(device ? 5 : 9);
+    const auto prefixes = RandomPrefixes(rng, 32, 2, 13);
+    for (int i = 0; i < 10; ++i) {
+      SamplingParams params;
+      params.seed = rng();
+      params.n = 2 + i % 3;
+      params.max_tokens = 16 + static_cast<int>(rng() % 16);
+      params.temperature = i % 4 == 0 ? 0.0f : 0.6f;
+      params.ignore_eos = true;
+      if (i % 3 == 0) params.prompt_logprobs = 1;
+      if (i % 5 == 1) params.repetition_penalty = 1.1f;
+      ASSERT_TRUE(h.Add(absl::StrCat("m", i), RandomPrompt(rng, 32, 21, prefixes), params).ok());
+    }
+    h.RunToCompletion();
+    h.ExpectMatchesOracle();
+    const EngineMetrics m = h.engine().metrics();
+    EXPECT_GT(m.spec_accepted_tokens, 20) << "forked samples should keep drafts";
+    EXPECT_GT(m.num_preemptions, 0) << "the pool should force preemption";
+    EXPECT_EQ(h.engine().block_manager().NumFreeBlocks(), runner_options.num_blocks);
   }
 }
 

@@ -66,26 +66,5 @@ TEST(ParseSpeculativeConfig, VllmsNgramFormAndClearErrors) {
   }
 }
 
-TEST(SpeculationEligible, OneSampleWithoutPromptLogprobsWhateverItsSampling) {
-  SamplingParams p;
-  p.temperature = 0;
-  EXPECT_TRUE(SpeculationEligible(p));
-  for (auto change : std::vector<void (*)(SamplingParams&)>{
-           [](SamplingParams& q) { q.temperature = 0.5f; },
-           [](SamplingParams& q) { q.repetition_penalty = 1.1f; },
-           [](SamplingParams& q) { q.logprobs = 0; }, [](SamplingParams& q) { q.min_tokens = 3; },
-           [](SamplingParams& q) { q.top_p = 0.5f; }}) {
-    SamplingParams q = p;
-    change(q);
-    EXPECT_TRUE(SpeculationEligible(q));
-  }
-  for (auto change : std::vector<void (*)(SamplingParams&)>{
-           [](SamplingParams& q) { q.n = 2; }, [](SamplingParams& q) { q.prompt_logprobs = 0; }}) {
-    SamplingParams q = p;
-    change(q);
-    EXPECT_FALSE(SpeculationEligible(q));
-  }
-}
-
 }  // namespace
 }  // namespace mqa
