@@ -377,10 +377,11 @@ absl::Status Engine::Step() {
       state.prompt_logprobs.resize(s.seq->prompt_len() - 1);
       const int top = *s.group->params().prompt_logprobs;
       for (int r = 0; r < s.num_prompt_rows; ++r) {
-        host_work.push_back([&, r, top] {
-          const int position = s.first_position + r;
-          state.prompt_logprobs[position] =
-              ScoreToken(row_at(s.prompt_rows_index + r), s.seq->tokens()[position + 1], top);
+        const int position = s.first_position + r;
+        host_work.push_back([&row_at, out = &state.prompt_logprobs[position],
+                             token = s.seq->tokens()[position + 1],
+                             row = s.prompt_rows_index + r, top] {
+          *out = ScoreToken(row_at(row), token, top);
         });
       }
     }
@@ -390,10 +391,10 @@ absl::Status Engine::Step() {
     const bool device = on_device && DeviceSamplable(params);
     Draws& d = draws[j];
     if (!s.draft.empty()) {
-      host_work.push_back([&, device] {
-        d.results = DrawChecks(s, device ? absl::MakeConstSpan(device_tokens)
-                                         : absl::Span<const int32_t>(),
-                               row_at);
+      const absl::Span<const int32_t> tokens =
+          device ? absl::MakeConstSpan(device_tokens) : absl::Span<const int32_t>();
+      host_work.push_back([this, &row_at, seq = &s, out = &d.results, tokens] {
+        *out = DrawChecks(*seq, tokens, row_at);
       });
       continue;
     }
@@ -412,21 +413,21 @@ absl::Status Engine::Step() {
         // the host sampler's filtering and sort.
         result.token_id = device_tokens[s.logits_index + k];
         if (params.logprobs.has_value()) {
-          host_work.push_back([&, k] {
-            result = ScoreToken(row_at(s.logits_index + static_cast<int>(k)), result.token_id,
-                                *params.logprobs);
+          host_work.push_back([&row_at, out = &result, row = s.logits_index + static_cast<int>(k),
+                               top = *params.logprobs] {
+            *out = ScoreToken(row_at(row), out->token_id, top);
           });
         }
       } else {
-        Sequence* seq = d.samples[k];
-        host_work.push_back([&, seq] {
+        host_work.push_back([this, &row_at, out = &result, seq = d.samples[k], p = &params,
+                             row = s.logits_index] {
           SamplingContext context;
-          context.params = &params;
+          context.params = p;
           context.prompt_tokens = seq->prompt_tokens();
           context.output_tokens = seq->output_tokens();
           context.eos_token_id = options_.eos_token_id;
           context.rng = &seq->rng();
-          result = Sample(row_at(s.logits_index), context);
+          *out = Sample(row_at(row), context);
         });
       }
     }
