@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/guided.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -563,6 +564,13 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
       }
     } else {
       sample_output.text += delta;
+    }
+  }
+  if (!reason.has_value() && params.guide != nullptr) {
+    // A guided sample stops once its text is a whole match that nothing may extend.
+    const int guide_state = params.guide->Advance(RegexGuide::start(), seq.output_tokens());
+    if (params.guide->Complete(guide_state) || guide_state == RegexGuide::kDead) {
+      reason = FinishReason::kStop;
     }
   }
   if (!reason.has_value() && (seq.num_output_tokens() >= params.max_tokens ||

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/container/flat_hash_map.h"
+#include "runtime/guided.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -419,6 +420,12 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
   thread_local std::vector<float> logits;  // reused: see FilteredRow
   logits.assign(raw_logits.begin(), raw_logits.end());
   ApplyPenalties(params, context.prompt_tokens, context.output_tokens, absl::MakeSpan(logits));
+  // The guide's state after the output so far; its mask comes after the penalties (and survives
+  // min_tokens' fallback below: a guided sample never leaves its pattern).
+  const int guide_state = params.guide != nullptr
+                              ? params.guide->Advance(RegexGuide::start(), context.output_tokens)
+                              : RegexGuide::kDead;
+  if (params.guide != nullptr) params.guide->Mask(guide_state, absl::MakeSpan(logits));
   if (static_cast<int>(context.output_tokens.size()) < params.min_tokens) {
     for (int32_t t : params.stop_token_ids) {
       if (t < vocab) logits[t] = kMasked;
@@ -429,6 +436,7 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
     // Masking every token would leave nothing to sample: fall back to the unmasked row.
     if (std::all_of(logits.begin(), logits.end(), [](float l) { return l == kMasked; })) {
       logits.assign(raw_logits.begin(), raw_logits.end());
+      if (params.guide != nullptr) params.guide->Mask(guide_state, absl::MakeSpan(logits));
     }
   }
 

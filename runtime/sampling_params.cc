@@ -9,6 +9,9 @@ namespace mqa {
 absl::Status SamplingParams::Validate() const {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (n < 1) return bad("n must be at least 1, got ", n);
+  if (!guided_regex.empty() && guide == nullptr) {
+    return bad("guided_regex needs its guide compiled against the tokenizer (the server does)");
+  }
   if (!std::isfinite(temperature) || temperature < 0.0f) {
     return bad("temperature must be >= 0, got ", temperature);
   }
@@ -58,7 +61,7 @@ absl::Status SamplingParams::Validate() const {
 bool DeviceSamplable(const SamplingParams& params) {
   return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         params.logit_bias.empty() && params.allowed_token_ids.empty();
+         params.logit_bias.empty() && params.allowed_token_ids.empty() && params.guide == nullptr;
 }
 
 }  // namespace mqa

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11,6 +12,8 @@
 #include "absl/status/status.h"
 
 namespace mqa {
+
+class RegexGuide;
 
 struct SamplingParams {
   // Independent samples generated from one prompt; they share the prompt's KV blocks.
@@ -64,6 +67,13 @@ struct SamplingParams {
   // (vLLM's prompt_logprobs; OpenAI's echo with logprobs). Such a request computes its whole
   // prompt: it does not start from the prefix cache. Unset: none.
   std::optional<int> prompt_logprobs;
+  // Guided decoding (runtime/guided.h: vLLM's guided_regex / guided_choice, TGI's regex grammar):
+  // the pattern as given (a choice list already turned into one), and the guide the server
+  // compiled from it against its tokenizer. The output text then matches the pattern in full:
+  // draws are limited to tokens that keep it a prefix of a match, and the sample stops once
+  // nothing can follow.
+  std::string guided_regex;
+  std::shared_ptr<const RegexGuide> guide;
 
   bool greedy() const { return temperature == 0.0f; }
 
@@ -72,8 +82,8 @@ struct SamplingParams {
 };
 
 // Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
-// draws exactly what a request asks for: no penalties, min-p, min_tokens masking, logit_bias or
-// allowed_token_ids. Log-probabilities (of the output or the prompt) do not need the host sampler:
+// draws exactly what a request asks for: no penalties, min-p, min_tokens masking, logit_bias,
+// allowed_token_ids or guide. Log-probabilities (of the output or the prompt) do not need the host sampler:
 // the engine scores the device's draw (and prompt rows) from the step's logits, copied back only
 // for steps that hold such a request.
 bool DeviceSamplable(const SamplingParams& params);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/sampling.h"
+#include "runtime/guided.h"
 #include "runtime/stats_log.h"
 #include "tests/runtime/fake_runner.h"
 
@@ -985,6 +987,61 @@ TEST(Engine, SeveralSamplesAndPromptLogprobsSpeculateToo) {
     EXPECT_GT(m.num_preemptions, 0) << "the pool should force preemption";
     EXPECT_EQ(h.engine().block_manager().NumFreeBlocks(), runner_options.num_blocks);
   }
+}
+
+// Guided decoding (SamplingParams::guide): every sample's text matches the pattern in full and
+// the sample stops by itself ("stop") once nothing may extend it, with the host sampler or beside
+// the device sampler, greedy or sampled, with speculation on, n samples, and min_tokens (which
+// cannot push a guided sample out of its pattern).
+TEST(Engine, GuidedSamplesMatchTheirPatternAndStopThemselves) {
+  const std::string letters = "_abcdefghijklmnopqrstuvwxyz01234";  // token t's text; 0 is EOS
+  auto vocab = std::make_shared<GuideVocab>();
+  for (char c : letters) vocab->bytes.push_back(std::string(1, c));
+  vocab->bytes[kEos].clear();
+  vocab->eos = kEos;
+  const std::string pattern = "(?:b|cd)+e|[x-z]{2,4}|" + RegexGuide::ChoicePattern({"hello"});
+  auto guide = RegexGuide::Compile(pattern, vocab);
+  ASSERT_TRUE(guide.ok()) << guide.status();
+  const std::regex want(pattern);
+  for (const int mode : {0, 1, 2}) {  // host sampler; device sampler; device and speculation
+    SCOPED_TRACE(mode);
+    FakeRunnerOptions runner_options;
+    runner_options.device_sampling = mode > 0;
+    runner_options.cycle_boost = mode == 2 ? 6.0f : 0.0f;
+    EngineOptions options;
+    options.max_model_len = 64;
+    options.eos_token_id = kEos;
+    if (mode == 2) options.speculative.num_speculative_tokens = 3;
+    Harness h(runner_options, options);
+    std::mt19937_64 rng(mode);
+    for (int i = 0; i < 12; ++i) {
+      SamplingParams params;
+      params.seed = rng();
+      params.n = 1 + i % 3;
+      params.temperature = i % 4 == 0 ? 0.0f : 1.0f;
+      params.max_tokens = 40;
+      params.min_tokens = i % 5 == 0 ? 6 : 0;
+      params.ignore_eos = i % 3 == 1;
+      params.guided_regex = pattern;
+      params.guide = *guide;
+      ASSERT_TRUE(h.Add(absl::StrCat("g", i), {1 + static_cast<int32_t>(rng() % 30)}, params).ok());
+    }
+    h.RunToCompletion();
+    for (int i = 0; i < 12; ++i) {
+      const Received& r = h.received().at(absl::StrCat("g", i));
+      for (const auto& [index, tokens] : r.tokens) {
+        std::string text;
+        for (int32_t t : tokens) text += vocab->bytes[t];
+        EXPECT_TRUE(std::regex_match(text, want)) << "request " << i << " sample " << index
+                                                  << ": \"" << text << "\"";
+        EXPECT_EQ(r.reasons.at(index), FinishReason::kStop) << i << " \"" << text << "\"";
+      }
+      EXPECT_EQ(static_cast<int>(r.reasons.size()), 1 + i % 3);
+    }
+  }
+  SamplingParams unguided;
+  unguided.guided_regex = "a+";  // a pattern without its compiled guide is refused
+  EXPECT_TRUE(absl::IsInvalidArgument(unguided.Validate()));
 }
 
 TEST(Engine, PrefixCacheHitsAreReportedPerRequest) {

@@ -1,0 +1,74 @@
+// Guided decoding by a regular expression: vLLM's guided_regex and guided_choice, TGI's
+// {"type": "regex"} grammar. A sample's text must match the pattern in full: each draw is limited
+// to the tokens that keep the text a prefix of some match (RegexGuide::Mask, applied by the host
+// sampler), the end of text (EOS) is allowed only once the text matches, and the sample stops by
+// itself once nothing but the end can follow (RegexGuide::Complete).
+//
+// Syntax (a subset of Python's `re`, matched against UTF-8 bytes): literal characters (any UTF-8),
+// `.` (any character but a newline), classes `[a-z_]` / `[^"\\]` (ASCII members and ranges; a
+// negated class also admits every non-ASCII character), `\d \w \s \D \W \S`, escapes `\n \t \r
+// \f \v \xHH \uHHHH` and `\` before any punctuation, groups `( )` and `(?: )`, alternation `|`,
+// `* + ?` and `{m}`, `{m,}`, `{m,n}` (greedy or lazy `?` suffix: the same language), and `^` /
+// `$` at the ends (a match is always of the whole text). Anything else (backreferences,
+// lookaround, non-ASCII class members) is refused with the offending position.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace mqa {
+
+// What a guide needs of the tokenizer: each token id's raw bytes (empty: the token never appears
+// in guided text, e.g. a special token) and the end-of-text id (-1: none).
+struct GuideVocab {
+  std::vector<std::string> bytes;
+  int32_t eos = -1;
+};
+
+class RegexGuide {
+ public:
+  static constexpr int kDead = -1;
+  // A pattern's deterministic automaton has at most this many states (else InvalidArgument).
+  static constexpr int kMaxStates = 20000;
+
+  static absl::StatusOr<std::shared_ptr<const RegexGuide>> Compile(
+      std::string_view pattern, std::shared_ptr<const GuideVocab> vocab);
+  // guided_choice: the pattern matching exactly one of `choices` (each taken literally).
+  static std::string ChoicePattern(absl::Span<const std::string> choices);
+
+  const std::string& pattern() const { return pattern_; }
+  int num_states() const { return static_cast<int>(next_.size()); }
+  static constexpr int start() { return 0; }
+  // The state after the text of `tokens` (EOS and other tokens without text change nothing);
+  // kDead once the text can no longer match.
+  int Advance(int state, absl::Span<const int32_t> tokens) const;
+  int AdvanceBytes(int state, std::string_view bytes) const;
+  bool Accepting(int state) const { return state != kDead && accepting_[state]; }
+  // Accepting, and no byte can follow: the text is a whole match and nothing longer is one.
+  bool Complete(int state) const { return state != kDead && complete_[state]; }
+  // Sets every logit the guide forbids in `state` to -inf: tokens whose bytes would leave the
+  // language (or that have none), and EOS unless the text already matches.
+  void Mask(int state, absl::Span<float> logits) const;
+
+ private:
+  RegexGuide() = default;
+  // Token -> next state in `state` (kDead: forbidden), computed on first use; thread-safe.
+  const std::vector<int32_t>& TokenNext(int state) const;
+
+  std::string pattern_;
+  std::shared_ptr<const GuideVocab> vocab_;
+  std::vector<std::array<int32_t, 256>> next_;  // byte transitions of the DFA
+  std::vector<bool> accepting_, complete_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<const std::vector<int32_t>>> token_next_;
+};
+
+}  // namespace mqa
