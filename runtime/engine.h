@@ -178,6 +178,7 @@ class Engine {
   // Engine thread, for tests.
   const Scheduler& scheduler() const { return scheduler_; }
   const BlockManager& block_manager() const { return block_manager_; }
+  int32_t eos_token_id() const { return options_.eos_token_id; }
 
  private:
   struct SampleState {

@@ -174,7 +174,7 @@ class Parser {
         return true;
       }
       if (!AtEnd() && p_[i_] == '?') ++i_;  // lazy: the same language
-      if (!AtEnd() && (p_[i_] == '*' || p_[i_] == '+' || p_[i_] == '?')) {
+      if (!AtEnd() && (p_[i_] == '*' || p_[i_] == '+' || p_[i_] == '?' || p_[i_] == '{')) {
         return Fail("a quantifier after a quantifier");
       }
       Node r;
@@ -223,7 +223,7 @@ class Parser {
           return Fail("only (?: ) groups are supported (no lookaround, flags or names)");
         }
       }
-      ++depth_;
+      if (++depth_ > kMaxDepth) return Fail("groups nested too deep");
       if (!Alternation(out)) return false;
       --depth_;
       if (AtEnd() || p_[i_] != ')') return Fail("')' expected");
@@ -374,6 +374,7 @@ class Parser {
     return true;
   }
 
+  static constexpr int kMaxDepth = 64;  // the parser and the NFA builder recurse per level
   std::string_view p_;
   size_t i_ = 0;
   int depth_ = 0;
@@ -451,14 +452,6 @@ class NfaBuilder {
     for (const auto& [s, which] : f.outs)
       (which == 0 ? nfa_.states[s].out : nfa_.states[s].out1) = target;
   }
-  // An optional copy: split to the child or past it.
-  absl::StatusOr<Frag> Optional(const Node& child) {
-    ASSIGN_OR_RETURN(Frag g, Build(child));
-    const int s = nfa_.Add({Nfa::State::kSplit, {}, g.start, -1});
-    g.outs.push_back({s, 1});
-    g.start = s;
-    return g;
-  }
   absl::StatusOr<Frag> Repeat(const Node& child, int min, int max) {
     Frag f = Epsilon();
     auto append = [&](Frag g) {
@@ -474,12 +467,19 @@ class NfaBuilder {
       const int s = nfa_.Add({Nfa::State::kSplit, {}, g.start, -1});
       Patch(g, s);
       append(Frag{s, {{s, 1}}});
-    } else {
-      for (int i = min; i < max; ++i) {
-        ASSIGN_OR_RETURN(Frag g, Optional(child));
-        append(std::move(g));
-      }
+      return f;
     }
+    // max - min optional copies, nested: before each, a split into it or past all the rest, so
+    // that after j copies the text is at copy j only (chained optionals would leave it at any of
+    // them, and the automaton's states would grow with the count).
+    std::vector<std::pair<int, int>> skips;
+    for (int i = min; i < max; ++i) {
+      ASSIGN_OR_RETURN(Frag g, Build(child));
+      const int s = nfa_.Add({Nfa::State::kSplit, {}, g.start, -1});
+      skips.push_back({s, 1});
+      append(Frag{s, std::move(g.outs)});
+    }
+    f.outs.insert(f.outs.end(), skips.begin(), skips.end());
     return f;
   }
 
@@ -527,20 +527,35 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(
   std::map<std::vector<int>, int> ids;
   std::vector<std::vector<int>> sets = {Closure(nfa, {frag.start}, mark, stamp++)};
   ids[sets[0]] = 0;
+  // Work done (NFA states scanned or visited), bounded so that no pattern ties up a server thread.
+  constexpr int64_t kMaxWork = 50'000'000;
+  int64_t work = 0;
   for (size_t d = 0; d < sets.size(); ++d) {
     std::array<int32_t, 256> row;
     bool accepting = false;
+    // Bytes with the same successors share one closure (most bytes of a class do).
+    std::map<std::vector<int>, int32_t> by_seeds;
     for (int b = 0; b < 256; ++b) {
       std::vector<int> seeds;
       for (int s : sets[d]) {
         const Nfa::State& st = nfa.states[s];
         if (st.kind == Nfa::State::kByte && st.set.test(b)) seeds.push_back(st.out);
       }
+      work += static_cast<int64_t>(sets[d].size());
       if (seeds.empty()) {
         row[b] = kDead;
         continue;
       }
+      if (auto known = by_seeds.find(seeds); known != by_seeds.end()) {
+        row[b] = known->second;
+        continue;
+      }
       std::vector<int> next = Closure(nfa, seeds, mark, stamp++);
+      work += static_cast<int64_t>(next.size()) + static_cast<int64_t>(seeds.size());
+      if (work > kMaxWork) {
+        return absl::InvalidArgumentError(
+            "guided regex: the pattern is too complex to compile (simplify its repetitions)");
+      }
       auto [it, inserted] = ids.emplace(next, static_cast<int>(sets.size()));
       if (inserted) {
         if (static_cast<int>(sets.size()) >= kMaxStates) {
@@ -550,6 +565,7 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(
         sets.push_back(std::move(next));
       }
       row[b] = it->second;
+      by_seeds.emplace(std::move(seeds), it->second);
     }
     for (int s : sets[d]) accepting |= nfa.states[s].kind == Nfa::State::kMatch;
     guide->next_.push_back(row);

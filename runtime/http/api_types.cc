@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/guided.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -121,6 +122,41 @@ absl::Status ReadTokenList(const json& list, const char* name, std::vector<int32
                                              "' is outside the vocabulary"));
     }
     out->push_back(static_cast<int32_t>(id));
+  }
+  return absl::OkStatus();
+}
+
+// vLLM's guided_regex (a pattern) or guided_choice (a list of strings, each taken literally) into
+// one pattern (runtime/guided.h; the server compiles it). At most one of them.
+constexpr size_t kMaxGuidedPatternBytes = 16384;
+absl::Status ReadGuidance(const json& object, std::string* pattern) {
+  const json* regex = Field(object, "guided_regex");
+  const json* choice = Field(object, "guided_choice");
+  if (regex != nullptr && choice != nullptr) {
+    return InvalidParam("guided_choice", "give 'guided_regex' or 'guided_choice', not both");
+  }
+  if (regex != nullptr) {
+    if (!regex->is_string() || regex->get_ref<const std::string&>().empty()) {
+      return TypeError("guided_regex", "a non-empty string (a regular expression)");
+    }
+    *pattern = regex->get<std::string>();
+  } else if (choice != nullptr) {
+    if (!choice->is_array() || choice->empty()) {
+      return TypeError("guided_choice", "a non-empty list of non-empty strings");
+    }
+    std::vector<std::string> choices;
+    for (const json& item : *choice) {
+      if (!item.is_string() || item.get_ref<const std::string&>().empty()) {
+        return TypeError("guided_choice", "a non-empty list of non-empty strings");
+      }
+      choices.push_back(item.get<std::string>());
+    }
+    *pattern = RegexGuide::ChoicePattern(choices);
+  }
+  if (pattern->size() > kMaxGuidedPatternBytes) {
+    return InvalidParam(
+        regex != nullptr ? "guided_regex" : "guided_choice",
+        absl::StrCat("the guidance is longer than ", kMaxGuidedPatternBytes, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -257,14 +293,17 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
     }
     RETURN_IF_ERROR(ReadTokenList(*ids, "allowed_token_ids", &p.allowed_token_ids));
   }
-  // Structured output and beam search (vLLM's and OpenAI's fields) are not implemented: refused
-  // by name rather than answered with unconstrained text.
-  for (const char* name :
-       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+  // Guided decoding by a regular expression (vLLM's guided_regex, guided_choice: the server
+  // compiles it, runtime/guided.h). JSON-schema and grammar guidance and beam search are not
+  // implemented: refused by name rather than answered with unconstrained text.
+  for (const char* name : {"guided_json", "guided_grammar", "structured_outputs"}) {
     if (Field(object, name) != nullptr) {
-      return InvalidParam(name, absl::StrCat("'", name, "' (structured output) is not supported"));
+      return InvalidParam(name, absl::StrCat("'", name,
+                                             "' (structured output) is not supported; "
+                                             "guided_regex and guided_choice are"));
     }
   }
+  RETURN_IF_ERROR(ReadGuidance(object, &p.guided_regex));
   if (const json* format = Field(object, "response_format"); format != nullptr) {
     const json* type = format->is_object() ? Field(*format, "type") : nullptr;
     if (type == nullptr || *type != "text") {
@@ -645,10 +684,23 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   }
   const json& params = parameters != nullptr ? *parameters : none;
 
-  for (const char* name : {"typical_p", "grammar", "adapter_id"}) {
+  for (const char* name : {"typical_p", "adapter_id"}) {
     if (Field(params, name) != nullptr) {
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
     }
+  }
+  // TGI's grammar: {"type": "regex", "value": pattern} (runtime/guided.h); "json" is not
+  // implemented.
+  if (const json* grammar = Field(params, "grammar"); grammar != nullptr && !grammar->is_null()) {
+    const json* type = grammar->is_object() ? Field(*grammar, "type") : nullptr;
+    const json* value = grammar->is_object() ? Field(*grammar, "value") : nullptr;
+    if (type == nullptr || *type != "regex") {
+      return InvalidParam("grammar", "only {\"type\": \"regex\", \"value\": pattern} is supported");
+    }
+    if (value == nullptr || !value->is_string() || value->get_ref<const std::string&>().empty()) {
+      return TypeError("grammar", "{\"type\": \"regex\", \"value\": a non-empty string}");
+    }
+    p.guided_regex = value->get<std::string>();
   }
   bool watermark = false;
   RETURN_IF_ERROR(ReadBool(params, "watermark", &watermark));

@@ -21,6 +21,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "runtime/detokenizer.h"
+#include "runtime/guided.h"
 #include "runtime/http/api_types.h"
 #include "runtime/http/chat_job.h"
 #include "runtime/http/completion_job.h"
@@ -153,6 +154,13 @@ struct HttpServer::Impl {
                                                            CompletionJobOptions job_options);
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
   void AbortAll(const HttpJob& job);
+  // params.guide compiled from params.guided_regex against the tokenizer (InvalidArgument naming
+  // what the pattern cannot be); the last kGuideCacheSize patterns are kept compiled.
+  absl::Status AttachGuide(SamplingParams& params);
+  static constexpr size_t kGuideCacheSize = 32;
+  std::mutex guide_mu;
+  std::shared_ptr<const GuideVocab> guide_vocab;               // built on first use
+  std::vector<std::shared_ptr<const RegexGuide>> guide_cache;  // most recent last
 
   // The request log's line (ServerOptions::request_log): `job` null for a call refused before it
   // started.
@@ -387,10 +395,46 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitJob(
   job_options.model = options.served_model_name;
   job_options.created = absl::ToUnixSeconds(job_options.arrival);
   job_options.n = params.n;
+  SamplingParams guided = params;
+  RETURN_IF_ERROR(AttachGuide(guided));
   auto job = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts), tokenizer,
                                              &metrics);
-  RETURN_IF_ERROR(Submit(*job, params));
+  RETURN_IF_ERROR(Submit(*job, guided));
   return job;
+}
+
+absl::Status HttpServer::Impl::AttachGuide(SamplingParams& params) {
+  if (params.guided_regex.empty() || params.guide != nullptr) return absl::OkStatus();
+  std::shared_ptr<const GuideVocab> vocab;
+  {
+    std::lock_guard<std::mutex> lock(guide_mu);
+    for (auto it = guide_cache.begin(); it != guide_cache.end(); ++it) {
+      if ((*it)->pattern() == params.guided_regex) {
+        params.guide = *it;
+        std::rotate(it, it + 1, guide_cache.end());  // now the most recent
+        return absl::OkStatus();
+      }
+    }
+    if (guide_vocab == nullptr) {
+      auto v = std::make_shared<GuideVocab>();
+      v->bytes.resize(static_cast<size_t>(tokenizer->vocab_size()));
+      for (size_t id = 0; id < v->bytes.size(); ++id) {
+        const auto token = static_cast<int32_t>(id);
+        const std::string* bytes = tokenizer->TokenBytes(token);
+        if (bytes != nullptr && !tokenizer->IsSpecial(token)) v->bytes[id] = *bytes;
+      }
+      v->eos = engine->eos_token_id();
+      guide_vocab = std::move(v);
+    }
+    vocab = guide_vocab;
+  }
+  // Compiled outside the lock (a large pattern takes a while); a pattern compiled twice at once
+  // is merely cached twice.
+  ASSIGN_OR_RETURN(params.guide, RegexGuide::Compile(params.guided_regex, vocab));
+  std::lock_guard<std::mutex> lock(guide_mu);
+  if (guide_cache.size() >= kGuideCacheSize) guide_cache.erase(guide_cache.begin());
+  guide_cache.push_back(params.guide);
+  return absl::OkStatus();
 }
 
 void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,

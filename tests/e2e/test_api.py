@@ -141,6 +141,59 @@ def test_logit_bias_through_the_openai_client(server):
     assert completion.choices[0].text == detok["prompt"]
 
 
+def test_guided_choice_and_regex(server):
+    """Guided decoding: the text is one of the choices / matches the pattern in full, and the
+    sample stops by itself; streamed too, through chat and TGI's grammar, sampled with n = 3 and
+    with a logit bias pushing against the pattern. A pattern the server cannot compile is a 400
+    and the server keeps serving."""
+    import re
+    c = client(server)
+    choices = ["yes", "no", "def main():"]
+    for temperature in (0, 1.0):
+        got = c.completions.create(model=server.model, prompt="import os\n", max_tokens=16,
+                                   temperature=temperature, seed=5, n=3,
+                                   extra_body={"guided_choice": choices})
+        for choice in got.choices:
+            assert choice.text in choices, choice.text
+            assert choice.finish_reason == "stop"
+    pattern = r"[0-9]{3}-[a-z]+( [a-z]+)?"
+    for temperature in (0, 0.8):
+        got = c.completions.create(model=server.model, prompt="x = ", max_tokens=24,
+                                   temperature=temperature, seed=1,
+                                   extra_body={"guided_regex": pattern})
+        text = got.choices[0].text
+        assert re.fullmatch(pattern, text) or (got.choices[0].finish_reason == "length" and
+                                              re.fullmatch(r"[0-9]{0,3}(-[a-z]*( [a-z]*)?)?", text)), text
+    streamed = "".join(
+        chunk.choices[0].text
+        for chunk in c.completions.create(model=server.model, prompt="x = ", max_tokens=8,
+                                          temperature=0, stream=True,
+                                          extra_body={"guided_regex": "(True|False|None)"})
+        if chunk.choices)
+    assert streamed in ("True", "False", "None"), streamed
+    chat = c.chat.completions.create(model=server.model, max_tokens=8,
+                                     messages=[{"role": "user", "content": "pick"}],
+                                     extra_body={"guided_choice": ["left", "right"]})
+    assert chat.choices[0].message.content in ("left", "right")
+    status, tgi = server.post_json("/generate", {
+        "inputs": "n = ", "parameters": {"max_new_tokens": 8,
+                                         "grammar": {"type": "regex", "value": "[1-9][0-9]?"}}})
+    assert status == 200, tgi
+    assert re.fullmatch(r"[1-9][0-9]?", tgi["generated_text"]), tgi
+    status, forced = server.post_json("/tokenize", {"prompt": " x"})
+    biased = c.completions.create(model=server.model, prompt="def f(", max_tokens=6,
+                                  temperature=0, logit_bias={str(forced["tokens"][0]): 100},
+                                  extra_body={"guided_choice": ["a", "b"]})
+    assert biased.choices[0].text in ("a", "b")
+    for bad in ("(", "a{2}{3}", "(?=x)"):
+        got, body = server.request("POST", "/v1/completions", raw=json.dumps(
+            {"prompt": "x", "max_tokens": 2, "guided_regex": bad}).encode())
+        assert got == 400, body[:300]
+        assert "guided regex" in json.loads(body)["error"]["message"]
+    ok = c.completions.create(model=server.model, prompt="x = ", max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
 def test_prompt_logprobs_agree_with_the_generated_ones(server):
     # lm-eval's loglikelihood request (token-id prompt, echo, logprobs 1, max_tokens 1) through
     # the OpenAI client: a greedy continuation's own log-probabilities, computed while decoding,

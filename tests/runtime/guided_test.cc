@@ -77,13 +77,15 @@ TEST(RegexGuide, MatchesUtf8Characters) {
 
 TEST(RegexGuide, RefusesWhatItDoesNotSupportNamingThePlace) {
   for (const char* bad : {"(", "a)", "a**", "(?=a)", "(?i)a", "\\1", "[z-a]", "[é]", "*a", "a{2,1}",
-                          "a{5000}", "[ab", "a\\", "\\q", "a^b", "x{"}) {
+                          "a{5000}", "[ab", "a\\", "\\q", "a^b", "x{", "a{2}{3}"}) {
     SCOPED_TRACE(bad);
     auto guide = RegexGuide::Compile(bad, NoVocab());
     ASSERT_FALSE(guide.ok());
     EXPECT_TRUE(absl::IsInvalidArgument(guide.status()));
     EXPECT_NE(guide.status().message().find("guided regex"), std::string::npos) << guide.status();
   }
+  EXPECT_FALSE(
+      RegexGuide::Compile(std::string(100, '(') + "a" + std::string(100, ')'), NoVocab()).ok());
   auto huge = RegexGuide::Compile("(a|b)*a(a|b){16}", NoVocab());  // 2^17 DFA states
   ASSERT_FALSE(huge.ok());
   EXPECT_NE(huge.status().message().find("automaton states"), std::string::npos);

@@ -234,6 +234,10 @@ TEST(ApiTypesTest, TgiRequests) {
   EXPECT_EQ(sampled.completion.params.temperature, 1.0f);
   EXPECT_TRUE(parse(R"({"inputs": "x", "parameters": {"top_k": 5}})").sampling);
   EXPECT_FALSE(parse(R"({"inputs": "x", "parameters": {"temperature": 1.0}})").sampling);
+  EXPECT_EQ(
+      parse(R"({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "a|b"}}})")
+          .completion.params.guided_regex,
+      "a|b");
 
   const std::pair<const char*, const char*> refused[] = {
       {R"({"parameters": {}})", "inputs"},
@@ -242,6 +246,7 @@ TEST(ApiTypesTest, TgiRequests) {
       {R"({"inputs": "x", "parameters": []})", "parameters"},
       {R"({"inputs": "x", "parameters": {"typical_p": 0.9}})", "typical_p"},
       {R"({"inputs": "x", "parameters": {"grammar": {"type": "json"}}})", "grammar"},
+      {R"({"inputs": "x", "parameters": {"grammar": {"type": "regex"}}})", "grammar"},
       {R"({"inputs": "x", "parameters": {"adapter_id": "a"}})", "adapter_id"},
       {R"({"inputs": "x", "parameters": {"watermark": true}})", "watermark"},
       {R"({"inputs": "x", "parameters": {"best_of": 2}})", "best_of"},
@@ -267,9 +272,10 @@ TEST(ApiTypesTest, TgiRequests) {
             "overloaded");
 }
 
-// allowed_token_ids is taken; structured output and beam search, not implemented, are refused by
-// name instead of answered with unconstrained text.
-TEST(ApiTypesTest, AllowedTokenIdsTakenStructuredOutputRefused) {
+// allowed_token_ids and regular guidance (guided_regex, guided_choice: one pattern) are taken;
+// JSON / grammar structured output and beam search, not implemented, are refused by name instead
+// of answered with unconstrained text.
+TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) {
   absl::StatusOr<CompletionRequest> allowed =
       ParseCompletionRequest(R"({"prompt": "x", "allowed_token_ids": [5, 9]})");
   ASSERT_TRUE(allowed.ok()) << allowed.status();
@@ -278,12 +284,27 @@ TEST(ApiTypesTest, AllowedTokenIdsTakenStructuredOutputRefused) {
       ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "text"}})").ok());
   EXPECT_TRUE(
       ParseCompletionRequest(R"({"prompt": "x", "bad_words": [], "use_beam_search": false})").ok());
+  absl::StatusOr<CompletionRequest> regex =
+      ParseCompletionRequest(R"({"prompt": "x", "guided_regex": "[0-9]{3}"})");
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  EXPECT_EQ(regex->params.guided_regex, "[0-9]{3}");
+  absl::StatusOr<CompletionRequest> choice =
+      ParseCompletionRequest(R"j({"prompt": "x", "guided_choice": ["yes", "no (.)"]})j");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->params.guided_regex, "yes|no \\(\\.\\)");
+  absl::StatusOr<ChatRequest> chat = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "guided_choice": ["a"]})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->common.params.guided_regex, "a");
   const std::pair<const char*, const char*> refused[] = {
       {R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
       {R"({"prompt": "x", "allowed_token_ids": [-1]})", "allowed_token_ids"},
       {R"({"prompt": "x", "guided_json": {"type": "object"}})", "guided_json"},
-      {R"({"prompt": "x", "guided_regex": "a+"})", "guided_regex"},
-      {R"({"prompt": "x", "guided_choice": ["a", "b"]})", "guided_choice"},
+      {R"({"prompt": "x", "guided_regex": ""})", "guided_regex"},
+      {R"({"prompt": "x", "guided_regex": 5})", "guided_regex"},
+      {R"({"prompt": "x", "guided_choice": []})", "guided_choice"},
+      {R"({"prompt": "x", "guided_choice": ["a", ""]})", "guided_choice"},
+      {R"({"prompt": "x", "guided_choice": ["a"], "guided_regex": "a"})", "guided_choice"},
       {R"({"prompt": "x", "guided_grammar": "root ::= x"})", "guided_grammar"},
       {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
       {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format"},
