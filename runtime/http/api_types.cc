@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/guided.h"
+#include "runtime/json_schema_regex.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -161,6 +162,70 @@ absl::Status ReadGuidance(const json& object, std::string* pattern) {
   return absl::OkStatus();
 }
 
+// A JSON schema (runtime/json_schema_regex.h) as a guided pattern; errors name `param`.
+absl::Status SchemaPattern(const nlohmann::ordered_json& schema, const char* param,
+                           std::string* pattern) {
+  absl::StatusOr<std::string> converted = JsonSchemaToRegex(schema);
+  if (!converted.ok()) return InvalidParam(param, converted.status().message());
+  *pattern = *std::move(converted);
+  if (pattern->size() > kMaxGuidedPatternBytes * 64) {
+    return InvalidParam(param, "the schema's pattern is too large");
+  }
+  return absl::OkStatus();
+}
+
+// vLLM's guided_json (a schema, or its text) and OpenAI's response_format (text, json_object,
+// json_schema) into the request's pattern. The schema is read from `body` again in order
+// (nlohmann::ordered_json): properties are generated in the order the client gave them.
+absl::Status ReadJsonGuidance(absl::string_view body, const json& object, std::string* pattern) {
+  const json* guided = Field(object, "guided_json");
+  const json* format = Field(object, "response_format");
+  std::string type = "text";
+  if (format != nullptr) {
+    const json* t = format->is_object() ? Field(*format, "type") : nullptr;
+    if (t == nullptr || !t->is_string()) {
+      return TypeError("response_format", "an object with a \"type\"");
+    }
+    type = t->get<std::string>();
+    if (type != "text" && type != "json_object" && type != "json_schema") {
+      return InvalidParam("response_format",
+                          "'response_format' type must be text, json_object or json_schema");
+    }
+  }
+  if (guided == nullptr && type == "text") return absl::OkStatus();
+  const char* param = guided != nullptr ? "guided_json" : "response_format";
+  if ((guided != nullptr && type != "text") || !pattern->empty()) {
+    return InvalidParam(param, "give one kind of guidance (guided_regex, guided_choice, "
+                               "guided_json or a JSON response_format)");
+  }
+  if (type == "json_object") {
+    *pattern = AnyJsonObjectRegex();
+    return absl::OkStatus();
+  }
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  nlohmann::ordered_json schema;
+  if (guided != nullptr) {
+    if (guided->is_string()) {
+      const std::string& text = guided->get_ref<const std::string&>();
+      schema = nlohmann::ordered_json::parse(text, nullptr, false);
+      if (schema.is_discarded()) return InvalidParam(param, "'guided_json' is not valid JSON");
+    } else if (guided->is_object() || guided->is_boolean()) {
+      schema = ordered["guided_json"];
+    } else {
+      return TypeError("guided_json", "a JSON schema (an object, or its text)");
+    }
+  } else {
+    const auto& f = ordered["response_format"];
+    if (!f.contains("json_schema") || !f["json_schema"].is_object() ||
+        !f["json_schema"].contains("schema")) {
+      return InvalidParam(param, "json_schema needs {\"json_schema\": {\"schema\": ...}}");
+    }
+    schema = f["json_schema"]["schema"];
+  }
+  return SchemaPattern(schema, param, pattern);
+}
+
 absl::StatusOr<json> ParseObject(absl::string_view body) {
   if (!IsValidUtf8(body)) return InvalidParam("", "the request body is not valid UTF-8");
   json parsed = json::parse(body.begin(), body.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
@@ -294,23 +359,17 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
     RETURN_IF_ERROR(ReadTokenList(*ids, "allowed_token_ids", &p.allowed_token_ids));
   }
   // Guided decoding by a regular expression (vLLM's guided_regex, guided_choice: the server
-  // compiles it, runtime/guided.h). JSON-schema and grammar guidance and beam search are not
-  // implemented: refused by name rather than answered with unconstrained text.
-  for (const char* name : {"guided_json", "guided_grammar", "structured_outputs"}) {
+  // compiles it, runtime/guided.h; guided_json and response_format: ReadJsonGuidance). Grammar
+  // guidance and beam search are not implemented: refused by name rather than answered with
+  // unconstrained text.
+  for (const char* name : {"guided_grammar", "structured_outputs"}) {
     if (Field(object, name) != nullptr) {
       return InvalidParam(name, absl::StrCat("'", name,
                                              "' (structured output) is not supported; "
-                                             "guided_regex and guided_choice are"));
+                                             "guided_regex, guided_choice and guided_json are"));
     }
   }
   RETURN_IF_ERROR(ReadGuidance(object, &p.guided_regex));
-  if (const json* format = Field(object, "response_format"); format != nullptr) {
-    const json* type = format->is_object() ? Field(*format, "type") : nullptr;
-    if (type == nullptr || *type != "text") {
-      return InvalidParam("response_format",
-                          "only {\"type\": \"text\"} is supported (structured output is not)");
-    }
-  }
   bool beam_search = false;
   RETURN_IF_ERROR(ReadBool(object, "use_beam_search", &beam_search));
   if (beam_search) return InvalidParam("use_beam_search", "beam search is not supported");
@@ -501,6 +560,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
+  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params.guided_regex));
   if (Field(object, "prompt_logprobs") != nullptr) {
     RETURN_IF_ERROR(
         ReadInt(object, "prompt_logprobs", 0, kMaxLogprobs, &request.prompt_logprobs.emplace()));
@@ -656,6 +716,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     object["max_tokens"] = object["max_completion_tokens"];
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
+  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params.guided_regex));
   if (logprobs) request.common.params.logprobs = top_logprobs;
   // Chat's default (OpenAI's, vLLM's): up to the context, not /v1/completions' 16 tokens.
   if (!request.common.max_tokens_given) {
@@ -689,18 +750,32 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
     }
   }
-  // TGI's grammar: {"type": "regex", "value": pattern} (runtime/guided.h); "json" is not
-  // implemented.
+  // TGI's grammar: {"type": "regex", "value": pattern} (runtime/guided.h) or {"type": "json",
+  // "value": a JSON schema or its text} (runtime/json_schema_regex.h, read in order from the body).
   if (const json* grammar = Field(params, "grammar"); grammar != nullptr && !grammar->is_null()) {
     const json* type = grammar->is_object() ? Field(*grammar, "type") : nullptr;
     const json* value = grammar->is_object() ? Field(*grammar, "value") : nullptr;
-    if (type == nullptr || *type != "regex") {
-      return InvalidParam("grammar", "only {\"type\": \"regex\", \"value\": pattern} is supported");
+    if (type == nullptr || (*type != "regex" && *type != "json" && *type != "json_object")) {
+      return InvalidParam("grammar", "'grammar' needs a type: regex or json");
     }
-    if (value == nullptr || !value->is_string() || value->get_ref<const std::string&>().empty()) {
-      return TypeError("grammar", "{\"type\": \"regex\", \"value\": a non-empty string}");
+    if (*type == "regex") {
+      if (value == nullptr || !value->is_string() ||
+          value->get_ref<const std::string&>().empty()) {
+        return TypeError("grammar", "{\"type\": \"regex\", \"value\": a non-empty string}");
+      }
+      p.guided_regex = value->get<std::string>();
+    } else {
+      if (value == nullptr) return TypeError("grammar", "{\"type\": \"json\", \"value\": a schema}");
+      nlohmann::ordered_json schema;
+      if (value->is_string()) {
+        schema = nlohmann::ordered_json::parse(value->get_ref<const std::string&>(), nullptr, false);
+        if (schema.is_discarded()) return InvalidParam("grammar", "the grammar's schema is not JSON");
+      } else {
+        schema = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr,
+                                               false)["parameters"]["grammar"]["value"];
+      }
+      RETURN_IF_ERROR(SchemaPattern(schema, "grammar", &p.guided_regex));
     }
-    p.guided_regex = value->get<std::string>();
   }
   bool watermark = false;
   RETURN_IF_ERROR(ReadBool(params, "watermark", &watermark));

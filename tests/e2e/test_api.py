@@ -185,6 +185,28 @@ def test_guided_choice_and_regex(server):
                                   temperature=0, logit_bias={str(forced["tokens"][0]): 100},
                                   extra_body={"guided_choice": ["a", "b"]})
     assert biased.choices[0].text in ("a", "b")
+    schema = {"type": "object", "required": ["color", "ok"],
+              "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}}}
+    for body in ({"guided_json": schema},
+                 {"response_format": {"type": "json_schema",
+                                      "json_schema": {"name": "c", "schema": schema}}}):
+        got = c.completions.create(model=server.model, prompt="{", max_tokens=32, temperature=0.7,
+                                   seed=2, n=2, extra_body=body)
+        for choice in got.choices:
+            assert choice.finish_reason == "stop", choice.text
+            doc = json.loads(choice.text)
+            assert list(doc) == ["color", "ok"], choice.text  # the schema's order
+            assert doc["color"] in ("red", "green") and isinstance(doc["ok"], bool), choice.text
+    anything = c.completions.create(model=server.model, prompt="x", max_tokens=64, temperature=0,
+                                    extra_body={"response_format": {"type": "json_object"}})
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].text), dict)
+    else:  # cut by max_tokens: a prefix of an object
+        assert anything.choices[0].text.startswith("{"), anything.choices[0].text
+    status, tgi = server.post_json("/generate", {
+        "inputs": "x", "parameters": {"max_new_tokens": 16,
+                                      "grammar": {"type": "json", "value": {"enum": [1, 2]}}}})
+    assert status == 200 and tgi["generated_text"] in ("1", "2"), tgi
     for bad in ("(", "a{2}{3}", "(?=x)"):
         got, body = server.request("POST", "/v1/completions", raw=json.dumps(
             {"prompt": "x", "max_tokens": 2, "guided_regex": bad}).encode())

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/json_schema_regex.h"
 
 namespace mqa {
 namespace {
@@ -238,6 +239,10 @@ TEST(ApiTypesTest, TgiRequests) {
       parse(R"({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "a|b"}}})")
           .completion.params.guided_regex,
       "a|b");
+  EXPECT_EQ(
+      parse(R"({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": {"enum": [1]}}}})")
+          .completion.params.guided_regex,
+      "(?:1)");
 
   const std::pair<const char*, const char*> refused[] = {
       {R"({"parameters": {}})", "inputs"},
@@ -246,6 +251,7 @@ TEST(ApiTypesTest, TgiRequests) {
       {R"({"inputs": "x", "parameters": []})", "parameters"},
       {R"({"inputs": "x", "parameters": {"typical_p": 0.9}})", "typical_p"},
       {R"({"inputs": "x", "parameters": {"grammar": {"type": "json"}}})", "grammar"},
+      {R"({"inputs": "x", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}})", "grammar"},
       {R"({"inputs": "x", "parameters": {"grammar": {"type": "regex"}}})", "grammar"},
       {R"({"inputs": "x", "parameters": {"adapter_id": "a"}})", "adapter_id"},
       {R"({"inputs": "x", "parameters": {"watermark": true}})", "watermark"},
@@ -296,10 +302,37 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       R"({"messages": [{"role": "user", "content": "x"}], "guided_choice": ["a"]})");
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_EQ(chat->common.params.guided_regex, "a");
+  // JSON: the schema's properties in the client's order (the pattern starts with the first).
+  absl::StatusOr<CompletionRequest> schema = ParseCompletionRequest(
+      R"({"prompt": "x", "guided_json": {"type": "object", "properties": {"zeta": {"type":
+          "integer"}, "alpha": {"type": "boolean"}}, "required": ["zeta", "alpha"]}})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->params.guided_regex.rfind("\\{ ?\"zeta\"", 0), 0u)
+      << schema->params.guided_regex;
+  absl::StatusOr<CompletionRequest> text_schema = ParseCompletionRequest(
+      R"({"prompt": "x", "guided_json": "{\"type\": \"boolean\"}"})");
+  ASSERT_TRUE(text_schema.ok()) << text_schema.status();
+  EXPECT_EQ(text_schema->params.guided_regex, "(?:true|false)");
+  absl::StatusOr<ChatRequest> format = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type":
+          "json_schema", "json_schema": {"name": "n", "schema": {"type": "null"}}}})");
+  ASSERT_TRUE(format.ok()) << format.status();
+  EXPECT_EQ(format->common.params.guided_regex, "null");
+  absl::StatusOr<CompletionRequest> object =
+      ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_EQ(object->params.guided_regex, AnyJsonObjectRegex());
   const std::pair<const char*, const char*> refused[] = {
       {R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
       {R"({"prompt": "x", "allowed_token_ids": [-1]})", "allowed_token_ids"},
-      {R"({"prompt": "x", "guided_json": {"type": "object"}})", "guided_json"},
+      {R"({"prompt": "x", "guided_json": 5})", "guided_json"},
+      {R"({"prompt": "x", "guided_json": "{no"})", "guided_json"},
+      {R"({"prompt": "x", "guided_json": {"type": "tuple"}})", "guided_json"},
+      {R"({"prompt": "x", "guided_json": {}, "guided_regex": "a"})", "guided_json"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema"}})", "response_format"},
+      {R"({"prompt": "x", "response_format": {"type": "yaml"}})", "response_format"},
+      {R"({"prompt": "x", "guided_json": {}, "response_format": {"type": "json_object"}})",
+       "guided_json"},
       {R"({"prompt": "x", "guided_regex": ""})", "guided_regex"},
       {R"({"prompt": "x", "guided_regex": 5})", "guided_regex"},
       {R"({"prompt": "x", "guided_choice": []})", "guided_choice"},
@@ -307,7 +340,6 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       {R"({"prompt": "x", "guided_choice": ["a"], "guided_regex": "a"})", "guided_choice"},
       {R"({"prompt": "x", "guided_grammar": "root ::= x"})", "guided_grammar"},
       {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
-      {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format"},
       {R"({"prompt": "x", "response_format": "json"})", "response_format"},
       {R"({"prompt": "x", "use_beam_search": true})", "use_beam_search"},
       {R"({"prompt": "x", "bad_words": ["import"]})", "bad_words"},
