@@ -577,7 +577,7 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(
                                            [](int32_t t) { return t == kDead; })) {
     return absl::InvalidArgumentError("guided regex: the pattern matches nothing");
   }
-  guide->token_next_.resize(guide->next_.size());
+  guide->live_tokens_.resize(guide->next_.size());
   return std::shared_ptr<const RegexGuide>(std::move(guide));
 }
 
@@ -610,18 +610,25 @@ int RegexGuide::Advance(int state, absl::Span<const int32_t> tokens) const {
   return state;
 }
 
-const std::vector<int32_t>& RegexGuide::TokenNext(int state) const {
+std::shared_ptr<const RegexGuide::TokenBits> RegexGuide::LiveTokens(int state) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = token_next_[state];
+  std::shared_ptr<const TokenBits>& slot = live_tokens_[state];
   if (slot == nullptr) {
-    auto next = std::make_unique<std::vector<int32_t>>(vocab_->bytes.size(), kDead);
-    for (size_t t = 0; t < next->size(); ++t) {
-      const std::string& bytes = vocab_->bytes[t];
-      if (!bytes.empty()) (*next)[t] = AdvanceBytes(state, bytes);
+    if (cached_states_ >= kMaxCachedStates) {  // start over (holders keep theirs alive)
+      for (auto& s : live_tokens_) s.reset();
+      cached_states_ = 0;
     }
-    slot = std::move(next);
+    auto bits = std::make_shared<TokenBits>((vocab_->bytes.size() + 63) / 64, 0);
+    for (size_t t = 0; t < vocab_->bytes.size(); ++t) {
+      const std::string& bytes = vocab_->bytes[t];
+      if (!bytes.empty() && AdvanceBytes(state, bytes) != kDead) {
+        (*bits)[t / 64] |= uint64_t{1} << (t % 64);
+      }
+    }
+    slot = std::move(bits);
+    ++cached_states_;
   }
-  return *slot;
+  return slot;
 }
 
 void RegexGuide::Mask(int state, absl::Span<float> logits) const {
@@ -633,10 +640,10 @@ void RegexGuide::Mask(int state, absl::Span<float> logits) const {
     std::fill(logits.begin(), logits.end(), kMasked);
     return;
   }
-  const std::vector<int32_t>& next = TokenNext(state);
-  const size_t n = std::min(next.size(), logits.size());
+  const std::shared_ptr<const TokenBits> live = LiveTokens(state);
+  const size_t n = std::min(vocab_->bytes.size(), logits.size());
   for (size_t t = 0; t < n; ++t) {
-    if (next[t] == kDead) logits[t] = kMasked;
+    if (((*live)[t / 64] >> (t % 64) & 1) == 0) logits[t] = kMasked;
   }
   for (size_t t = n; t < logits.size(); ++t) logits[t] = kMasked;
   if (eos_in_row) logits[eos] = accepting_[state] ? eos_logit : kMasked;

@@ -60,15 +60,20 @@ class RegexGuide {
 
  private:
   RegexGuide() = default;
-  // Token -> next state in `state` (kDead: forbidden), computed on first use; thread-safe.
-  const std::vector<int32_t>& TokenNext(int state) const;
+  // Bit t: token t's bytes keep the text alive in `state`. Computed on first use (a pass over the
+  // vocabulary's bytes) and kept — at most kMaxCachedStates of them a guide (vocab / 8 bytes
+  // each: 6 KiB for StarCoder's), beyond which the cache starts over; thread-safe.
+  using TokenBits = std::vector<uint64_t>;
+  static constexpr size_t kMaxCachedStates = 4096;
+  std::shared_ptr<const TokenBits> LiveTokens(int state) const;
 
   std::string pattern_;
   std::shared_ptr<const GuideVocab> vocab_;
   std::vector<std::array<int32_t, 256>> next_;  // byte transitions of the DFA
   std::vector<bool> accepting_, complete_;
   mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<const std::vector<int32_t>>> token_next_;
+  mutable std::vector<std::shared_ptr<const TokenBits>> live_tokens_;
+  mutable size_t cached_states_ = 0;
 };
 
 }  // namespace mqa
