@@ -9,6 +9,11 @@
 // sample of every row, rows spread over 1, 2, 4 ... threads up to the machine's, wall time a row
 // beside the one-thread figure divided by the threads (the ceiling of that many threads).
 //
+// Then guided decoding (runtime/guided.h): the top-p sample of a row masked by a guide — any JSON
+// object (json_object), inside a string value, where most tokens are allowed — over a vocabulary
+// of random printable tokens of 1-6 bytes, beside the same sample unguided; and the one-off cost
+// of a state's token mask (a pass over the vocabulary's bytes).
+//
 // Rows are random logits (normal, sigma 3: a broad distribution, so top-p keeps thousands of
 // tokens; a trained model's rows are usually far more peaked, which makes top-p cheaper). Prints
 // the best pass of each, in microseconds a row.
@@ -23,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/guided.h"
+#include "runtime/json_schema_regex.h"
 #include "runtime/sampler.h"
 #include "runtime/worker_pool.h"
 
@@ -97,10 +104,10 @@ int main(int argc, char** argv) {
     float temperature, top_p;
     int top_k;
   };
-  for (const Case& c : {Case{"Sample greedy", 0.0f, 1.0f, -1},
-                        Case{"Sample temperature 0.8", 0.8f, 1.0f, -1},
-                        Case{"Sample temperature 0.8, top_k 50", 0.8f, 1.0f, 50},
-                        Case{"Sample temperature 0.8, top_p 0.95", 0.8f, 0.95f, -1}}) {
+  for (const Case& c :
+       {Case{"Sample greedy", 0.0f, 1.0f, -1}, Case{"Sample temperature 0.8", 0.8f, 1.0f, -1},
+        Case{"Sample temperature 0.8, top_k 50", 0.8f, 1.0f, 50},
+        Case{"Sample temperature 0.8, top_p 0.95", 0.8f, 0.95f, -1}}) {
     mqa::SamplingParams params;
     params.temperature = c.temperature;
     params.top_p = c.top_p;
@@ -140,6 +147,53 @@ int main(int argc, char** argv) {
     if (threads == 1) one = best;
     std::printf("%2d threads %9.1f   (ceiling %.1f: one thread's / %d)\n", threads, best,
                 one / threads, threads);
+  }
+
+  auto guide_vocab = std::make_shared<mqa::GuideVocab>();
+  guide_vocab->bytes.resize(vocab);
+  std::mt19937 tokens_rng(5);
+  for (std::string& b : guide_vocab->bytes) {
+    b.resize(1 + tokens_rng() % 6);
+    for (char& c : b) c = static_cast<char>(0x20 + tokens_rng() % 95);
+  }
+  for (int c = 0x20; c < 0x7f && c - 0x20 + 1 < vocab; ++c) {  // every byte a token of its own
+    guide_vocab->bytes[c - 0x20 + 1] = std::string(1, static_cast<char>(c));
+  }
+  guide_vocab->eos = 0;
+  guide_vocab->bytes[0].clear();
+  auto guide = mqa::RegexGuide::Compile(mqa::AnyJsonObjectRegex(), guide_vocab);
+  if (!guide.ok()) return 1;
+  const std::string prefix = "{\"key\": \"";
+  std::vector<int32_t> output;  // the prefix as byte-sized tokens, found in the vocabulary
+  for (char c : prefix) {
+    for (int32_t t = 1; t < vocab; ++t) {
+      if (guide_vocab->bytes[t] == std::string(1, c)) {
+        output.push_back(t);
+        break;
+      }
+    }
+  }
+  const int state = (*guide)->Advance(mqa::RegexGuide::start(), output);
+  std::vector<float> scratch(logits.begin(), logits.begin() + vocab);
+  const auto first = std::chrono::steady_clock::now();
+  (*guide)->Mask(state, absl::MakeSpan(scratch));  // the state's mask, computed once
+  const double first_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - first).count();
+  std::printf("\nguided (json_object, inside a string; %zu prefix tokens found), us a row:\n",
+              output.size());
+  std::printf("%-44s %9.1f   (once a state)\n", "a state's token mask, first use", first_us);
+  for (const bool guided : {false, true}) {
+    mqa::SamplingParams params = top_p;
+    if (guided) params.guide = *guide;
+    mqa::SampleRng rng(3);
+    report(guided ? "Sample top_p 0.95, guided" : "Sample top_p 0.95, unguided",
+           BestMicrosPerRow(passes, rows, [&](int r) {
+             mqa::SamplingContext context;
+             context.params = &params;
+             context.output_tokens = output;
+             context.rng = &rng;
+             return mqa::Sample(row(r), context).token_id;
+           }));
   }
   return 0;
 }
