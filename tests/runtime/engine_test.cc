@@ -416,6 +416,16 @@ DeviceSampling DeviceSamplingSetup() {
   return d;
 }
 
+// A speculating engine (k drafts) over the fake runner's repetitive text (cycle boost 6, so that
+// there are drafts to check), sampling on the device or on the host.
+DeviceSampling SpeculativeSetup(bool device, int k) {
+  DeviceSampling d = DeviceSamplingSetup();
+  d.runner.device_sampling = device;
+  d.runner.cycle_boost = 6.0f;
+  d.engine.speculative.num_speculative_tokens = k;
+  return d;
+}
+
 // logit_bias is not the device sampler's: with device sampling on, such a request is sampled on the
 // host from its logits (the bias added first), beside device-sampled ones, and a +100 bias forces
 // its token.
@@ -891,13 +901,7 @@ TEST(Engine, LogprobsOfEachTokenAreTheModelsLogSoftmax) {
 TEST(Engine, SampledRequestsSpeculateAndDrawWhatTheyWouldWithout) {
   for (const bool device : {false, true}) {
     SCOPED_TRACE(device ? "device sampler" : "host sampler");
-    FakeRunnerOptions runner_options;
-    runner_options.cycle_boost = 6.0f;  // repetitive text: drafts to check
-    runner_options.device_sampling = device;
-    EngineOptions options;
-    options.max_model_len = 64;
-    options.eos_token_id = kEos;
-    options.speculative.num_speculative_tokens = 4;
+    auto [runner_options, options] = SpeculativeSetup(device, 4);
     Harness h(runner_options, options);
     std::mt19937_64 rng(device ? 11 : 7);
     const auto prefixes = RandomPrefixes(rng, 32, 3, 12);
@@ -955,17 +959,11 @@ TEST(Engine, SampledRequestsSpeculateAndDrawWhatTheyWouldWithout) {
 TEST(Engine, SeveralSamplesAndPromptLogprobsSpeculateToo) {
   for (const bool device : {false, true}) {
     SCOPED_TRACE(device ? "device sampler" : "host sampler");
-    FakeRunnerOptions runner_options;
-    runner_options.cycle_boost = 6.0f;
-    runner_options.device_sampling = device;
+    auto [runner_options, options] = SpeculativeSetup(device, 3);
     runner_options.num_blocks = 40;
     runner_options.block_size = 8;
-    EngineOptions options;
-    options.max_model_len = 64;
-    options.eos_token_id = kEos;
     options.max_num_seqs = 16;
     options.max_num_batched_tokens = 48;
-    options.speculative.num_speculative_tokens = 3;
     Harness h(runner_options, options);
     std::mt19937_64 rng(device ? 5 : 9);
     const auto prefixes = RandomPrefixes(rng, 32, 2, 13);
