@@ -642,8 +642,13 @@ void RegexGuide::Mask(int state, absl::Span<float> logits) const {
   }
   const std::shared_ptr<const TokenBits> live = LiveTokens(state);
   const size_t n = std::min(vocab_->bytes.size(), logits.size());
-  for (size_t t = 0; t < n; ++t) {
-    if (((*live)[t / 64] >> (t % 64) & 1) == 0) logits[t] = kMasked;
+  for (size_t w = 0; w * 64 < n; ++w) {  // a word at a time: all allowed, none, or bit by bit
+    const uint64_t bits = (*live)[w];
+    const size_t end = std::min(n, (w + 1) * 64);
+    if (bits == ~uint64_t{0} && end == (w + 1) * 64) continue;
+    for (size_t t = w * 64; t < end; ++t) {
+      if ((bits >> (t - w * 64) & 1) == 0) logits[t] = kMasked;
+    }
   }
   for (size_t t = n; t < logits.size(); ++t) logits[t] = kMasked;
   if (eos_in_row) logits[eos] = accepting_[state] ? eos_logit : kMasked;

@@ -126,8 +126,25 @@ class Converter {
   }
 
   absl::StatusOr<std::string> String(const json& schema, const std::string& where) {
-    if (schema.contains("pattern") || schema.contains("format")) {
-      return Bad(where, "string pattern / format are not supported");
+    if (schema.contains("pattern")) return Bad(where, "string pattern is not supported");
+    if (auto f = schema.find("format"); f != schema.end()) {
+      // The formats whose text needs no escaping inside the quotes.
+      static const std::pair<const char*, const char*> kFormats[] = {
+          {"date", "[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"},
+          {"time",
+           "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-][0-9]{2}:[0-9]{2})"
+           "?"},
+          {"date-time",
+           "[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:"
+           "[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-][0-9]{2}:[0-9]{2})"},
+          {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+          {"email", "[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63}){1,8}"},
+      };
+      for (const auto& [name, pattern] : kFormats) {
+        if (*f == name) return absl::StrCat("\"", pattern, "\"");
+      }
+      return Bad(where, absl::StrCat("string format ", f->dump(),
+                                     " (date, time, date-time, uuid, email are supported)"));
     }
     ASSIGN_OR_RETURN(const int min, Count(schema, "minLength", where, 0));
     ASSIGN_OR_RETURN(const int max, Count(schema, "maxLength", where, -1));

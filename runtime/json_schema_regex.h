@@ -2,7 +2,8 @@
 // response_format {"type": "json_schema"} / {"type": "json_object"} as patterns RegexGuide
 // compiles.
 //
-// Schemas (a subset of JSON Schema): "type" string (minLength, maxLength, pattern not supported),
+// Schemas (a subset of JSON Schema): "type" string (minLength, maxLength; "format" date, time,
+// date-time, uuid, email; "pattern" not supported),
 // integer, number, boolean, null, array ("items", minItems, maxItems), object ("properties" in
 // their order, those not in "required" optional; no other keys are generated); "enum" and
 // "const" of JSON values; "anyOf" / "oneOf" as alternatives; "$ref" to "#/$defs/..." or

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/guided.h"
 
@@ -135,6 +136,26 @@ TEST(JsonSchemaRegex, AnyJsonObjectIsJsonAndCompilesQuickly) {
   EXPECT_TRUE(FullMatch(*guide, R"({"a": [1, {"b": null}], "c": "\u00e9\n"})"));
   EXPECT_FALSE(FullMatch(*guide, R"([1, 2])"));
   EXPECT_FALSE(FullMatch(*guide, R"({"a": })"));
+}
+
+TEST(JsonSchemaRegex, StringFormats) {
+  const std::pair<const char*, std::vector<std::pair<const char*, bool>>> cases[] = {
+      {"date", {{"2026-12-05", true}, {"2026-13-05", false}, {"26-12-05", false}}},
+      {"time", {{"07:13:43", true}, {"07:13:43.25+01:00", true}, {"24:00:00", false}}},
+      {"date-time", {{"2026-12-05T07:13:43Z", true}, {"2026-12-05 07:13:43Z", false}}},
+      {"uuid", {{"123e4567-e89b-12d3-a456-426614174000", true}, {"123e4567", false}}},
+      {"email", {{"dev@mqaserve.example", true}, {"dev@localhost", false}, {"@x.y", false}}},
+  };
+  for (const auto& [format, texts] : cases) {
+    auto pattern = JsonSchemaToRegex(json{{"type", "string"}, {"format", format}});
+    ASSERT_TRUE(pattern.ok()) << pattern.status();
+    auto guide = Compile(*pattern);
+    ASSERT_NE(guide, nullptr);
+    for (const auto& [text, valid] : texts) {
+      EXPECT_EQ(FullMatch(*guide, absl::StrCat("\"", text, "\"")), valid) << format << " " << text;
+    }
+  }
+  EXPECT_FALSE(JsonSchemaToRegex(json{{"type", "string"}, {"format", "ipv6"}}).ok());
 }
 
 TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupport) {
