@@ -100,8 +100,12 @@ const std::map<std::string, Flag>& Flags() {
       {"speculative-config",
        {"speculative decoding by prompt lookup, as JSON: {\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1} "
-        "(greedy requests; default off)",
+        "(every request; default off)",
         Text(&Options::speculative_config)}},
+      {"scheduling-policy",
+       {"fcfs (arrival order) or priority (a request's \"priority\", lower first, then arrival: "
+        "admission, the step's order and whom preemption evicts)",
+        Text(&Options::scheduling_policy)}},
       {"enable-prefix-caching",
        Switch(&Options::enable_prefix_caching, true, "reuse prompt blocks")},
       {"no-enable-prefix-caching", Switch(&Options::enable_prefix_caching, false, "")},
@@ -212,6 +216,10 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   }
   if (o.max_prompt_logprob_rows < 0) {
     return absl::InvalidArgumentError("--max-prompt-logprob-rows must be >= 0");
+  }
+  if (o.scheduling_policy != "fcfs" && o.scheduling_policy != "priority") {
+    return absl::InvalidArgumentError(absl::StrCat("--scheduling-policy must be fcfs or priority, got ",
+                                                   o.scheduling_policy));
   }
   absl::StatusOr<SpeculativeConfig> speculative = ParseSpeculativeConfig(o.speculative_config);
   if (!speculative.ok()) return speculative.status();

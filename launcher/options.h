@@ -38,6 +38,7 @@ struct Options {
   // vLLM's --speculative-config (JSON; runtime/speculative.h), parsed into `speculative`.
   std::string speculative_config;
   SpeculativeConfig speculative;
+  std::string scheduling_policy = "fcfs";  // vLLM's --scheduling-policy: fcfs | priority
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).

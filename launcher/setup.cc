@@ -248,6 +248,7 @@ EngineOptions MakeEngineOptions(const Options& o, const ModelConfig& config,
   e.max_queued_requests = o.max_queued_requests;
   e.max_prompt_logprob_rows = o.max_prompt_logprob_rows;
   e.speculative = o.speculative;
+  e.priority_scheduling = o.scheduling_policy == "priority";
   e.enable_prefix_caching = o.enable_prefix_caching;
   e.enable_chunked_prefill = o.enable_chunked_prefill;
   e.seed = o.seed;

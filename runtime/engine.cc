@@ -37,6 +37,7 @@ SchedulerOptions MakeSchedulerOptions(const EngineOptions& options) {
   scheduler_options.max_prompt_logprob_rows = options.max_prompt_logprob_rows;
   scheduler_options.speculative = options.speculative;
   scheduler_options.max_model_len = options.max_model_len;
+  scheduler_options.priority = options.priority_scheduling;
   return scheduler_options;
 }
 
@@ -139,6 +140,11 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   if (!request.on_output) return bad("request ", request.request_id, " has no output callback");
   const int prompt_len = static_cast<int>(request.prompt_token_ids.size());
   if (prompt_len == 0) return bad("the prompt is empty");
+  if (params.priority != 0 && !options_.priority_scheduling) {
+    return bad("priority ", params.priority,
+               " needs priority scheduling (--scheduling-policy priority); this server serves "
+               "first come, first served");
+  }
   for (int32_t t : request.prompt_token_ids) {
     if (t < 0 || t >= runner_->vocab_size()) {
       return bad("prompt token ", t, " is outside the vocabulary of ", runner_->vocab_size());

@@ -63,6 +63,10 @@ struct EngineOptions {
   int max_prompt_logprob_rows = 256;
   // Speculative decoding by prompt lookup (runtime/speculative.h); off by default.
   SpeculativeConfig speculative;
+  // vLLM's --scheduling-policy priority: requests are admitted, stepped and spared from
+  // preemption by (SamplingParams::priority, arrival); off: by arrival, and a request with a
+  // priority other than 0 is refused.
+  bool priority_scheduling = false;
   // Threads (the engine's own included) that sample and score a step's rows on the host — rows of
   // requests the device sampler does not cover, log-probabilities, prompt log-probabilities — in
   // parallel; 0: min(8, hardware threads). Results do not depend on it.

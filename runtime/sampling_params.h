@@ -74,6 +74,10 @@ struct SamplingParams {
   // nothing can follow.
   std::string guided_regex;
   std::shared_ptr<const RegexGuide> guide;
+  // vLLM's request priority (lower is served first) under EngineOptions::priority_scheduling;
+  // with first-come-first-served scheduling only 0 is accepted. Not a sampling parameter: it
+  // rides here from the API to the scheduler.
+  int priority = 0;
 
   bool greedy() const { return temperature == 0.0f; }
 

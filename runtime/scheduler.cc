@@ -45,7 +45,21 @@ void Scheduler::AddGroup(std::unique_ptr<SequenceGroup> group) {
     MQA_CHECK(seq->status() == SequenceStatus::kWaiting);
     MQA_CHECK(!block_manager_->HasBlockTable(seq->seq_id()));
   }
-  waiting_.push_back(std::move(group));
+  InsertOrdered(waiting_, std::move(group));
+}
+
+bool Scheduler::Before(const SequenceGroup& a, const SequenceGroup& b) const {
+  if (options_.priority && a.params().priority != b.params().priority) {
+    return a.params().priority < b.params().priority;
+  }
+  return a.arrival_order() < b.arrival_order();
+}
+
+void Scheduler::InsertOrdered(std::deque<std::unique_ptr<SequenceGroup>>& queue,
+                              std::unique_ptr<SequenceGroup> group) const {
+  auto pos = std::find_if(queue.begin(), queue.end(),
+                          [&](const auto& g) { return Before(*group, *g); });
+  queue.insert(pos, std::move(group));
 }
 
 std::unique_ptr<SequenceGroup> Scheduler::Remove(const std::string& request_id) {
@@ -92,7 +106,7 @@ SchedulerOutput Scheduler::Schedule() {
     }
   }
 
-  // New (or preempted) requests in arrival order, unless this step had to preempt: the blocks
+  // New (or preempted) requests in scheduling order, unless this step had to preempt: the blocks
   // are short, and readmitting now would only thrash.
   if (preempted_in_step_.empty()) {
     int running_seqs = NumRunningSeqs();
@@ -112,8 +126,15 @@ SchedulerOutput Scheduler::Schedule() {
       if (status == AllocStatus::kLater) break;
       block_manager_->Allocate(group);
       running_seqs += group.MaxRunningSeqs();
-      running_.push_back(std::move(waiting_.front()));
+      std::unique_ptr<SequenceGroup> admitted = std::move(waiting_.front());
       waiting_.pop_front();
+      // FCFS keeps admission order (the step's order, and whom preemption evicts first: the
+      // last); priority scheduling keeps the running list in its order.
+      if (options_.priority) {
+        InsertOrdered(running_, std::move(admitted));
+      } else {
+        running_.push_back(std::move(admitted));
+      }
       MQA_CHECK(ScheduleGroup(group, /*may_preempt=*/false, out));
     }
   }
@@ -165,7 +186,7 @@ bool Scheduler::ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerO
       victim = candidate;
       break;
     }
-    if (victim == nullptr || victim->arrival_order() < group.arrival_order()) {
+    if (victim == nullptr || Before(*victim, group)) {
       Preempt(group);
       return false;
     }
@@ -201,11 +222,8 @@ void Scheduler::Preempt(SequenceGroup& group) {
   MQA_CHECK(it != running_.end());
   std::unique_ptr<SequenceGroup> owned = std::move(*it);
   running_.erase(it);
-  // Back into the waiting queue at its arrival position (normally the front).
-  auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& g) {
-    return g->arrival_order() > owned->arrival_order();
-  });
-  waiting_.insert(pos, std::move(owned));
+  // Back into the waiting queue at its place in scheduling order (normally the front).
+  InsertOrdered(waiting_, std::move(owned));
   preempted_in_step_.push_back(&group);
   ++num_preemptions_;
 }
@@ -332,6 +350,11 @@ std::vector<std::unique_ptr<SequenceGroup>> Scheduler::TakeFinishedGroups() {
 
 void Scheduler::CheckInvariants() const {
   block_manager_->CheckInvariants();
+  // The waiting queue in scheduling order; so is the running list under priority scheduling.
+  for (size_t i = 1; i < waiting_.size(); ++i) MQA_CHECK(!Before(*waiting_[i], *waiting_[i - 1]));
+  if (options_.priority) {
+    for (size_t i = 1; i < running_.size(); ++i) MQA_CHECK(!Before(*running_[i], *running_[i - 1]));
+  }
   for (const auto& group : waiting_) {
     for (const auto& seq : group->seqs()) {
       MQA_CHECK(!block_manager_->HasBlockTable(seq->seq_id()));

@@ -40,6 +40,9 @@ struct SchedulerOptions {
   // within max_num_seqs + max_prompt_logprob_rows), and blocks only if free ones are left.
   SpeculativeConfig speculative;
   int max_model_len = 0;  // positions a draft may reach (0: no limit)
+  // Order groups by (SamplingParams::priority, arrival) instead of arrival: the waiting queue,
+  // the running list (the step's order) and the choice of whom to preempt (the last).
+  bool priority = false;
 };
 
 // One sequence's share of a step.
@@ -113,6 +116,11 @@ class Scheduler {
   void CheckInvariants() const;
 
  private:
+  // The scheduling order: (priority, arrival) with SchedulerOptions::priority, else arrival.
+  bool Before(const SequenceGroup& a, const SequenceGroup& b) const;
+  // Inserts `group` into `queue` after every group not after it (stable for equal keys).
+  void InsertOrdered(std::deque<std::unique_ptr<SequenceGroup>>& queue,
+                     std::unique_ptr<SequenceGroup> group) const;
   // Plans `group`'s sequences into `out` within the budget, preempting newer groups for blocks
   // when `may_preempt`. Returns false when `group` itself was preempted.
   bool ScheduleGroup(SequenceGroup& group, bool may_preempt, SchedulerOutput& out);

@@ -370,6 +370,9 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
     }
   }
   RETURN_IF_ERROR(ReadGuidance(object, &p.guided_regex));
+  // vLLM's priority (lower first; the engine refuses anything but 0 unless it schedules by
+  // priority).
+  RETURN_IF_ERROR(ReadInt(object, "priority", std::numeric_limits<int>::min(), kIntMax, &p.priority));
   bool beam_search = false;
   RETURN_IF_ERROR(ReadBool(object, "use_beam_search", &beam_search));
   if (beam_search) return InvalidParam("use_beam_search", "beam search is not supported");

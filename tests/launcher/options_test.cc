@@ -81,6 +81,10 @@ TEST(Options, ErrorsNameTheFlag) {
                 .message()
                 .find("--speculative-config"),
             std::string::npos);
+  EXPECT_EQ(ParseOptions({"x", "--model", "m"})->scheduling_policy, "fcfs");
+  EXPECT_EQ(ParseOptions({"x", "--model", "m", "--scheduling-policy", "priority"})->scheduling_policy,
+            "priority");
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--scheduling-policy", "lifo"}).ok());
 }
 
 }  // namespace

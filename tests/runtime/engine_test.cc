@@ -305,6 +305,8 @@ struct OracleCase {
   // Speculative decoding with this many drafts (and repetitive greedy text: a cycle boost of 4.5,
   // half of the requests greedy); 0: off.
   int speculative = 0;
+  // Priority scheduling, each request a random priority in -1..1.
+  bool priority = false;
 };
 
 class EngineOracleTest : public ::testing::TestWithParam<OracleCase> {};
@@ -319,6 +321,7 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   EngineOptions options;
   options.speculative.num_speculative_tokens = c.speculative;
   options.host_threads = 4;  // rows sampled and scored in parallel (results must not change)
+  options.priority_scheduling = c.priority;
   options.max_num_seqs = 16;
   options.max_num_batched_tokens = c.max_num_batched_tokens;
   options.max_model_len = 64;
@@ -342,6 +345,7 @@ TEST_P(EngineOracleTest, EverySampleMatchesTheOracle) {
   auto add_one = [&] {
     const std::string id = absl::StrCat("req", added++);
     SamplingParams params = RandomParams(rng, 3, c.speculative > 0 ? 24 : 16);
+    if (c.priority) params.priority = static_cast<int>(rng() % 3) - 1;
     if (c.speculative > 0 && rng() % 2 == 0 && params.max_tokens > 0) {
       params.temperature = 0;  // greedy, one sample: most of its drafts are kept
       params.n = 1;
@@ -400,7 +404,9 @@ INSTANTIATE_TEST_SUITE_P(
         OracleCase{"SpeculativeLargePool", 1024, 8, 512, true, true, false, false, 5},
         OracleCase{"SpeculativeTinyPoolPreempts", 32, 8, 24, true, true, true, false, 4},
         OracleCase{"SpeculativeDeviceSampling", 1024, 16, 64, true, true, true, true, 7},
-        OracleCase{"SpeculativeBlock32", 14, 32, 40, false, true, true, true, 3}),
+        OracleCase{"SpeculativeBlock32", 14, 32, 40, false, true, true, true, 3},
+        OracleCase{"PriorityTinyPool", 32, 8, 24, true, true, true, false, 0, true},
+        OracleCase{"PrioritySpeculative", 40, 8, 32, true, true, false, true, 4, true}),
     [](const ::testing::TestParamInfo<OracleCase>& info) { return info.param.name; });
 
 // The device-sampling tests' runner (it samples on the device) and engine options.
@@ -1040,6 +1046,48 @@ TEST(Engine, GuidedSamplesMatchTheirPatternAndStopThemselves) {
   SamplingParams unguided;
   unguided.guided_regex = "a+";  // a pattern without its compiled guide is refused
   EXPECT_TRUE(absl::IsInvalidArgument(unguided.Validate()));
+}
+
+// Priority scheduling (vLLM's --scheduling-policy priority): with one sequence at a time, requests
+// run in (priority, arrival) order whatever order they came in; first come, first served refuses
+// a priority other than 0.
+TEST(Engine, PrioritySchedulingRunsTheMostUrgentFirst) {
+  FakeRunnerOptions runner_options;
+  EngineOptions options;
+  options.max_model_len = 64;
+  options.max_num_seqs = 1;
+  options.max_num_batched_tokens = 64;
+  options.priority_scheduling = true;
+  Harness h(runner_options, options);
+  std::vector<std::string> finished;
+  const std::vector<std::pair<std::string, int>> requests = {
+      {"late-0", 0}, {"urgent", -5}, {"late-1", 0}, {"lazy", 3}, {"urgent-too", -5}};
+  for (const auto& [id, priority] : requests) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = 3;
+    params.ignore_eos = true;
+    params.priority = priority;
+    ASSERT_TRUE(h.Add(id, {1, 2, 3}, params).ok());
+  }
+  for (int step = 0; step < 100 && h.engine().HasWork(); ++step) {
+    h.StepChecked();
+    for (const auto& [id, priority] : requests) {
+      if (h.received().contains(id) && h.received().at(id).finished_outputs > 0 &&
+          std::find(finished.begin(), finished.end(), id) == finished.end()) {
+        finished.push_back(id);
+      }
+    }
+  }
+  EXPECT_EQ(finished, (std::vector<std::string>{"urgent", "urgent-too", "late-0", "late-1", "lazy"}));
+
+  options.priority_scheduling = false;
+  Harness fcfs(runner_options, options);
+  SamplingParams params;
+  params.priority = 1;
+  const absl::Status refused = fcfs.Add("p", {1, 2}, params);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_NE(refused.message().find("priority"), std::string::npos);
 }
 
 TEST(Engine, PrefixCacheHitsAreReportedPerRequest) {

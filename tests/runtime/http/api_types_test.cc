@@ -302,6 +302,12 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       R"({"messages": [{"role": "user", "content": "x"}], "guided_choice": ["a"]})");
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_EQ(chat->common.params.guided_regex, "a");
+  absl::StatusOr<CompletionRequest> urgent =
+      ParseCompletionRequest(R"({"prompt": "x", "priority": -3})");
+  ASSERT_TRUE(urgent.ok()) << urgent.status();
+  EXPECT_EQ(urgent->params.priority, -3);
+  EXPECT_EQ(ErrorParam(ParseCompletionRequest(R"({"prompt": "x", "priority": 1.5})").status()),
+            "priority");
   // JSON: the schema's properties in the client's order (the pattern starts with the first).
   absl::StatusOr<CompletionRequest> schema = ParseCompletionRequest(
       R"({"prompt": "x", "guided_json": {"type": "object", "properties": {"zeta": {"type":
