@@ -168,6 +168,15 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
   for (const auto& [t, bias] : params.logit_bias) {
     if (in_vocab(t)) logits[t] += bias;
   }
+  // Bad words: a sequence's last token, where the output ends with the rest of it.
+  for (const std::vector<int32_t>& word : params.bad_words_token_ids) {
+    if (word.empty() || !in_vocab(word.back())) continue;
+    const size_t rest = word.size() - 1;
+    if (rest <= output_tokens.size() &&
+        std::equal(word.begin(), word.end() - 1, output_tokens.end() - rest)) {
+      logits[word.back()] = kMasked;
+    }
+  }
   if (params.repetition_penalty != 1.0f) {
     // Each distinct token once, in a walk over the tokens rather than the vocabulary.
     std::vector<uint8_t> seen(vocab, 0);

@@ -61,7 +61,8 @@ absl::Status SamplingParams::Validate() const {
 bool DeviceSamplable(const SamplingParams& params) {
   return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         params.logit_bias.empty() && params.allowed_token_ids.empty() && params.guide == nullptr;
+         params.logit_bias.empty() && params.allowed_token_ids.empty() && params.guide == nullptr &&
+         params.bad_words_token_ids.empty();
 }
 
 }  // namespace mqa

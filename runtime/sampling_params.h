@@ -74,6 +74,11 @@ struct SamplingParams {
   // nothing can follow.
   std::string guided_regex;
   std::shared_ptr<const RegexGuide> guide;
+  // vLLM's bad_words: the words as given (read by the server), and the token sequences it
+  // tokenized them into (each word as is and after a space, as vLLM does). A sequence's last token
+  // is masked whenever the output so far ends with the rest of it (a one-token word always).
+  std::vector<std::string> bad_words;
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
   // vLLM's request priority (lower is served first) under EngineOptions::priority_scheduling;
   // with first-come-first-served scheduling only 0 is accepted. Not a sampling parameter: it
   // rides here from the API to the scheduler.
@@ -87,7 +92,7 @@ struct SamplingParams {
 
 // Whether the device sampler (runtime/row_sampling.h: greedy, temperature, top-k, top-p, seed)
 // draws exactly what a request asks for: no penalties, min-p, min_tokens masking, logit_bias,
-// allowed_token_ids or guide. Log-probabilities (of the output or the prompt) do not need the host sampler:
+// allowed_token_ids, bad words or guide. Log-probabilities (of the output or the prompt) do not need the host sampler:
 // the engine scores the device's draw (and prompt rows) from the step's logits, copied back only
 // for steps that hold such a request.
 bool DeviceSamplable(const SamplingParams& params);

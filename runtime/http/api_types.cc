@@ -377,8 +377,12 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   RETURN_IF_ERROR(ReadBool(object, "use_beam_search", &beam_search));
   if (beam_search) return InvalidParam("use_beam_search", "beam search is not supported");
   if (const json* bad_words = Field(object, "bad_words"); bad_words != nullptr) {
-    if (!bad_words->is_array() || !bad_words->empty()) {
-      return InvalidParam("bad_words", "'bad_words' is not supported (use logit_bias)");
+    if (!bad_words->is_array()) return TypeError("bad_words", "a list of non-empty strings");
+    for (const json& word : *bad_words) {
+      if (!word.is_string() || word.get_ref<const std::string&>().empty()) {
+        return TypeError("bad_words", "a list of non-empty strings");
+      }
+      p.bad_words.push_back(word.get<std::string>());
     }
   }
   if (const json* ids = Field(object, "stop_token_ids"); ids != nullptr) {

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -397,6 +398,18 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitJob(
   job_options.n = params.n;
   SamplingParams guided = params;
   RETURN_IF_ERROR(AttachGuide(guided));
+  // bad_words as token sequences (user text: special-token text stays text), each word as is and
+  // after a space, as vLLM tokenizes them.
+  for (const std::string& word : guided.bad_words) {
+    for (const std::string& text : {word, " " + word}) {
+      std::vector<int32_t> ids = tokenizer->Encode(text, /*parse_special=*/false);
+      if (!ids.empty() && std::find(guided.bad_words_token_ids.begin(),
+                                    guided.bad_words_token_ids.end(),
+                                    ids) == guided.bad_words_token_ids.end()) {
+        guided.bad_words_token_ids.push_back(std::move(ids));
+      }
+    }
+  }
   auto job = std::make_shared<CompletionJob>(std::move(job_options), std::move(prompts), tokenizer,
                                              &metrics);
   RETURN_IF_ERROR(Submit(*job, guided));

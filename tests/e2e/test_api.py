@@ -216,6 +216,24 @@ def test_guided_choice_and_regex(server):
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+def test_bad_words_never_complete(server):
+    """vLLM's bad_words: the word's tokens (as is and after a space) never come out in sequence,
+    where the same greedy completion without them does write the word."""
+    prompt = "import os\nimport sys\nimport re\n"
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "return_token_ids": True}
+    status, plain = server.post_json("/v1/completions", body)
+    assert status == 200, plain
+    assert "import" in plain["choices"][0]["text"], plain  # otherwise the test shows nothing
+    status, banned = server.post_json("/v1/completions", dict(body, bad_words=["import"]))
+    assert status == 200, banned
+    got = banned["choices"][0]["token_ids"]
+    for text in ("import", " import"):
+        status, tok = server.post_json("/tokenize", {"prompt": text})
+        word = tok["tokens"]
+        assert not any(got[i:i + len(word)] == word for i in range(len(got))), (text, banned)
+
+
 def test_prompt_logprobs_agree_with_the_generated_ones(server):
     # lm-eval's loglikelihood request (token-id prompt, echo, logprobs 1, max_tokens 1) through
     # the OpenAI client: a greedy continuation's own log-probabilities, computed while decoding,

@@ -271,6 +271,28 @@ TEST(Sampler, AllowedTokenIdsRestrictTheDraws) {
   EXPECT_NE(params.Validate().message().find("allowed_token_ids"), std::string::npos);
 }
 
+// bad_words (vLLM): a one-token word is never drawn; a longer word's last token only where the
+// output ends with the rest of it (the prompt does not count).
+TEST(Sampler, BadWordsMaskTheTokenThatWouldCompleteThem) {
+  std::vector<float> logits(8, 0.0f);
+  logits[5] = 9.0f;  // the argmax, unless masked
+  logits[6] = 8.0f;
+  SamplingParams params;
+  params.temperature = 0;
+  params.bad_words_token_ids = {{2, 3, 5}, {7}};
+  auto greedy = [&](std::vector<int32_t> prompt, std::vector<int32_t> output) {
+    SamplingContext context{&params, prompt, output, -1, nullptr};
+    return Sample(logits, context).token_id;
+  };
+  EXPECT_EQ(greedy({}, {1, 2, 3}), 6);     // "2 3" then 5 would complete the word
+  EXPECT_EQ(greedy({}, {2, 3, 1}), 5);     // not at the end
+  EXPECT_EQ(greedy({2}, {3}), 5);          // the prompt does not count
+  EXPECT_EQ(greedy({}, {2}), 5);
+  logits[7] = 20.0f;
+  EXPECT_EQ(greedy({}, {}), 5);            // a one-token word never
+  EXPECT_FALSE(DeviceSamplable(params));
+}
+
 TEST(Sampler, GreedyTakesTheArgmaxAfterPenaltiesWithoutRandomness) {
   std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f};
   SamplingParams params;

@@ -302,6 +302,10 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       R"({"messages": [{"role": "user", "content": "x"}], "guided_choice": ["a"]})");
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_EQ(chat->common.params.guided_regex, "a");
+  absl::StatusOr<CompletionRequest> bad =
+      ParseCompletionRequest(R"({"prompt": "x", "bad_words": ["import", " os"]})");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->params.bad_words, (std::vector<std::string>{"import", " os"}));
   absl::StatusOr<CompletionRequest> urgent =
       ParseCompletionRequest(R"({"prompt": "x", "priority": -3})");
   ASSERT_TRUE(urgent.ok()) << urgent.status();
@@ -348,7 +352,8 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
       {R"({"prompt": "x", "response_format": "json"})", "response_format"},
       {R"({"prompt": "x", "use_beam_search": true})", "use_beam_search"},
-      {R"({"prompt": "x", "bad_words": ["import"]})", "bad_words"},
+      {R"({"prompt": "x", "bad_words": [""]})", "bad_words"},
+      {R"({"prompt": "x", "bad_words": "import"})", "bad_words"},
   };
   for (const auto& [body, param] : refused) {
     EXPECT_EQ(ErrorParam(ParseCompletionRequest(body).status()), param) << body;
