@@ -28,6 +28,20 @@ constexpr const char* kNumber =
 // A literal (a JSON value's text) as a pattern.
 std::string Literal(const json& value) { return RegexGuide::ChoicePattern({value.dump()}); }
 
+// The quantifier for min..max repeats (max -1: no bound).
+std::string RepeatSuffix(int min, int max) {
+  if (max >= 0) return absl::StrCat("{", min, ",", max, "}");
+  return min == 0 ? std::string("*") : absl::StrCat("{", min, ",}");
+}
+
+// min..max of `item` (max -1: no bound, max >= 1), separated by commas.
+std::string CommaList(const std::string& item, int min, int max) {
+  const std::string items =
+      absl::StrCat(item, "(?:", kWs, ",", kWs, item, ")",
+                   RepeatSuffix(std::max(0, min - 1), max < 0 ? -1 : max - 1));
+  return min == 0 ? absl::StrCat("(?:", items, ")?") : items;
+}
+
 absl::Status Bad(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(
       absl::StrCat("JSON schema at ", where.empty() ? "the root" : where, ": ", what));
@@ -149,9 +163,7 @@ class Converter {
     ASSIGN_OR_RETURN(const int min, Count(schema, "minLength", where, 0));
     ASSIGN_OR_RETURN(const int max, Count(schema, "maxLength", where, -1));
     if (max >= 0 && max < min) return Bad(where, "maxLength < minLength");
-    const std::string repeat = max < 0 ? (min == 0 ? "*" : absl::StrCat("{", min, ",}"))
-                                       : absl::StrCat("{", min, ",", max, "}");
-    return absl::StrCat("\"", kStringChar, repeat, "\"");
+    return absl::StrCat("\"", kStringChar, RepeatSuffix(min, max), "\"");
   }
 
   absl::StatusOr<std::string> Array(const json& schema, const std::string& where, int depth) {
@@ -163,13 +175,7 @@ class Converter {
     ASSIGN_OR_RETURN(const int max, Count(schema, "maxItems", where, -1));
     if (max >= 0 && max < min) return Bad(where, "maxItems < minItems");
     if (max == 0) return absl::StrCat("\\[", kWs, "\\]");
-    const std::string more = absl::StrCat("(?:", kWs, ",", kWs, item, ")");
-    const int more_min = std::max(0, min - 1);
-    const std::string repeat = max < 0 ? (more_min == 0 ? "*" : absl::StrCat("{", more_min, ",}"))
-                                       : absl::StrCat("{", more_min, ",", max - 1, "}");
-    const std::string items = absl::StrCat(item, more, repeat);
-    return absl::StrCat("\\[", kWs, min == 0 ? absl::StrCat("(?:", items, ")?") : items, kWs,
-                        "\\]");
+    return absl::StrCat("\\[", kWs, CommaList(item, min, max), kWs, "\\]");
   }
 
   absl::StatusOr<std::string> Object(const json& schema, const std::string& where, int depth) {
@@ -209,8 +215,7 @@ class Converter {
     std::string scalar = absl::StrCat("(?:\"", kStringChar, "*\"|", kNumber, "|true|false|null)");
     if (depth <= 0) return scalar;
     const std::string inner = AnyValue(depth - 1);
-    const std::string array =
-        absl::StrCat("\\[", kWs, "(?:", inner, "(?:", kWs, ",", kWs, inner, ")*)?", kWs, "\\]");
+    const std::string array = absl::StrCat("\\[", kWs, CommaList(inner, 0, -1), kWs, "\\]");
     return absl::StrCat("(?:", scalar, "|", array, "|", AnyObject(depth - 1), ")");
   }
 
@@ -218,8 +223,7 @@ class Converter {
   static std::string AnyObject(int depth) {
     const std::string value = AnyValue(depth);
     const std::string member = absl::StrCat("\"", kStringChar, "*\"", kWs, ":", kWs, value);
-    return absl::StrCat("\\{", kWs, "(?:", member, "(?:", kWs, ",", kWs, member, ")*)?", kWs,
-                        "\\}");
+    return absl::StrCat("\\{", kWs, CommaList(member, 0, -1), kWs, "\\}");
   }
 
  private:
