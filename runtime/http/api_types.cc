@@ -174,6 +174,30 @@ absl::Status SchemaPattern(const nlohmann::ordered_json& schema, const char* par
   return absl::OkStatus();
 }
 
+// A schema given as its text, or as a JSON value found at `path` in the request body: read again
+// from the body in order (ordered_json), so that properties keep the client's order. Errors name
+// `param`.
+absl::StatusOr<nlohmann::ordered_json> OrderedSchema(const json& value, absl::string_view body,
+                                                     const char* path, const char* param) {
+  if (!value.is_string()) {
+    // The same body parsed again: the value is there (duplicate keys aside, which may pick
+    // another one; then the schema is whatever that is, checked as any other).
+    nlohmann::ordered_json whole =
+        nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+    const nlohmann::ordered_json::json_pointer pointer(path);
+    if (whole.is_discarded() || !whole.contains(pointer)) {
+      return InvalidParam(param, absl::StrCat("'", param, "' holds no schema"));
+    }
+    return std::move(whole[pointer]);
+  }
+  nlohmann::ordered_json schema =
+      nlohmann::ordered_json::parse(value.get_ref<const std::string&>(), nullptr, false);
+  if (schema.is_discarded()) {
+    return InvalidParam(param, absl::StrCat("'", param, "' holds text that is not valid JSON"));
+  }
+  return schema;
+}
+
 // vLLM's guided_json (a schema, or its text) and OpenAI's response_format (text, json_object,
 // json_schema) into the request's pattern. The schema is read from `body` again in order
 // (nlohmann::ordered_json): properties are generated in the order the client gave them.
@@ -202,27 +226,24 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, std::s
     *pattern = AnyJsonObjectRegex();
     return absl::OkStatus();
   }
-  const nlohmann::ordered_json ordered =
-      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
-  nlohmann::ordered_json schema;
   if (guided != nullptr) {
-    if (guided->is_string()) {
-      const std::string& text = guided->get_ref<const std::string&>();
-      schema = nlohmann::ordered_json::parse(text, nullptr, false);
-      if (schema.is_discarded()) return InvalidParam(param, "'guided_json' is not valid JSON");
-    } else if (guided->is_object() || guided->is_boolean()) {
-      schema = ordered["guided_json"];
-    } else {
+    if (!guided->is_string() && !guided->is_object() && !guided->is_boolean()) {
       return TypeError("guided_json", "a JSON schema (an object, or its text)");
     }
-  } else {
-    const auto& f = ordered["response_format"];
-    if (!f.contains("json_schema") || !f["json_schema"].is_object() ||
-        !f["json_schema"].contains("schema")) {
-      return InvalidParam(param, "json_schema needs {\"json_schema\": {\"schema\": ...}}");
-    }
-    schema = f["json_schema"]["schema"];
+    ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
+                     OrderedSchema(*guided, body, "/guided_json", param));
+    return SchemaPattern(schema, param, pattern);
   }
+  const json* json_schema = Field(*format, "json_schema");
+  const json* value =
+      json_schema != nullptr && json_schema->is_object() ? Field(*json_schema, "schema") : nullptr;
+  if (value == nullptr) {
+    return InvalidParam(param, "json_schema needs {\"json_schema\": {\"schema\": ...}}");
+  }
+  // OpenAI's schema is an object: text here is a (refused) schema, not parsed.
+  if (value->is_string()) return SchemaPattern(value->get<std::string>(), param, pattern);
+  ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
+                   OrderedSchema(*value, body, "/response_format/json_schema/schema", param));
   return SchemaPattern(schema, param, pattern);
 }
 
@@ -773,14 +794,8 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
       p.guided_regex = value->get<std::string>();
     } else {
       if (value == nullptr) return TypeError("grammar", "{\"type\": \"json\", \"value\": a schema}");
-      nlohmann::ordered_json schema;
-      if (value->is_string()) {
-        schema = nlohmann::ordered_json::parse(value->get_ref<const std::string&>(), nullptr, false);
-        if (schema.is_discarded()) return InvalidParam("grammar", "the grammar's schema is not JSON");
-      } else {
-        schema = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr,
-                                               false)["parameters"]["grammar"]["value"];
-      }
+      ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
+                       OrderedSchema(*value, body, "/parameters/grammar/value", "grammar"));
       RETURN_IF_ERROR(SchemaPattern(schema, "grammar", &p.guided_regex));
     }
   }
