@@ -400,8 +400,11 @@ absl::Status Engine::Step() {
     if (!s.draft.empty()) {
       const absl::Span<const int32_t> tokens =
           device ? absl::MakeConstSpan(device_tokens) : absl::Span<const int32_t>();
-      host_work.push_back([this, &row_at, seq = &s, out = &d.results, tokens] {
-        *out = DrawChecks(*seq, tokens, row_at);
+      const int guide_state = requests_.at(group.request_id())
+                                  .samples[s.seq->sample_index()]
+                                  .guide_state;
+      host_work.push_back([this, &row_at, seq = &s, out = &d.results, tokens, guide_state] {
+        *out = DrawChecks(*seq, tokens, row_at, guide_state);
       });
       continue;
     }
@@ -426,14 +429,18 @@ absl::Status Engine::Step() {
           });
         }
       } else {
+        // A sample forked this step has no output yet: its guide state is the start one.
+        const int guide_state =
+            requests_.at(group.request_id()).samples[d.samples[k]->sample_index()].guide_state;
         host_work.push_back([this, &row_at, out = &result, seq = d.samples[k], p = &params,
-                             row = s.logits_index] {
+                             row = s.logits_index, guide_state] {
           SamplingContext context;
           context.params = p;
           context.prompt_tokens = seq->prompt_tokens();
           context.output_tokens = seq->output_tokens();
           context.eos_token_id = options_.eos_token_id;
           context.rng = &seq->rng();
+          if (p->guide != nullptr) context.guide_state = guide_state;
           *out = Sample(row_at(row), context);
         });
       }
@@ -483,7 +490,7 @@ absl::Status Engine::Step() {
 
 std::vector<SampleResult> Engine::DrawChecks(
     const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
-    absl::FunctionRef<absl::Span<const float>(int)> row_at) const {
+    absl::FunctionRef<absl::Span<const float>(int)> row_at, int guide_state) const {
   // The model's token after the last token and after each draft, in order, until one differs
   // from its draft. Each is drawn as it would be without speculation: the host sampler's context
   // holds the tokens kept so far and the sequence's generator (which draws only for the rows
@@ -511,11 +518,13 @@ std::vector<SampleResult> Engine::DrawChecks(
       context.output_tokens = outputs;
       context.eos_token_id = options_.eos_token_id;
       context.rng = &s.seq->rng();
+      if (params.guide != nullptr) context.guide_state = guide_state;
       result = Sample(row_at(row), context);
     }
     results.push_back(result);
     if (i == num_draft || result.token_id != s.draft[i]) break;
     outputs.push_back(result.token_id);
+    if (params.guide != nullptr) guide_state = params.guide->Advance(guide_state, {result.token_id});
   }
   return results;
 }
@@ -574,8 +583,8 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
   }
   if (!reason.has_value() && params.guide != nullptr) {
     // A guided sample stops once its text is a whole match that nothing may extend.
-    const int guide_state = params.guide->Advance(RegexGuide::start(), seq.output_tokens());
-    if (params.guide->Complete(guide_state) || guide_state == RegexGuide::kDead) {
+    sample.guide_state = params.guide->Advance(sample.guide_state, {token});
+    if (params.guide->Complete(sample.guide_state) || sample.guide_state == RegexGuide::kDead) {
       reason = FinishReason::kStop;
     }
   }

@@ -24,6 +24,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "runtime/block_manager.h"
+#include "runtime/guided.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/sampling_params.h"
@@ -188,6 +189,8 @@ class Engine {
   struct SampleState {
     std::unique_ptr<IncrementalDetokenizer> detokenizer;
     std::optional<StopStringMatcher> stop_matcher;
+    // SamplingParams::guide's state after the sample's output, advanced token by token.
+    int guide_state = RegexGuide::start();
   };
   struct RequestState {
     EngineRequest request;
@@ -202,9 +205,10 @@ class Engine {
   // each of its rows (host pool; row_at(i) is logits row i on the host, empty if none came back),
   // AcceptDrafts appends them while the drafts match, counts them, and returns the blocks of
   // rejected drafts.
+  // guide_state: the sample's (SampleState::guide_state).
   std::vector<SampleResult> DrawChecks(
       const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
-      absl::FunctionRef<absl::Span<const float>(int)> row_at) const;
+      absl::FunctionRef<absl::Span<const float>(int)> row_at, int guide_state) const;
   void AcceptDrafts(const ScheduledSeq& s, absl::Span<const SampleResult> results,
                     RequestState& state, RequestOutput& output);
   void ProcessSample(SequenceGroup& group, RequestState& state, Sequence& seq,

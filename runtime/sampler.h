@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -37,6 +38,9 @@ struct SamplingContext {
   absl::Span<const int32_t> output_tokens;
   int32_t eos_token_id = -1;  // -1: none
   SampleRng* rng = nullptr;   // advanced once per non-greedy draw
+  // With SamplingParams::guide: its state after output_tokens, where the caller keeps it (the
+  // engine advances it token by token); unset, Sample walks the output from the start.
+  std::optional<int> guide_state;
 };
 
 SampleResult Sample(absl::Span<const float> logits, const SamplingContext& context);
