@@ -470,11 +470,17 @@ absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tenso
   return BiasActivation(ctx_, p);
 }
 
-void GptBigCode::SetLnSums(LinearFusion& f, size_t i, int64_t n) const {
-  if (i >= ln_sums_.size()) return;
-  const float* s = static_cast<const float*>(ln_sums_[i].raw());
-  f.ln_wsum = s;
-  f.ln_bsum = s + n;
+LinearFusion GptBigCode::FusedLayerNorm(const LayerNormParams& ln, size_t i, int64_t n) const {
+  LinearFusion f;
+  f.ln_weight = ln.weight;
+  f.ln_bias = ln.bias;
+  f.ln_epsilon = ln.epsilon;
+  if (i < ln_sums_.size()) {
+    const float* s = static_cast<const float*>(ln_sums_[i].raw());
+    f.ln_wsum = s;
+    f.ln_bsum = s + n;
+  }
+  return f;
 }
 
 absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& cache,
@@ -512,11 +518,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
   if (fuse_ && !qkv_ready) {
-    LinearFusion f;
-    f.ln_weight = L.ln_1_w.raw();
-    f.ln_bias = L.ln_1_b.raw();
-    f.ln_epsilon = ln.epsilon;
-    SetLnSums(f, 2 * l, qkv_cols_);
+    LinearFusion f = FusedLayerNorm(ln, 2 * l, qkv_cols_);  // ln holds ln_1 here
     if (fuse_kv_) {
       f.key_cache = cache.key(l).raw();
       f.value_cache = cache.value(l).raw();
@@ -698,11 +700,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   fc.activation = activation_;
   bool fc_fused = false;
   if (fuse_) {
-    LinearFusion f;
-    f.ln_weight = ln.weight;
-    f.ln_bias = ln.bias;
-    f.ln_epsilon = ln.epsilon;
-    SetLnSums(f, 2 * l + 1, inner_);
+    LinearFusion f = FusedLayerNorm(ln, 2 * l + 1, inner_);
     LinearParams fused = fc;
     fused.gemm.a = hidden_.raw();
     const absl::Status st = FusedLinear(ctx_, fused, f);
@@ -761,11 +759,7 @@ absl::Status GptBigCode::LogitsRows(const StepIndices& idx) {
   gemm.k = embd_;
   gemm.dtype = dtype_;
   if (fuse_) {  // ln_f inside the lm_head GEMM (CUDA decode)
-    LinearFusion f;
-    f.ln_weight = ln.weight;
-    f.ln_bias = ln.bias;
-    f.ln_epsilon = ln.epsilon;
-    SetLnSums(f, 2 * w_.config.n_layer, vocab_shard_);
+    LinearFusion f = FusedLayerNorm(ln, 2 * w_.config.n_layer, vocab_shard_);
     LinearParams fused;
     fused.gemm = gemm;
     fused.gemm.a = rows_.raw();

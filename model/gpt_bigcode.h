@@ -450,9 +450,10 @@ class GptBigCode {
   // and c_fc (2 l + 1) against ln_1 / ln_2, then lm_head's against ln_f (2 n_layer).
   std::vector<Tensor> ln_sums_;
   absl::Status EnsureLnSums();
-  // f's ln_wsum / ln_bsum from ln_sums_[i] (n columns); left null where there are none (the
-  // skinny GEMM then refuses the fusion and the separate layer norm runs).
-  void SetLnSums(LinearFusion& f, size_t i, int64_t n) const;
+  // The fusion of `ln` (weight, bias, epsilon) into the following GEMM, with its sums from
+  // ln_sums_[i] (n columns); those left null where there are none (the skinny GEMM then refuses
+  // the fusion and the separate layer norm runs).
+  LinearFusion FusedLayerNorm(const LayerNormParams& ln, size_t i, int64_t n) const;
   Tensor rows_;    // [logits rows, E]
   Tensor rows_normed_;
   Tensor local_logits_;     // [logits rows, vocab_shard]
