@@ -400,9 +400,7 @@ absl::Status Engine::Step() {
     if (!s.draft.empty()) {
       const absl::Span<const int32_t> tokens =
           device ? absl::MakeConstSpan(device_tokens) : absl::Span<const int32_t>();
-      const int guide_state = requests_.at(group.request_id())
-                                  .samples[s.seq->sample_index()]
-                                  .guide_state;
+      const int guide_state = GuideState(group, *s.seq);
       host_work.push_back([this, &row_at, seq = &s, out = &d.results, tokens, guide_state] {
         *out = DrawChecks(*seq, tokens, row_at, guide_state);
       });
@@ -430,8 +428,7 @@ absl::Status Engine::Step() {
         }
       } else {
         // A sample forked this step has no output yet: its guide state is the start one.
-        const int guide_state =
-            requests_.at(group.request_id()).samples[d.samples[k]->sample_index()].guide_state;
+        const int guide_state = GuideState(group, *d.samples[k]);
         host_work.push_back([this, &row_at, out = &result, seq = d.samples[k], p = &params,
                              row = s.logits_index, guide_state] {
           SamplingContext context;
@@ -486,6 +483,11 @@ absl::Status Engine::Step() {
   for (const auto& group : scheduler_.TakeFinishedGroups()) requests_.erase(group->request_id());
   PublishMetrics();
   return absl::OkStatus();
+}
+
+int Engine::GuideState(const SequenceGroup& group, const Sequence& seq) const {
+  if (group.params().guide == nullptr) return RegexGuide::start();
+  return requests_.at(group.request_id()).samples[seq.sample_index()].guide_state;
 }
 
 std::vector<SampleResult> Engine::DrawChecks(

@@ -205,7 +205,9 @@ class Engine {
   // each of its rows (host pool; row_at(i) is logits row i on the host, empty if none came back),
   // AcceptDrafts appends them while the drafts match, counts them, and returns the blocks of
   // rejected drafts.
-  // guide_state: the sample's (SampleState::guide_state).
+  // The guide state `seq` has reached (SampleState::guide_state; the start one without a guide).
+  int GuideState(const SequenceGroup& group, const Sequence& seq) const;
+  // guide_state: the sample's (GuideState).
   std::vector<SampleResult> DrawChecks(
       const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,
       absl::FunctionRef<absl::Span<const float>(int)> row_at, int guide_state) const;
