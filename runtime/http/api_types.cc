@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -126,6 +127,8 @@ absl::Status ReadTokenList(const json& list, const char* name, std::vector<int32
   }
   return absl::OkStatus();
 }
+
+constexpr int kMaxTools = 128;
 
 // vLLM's guided_regex (a pattern) or guided_choice (a list of strings, each taken literally) into
 // one pattern (runtime/guided.h; the server compiles it). At most one of them.
@@ -642,6 +645,175 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
 
 namespace {
 
+// An earlier assistant turn's tool_calls: a list of {"id", "type", "function": {"name",
+// "arguments"}} whose arguments (JSON text) are parsed into an object, as vLLM gives them to
+// templates (which iterate over them or print them with tojson).
+absl::Status ReadHistoryToolCalls(const json& calls, json* out) {
+  constexpr char kShape[] =
+      "a message's 'tool_calls' must be a list of {\"function\": {\"name\": string, "
+      "\"arguments\": JSON text}}";
+  if (!calls.is_array()) return InvalidParam("messages", kShape);
+  *out = calls;
+  for (json& call : *out) {
+    json* function = call.is_object() && call.contains("function") ? &call["function"] : nullptr;
+    if (function == nullptr || !function->is_object() || !function->contains("name") ||
+        !(*function)["name"].is_string()) {
+      return InvalidParam("messages", kShape);
+    }
+    auto arguments = function->find("arguments");
+    if (arguments == function->end() || !arguments->is_string()) continue;
+    json parsed = json::parse(arguments->get_ref<const std::string&>(), nullptr, false);
+    if (parsed.is_discarded()) {
+      return InvalidParam(
+          "messages", absl::StrCat("the arguments of an earlier call of '",
+                                   (*function)["name"].get<std::string>(), "' are not JSON text"));
+    }
+    *arguments = std::move(parsed);
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI's tools: a list of {"type": "function" (the default), "function": {"name", "description",
+// "parameters": a JSON schema, "strict"}}, names unique and of OpenAI's form. An empty list is
+// none.
+absl::Status ReadTools(const json& object, json* tools) {
+  const json* value = Field(object, "tools");
+  if (value == nullptr) return absl::OkStatus();
+  constexpr char kShape[] =
+      "a list of {\"type\": \"function\", \"function\": {\"name\", \"description\", "
+      "\"parameters\"}} objects";
+  if (!value->is_array()) return TypeError("tools", kShape);
+  if (value->empty()) return absl::OkStatus();
+  if (value->size() > static_cast<size_t>(kMaxTools)) {
+    return InvalidParam("tools", absl::StrCat("at most ", kMaxTools, " tools"));
+  }
+  std::vector<std::string> names;
+  for (const json& tool : *value) {
+    const json* type = tool.is_object() ? Field(tool, "type") : nullptr;
+    const json* function = tool.is_object() ? Field(tool, "function") : nullptr;
+    if ((type != nullptr && *type != "function") || function == nullptr || !function->is_object()) {
+      return TypeError("tools", kShape);
+    }
+    const json* name = Field(*function, "name");
+    const std::string text = name != nullptr && name->is_string() ? name->get<std::string>() : "";
+    const bool name_ok =
+        !text.empty() && text.size() <= 64 && std::all_of(text.begin(), text.end(), [](char c) {
+          return absl::ascii_isalnum(c) || c == '_' || c == '-';
+        });
+    if (!name_ok) {
+      return InvalidParam("tools", "a function's 'name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
+    }
+    if (std::find(names.begin(), names.end(), text) != names.end()) {
+      return InvalidParam("tools", absl::StrCat("two tools are named '", text, "'"));
+    }
+    names.push_back(text);
+    const json* description = Field(*function, "description");
+    const json* parameters = Field(*function, "parameters");
+    if ((description != nullptr && !description->is_string()) ||
+        (parameters != nullptr && !parameters->is_object())) {
+      return InvalidParam("tools", absl::StrCat("tool '", text,
+                                                "': 'description' must be a string and "
+                                                "'parameters' a JSON schema object"));
+    }
+  }
+  *tools = *value;
+  return absl::OkStatus();
+}
+
+// tool_choice into the request's mode and, for a named function or "required", the pattern that
+// guides the output to the call (runtime/http/tool_calls.h). The tools' parameter schemas are read
+// from `body` again in order, so that arguments are generated in the client's property order.
+absl::Status ReadToolChoice(absl::string_view body, const json& object, ChatRequest* request) {
+  const json& tools = request->chat.tools;
+  std::string mode = tools.is_null() ? "none" : "auto";
+  std::string name;
+  if (const json* choice = Field(object, "tool_choice"); choice != nullptr) {
+    constexpr char kShape[] =
+        "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+        "{\"name\": ...}}";
+    const json* function = choice->is_object() ? Field(*choice, "function") : nullptr;
+    const json* named =
+        function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
+    if (choice->is_string() && (*choice == "none" || *choice == "auto" || *choice == "required")) {
+      mode = choice->get<std::string>();
+    } else if (named != nullptr && named->is_string()) {
+      mode = "named";
+      name = named->get<std::string>();
+    } else {
+      return TypeError("tool_choice", kShape);
+    }
+  }
+  if (mode == "none") return absl::OkStatus();
+  if (mode == "auto") {
+    return InvalidParam("tool_choice",
+                        "\"auto\" tool choice needs a parser of the model's own tool-call format, "
+                        "which this server does not have: give tool_choice \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}} (the output "
+                        "is then guided to a call), or \"none\"");
+  }
+  if (tools.is_null()) {
+    return InvalidParam("tool_choice", "a tool choice other than \"none\" needs 'tools'");
+  }
+  std::string& pattern = request->common.params.guided_regex;
+  if (!pattern.empty()) {
+    return InvalidParam("tool_choice",
+                        "a tool call is guided output: give a tool choice or guidance "
+                        "(guided_regex, guided_choice, guided_json, response_format), not both");
+  }
+  if (request->echo) return InvalidParam("echo", "'echo' does not go with a tool choice");
+  bool parallel = true;
+  RETURN_IF_ERROR(ReadBool(object, "parallel_tool_calls", &parallel));
+  // The body parsed again with its keys in order (it parsed once already).
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  MQA_CHECK(!ordered.is_discarded());
+  const nlohmann::ordered_json& ordered_tools = ordered["tools"];
+  auto parameters = [&](size_t i) {
+    const nlohmann::ordered_json& function = ordered_tools[i]["function"];
+    auto it = function.find("parameters");
+    return it != function.end() && !it->is_null() ? *it
+                                                  : nlohmann::ordered_json{{"type", "object"}};
+  };
+  if (mode == "named") {
+    for (size_t i = 0; i < tools.size(); ++i) {
+      if (tools[i]["function"]["name"] != name) continue;
+      request->tool_choice = {.mode = ToolChoiceMode::kNamed, .name = name};
+      return SchemaPattern(parameters(i), "tools", &pattern);
+    }
+    return InvalidParam("tool_choice",
+                        absl::StrCat("'tool_choice' names '", name, "', which is not in 'tools'"));
+  }
+  // "required": [{"name": one of the tools, "parameters": its arguments}, ...], the tools' $defs
+  // gathered at the root, where their $refs point.
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  nlohmann::ordered_json root = {{"type", "array"}, {"minItems", 1}};
+  if (!parallel) root["maxItems"] = 1;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const nlohmann::ordered_json params = parameters(i);
+    for (const char* defs : {"$defs", "definitions"}) {
+      auto it = params.find(defs);
+      if (it == params.end() || !it->is_object()) continue;
+      for (const auto& [key, value] : it->items()) {
+        nlohmann::ordered_json& slot = root[defs][key];
+        if (!slot.is_null() && slot != value) {
+          return InvalidParam("tools",
+                              absl::StrCat("two tools define ", defs, "/", key, " differently"));
+        }
+        slot = value;
+      }
+    }
+    const std::string function = tools[i]["function"]["name"];
+    nlohmann::ordered_json call = {{"type", "object"}};
+    call["properties"]["name"] = {{"const", function}};
+    call["properties"]["parameters"] = params;
+    call["required"] = {"name", "parameters"};
+    calls.push_back(std::move(call));
+  }
+  root["items"] = {{"anyOf", std::move(calls)}};
+  request->tool_choice = {.mode = ToolChoiceMode::kRequired};
+  return SchemaPattern(root, "tools", &pattern);
+}
+
 // messages: a non-empty list of {"role": string, "content": string or text parts} (other keys
 // kept for the template), content normalised to a string.
 absl::Status ReadMessages(const json& object, json* out) {
@@ -677,6 +849,9 @@ absl::Status ReadMessages(const json& object, json* out) {
     } else if (!content->is_string()) {
       return TypeError("messages", "objects whose 'content' is a string or a list of text parts");
     }
+    if (const json* calls = Field(m, "tool_calls"); calls != nullptr) {
+      RETURN_IF_ERROR(ReadHistoryToolCalls(*calls, &message["tool_calls"]));
+    }
     out->push_back(std::move(message));
   }
   return absl::OkStatus();
@@ -685,6 +860,7 @@ absl::Status ReadMessages(const json& object, json* out) {
 // The conversation fields that /v1/chat/completions and /tokenize share.
 absl::Status ReadChat(const json& object, ChatTemplate::Chat* chat) {
   RETURN_IF_ERROR(ReadMessages(object, &chat->messages));
+  RETURN_IF_ERROR(ReadTools(object, &chat->tools));
   RETURN_IF_ERROR(ReadBool(object, "add_generation_prompt", &chat->add_generation_prompt));
   RETURN_IF_ERROR(ReadBool(object, "continue_final_message", &chat->continue_final_message));
   if (chat->continue_final_message && chat->add_generation_prompt) {
@@ -711,11 +887,10 @@ absl::Status ReadChat(const json& object, ChatTemplate::Chat* chat) {
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   ChatRequest request;
-  for (const char* name : {"prompt", "suffix", "chat_template", "tools", "tool_choice"}) {
+  for (const char* name : {"prompt", "suffix", "chat_template"}) {
     const json* value = Field(object, name);
     const bool empty_list = value != nullptr && value->is_array() && value->empty();
-    if (value != nullptr && !empty_list &&
-        !(std::string(name) == "tool_choice" && *value == "none")) {
+    if (value != nullptr && !empty_list) {
       return InvalidParam(name,
                           absl::StrCat("'", name, "' is not supported by /v1/chat/completions"));
     }
@@ -745,6 +920,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
   RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params.guided_regex));
+  RETURN_IF_ERROR(ReadToolChoice(body, object, &request));
   if (logprobs) request.common.params.logprobs = top_logprobs;
   // Chat's default (OpenAI's, vLLM's): up to the context, not /v1/completions' 16 tokens.
   if (!request.common.max_tokens_given) {

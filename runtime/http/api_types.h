@@ -20,6 +20,7 @@
 #include "absl/types/span.h"
 #include "nlohmann/json.hpp"
 #include "runtime/http/chat_template.h"
+#include "runtime/http/tool_calls.h"
 #include "runtime/sampling_params.h"
 
 namespace mqa {
@@ -104,8 +105,13 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
 // for the template), turned into a prompt by the model's chat template, and the sampling fields of
 // /v1/completions (max_completion_tokens as max_tokens, by default up to the context as OpenAI's;
 // chat's boolean logprobs with top_logprobs
-// alternatives as params.logprobs). Refused with a 400 naming the field: tools / tool_choice, a
-// per-request chat_template, continue_final_message, and echo / suffix / prompt.
+// alternatives as params.logprobs). Tools: OpenAI's `tools` (function definitions, given to the
+// template as `tools`) and `tool_choice` — "none" (the default without tools), a named function
+// (the output is guided by its parameters' schema), or "required" (guided to a list of calls of
+// the tools, at most one with parallel_tool_calls false); "auto" (the default with tools) is
+// refused, as vLLM refuses it without a tool-call parser. Assistant messages' tool_calls reach the
+// template with their arguments parsed into objects, as vLLM gives them. Refused with a 400 naming
+// the field: a per-request chat_template, suffix / prompt, guidance beside a tool choice.
 struct ChatRequest {
   CompletionRequest common;  // prompts left empty: the server renders the one chat prompt
   // The messages (validated as above; content normalised to a string) and vLLM's
@@ -117,6 +123,7 @@ struct ChatRequest {
   // vLLM's echo: the answer starts with the last message's content when that message has the
   // answer's role (assistant), or add_generation_prompt is false (the answer continues it).
   bool echo = false;
+  ToolChoice tool_choice;  // kNamed / kRequired: common.params.guided_regex is the calls' pattern
 };
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);

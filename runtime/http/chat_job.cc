@@ -16,15 +16,78 @@ std::string Dump(const json& value) {
 
 }  // namespace
 
-ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::string echo)
+ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::string echo,
+                 ToolChoice tool_choice)
     : CompletionJobView(std::move(inner)),
       logprobs_(logprobs),
       echo_(std::move(echo)),
       num_choices_(this->inner().num_choices()),
       streamed_bytes_(num_choices_, 0),
       streamed_tokens_(num_choices_, 0),
-      finish_sent_(num_choices_, false) {
+      finish_sent_(num_choices_, false),
+      tool_choice_(std::move(tool_choice)),
+      call_scanners_(num_choices_),
+      calls_streamed_(num_choices_, 0),
+      named_call_ids_(num_choices_) {
   MQA_CHECK(this->inner().num_prompts() == 1);
+  MQA_CHECK(echo_.empty() || tool_choice_.mode == ToolChoiceMode::kNone);
+}
+
+json ChatJob::FinishReasonOf(int i) const {
+  const CompletionJob::Choice& c = inner().choice(i);
+  if (tool_choice_.mode == ToolChoiceMode::kRequired && c.finish_reason == FinishReason::kStop &&
+      ReadToolCallList(c.text).has_value()) {
+    return "tool_calls";
+  }
+  return CompletionJob::FinishReasonJson(c.finish_reason);
+}
+
+json ChatJob::TextDelta(int i, const std::string& text) {
+  switch (tool_choice_.mode) {
+    case ToolChoiceMode::kNone:
+      return {{"content", text}};
+    case ToolChoiceMode::kNamed: {
+      json call = {{"index", 0}, {"function", {{"arguments", text}}}};
+      if (named_call_ids_[i].empty()) {  // the call's first delta names it
+        named_call_ids_[i] = NewToolCallId();
+        call = {{"index", 0},
+                {"id", named_call_ids_[i]},
+                {"type", "function"},
+                {"function", {{"name", tool_choice_.name}, {"arguments", text}}}};
+      }
+      return {{"tool_calls", json::array({std::move(call)})}};
+    }
+    case ToolChoiceMode::kRequired: {
+      json calls = json::array();
+      for (ToolCall& call : call_scanners_[i].Feed(inner().choice(i).text)) {
+        calls.push_back({{"index", calls_streamed_[i]++},
+                         {"id", NewToolCallId()},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      if (calls.empty()) return json::object();
+      return {{"tool_calls", std::move(calls)}};
+    }
+  }
+  return json::object();
+}
+
+json ChatJob::Message(int i) const {
+  const CompletionJob::Choice& c = inner().choice(i);
+  std::vector<ToolCall> calls;
+  if (tool_choice_.mode == ToolChoiceMode::kNamed) {
+    calls.push_back({.name = tool_choice_.name, .arguments = c.text});
+  } else if (tool_choice_.mode == ToolChoiceMode::kRequired) {
+    calls = ReadToolCallList(c.text).value_or(std::vector<ToolCall>{});
+  }
+  if (calls.empty()) return {{"role", "assistant"}, {"content", echo_ + c.text}};
+  json tool_calls = json::array();
+  for (const ToolCall& call : calls) {
+    tool_calls.push_back({{"id", NewToolCallId()},
+                          {"type", "function"},
+                          {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  }
+  return {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", std::move(tool_calls)}};
 }
 
 json ChatJob::ChunkBase() const {
@@ -88,13 +151,15 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
         logprobs = {{"content", LogprobsContent(i, streamed_tokens_[i], c.token_ids.size())}};
         streamed_tokens_[i] = c.token_ids.size();
       }
-      absl::StrAppend(chunks, ChoiceChunk(i, {{"content", c.text.substr(streamed_bytes_[i])}},
-                                          nullptr, std::move(logprobs)));
+      json delta = TextDelta(i, c.text.substr(streamed_bytes_[i]));
       streamed_bytes_[i] = c.text.size();
+      // (A required-form call still open has nothing to send but its tokens' logprobs.)
+      if (!delta.empty() || logprobs_) {
+        absl::StrAppend(chunks, ChoiceChunk(i, std::move(delta), nullptr, std::move(logprobs)));
+      }
     }
     if (c.finish_reason.has_value() && !finish_sent_[i]) {
-      absl::StrAppend(
-          chunks, ChoiceChunk(i, json::object(), CompletionJob::FinishReasonJson(c.finish_reason)));
+      absl::StrAppend(chunks, ChoiceChunk(i, json::object(), FinishReasonOf(i)));
       finish_sent_[i] = true;
     }
   }
@@ -120,10 +185,10 @@ std::string ChatJob::ResponseBody() const {
     const CompletionJob::Choice& c = inner().choice(i);
     choices.push_back(
         {{"index", i},
-         {"message", {{"role", "assistant"}, {"content", echo_ + c.text}}},
+         {"message", Message(i)},
          {"logprobs",
           logprobs_ ? json{{"content", LogprobsContent(i, 0, c.token_ids.size())}} : json(nullptr)},
-         {"finish_reason", CompletionJob::FinishReasonJson(c.finish_reason)},
+         {"finish_reason", FinishReasonOf(i)},
          {"stop_reason", CompletionJob::StopReasonJson(c)}});
   }
   json body = {{"id", inner().options().id},           {"object", "chat.completion"},

@@ -7,6 +7,14 @@
 //            "content": "" (or the echoed text)}, then {"content": new text}, then an empty delta
 //            with its finish_reason; the usage chunk when asked for; `data: [DONE]`.
 //
+// With a tool choice (runtime/http/tool_calls.h) the text is the call instead of the content:
+//   named:    message {"content": null, "tool_calls": [{"id", "type": "function", "function":
+//             {"name", "arguments": the text}}]}; streamed, the first delta names the call and
+//             every delta after it carries the arguments' new text.
+//   required: the text's list of calls as tool_calls, finish_reason "tool_calls" (the text as
+//             content, no calls, when max_tokens cut it); streamed, each call in one delta as soon
+//             as its object closes.
+//
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
 
@@ -18,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/http/completion_job.h"
 #include "runtime/http/http_job.h"
+#include "runtime/http/tool_calls.h"
 
 namespace mqa {
 
@@ -26,7 +35,8 @@ class ChatJob : public CompletionJobView {
   // The chunks' id, model, created and include_usage are `inner`'s; logprobs: the choices carry
   // OpenAI's chat logprobs ({"content": [...]}); echo: text each choice's content starts with (in
   // the stream, the opening delta's content), vLLM's chat `echo`.
-  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::string echo = "");
+  ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::string echo = "",
+          ToolChoice tool_choice = {});
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
   std::string OpeningChunks() override;
@@ -39,6 +49,12 @@ class ChatJob : public CompletionJobView {
   nlohmann::json LogprobsContent(int i, size_t from, size_t to) const;
   std::string ChoiceChunk(int index, nlohmann::json delta, const nlohmann::json& finish,
                           nlohmann::json logprobs = nullptr) const;
+  // Choice i's finish_reason: "tool_calls" for a finished required-form list of calls.
+  nlohmann::json FinishReasonOf(int i) const;
+  // Choice i's new text as a delta: content, or the tool calls it completes.
+  nlohmann::json TextDelta(int i, const std::string& text);
+  // Choice i's message of the full response.
+  nlohmann::json Message(int i) const;
 
   const bool logprobs_;
   const std::string echo_;
@@ -46,6 +62,10 @@ class ChatJob : public CompletionJobView {
   std::vector<size_t> streamed_bytes_;  // per choice: text already sent
   std::vector<size_t> streamed_tokens_;  // per choice: tokens whose logprobs were sent
   std::vector<bool> finish_sent_;
+  const ToolChoice tool_choice_;
+  std::vector<ToolCallArrayScanner> call_scanners_;  // required: per choice
+  std::vector<int> calls_streamed_;                  // per choice
+  std::vector<std::string> named_call_ids_;          // named: per choice
 };
 
 }  // namespace mqa

@@ -1231,6 +1231,7 @@ absl::StatusOr<std::string> ChatTemplate::RenderChat(const Chat& chat, const std
   for (const auto& [key, value] : chat.kwargs.items()) context[key] = value;
   context["messages"] = chat.messages;
   context["add_generation_prompt"] = chat.add_generation_prompt;
+  context["tools"] = chat.tools;
   if (!chat.continue_final_message) return Render(context);
 
   // transformers' way: a marker after the final message's content, the rendering cut there.

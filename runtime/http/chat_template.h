@@ -39,9 +39,9 @@ class ChatTemplate {
   // raises (raise_exception: the client's messages broke its rules) or a value it cannot use.
   absl::StatusOr<std::string> Render(const nlohmann::json& context) const;
 
-  // A conversation rendered as transformers' apply_chat_template(messages, add_generation_prompt,
-  // continue_final_message, **kwargs) renders it, with the tokenizer's BOS and EOS as bos_token
-  // and eos_token (which kwargs may override, as there).
+  // A conversation rendered as transformers' apply_chat_template(messages, tools,
+  // add_generation_prompt, continue_final_message, **kwargs) renders it, with the tokenizer's BOS
+  // and EOS as bos_token and eos_token (which kwargs may override, as there).
   struct Chat {
     nlohmann::json messages;  // a list of {role, content (a string), ...}
     bool add_generation_prompt = true;
@@ -49,6 +49,9 @@ class ChatTemplate {
     // assistant turn): rendered with a marker after its content and cut at the marker.
     bool continue_final_message = false;
     nlohmann::json kwargs = nlohmann::json::object();  // further variables (chat_template_kwargs)
+    // The template's `tools`: the request's list of tool definitions, or null (transformers
+    // passes None when there are none).
+    nlohmann::json tools;
   };
   absl::StatusOr<std::string> RenderChat(const Chat& chat, const std::string& bos_token,
                                          const std::string& eos_token) const;

@@ -551,7 +551,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
     if (!chat.chat.add_generation_prompt || last["role"] == "assistant") echo = last["content"];
   }
   return std::make_shared<ChatJob>(std::move(inner), request.params.logprobs.has_value(),
-                                   std::move(echo));
+                                   std::move(echo), std::move(chat.tool_choice));
 }
 
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {

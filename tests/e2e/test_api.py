@@ -348,6 +348,80 @@ def test_chat_completions_through_the_openai_client(server):
         c.chat.completions.create(model=server.model, messages=[], max_tokens=2)
 
 
+WEATHER_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 12},
+                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object",
+                                           "properties": {"utc": {"type": "boolean"}},
+                                           "required": ["utc"]}}},
+]
+
+
+def check_weather_call(call):
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-"), call
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert list(args) == ["city", "unit"], args  # the schema's order
+        assert isinstance(args["city"], str) and len(args["city"]) <= 12, args
+        assert args["unit"] in ("celsius", "fahrenheit"), args
+    else:
+        assert call.function.name == "get_time", call
+        assert isinstance(args["utc"], bool), args
+    return args
+
+
+def test_tool_calls_through_the_openai_client(server):
+    # Named and required tool choices guide the output to calls the client can run; the answer
+    # goes back as a tool message in the next turn. "auto" needs a tool-call parser: a 400.
+    c = client(server)
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chat = c.chat.completions.create(model=server.model, messages=messages, tools=WEATHER_TOOLS,
+                                     tool_choice=named, max_tokens=40, temperature=0)
+    message = chat.choices[0].message
+    assert message.content is None and len(message.tool_calls) == 1, message
+    args = check_weather_call(message.tool_calls[0])
+    # Streamed: the call is named once, its arguments arrive in pieces that add up to the same.
+    pieces, names = [], []
+    for chunk in c.chat.completions.create(model=server.model, messages=messages,
+                                           tools=WEATHER_TOOLS, tool_choice=named, max_tokens=40,
+                                           temperature=0, stream=True):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if delta.function.name:
+                names.append(delta.function.name)
+            pieces.append(delta.function.arguments or "")
+    assert names == ["get_weather"]
+    assert json.loads("".join(pieces)) == args
+
+    single = c.chat.completions.create(model=server.model, messages=messages, tools=WEATHER_TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=60, temperature=0)
+    assert single.choices[0].finish_reason == "tool_calls", single
+    assert len(single.choices[0].message.tool_calls) == 1
+    call = single.choices[0].message.tool_calls[0]
+    check_weather_call(call)
+
+    # The next turn: the call and its result in the history.
+    follow = messages + [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": call.id, "type": "function",
+                         "function": {"name": call.function.name,
+                                      "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "-3 C, snow"}]
+    answer = c.chat.completions.create(model=server.model, messages=follow, tools=WEATHER_TOOLS,
+                                       tool_choice="none", max_tokens=5, temperature=0)
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+    with pytest.raises(openai.BadRequestError, match="auto"):
+        c.chat.completions.create(model=server.model, messages=messages, tools=WEATHER_TOOLS,
+                                  max_tokens=5)
+
+
 BAD_BODIES = [
     (b'{"prompt": "x"', 400, None),
     (b'["x"]', 400, None),

@@ -68,6 +68,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MQA_CHECK(!(chat.continue_final_message && chat.add_generation_prompt));
     MQA_CHECK(chat.kwargs.is_object() && !chat.kwargs.contains("messages"));
     MQA_CHECK(r->common.params.max_tokens >= 1 && r->common.prompts.empty());
+    MQA_CHECK(chat.tools.is_null() || (chat.tools.is_array() && !chat.tools.empty()));
+    if (r->tool_choice.mode != mqa::ToolChoiceMode::kNone) {
+      // A tool choice guides the output, and names a tool given.
+      MQA_CHECK(!chat.tools.is_null() && !r->common.params.guided_regex.empty() && !r->echo);
+      bool named = r->tool_choice.mode == mqa::ToolChoiceMode::kRequired;
+      for (const nlohmann::json& tool : chat.tools) {
+        named |= tool["function"]["name"] == r->tool_choice.name;
+      }
+      MQA_CHECK(named);
+    }
   } else {
     CheckError(r.status());
   }

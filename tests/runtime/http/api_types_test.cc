@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -361,6 +362,128 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
 }
 
 // Random in-range values of every field come through unchanged.
+// OpenAI's tools and tool_choice: the tools reach the template; a named function guides the output
+// by its parameters' schema, "required" by a list of calls; "auto" and every malformed shape are
+// refused naming the field.
+TEST(ApiTypesTest, ToolsAndToolChoice) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "weather?"}])";
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+          "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+          {"function": {"name": "now"}}])";
+  auto parse = [&](const std::string& rest) {
+    return ParseChatRequest(absl::StrCat("{", messages, ", ", rest, "}"));
+  };
+  auto matches = [](const std::string& pattern, const std::string& text) {
+    return std::regex_match(text, std::regex(pattern, std::regex::ECMAScript));
+  };
+
+  // Without tool_choice and without tools: plain chat. With tool_choice "none": the tools still
+  // reach the template, nothing guides the output.
+  absl::StatusOr<ChatRequest> none = parse(tools + R"(, "tool_choice": "none")");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->tool_choice.mode, ToolChoiceMode::kNone);
+  ASSERT_EQ(none->chat.tools.size(), 2u);
+  EXPECT_EQ(none->chat.tools[1]["function"]["name"], "now");
+  EXPECT_TRUE(none->common.params.guided_regex.empty());
+  absl::StatusOr<ChatRequest> plain = parse(R"("tools": [])");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->chat.tools.is_null());
+
+  // Named: the output is the arguments, properties in the client's order.
+  absl::StatusOr<ChatRequest> named = parse(
+      tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->tool_choice.mode, ToolChoiceMode::kNamed);
+  EXPECT_EQ(named->tool_choice.name, "get_weather");
+  const std::string& arguments = named->common.params.guided_regex;
+  EXPECT_TRUE(matches(arguments, R"({"city": "Paris", "unit": "c"})")) << arguments;
+  EXPECT_FALSE(matches(arguments, R"({"unit": "c", "city": "Paris"})")) << arguments;
+  EXPECT_FALSE(matches(arguments, R"({"city": "Paris", "unit": "k"})")) << arguments;
+  // A function without parameters takes any object.
+  absl::StatusOr<ChatRequest> bare =
+      parse(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "now"}})");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_TRUE(matches(bare->common.params.guided_regex, R"({"any": [1, {"x": null}]})"));
+
+  // Required: a non-empty list of calls of the tools given, at most one without parallel calls.
+  absl::StatusOr<ChatRequest> required = parse(tools + R"(, "tool_choice": "required")");
+  ASSERT_TRUE(required.ok()) << required.status();
+  EXPECT_EQ(required->tool_choice.mode, ToolChoiceMode::kRequired);
+  const std::string& list = required->common.params.guided_regex;
+  const std::string weather =
+      R"({"name": "get_weather", "parameters": {"city": "Oslo", "unit": "f"}})";
+  const std::string now = R"({"name": "now", "parameters": {}})";
+  EXPECT_TRUE(matches(list, "[" + weather + "]")) << list;
+  EXPECT_TRUE(matches(list, "[" + weather + ", " + now + "]")) << list;
+  EXPECT_FALSE(matches(list, "[]"));
+  EXPECT_FALSE(matches(list, R"([{"name": "other", "parameters": {}}])"));
+  EXPECT_FALSE(matches(list, R"([{"name": "get_weather", "parameters": {}}])"));
+  absl::StatusOr<ChatRequest> single =
+      parse(tools + R"(, "tool_choice": "required", "parallel_tool_calls": false)");
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_TRUE(matches(single->common.params.guided_regex, "[" + now + "]"));
+  EXPECT_FALSE(matches(single->common.params.guided_regex, "[" + now + ", " + now + "]"));
+  // Each tool's $defs are gathered where its $refs point.
+  absl::StatusOr<ChatRequest> defs = parse(
+      R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type":
+          "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"], "$defs":
+          {"P": {"type": "integer"}}}}}], "tool_choice": "required")");
+  ASSERT_TRUE(defs.ok()) << defs.status();
+  EXPECT_TRUE(
+      matches(defs->common.params.guided_regex, R"([{"name": "f", "parameters": {"p": 7}}])"));
+
+  // Earlier calls in the conversation reach the template with their arguments as objects.
+  absl::StatusOr<ChatRequest> history = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments":
+          "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "2"}]})");
+  ASSERT_TRUE(history.ok()) << history.status();
+  EXPECT_EQ(history->chat.messages[1]["tool_calls"][0]["function"]["arguments"], json({{"a", 1}}));
+  EXPECT_EQ(history->chat.messages[1]["content"], "");
+  EXPECT_EQ(history->chat.messages[2]["tool_call_id"], "c1");
+
+  const std::pair<std::string, const char*> refused[] = {
+      {tools, "tool_choice"},  // "auto" by default when tools are given
+      {tools + R"(, "tool_choice": "auto")", "tool_choice"},
+      {R"("tool_choice": "required")", "tool_choice"},
+      {tools + R"(, "tool_choice": "sometimes")", "tool_choice"},
+      {tools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})",
+       "tool_choice"},
+      {tools + R"(, "tool_choice": {"type": "function"})", "tool_choice"},
+      {tools + R"(, "tool_choice": "required", "guided_regex": "a")", "tool_choice"},
+      {tools + R"(, "tool_choice": "required", "echo": true)", "echo"},
+      {tools + R"(, "tool_choice": "required", "parallel_tool_calls": 1)", "parallel_tool_calls"},
+      {R"("tools": {"name": "f"})", "tools"},
+      {R"("tools": [{"type": "retrieval", "function": {"name": "f"}}])", "tools"},
+      {R"("tools": [{"type": "function"}])", "tools"},
+      {R"("tools": [{"function": {"name": "has space"}}])", "tools"},
+      {R"("tools": [{"function": {"name": ""}}])", "tools"},
+      {R"("tools": [{"function": {"name": "f"}}, {"function": {"name": "f"}}])", "tools"},
+      {R"("tools": [{"function": {"name": "f", "parameters": "x"}}])", "tools"},
+      {R"("tools": [{"function": {"name": "f", "parameters": {"type": "tuple"}}}],
+          "tool_choice": "required")",
+       "tools"},
+      {R"("tools": [{"function": {"name": "f", "parameters": {"$defs": {"P": {"type": "null"}}}}},
+          {"function": {"name": "g", "parameters": {"$defs": {"P": {"type": "integer"}}}}}],
+          "tool_choice": "required")",
+       "tools"},
+  };
+  for (const auto& [rest, param] : refused) {
+    absl::StatusOr<ChatRequest> r = parse(rest);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << rest;
+    EXPECT_EQ(ErrorParam(r.status()), param) << rest << " -> " << r.status();
+  }
+  for (const char* bad_history :
+       {R"({"messages": [{"role": "assistant", "tool_calls": {"id": 1}}]})",
+        R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]})",
+        R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
+               "arguments": "{not json"}}]}]})"}) {
+    EXPECT_EQ(ErrorParam(ParseChatRequest(bad_history).status()), "messages") << bad_history;
+  }
+}
+
 TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   std::mt19937_64 rng(1234);
   std::uniform_real_distribution<double> unit(0.0, 1.0);

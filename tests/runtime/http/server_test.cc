@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -1457,6 +1458,185 @@ TEST_F(HttpServerTest, ChatCompletionsRenderTheTemplateAndAnswerAsCompletions) {
   json raised = Post("/v1/chat/completions",
                      json({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(), &status);
   EXPECT_EQ(raised["error"]["message"], "unknown role tool");
+}
+
+// Tool calls: the tools reach the template; a named function's output is its call's arguments,
+// "required" gives a list of calls; plain and streamed agree (greedy), the stream names each call
+// once and sends a named call's arguments as they grow.
+TEST_F(HttpServerTest, ChatToolCallsNamedAndRequired) {
+  TestSetup setup = DefaultSetup();
+  setup.server.max_model_len = setup.engine.max_model_len = 512;
+  // Steps slow enough that a stream's deltas go out between them.
+  setup.step_delay = absl::Milliseconds(3);
+  auto parsed = ChatTemplate::Parse(
+      "{% if tools %}{% for tool in tools %}[{{ tool.function.name }}]{% endfor %}{% endif %}"
+      "{% for message in messages %}{{ message.role }}: {{ message.content }}\n"
+      "{% if message.tool_calls %}{{ message.tool_calls[0].function.arguments.city }}\n"
+      "{% endif %}{% endfor %}assistant:");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+  Start(setup);
+  const json tools = {
+      {{"type", "function"},
+       {"function",
+        {{"name", "get_weather"},
+         {"parameters",
+          {{"type", "object"},
+           {"properties",
+            {{"unit", {{"enum", {"celsius", "fahrenheit"}}}}, {"daily", {{"type", "boolean"}}}}},
+           {"required", {"unit", "daily"}}}}}}},
+      {{"type", "function"},
+       {"function",
+        {{"name", "set_alarm"},
+         {"parameters",
+          {{"type", "object"},
+           {"properties", {{"armed", {{"type", "boolean"}}}}},
+           {"required", {"armed"}}}}}}}};
+  const json messages = {
+      {{"role", "user"}, {"content", "weather?"}},
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "c1"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Oslo\"}"}}}}}}},
+      {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "cold"}}};
+  // The template saw the tools and the earlier call's arguments as an object.
+  json tokens = PostOk("/tokenize", {{"messages", messages}, {"tools", tools}});
+  EXPECT_EQ(tokens["tokens"].get<std::vector<int32_t>>(),
+            FixtureTokenizer().Encode("[get_weather][set_alarm]user: weather?\nassistant: \n"
+                                      "Oslo\ntool: cold\nassistant:",
+                                      /*parse_special=*/true));
+
+  auto check_call = [](const json& call, const std::string& name) {
+    EXPECT_TRUE(absl::StartsWith(call["id"].get<std::string>(), "chatcmpl-tool-")) << call;
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["function"]["name"], name);
+    json arguments = json::parse(call["function"]["arguments"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(arguments.is_object()) << call;
+    if (name == "get_weather") {
+      EXPECT_TRUE(arguments["unit"] == "celsius" || arguments["unit"] == "fahrenheit") << call;
+      EXPECT_TRUE(arguments["daily"].is_boolean()) << call;
+    } else {
+      EXPECT_TRUE(arguments["armed"].is_boolean()) << call;
+    }
+  };
+  // Each call of a stream: its first delta (id, type, name) followed by its arguments' deltas.
+  auto streamed_calls = [](const Sse& sse, std::string* finish) {
+    json calls = json::array();
+    for (const json& chunk : sse.chunks) {
+      for (const json& c : chunk["choices"]) {
+        if (!c["finish_reason"].is_null()) *finish = c["finish_reason"];
+        if (!c["delta"].contains("tool_calls")) continue;
+        EXPECT_FALSE(c["delta"].contains("content") && !c["delta"]["content"].is_null()) << c;
+        for (const json& delta : c["delta"]["tool_calls"]) {
+          const size_t index = delta["index"];
+          if (delta.contains("id")) {
+            EXPECT_EQ(index, calls.size()) << "a call named twice: " << delta;
+            calls.push_back(delta);
+          } else {
+            EXPECT_LT(index, calls.size()) << "arguments before the call's name: " << delta;
+            if (index >= calls.size()) continue;
+            calls[index]["function"]["arguments"] =
+                calls[index]["function"]["arguments"].get<std::string>() +
+                delta["function"]["arguments"].get<std::string>();
+          }
+        }
+      }
+    }
+    return calls;
+  };
+
+  // A named function.
+  const json named = {
+      {"messages", messages},
+      {"tools", tools},
+      {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+      {"temperature", 0},
+      {"max_tokens", 60}};
+  json plain = PostOk("/v1/chat/completions", named);
+  const json& message = plain["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null()) << plain;
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << plain;
+  check_call(message["tool_calls"][0], "get_weather");
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
+  json stream_body = named;
+  stream_body["stream"] = true;
+  Sse sse = Stream(stream_body, 0, "/v1/chat/completions");
+  ASSERT_EQ(sse.status, 200);
+  std::string finish;
+  json calls = streamed_calls(sse, &finish);
+  ASSERT_EQ(calls.size(), 1u);
+  check_call(calls[0], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], message["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(finish, "stop");
+  int argument_deltas = 0;
+  for (const json& chunk : sse.chunks) {
+    for (const json& c : chunk["choices"]) argument_deltas += c["delta"].contains("tool_calls");
+  }
+  EXPECT_GE(argument_deltas, 2) << "the arguments should stream as they are written";
+
+  // Required, one call at most: always complete (its language is finite).
+  json required = named;
+  required["tool_choice"] = "required";
+  required["parallel_tool_calls"] = false;
+  plain = PostOk("/v1/chat/completions", required);
+  ASSERT_EQ(plain["choices"][0]["message"]["tool_calls"].size(), 1u) << plain;
+  const json& call = plain["choices"][0]["message"]["tool_calls"][0];
+  check_call(call, call["function"]["name"]);
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "tool_calls");
+  required["stream"] = true;
+  finish.clear();
+  calls = streamed_calls(Stream(required, 0, "/v1/chat/completions"), &finish);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"], call["function"]);
+  EXPECT_NE(calls[0]["id"], call["id"]);
+  EXPECT_EQ(finish, "tool_calls");
+
+  // Required, as many calls as the model writes in n = 2 seeded samples: plain and streamed agree
+  // call for call; a list cut by max_tokens is content with finish_reason "length".
+  json parallel = {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
+                   {"temperature", 1.5},   {"seed", 7},      {"n", 2},
+                   {"max_tokens", 400}};
+  plain = PostOk("/v1/chat/completions", parallel);
+  parallel["stream"] = true;
+  Sse sampled = Stream(parallel, 0, "/v1/chat/completions");
+  ASSERT_EQ(sampled.status, 200);
+  int complete = 0;
+  size_t most_calls = 0;
+  for (int i = 0; i < 2; ++i) {
+    const json& choice = plain["choices"][i];
+    Sse one;
+    for (const json& chunk : sampled.chunks) {
+      if (!chunk["choices"].empty() && chunk["choices"][0]["index"] == i)
+        one.chunks.push_back(chunk);
+    }
+    finish.clear();
+    calls = streamed_calls(one, &finish);
+    EXPECT_EQ(finish, choice["finish_reason"]) << choice;
+    if (choice["finish_reason"] == "tool_calls") {
+      ++complete;
+      most_calls = std::max(most_calls, calls.size());
+      ASSERT_EQ(calls.size(), choice["message"]["tool_calls"].size()) << choice;
+      for (size_t k = 0; k < calls.size(); ++k) {
+        check_call(calls[k], choice["message"]["tool_calls"][k]["function"]["name"]);
+        EXPECT_EQ(calls[k]["function"], choice["message"]["tool_calls"][k]["function"]);
+      }
+    } else {
+      EXPECT_EQ(choice["finish_reason"], "length") << choice;
+      EXPECT_TRUE(choice["message"]["content"].is_string()) << choice;
+      EXPECT_FALSE(choice["message"].contains("tool_calls")) << choice;
+    }
+  }
+  std::cout << complete << " of 2 sampled required-form answers complete, " << most_calls
+            << " calls at most\n";
+
+  int status = 0;
+  json error = Post("/v1/chat/completions", json({{"messages", messages}, {"tools", tools}}).dump(),
+                    &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "tool_choice");
+  EXPECT_TRUE(absl::StrContains(error["error"]["message"].get<std::string>(), "\"auto\"")) << error;
 }
 
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {

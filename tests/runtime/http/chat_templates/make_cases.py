@@ -4,7 +4,7 @@ apply_chat_template (the reference for ChatTemplate, runtime/http/chat_template.
 Run: python3 tests/runtime/http/chat_templates/make_cases.py (needs transformers; the tokenizer
 is the test fixture's, with <|endoftext|> as its BOS and EOS). Each case: the template, the
 messages, add_generation_prompt, continue_final_message, the extra variables (chat_template_kwargs),
-and the rendered text or the error message raised.
+the tools (when given), and the rendered text or the error message raised.
 """
 import json
 import os
@@ -91,7 +91,32 @@ TEMPLATES = {
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant:{% if enable_thinking %} <think>{% endif %}"
         "{% endif %}"),
+    # Tools (transformers' `tools`, None when not given), earlier calls and tool results, in the
+    # shape tool-calling templates use (keys in sorted order: tojson keeps a mapping's order, and
+    # ChatTemplate's mappings are sorted).
+    "tools": (
+        "{%- if tools %}<|system|>\nYou may call these functions:\n{% for tool in tools %}"
+        "{{ tool | tojson }}\n{% endfor %}Answer with <tool_call>{\"name\": ..., \"arguments\": ...}"
+        "</tool_call>.{{ eos_token }}\n{% endif %}\n"
+        "{%- for message in messages %}\n"
+        "{%- if message.role == 'assistant' and message.tool_calls %}<|assistant|>\n"
+        "{% for call in message.tool_calls %}<tool_call>{\"name\": \"{{ call.function.name }}\", "
+        "\"arguments\": {{ call.function.arguments | tojson }}}</tool_call>\n{% endfor %}"
+        "{{ eos_token }}\n{% elif message.role == 'tool' %}<|tool|>\n{{ message.content }}"
+        "{{ eos_token }}\n{% else %}<|{{ message.role }}|>\n{{ message.content }}{{ eos_token }}\n"
+        "{% endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}<|assistant|>\n{% endif %}"
+        "{% if tools is none %}(no tools){% endif %}"),
 }
+
+WEATHER = {"function": {"description": "The weather in a city.", "name": "get_weather",
+                        "parameters": {"properties": {"city": {"type": "string"},
+                                                      "unit": {"enum": ["c", "f"]}},
+                                       "required": ["city"], "type": "object"}},
+           "type": "function"}
+CLOCK = {"function": {"name": "now", "parameters": {"properties": {}, "type": "object"}},
+         "type": "function"}
+# The tool lists each "tools" case is rendered with (other templates: none).
+TOOLS = {"tools": [None, [WEATHER, CLOCK]]}
 
 # chat_template_kwargs given with every case of the "kwargs" template (and none elsewhere).
 KWARGS = {"kwargs": [{}, {"enable_thinking": True, "system_prefix": "Be brief."},
@@ -111,6 +136,13 @@ MESSAGES = {
     # trailing spaces are what a template's strip() would cut.
     "prefill": [{"role": "user", "content": "Write fib."},
                 {"role": "assistant", "content": "def fib(n):\n    "}],
+    # An earlier call (its arguments an object, as the server gives them) and its result.
+    "tool_turns": [{"role": "user", "content": "Weather in Oslo?"},
+                   {"role": "assistant", "content": "",
+                    "tool_calls": [{"function": {"arguments": {"city": "Oslo", "unit": "c"},
+                                                 "name": "get_weather"},
+                                    "id": "call_1", "type": "function"}]},
+                   {"role": "tool", "content": "-3 C", "tool_call_id": "call_1"}],
 }
 
 
@@ -120,20 +152,25 @@ def main():
         bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     cases = []
     for tname, template in TEMPLATES.items():
-        for kwargs in KWARGS.get(tname, [{}]):
+        for kwargs, tools in [(k, t) for k in KWARGS.get(tname, [{}])
+                              for t in TOOLS.get(tname, [None])]:
             for mname, messages in MESSAGES.items():
                 # continue_final_message excludes add_generation_prompt in transformers (and vLLM).
                 for gen, cont in ((True, False), (False, False), (False, True)):
                     name = f"{tname}/{mname}/{'cont' if cont else 'gen' if gen else 'nogen'}"
                     if kwargs:
                         name += "/" + ",".join(sorted(kwargs))
+                    if tools:
+                        name += "/tools"
                     case = {"name": name, "template": template, "messages": messages,
                             "add_generation_prompt": gen, "continue_final_message": cont,
                             "kwargs": kwargs,
                             "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+                    if tools:
+                        case["tools"] = tools
                     try:
                         case["expected"] = tok.apply_chat_template(
-                            messages, chat_template=template, tokenize=False,
+                            messages, chat_template=template, tokenize=False, tools=tools,
                             add_generation_prompt=gen, continue_final_message=cont, **kwargs)
                     except Exception as e:  # a template's raise_exception, or no final message
                         case["error"] = str(e)
