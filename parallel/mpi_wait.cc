@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -12,10 +13,51 @@ namespace {
 
 std::atomic<bool> g_abandon_stuck_waits{false};
 constexpr absl::Duration kPatienceWhenEnding = absl::Milliseconds(400);
+constexpr absl::Duration kMaxPatienceWhenEnding = absl::Seconds(5);
+constexpr int kPatienceOverSlowest = 4;
+
+// The slowest wait that completed lately: the longest of the current window and the one before
+// (each kWindow long), so that one slow moment is forgotten within two windows.
+class SlowestRecentWait {
+ public:
+  void Record(absl::Duration waited, absl::Time now) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Roll(now);
+    current_ = std::max(current_, waited);
+  }
+  absl::Duration Get(absl::Time now) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Roll(now);
+    return std::max(current_, previous_);
+  }
+
+ private:
+  static constexpr absl::Duration kWindow = absl::Seconds(15);
+  void Roll(absl::Time now) {
+    if (now - window_start_ < kWindow) return;
+    previous_ = now - window_start_ < 2 * kWindow ? current_ : absl::ZeroDuration();
+    current_ = absl::ZeroDuration();
+    window_start_ = now;
+  }
+  std::mutex mu_;
+  absl::Time window_start_ = absl::InfinitePast();
+  absl::Duration current_ = absl::ZeroDuration();
+  absl::Duration previous_ = absl::ZeroDuration();
+};
+
+SlowestRecentWait& SlowestWaits() {
+  static SlowestRecentWait* waits = new SlowestRecentWait();
+  return *waits;
+}
 
 }  // namespace
 
 void AbandonStuckWaits() { g_abandon_stuck_waits.store(true); }
+
+absl::Duration PatienceWhenEnding() {
+  return std::clamp(kPatienceOverSlowest * SlowestWaits().Get(absl::Now()), kPatienceWhenEnding,
+                    kMaxPatienceWhenEnding);
+}
 
 absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::string_view what,
                             const BackoffPolicy& policy) {
@@ -31,14 +73,18 @@ absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::str
       return absl::InternalError(
           absl::StrCat(what, ": MPI error ", rc, ": ", absl::string_view(text, len)));
     }
-    if (done) return absl::OkStatus();
+    if (done) {
+      SlowestWaits().Record(absl::Now() - start, absl::Now());
+      return absl::OkStatus();
+    }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           what, ": no answer from the other ranks after ", absl::FormatDuration(now - start)));
     }
     const absl::Duration waited = now - start;
-    if (waited >= kPatienceWhenEnding && g_abandon_stuck_waits.load(std::memory_order_relaxed)) {
+    if (waited >= kPatienceWhenEnding && g_abandon_stuck_waits.load(std::memory_order_relaxed) &&
+        waited >= PatienceWhenEnding()) {
       return absl::AbortedError(absl::StrCat(
           what, ": the job is being ended and the other ranks have not answered for ",
           absl::FormatDuration(waited), ": a rank has died or stopped"));

@@ -24,13 +24,17 @@ struct BackoffPolicy {
   absl::Duration max_sleep = absl::Milliseconds(5);
 };
 
-// Any thread, e.g. on SIGTERM. From then on a wait that has lasted 0.4 s gives up with Aborted:
-// healthy collectives take microseconds to milliseconds (a CPU step of a large model can take
-// longer: its drain would fail), so a wait that long after the launcher
-// started ending the job means a peer is gone. mpirun and Slurm SIGTERM the surviving ranks when
-// one dies and SIGKILL them about a second later; this lets rank 0 fail its requests and say why
-// in that second.
+// Any thread, e.g. on SIGTERM. From then on a wait that has lasted PatienceWhenEnding() gives up
+// with Aborted: a wait that much longer than healthy ones after the launcher started ending the
+// job means a peer is gone. mpirun and Slurm SIGTERM the surviving ranks when one dies and SIGKILL
+// them about a second later; this lets rank 0 fail its requests and say why in that second.
 void AbandonStuckWaits();
+
+// 0.4 s, or four times the slowest wait that completed in the last 15 to 30 s when that is longer
+// (a loaded machine, a CPU step of a large model), up to 5 s: a graceful SIGTERM of every rank
+// (Slurm's) must not be taken for a death because the machine is slow, which would fail the
+// requests the drain exists to finish.
+absl::Duration PatienceWhenEnding();
 
 // Waits until `*request` completes (then it is MPI_REQUEST_NULL) or `deadline` passes: then
 // DeadlineExceeded naming `what`, with the request still pending (the caller may wait again or

@@ -63,6 +63,17 @@ class Job:
         except OSError:
             return None
 
+    def requests_in_server(self):
+        """Requests running, waiting or finished, from /metrics."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(("mqaserve_num_requests_running{", "mqaserve_num_requests_waiting{",
+                                "mqaserve_e2e_request_latency_seconds_count{")):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
     def rank_pids(self):
         """{rank: pid} of the mqaserve processes of this job."""
         pids = {}
@@ -147,6 +158,11 @@ def test_sigterm_finishes_requests_in_flight_and_stops_every_rank(target):
     while not streams[0] and time.time() < deadline:
         time.sleep(0.01)
     assert streams[0], "no tokens streamed"
+    # Every request in the server before the signal (on a loaded machine the last clients may not
+    # have sent theirs yet when the first tokens stream).
+    while job.requests_in_server() < len(streams) and time.time() < deadline:
+        time.sleep(0.01)
+    assert job.requests_in_server() == len(streams), job.output()
     if target == "ranks":  # what Slurm does: every task gets SIGTERM
         for pid in job.rank_pids().values():
             os.kill(pid, signal.SIGTERM)
