@@ -31,4 +31,9 @@ struct GemmParams {
 // fp32 only. InvalidArgument for other dtypes, negative sizes, strides shorter than a row.
 absl::Status GemmCpu(const GemmParams& p);
 
+// The threads GemmCpu's OpenBLAS uses (process-wide); returns the count in effect, 1 without
+// OpenBLAS. Ranks sharing a node each take their share of its cores: OpenBLAS's default, every
+// core for every rank, has their spinning threads fight over the same cores.
+int SetCpuGemmThreads(int threads);
+
 }  // namespace mqa

@@ -10,7 +10,18 @@
 #include <cblas.h>
 #endif
 
+// OpenBLAS's thread controls, weak: the cblas.h found may be another BLAS's, and a build without
+// OpenBLAS leaves them null.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads() __attribute__((weak));
+
 namespace mqa {
+
+int SetCpuGemmThreads(int threads) {
+  if (openblas_set_num_threads == nullptr || openblas_get_num_threads == nullptr) return 1;
+  openblas_set_num_threads(threads < 1 ? 1 : threads);
+  return openblas_get_num_threads();
+}
 
 absl::Status GemmCpu(const GemmParams& p) {
   if (p.dtype != DType::kF32) {

@@ -1,6 +1,7 @@
 #include "launcher/setup.h"
 
 #include <netdb.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "kernels/device_info.h"
+#include "kernels/gemm.h"
 #include "launcher/signals.h"
 #include "model/config.h"
 #include "model/gpt_bigcode_runner.h"
@@ -514,6 +516,16 @@ absl::Status RunRank(const Options& o, const World& world) {
   LoadProgress progress(world, config);
   load.progress = [&progress](uint64_t bytes, int64_t tensors) { progress(bytes, tensors); };
   const bool cuda = o.device == "cuda";
+  if (!cuda && std::getenv("OPENBLAS_NUM_THREADS") == nullptr &&
+      std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // This rank's share of the cores it may run on (OpenBLAS would take them all on every rank).
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                           ? CPU_COUNT(&cpus)
+                           : static_cast<int>(std::thread::hardware_concurrency());
+    SetCpuGemmThreads(std::max(1, usable / std::max(1, world.local_size())));
+  }
   std::unique_ptr<Collectives> collectives;
   CollectivesOptions collectives_options;
   collectives_options.timeout = absl::Seconds(o.peer_timeout);
