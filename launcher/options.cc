@@ -123,6 +123,11 @@ const std::map<std::string, Flag>& Flags() {
         "(default: the tokenizer folder's chat_template.jinja or "
         "tokenizer_config.json)",
         Text(&Options::chat_template)}},
+      {"generation-config",
+       {"auto: the model folder's generation_config.json sets the defaults of requests that "
+        "leave temperature, top_p, top_k, min_p, repetition_penalty or max_tokens unset, and its "
+        "eos_token_id ids stop every request; vllm: ignore it; or a folder holding one",
+        Text(&Options::generation_config)}},
       {"allowed-origins",
        {"CORS: comma-separated browser origins allowed to call the API "
         "(default *: any; empty: none)",

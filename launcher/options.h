@@ -48,6 +48,10 @@ struct Options {
   std::string served_model_name;         // default: the model folder's name
   double shutdown_timeout = 10.0;        // seconds to finish in-flight requests on SIGTERM
   std::string chat_template;             // file or template text; default: the tokenizer's
+  // vLLM's --generation-config: auto (the model folder's generation_config.json), vllm (none), or
+  // a folder: request defaults (temperature, top_p, top_k, min_p, repetition_penalty,
+  // max_new_tokens) and extra end-of-sequence ids.
+  std::string generation_config = "auto";
   std::string allowed_origins = "*";     // CORS: comma-separated origins, "*" any, "" none
   bool log_stats = true;                 // the periodic engine-statistics line
   double log_stats_interval = 10.0;      // seconds

@@ -27,6 +27,7 @@
 #include "kernels/gemm.h"
 #include "launcher/signals.h"
 #include "model/config.h"
+#include "model/generation_config.h"
 #include "model/gpt_bigcode_runner.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -308,12 +309,45 @@ std::string ConfigToken(const nlohmann::json& config, const char* key) {
 // file, or the template itself), else the tokenizer folder's chat_template.jinja, else its
 // tokenizer_config.json's chat_template ("default" of a named list). A --chat-template that does
 // not parse fails start-up; a bundled one that does not is reported and chat stays off.
-struct ChatSetup {
+struct ServeSetup {
   std::shared_ptr<const ChatTemplate> chat_template;
   std::string bos_token, eos_token;
+  // --generation-config: request defaults, and the end-of-sequence ids besides the engine's EOS.
+  GenerationDefaults generation;
 };
 
-absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, ChatSetup& chat) {
+// --generation-config auto (the model folder's generation_config.json), vllm (none: the server's
+// own defaults, as vLLM names it) or a folder holding one. Its end-of-sequence ids other than the
+// engine's EOS stop requests as stop_token_ids; each must be in the vocabulary.
+absl::Status LoadGenerationDefaults(const Options& o, const EngineOptions& engine,
+                                    int64_t vocab_size, ServeSetup& setup) {
+  if (o.generation_config == "vllm") return absl::OkStatus();
+  const std::filesystem::path dir = o.generation_config == "auto" ? o.model : o.generation_config;
+  if (o.generation_config != "auto" && !std::filesystem::is_directory(dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--generation-config ", o.generation_config, ": not auto, vllm or a folder"));
+  }
+  const std::string path = (dir / "generation_config.json").string();
+  ASSIGN_OR_RETURN(GenerationDefaults defaults, ReadGenerationConfig(path));
+  std::vector<int32_t> stops;
+  for (int32_t id : defaults.eos_token_ids) {
+    if (id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": \"eos_token_id\" ", id, " is outside the vocabulary (", vocab_size, " tokens)"));
+    }
+    if (id != engine.eos_token_id) stops.push_back(id);
+  }
+  defaults.eos_token_ids = std::move(stops);
+  if (!defaults.sampling.empty() || !defaults.eos_token_ids.empty()) {
+    std::fprintf(stderr, "mqaserve: from %s: request defaults %s, stop token ids %s\n",
+                 path.c_str(), defaults.sampling.dump().c_str(),
+                 nlohmann::json(defaults.eos_token_ids).dump().c_str());
+  }
+  setup.generation = std::move(defaults);
+  return absl::OkStatus();
+}
+
+absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, ServeSetup& chat) {
   ASSIGN_OR_RETURN(const std::string tokenizer_path, TokenizerPath(o));
   const std::filesystem::path dir = std::filesystem::path(tokenizer_path).parent_path();
   nlohmann::json config = nlohmann::json::object();
@@ -375,7 +409,7 @@ absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, Chat
 // Serves HTTP until SIGTERM / SIGINT (or an engine failure). The engine runs on this thread, the
 // one that started MPI; cpp-httplib's threads parse and tokenize; the watcher thread drains.
 absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer, int max_model_len,
-                   const ChatSetup& chat) {
+                   const ServeSetup& chat) {
   ServerOptions server_options;
   server_options.host = o.host;
   server_options.port = o.port;
@@ -395,6 +429,8 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
       std::fprintf(stderr, "mqaserve: %s\n", line.c_str());
     };
   }
+  server_options.sampling_defaults = chat.generation.sampling;
+  server_options.stop_token_ids = chat.generation.eos_token_ids;
   server_options.chat_template = chat.chat_template;
   server_options.bos_token = chat.bos_token;
   server_options.eos_token = chat.eos_token;
@@ -443,7 +479,7 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
 }
 
 absl::Status RunRoot(const Options& o, Engine& engine, const Tokenizer& tokenizer,
-                     int max_model_len, const ChatSetup& chat) {
+                     int max_model_len, const ServeSetup& chat) {
   switch (o.command) {
     case Command::kGenerate:
       return Generate(o, engine, tokenizer);
@@ -464,7 +500,7 @@ absl::Status RunRank(const Options& o, const World& world) {
   // collective verdict: a problem is one line from rank 0, never a hang of the others.
   ModelConfig config;
   std::optional<Tokenizer> tokenizer;
-  ChatSetup chat;  // rank 0, serving
+  ServeSetup chat;  // rank 0, serving
   LoadOptions load;
   int cuda_device = -1;  // --device cuda: this rank's GPU (its node-local rank)
   auto check = [&]() -> absl::Status {
@@ -504,6 +540,8 @@ absl::Status RunRank(const Options& o, const World& world) {
       if (o.command == Command::kServe) {
         RETURN_IF_ERROR(CheckPortFree(o.host, o.port));
         RETURN_IF_ERROR(LoadChatTemplate(o, *tokenizer, chat));
+        RETURN_IF_ERROR(LoadGenerationDefaults(o, MakeEngineOptions(o, config, *tokenizer),
+                                               config.vocab_size, chat));
       }
     }
     return absl::OkStatus();

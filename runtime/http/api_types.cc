@@ -258,6 +258,15 @@ absl::StatusOr<json> ParseObject(absl::string_view body) {
   return parsed;
 }
 
+// The server's defaults (generation_config.json's) into the fields the body leaves unset.
+void ApplyDefaults(const json& defaults, json& object) {
+  if (!defaults.is_object()) return;
+  for (const auto& [key, value] : defaults.items()) {
+    if (key == "max_tokens" && Field(object, "max_completion_tokens") != nullptr) continue;
+    if (Field(object, key.c_str()) == nullptr) object[key] = value;
+  }
+}
+
 absl::Status ReadModel(const json& object, std::optional<std::string>* model) {
   const json* value = Field(object, "model");
   if (value == nullptr) return absl::OkStatus();
@@ -586,8 +595,10 @@ std::string ErrorBodyForHttpStatus(int http_status, absl::string_view message) {
   return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
+                                                         const json& defaults) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
+  ApplyDefaults(defaults, object);
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
@@ -629,8 +640,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   return request;
 }
 
-absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body) {
+absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body, const json& defaults) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
+  ApplyDefaults(defaults, object);
   InfillRequest request;
   RETURN_IF_ERROR(ReadString(object, "input_prefix", &request.input_prefix));
   RETURN_IF_ERROR(ReadString(object, "input_suffix", &request.input_suffix));
@@ -884,8 +896,9 @@ absl::Status ReadChat(const json& object, ChatTemplate::Chat* chat) {
 
 }  // namespace
 
-absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json& defaults) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
+  ApplyDefaults(defaults, object);
   ChatRequest request;
   for (const char* name : {"prompt", "suffix", "chat_template"}) {
     const json* value = Field(object, name);

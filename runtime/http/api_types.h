@@ -88,7 +88,11 @@ inline constexpr int kDefaultMaxTokens = 16;
 inline constexpr int kMaxN = 128;
 inline constexpr int kMaxPromptsPerRequest = 1024;
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
+// `defaults` (an object, API field -> value: the model's generation_config.json, as vLLM applies
+// it) fills the fields the body leaves unset or null; max_tokens only when neither max_tokens nor
+// max_completion_tokens is given. The same for infill and chat.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(
+    absl::string_view body, const nlohmann::json& defaults = nlohmann::json());
 
 // POST /v1/infill: fill-in-the-middle, llama.cpp-style fields plus the sampling fields above.
 struct InfillRequest {
@@ -98,7 +102,8 @@ struct InfillRequest {
   CompletionRequest common;  // prompts left empty: the server builds the one FIM prompt
 };
 
-absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body);
+absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body,
+                                                 const nlohmann::json& defaults = nlohmann::json());
 
 // POST /v1/chat/completions: the messages (each {"role": string, "content": string or a list of
 // {"type": "text", "text": string} parts, joined with newlines; other keys such as "name" kept
@@ -126,7 +131,8 @@ struct ChatRequest {
   ToolChoice tool_choice;  // kNamed / kRequired: common.params.guided_regex is the calls' pattern
 };
 
-absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body,
+                                             const nlohmann::json& defaults = nlohmann::json());
 
 // Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
 // API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",

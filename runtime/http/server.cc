@@ -358,7 +358,7 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
   RETURN_IF_ERROR(CheckServing());
   CompletionRequest request;
   if (infill) {
-    ASSIGN_OR_RETURN(InfillRequest fim, ParseInfillRequest(req.body));
+    ASSIGN_OR_RETURN(InfillRequest fim, ParseInfillRequest(req.body, options.sampling_defaults));
     request = std::move(fim.common);
     RETURN_IF_ERROR(CheckModel(request.model));
     ASSIGN_OR_RETURN(std::vector<int32_t> ids,
@@ -367,7 +367,7 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
     ids.insert(ids.end(), extra.begin(), extra.end());
     request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   } else {
-    ASSIGN_OR_RETURN(request, ParseCompletionRequest(req.body));
+    ASSIGN_OR_RETURN(request, ParseCompletionRequest(req.body, options.sampling_defaults));
     RETURN_IF_ERROR(CheckModel(request.model));
     if (request.suffix.has_value()) {  // OpenAI's insertion: each text prompt is a prefix
       for (PromptInput& prompt : request.prompts) {
@@ -398,6 +398,14 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitJob(
   job_options.n = params.n;
   SamplingParams guided = params;
   RETURN_IF_ERROR(AttachGuide(guided));
+  if (!guided.ignore_eos) {  // the model's other end-of-sequence ids (generation_config.json)
+    for (int32_t id : options.stop_token_ids) {
+      if (std::find(guided.stop_token_ids.begin(), guided.stop_token_ids.end(), id) ==
+          guided.stop_token_ids.end()) {
+        guided.stop_token_ids.push_back(id);
+      }
+    }
+  }
   // bad_words as token sequences (user text: special-token text stays text), each word as is and
   // after a space, as vLLM tokenizes them.
   for (const std::string& word : guided.bad_words) {
@@ -533,7 +541,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
   const absl::Time arrival = absl::Now();
   RETURN_IF_ERROR(CheckAuth(req));
   RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body));
+  ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body, options.sampling_defaults));
   CompletionRequest& request = chat.common;
   RETURN_IF_ERROR(CheckModel(request.model));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));

@@ -59,6 +59,12 @@ struct ServerOptions {
   std::shared_ptr<const ChatTemplate> chat_template;
   std::string bos_token;
   std::string eos_token;
+  // The model's generation_config.json (the launcher's --generation-config), as vLLM applies it:
+  // API field -> value defaults for /v1/completions, /v1/infill and /v1/chat/completions requests
+  // that leave the field unset, and end-of-sequence ids (besides the engine's EOS) that stop every
+  // request, on every API, unless it sets ignore_eos.
+  nlohmann::json sampling_defaults = nlohmann::json::object();
+  std::vector<int32_t> stop_token_ids;
   // CORS, for browser clients (vLLM's --allowed-origins, whose default also allows every origin):
   // responses to a request with an Origin header in this list ("*": any) carry
   // Access-Control-Allow-Origin, and OPTIONS preflights are answered (without the API key, which

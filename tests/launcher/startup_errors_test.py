@@ -139,6 +139,19 @@ def main():
                       "--chat-template", broken_template],
                      broken_template, "{% for %} without {% endfor %}")
 
+        # generation_config.json: a field the server would apply to every request, of the wrong
+        # type; an end-of-sequence id outside the vocabulary.
+        for label, field, value in (("temperature of the wrong type", "temperature", "warm"),
+                                    ("eos_token_id outside the vocabulary", "eos_token_id",
+                                     [0, 10**6])):
+            bad_generation = copy_model(model, os.path.join(tmp, f"generation-{field}"))
+            path = os.path.join(bad_generation, "generation_config.json")
+            with open(path, "w") as f:
+                json.dump({"eos_token_id": 0, field: value}, f)
+            expect_error(f"generation_config.json with {label}", binary,
+                         ["serve", "--model", bad_generation, "--device", "cpu", "--port",
+                          str(port)], path, f'"{field}"')
+
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()

@@ -484,6 +484,47 @@ TEST(ApiTypesTest, ToolsAndToolChoice) {
   }
 }
 
+// The model's generation_config.json defaults fill what a request leaves unset (or null); what it
+// sets wins; max_tokens stays out of a chat request that gives max_completion_tokens.
+TEST(ApiTypesTest, GenerationConfigDefaultsFillUnsetFields) {
+  const json defaults = {{"temperature", 0.2},
+                         {"top_p", 0.9},
+                         {"top_k", 40},
+                         {"repetition_penalty", 1.1},
+                         {"max_tokens", 64}};
+  absl::StatusOr<CompletionRequest> unset = ParseCompletionRequest(R"({"prompt": "x"})", defaults);
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_FLOAT_EQ(unset->params.temperature, 0.2f);
+  EXPECT_FLOAT_EQ(unset->params.top_p, 0.9f);
+  EXPECT_EQ(unset->params.top_k, 40);
+  EXPECT_FLOAT_EQ(unset->params.repetition_penalty, 1.1f);
+  EXPECT_EQ(unset->params.max_tokens, 64);
+  absl::StatusOr<CompletionRequest> set = ParseCompletionRequest(
+      R"({"prompt": "x", "temperature": 0, "top_p": null, "max_tokens": 3})", defaults);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->params.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(set->params.top_p, 0.9f);  // null: the default
+  EXPECT_EQ(set->params.max_tokens, 3);
+  absl::StatusOr<CompletionRequest> plain = ParseCompletionRequest(R"({"prompt": "x"})");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->params.temperature, 1.0f);
+  EXPECT_EQ(plain->params.max_tokens, kDefaultMaxTokens);
+
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  absl::StatusOr<ChatRequest> chat = ParseChatRequest("{" + messages + "}", defaults);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->common.params.max_tokens, 64);
+  EXPECT_FLOAT_EQ(chat->common.params.temperature, 0.2f);
+  absl::StatusOr<ChatRequest> completion_tokens =
+      ParseChatRequest("{" + messages + R"(, "max_completion_tokens": 7})", defaults);
+  ASSERT_TRUE(completion_tokens.ok()) << completion_tokens.status();
+  EXPECT_EQ(completion_tokens->common.params.max_tokens, 7);
+  absl::StatusOr<InfillRequest> infill =
+      ParseInfillRequest(R"({"input_prefix": "a", "input_suffix": "b"})", defaults);
+  ASSERT_TRUE(infill.ok()) << infill.status();
+  EXPECT_EQ(infill->common.params.max_tokens, 64);
+}
+
 TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   std::mt19937_64 rng(1234);
   std::uniform_real_distribution<double> unit(0.0, 1.0);

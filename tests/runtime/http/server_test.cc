@@ -1639,6 +1639,42 @@ TEST_F(HttpServerTest, ChatToolCallsNamedAndRequired) {
   EXPECT_TRUE(absl::StrContains(error["error"]["message"].get<std::string>(), "\"auto\"")) << error;
 }
 
+// generation_config.json as the launcher gives it: requests that leave temperature and max_tokens
+// unset run greedy for 5 tokens; an extra end-of-sequence id stops every request (stop_reason the
+// id) unless it sets ignore_eos, on the OpenAI and TGI APIs alike.
+TEST_F(HttpServerTest, GenerationConfigDefaultsAndEndOfSequenceIds) {
+  TestSetup setup = DefaultSetup();
+  setup.server.sampling_defaults = {{"temperature", 0}, {"max_tokens", 5}};
+  const std::vector<int32_t> prompt = FixtureTokenizer().Encode("def main():");
+  const std::vector<int32_t> greedy = GreedyReference(prompt, 12, setup.runner.vocab_size);
+  ASSERT_EQ(greedy.size(), 12u) << "the reference should not end early";
+  // The greedy continuation's 8th token, where it first appears, ends sequences.
+  const int32_t stop_id = greedy[7];
+  const size_t stop_at = std::find(greedy.begin(), greedy.end(), stop_id) - greedy.begin();
+  setup.server.stop_token_ids = {stop_id};
+  Start(setup);
+
+  json plain = PostOk("/v1/completions", {{"prompt", prompt}, {"return_token_ids", true}});
+  EXPECT_EQ(plain["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(greedy.begin(), greedy.begin() + std::min<size_t>(5, stop_at + 1)))
+      << "greedy, 5 tokens at most, without the request saying so";
+  json longer = PostOk("/v1/completions",
+                       {{"prompt", prompt}, {"max_tokens", 12}, {"return_token_ids", true}});
+  EXPECT_EQ(longer["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(greedy.begin(), greedy.begin() + stop_at + 1));
+  EXPECT_EQ(longer["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(longer["choices"][0]["stop_reason"], stop_id);
+  json ignoring = PostOk(
+      "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 12}, {"ignore_eos", true}, {"return_token_ids", true}});
+  EXPECT_EQ(ignoring["choices"][0]["token_ids"].get<std::vector<int32_t>>(), greedy);
+  EXPECT_EQ(ignoring["choices"][0]["finish_reason"], "length");
+  // TGI: the same stop (its own defaults otherwise).
+  json tgi = PostOk("/generate", {{"inputs", "def main():"},
+                                  {"parameters", {{"max_new_tokens", 12}, {"details", true}}}});
+  EXPECT_EQ(tgi["details"]["generated_tokens"], stop_at + 1) << tgi;
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);
