@@ -486,7 +486,7 @@ absl::Status Engine::Step() {
 }
 
 int Engine::GuideState(const SequenceGroup& group, const Sequence& seq) const {
-  if (group.params().guide == nullptr) return RegexGuide::start();
+  if (group.params().guide == nullptr) return Guide::start();
   return requests_.at(group.request_id()).samples[seq.sample_index()].guide_state;
 }
 
@@ -586,7 +586,7 @@ void Engine::ProcessSample(SequenceGroup& group, RequestState& state, Sequence& 
   if (!reason.has_value() && params.guide != nullptr) {
     // A guided sample stops once its text is a whole match that nothing may extend.
     sample.guide_state = params.guide->Advance(sample.guide_state, {token});
-    if (params.guide->Complete(sample.guide_state) || sample.guide_state == RegexGuide::kDead) {
+    if (params.guide->Complete(sample.guide_state) || sample.guide_state == Guide::kDead) {
       reason = FinishReason::kStop;
     }
   }

@@ -190,7 +190,7 @@ class Engine {
     std::unique_ptr<IncrementalDetokenizer> detokenizer;
     std::optional<StopStringMatcher> stop_matcher;
     // SamplingParams::guide's state after the sample's output, advanced token by token.
-    int guide_state = RegexGuide::start();
+    int guide_state = Guide::start();
   };
   struct RequestState {
     EngineRequest request;

@@ -519,9 +519,7 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(
     (which == 0 ? nfa.states[s].out : nfa.states[s].out1) = match;
   }
 
-  std::shared_ptr<RegexGuide> guide(new RegexGuide());
-  guide->pattern_ = std::string(pattern);
-  guide->vocab_ = std::move(vocab);
+  std::shared_ptr<RegexGuide> guide(new RegexGuide(std::string(pattern), std::move(vocab)));
   std::vector<int> mark(nfa.states.size(), -1);
   int stamp = 0;
   std::map<std::vector<int>, int> ids;
@@ -577,7 +575,6 @@ absl::StatusOr<std::shared_ptr<const RegexGuide>> RegexGuide::Compile(
                                            [](int32_t t) { return t == kDead; })) {
     return absl::InvalidArgumentError("guided regex: the pattern matches nothing");
   }
-  guide->live_tokens_.resize(guide->next_.size());
   return std::shared_ptr<const RegexGuide>(std::move(guide));
 }
 
@@ -601,7 +598,7 @@ int RegexGuide::AdvanceBytes(int state, std::string_view bytes) const {
   return state;
 }
 
-int RegexGuide::Advance(int state, absl::Span<const int32_t> tokens) const {
+int Guide::Advance(int state, absl::Span<const int32_t> tokens) const {
   for (int32_t t : tokens) {
     if (t >= 0 && static_cast<size_t>(t) < vocab_->bytes.size()) {
       state = AdvanceBytes(state, vocab_->bytes[t]);
@@ -610,28 +607,31 @@ int RegexGuide::Advance(int state, absl::Span<const int32_t> tokens) const {
   return state;
 }
 
-std::shared_ptr<const RegexGuide::TokenBits> RegexGuide::LiveTokens(int state) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::shared_ptr<const TokenBits>& slot = live_tokens_[state];
-  if (slot == nullptr) {
-    if (cached_states_ >= kMaxCachedStates) {  // start over (holders keep theirs alive)
-      for (auto& s : live_tokens_) s.reset();
-      cached_states_ = 0;
+Guide::TokenBits Guide::ComputeLiveTokens(int state) const {
+  TokenBits bits((vocab_->bytes.size() + 63) / 64, 0);
+  for (size_t t = 0; t < vocab_->bytes.size(); ++t) {
+    const std::string& bytes = vocab_->bytes[t];
+    if (!bytes.empty() && AdvanceBytes(state, bytes) != kDead) {
+      bits[t / 64] |= uint64_t{1} << (t % 64);
     }
-    auto bits = std::make_shared<TokenBits>((vocab_->bytes.size() + 63) / 64, 0);
-    for (size_t t = 0; t < vocab_->bytes.size(); ++t) {
-      const std::string& bytes = vocab_->bytes[t];
-      if (!bytes.empty() && AdvanceBytes(state, bytes) != kDead) {
-        (*bits)[t / 64] |= uint64_t{1} << (t % 64);
-      }
-    }
-    slot = std::move(bits);
-    ++cached_states_;
   }
-  return slot;
+  return bits;
 }
 
-void RegexGuide::Mask(int state, absl::Span<float> logits) const {
+std::shared_ptr<const Guide::TokenBits> Guide::LiveTokens(int state) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = live_tokens_.find(state); it != live_tokens_.end()) return it->second;
+  }
+  // Computed outside the lock (a grammar's computation takes its own); two threads may both
+  // compute a new state's, and the first kept wins.
+  auto bits = std::make_shared<const TokenBits>(ComputeLiveTokens(state));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (live_tokens_.size() >= kMaxCachedStates) live_tokens_.clear();  // start over
+  return live_tokens_.emplace(state, std::move(bits)).first->second;
+}
+
+void Guide::Mask(int state, absl::Span<float> logits) const {
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
   const int32_t eos = vocab_->eos;
   const bool eos_in_row = eos >= 0 && static_cast<size_t>(eos) < logits.size();
@@ -651,7 +651,7 @@ void RegexGuide::Mask(int state, absl::Span<float> logits) const {
     }
   }
   for (size_t t = n; t < logits.size(); ++t) logits[t] = kMasked;
-  if (eos_in_row) logits[eos] = accepting_[state] ? eos_logit : kMasked;
+  if (eos_in_row) logits[eos] = Accepting(state) ? eos_logit : kMasked;
 }
 
 }  // namespace mqa

@@ -19,6 +19,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,9 +35,53 @@ struct GuideVocab {
   int32_t eos = -1;
 };
 
-class RegexGuide {
+// A guide: an automaton over the text's bytes whose states are small integers, and, from it, the
+// tokens allowed in each state. RegexGuide's states are a DFA's, built at Compile; GrammarGuide's
+// (runtime/grammar.h) are a grammar parser's, found as texts reach them. Thread-safe: one guide
+// serves every request with its pattern, from any thread.
+class Guide {
  public:
   static constexpr int kDead = -1;
+  static constexpr int start() { return 0; }
+  virtual ~Guide() = default;
+
+  // The text the guide was compiled from (its cache key).
+  const std::string& pattern() const { return pattern_; }
+  // The state after the text of `tokens` (EOS and other tokens without text change nothing);
+  // kDead once the text can no longer match.
+  int Advance(int state, absl::Span<const int32_t> tokens) const;
+  virtual int AdvanceBytes(int state, std::string_view bytes) const = 0;
+  // The text so far is a whole match.
+  virtual bool Accepting(int state) const = 0;
+  // Accepting, and no byte can follow: the text is a whole match and nothing longer is one.
+  virtual bool Complete(int state) const = 0;
+  // Sets every logit the guide forbids in `state` to -inf: tokens whose bytes would leave the
+  // language (or that have none), and EOS unless the text already matches.
+  void Mask(int state, absl::Span<float> logits) const;
+
+ protected:
+  Guide(std::string pattern, std::shared_ptr<const GuideVocab> vocab)
+      : pattern_(std::move(pattern)), vocab_(std::move(vocab)) {}
+  const GuideVocab& vocab() const { return *vocab_; }
+  // Bit t: token t's bytes keep the text alive in `state`.
+  using TokenBits = std::vector<uint64_t>;
+  // A pass over the vocabulary's bytes with AdvanceBytes.
+  virtual TokenBits ComputeLiveTokens(int state) const;
+
+ private:
+  // ComputeLiveTokens' result, computed on first use and kept — at most kMaxCachedStates of them
+  // a guide (vocab / 8 bytes each: 6 KiB for StarCoder's), beyond which the cache starts over.
+  static constexpr size_t kMaxCachedStates = 4096;
+  std::shared_ptr<const TokenBits> LiveTokens(int state) const;
+
+  const std::string pattern_;
+  const std::shared_ptr<const GuideVocab> vocab_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<int, std::shared_ptr<const TokenBits>> live_tokens_;
+};
+
+class RegexGuide : public Guide {
+ public:
   // A pattern's deterministic automaton has at most this many states (else InvalidArgument).
   static constexpr int kMaxStates = 20000;
 
@@ -44,36 +90,17 @@ class RegexGuide {
   // guided_choice: the pattern matching exactly one of `choices` (each taken literally).
   static std::string ChoicePattern(absl::Span<const std::string> choices);
 
-  const std::string& pattern() const { return pattern_; }
   int num_states() const { return static_cast<int>(next_.size()); }
-  static constexpr int start() { return 0; }
-  // The state after the text of `tokens` (EOS and other tokens without text change nothing);
-  // kDead once the text can no longer match.
-  int Advance(int state, absl::Span<const int32_t> tokens) const;
-  int AdvanceBytes(int state, std::string_view bytes) const;
-  bool Accepting(int state) const { return state != kDead && accepting_[state]; }
-  // Accepting, and no byte can follow: the text is a whole match and nothing longer is one.
-  bool Complete(int state) const { return state != kDead && complete_[state]; }
-  // Sets every logit the guide forbids in `state` to -inf: tokens whose bytes would leave the
-  // language (or that have none), and EOS unless the text already matches.
-  void Mask(int state, absl::Span<float> logits) const;
+  int AdvanceBytes(int state, std::string_view bytes) const override;
+  bool Accepting(int state) const override { return state != kDead && accepting_[state]; }
+  bool Complete(int state) const override { return state != kDead && complete_[state]; }
 
  private:
-  RegexGuide() = default;
-  // Bit t: token t's bytes keep the text alive in `state`. Computed on first use (a pass over the
-  // vocabulary's bytes) and kept — at most kMaxCachedStates of them a guide (vocab / 8 bytes
-  // each: 6 KiB for StarCoder's), beyond which the cache starts over; thread-safe.
-  using TokenBits = std::vector<uint64_t>;
-  static constexpr size_t kMaxCachedStates = 4096;
-  std::shared_ptr<const TokenBits> LiveTokens(int state) const;
+  RegexGuide(std::string pattern, std::shared_ptr<const GuideVocab> vocab)
+      : Guide(std::move(pattern), std::move(vocab)) {}
 
-  std::string pattern_;
-  std::shared_ptr<const GuideVocab> vocab_;
   std::vector<std::array<int32_t, 256>> next_;  // byte transitions of the DFA
   std::vector<bool> accepting_, complete_;
-  mutable std::mutex mu_;
-  mutable std::vector<std::shared_ptr<const TokenBits>> live_tokens_;
-  mutable size_t cached_states_ = 0;
 };
 
 }  // namespace mqa

@@ -431,10 +431,10 @@ SampleResult Sample(absl::Span<const float> raw_logits, const SamplingContext& c
   ApplyPenalties(params, context.prompt_tokens, context.output_tokens, absl::MakeSpan(logits));
   // The guide's state after the output so far; its mask comes after the penalties (and survives
   // min_tokens' fallback below: a guided sample never leaves its pattern).
-  const int guide_state =
-      params.guide == nullptr          ? RegexGuide::kDead
-      : context.guide_state.has_value() ? *context.guide_state
-                                        : params.guide->Advance(RegexGuide::start(), context.output_tokens);
+  const int guide_state = params.guide == nullptr ? Guide::kDead
+                          : context.guide_state.has_value()
+                              ? *context.guide_state
+                              : params.guide->Advance(Guide::start(), context.output_tokens);
   if (params.guide != nullptr) params.guide->Mask(guide_state, absl::MakeSpan(logits));
   if (static_cast<int>(context.output_tokens.size()) < params.min_tokens) {
     for (int32_t t : params.stop_token_ids) {

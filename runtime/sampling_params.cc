@@ -9,8 +9,11 @@ namespace mqa {
 absl::Status SamplingParams::Validate() const {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (n < 1) return bad("n must be at least 1, got ", n);
-  if (!guided_regex.empty() && guide == nullptr) {
-    return bad("guided_regex needs its guide compiled against the tokenizer (the server does)");
+  if (!guided_regex.empty() && !guided_grammar.empty()) {
+    return bad("guided_regex and guided_grammar: one guide at most");
+  }
+  if ((!guided_regex.empty() || !guided_grammar.empty()) && guide == nullptr) {
+    return bad("guided decoding needs its guide compiled against the tokenizer (the server does)");
   }
   if (!std::isfinite(temperature) || temperature < 0.0f) {
     return bad("temperature must be >= 0, got ", temperature);

@@ -13,7 +13,7 @@
 
 namespace mqa {
 
-class RegexGuide;
+class Guide;
 
 struct SamplingParams {
   // Independent samples generated from one prompt; they share the prompt's KV blocks.
@@ -73,7 +73,10 @@ struct SamplingParams {
   // draws are limited to tokens that keep it a prefix of a match, and the sample stops once
   // nothing can follow.
   std::string guided_regex;
-  std::shared_ptr<const RegexGuide> guide;
+  // Or a context-free grammar in GBNF (runtime/grammar.h: vLLM's guided_grammar, and OpenAI's
+  // json_object as GrammarGuide::JsonObjectGrammar()); at most one of the two.
+  std::string guided_grammar;
+  std::shared_ptr<const Guide> guide;
   // vLLM's bad_words: the words as given (read by the server), and the token sequences it
   // tokenized them into (each word as is and after a space, as vLLM does). A sequence's last token
   // is masked whenever the output so far ends with the rest of it (a one-token word always).

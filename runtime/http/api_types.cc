@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/grammar.h"
 #include "runtime/guided.h"
 #include "runtime/json_schema_regex.h"
 #include "runtime/status.h"
@@ -131,14 +132,29 @@ absl::Status ReadTokenList(const json& list, const char* name, std::vector<int32
 constexpr int kMaxTools = 128;
 
 // vLLM's guided_regex (a pattern) or guided_choice (a list of strings, each taken literally) into
-// one pattern (runtime/guided.h; the server compiles it). At most one of them.
+// one pattern (runtime/guided.h), or guided_grammar (GBNF, runtime/grammar.h); the server
+// compiles it. At most one of them.
 constexpr size_t kMaxGuidedPatternBytes = 16384;
-absl::Status ReadGuidance(const json& object, std::string* pattern) {
+absl::Status ReadGuidance(const json& object, SamplingParams* p) {
   const json* regex = Field(object, "guided_regex");
   const json* choice = Field(object, "guided_choice");
-  if (regex != nullptr && choice != nullptr) {
-    return InvalidParam("guided_choice", "give 'guided_regex' or 'guided_choice', not both");
+  const json* grammar = Field(object, "guided_grammar");
+  if ((regex != nullptr) + (choice != nullptr) + (grammar != nullptr) > 1) {
+    return InvalidParam(grammar != nullptr ? "guided_grammar" : "guided_choice",
+                        "give one of 'guided_regex', 'guided_choice' and 'guided_grammar'");
   }
+  if (grammar != nullptr) {
+    if (!grammar->is_string() || grammar->get_ref<const std::string&>().empty()) {
+      return TypeError("guided_grammar", "a non-empty string (a GBNF grammar)");
+    }
+    if (grammar->get_ref<const std::string&>().size() > kMaxGuidedPatternBytes) {
+      return InvalidParam("guided_grammar", absl::StrCat("the grammar is longer than ",
+                                                         kMaxGuidedPatternBytes, " bytes"));
+    }
+    p->guided_grammar = grammar->get<std::string>();
+    return absl::OkStatus();
+  }
+  std::string* pattern = &p->guided_regex;
   if (regex != nullptr) {
     if (!regex->is_string() || regex->get_ref<const std::string&>().empty()) {
       return TypeError("guided_regex", "a non-empty string (a regular expression)");
@@ -204,7 +220,8 @@ absl::StatusOr<nlohmann::ordered_json> OrderedSchema(const json& value, absl::st
 // vLLM's guided_json (a schema, or its text) and OpenAI's response_format (text, json_object,
 // json_schema) into the request's pattern. The schema is read from `body` again in order
 // (nlohmann::ordered_json): properties are generated in the order the client gave them.
-absl::Status ReadJsonGuidance(absl::string_view body, const json& object, std::string* pattern) {
+absl::Status ReadJsonGuidance(absl::string_view body, const json& object, SamplingParams* p) {
+  std::string* pattern = &p->guided_regex;
   const json* guided = Field(object, "guided_json");
   const json* format = Field(object, "response_format");
   std::string type = "text";
@@ -221,12 +238,13 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, std::s
   }
   if (guided == nullptr && type == "text") return absl::OkStatus();
   const char* param = guided != nullptr ? "guided_json" : "response_format";
-  if ((guided != nullptr && type != "text") || !pattern->empty()) {
-    return InvalidParam(param, "give one kind of guidance (guided_regex, guided_choice, "
-                               "guided_json or a JSON response_format)");
+  if ((guided != nullptr && type != "text") || !pattern->empty() || !p->guided_grammar.empty()) {
+    return InvalidParam(param,
+                        "give one kind of guidance (guided_regex, guided_choice, "
+                        "guided_grammar, guided_json or a JSON response_format)");
   }
-  if (type == "json_object") {
-    *pattern = AnyJsonObjectRegex();
+  if (type == "json_object") {  // any object, at any depth: a grammar (JSON is not regular)
+    p->guided_grammar = GrammarGuide::JsonObjectGrammar();
     return absl::OkStatus();
   }
   if (guided != nullptr) {
@@ -395,14 +413,12 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   // compiles it, runtime/guided.h; guided_json and response_format: ReadJsonGuidance). Grammar
   // guidance and beam search are not implemented: refused by name rather than answered with
   // unconstrained text.
-  for (const char* name : {"guided_grammar", "structured_outputs"}) {
-    if (Field(object, name) != nullptr) {
-      return InvalidParam(name, absl::StrCat("'", name,
-                                             "' (structured output) is not supported; "
-                                             "guided_regex, guided_choice and guided_json are"));
-    }
+  if (Field(object, "structured_outputs") != nullptr) {
+    return InvalidParam("structured_outputs",
+                        "'structured_outputs' is not supported; guided_regex, guided_choice, "
+                        "guided_grammar and guided_json are");
   }
-  RETURN_IF_ERROR(ReadGuidance(object, &p.guided_regex));
+  RETURN_IF_ERROR(ReadGuidance(object, &p));
   // vLLM's priority (lower first; the engine refuses anything but 0 unless it schedules by
   // priority).
   RETURN_IF_ERROR(ReadInt(object, "priority", std::numeric_limits<int>::min(), kIntMax, &p.priority));
@@ -602,7 +618,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
-  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params.guided_regex));
+  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params));
   if (Field(object, "prompt_logprobs") != nullptr) {
     RETURN_IF_ERROR(
         ReadInt(object, "prompt_logprobs", 0, kMaxLogprobs, &request.prompt_logprobs.emplace()));
@@ -767,10 +783,12 @@ absl::Status ReadToolChoice(absl::string_view body, const json& object, ChatRequ
     return InvalidParam("tool_choice", "a tool choice other than \"none\" needs 'tools'");
   }
   std::string& pattern = request->common.params.guided_regex;
-  if (!pattern.empty()) {
-    return InvalidParam("tool_choice",
-                        "a tool call is guided output: give a tool choice or guidance "
-                        "(guided_regex, guided_choice, guided_json, response_format), not both");
+  if (!pattern.empty() || !request->common.params.guided_grammar.empty()) {
+    return InvalidParam(
+        "tool_choice",
+        "a tool call is guided output: give a tool choice or guidance "
+        "(guided_regex, guided_choice, guided_grammar, guided_json, response_format), not "
+        "both");
   }
   if (request->echo) return InvalidParam("echo", "'echo' does not go with a tool choice");
   bool parallel = true;
@@ -790,6 +808,12 @@ absl::Status ReadToolChoice(absl::string_view body, const json& object, ChatRequ
     for (size_t i = 0; i < tools.size(); ++i) {
       if (tools[i]["function"]["name"] != name) continue;
       request->tool_choice = {.mode = ToolChoiceMode::kNamed, .name = name};
+      const json& function = tools[i]["function"];
+      if (!function.contains("parameters") || function["parameters"].is_null()) {
+        // Any object as the arguments, at any depth.
+        request->common.params.guided_grammar = GrammarGuide::JsonObjectGrammar();
+        return absl::OkStatus();
+      }
       return SchemaPattern(parameters(i), "tools", &pattern);
     }
     return InvalidParam("tool_choice",
@@ -932,7 +956,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
     object["max_tokens"] = object["max_completion_tokens"];
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
-  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params.guided_regex));
+  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params));
   RETURN_IF_ERROR(ReadToolChoice(body, object, &request));
   if (logprobs) request.common.params.logprobs = top_logprobs;
   // Chat's default (OpenAI's, vLLM's): up to the context, not /v1/completions' 16 tokens.

@@ -22,6 +22,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "runtime/detokenizer.h"
+#include "runtime/grammar.h"
 #include "runtime/guided.h"
 #include "runtime/http/api_types.h"
 #include "runtime/http/chat_job.h"
@@ -155,13 +156,14 @@ struct HttpServer::Impl {
                                                            CompletionJobOptions job_options);
   absl::Status Submit(CompletionJob& job, const SamplingParams& params);
   void AbortAll(const HttpJob& job);
-  // params.guide compiled from params.guided_regex against the tokenizer (InvalidArgument naming
-  // what the pattern cannot be); the last kGuideCacheSize patterns are kept compiled.
+  // params.guide compiled from params.guided_regex or guided_grammar against the tokenizer
+  // (InvalidArgument naming what the pattern or grammar cannot be); the last kGuideCacheSize are
+  // kept compiled (a grammar guide keeps the states texts have reached).
   absl::Status AttachGuide(SamplingParams& params);
   static constexpr size_t kGuideCacheSize = 32;
   std::mutex guide_mu;
   std::shared_ptr<const GuideVocab> guide_vocab;               // built on first use
-  std::vector<std::shared_ptr<const RegexGuide>> guide_cache;  // most recent last
+  std::vector<std::shared_ptr<const Guide>> guide_cache;       // most recent last
 
   // The request log's line (ServerOptions::request_log): `job` null for a call refused before it
   // started.
@@ -425,12 +427,17 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitJob(
 }
 
 absl::Status HttpServer::Impl::AttachGuide(SamplingParams& params) {
-  if (params.guided_regex.empty() || params.guide != nullptr) return absl::OkStatus();
+  const bool grammar = !params.guided_grammar.empty();
+  if ((params.guided_regex.empty() && !grammar) || params.guide != nullptr) {
+    return absl::OkStatus();
+  }
+  const std::string& text = grammar ? params.guided_grammar : params.guided_regex;
   std::shared_ptr<const GuideVocab> vocab;
   {
     std::lock_guard<std::mutex> lock(guide_mu);
     for (auto it = guide_cache.begin(); it != guide_cache.end(); ++it) {
-      if ((*it)->pattern() == params.guided_regex) {
+      const bool is_grammar = dynamic_cast<const GrammarGuide*>(it->get()) != nullptr;
+      if (is_grammar == grammar && (*it)->pattern() == text) {
         params.guide = *it;
         std::rotate(it, it + 1, guide_cache.end());  // now the most recent
         return absl::OkStatus();
@@ -451,7 +458,14 @@ absl::Status HttpServer::Impl::AttachGuide(SamplingParams& params) {
   }
   // Compiled outside the lock (a large pattern takes a while); a pattern compiled twice at once
   // is merely cached twice.
-  ASSIGN_OR_RETURN(params.guide, RegexGuide::Compile(params.guided_regex, vocab));
+  if (grammar) {
+    absl::StatusOr<std::shared_ptr<const GrammarGuide>> compiled =
+        GrammarGuide::Compile(text, vocab);
+    if (!compiled.ok()) return InvalidParam("guided_grammar", compiled.status().message());
+    params.guide = *std::move(compiled);
+  } else {
+    ASSIGN_OR_RETURN(params.guide, RegexGuide::Compile(text, vocab));
+  }
   std::lock_guard<std::mutex> lock(guide_mu);
   if (guide_cache.size() >= kGuideCacheSize) guide_cache.erase(guide_cache.begin());
   guide_cache.push_back(params.guide);

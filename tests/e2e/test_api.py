@@ -216,6 +216,48 @@ def test_guided_choice_and_regex(server):
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+
+def test_guided_grammar(server):
+    """vLLM's guided_grammar (GBNF): the text is a sentence of the grammar and the sample stops by
+    itself, nested to any depth; json_object (now a grammar) nests deeper than three; a grammar
+    the server cannot run is a 400 naming the problem."""
+    import re
+    c = client(server)
+    calls = (r'root ::= call ("; " call){0,2}' "\n"
+             r'call ::= name "(" (arg ("," " "? arg)*)? ")"' "\n"
+             r'arg ::= [0-9]{1,3} | call' "\n"
+             r'name ::= [a-z] [a-z_]{0,7}')
+    flat = re.compile(r"[a-z][a-z_]{0,7}\((?:[^()]|\([^()]*\))*\)")
+    for temperature in (0, 0.9):
+        got = c.completions.create(model=server.model, prompt="result = ", max_tokens=48,
+                                   temperature=temperature, seed=3, n=2,
+                                   extra_body={"guided_grammar": calls})
+        for choice in got.choices:
+            text = choice.text
+            assert text and re.fullmatch(r"[a-z][a-z_]{0,7}\(.*\)(; .*)?", text) or \
+                choice.finish_reason == "length", text
+            # Balanced parentheses, never closing more than opened.
+            depth = 0
+            for ch in text:
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+                assert depth >= 0, text
+            if choice.finish_reason == "stop":
+                assert depth == 0, text
+    deep = c.completions.create(model=server.model, prompt="x", max_tokens=40, temperature=0,
+                                extra_body={"guided_grammar": 'root ::= "[" (root | [0-9]) "]"'})
+    text = deep.choices[0].text
+    assert re.fullmatch(r"\[*[0-9]?\]*", text) and text.count("[") >= text.count("]"), text
+    if deep.choices[0].finish_reason == "stop":
+        assert text.count("[") == text.count("]"), text
+    for bad, message in (("root ::= x", "'x' is used but not defined"),
+                         ("root ::= root \"a\" | \"b\"", "left-recursive"),
+                         ("start ::= \"a\"", "no 'root' rule")):
+        got, body = server.request("POST", "/v1/completions", raw=json.dumps(
+            {"prompt": "x", "max_tokens": 2, "guided_grammar": bad}).encode())
+        assert got == 400, body[:300]
+        error = json.loads(body)["error"]
+        assert message in error["message"] and error["param"] == "guided_grammar", error
+
 def test_bad_words_never_complete(server):
     """vLLM's bad_words: the word's tokens (as is and after a space) never come out in sequence,
     where the same greedy completion without them does write the word."""

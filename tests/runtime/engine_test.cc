@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/sampling.h"
+#include "runtime/grammar.h"
 #include "runtime/guided.h"
 #include "runtime/stats_log.h"
 #include "tests/runtime/fake_runner.h"
@@ -1004,11 +1005,20 @@ TEST(Engine, GuidedSamplesMatchTheirPatternAndStopThemselves) {
   vocab->bytes[kEos].clear();
   vocab->eos = kEos;
   const std::string pattern = "(?:b|cd)+e|[x-z]{2,4}|" + RegexGuide::ChoicePattern({"hello"});
-  auto guide = RegexGuide::Compile(pattern, vocab);
-  ASSERT_TRUE(guide.ok()) << guide.status();
+  // The same language as a grammar (runtime/grammar.h), whose states are found as texts reach
+  // them.
+  const std::string grammar = "root ::= (\"b\" | \"cd\")+ \"e\" | [x-z]{2,4} | \"hello\"";
+  auto regex_guide = RegexGuide::Compile(pattern, vocab);
+  ASSERT_TRUE(regex_guide.ok()) << regex_guide.status();
+  auto grammar_guide = GrammarGuide::Compile(grammar, vocab);
+  ASSERT_TRUE(grammar_guide.ok()) << grammar_guide.status();
   const std::regex want(pattern);
-  for (const int mode : {0, 1, 2}) {  // host sampler; device sampler; device and speculation
+  // host sampler; device sampler; device and speculation; host sampler with the grammar
+  for (const int mode : {0, 1, 2, 3}) {
     SCOPED_TRACE(mode);
+    const bool by_grammar = mode == 3;
+    const std::shared_ptr<const Guide> guide =
+        by_grammar ? std::shared_ptr<const Guide>(*grammar_guide) : *regex_guide;
     FakeRunnerOptions runner_options;
     runner_options.device_sampling = mode > 0;
     runner_options.cycle_boost = mode == 2 ? 6.0f : 0.0f;
@@ -1026,8 +1036,8 @@ TEST(Engine, GuidedSamplesMatchTheirPatternAndStopThemselves) {
       params.max_tokens = 40;
       params.min_tokens = i % 5 == 0 ? 6 : 0;
       params.ignore_eos = i % 3 == 1;
-      params.guided_regex = pattern;
-      params.guide = *guide;
+      (by_grammar ? params.guided_grammar : params.guided_regex) = by_grammar ? grammar : pattern;
+      params.guide = guide;
       ASSERT_TRUE(h.Add(absl::StrCat("g", i), {1 + static_cast<int32_t>(rng() % 30)}, params).ok());
     }
     h.RunToCompletion();
@@ -1046,6 +1056,11 @@ TEST(Engine, GuidedSamplesMatchTheirPatternAndStopThemselves) {
   SamplingParams unguided;
   unguided.guided_regex = "a+";  // a pattern without its compiled guide is refused
   EXPECT_TRUE(absl::IsInvalidArgument(unguided.Validate()));
+  SamplingParams both;
+  both.guided_regex = pattern;
+  both.guided_grammar = grammar;
+  both.guide = *regex_guide;
+  EXPECT_TRUE(absl::IsInvalidArgument(both.Validate()));
 }
 
 // Priority scheduling (vLLM's --scheduling-policy priority): with one sequence at a time, requests

@@ -1,7 +1,8 @@
-// libFuzzer target for guided decoding's patterns (runtime/guided.h): arbitrary bytes as a
-// guided_regex compile or are refused with InvalidArgument, never a crash, a hang or undefined
-// behaviour; a compiled guide walks any text and masks a row in every state it reaches. Built
-// with clang++ (CMakeLists.txt beside).
+// libFuzzer target for guided decoding's patterns (runtime/guided.h) and grammars
+// (runtime/grammar.h: an input whose pattern holds "::=" is a GBNF grammar): arbitrary bytes
+// compile or are refused with InvalidArgument, never a crash, a hang or undefined behaviour; a
+// compiled guide walks any text and masks a row in every state it reaches. Built with clang++
+// (CMakeLists.txt beside).
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/grammar.h"
 #include "runtime/guided.h"
 #include "runtime/status.h"
 
@@ -24,13 +26,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     v->eos = 0;
     return v;
   }();
-  auto guide = mqa::RegexGuide::Compile(pattern, vocab);
+  absl::StatusOr<std::shared_ptr<const mqa::Guide>> guide;
+  if (pattern.find("::=") != std::string::npos) {
+    guide = mqa::GrammarGuide::Compile(pattern, vocab);
+  } else {
+    guide = mqa::RegexGuide::Compile(pattern, vocab);
+  }
   if (!guide.ok()) {
     MQA_CHECK(absl::IsInvalidArgument(guide.status()));
     return 0;
   }
-  const mqa::RegexGuide& g = **guide;
-  int state = mqa::RegexGuide::start();
+  const mqa::Guide& g = **guide;
+  int state = mqa::Guide::start();
   std::vector<float> row(vocab->bytes.size());
   for (char c : text) {
     std::fill(row.begin(), row.end(), 0.0f);
@@ -38,15 +45,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t t = 0; t < row.size(); ++t) {
       // A token is allowed exactly when its bytes keep the text alive (EOS: when it matches).
       const bool allowed = row[t] != -std::numeric_limits<float>::infinity();
-      const bool live = t == 0
-                            ? g.Accepting(state)
-                            : !vocab->bytes[t].empty() &&
-                                  g.AdvanceBytes(state, vocab->bytes[t]) != mqa::RegexGuide::kDead;
+      const bool live = t == 0 ? g.Accepting(state)
+                               : !vocab->bytes[t].empty() &&
+                                     g.AdvanceBytes(state, vocab->bytes[t]) != mqa::Guide::kDead;
       MQA_CHECK(allowed == live);
     }
     if (g.Complete(state)) MQA_CHECK(g.Accepting(state));
     state = g.AdvanceBytes(state, std::string(1, c));
-    if (state == mqa::RegexGuide::kDead) break;
+    if (state == mqa::Guide::kDead) break;
   }
   return 0;
 }

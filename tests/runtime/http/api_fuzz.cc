@@ -30,6 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const mqa::SamplingParams& p = r->params;
     MQA_CHECK(!r->prompts.empty() && r->prompts.size() <= mqa::kMaxPromptsPerRequest);
     MQA_CHECK(p.n >= 1 && p.n <= mqa::kMaxN);
+    MQA_CHECK(p.guided_regex.empty() || p.guided_grammar.empty());  // one guide at most
     MQA_CHECK(p.max_tokens >= 1 || (p.max_tokens == 0 && r->echo));
     // Echo with logprobs and vLLM's prompt_logprobs ask the engine for the prompt's scores.
     if (r->echo && p.logprobs.has_value()) {
@@ -71,7 +72,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MQA_CHECK(chat.tools.is_null() || (chat.tools.is_array() && !chat.tools.empty()));
     if (r->tool_choice.mode != mqa::ToolChoiceMode::kNone) {
       // A tool choice guides the output, and names a tool given.
-      MQA_CHECK(!chat.tools.is_null() && !r->common.params.guided_regex.empty() && !r->echo);
+      MQA_CHECK(
+          !chat.tools.is_null() && !r->echo &&
+          (!r->common.params.guided_regex.empty() || !r->common.params.guided_grammar.empty()));
       bool named = r->tool_choice.mode == mqa::ToolChoiceMode::kRequired;
       for (const nlohmann::json& tool : chat.tools) {
         named |= tool["function"]["name"] == r->tool_choice.name;

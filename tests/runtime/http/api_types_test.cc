@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/grammar.h"
 #include "runtime/json_schema_regex.h"
 
 namespace mqa {
@@ -332,7 +333,12 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
   absl::StatusOr<CompletionRequest> object =
       ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "json_object"}})");
   ASSERT_TRUE(object.ok()) << object.status();
-  EXPECT_EQ(object->params.guided_regex, AnyJsonObjectRegex());
+  EXPECT_TRUE(object->params.guided_regex.empty());  // any depth: a grammar
+  EXPECT_EQ(object->params.guided_grammar, GrammarGuide::JsonObjectGrammar());
+  absl::StatusOr<CompletionRequest> grammar =
+      ParseCompletionRequest(R"({"prompt": "x", "guided_grammar": "root ::= \"a\"+"})");
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  EXPECT_EQ(grammar->params.guided_grammar, "root ::= \"a\"+");
   const std::pair<const char*, const char*> refused[] = {
       {R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
       {R"({"prompt": "x", "allowed_token_ids": [-1]})", "allowed_token_ids"},
@@ -349,7 +355,12 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       {R"({"prompt": "x", "guided_choice": []})", "guided_choice"},
       {R"({"prompt": "x", "guided_choice": ["a", ""]})", "guided_choice"},
       {R"({"prompt": "x", "guided_choice": ["a"], "guided_regex": "a"})", "guided_choice"},
-      {R"({"prompt": "x", "guided_grammar": "root ::= x"})", "guided_grammar"},
+      {R"({"prompt": "x", "guided_grammar": ""})", "guided_grammar"},
+      {R"({"prompt": "x", "guided_grammar": ["root ::= x"]})", "guided_grammar"},
+      {R"({"prompt": "x", "guided_grammar": "root ::= x", "guided_regex": "a"})", "guided_grammar"},
+      {R"({"prompt": "x", "guided_grammar": "root ::= x", "response_format": {"type":
+          "json_object"}})",
+       "response_format"},
       {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
       {R"({"prompt": "x", "response_format": "json"})", "response_format"},
       {R"({"prompt": "x", "use_beam_search": true})", "use_beam_search"},
@@ -405,7 +416,8 @@ TEST(ApiTypesTest, ToolsAndToolChoice) {
   absl::StatusOr<ChatRequest> bare =
       parse(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "now"}})");
   ASSERT_TRUE(bare.ok()) << bare.status();
-  EXPECT_TRUE(matches(bare->common.params.guided_regex, R"({"any": [1, {"x": null}]})"));
+  EXPECT_TRUE(bare->common.params.guided_regex.empty());
+  EXPECT_EQ(bare->common.params.guided_grammar, GrammarGuide::JsonObjectGrammar());
 
   // Required: a non-empty list of calls of the tools given, at most one without parallel calls.
   absl::StatusOr<ChatRequest> required = parse(tools + R"(, "tool_choice": "required")");
