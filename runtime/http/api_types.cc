@@ -276,11 +276,57 @@ absl::StatusOr<json> ParseObject(absl::string_view body) {
   return parsed;
 }
 
+// Beam search's limits: a width the top-k log-probabilities can serve, and none of the fields it
+// would ignore (it ranks whole continuations by the model's own log-probabilities).
+absl::Status CheckBeamSearch(const json& object, const CompletionRequest& request) {
+  if (!request.beam_search.has_value()) return absl::OkStatus();
+  const SamplingParams& p = request.params;
+  if (p.n > kMaxBeamWidth) {
+    return InvalidParam("n", absl::StrCat("beam search takes n (the beam width) up to ",
+                                          kMaxBeamWidth, ", got ", p.n));
+  }
+  if (!std::isfinite(request.beam_search->length_penalty)) {
+    return InvalidParam("length_penalty", "'length_penalty' must be finite");
+  }
+  for (const char* name : {"logprobs",
+                           "prompt_logprobs",
+                           "echo",
+                           "stop",
+                           "stop_token_ids",
+                           "bad_words",
+                           "logit_bias",
+                           "allowed_token_ids",
+                           "min_tokens",
+                           "presence_penalty",
+                           "frequency_penalty",
+                           "repetition_penalty",
+                           "top_p",
+                           "top_k",
+                           "min_p",
+                           "guided_regex",
+                           "guided_choice",
+                           "guided_json",
+                           "guided_grammar",
+                           "response_format",
+                           "suffix",
+                           "best_of"}) {
+    if (Field(object, name) != nullptr) {
+      return InvalidParam(name, absl::StrCat("'", name, "' does not go with beam search"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The server's defaults (generation_config.json's) into the fields the body leaves unset.
 void ApplyDefaults(const json& defaults, json& object) {
   if (!defaults.is_object()) return;
+  // Beam search ranks by the model's own log-probabilities: of the defaults only max_tokens
+  // applies to it.
+  const json* beams = Field(object, "use_beam_search");
+  const bool beam_search = beams != nullptr && *beams == true;
   for (const auto& [key, value] : defaults.items()) {
     if (key == "max_tokens" && Field(object, "max_completion_tokens") != nullptr) continue;
+    if (beam_search && key != "max_tokens") continue;
     if (Field(object, key.c_str()) == nullptr) object[key] = value;
   }
 }
@@ -424,7 +470,13 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   RETURN_IF_ERROR(ReadInt(object, "priority", std::numeric_limits<int>::min(), kIntMax, &p.priority));
   bool beam_search = false;
   RETURN_IF_ERROR(ReadBool(object, "use_beam_search", &beam_search));
-  if (beam_search) return InvalidParam("use_beam_search", "beam search is not supported");
+  if (beam_search) request->beam_search.emplace();
+  if (Field(object, "length_penalty") != nullptr) {
+    if (!beam_search) {
+      return InvalidParam("length_penalty", "'length_penalty' needs 'use_beam_search': true");
+    }
+    RETURN_IF_ERROR(ReadFloat(object, "length_penalty", &request->beam_search->length_penalty));
+  }
   if (const json* bad_words = Field(object, "bad_words"); bad_words != nullptr) {
     if (!bad_words->is_array()) return TypeError("bad_words", "a list of non-empty strings");
     for (const json& word : *bad_words) {
@@ -619,6 +671,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
   RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params));
+  RETURN_IF_ERROR(CheckBeamSearch(object, request));
   if (Field(object, "prompt_logprobs") != nullptr) {
     RETURN_IF_ERROR(
         ReadInt(object, "prompt_logprobs", 0, kMaxLogprobs, &request.prompt_logprobs.emplace()));
@@ -668,6 +721,9 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body, const j
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
   if (request.common.echo) return InvalidParam("echo", "'echo' is not supported by /v1/infill");
+  if (request.common.beam_search.has_value()) {
+    return InvalidParam("use_beam_search", "beam search is served by /v1/completions");
+  }
   return request;
 }
 
@@ -956,6 +1012,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
     object["max_tokens"] = object["max_completion_tokens"];
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
+  if (request.common.beam_search.has_value()) {
+    return InvalidParam("use_beam_search", "beam search is served by /v1/completions");
+  }
   RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params));
   RETURN_IF_ERROR(ReadToolChoice(body, object, &request));
   if (logprobs) request.common.params.logprobs = top_logprobs;

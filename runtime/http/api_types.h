@@ -79,7 +79,18 @@ struct CompletionRequest {
   // With echo, `logprobs` also covers the prompt (OpenAI's answer). Either sets
   // params.prompt_logprobs, so that the engine computes them.
   std::optional<int> prompt_logprobs;
+  // vLLM's use_beam_search (/v1/completions only): the n most likely continuations of each prompt
+  // by beam search of width n (at most kMaxBeamWidth), scored as vLLM scores them: cumulative
+  // log-probability over (prompt + output length) ^ length_penalty. The sampling fields that
+  // would change nothing (temperature, seed) are accepted; those that would (logprobs, stop
+  // strings, guidance, penalties, echo, ...) are refused with a 400.
+  struct BeamSearch {
+    float length_penalty = 1.0f;
+  };
+  std::optional<BeamSearch> beam_search;
 };
+
+inline constexpr int kMaxBeamWidth = 8;
 
 // Default max_tokens when the client sends none (OpenAI's).
 inline constexpr int kDefaultMaxTokens = 16;

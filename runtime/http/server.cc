@@ -25,6 +25,7 @@
 #include "runtime/grammar.h"
 #include "runtime/guided.h"
 #include "runtime/http/api_types.h"
+#include "runtime/http/beam_search_job.h"
 #include "runtime/http/chat_job.h"
 #include "runtime/http/completion_job.h"
 #include "runtime/http/metrics.h"
@@ -142,8 +143,8 @@ struct HttpServer::Impl {
   absl::Status CheckModel(const std::optional<std::string>& model) const;
 
   // Parses, tokenizes and submits one completion / infill call.
-  absl::StatusOr<std::shared_ptr<CompletionJob>> StartJob(const httplib::Request& req, bool infill,
-                                                          bool* stream);
+  absl::StatusOr<std::shared_ptr<HttpJob>> StartJob(const httplib::Request& req, bool infill,
+                                                    bool* stream);
   absl::StatusOr<std::vector<PreparedPrompt>> Prepare(const CompletionRequest& request) const;
   // The fill-in-the-middle prompt of `prefix` and `suffix` (user text: special-token text in them
   // stays text); InvalidArgument naming `param` where the model has no FIM tokens.
@@ -353,8 +354,8 @@ void HttpServer::Impl::AbortAll(const HttpJob& job) {
   for (const std::string& id : job.UnfinishedEngineIds()) engine->Abort(id);
 }
 
-absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
-    const httplib::Request& req, bool infill, bool* stream) {
+absl::StatusOr<std::shared_ptr<HttpJob>> HttpServer::Impl::StartJob(const httplib::Request& req,
+                                                                    bool infill, bool* stream) {
   const absl::Time arrival = absl::Now();
   RETURN_IF_ERROR(CheckAuth(req));
   RETURN_IF_ERROR(CheckServing());
@@ -380,6 +381,28 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::StartJob(
     }
   }
   *stream = request.stream;
+  if (request.beam_search.has_value()) {
+    ASSIGN_OR_RETURN(std::vector<PreparedPrompt> prompts, Prepare(request));
+    auto job = std::make_shared<BeamSearchJob>(
+        CompletionJobOptions{.id = absl::StrCat("cmpl-", next_id.fetch_add(1)),
+                             .model = options.served_model_name,
+                             .created = absl::ToUnixSeconds(arrival),
+                             .n = request.params.n,
+                             .include_usage = request.include_usage,
+                             .return_token_ids = request.return_token_ids,
+                             .arrival = arrival},
+        std::move(prompts),
+        BeamSearchOptions{.length_penalty = request.beam_search->length_penalty,
+                          .ignore_eos = request.params.ignore_eos,
+                          .eos_token_id = engine->eos_token_id()},
+        tokenizer, &metrics, [this](EngineRequest r) { return engine->AddRequest(std::move(r)); },
+        [this](const std::string& id) { engine->Abort(id); });
+    if (absl::Status started = job->Start(); !started.ok()) {
+      AbortAll(*job);
+      return started;
+    }
+    return job;
+  }
   return SubmitJob(request, request.params,
                    {.id = absl::StrCat("cmpl-", next_id.fetch_add(1)),
                     .echo = request.echo,

@@ -258,6 +258,32 @@ def test_guided_grammar(server):
         error = json.loads(body)["error"]
         assert message in error["message"] and error["param"] == "guided_grammar", error
 
+
+def test_beam_search(server):
+    """vLLM's use_beam_search through the OpenAI client: n distinct continuations, the best first
+    (cumulative log-probability, scored again here with the server's own prompt_logprobs)."""
+    c = client(server)
+    got = c.completions.create(model=server.model, prompt="def fibonacci(n):\n", max_tokens=8,
+                               n=3, extra_body={"use_beam_search": True, "length_penalty": 0.0,
+                                                "return_token_ids": True})
+    assert len(got.choices) == 3
+    texts = [choice.text for choice in got.choices]
+    assert len(set(texts)) == 3, texts
+    prompt = server.post_json("/tokenize", {"prompt": "def fibonacci(n):\n"})[1]["tokens"]
+    scores = []
+    for choice in got.choices:
+        ids = choice.model_extra["token_ids"]
+        status, scored = server.post_json("/v1/completions", {
+            "prompt": prompt + ids, "max_tokens": 1, "prompt_logprobs": 0})
+        assert status == 200, scored
+        entries = scored["choices"][0]["prompt_logprobs"][len(prompt):]
+        scores.append(sum(next(iter(e.values()))["logprob"] for e in entries))
+    # length_penalty 0: ranked by the cumulative log-probability itself.
+    assert scores == sorted(scores, reverse=True), scores
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=server.model, prompt="x", max_tokens=2,
+                             extra_body={"use_beam_search": True, "logprobs": 1})
+
 def test_bad_words_never_complete(server):
     """vLLM's bad_words: the word's tokens (as is and after a space) never come out in sequence,
     where the same greedy completion without them does write the word."""

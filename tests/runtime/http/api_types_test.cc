@@ -363,13 +363,32 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
        "response_format"},
       {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
       {R"({"prompt": "x", "response_format": "json"})", "response_format"},
-      {R"({"prompt": "x", "use_beam_search": true})", "use_beam_search"},
+      {R"({"prompt": "x", "use_beam_search": true, "stop": "y"})", "stop"},
+      {R"({"prompt": "x", "use_beam_search": true, "n": 9})", "n"},
+      {R"({"prompt": "x", "length_penalty": 1})", "length_penalty"},
       {R"({"prompt": "x", "bad_words": [""]})", "bad_words"},
       {R"({"prompt": "x", "bad_words": "import"})", "bad_words"},
   };
   for (const auto& [body, param] : refused) {
     EXPECT_EQ(ErrorParam(ParseCompletionRequest(body).status()), param) << body;
   }
+  absl::StatusOr<CompletionRequest> beams = ParseCompletionRequest(
+      R"({"prompt": "x", "use_beam_search": true, "n": 4, "length_penalty": 0.5,
+          "temperature": 0.7, "seed": 3})");
+  ASSERT_TRUE(beams.ok()) << beams.status();
+  ASSERT_TRUE(beams->beam_search.has_value());
+  EXPECT_EQ(beams->beam_search->length_penalty, 0.5f);
+  EXPECT_EQ(beams->params.n, 4);
+  EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": "x"})")->beam_search.has_value());
+  EXPECT_EQ(ErrorParam(ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}],
+                                           "use_beam_search": true})")
+                           .status()),
+            "use_beam_search");
+  // generation_config defaults do not reach a beam search, but its max_tokens does.
+  absl::StatusOr<CompletionRequest> defaulted = ParseCompletionRequest(
+      R"({"prompt": "x", "use_beam_search": true})", {{"top_p", 0.9}, {"max_tokens", 5}});
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status();
+  EXPECT_EQ(defaulted->params.max_tokens, 5);
 }
 
 // Random in-range values of every field come through unchanged.

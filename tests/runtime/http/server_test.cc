@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -67,6 +68,57 @@ std::vector<int32_t> GreedyReference(std::vector<int32_t> history, int max_token
     history.push_back(next);
     if (next == 0) break;
   }
+  return out;
+}
+
+// Beam search over the fake model, written out here as the oracle of BeamSearchJob: each beam's
+// 2 x width best next tokens by log_softmax, scored cumulative log-probability / (prompt + output
+// length) ^ length_penalty (EOS not counted), EOS endings set aside, the best `width` kept; the
+// best `width` of all at the end. Returns (tokens, ended by EOS) best first.
+std::vector<std::pair<std::vector<int32_t>, bool>> ReferenceBeamSearch(
+    const std::vector<int32_t>& prompt, int width, int max_tokens, double length_penalty, int vocab,
+    int32_t eos) {
+  struct B {
+    std::vector<int32_t> tokens;
+    double logprob = 0;
+    bool ended = false;
+  };
+  auto score = [&](const B& b) {
+    const double length = static_cast<double>(prompt.size() + b.tokens.size() - (b.ended ? 1 : 0));
+    return b.logprob / std::pow(length, length_penalty);
+  };
+  auto by_score = [&](const B& a, const B& b) { return score(a) > score(b); };
+  std::vector<B> live = {B{}}, done;
+  for (int step = 0; step < max_tokens && !live.empty(); ++step) {
+    std::vector<B> next;
+    for (const B& b : live) {
+      std::vector<int32_t> history = prompt;
+      history.insert(history.end(), b.tokens.begin(), b.tokens.end());
+      const std::vector<float> logits = testing::ReferenceLogits(history, vocab);
+      const double top = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (float l : logits) sum += std::exp(l - top);
+      std::vector<int32_t> order(vocab);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t x, int32_t y) { return logits[x] > logits[y]; });
+      for (int k = 0; k < 2 * width; ++k) {
+        B c = b;
+        c.tokens.push_back(order[k]);
+        c.logprob += logits[order[k]] - top - std::log(sum);
+        c.ended = order[k] == eos;
+        (c.ended ? done : next).push_back(std::move(c));
+      }
+    }
+    std::stable_sort(next.begin(), next.end(), by_score);
+    if (next.size() > static_cast<size_t>(width)) next.resize(width);
+    live = std::move(next);
+  }
+  done.insert(done.end(), live.begin(), live.end());
+  std::stable_sort(done.begin(), done.end(), by_score);
+  if (done.size() > static_cast<size_t>(width)) done.resize(width);
+  std::vector<std::pair<std::vector<int32_t>, bool>> out;
+  for (const B& b : done) out.push_back({b.tokens, b.ended});
   return out;
 }
 
@@ -1673,6 +1725,116 @@ TEST_F(HttpServerTest, GenerationConfigDefaultsAndEndOfSequenceIds) {
   json tgi = PostOk("/generate", {{"inputs", "def main():"},
                                   {"parameters", {{"max_new_tokens", 12}, {"details", true}}}});
   EXPECT_EQ(tgi["details"]["generated_tokens"], stop_at + 1) << tgi;
+}
+
+// vLLM's use_beam_search: the n best continuations by the oracle above, for two prompts, plain and
+// streamed (the choices whole at the end), with a length penalty; width 1 without EOS is greedy;
+// what beam search would ignore is refused.
+TEST_F(HttpServerTest, BeamSearchFindsTheBestContinuations) {
+  TestSetup setup = DefaultSetup();
+  Start(setup);
+  const int vocab = setup.runner.vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {FixtureTokenizer().Encode("def main():"),
+                                                     FixtureTokenizer().Encode("import os\n")};
+  for (const double penalty : {1.0, 0.0, 2.5}) {
+    SCOPED_TRACE(penalty);
+    json body = {{"prompt", prompts}, {"use_beam_search", true},   {"n", 3},
+                 {"max_tokens", 6},   {"length_penalty", penalty}, {"return_token_ids", true}};
+    json plain = PostOk("/v1/completions", body);
+    ASSERT_EQ(plain["choices"].size(), 6u) << plain;
+    int completion_tokens = 0;
+    for (int p = 0; p < 2; ++p) {
+      const auto want = ReferenceBeamSearch(prompts[p], 3, 6, penalty, vocab, /*eos=*/0);
+      ASSERT_EQ(want.size(), 3u);
+      for (int i = 0; i < 3; ++i) {
+        const json& c = plain["choices"][p * 3 + i];
+        EXPECT_EQ(c["index"], p * 3 + i);
+        EXPECT_EQ(c["token_ids"].get<std::vector<int32_t>>(), want[i].first)
+            << "prompt " << p << " beam " << i;
+        EXPECT_EQ(c["finish_reason"], want[i].second ? "stop" : "length");
+        std::vector<int32_t> shown = want[i].first;
+        if (want[i].second) shown.pop_back();
+        EXPECT_EQ(c["text"], FixtureTokenizer().Decode(shown));
+        completion_tokens += static_cast<int>(want[i].first.size());
+      }
+    }
+    EXPECT_EQ(plain["usage"]["completion_tokens"], completion_tokens);
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    Sse sse = Stream(body);
+    ASSERT_EQ(sse.status, 200);
+    EXPECT_TRUE(sse.done);
+    json streamed = json::array();
+    for (const json& chunk : sse.chunks) {
+      for (const json& c : chunk["choices"]) streamed.push_back(c);
+      if (chunk["choices"].empty()) EXPECT_EQ(chunk["usage"], plain["usage"]);
+    }
+    EXPECT_EQ(streamed, plain["choices"]);
+  }
+  // Width 1 without EOS: greedy.
+  json one = PostOk("/v1/completions", {{"prompt", prompts[0]},
+                                        {"use_beam_search", true},
+                                        {"max_tokens", 8},
+                                        {"ignore_eos", true},
+                                        {"return_token_ids", true}});
+  std::vector<int32_t> greedy;
+  std::vector<int32_t> history = prompts[0];
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<float> logits = testing::ReferenceLogits(history, vocab);
+    greedy.push_back(
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    history.push_back(greedy.back());
+  }
+  EXPECT_EQ(one["choices"][0]["token_ids"].get<std::vector<int32_t>>(), greedy);
+
+  for (const auto& [extra, param] :
+       std::vector<std::pair<json, std::string>>{{{{"logprobs", 2}}, "logprobs"},
+                                                 {{{"stop", "x"}}, "stop"},
+                                                 {{{"guided_regex", "a+"}}, "guided_regex"},
+                                                 {{{"echo", true}}, "echo"},
+                                                 {{{"n", 9}}, "n"},
+                                                 {{{"top_p", 0.5}}, "top_p"}}) {
+    json body = {{"prompt", "x"}, {"use_beam_search", true}, {"max_tokens", 2}};
+    body.update(extra);
+    int status = 0;
+    json error = Post("/v1/completions", body.dump(), &status);
+    EXPECT_EQ(status, 400) << body;
+    EXPECT_EQ(error["error"]["param"], param) << error;
+  }
+  int status = 0;
+  json chat =
+      Post("/v1/completions", json({{"prompt", "x"}, {"length_penalty", 2.0}}).dump(), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(chat["error"]["param"], "length_penalty");
+  EXPECT_LT(WaitIdle(absl::Seconds(5)), absl::Seconds(5)) << "every beam request ended";
+}
+
+// A model of 6 tokens: EOS (0) is among each beam's 4 candidates, so finished beams are set aside
+// and compete with the live ones at the end, as in the oracle.
+TEST_F(HttpServerTest, BeamSearchSetsAsideBeamsEndedByEos) {
+  TestSetup setup = DefaultSetup();
+  setup.runner.vocab_size = 6;
+  Start(setup);
+  int stops = 0;
+  for (const std::vector<int32_t>& prompt :
+       std::vector<std::vector<int32_t>>{{1, 2, 3}, {4, 5}, {2, 2, 2, 5}}) {
+    for (const double penalty : {1.0, 0.0}) {  // 0: raw log-probability, short endings win
+      json got = PostOk("/v1/completions", {{"prompt", prompt},
+                                            {"use_beam_search", true},
+                                            {"n", 2},
+                                            {"max_tokens", 7},
+                                            {"length_penalty", penalty},
+                                            {"return_token_ids", true}});
+      const auto want = ReferenceBeamSearch(prompt, 2, 7, penalty, 6, /*eos=*/0);
+      ASSERT_EQ(got["choices"].size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got["choices"][i]["token_ids"].get<std::vector<int32_t>>(), want[i].first);
+        EXPECT_EQ(got["choices"][i]["finish_reason"], want[i].second ? "stop" : "length");
+        stops += want[i].second;
+      }
+    }
+  }
+  EXPECT_GT(stops, 0) << "no beam ended by EOS: the test does not reach that path";
 }
 
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
