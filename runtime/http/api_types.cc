@@ -652,15 +652,27 @@ std::string ErrorBody(const absl::Status& status) {
                 {"type", ErrorType(http_status)},
                 {"param", param.empty() ? json(nullptr) : json(param)},
                 {"code", ErrorCode(http_status)}};
-  return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return DumpJson(json{{"error", error}});
 }
+
+std::string DumpJson(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json UsageObject(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+std::string SseEvent(const json& value) { return absl::StrCat("data: ", DumpJson(value), "\n\n"); }
 
 std::string ErrorBodyForHttpStatus(int http_status, absl::string_view message) {
   json error = {{"message", std::string(message)},
                 {"type", ErrorType(http_status)},
                 {"param", nullptr},
                 {"code", ErrorCode(http_status)}};
-  return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return DumpJson(json{{"error", error}});
 }
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,

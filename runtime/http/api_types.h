@@ -42,6 +42,12 @@ std::string ErrorParam(const absl::Status& status);
 int HttpStatusFor(const absl::Status& status);
 // {"error": {"message", "type", "param", "code"}} for a non-OK status.
 std::string ErrorBody(const absl::Status& status);
+// A response's JSON as sent: compact, any invalid UTF-8 replaced rather than thrown on.
+std::string DumpJson(const nlohmann::json& value);
+// One OpenAI server-sent event: `data: <json>` and a blank line.
+std::string SseEvent(const nlohmann::json& value);
+// OpenAI's usage object: {"prompt_tokens", "completion_tokens", "total_tokens"}.
+nlohmann::json UsageObject(int64_t prompt_tokens, int64_t completion_tokens);
 // The same body for a bare HTTP status with no Status behind it (httplib's own 404 / 413 ...).
 std::string ErrorBodyForHttpStatus(int http_status, absl::string_view message);
 
@@ -52,6 +58,11 @@ struct PromptInput {
   bool is_text = true;
   std::string text;
   std::vector<int32_t> token_ids;
+};
+
+// A completion's beam search (CompletionRequest::beam_search).
+struct BeamSearchRequest {
+  float length_penalty = 1.0f;
 };
 
 // POST /v1/completions (and the common part of /v1/infill).
@@ -84,10 +95,7 @@ struct CompletionRequest {
   // log-probability over (prompt + output length) ^ length_penalty. The sampling fields that
   // would change nothing (temperature, seed) are accepted; those that would (logprobs, stop
   // strings, guidance, penalties, echo, ...) are refused with a 400.
-  struct BeamSearch {
-    float length_penalty = 1.0f;
-  };
-  std::optional<BeamSearch> beam_search;
+  std::optional<BeamSearchRequest> beam_search;
 };
 
 inline constexpr int kMaxBeamWidth = 8;

@@ -15,10 +15,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 }  // namespace
 
 BeamSearchJob::BeamSearchJob(CompletionJobOptions options, std::vector<PreparedPrompt> prompts,
@@ -170,13 +166,9 @@ bool BeamSearchJob::Drain(absl::Duration timeout, std::string* chunks) {
     }
   }
   if (chunks != nullptr && finished() && error_.ok() && !sent_) {
-    json chunk = {{"id", options_.id},
-                  {"object", "text_completion"},
-                  {"created", options_.created},
-                  {"model", options_.model},
-                  {"choices", Choices()}};
+    json chunk = Body(Choices());
     if (options_.include_usage) chunk["usage"] = nullptr;
-    absl::StrAppend(chunks, "data: ", Dump(chunk), "\n\n");
+    absl::StrAppend(chunks, SseEvent(chunk));
     sent_ = true;
   }
   return !arrived.empty();
@@ -196,6 +188,14 @@ std::vector<std::string> BeamSearchJob::UnfinishedEngineIds() const {
     }
   }
   return ids;
+}
+
+json BeamSearchJob::Body(json choices) const {
+  return {{"id", options_.id},
+          {"object", "text_completion"},
+          {"created", options_.created},
+          {"model", options_.model},
+          {"choices", std::move(choices)}};
 }
 
 json BeamSearchJob::Choices() const {
@@ -231,37 +231,25 @@ json BeamSearchJob::UsageJson() const {
   for (const Search& s : searches_) {
     for (const Beam& beam : s.choices) completion_tokens += beam.tokens.size();
   }
-  return {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+  return UsageObject(prompt_tokens, completion_tokens);
 }
 
 std::string BeamSearchJob::ClosingChunks(const absl::Status& error) const {
   std::string chunks;
   if (!error.ok()) absl::StrAppend(&chunks, "data: ", mqa::ErrorBody(error), "\n\n");
   if (options_.include_usage) {
-    json chunk = {{"id", options_.id},           {"object", "text_completion"},
-                  {"created", options_.created}, {"model", options_.model},
-                  {"choices", json::array()},    {"usage", UsageJson()}};
-    absl::StrAppend(&chunks, "data: ", Dump(chunk), "\n\n");
+    json chunk = Body(json::array());
+    chunk["usage"] = UsageJson();
+    absl::StrAppend(&chunks, SseEvent(chunk));
   }
   absl::StrAppend(&chunks, "data: [DONE]\n\n");
   return chunks;
 }
 
 std::string BeamSearchJob::ResponseBody() const {
-  json body = {{"id", options_.id},           {"object", "text_completion"},
-               {"created", options_.created}, {"model", options_.model},
-               {"choices", Choices()},        {"usage", UsageJson()}};
-  return Dump(body);
-}
-
-int BeamSearchJob::ErrorHttpStatus(const absl::Status& status) const {
-  return HttpStatusFor(status);
-}
-
-std::string BeamSearchJob::ErrorBody(const absl::Status& status) const {
-  return mqa::ErrorBody(status);
+  json body = Body(Choices());
+  body["usage"] = UsageJson();
+  return DumpJson(body);
 }
 
 std::string BeamSearchJob::Summary() const {

@@ -58,8 +58,6 @@ class BeamSearchJob : public HttpJob, public std::enable_shared_from_this<BeamSe
   std::string OpeningChunks() override { return ""; }
   std::string ClosingChunks(const absl::Status& error) const override;
   std::string ResponseBody() const override;
-  int ErrorHttpStatus(const absl::Status& status) const override;
-  std::string ErrorBody(const absl::Status& status) const override;
   std::string Summary() const override;
 
  private:
@@ -90,6 +88,8 @@ class BeamSearchJob : public HttpJob, public std::enable_shared_from_this<BeamSe
   // The step's answers are all in: rank the candidates, then submit the next step or finish.
   absl::Status Advance(int prompt_index);
   void Finish(int prompt_index);
+  // {"id", "object", "created", "model", "choices"}.
+  nlohmann::json Body(nlohmann::json choices) const;
   nlohmann::json Choices() const;
   nlohmann::json UsageJson() const;
 

@@ -3,16 +3,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/http/api_types.h"
 #include "runtime/status.h"
 
 namespace mqa {
 namespace {
 
 using json = nlohmann::json;
-
-std::string Dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
 
 }  // namespace
 
@@ -128,7 +125,7 @@ std::string ChatJob::ChoiceChunk(int index, json delta, const json& finish, json
   json chunk = ChunkBase();
   chunk["choices"] = json::array({std::move(choice)});
   if (inner().options().include_usage) chunk["usage"] = nullptr;
-  return absl::StrCat("data: ", Dump(chunk), "\n\n");
+  return SseEvent(chunk);
 }
 
 std::string ChatJob::OpeningChunks() {
@@ -173,7 +170,7 @@ std::string ChatJob::ClosingChunks(const absl::Status& error) const {
     json chunk = ChunkBase();
     chunk["choices"] = json::array();
     chunk["usage"] = inner().UsageJson();
-    absl::StrAppend(&chunks, "data: ", Dump(chunk), "\n\n");
+    absl::StrAppend(&chunks, SseEvent(chunk));
   }
   absl::StrAppend(&chunks, "data: [DONE]\n\n");
   return chunks;
@@ -194,7 +191,7 @@ std::string ChatJob::ResponseBody() const {
   json body = {{"id", inner().options().id},           {"object", "chat.completion"},
                {"created", inner().options().created}, {"model", inner().options().model},
                {"choices", std::move(choices)},        {"usage", inner().UsageJson()}};
-  return Dump(body);
+  return DumpJson(body);
 }
 
 }  // namespace mqa

@@ -13,18 +13,11 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Dump(const json& value) {
-  // Generated text is valid UTF-8 by construction; `replace` keeps a bug from throwing here.
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 int64_t CodePoints(absl::string_view text) {
   int64_t n = 0;
   for (char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   return n;
 }
-
-std::string SseEvent(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
 
 json EmptyLogprobs() {
   return {{"tokens", json::array()},
@@ -334,9 +327,7 @@ json CompletionJob::UsageJson() const {
   int64_t completion_tokens = 0;
   for (const PreparedPrompt& prompt : prompts_) prompt_tokens += prompt.token_ids.size();
   for (const Choice& choice : choices_) completion_tokens += choice.token_ids.size();
-  return {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+  return UsageObject(prompt_tokens, completion_tokens);
 }
 
 std::string CompletionJob::ClosingChunks(const absl::Status& error) const {
@@ -371,7 +362,7 @@ std::string CompletionJob::ResponseBody() const {
   json body = ChunkBase();
   body["choices"] = std::move(choices);
   body["usage"] = UsageJson();
-  return Dump(body);
+  return DumpJson(body);
 }
 
 json CompletionJob::FinishReasonJson(const std::optional<FinishReason>& reason) {
@@ -383,14 +374,6 @@ json CompletionJob::StopReasonJson(const Choice& choice) {
   if (choice.stop_token_id.has_value()) return *choice.stop_token_id;
   if (!choice.stop_reason.empty()) return choice.stop_reason;
   return nullptr;
-}
-
-int CompletionJob::ErrorHttpStatus(const absl::Status& status) const {
-  return HttpStatusFor(status);
-}
-
-std::string CompletionJob::ErrorBody(const absl::Status& status) const {
-  return mqa::ErrorBody(status);
 }
 
 std::string CompletionJob::Summary() const {

@@ -96,8 +96,6 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   std::string OpeningChunks() override;
   std::string ClosingChunks(const absl::Status& error) const override;
   std::string ResponseBody() const override;
-  int ErrorHttpStatus(const absl::Status& status) const override;
-  std::string ErrorBody(const absl::Status& status) const override;
   std::string Summary() const override;
 
   // HTTP thread: choice `ci` (prompt ci / n, sample ci % n) as received so far, and the scores of

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "runtime/http/api_types.h"
 
 namespace mqa {
 
@@ -37,9 +38,10 @@ class HttpJob {
   // Non-streaming: the whole response body.
   virtual std::string ResponseBody() const = 0;
 
-  // An error before or instead of the response, as this API spells it.
-  virtual int ErrorHttpStatus(const absl::Status& status) const = 0;
-  virtual std::string ErrorBody(const absl::Status& status) const = 0;
+  // An error before or instead of the response, as this API spells it: OpenAI's unless the job
+  // says otherwise.
+  virtual int ErrorHttpStatus(const absl::Status& status) const { return HttpStatusFor(status); }
+  virtual std::string ErrorBody(const absl::Status& status) const { return mqa::ErrorBody(status); }
   // One line for the request log: the call's id, its prompts' and generated token counts, how its
   // choices finished and how long it took (never prompt or output text).
   virtual std::string Summary() const = 0;

@@ -11,12 +11,8 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 // TGI writes `data:` without the space.
-std::string Event(const json& value) { return absl::StrCat("data:", Dump(value), "\n\n"); }
+std::string Event(const json& value) { return absl::StrCat("data:", DumpJson(value), "\n\n"); }
 
 }  // namespace
 
@@ -122,7 +118,7 @@ std::string TgiJob::ClosingChunks(const absl::Status& error) const {
 std::string TgiJob::ResponseBody() const {
   json response = {{"generated_text", GeneratedText()}};
   if (options_.details) response["details"] = Details();
-  return Dump(options_.list_response ? json::array({std::move(response)}) : response);
+  return DumpJson(options_.list_response ? json::array({std::move(response)}) : response);
 }
 
 int TgiJob::ErrorHttpStatus(const absl::Status& status) const { return TgiHttpStatusFor(status); }
