@@ -417,15 +417,17 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   if (p.n < 1 || p.n > kMaxN) {
     return InvalidParam("n", absl::StrCat("'n' must be in [1, ", kMaxN, "], got ", p.n));
   }
-  // best_of (the n best of best_of samples by likelihood) is not implemented: accepted only where
-  // it changes nothing (1, or n), refused otherwise rather than silently ignored.
+  // best_of: the n most likely of best_of samples (1 or n: each sample is returned).
   int best_of = 1;
   RETURN_IF_ERROR(ReadInt(object, "best_of", std::numeric_limits<int>::min(), kIntMax, &best_of));
-  if (best_of != 1 && best_of != p.n) {
-    return InvalidParam("best_of", absl::StrCat("'best_of' other than 1 or 'n' is not supported "
-                                                "(got ",
-                                                best_of, " with n = ", p.n, ")"));
+  if (best_of != 1 && best_of < p.n) {
+    return InvalidParam("best_of", absl::StrCat("'best_of' must be at least 'n' (got ", best_of,
+                                                " with n = ", p.n, ")"));
   }
+  if (best_of > kMaxN) {
+    return InvalidParam("best_of", absl::StrCat("'best_of' must be at most ", kMaxN));
+  }
+  if (best_of > p.n) request->best_of = best_of;
   RETURN_IF_ERROR(ReadAdditivePenalty(object, "presence_penalty", &p.presence_penalty));
   RETURN_IF_ERROR(ReadAdditivePenalty(object, "frequency_penalty", &p.frequency_penalty));
   RETURN_IF_ERROR(ReadRepetitionPenalty(object, &p.repetition_penalty));
@@ -544,6 +546,11 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
       }
       request->continuous_usage = running->get<bool>();
     }
+  }
+  if (request->best_of > 0 && request->stream) {
+    return InvalidParam("best_of",
+                        "'best_of' greater than 'n' cannot be streamed (the best are "
+                        "known only at the end)");
   }
   return absl::OkStatus();
 }
@@ -1027,6 +1034,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
   if (request.common.beam_search.has_value()) {
     return InvalidParam("use_beam_search", "beam search is served by /v1/completions");
   }
+  if (request.common.best_of > 0) {
+    return InvalidParam("best_of", "'best_of' is served by /v1/completions");
+  }
   RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params));
   RETURN_IF_ERROR(ReadToolChoice(body, object, &request));
   if (logprobs) request.common.params.logprobs = top_logprobs;
@@ -1086,11 +1096,7 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   bool watermark = false;
   RETURN_IF_ERROR(ReadBool(params, "watermark", &watermark));
   if (watermark) return InvalidParam("watermark", "'watermark' is not supported by this server");
-  int best_of = 1;
-  RETURN_IF_ERROR(ReadInt(params, "best_of", 1, kIntMax, &best_of));
-  if (best_of != 1) {
-    return InvalidParam("best_of", absl::StrCat("'best_of' must be 1 here, got ", best_of));
-  }
+  RETURN_IF_ERROR(ReadInt(params, "best_of", 1, kTgiMaxBestOf, &request.best_of));
   RETURN_IF_ERROR(ReadBool(params, "details", &request.details));
   RETURN_IF_ERROR(ReadBool(params, "decoder_input_details", &request.decoder_input_details));
   RETURN_IF_ERROR(ReadBool(params, "return_full_text", &request.return_full_text));
@@ -1127,6 +1133,11 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
     request.sampling = true;
   }
   p.temperature = request.sampling ? temperature : 0.0f;
+  if (request.best_of > 1 && !request.sampling) {
+    return InvalidParam("best_of",
+                        "'best_of' > 1 needs sampling (do_sample, or a temperature, "
+                        "top_k or top_p)");
+  }
   RETURN_IF_ERROR(ReadRepetitionPenalty(params, &p.repetition_penalty));
   RETURN_IF_ERROR(ReadAdditivePenalty(params, "frequency_penalty", &p.frequency_penalty));
   std::optional<int64_t> seed;

@@ -96,6 +96,10 @@ struct CompletionRequest {
   // would change nothing (temperature, seed) are accepted; those that would (logprobs, stop
   // strings, guidance, penalties, echo, ...) are refused with a 400.
   std::optional<BeamSearchRequest> beam_search;
+  // OpenAI's best_of (/v1/completions and /v1/infill): best_of samples of each prompt are drawn
+  // and the n with the highest cumulative log-probability returned; not streamed. 0: as many as
+  // returned (best_of absent, 1 or n).
+  int best_of = 0;
 };
 
 inline constexpr int kMaxBeamWidth = 8;
@@ -169,7 +173,13 @@ struct TgiRequest {
       false;  // details.prefill: the inputs' tokens with their scores (with details)
   int top_n_tokens = 0;                // details.top_tokens / the stream's top_tokens
   bool sampling = false;
+  // TGI's best_of: that many samples (sampling only, not streamed; the server checks the route),
+  // the one with the highest total log-probability answered and the others in
+  // details.best_of_sequences.
+  int best_of = 1;
 };
+
+inline constexpr int kTgiMaxBestOf = 4;
 
 // Default max_new_tokens (TGI's), cut to what fits the model when not given.
 inline constexpr int kTgiDefaultMaxNewTokens = 100;

@@ -322,11 +322,31 @@ std::string CompletionJob::OpeningChunks() {
   return chunks;
 }
 
+std::vector<int> CompletionJob::ShownChoices() const {
+  std::vector<int> shown;
+  for (int p = 0; p < num_prompts(); ++p) {
+    std::vector<int> samples(options_.n);
+    std::vector<double> logprob(options_.n, 0.0);
+    for (int s = 0; s < options_.n; ++s) {
+      samples[s] = p * options_.n + s;
+      for (const SampleResult& scored : choices_[samples[s]].scores) logprob[s] += scored.logprob;
+    }
+    if (options_.keep > 0) {
+      std::stable_sort(samples.begin(), samples.end(), [&](int a, int b) {
+        return logprob[a - p * options_.n] > logprob[b - p * options_.n];
+      });
+      samples.resize(std::min(options_.keep, options_.n));
+    }
+    shown.insert(shown.end(), samples.begin(), samples.end());
+  }
+  return shown;
+}
+
 json CompletionJob::UsageJson() const {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   for (const PreparedPrompt& prompt : prompts_) prompt_tokens += prompt.token_ids.size();
-  for (const Choice& choice : choices_) completion_tokens += choice.token_ids.size();
+  for (int ci : ShownChoices()) completion_tokens += choices_[ci].token_ids.size();
   return UsageObject(prompt_tokens, completion_tokens);
 }
 
@@ -345,9 +365,11 @@ std::string CompletionJob::ClosingChunks(const absl::Status& error) const {
 
 std::string CompletionJob::ResponseBody() const {
   json choices = json::array();
-  for (int ci = 0; ci < static_cast<int>(choices_.size()); ++ci) {
+  const std::vector<int> shown = ShownChoices();
+  for (int index = 0; index < static_cast<int>(shown.size()); ++index) {
+    const int ci = shown[index];
     const Choice& choice = choices_[ci];
-    json entry = {{"index", ci},
+    json entry = {{"index", index},
                   {"text", choice.text},
                   {"logprobs", options_.logprobs ? choice.logprobs : json(nullptr)},
                   {"finish_reason", FinishReasonJson(choice.finish_reason)},

@@ -40,6 +40,9 @@ struct CompletionJobOptions {
   std::string model;
   int64_t created = 0;  // Unix seconds
   int n = 1;
+  // OpenAI's best_of: the choices shown per prompt, the `keep` of its n samples with the highest
+  // cumulative log-probability (the engine must score every token); 0: all n, in order.
+  int keep = 0;
   bool echo = false;
   // `logprobs` alternatives per token (the logprobs object; with echo it starts with the prompt's
   // tokens). Unset: no logprobs object.
@@ -134,6 +137,8 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   int64_t PushLogprobsEntry(nlohmann::json& object, int32_t token_id, const SampleResult* scored,
                             int64_t offset) const;
   nlohmann::json ChunkBase() const;
+  // The choices a response shows, in order: all, or per prompt the `keep` most likely samples.
+  std::vector<int> ShownChoices() const;
   std::string ChoiceChunk(int choice_index, const std::string& text,
                           const std::vector<int32_t>& token_ids, const nlohmann::json& logprobs,
                           std::optional<FinishReason> finish_reason, bool first) const;

@@ -403,8 +403,15 @@ absl::StatusOr<std::shared_ptr<HttpJob>> HttpServer::Impl::StartJob(const httpli
     }
     return job;
   }
-  return SubmitJob(request, request.params,
+  // best_of: n = best_of samples, every token scored, the most likely `n` shown.
+  SamplingParams params = request.params;
+  if (request.best_of > 0) {
+    params.n = request.best_of;
+    params.logprobs = params.logprobs.value_or(0);
+  }
+  return SubmitJob(request, params,
                    {.id = absl::StrCat("cmpl-", next_id.fetch_add(1)),
+                    .keep = request.best_of > 0 ? request.params.n : 0,
                     .echo = request.echo,
                     .logprobs = request.params.logprobs,
                     .prompt_logprobs = request.prompt_logprobs,
@@ -524,9 +531,14 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
   CompletionRequest& request = tgi.completion;
   if (route != TgiRoute::kRoot) request.stream = route == TgiRoute::kGenerateStream;
   SamplingParams& params = request.params;
-  // Every streamed token carries its log-probability (TGI's events), as do the details.
+  if (tgi.best_of > 1 && request.stream) {
+    return InvalidParam("best_of", "'best_of' > 1 cannot be streamed");
+  }
+  // Every streamed token carries its log-probability (TGI's events), as do the details; best_of
+  // ranks its samples by them.
   params.logprobs.reset();
-  if (request.stream || tgi.details) params.logprobs = tgi.top_n_tokens;
+  if (request.stream || tgi.details || tgi.best_of > 1) params.logprobs = tgi.top_n_tokens;
+  params.n = tgi.best_of;
   if (tgi.sampling && !params.seed.has_value()) {
     // Drawn here, not by the engine, so that the details can report it as TGI does.
     std::random_device entropy;
@@ -544,7 +556,8 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
                                                 .details = tgi.details,
                                                 .decoder_input_details = tgi.decoder_input_details,
                                                 .top_n_tokens = tgi.top_n_tokens,
-                                                .seed = tgi.sampling ? params.seed : std::nullopt});
+                                                .seed = tgi.sampling ? params.seed : std::nullopt,
+                                                .best_of = tgi.best_of});
 }
 
 void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response& res,
@@ -610,7 +623,7 @@ void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Respo
   if (!status.ok()) return ReplyTgiError(res, status);
   ReplyJson(res, {{"model_id", options.served_model_name},
                   {"model_pipeline_tag", "text-generation"},
-                  {"max_best_of", 1},
+                  {"max_best_of", kTgiMaxBestOf},
                   {"max_input_tokens", options.max_model_len - 1},
                   {"max_total_tokens", options.max_model_len},
                   {"max_top_n_tokens", kTgiMaxTopNTokens},

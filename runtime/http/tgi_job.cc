@@ -1,5 +1,6 @@
 #include "runtime/http/tgi_job.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,21 +36,35 @@ json TgiJob::TopTokens(const SampleResult& scored) const {
   return top;
 }
 
-std::string TgiJob::GeneratedText() const {
-  const std::string& text = inner().choice(0).text;
+int TgiJob::Best() const {
+  int best = 0;
+  double best_logprob = -std::numeric_limits<double>::infinity();
+  for (int i = 0; i < options_.best_of; ++i) {
+    double logprob = 0;
+    for (const SampleResult& scored : inner().choice(i).scores) logprob += scored.logprob;
+    if (logprob > best_logprob) {
+      best = i;
+      best_logprob = logprob;
+    }
+  }
+  return best;
+}
+
+std::string TgiJob::GeneratedText(int i) const {
+  const std::string& text = inner().choice(i).text;
   return options_.return_full_text ? inner().prompt(0).text + text : text;
 }
 
-const char* TgiJob::FinishReason() const {
-  const CompletionJob::Choice& c = inner().choice(0);
+const char* TgiJob::FinishReason(int i) const {
+  const CompletionJob::Choice& c = inner().choice(i);
   if (c.finish_reason == FinishReason::kStop) {
     return c.stop_reason.empty() ? "eos_token" : "stop_sequence";
   }
   return "length";
 }
 
-json TgiJob::Details() const {
-  const CompletionJob::Choice& c = inner().choice(0);
+json TgiJob::Details(int i) const {
+  const CompletionJob::Choice& c = inner().choice(i);
   json tokens = json::array();
   json top_tokens = json::array();
   for (size_t k = 0; k < c.token_ids.size(); ++k) {
@@ -70,7 +85,7 @@ json TgiJob::Details() const {
       prefill.push_back(std::move(entry));
     }
   }
-  json details = {{"finish_reason", FinishReason()},
+  json details = {{"finish_reason", FinishReason(i)},
                   {"generated_tokens", c.token_ids.size()},
                   {"seed", options_.seed.has_value() ? json(*options_.seed) : json(nullptr)},
                   {"prefill", std::move(prefill)},
@@ -96,10 +111,10 @@ bool TgiJob::Drain(absl::Duration timeout, std::string* chunks) {
       event["top_tokens"] = scored ? TopTokens(*scored) : json::array();
     }
     if (done && streamed_ == c.token_ids.size()) {
-      event["generated_text"] = GeneratedText();
+      event["generated_text"] = GeneratedText(0);
       if (options_.details) {
         event["details"] = {
-            {"finish_reason", FinishReason()},
+            {"finish_reason", FinishReason(0)},
             {"generated_tokens", c.token_ids.size()},
             {"seed", options_.seed.has_value() ? json(*options_.seed) : json(nullptr)},
             {"input_length", inner().prompt(0).token_ids.size()}};
@@ -116,8 +131,22 @@ std::string TgiJob::ClosingChunks(const absl::Status& error) const {
 }
 
 std::string TgiJob::ResponseBody() const {
-  json response = {{"generated_text", GeneratedText()}};
-  if (options_.details) response["details"] = Details();
+  const int best = Best();
+  json response = {{"generated_text", GeneratedText(best)}};
+  if (options_.details) {
+    json details = Details(best);
+    if (options_.best_of > 1) {
+      json others = json::array();
+      for (int i = 0; i < options_.best_of; ++i) {
+        if (i == best) continue;
+        json sequence = Details(i);
+        sequence["generated_text"] = GeneratedText(i);
+        others.push_back(std::move(sequence));
+      }
+      details["best_of_sequences"] = std::move(others);
+    }
+    response["details"] = std::move(details);
+  }
   return DumpJson(options_.list_response ? json::array({std::move(response)}) : response);
 }
 

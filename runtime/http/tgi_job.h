@@ -7,6 +7,9 @@
 //            "generated_text", "details"}` event a token; the last carries generated_text (and
 //            details when asked for); an error is `data:{"error", "error_type"}`. No end marker.
 //   finish_reason: "length", "eos_token" or "stop_sequence".
+//   best_of:  the sample with the highest total log-probability answers; with details, the others
+//             follow in details.best_of_sequences, each {generated_text, finish_reason,
+//             generated_tokens, seed, prefill, tokens, top_tokens}.
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
@@ -31,12 +34,16 @@ struct TgiJobOptions {
   bool decoder_input_details = false;
   int top_n_tokens = 0;
   std::optional<uint64_t> seed;  // reported in the details: the seed a sampled request ran with
+  // The inner job's samples (n): the most likely is the answer, the others its
+  // details.best_of_sequences.
+  int best_of = 1;
 };
 
 class TgiJob : public CompletionJobView {
  public:
-  // `inner` has one prompt and n = 1, with logprobs (top_n_tokens alternatives) when streamed or
-  // with details, and prompt log-probabilities with decoder_input_details.
+  // `inner` has one prompt and n = best_of (1 when streamed), with logprobs (top_n_tokens
+  // alternatives) when streamed, with details or with best_of, and prompt log-probabilities with
+  // decoder_input_details.
   TgiJob(std::shared_ptr<CompletionJob> inner, TgiJobOptions options);
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
@@ -51,9 +58,12 @@ class TgiJob : public CompletionJobView {
   // {"id", "text", "logprob", "special"}; logprob null without a score.
   nlohmann::json Token(int32_t id, std::optional<float> logprob) const;
   nlohmann::json TopTokens(const SampleResult& scored) const;
-  std::string GeneratedText() const;
-  const char* FinishReason() const;
-  nlohmann::json Details() const;
+  // Of sample i.
+  std::string GeneratedText(int i) const;
+  const char* FinishReason(int i) const;
+  nlohmann::json Details(int i) const;
+  // The sample with the highest total log-probability (0 without best_of).
+  int Best() const;
 
   const TgiJobOptions options_;
   size_t streamed_ = 0;  // tokens already sent as events

@@ -675,14 +675,30 @@ TEST(ApiTypesTest, TruncatePromptTokensAndSkipSpecialTokens) {
             "skip_special_tokens");
 }
 
-// best_of: only where it changes nothing (1 or n); otherwise a 400 instead of being ignored.
-TEST(ApiTypesTest, BestOfOnlyWhereItChangesNothing) {
-  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": 1}").ok());
-  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"n\": 3, \"best_of\": 3}").ok());
-  EXPECT_TRUE(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": null}").ok());
-  EXPECT_EQ(ErrorParam(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": 4}").status()),
-            "best_of");
-  EXPECT_EQ(ErrorParam(ParseCompletionRequest("{\"prompt\": \"a\", \"best_of\": \"2\"}").status()),
+// best_of: 1 or n change nothing; more than n asks for a choice among that many samples (not
+// streamed, not in chat); fewer than n is a 400.
+TEST(ApiTypesTest, BestOf) {
+  for (const char* same :
+       {R"({"prompt": "a", "best_of": 1})", R"({"prompt": "a", "best_of": null})",
+        R"({"prompt": "a", "n": 3, "best_of": 3})"}) {
+    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(same);
+    ASSERT_TRUE(r.ok()) << same;
+    EXPECT_EQ(r->best_of, 0) << same;
+  }
+  absl::StatusOr<CompletionRequest> more =
+      ParseCompletionRequest(R"({"prompt": "a", "n": 2, "best_of": 6})");
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(more->best_of, 6);
+  EXPECT_EQ(more->params.n, 2);
+  for (const char* bad :
+       {R"({"prompt": "a", "n": 3, "best_of": 2})", R"({"prompt": "a", "best_of": "2"})",
+        R"({"prompt": "a", "best_of": 4, "stream": true})",
+        R"({"prompt": "a", "best_of": 1000})"}) {
+    EXPECT_EQ(ErrorParam(ParseCompletionRequest(bad).status()), "best_of") << bad;
+  }
+  EXPECT_EQ(ErrorParam(ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}],
+                                           "best_of": 2})")
+                           .status()),
             "best_of");
 }
 

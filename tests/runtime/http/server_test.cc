@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "runtime/http/api_types.h"
 #include "runtime/http/chat_template.h"
 #include "tests/runtime/fake_runner.h"
 #include "tests/runtime/http/prometheus_text.h"
@@ -1835,6 +1836,100 @@ TEST_F(HttpServerTest, BeamSearchSetsAsideBeamsEndedByEos) {
     }
   }
   EXPECT_GT(stops, 0) << "no beam ended by EOS: the test does not reach that path";
+}
+
+// OpenAI's best_of: of best_of seeded samples (the same ones n = best_of draws), the n with the
+// highest cumulative log-probability, best first; usage counts those shown; not streamed.
+TEST_F(HttpServerTest, BestOfReturnsTheMostLikelySamples) {
+  Start(DefaultSetup());
+  const json base = {{"prompt", "def main():"},
+                     {"max_tokens", 8},
+                     {"temperature", 1.0},
+                     {"seed", 11},
+                     {"ignore_eos", true}};
+  json all = base;
+  all["n"] = 5;
+  all["logprobs"] = 0;
+  json drawn = PostOk("/v1/completions", all);
+  ASSERT_EQ(drawn["choices"].size(), 5u);
+  std::vector<std::pair<double, std::string>> ranked;
+  for (const json& c : drawn["choices"]) {
+    double sum = 0;
+    for (const json& lp : c["logprobs"]["token_logprobs"]) sum += lp.get<double>();
+    ranked.push_back({sum, c["text"]});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  json best = base;
+  best["n"] = 2;
+  best["best_of"] = 5;
+  json got = PostOk("/v1/completions", best);
+  ASSERT_EQ(got["choices"].size(), 2u) << got;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(got["choices"][i]["index"], i);
+    EXPECT_EQ(got["choices"][i]["text"], ranked[i].second) << i;
+    EXPECT_TRUE(got["choices"][i]["logprobs"].is_null());  // not asked for
+  }
+  // The seed's best two are not its first two samples: returning those would fail here.
+  EXPECT_FALSE(ranked[0].second == drawn["choices"][0]["text"] &&
+               ranked[1].second == drawn["choices"][1]["text"]);
+  EXPECT_EQ(got["usage"]["completion_tokens"], 16);
+  // Two prompts: two choices each, indexes in order.
+  best["prompt"] = {"def main():", "import os"};
+  json two = PostOk("/v1/completions", best);
+  ASSERT_EQ(two["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(two["choices"][i]["index"], i);
+  EXPECT_EQ(two["choices"][0]["text"], ranked[0].second);
+  int status = 0;
+  best["stream"] = true;
+  json error = Post("/v1/completions", best.dump(), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "best_of");
+}
+
+// TGI's best_of: the sample with the highest total log-probability answers, the others come in
+// details.best_of_sequences; greedy or streamed best_of is a 422.
+TEST_F(HttpServerTest, TgiBestOfAnswersWithTheMostLikelySample) {
+  Start(DefaultSetup());
+  auto total = [](const json& details) {
+    double sum = 0;
+    for (const json& token : details["tokens"]) sum += token["logprob"].get<double>();
+    return sum;
+  };
+  json got = PostOk("/generate", {{"inputs", "def main():"},
+                                  {"parameters",
+                                   {{"max_new_tokens", 6},
+                                    {"best_of", 3},
+                                    {"do_sample", true},
+                                    {"seed", 5},
+                                    {"details", true}}}});
+  const json& details = got["details"];
+  ASSERT_EQ(details["best_of_sequences"].size(), 2u) << got;
+  const double best = total(details);
+  std::set<std::string> texts = {got["generated_text"].get<std::string>()};
+  for (const json& other : details["best_of_sequences"]) {
+    EXPECT_LE(total(other), best) << other;
+    EXPECT_EQ(other["generated_tokens"], other["tokens"].size());
+    EXPECT_TRUE(other.contains("finish_reason") && other.contains("seed"));
+    texts.insert(other["generated_text"].get<std::string>());
+  }
+  EXPECT_EQ(texts.size(), 3u) << "three different samples";
+  json info = json::parse(Client()->Get("/info")->body);
+  EXPECT_EQ(info["max_best_of"], kTgiMaxBestOf);
+  const std::vector<json> refused = {json{{"best_of", 2}},
+                                     json{{"best_of", 2}, {"do_sample", true}, {"stream", true}},
+                                     json{{"best_of", kTgiMaxBestOf + 1}, {"do_sample", true}}};
+  for (const json& parameters : refused) {
+    json body = {{"inputs", "x"}, {"parameters", parameters}};
+    if (parameters.contains("stream")) {
+      body["parameters"].erase("stream");
+      body["stream"] = true;
+    }
+    int status = 0;
+    json error = Post(parameters.contains("stream") ? "/generate_stream" : "/generate", body.dump(),
+                      &status);
+    EXPECT_EQ(status, 422) << body << " -> " << error;
+  }
 }
 
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
