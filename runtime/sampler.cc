@@ -299,6 +299,34 @@ void KeepBestPrefix(absl::Span<const float> logits, absl::Span<const float> weig
   }
 }
 
+// Locally typical sampling over the kept tokens (weight > 0), as transformers'
+// TypicalLogitsWarper: ordered by |surprisal - entropy|, the shortest prefix whose probability
+// reaches `mass` is kept (with every token as close as the last one), the rest zeroed.
+void KeepTypical(float mass, std::vector<float>& weights) {
+  const double total = SumInDouble(weights);
+  double entropy = 0;
+  for (float w : weights) {
+    if (w > 0) entropy -= w / total * std::log(w / total);
+  }
+  std::vector<std::pair<double, int32_t>> order;  // (|surprisal - entropy|, token)
+  for (size_t t = 0; t < weights.size(); ++t) {
+    if (weights[t] > 0) {
+      order.push_back({std::abs(-std::log(weights[t] / total) - entropy), static_cast<int32_t>(t)});
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t last = 0;  // the first position whose cumulative probability reaches the mass
+  double cumulative = weights[order[0].second] / total;
+  while (last + 1 < order.size() && cumulative < mass) {
+    ++last;
+    cumulative += weights[order[last].second] / total;
+  }
+  for (size_t i = last + 1; i < order.size(); ++i) {
+    if (order[i].first > order[last].first) weights[order[i].second] = 0;
+  }
+}
+
 void FilterRow(const SamplingParams& params, absl::Span<const float> logits, FilteredRow& row) {
   MQA_CHECK(params.temperature > 0.0f);
   const size_t vocab = logits.size();
@@ -369,6 +397,7 @@ void FilterRow(const SamplingParams& params, absl::Span<const float> logits, Fil
       std::swap(row.weights, row.spare);
     }
   }
+  if (params.typical_p < 1.0f) KeepTypical(params.typical_p, row.weights);
   if (params.min_p > 0.0f) {
     // Below min_p times the best token's probability; the best weighs 1 (e^0), and dropping by
     // top-k / top-p never drops it.

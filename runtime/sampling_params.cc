@@ -21,6 +21,9 @@ absl::Status SamplingParams::Validate() const {
   if (top_k < -1) return bad("top_k must be -1 (disabled) or at least 1, got ", top_k);
   if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("top_p must be in (0, 1], got ", top_p);
   if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("min_p must be in [0, 1], got ", min_p);
+  if (!(typical_p > 0.0f && typical_p <= 1.0f)) {
+    return bad("typical_p must be in (0, 1], got ", typical_p);
+  }
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
     return bad("repetition_penalty must be > 0, got ", repetition_penalty);
   }
@@ -63,9 +66,9 @@ absl::Status SamplingParams::Validate() const {
 
 bool DeviceSamplable(const SamplingParams& params) {
   return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
-         params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.min_tokens == 0 &&
-         params.logit_bias.empty() && params.allowed_token_ids.empty() && params.guide == nullptr &&
-         params.bad_words_token_ids.empty();
+         params.frequency_penalty == 0.0f && params.min_p == 0.0f && params.typical_p == 1.0f &&
+         params.min_tokens == 0 && params.logit_bias.empty() && params.allowed_token_ids.empty() &&
+         params.guide == nullptr && params.bad_words_token_ids.empty();
 }
 
 }  // namespace mqa

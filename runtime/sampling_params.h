@@ -26,6 +26,10 @@ struct SamplingParams {
   float top_p = 1.0f;
   // Drop tokens whose probability is below min_p * (probability of the most likely token).
   float min_p = 0.0f;
+  // Locally typical sampling (TGI's typical_p, transformers' TypicalLogitsWarper): after top-k and
+  // top-p, keep the tokens whose surprisal is closest to the distribution's entropy until their
+  // probability reaches typical_p. 1: off. Host-sampled.
+  float typical_p = 1.0f;
   // > 1 discourages tokens already in the prompt or output (divides positive logits,
   // multiplies negative ones).
   float repetition_penalty = 1.0f;

@@ -1067,10 +1067,8 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   }
   const json& params = parameters != nullptr ? *parameters : none;
 
-  for (const char* name : {"typical_p", "adapter_id"}) {
-    if (Field(params, name) != nullptr) {
-      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
-    }
+  if (Field(params, "adapter_id") != nullptr) {
+    return InvalidParam("adapter_id", "'adapter_id' is not supported by this server");
   }
   // TGI's grammar: {"type": "regex", "value": pattern} (runtime/guided.h) or {"type": "json",
   // "value": a JSON schema or its text} (runtime/json_schema_regex.h, read in order from the body).
@@ -1129,6 +1127,14 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
     RETURN_IF_ERROR(ReadFloat(params, "top_p", &p.top_p));
     if (!(p.top_p > 0.0f && p.top_p < 1.0f)) {
       return InvalidParam("top_p", absl::StrCat("'top_p' must be in (0, 1), got ", p.top_p));
+    }
+    request.sampling = true;
+  }
+  if (Field(params, "typical_p") != nullptr) {  // a warper, so sampling, as TGI has it
+    RETURN_IF_ERROR(ReadFloat(params, "typical_p", &p.typical_p));
+    if (!(p.typical_p > 0.0f && p.typical_p < 1.0f)) {
+      return InvalidParam("typical_p",
+                          absl::StrCat("'typical_p' must be in (0, 1), got ", p.typical_p));
     }
     request.sampling = true;
   }

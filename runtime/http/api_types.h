@@ -160,9 +160,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body,
 // Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
 // API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",
 // "parameters": {...}, "stream"}. Unset (null) parameters keep their defaults; the ones this
-// server does not implement (typical_p, watermark, grammar, adapter_id, best_of > 1) are refused
-// by name rather than ignored. Sampling is on with do_sample or any of temperature / top_k /
-// top_p, as in TGI; otherwise decoding is greedy.
+// server does not implement (watermark, adapter_id) are refused by name rather than ignored.
+// Sampling is on with do_sample or any of temperature / top_k / top_p / typical_p, as in TGI;
+// otherwise decoding is greedy.
 struct TgiRequest {
   // prompts = {inputs}; params from the parameters (max_new_tokens -> max_tokens, stop strings kept
   // in the text as TGI does); truncate -> truncate_prompt_tokens; stream from the body.

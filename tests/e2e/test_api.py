@@ -386,8 +386,11 @@ def test_tgi_api_through_huggingface_hub(server):
     again = hub.text_generation(PROMPTS[0], max_new_tokens=8, do_sample=True, seed=11)
     assert again == seeded.generated_text
 
+    typical = hub.text_generation(PROMPTS[0], max_new_tokens=8, typical_p=0.5, seed=3,
+                                 details=True)
+    assert typical.details.seed == 3 and typical.details.generated_tokens >= 1
     with pytest.raises(ValidationError):
-        hub.text_generation(PROMPTS[0], max_new_tokens=8, typical_p=0.5)
+        hub.text_generation(PROMPTS[0], max_new_tokens=8, typical_p=1.5)
     status, info = server.request("GET", "/info")
     assert status == 200 and json.loads(info)["model_id"] == server.model
 

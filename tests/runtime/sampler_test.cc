@@ -202,6 +202,54 @@ TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
   }
 }
 
+// Locally typical sampling, against transformers' TypicalLogitsWarper written out here: over the
+// top-p survivors renormalised, sort by |-log p - entropy|, keep through the first position whose
+// cumulative probability reaches typical_p (ties with it too).
+TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
+  std::mt19937_64 rng(9);
+  int differs = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::vector<float> logits = RandomLogits(rng, 40);
+    SamplingParams params;
+    params.temperature = std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
+    params.typical_p = std::uniform_real_distribution<float>(0.05f, 0.95f)(rng);
+    if (trial % 2 == 1) params.top_p = 0.9f;
+    // The tokens before typical_p, and their probabilities renormalised.
+    SamplingParams before = params;
+    before.typical_p = 1.0f;
+    const std::vector<double> p = FilteredProbs(before, logits);
+    double entropy = 0;
+    for (double q : p) {
+      if (q > 0) entropy -= q * std::log(q);
+    }
+    std::vector<std::pair<double, int>> order;
+    for (int t = 0; t < 40; ++t) {
+      if (p[t] > 0) order.push_back({std::abs(-std::log(p[t]) - entropy), t});
+    }
+    std::stable_sort(order.begin(), order.end());
+    size_t last = 0;
+    double cumulative = p[order[0].second];
+    while (last + 1 < order.size() && cumulative < params.typical_p) {
+      cumulative += p[order[++last].second];
+    }
+    if (std::abs(cumulative - p[order[last].second] - params.typical_p) < 1e-6) continue;
+    std::set<int> want;
+    for (const auto& [score, t] : order) {
+      if (score <= order[last].first) want.insert(t);
+    }
+    const std::set<int> got = Support(FilteredProbs(params, logits));
+    EXPECT_EQ(got, want) << "trial " << trial;
+    differs += got != Support(p);
+  }
+  EXPECT_GT(differs, 40) << "typical_p should usually drop tokens";
+  SamplingParams bad;
+  bad.typical_p = 0.0f;
+  EXPECT_FALSE(bad.Validate().ok());
+  SamplingParams typical;
+  typical.typical_p = 0.5f;
+  EXPECT_FALSE(DeviceSamplable(typical));
+}
+
 TEST(Sampler, PenaltiesFollowTheFormulas) {
   std::mt19937_64 rng(5);
   const std::vector<float> logits = RandomLogits(rng, 10);

@@ -251,7 +251,7 @@ TEST(ApiTypesTest, TgiRequests) {
       {R"({"inputs": 5})", "inputs"},
       {R"({"inputs": ""})", "inputs"},
       {R"({"inputs": "x", "parameters": []})", "parameters"},
-      {R"({"inputs": "x", "parameters": {"typical_p": 0.9}})", "typical_p"},
+      {R"({"inputs": "x", "parameters": {"typical_p": 1.5}})", "typical_p"},
       {R"({"inputs": "x", "parameters": {"grammar": {"type": "json"}}})", "grammar"},
       {R"({"inputs": "x", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}})", "grammar"},
       {R"({"inputs": "x", "parameters": {"grammar": {"type": "regex"}}})", "grammar"},

@@ -1159,7 +1159,7 @@ TEST_F(HttpServerTest, TgiGenerateAndStreamAgreeWithTheModel) {
   // TGI's errors: 422 with error_type "validation" naming the problem.
   for (const json& bad : {json({{"inputs", ""}}), json({{"parameters", json::object()}}),
                           json({{"inputs", "x"}, {"parameters", {{"temperature", 0}}}}),
-                          json({{"inputs", "x"}, {"parameters", {{"typical_p", 0.5}}}}),
+                          json({{"inputs", "x"}, {"parameters", {{"typical_p", 1.0}}}}),
                           json({{"inputs", "x"}, {"parameters", {{"best_of", 2}}}}),
                           json({{"inputs", "x"}, {"parameters", {{"top_p", 1.0}}}}),
                           json({{"inputs", "x"}, {"parameters", {{"max_new_tokens", 1000}}}})}) {
