@@ -317,17 +317,25 @@ absl::Status CheckBeamSearch(const json& object, const CompletionRequest& reques
   return absl::OkStatus();
 }
 
-// The server's defaults (generation_config.json's) into the fields the body leaves unset.
+// The server's defaults (generation_config.json's) into the sampling fields the body leaves
+// unset; max_tokens is ApplyDefaultMaxTokens'. Beam search ranks by the model's own
+// log-probabilities: none of these reach it.
 void ApplyDefaults(const json& defaults, json& object) {
   if (!defaults.is_object()) return;
-  // Beam search ranks by the model's own log-probabilities: of the defaults only max_tokens
-  // applies to it.
   const json* beams = Field(object, "use_beam_search");
-  const bool beam_search = beams != nullptr && *beams == true;
+  if (beams != nullptr && *beams == true) return;
   for (const auto& [key, value] : defaults.items()) {
-    if (key == "max_tokens" && Field(object, "max_completion_tokens") != nullptr) continue;
-    if (beam_search && key != "max_tokens") continue;
-    if (Field(object, key.c_str()) == nullptr) object[key] = value;
+    if (key != "max_tokens" && Field(object, key.c_str()) == nullptr) object[key] = value;
+  }
+}
+
+// The defaults' max_tokens where the client gave none: still a default, which a long prompt cuts
+// to what fits (ResolveMaxTokens), as vLLM caps the generation config's max_new_tokens.
+void ApplyDefaultMaxTokens(const json& defaults, CompletionRequest* request) {
+  if (request->max_tokens_given || !defaults.is_object()) return;
+  auto it = defaults.find("max_tokens");
+  if (it != defaults.end() && it->is_number_integer() && it->get<int64_t>() >= 1) {
+    request->params.max_tokens = static_cast<int>(std::min<int64_t>(it->get<int64_t>(), kIntMax));
   }
 }
 
@@ -689,6 +697,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
+  ApplyDefaultMaxTokens(defaults, &request);
   RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params));
   RETURN_IF_ERROR(CheckBeamSearch(object, request));
   if (Field(object, "prompt_logprobs") != nullptr) {
@@ -739,6 +748,7 @@ absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body, const j
     return InvalidParam("input_prefix", "'input_prefix' or 'input_suffix' is required");
   }
   RETURN_IF_ERROR(ReadCommon(object, &request.common));
+  ApplyDefaultMaxTokens(defaults, &request.common);
   if (request.common.echo) return InvalidParam("echo", "'echo' is not supported by /v1/infill");
   if (request.common.beam_search.has_value()) {
     return InvalidParam("use_beam_search", "beam search is served by /v1/completions");
@@ -1044,6 +1054,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
   if (!request.common.max_tokens_given) {
     request.common.params.max_tokens = std::numeric_limits<int>::max();
   }
+  ApplyDefaultMaxTokens(defaults, &request.common);
   return request;
 }
 

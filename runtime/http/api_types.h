@@ -112,8 +112,9 @@ inline constexpr int kMaxN = 128;
 inline constexpr int kMaxPromptsPerRequest = 1024;
 
 // `defaults` (an object, API field -> value: the model's generation_config.json, as vLLM applies
-// it) fills the fields the body leaves unset or null; max_tokens only when neither max_tokens nor
-// max_completion_tokens is given. The same for infill and chat.
+// it) fills the fields the body leaves unset or null (none with beam search); its max_tokens,
+// when neither max_tokens nor max_completion_tokens is given, stays a default that a long prompt
+// cuts to what fits. The same for infill and chat.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     absl::string_view body, const nlohmann::json& defaults = nlohmann::json());
 

@@ -150,18 +150,15 @@ bool BeamSearchJob::Drain(absl::Duration timeout, std::string* chunks) {
         error_ = !a.output.error.ok() ? a.output.error
                                       : absl::AbortedError("a beam search step was aborted");
       }
-      // Withdraw this prompt's other beams and end it.
-      for (int b = 0; b < static_cast<int>(s.live.size()); ++b) {
-        if (!s.next[b].has_value() && b != a.beam) abort_(EngineId(a.prompt_index, s.step, b));
-      }
-      s.done = true;
-      continue;
+      EndAll();
+      break;
     }
     s.next[a.beam] = std::move(s.arriving[a.beam]);
     if (--s.pending == 0) {
       if (absl::Status status = Advance(a.prompt_index); !status.ok()) {
         if (error_.ok()) error_ = status;
-        s.done = true;
+        EndAll();
+        break;
       }
     }
   }
@@ -172,6 +169,11 @@ bool BeamSearchJob::Drain(absl::Duration timeout, std::string* chunks) {
     sent_ = true;
   }
   return !arrived.empty();
+}
+
+void BeamSearchJob::EndAll() {
+  for (const std::string& id : UnfinishedEngineIds()) abort_(id);
+  for (Search& s : searches_) s.done = true;
 }
 
 bool BeamSearchJob::finished() const {

@@ -88,6 +88,8 @@ class BeamSearchJob : public HttpJob, public std::enable_shared_from_this<BeamSe
   // The step's answers are all in: rank the candidates, then submit the next step or finish.
   absl::Status Advance(int prompt_index);
   void Finish(int prompt_index);
+  // A step failed: the whole call fails, and every beam still running is withdrawn.
+  void EndAll();
   // {"id", "object", "created", "model", "choices"}.
   nlohmann::json Body(nlohmann::json choices) const;
   nlohmann::json Choices() const;

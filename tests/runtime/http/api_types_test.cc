@@ -530,6 +530,9 @@ TEST(ApiTypesTest, GenerationConfigDefaultsFillUnsetFields) {
   EXPECT_EQ(unset->params.top_k, 40);
   EXPECT_FLOAT_EQ(unset->params.repetition_penalty, 1.1f);
   EXPECT_EQ(unset->params.max_tokens, 64);
+  // Still a default: a long prompt cuts it to what fits instead of being refused.
+  EXPECT_FALSE(unset->max_tokens_given);
+  EXPECT_EQ(*ResolveMaxTokens(*unset, 100, 128), 28);
   absl::StatusOr<CompletionRequest> set = ParseCompletionRequest(
       R"({"prompt": "x", "temperature": 0, "top_p": null, "max_tokens": 3})", defaults);
   ASSERT_TRUE(set.ok()) << set.status();
