@@ -398,9 +398,12 @@ absl::Status CheckNoLeftRecursion(const GbnfParser& p) {
   for (size_t r = 0; r < n; ++r) {
     if (mark[r] != 0) continue;
     if (const int found = visit(static_cast<int>(r)); found >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("guided grammar: rule '", p.names_[found],
-                       "' is left-recursive (it can reach itself before reading a character)"));
+      const std::string& name = p.names_[found];
+      const bool repetition = name.rfind("star-", 0) == 0 || name.rfind("repeated-", 0) == 0;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guided grammar: rule '", name,
+          "' is left-recursive (it can reach itself before reading a character)",
+          repetition ? "; a repetition of something that can be empty, such as (x?)*, is" : ""));
     }
   }
   return absl::OkStatus();

@@ -211,6 +211,7 @@ TEST(GrammarGuide, RefusesWhatItCannotRunNamingThePlace) {
       {"start ::= \"a\"", "no 'root' rule"},
       {"root ::= root \"a\" | \"b\"", "left-recursive"},
       {"root ::= opt root \"x\" | \"y\"\nopt ::= \"z\"?", "left-recursive"},
+      {"root ::= (\"a\"?)* \"b\"", "such as (x?)*"},
       {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
       {"root = \"a\"", "expected ::="},
       {"root ::= \"a", "unterminated literal"},
