@@ -177,6 +177,14 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
       logits[word.back()] = kMasked;
     }
   }
+  if (params.penalty_last_n > 0) {
+    // llama.cpp's window: the last n tokens of prompt and output, for all three penalties.
+    const size_t n = static_cast<size_t>(params.penalty_last_n);
+    const size_t from_output = std::min(n, output_tokens.size());
+    const size_t from_prompt = std::min(n - from_output, prompt_tokens.size());
+    prompt_tokens = prompt_tokens.subspan(prompt_tokens.size() - from_prompt);
+    output_tokens = output_tokens.subspan(output_tokens.size() - from_output);
+  }
   if (params.repetition_penalty != 1.0f) {
     // Each distinct token once, in a walk over the tokens rather than the vocabulary.
     std::vector<uint8_t> seen(vocab, 0);
@@ -193,6 +201,11 @@ void ApplyPenalties(const SamplingParams& params, absl::Span<const int32_t> prom
     absl::flat_hash_map<int32_t, int> counts;
     for (int32_t t : output_tokens) {
       if (in_vocab(t)) ++counts[t];
+    }
+    if (params.penalty_last_n > 0) {  // the window's prompt tokens count too
+      for (int32_t t : prompt_tokens) {
+        if (in_vocab(t)) ++counts[t];
+      }
     }
     for (const auto& [t, count] : counts) {
       logits[t] -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;

@@ -21,6 +21,9 @@ absl::Status SamplingParams::Validate() const {
   if (top_k < -1) return bad("top_k must be -1 (disabled) or at least 1, got ", top_k);
   if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("top_p must be in (0, 1], got ", top_p);
   if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("min_p must be in [0, 1], got ", min_p);
+  if (penalty_last_n < -1 || penalty_last_n == 0) {
+    return bad("penalty_last_n must be -1 (all) or > 0, got ", penalty_last_n);
+  }
   if (!(typical_p > 0.0f && typical_p <= 1.0f)) {
     return bad("typical_p must be in (0, 1], got ", typical_p);
   }

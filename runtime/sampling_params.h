@@ -33,6 +33,10 @@ struct SamplingParams {
   // > 1 discourages tokens already in the prompt or output (divides positive logits,
   // multiplies negative ones).
   float repetition_penalty = 1.0f;
+  // The tokens the three penalties look at: -1, the whole prompt and output (repetition) / the
+  // output (presence, frequency); n > 0, the last n tokens of prompt and output for all three
+  // (llama.cpp's repeat_last_n).
+  int penalty_last_n = -1;
   // Subtracted once from the logit of every token that appears in the output so far.
   float presence_penalty = 0.0f;
   // Subtracted from a token's logit once per occurrence in the output so far.

@@ -1058,6 +1058,170 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
   return request;
 }
 
+absl::StatusOr<LlamaCppRequest> ParseLlamaCppRequest(absl::string_view body, bool infill,
+                                                     int max_model_len) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  LlamaCppRequest request;
+  CompletionRequest& c = request.completion;
+  SamplingParams& p = c.params;
+  if (infill) {
+    RETURN_IF_ERROR(ReadString(object, "input_prefix", &request.input_prefix));
+    RETURN_IF_ERROR(ReadString(object, "input_suffix", &request.input_suffix));
+    RETURN_IF_ERROR(ReadString(object, "prompt", &request.infill_prompt));
+    if (const json* extra = Field(object, "input_extra"); extra != nullptr) {
+      // Context chunks ({"filename", "text"}), before the prefix as plain text.
+      if (!extra->is_array()) return TypeError("input_extra", "a list of {\"text\"} chunks");
+      std::string context;
+      for (const json& chunk : *extra) {
+        const json* text = chunk.is_object() ? Field(chunk, "text") : nullptr;
+        if (text == nullptr || !text->is_string()) {
+          return TypeError("input_extra", "a list of {\"text\"} chunks");
+        }
+        context += text->get<std::string>();
+      }
+      request.input_prefix = context + request.input_prefix;
+    }
+  } else {
+    const json* prompt = Field(object, "prompt");
+    if (prompt == nullptr) return InvalidParam("prompt", "'prompt' is required");
+    if (prompt->is_string()) {
+      if (prompt->get_ref<const std::string&>().empty()) {
+        return InvalidParam("prompt", "'prompt' must not be empty");
+      }
+      c.prompts.push_back({.is_text = true, .text = prompt->get<std::string>()});
+    } else if (prompt->is_array() && !prompt->empty() &&
+               std::all_of(prompt->begin(), prompt->end(),
+                           [](const json& t) { return t.is_number_integer(); })) {
+      PromptInput tokens{.is_text = false};
+      RETURN_IF_ERROR(ReadTokenList(*prompt, "prompt", &tokens.token_ids));
+      c.prompts.push_back(std::move(tokens));
+    } else {
+      return TypeError("prompt", "a string or a list of token ids (one prompt a call here)");
+    }
+  }
+  RETURN_IF_ERROR(ReadBool(object, "stream", &c.stream));
+  for (const auto& [name, neutral] :
+       std::vector<std::pair<const char*, double>>{{"mirostat", 0},
+                                                   {"dry_multiplier", 0},
+                                                   {"tfs_z", 1},
+                                                   {"xtc_probability", 0},
+                                                   {"dynatemp_range", 0},
+                                                   {"n_indent", 0}}) {
+    const json* value = Field(object, name);
+    if (value != nullptr && !(value->is_number() && value->get<double>() == neutral)) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
+    }
+  }
+  if (const json* images = Field(object, "image_data");
+      images != nullptr && !(images->is_array() && images->empty())) {
+    return InvalidParam("image_data", "this model reads text only");
+  }
+  // llama.cpp's defaults.
+  float temperature = 0.8f;
+  RETURN_IF_ERROR(ReadFloat(object, "temperature", &temperature));
+  p.temperature = std::max(temperature, 0.0f);  // <= 0: greedy, as llama.cpp
+  p.top_k = 40;
+  RETURN_IF_ERROR(ReadInt(object, "top_k", std::numeric_limits<int>::min(), kIntMax, &p.top_k));
+  if (p.top_k <= 0) p.top_k = -1;
+  p.top_p = 0.95f;
+  RETURN_IF_ERROR(ReadFloat(object, "top_p", &p.top_p));
+  p.top_p = std::clamp(p.top_p, 1e-6f, 1.0f);
+  p.min_p = 0.05f;
+  RETURN_IF_ERROR(ReadFloat(object, "min_p", &p.min_p));
+  p.min_p = std::clamp(p.min_p, 0.0f, 1.0f);
+  RETURN_IF_ERROR(ReadFloat(object, "typical_p", &p.typical_p));
+  if (!(p.typical_p > 0.0f) || p.typical_p > 1.0f) p.typical_p = 1.0f;  // llama.cpp: off
+  float repeat_penalty = 1.0f;
+  RETURN_IF_ERROR(ReadFloat(object, "repeat_penalty", &repeat_penalty));
+  if (!(repeat_penalty > 0.0f)) {
+    return InvalidParam("repeat_penalty", "'repeat_penalty' must be > 0");
+  }
+  p.repetition_penalty = repeat_penalty;
+  RETURN_IF_ERROR(ReadAdditivePenalty(object, "presence_penalty", &p.presence_penalty));
+  RETURN_IF_ERROR(ReadAdditivePenalty(object, "frequency_penalty", &p.frequency_penalty));
+  int last_n = 64;
+  RETURN_IF_ERROR(ReadInt(object, "repeat_last_n", -1, kIntMax, &last_n));
+  if (last_n == 0) {  // no window: no penalties
+    p.repetition_penalty = 1.0f;
+    p.presence_penalty = p.frequency_penalty = 0.0f;
+  } else {
+    p.penalty_last_n = last_n == -1 ? std::max(1, max_model_len) : last_n;
+  }
+  std::optional<int64_t> seed;
+  RETURN_IF_ERROR(ReadInt64(object, "seed", &seed));
+  if (seed.has_value() && *seed != -1) p.seed = static_cast<uint64_t>(*seed);
+  if (const json* stop = Field(object, "stop"); stop != nullptr) {
+    if (!stop->is_array()) return TypeError("stop", "a list of strings");
+    for (const json& item : *stop) {
+      if (!item.is_string()) return TypeError("stop", "a list of strings");
+      if (!item.get_ref<const std::string&>().empty()) p.stop.push_back(item.get<std::string>());
+    }
+  }
+  RETURN_IF_ERROR(ReadBool(object, "ignore_eos", &p.ignore_eos));
+  RETURN_IF_ERROR(ReadInt(object, "n_probs", 0, kMaxLogprobs, &request.n_probs));
+  if (request.n_probs > 0) p.logprobs = request.n_probs;
+  if (const json* bias = Field(object, "logit_bias"); bias != nullptr) {
+    constexpr char kShape[] = "[[token id, bias or false], ...] or {\"token id\": bias}";
+    auto add = [&](int64_t id, const json& value) -> absl::Status {
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+        return InvalidParam("logit_bias", "'logit_bias' token ids must be >= 0");
+      }
+      if (value == false) {  // never this token
+        p.logit_bias.emplace_back(static_cast<int32_t>(id), -100.0f);
+      } else if (value.is_number() && std::isfinite(value.get<double>())) {
+        p.logit_bias.emplace_back(static_cast<int32_t>(id),
+                                  std::clamp(value.get<float>(), -100.0f, 100.0f));
+      } else {
+        return TypeError("logit_bias", kShape);
+      }
+      return absl::OkStatus();
+    };
+    if (bias->is_array()) {
+      for (const json& pair : *bias) {
+        if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer()) {
+          return TypeError("logit_bias", kShape);
+        }
+        RETURN_IF_ERROR(add(pair[0].get<int64_t>(), pair[1]));
+      }
+    } else if (bias->is_object()) {
+      for (const auto& [key, value] : bias->items()) {
+        int64_t id = 0;
+        if (!absl::SimpleAtoi(key, &id)) return TypeError("logit_bias", kShape);
+        RETURN_IF_ERROR(add(id, value));
+      }
+    } else {
+      return TypeError("logit_bias", kShape);
+    }
+  }
+  if (const json* grammar = Field(object, "grammar"); grammar != nullptr) {
+    if (!grammar->is_string()) return TypeError("grammar", "a GBNF grammar");
+    if (!grammar->get_ref<const std::string&>().empty()) {
+      p.guided_grammar = grammar->get<std::string>();
+    }
+  }
+  if (const json* schema = Field(object, "json_schema"); schema != nullptr) {
+    if (!p.guided_grammar.empty()) {
+      return InvalidParam("json_schema", "give 'grammar' or 'json_schema', not both");
+    }
+    ASSIGN_OR_RETURN(const nlohmann::ordered_json ordered,
+                     OrderedSchema(*schema, body, "/json_schema", "json_schema"));
+    if (ordered.is_object() && ordered.empty()) {
+      p.guided_grammar = GrammarGuide::JsonObjectGrammar();  // {}: any JSON object
+    } else {
+      RETURN_IF_ERROR(SchemaPattern(ordered, "json_schema", &p.guided_regex));
+    }
+  }
+  int n_predict = -1;
+  RETURN_IF_ERROR(ReadInt(object, "n_predict", -1, kIntMax, &n_predict));
+  if (n_predict >= 0) {
+    p.max_tokens = n_predict;
+    c.max_tokens_given = true;
+  } else {
+    p.max_tokens = std::numeric_limits<int>::max();  // to the context
+  }
+  return request;
+}
+
 absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   TgiRequest request;
@@ -1217,8 +1381,12 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
     RETURN_IF_ERROR(ReadChat(object, &request.chat.emplace()));
     return request;
   }
-  if (Field(object, "prompt") == nullptr) return InvalidParam("prompt", "'prompt' is required");
-  RETURN_IF_ERROR(ReadString(object, "prompt", &request.prompt));
+  // llama.cpp's clients send the text as "content".
+  const char* field = Field(object, "prompt") == nullptr && Field(object, "content") != nullptr
+                          ? "content"
+                          : "prompt";
+  if (Field(object, field) == nullptr) return InvalidParam("prompt", "'prompt' is required");
+  RETURN_IF_ERROR(ReadString(object, field, &request.prompt));
   return request;
 }
 

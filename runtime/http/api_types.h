@@ -193,6 +193,25 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body);
 int TgiHttpStatusFor(const absl::Status& status);
 std::string TgiErrorBody(const absl::Status& status);
 
+// llama.cpp server's native API: POST /completion (and /completions) and POST /infill, what
+// llama.cpp's own clients and editor plugins (llama.vim, llama.vscode) send. One prompt: text
+// (or token ids) for /completion; input_prefix, input_suffix, input_extra (context chunks,
+// placed before the prefix) and prompt (text after the middle token) for /infill. llama.cpp's
+// sampling defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05) where the body says
+// nothing; n_predict -1 runs to the context, 0 evaluates nothing; repeat_last_n is the penalty
+// window (-1 the whole context, 0 no penalties); grammar (GBNF) and json_schema guide the
+// output; logit_bias as [[id, bias or false], ...] or {"id": bias}. Fields with no effect here
+// (cache_prompt, id_slot, samplers, n_keep, t_max_*) are accepted; samplers this server does not
+// have (mirostat, DRY, tail-free, XTC, dynamic temperature, n_indent) are refused when set.
+struct LlamaCppRequest {
+  CompletionRequest completion;  // prompts empty for /infill: the server builds the FIM prompt
+  std::string input_prefix, input_suffix, infill_prompt;  // /infill
+  int n_probs = 0;  // completion_probabilities: this many alternatives a token
+};
+
+absl::StatusOr<LlamaCppRequest> ParseLlamaCppRequest(absl::string_view body, bool infill,
+                                                     int max_model_len);
+
 // POST /tokenize: a prompt, or (vLLM's) a conversation of chat messages rendered by the chat
 // template as /v1/chat/completions does.
 struct TokenizeRequest {

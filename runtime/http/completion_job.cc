@@ -1,5 +1,6 @@
 #include "runtime/http/completion_job.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,8 @@ CompletionJob::CompletionJob(CompletionJobOptions options, std::vector<PreparedP
       timing_(prompts_.size()),
       choices_(prompts_.size() * options_.n),
       prompt_scores_(prompts_.size()),
-      prompt_finished_(prompts_.size(), false) {
+      prompt_finished_(prompts_.size(), false),
+      cached_prompt_tokens_(prompts_.size(), 0) {
   MQA_CHECK(options_.n >= 1);
   for (Choice& choice : choices_) {
     if (options_.logprobs) choice.logprobs = EmptyLogprobs();
@@ -229,6 +231,7 @@ void CompletionJob::FoldPromptLogprobs(int p, const std::vector<SampleResult>& s
 void CompletionJob::Fold(const Arrived& arrived, std::string* chunks) {
   const RequestOutput& output = arrived.output;
   const int p = arrived.prompt_index;
+  cached_prompt_tokens_[p] = std::max(cached_prompt_tokens_[p], output.num_cached_prompt_tokens);
   if (output.prompt_logprobs.has_value()) {
     prompt_scores_[p] = output.prompt_logprobs;
     FoldPromptLogprobs(p, *output.prompt_logprobs, chunks);

@@ -113,6 +113,8 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   const std::optional<std::vector<SampleResult>>& prompt_scores(int p) const {
     return prompt_scores_[p];
   }
+  // Prompt p's tokens the engine found in the prefix cache (0 until its first output).
+  int cached_prompt_tokens(int p) const { return cached_prompt_tokens_[p]; }
 
  private:
   struct Arrived {
@@ -157,6 +159,7 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   std::vector<Choice> choices_;  // prompt_index * n + sample index
   std::vector<std::optional<std::vector<SampleResult>>> prompt_scores_;  // per prompt
   std::vector<bool> prompt_finished_;
+  std::vector<int> cached_prompt_tokens_;  // per prompt
   absl::Status error_;
 };
 

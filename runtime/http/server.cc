@@ -28,6 +28,7 @@
 #include "runtime/http/beam_search_job.h"
 #include "runtime/http/chat_job.h"
 #include "runtime/http/completion_job.h"
+#include "runtime/http/llamacpp_job.h"
 #include "runtime/http/metrics.h"
 #include "runtime/http/tgi_job.h"
 #include "runtime/status.h"
@@ -174,6 +175,10 @@ struct HttpServer::Impl {
   // TGI's API. kRoot: POST /, streamed when the body says so, a one-element list otherwise.
   enum class TgiRoute { kGenerate, kGenerateStream, kRoot };
   void HandleTgi(const httplib::Request& req, httplib::Response& res, TgiRoute route);
+  // llama.cpp's /completion and /infill.
+  absl::StatusOr<std::shared_ptr<LlamaCppJob>> StartLlamaCppJob(const httplib::Request& req,
+                                                                bool infill, bool* stream);
+  void HandleLlamaCpp(const httplib::Request& req, httplib::Response& res, bool infill);
   absl::StatusOr<std::shared_ptr<TgiJob>> StartTgiJob(const httplib::Request& req, TgiRoute route,
                                                       bool* stream);
   void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
@@ -560,6 +565,62 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
                                                 .best_of = tgi.best_of});
 }
 
+absl::StatusOr<std::shared_ptr<LlamaCppJob>> HttpServer::Impl::StartLlamaCppJob(
+    const httplib::Request& req, bool infill, bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(LlamaCppRequest llama,
+                   ParseLlamaCppRequest(req.body, infill, options.max_model_len));
+  CompletionRequest& request = llama.completion;
+  std::string prompt_text;
+  if (infill) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                     FimPrompt(llama.input_prefix, llama.input_suffix, "input_prefix"));
+    std::vector<int32_t> extra = tokenizer->Encode(llama.infill_prompt, /*parse_special=*/false);
+    ids.insert(ids.end(), extra.begin(), extra.end());
+    prompt_text = tokenizer->Decode(ids);
+    request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
+  } else {
+    const PromptInput& prompt = request.prompts[0];
+    prompt_text = prompt.is_text ? prompt.text : tokenizer->Decode(prompt.token_ids);
+  }
+  *stream = request.stream;
+  const SamplingParams& p = request.params;
+  nlohmann::json settings = {{"n_predict", request.max_tokens_given ? p.max_tokens : -1},
+                             {"temperature", p.temperature},
+                             {"top_k", p.top_k},
+                             {"top_p", p.top_p},
+                             {"min_p", p.min_p},
+                             {"typical_p", p.typical_p},
+                             {"repeat_penalty", p.repetition_penalty},
+                             {"repeat_last_n", p.penalty_last_n},
+                             {"presence_penalty", p.presence_penalty},
+                             {"frequency_penalty", p.frequency_penalty},
+                             {"stop", p.stop},
+                             {"ignore_eos", p.ignore_eos},
+                             {"n_probs", llama.n_probs},
+                             {"grammar", p.guided_grammar},
+                             {"n_ctx", options.max_model_len},
+                             {"model", options.served_model_name}};
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<CompletionJob> inner,
+      SubmitJob(request, request.params,
+                {.id = absl::StrCat("llama-", next_id.fetch_add(1)), .arrival = arrival}));
+  return std::make_shared<LlamaCppJob>(std::move(inner),
+                                       LlamaCppJobOptions{.model = options.served_model_name,
+                                                          .prompt = std::move(prompt_text),
+                                                          .n_probs = llama.n_probs,
+                                                          .generation_settings = settings});
+}
+
+void HttpServer::Impl::HandleLlamaCpp(const httplib::Request& req, httplib::Response& res,
+                                      bool infill) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartLlamaCppJob(req, infill, &stream);
+  Respond(req, res, std::move(job), stream, ReplyError);
+}
+
 void HttpServer::Impl::HandleTgi(const httplib::Request& req, httplib::Response& res,
                                  TgiRoute route) {
   bool stream = false;
@@ -738,7 +799,9 @@ void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Re
     status = ValidatePromptTokens(request->tokens, tokenizer->vocab_size(), "tokens");
   }
   if (!status.ok()) return ReplyError(res, status);
-  ReplyJson(res, {{"prompt", tokenizer->Decode(request->tokens)}});
+  // vLLM's "prompt" and llama.cpp's "content".
+  const std::string text = tokenizer->Decode(request->tokens);
+  ReplyJson(res, {{"prompt", text}, {"content", text}});
 }
 
 void HttpServer::Impl::HandleModels(const httplib::Request& req, httplib::Response& res) {
@@ -780,6 +843,15 @@ void HttpServer::Impl::InstallRoutes() {
   });
   server.Post("/", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTgi(req, res, TgiRoute::kRoot);
+  });
+  // llama.cpp server's native API (its clients; llama.vim and llama.vscode's code completion).
+  for (const char* path : {"/completion", "/completions"}) {
+    server.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
+      HandleLlamaCpp(req, res, /*infill=*/false);
+    });
+  }
+  server.Post("/infill", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleLlamaCpp(req, res, /*infill=*/true);
   });
   server.Get("/info", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTgiInfo(req, res);

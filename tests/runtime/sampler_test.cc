@@ -250,6 +250,38 @@ TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
   EXPECT_FALSE(DeviceSamplable(typical));
 }
 
+// llama.cpp's repeat_last_n (penalty_last_n): the three penalties look at the last n tokens of
+// prompt and output only, presence and frequency counting the window's prompt tokens too.
+TEST(Sampler, PenaltyWindowLooksAtTheLastNTokens) {
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  const std::vector<int32_t> output = {5, 5, 6};
+  SamplingParams params;
+  params.repetition_penalty = 2.0f;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  params.penalty_last_n = 4;  // tokens 4, 5, 5, 6
+  std::vector<float> logits(8, 1.0f);
+  ApplyPenalties(params, prompt, output, absl::MakeSpan(logits));
+  // Outside the window (0, 1, 2, 3, 7): untouched. 4 and 6: once; 5: twice.
+  for (int t : {0, 1, 2, 3, 7}) EXPECT_EQ(logits[t], 1.0f) << t;
+  EXPECT_FLOAT_EQ(logits[4], 0.5f - 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(logits[6], 0.5f - 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(logits[5], 0.5f - 0.5f - 0.5f);
+  // A window longer than everything: the prompt's tokens count for presence too.
+  params.penalty_last_n = 100;
+  std::vector<float> all(8, 1.0f);
+  ApplyPenalties(params, prompt, output, absl::MakeSpan(all));
+  EXPECT_FLOAT_EQ(all[1], 0.5f - 0.5f - 0.25f);
+  // Without a window (the default): repetition over everything, presence over the output only.
+  params.penalty_last_n = -1;
+  std::vector<float> plain(8, 1.0f);
+  ApplyPenalties(params, prompt, output, absl::MakeSpan(plain));
+  EXPECT_FLOAT_EQ(plain[1], 0.5f);
+  SamplingParams zero;
+  zero.penalty_last_n = 0;
+  EXPECT_FALSE(zero.Validate().ok());
+}
+
 TEST(Sampler, PenaltiesFollowTheFormulas) {
   std::mt19937_64 rng(5);
   const std::vector<float> logits = RandomLogits(rng, 10);

@@ -84,6 +84,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     CheckError(r.status());
   }
+  for (const bool infill : {false, true}) {
+    if (auto r = mqa::ParseLlamaCppRequest(body, infill, 2048); r.ok()) {
+      const mqa::SamplingParams& p = r->completion.params;
+      MQA_CHECK(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1);
+      MQA_CHECK(p.typical_p > 0 && p.typical_p <= 1 && p.repetition_penalty > 0);
+      MQA_CHECK(p.penalty_last_n == -1 || p.penalty_last_n >= 1);
+      MQA_CHECK(p.guided_grammar.empty() || p.guided_regex.empty());
+      MQA_CHECK(infill ? r->completion.prompts.empty() : r->completion.prompts.size() == 1);
+      MQA_CHECK(p.max_tokens >= 0);
+    } else {
+      CheckError(r.status());
+    }
+  }
   if (auto r = mqa::ParseTgiRequest(body); r.ok()) {
     const mqa::SamplingParams& p = r->completion.params;
     MQA_CHECK(r->completion.prompts.size() == 1 && !r->completion.prompts[0].text.empty());

@@ -559,6 +559,75 @@ TEST(ApiTypesTest, GenerationConfigDefaultsFillUnsetFields) {
   EXPECT_EQ(infill->common.params.max_tokens, 64);
 }
 
+// llama.cpp's request: its defaults where the body says nothing, n_predict, repeat_last_n,
+// logit_bias in both shapes, grammar and json_schema, /infill's fields.
+TEST(ApiTypesTest, LlamaCppRequests) {
+  absl::StatusOr<LlamaCppRequest> plain = ParseLlamaCppRequest(R"({"prompt": "x"})", false, 512);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const SamplingParams& p = plain->completion.params;
+  EXPECT_FLOAT_EQ(p.temperature, 0.8f);
+  EXPECT_EQ(p.top_k, 40);
+  EXPECT_FLOAT_EQ(p.top_p, 0.95f);
+  EXPECT_FLOAT_EQ(p.min_p, 0.05f);
+  EXPECT_EQ(p.penalty_last_n, 64);
+  EXPECT_FALSE(plain->completion.max_tokens_given);  // n_predict -1: to the context
+  absl::StatusOr<LlamaCppRequest> set = ParseLlamaCppRequest(
+      R"({"prompt": [1, 2, 3], "n_predict": 7, "temperature": -1, "top_k": 0, "repeat_last_n": -1,
+          "seed": -1, "logit_bias": [[5, false], [6, 2.5]], "stop": ["\n", ""], "n_probs": 3,
+          "cache_prompt": true, "samplers": ["top_k"], "mirostat": 0})",
+      false, 512);
+  ASSERT_TRUE(set.ok()) << set.status();
+  const SamplingParams& q = set->completion.params;
+  EXPECT_EQ(set->completion.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(q.max_tokens, 7);
+  EXPECT_EQ(q.temperature, 0.0f);  // <= 0: greedy
+  EXPECT_EQ(q.top_k, -1);
+  EXPECT_EQ(q.penalty_last_n, 512);  // -1: the whole context
+  EXPECT_FALSE(q.seed.has_value());  // -1: random
+  EXPECT_EQ(q.logit_bias, (std::vector<std::pair<int32_t, float>>{{5, -100.0f}, {6, 2.5f}}));
+  EXPECT_EQ(q.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(set->n_probs, 3);
+  EXPECT_EQ(q.logprobs, 3);
+  absl::StatusOr<LlamaCppRequest> object_bias =
+      ParseLlamaCppRequest(R"({"prompt": "x", "logit_bias": {"7": -1}})", false, 512);
+  ASSERT_TRUE(object_bias.ok()) << object_bias.status();
+  EXPECT_EQ(object_bias->completion.params.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{7, -1.0f}}));
+  absl::StatusOr<LlamaCppRequest> grammar =
+      ParseLlamaCppRequest(R"({"prompt": "x", "grammar": "root ::= \"a\""})", false, 512);
+  ASSERT_TRUE(grammar.ok());
+  EXPECT_EQ(grammar->completion.params.guided_grammar, "root ::= \"a\"");
+  absl::StatusOr<LlamaCppRequest> any_json =
+      ParseLlamaCppRequest(R"({"prompt": "x", "json_schema": {}})", false, 512);
+  ASSERT_TRUE(any_json.ok());
+  EXPECT_EQ(any_json->completion.params.guided_grammar, GrammarGuide::JsonObjectGrammar());
+  absl::StatusOr<LlamaCppRequest> schema =
+      ParseLlamaCppRequest(R"({"prompt": "x", "json_schema": {"type": "boolean"}})", false, 512);
+  ASSERT_TRUE(schema.ok());
+  EXPECT_EQ(schema->completion.params.guided_regex, "(?:true|false)");
+  absl::StatusOr<LlamaCppRequest> infill = ParseLlamaCppRequest(
+      R"({"input_prefix": "a", "input_suffix": "b", "prompt": "c",
+          "input_extra": [{"filename": "f", "text": "ctx\n"}]})",
+      true, 512);
+  ASSERT_TRUE(infill.ok()) << infill.status();
+  EXPECT_EQ(infill->input_prefix, "ctx\na");
+  EXPECT_EQ(infill->input_suffix, "b");
+  EXPECT_EQ(infill->infill_prompt, "c");
+  EXPECT_TRUE(infill->completion.prompts.empty());
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({})", "prompt"},
+           {R"({"prompt": ""})", "prompt"},
+           {R"({"prompt": ["a", [1]]})", "prompt"},
+           {R"({"prompt": "x", "tfs_z": 0.9})", "tfs_z"},
+           {R"({"prompt": "x", "repeat_last_n": -2})", "repeat_last_n"},
+           {R"({"prompt": "x", "n_predict": -5})", "n_predict"},
+           {R"({"prompt": "x", "logit_bias": [[1, "a"]]})", "logit_bias"},
+           {R"({"prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {}})", "json_schema"},
+           {R"({"prompt": "x", "image_data": [{"id": 1}]})", "image_data"}}) {
+    EXPECT_EQ(ErrorParam(ParseLlamaCppRequest(body, false, 512).status()), param) << body;
+  }
+}
+
 TEST(ApiTypesTest, RandomValidFieldsRoundTrip) {
   std::mt19937_64 rng(1234);
   std::uniform_real_distribution<double> unit(0.0, 1.0);

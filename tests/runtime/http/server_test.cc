@@ -709,6 +709,8 @@ TEST_F(HttpServerTest, ModelsTokenizeDetokenize) {
   EXPECT_EQ(tokens["max_model_len"], 128);
   json back = PostOk("/detokenize", {{"tokens", expected}});
   EXPECT_EQ(back["prompt"], text);
+  EXPECT_EQ(back["content"], text);  // llama.cpp's name
+  EXPECT_EQ(PostOk("/tokenize", {{"content", text}})["tokens"], tokens["tokens"]);
   int status = 0;
   json error = Post("/detokenize", json({{"tokens", {1, 5000}}}).dump(), &status);
   EXPECT_EQ(status, 400);
@@ -1929,6 +1931,112 @@ TEST_F(HttpServerTest, TgiBestOfAnswersWithTheMostLikelySample) {
     json error = Post(parameters.contains("stream") ? "/generate_stream" : "/generate", body.dump(),
                       &status);
     EXPECT_EQ(status, 422) << body << " -> " << error;
+  }
+}
+
+// llama.cpp server's native API: /completion and /infill answer in its shapes with the text the
+// OpenAI routes give for the same request (greedy), streamed as content deltas then a final
+// event; stop words, n_predict 0, n_probs, grammar; the samplers this server lacks are 400s.
+TEST_F(HttpServerTest, LlamaCppCompletionAndInfill) {
+  Start(DefaultSetup());
+  const Tokenizer& tok = FixtureTokenizer();
+  const std::string prompt = "def main():";
+  json openai =
+      PostOk("/v1/completions",
+             {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  const std::string text = openai["choices"][0]["text"];
+  json got =
+      PostOk("/completion",
+             {{"prompt", prompt}, {"n_predict", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(got["content"], text);
+  EXPECT_EQ(got["stop"], true);
+  EXPECT_EQ(got["tokens_predicted"], 6);
+  EXPECT_EQ(got["tokens_evaluated"], tok.Encode(prompt).size());
+  EXPECT_TRUE(got["stopped_limit"] == true && got["stopped_eos"] == false &&
+              got["stopped_word"] == false)
+      << got;
+  EXPECT_EQ(got["prompt"], prompt);
+  EXPECT_EQ(got["model"], "demo");
+  EXPECT_EQ(got["generation_settings"]["n_predict"], 6);
+  EXPECT_EQ(got["generation_settings"]["top_k"], 40);  // llama.cpp's default
+  EXPECT_GE(got["timings"]["predicted_ms"].get<double>(), 0.0);
+  EXPECT_EQ(got["timings"]["predicted_n"], 6);
+  EXPECT_TRUE(got["tokens_cached"].is_number());
+  // Streamed: the same text in deltas, then a final event with the fields.
+  Sse sse = Stream({{"prompt", prompt},
+                    {"n_predict", 6},
+                    {"temperature", 0},
+                    {"ignore_eos", true},
+                    {"stream", true}},
+                   0, "/completion");
+  ASSERT_EQ(sse.status, 200);
+  std::string streamed;
+  for (size_t i = 0; i < sse.chunks.size(); ++i) {
+    streamed += sse.chunks[i]["content"].get<std::string>();
+    EXPECT_EQ(sse.chunks[i]["stop"], i + 1 == sse.chunks.size()) << sse.chunks[i];
+  }
+  EXPECT_EQ(streamed, text);
+  ASSERT_FALSE(sse.chunks.empty());
+  EXPECT_EQ(sse.chunks.back()["tokens_predicted"], 6);
+  // A stop word: stopped there, the word named.
+  const std::string word = text.substr(2, 2);
+  json stopped = PostOk("/completion", {{"prompt", prompt},
+                                        {"n_predict", 6},
+                                        {"temperature", 0},
+                                        {"ignore_eos", true},
+                                        {"stop", {word}}});
+  EXPECT_EQ(stopped["content"], text.substr(0, text.find(word)));
+  EXPECT_EQ(stopped["stopped_word"], true);
+  EXPECT_EQ(stopped["stopping_word"], word);
+  // n_predict 0 evaluates nothing; n_probs gives each token's alternatives as probabilities.
+  json none = PostOk("/completion", {{"prompt", prompt}, {"n_predict", 0}});
+  EXPECT_EQ(none["content"], "");
+  EXPECT_EQ(none["tokens_predicted"], 0);
+  json probs = PostOk("/completion", {{"prompt", prompt},
+                                      {"n_predict", 3},
+                                      {"temperature", 0},
+                                      {"ignore_eos", true},
+                                      {"n_probs", 2}});
+  ASSERT_EQ(probs["completion_probabilities"].size(), 3u) << probs;
+  for (const json& entry : probs["completion_probabilities"]) {
+    ASSERT_EQ(entry["probs"].size(), 2u);
+    const double best = entry["probs"][0]["prob"];
+    EXPECT_TRUE(best > 0 && best <= 1) << entry;
+    EXPECT_EQ(entry["content"], entry["probs"][0]["tok_str"]) << "greedy takes the best";
+  }
+  // A GBNF grammar.
+  json digits = PostOk("/completion",
+                       {{"prompt", prompt}, {"n_predict", 8}, {"grammar", "root ::= [0-9]{1,5}"}});
+  const std::string number = digits["content"];
+  EXPECT_TRUE(!number.empty() && number.size() <= 5 &&
+              number.find_first_not_of("0123456789") == std::string::npos)
+      << digits;
+  // /infill: the same FIM prompt as /v1/infill, with context chunks before the prefix.
+  json fim = PostOk("/v1/infill", {{"input_prefix", "# ctx\ndef f(x):\n    return "},
+                                   {"input_suffix", "\n\nprint(f(2))"},
+                                   {"max_tokens", 5},
+                                   {"temperature", 0},
+                                   {"ignore_eos", true}});
+  json infill = PostOk("/infill", {{"input_extra", {{{"filename", "a.py"}, {"text", "# ctx\n"}}}},
+                                   {"input_prefix", "def f(x):\n    return "},
+                                   {"input_suffix", "\n\nprint(f(2))"},
+                                   {"n_predict", 5},
+                                   {"temperature", 0},
+                                   {"ignore_eos", true}});
+  EXPECT_EQ(infill["content"], fim["choices"][0]["text"]);
+  EXPECT_EQ(infill["tokens_evaluated"], fim["usage"]["prompt_tokens"]);
+
+  for (const auto& [body, param] : std::vector<std::pair<json, std::string>>{
+           {{{"prompt", "x"}, {"mirostat", 2}}, "mirostat"},
+           {{{"prompt", "x"}, {"dry_multiplier", 0.8}}, "dry_multiplier"},
+           {{{"prompt", {"a", "b"}}}, "prompt"},
+           {{{"n_predict", 4}}, "prompt"},
+           {{{"prompt", "x"}, {"logit_bias", {{1}}}}, "logit_bias"},
+           {{{"prompt", "x"}, {"grammar", "root ::= nope"}}, "guided_grammar"}}) {
+    int status = 0;
+    json error = Post("/completion", body.dump(), &status);
+    EXPECT_EQ(status, 400) << body << " -> " << error;
+    EXPECT_EQ(error["error"]["param"], param) << error;
   }
 }
 
