@@ -284,6 +284,24 @@ def test_beam_search(server):
         c.completions.create(model=server.model, prompt="x", max_tokens=2,
                              extra_body={"use_beam_search": True, "logprobs": 1})
 
+
+def test_llama_cpp_api(server):
+    """llama.cpp's /completion and /infill as llama.vim sends them: a cache-warming call with
+    n_predict 0, then a completion with a grammar and one through /infill with context chunks."""
+    status, warm = server.post_json("/infill", {
+        "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 0,
+        "input_extra": [{"filename": "util.py", "text": "import math\n"}], "cache_prompt": True,
+        "samplers": ["top_k", "top_p", "infill"], "t_max_prompt_ms": 500})
+    assert status == 200 and warm["content"] == "" and warm["tokens_predicted"] == 0, warm
+    status, fim = server.post_json("/infill", {
+        "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 12,
+        "input_extra": [{"filename": "util.py", "text": "import math\n"}], "top_k": 1})
+    assert status == 200 and fim["stop"] is True, fim
+    assert fim["tokens_predicted"] >= 1 and fim["tokens_evaluated"] > 0, fim
+    status, done = server.post_json("/completion", {
+        "prompt": "x = ", "n_predict": 6, "grammar": "root ::= [0-9]{1,4}"})
+    assert status == 200 and done["content"].isdigit() and len(done["content"]) <= 4, done
+
 def test_bad_words_never_complete(server):
     """vLLM's bad_words: the word's tokens (as is and after a space) never come out in sequence,
     where the same greedy completion without them does write the word."""
