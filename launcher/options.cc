@@ -109,6 +109,10 @@ const std::map<std::string, Flag>& Flags() {
       {"enable-prefix-caching",
        Switch(&Options::enable_prefix_caching, true, "reuse prompt blocks")},
       {"no-enable-prefix-caching", Switch(&Options::enable_prefix_caching, false, "")},
+      {"enable-prompt-tokens-details",
+       Switch(&Options::prompt_tokens_details, true,
+              "usage.prompt_tokens_details.cached_tokens: prompt tokens found in the prefix "
+              "cache")},
       {"enable-chunked-prefill",
        Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
       {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},

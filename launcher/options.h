@@ -40,6 +40,7 @@ struct Options {
   SpeculativeConfig speculative;
   std::string scheduling_policy = "fcfs";  // vLLM's --scheduling-policy: fcfs | priority
   bool enable_prefix_caching = true;
+  bool prompt_tokens_details = false;  // vLLM's --enable-prompt-tokens-details
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).
   std::string host = "127.0.0.1";

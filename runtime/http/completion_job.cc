@@ -350,7 +350,13 @@ json CompletionJob::UsageJson() const {
   int64_t completion_tokens = 0;
   for (const PreparedPrompt& prompt : prompts_) prompt_tokens += prompt.token_ids.size();
   for (int ci : ShownChoices()) completion_tokens += choices_[ci].token_ids.size();
-  return UsageObject(prompt_tokens, completion_tokens);
+  json usage = UsageObject(prompt_tokens, completion_tokens);
+  if (options_.prompt_tokens_details) {
+    int64_t cached = 0;
+    for (int cached_tokens : cached_prompt_tokens_) cached += cached_tokens;
+    usage["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  }
+  return usage;
 }
 
 std::string CompletionJob::ClosingChunks(const absl::Status& error) const {

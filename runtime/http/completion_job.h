@@ -52,6 +52,7 @@ struct CompletionJobOptions {
   bool include_usage = false;
   bool continuous_usage = false;  // with include_usage: every chunk carries the usage so far
   bool return_token_ids = false;
+  bool prompt_tokens_details = false;  // usage.prompt_tokens_details.cached_tokens
   absl::Time arrival;  // when the HTTP request came in, for TTFT and end-to-end latency
 };
 

@@ -423,6 +423,7 @@ absl::StatusOr<std::shared_ptr<HttpJob>> HttpServer::Impl::StartJob(const httpli
                     .include_usage = request.include_usage,
                     .continuous_usage = request.continuous_usage,
                     .return_token_ids = request.return_token_ids,
+                    .prompt_tokens_details = options.prompt_tokens_details,
                     .arrival = arrival});
 }
 
@@ -662,6 +663,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                    SubmitJob(request, request.params,
                              {.id = absl::StrCat("chatcmpl-", next_id.fetch_add(1)),
                               .include_usage = request.include_usage,
+                              .prompt_tokens_details = options.prompt_tokens_details,
                               .arrival = arrival}));
   *stream = request.stream;
   std::string echo;

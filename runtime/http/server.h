@@ -74,6 +74,9 @@ struct ServerOptions {
   // method, path, status, the call's id, token counts, finish reasons and duration; never the
   // prompt or output text. Null: no request log.
   std::function<void(const std::string&)> request_log;
+  // vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens, the prompt
+  // tokens found in the prefix cache (OpenAI's field), on /v1/completions, /v1/infill and chat.
+  bool prompt_tokens_details = false;
 };
 
 class HttpServer {

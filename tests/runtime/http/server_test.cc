@@ -2040,6 +2040,26 @@ TEST_F(HttpServerTest, LlamaCppCompletionAndInfill) {
   }
 }
 
+// --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens, the prompt tokens
+// the prefix cache held: none the first time, whole blocks of the repeated prompt the second.
+TEST_F(HttpServerTest, PromptTokensDetailsCountCachedTokens) {
+  TestSetup setup = DefaultSetup();
+  setup.server.prompt_tokens_details = true;
+  Start(setup);
+  const std::string prompt =
+      "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+      "fibonacci(n - 2)\n";
+  const json body = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}};
+  json first = PostOk("/v1/completions", body);
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << first["usage"];
+  json second = PostOk("/v1/completions", body);
+  const int cached = second["usage"]["prompt_tokens_details"]["cached_tokens"];
+  const int prompt_tokens = second["usage"]["prompt_tokens"];
+  EXPECT_GT(cached, 0) << second["usage"];
+  EXPECT_LT(cached, prompt_tokens);
+  EXPECT_EQ(cached % setup.runner.block_size, 0);
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);
