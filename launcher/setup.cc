@@ -35,6 +35,7 @@
 #include "parallel/control_channel.h"
 #include "parallel/distributed_runner.h"
 #include "parallel/mpi_wait.h"
+#include "parallel/termination_liveness.h"
 #include "runtime/detokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/http/chat_template.h"
@@ -616,15 +617,20 @@ absl::Status RunRank(const Options& o, const World& world) {
   PlanCodecOptions codec;
   codec.block_size = o.block_size;
   codec.send_mirror_hash = o.debug_check_mirror;
+  std::unique_ptr<TerminationLiveness> liveness;
   if (world.size() > 1) {
     ControlChannelOptions channel_options;
     channel_options.send_timeout = absl::Seconds(o.peer_timeout);
     ASSIGN_OR_RETURN(channel, ControlChannel::Create(world, channel_options));
+    // On SIGTERM a worker tells rank 0 it is alive, so that rank 0's drain waits out a slow step
+    // instead of taking the worker for dead (parallel/termination_liveness.h).
+    ASSIGN_OR_RETURN(liveness, TerminationLiveness::Create(world));
     if (!world.is_root()) {
       WorkerOptions worker;
       worker.codec = codec;
       // Rank 0 sends a keep-alive plan every second while idle.
       worker.receive_timeout = absl::Seconds(std::max(o.peer_timeout, 5.0));
+      TerminationWatcher watcher([] { TerminationLiveness::NoteTerminating(); }, [] {});
       return RunWorker(*channel, *runner, worker);
     }
     auto wrapped = std::make_unique<DistributedRunner>(std::move(runner), channel.get(), codec);

@@ -50,7 +50,14 @@ SlowestRecentWait& SlowestWaits() {
   return *waits;
 }
 
+WaitHooks& Hooks() {
+  static WaitHooks* hooks = new WaitHooks();
+  return *hooks;
+}
+
 }  // namespace
+
+void SetWaitHooks(WaitHooks hooks) { Hooks() = std::move(hooks); }
 
 void AbandonStuckWaits() { g_abandon_stuck_waits.store(true); }
 
@@ -64,6 +71,7 @@ absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::str
   const absl::Time start = absl::Now();
   absl::Duration sleep = policy.min_sleep;
   while (true) {
+    if (Hooks().on_poll) Hooks().on_poll();
     int done = 0;
     const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
@@ -84,7 +92,7 @@ absl::Status WaitForRequest(MPI_Request* request, absl::Time deadline, absl::str
     }
     const absl::Duration waited = now - start;
     if (waited >= kPatienceWhenEnding && g_abandon_stuck_waits.load(std::memory_order_relaxed) &&
-        waited >= PatienceWhenEnding()) {
+        waited >= PatienceWhenEnding() && !(Hooks().peers_alive && Hooks().peers_alive())) {
       return absl::AbortedError(absl::StrCat(
           what, ": the job is being ended and the other ranks have not answered for ",
           absl::FormatDuration(waited), ": a rank has died or stopped"));

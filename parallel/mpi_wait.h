@@ -9,6 +9,8 @@
 
 #include <mpi.h>
 
+#include <functional>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -35,6 +37,16 @@ void AbandonStuckWaits();
 // (Slurm's) must not be taken for a death because the machine is slow, which would fail the
 // requests the drain exists to finish.
 absl::Duration PatienceWhenEnding();
+
+// What a wait consults, for TerminationLiveness (termination_liveness.h): on_poll runs at every
+// poll (it may start MPI operations of its own), and once the job is ending a wait past its
+// patience is given up only while peers_alive, when set, says false. Set on the MPI thread at
+// start-up and cleared at shutdown, while no wait runs.
+struct WaitHooks {
+  std::function<void()> on_poll;
+  std::function<bool()> peers_alive;
+};
+void SetWaitHooks(WaitHooks hooks);
 
 // Waits until `*request` completes (then it is MPI_REQUEST_NULL) or `deadline` passes: then
 // DeadlineExceeded naming `what`, with the request still pending (the caller may wait again or
