@@ -120,7 +120,8 @@ const std::map<std::string, Flag>& Flags() {
       {"port", {"port to listen on", Number(&Options::port)}},
       {"api-key", {"require `Authorization: Bearer KEY` on /v1/*", Text(&Options::api_key)}},
       {"served-model-name",
-       {"model id in the API (default: the model folder's name)",
+       {"model id in the API (default: the model folder's name); NAME,ALIAS,... also accepts "
+        "the aliases as a request's model",
         Text(&Options::served_model_name)}},
       {"chat-template",
        {"chat template for /v1/chat/completions: a file, or the template text "

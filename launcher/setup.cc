@@ -416,10 +416,11 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
   server_options.port = o.port;
   server_options.api_key = o.api_key;
   server_options.max_model_len = max_model_len;
+  std::vector<std::string> names = absl::StrSplit(o.served_model_name, ',', absl::SkipEmpty());
   server_options.served_model_name =
-      o.served_model_name.empty()
-          ? std::filesystem::path(o.model).lexically_normal().filename().string()
-          : o.served_model_name;
+      names.empty() ? std::filesystem::path(o.model).lexically_normal().filename().string()
+                    : names[0];
+  if (names.size() > 1) server_options.model_aliases.assign(names.begin() + 1, names.end());
   if (server_options.served_model_name.empty()) server_options.served_model_name = o.model;
   server_options.allowed_origins.clear();
   for (absl::string_view origin : absl::StrSplit(o.allowed_origins, ',', absl::SkipWhitespace())) {

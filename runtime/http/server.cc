@@ -258,7 +258,11 @@ absl::Status HttpServer::Impl::CheckServing() const {
 }
 
 absl::Status HttpServer::Impl::CheckModel(const std::optional<std::string>& model) const {
-  if (!model.has_value() || *model == options.served_model_name) return absl::OkStatus();
+  if (!model.has_value() || *model == options.served_model_name ||
+      std::find(options.model_aliases.begin(), options.model_aliases.end(), *model) !=
+          options.model_aliases.end()) {
+    return absl::OkStatus();
+  }
   return ApiError(absl::StatusCode::kNotFound, "model",
                   absl::StrCat("The model '", *model, "' does not exist; this server serves '",
                                options.served_model_name, "'"));
@@ -809,13 +813,18 @@ void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Re
 void HttpServer::Impl::HandleModels(const httplib::Request& req, httplib::Response& res) {
   absl::Status status = CheckAuth(req);
   if (!status.ok()) return ReplyError(res, status);
-  json model = {{"id", options.served_model_name},
-                {"object", "model"},
-                {"created", created},
-                {"owned_by", "mqaserve"},
-                {"root", options.served_model_name},
-                {"max_model_len", options.max_model_len}};
-  ReplyJson(res, {{"object", "list"}, {"data", json::array({model})}});
+  json models = json::array();
+  std::vector<std::string> names = {options.served_model_name};
+  names.insert(names.end(), options.model_aliases.begin(), options.model_aliases.end());
+  for (const std::string& name : names) {
+    models.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "mqaserve"},
+                      {"root", options.served_model_name},
+                      {"max_model_len", options.max_model_len}});
+  }
+  ReplyJson(res, {{"object", "list"}, {"data", std::move(models)}});
 }
 
 void HttpServer::Impl::HandleHealth(httplib::Response& res) {
@@ -869,6 +878,11 @@ void HttpServer::Impl::InstallRoutes() {
   });
   server.Get("/health",
              [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
+  // vLLM's /ping (SageMaker's health check), GET or POST: /health's answer.
+  server.Get("/ping",
+             [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
+  server.Post("/ping",
+              [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.status = 200;
     res.set_content(metrics.Render(engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");

@@ -41,6 +41,9 @@ struct ServerOptions {
   // `model` of /v1/models; requests naming another model get 404. (vLLM's --served-model-name;
   // the launcher defaults it to the model folder's name.)
   std::string served_model_name = "model";
+  // Further names requests may give as their model (vLLM's --served-model-name with several);
+  // /v1/models lists them after served_model_name, which answers carry.
+  std::vector<std::string> model_aliases;
   // Non-empty: every route but /health and /metrics needs `Authorization: Bearer <api_key>`.
   std::string api_key;
   // Must equal the engine's EngineOptions::max_model_len (checked here for a clear 400).

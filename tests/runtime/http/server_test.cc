@@ -2060,6 +2060,25 @@ TEST_F(HttpServerTest, PromptTokensDetailsCountCachedTokens) {
   EXPECT_EQ(cached % setup.runner.block_size, 0);
 }
 
+// Several served model names (vLLM's --served-model-name a b): each is a model a request may
+// name and /v1/models lists them all; answers carry the first. /ping answers as /health does.
+TEST_F(HttpServerTest, ModelAliasesAndPing) {
+  TestSetup setup = DefaultSetup();
+  setup.server.model_aliases = {"starcoder", "sc"};
+  Start(setup);
+  json models = json::parse(Client()->Get("/v1/models")->body);
+  ASSERT_EQ(models["data"].size(), 3u);
+  EXPECT_EQ(models["data"][0]["id"], "demo");
+  EXPECT_EQ(models["data"][2]["id"], "sc");
+  json got = PostOk("/v1/completions", {{"model", "sc"}, {"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_EQ(got["model"], "demo");
+  int status = 0;
+  Post("/v1/completions", json({{"model", "other"}, {"prompt", "x"}}).dump(), &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(Client()->Get("/ping")->status, 200);
+  EXPECT_EQ(Client()->Post("/ping", "", "application/json")->status, 200);
+}
+
 TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   Start(DefaultSetup());
   std::mt19937_64 rng(21);
