@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/status.h"
+#include "runtime/utf8.h"
 
 namespace mqa {
 namespace {
@@ -206,16 +207,12 @@ class GbnfParser {
           return Error(absl::StrCat("unknown escape \\", std::string(1, e)));
       }
     }
-    const int length = lead < 0x80         ? 1
-                       : (lead >> 5) == 6  ? 2
-                       : (lead >> 4) == 14 ? 3
-                       : (lead >> 3) == 30 ? 4
-                                           : 0;
+    const int length = utf8::SequenceLength(lead);
     if (length == 0 || pos_ + length > src_.size()) return Error("invalid UTF-8");
-    uint32_t cp = length == 1 ? lead : lead & (0x7F >> length);
+    uint32_t cp = utf8::LeadBits(lead, length);
     for (int i = 1; i < length; ++i) {
       const auto b = static_cast<unsigned char>(src_[pos_ + i]);
-      if ((b & 0xC0) != 0x80) return Error("invalid UTF-8");
+      if (!utf8::IsContinuation(b)) return Error("invalid UTF-8");
       cp = cp << 6 | (b & 0x3F);
     }
     pos_ += length;
@@ -413,13 +410,13 @@ absl::Status CheckNoLeftRecursion(const GbnfParser& p) {
 // [lo, hi], or false when no character starts so.
 bool PrefixRange(std::string_view prefix, uint32_t* lo, uint32_t* hi) {
   const auto lead = static_cast<unsigned char>(prefix[0]);
-  const int length = (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 0;
+  const int length = utf8::SequenceLength(lead);
   if (length == 0 || static_cast<int>(prefix.size()) >= length) return false;
-  uint32_t low = lead & (0x7F >> length), high = low;
+  uint32_t low = utf8::LeadBits(lead, length), high = low;
   for (int i = 1; i < length; ++i) {
     if (i < static_cast<int>(prefix.size())) {
       const auto b = static_cast<unsigned char>(prefix[i]);
-      if ((b & 0xC0) != 0x80) return false;
+      if (!utf8::IsContinuation(b)) return false;
       low = low << 6 | (b & 0x3F);
       high = high << 6 | (b & 0x3F);
     } else {
@@ -427,8 +424,7 @@ bool PrefixRange(std::string_view prefix, uint32_t* lo, uint32_t* hi) {
       high = high << 6 | 0x3F;
     }
   }
-  static constexpr uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
-  *lo = std::max(low, kMinForLength[length]);
+  *lo = std::max(low, utf8::kMinForLength[length]);
   *hi = std::min(high, kMaxCodePoint);
   return *lo <= *hi;
 }
@@ -544,38 +540,32 @@ int GrammarGuide::Intern(StateKey key) const {
   info.accepting = has_empty && key.pending.empty();
   info.complete = info.accepting && key.stacks.size() == 1;
   info.next.fill(kUnknown);
-  info.key = key;
   const int id = static_cast<int>(states_.size());
-  states_.push_back(std::move(info));
-  ids_.emplace(std::move(key), id);
+  info.key = &ids_.emplace(std::move(key), id).first->first;
+  states_.push_back(info);
   return id;
 }
 
 int GrammarGuide::StepLocked(int state, uint8_t byte) const {
   if (state == kDead) return kDead;
   if (const int32_t known = states_[state].next[byte]; known != kUnknown) return known;
-  const StateKey& from = states_[state].key;
+  const StateKey& from = *states_[state].key;
   std::string pending = from.pending;
   pending.push_back(static_cast<char>(byte));
   const auto lead = static_cast<unsigned char>(pending[0]);
-  const int length = lead < 0x80         ? 1
-                     : (lead >> 5) == 6  ? 2
-                     : (lead >> 4) == 14 ? 3
-                     : (lead >> 3) == 30 ? 4
-                                         : 0;
+  const int length = utf8::SequenceLength(lead);
   int next = kDead;
-  if (length == 0 || (pending.size() > 1 && (byte & 0xC0) != 0x80)) {
+  if (length == 0 || (pending.size() > 1 && !utf8::IsContinuation(byte))) {
     next = kDead;  // not UTF-8
   } else if (static_cast<int>(pending.size()) < length) {
     if (AnyCharStartsWith(from.stacks, pending)) {
       next = Intern({.stacks = from.stacks, .pending = std::move(pending)});
     }
   } else {
-    uint32_t cp = length == 1 ? lead : lead & (0x7F >> length);
+    uint32_t cp = utf8::LeadBits(lead, length);
     for (int i = 1; i < length; ++i) cp = cp << 6 | (static_cast<unsigned char>(pending[i]) & 0x3F);
-    static constexpr uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
     const bool valid =
-        cp >= kMinForLength[length] && cp <= kMaxCodePoint && !(cp >= 0xD800 && cp <= 0xDFFF);
+        cp >= utf8::kMinForLength[length] && cp <= kMaxCodePoint && !(cp >= 0xD800 && cp <= 0xDFFF);
     StateKey to;
     bool ok = valid;
     for (const Stack& s : from.stacks) {

@@ -77,7 +77,7 @@ class GrammarGuide : public Guide {
     }
   };
   struct StateInfo {
-    StateKey key;
+    const StateKey* key = nullptr;  // the key of its entry in ids_ (a map's keys stay put)
     bool accepting = false;
     bool complete = false;
     std::array<int32_t, 256> next;  // kUnknown until computed

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/status.h"
+#include "runtime/utf8.h"
 
 namespace mqa {
 namespace {
@@ -259,9 +260,9 @@ class Parser {
   // One UTF-8 character of the pattern into `cp`.
   bool Utf8Char(uint32_t& cp) {
     const auto b = static_cast<uint8_t>(p_[i_]);
-    const int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    const int len = utf8::SequenceLength(b);
     if (len == 0 || i_ + len > p_.size()) return Fail("invalid UTF-8");
-    cp = len == 1 ? b : b & (0x7f >> len);
+    cp = utf8::LeadBits(b, len);
     for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(p_[i_ + k]) & 0x3f);
     i_ += len;
     return true;
