@@ -1,6 +1,7 @@
 #include "runtime/http/completion_job.h"
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -326,23 +327,20 @@ std::string CompletionJob::OpeningChunks() {
 }
 
 std::vector<int> CompletionJob::ShownChoices() const {
-  std::vector<int> shown;
+  std::vector<int> shown(choices_.size());
+  std::iota(shown.begin(), shown.end(), 0);
+  if (options_.keep == 0) return shown;
+  // best_of: per prompt, the `keep` samples with the highest cumulative log-probability.
+  std::vector<double> logprob(choices_.size());
+  for (size_t ci = 0; ci < choices_.size(); ++ci) logprob[ci] = choices_[ci].CumulativeLogprob();
+  std::vector<int> kept;
   for (int p = 0; p < num_prompts(); ++p) {
-    std::vector<int> samples(options_.n);
-    std::vector<double> logprob(options_.n, 0.0);
-    for (int s = 0; s < options_.n; ++s) {
-      samples[s] = p * options_.n + s;
-      for (const SampleResult& scored : choices_[samples[s]].scores) logprob[s] += scored.logprob;
-    }
-    if (options_.keep > 0) {
-      std::stable_sort(samples.begin(), samples.end(), [&](int a, int b) {
-        return logprob[a - p * options_.n] > logprob[b - p * options_.n];
-      });
-      samples.resize(std::min(options_.keep, options_.n));
-    }
-    shown.insert(shown.end(), samples.begin(), samples.end());
+    const auto first = shown.begin() + p * options_.n;
+    std::stable_sort(first, first + options_.n,
+                     [&](int a, int b) { return logprob[a] > logprob[b]; });
+    kept.insert(kept.end(), first, first + std::min(options_.keep, options_.n));
   }
-  return shown;
+  return kept;
 }
 
 json CompletionJob::UsageJson() const {

@@ -70,6 +70,12 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
     nlohmann::json prompt_logprobs;  // vLLM's, when asked for
     int64_t text_chars = 0;          // code points in `text`, for text_offset
     bool opened = false;             // streaming: the first chunk has been sent
+    // The sum of the tokens' log-probabilities (those scored): what best_of ranks by.
+    double CumulativeLogprob() const {
+      double sum = 0;
+      for (const SampleResult& scored : scores) sum += scored.logprob;
+      return sum;
+    }
   };
 
   CompletionJob(CompletionJobOptions options, std::vector<PreparedPrompt> prompts,

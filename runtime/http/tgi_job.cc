@@ -40,8 +40,7 @@ int TgiJob::Best() const {
   int best = 0;
   double best_logprob = -std::numeric_limits<double>::infinity();
   for (int i = 0; i < options_.best_of; ++i) {
-    double logprob = 0;
-    for (const SampleResult& scored : inner().choice(i).scores) logprob += scored.logprob;
+    const double logprob = inner().choice(i).CumulativeLogprob();
     if (logprob > best_logprob) {
       best = i;
       best_logprob = logprob;
