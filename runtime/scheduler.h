@@ -78,6 +78,7 @@ struct SchedulerOutput {
 
 class Scheduler {
  public:
+  const SchedulerOptions& options() const { return options_; }
   Scheduler(SchedulerOptions options, BlockManager* block_manager);
 
   // Queues a new request (its one sequence must be waiting, without blocks).

@@ -56,6 +56,9 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderChat(const Chat& chat, const std::string& bos_token,
                                          const std::string& eos_token) const;
 
+  // The template's text, as given.
+  const std::string& source() const { return source_; }
+
   struct Node;
 
  private:

@@ -32,6 +32,7 @@
 #include "runtime/http/metrics.h"
 #include "runtime/http/tgi_job.h"
 #include "runtime/status.h"
+#include "runtime/version.h"
 
 namespace mqa {
 namespace {
@@ -201,6 +202,10 @@ struct HttpServer::Impl {
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
+  void HandleModel(const httplib::Request& req, httplib::Response& res);
+  void HandleLlamaCppProps(const httplib::Request& req, httplib::Response& res);
+  nlohmann::json LlamaCppSettings(const LlamaCppRequest& llama) const;
+  nlohmann::json ModelObject(const std::string& name) const;
   void HandleHealth(httplib::Response& res);
 
   const ServerOptions options;
@@ -570,6 +575,28 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
                                                 .best_of = tgi.best_of});
 }
 
+// llama.cpp's generation_settings: what a request (or, for /props, the defaults) samples with.
+nlohmann::json HttpServer::Impl::LlamaCppSettings(const LlamaCppRequest& llama) const {
+  const CompletionRequest& request = llama.completion;
+  const SamplingParams& p = request.params;
+  return {{"n_predict", request.max_tokens_given ? p.max_tokens : -1},
+          {"temperature", p.temperature},
+          {"top_k", p.top_k},
+          {"top_p", p.top_p},
+          {"min_p", p.min_p},
+          {"typical_p", p.typical_p},
+          {"repeat_penalty", p.repetition_penalty},
+          {"repeat_last_n", p.penalty_last_n},
+          {"presence_penalty", p.presence_penalty},
+          {"frequency_penalty", p.frequency_penalty},
+          {"stop", p.stop},
+          {"ignore_eos", p.ignore_eos},
+          {"n_probs", llama.n_probs},
+          {"grammar", p.guided_grammar},
+          {"n_ctx", options.max_model_len},
+          {"model", options.served_model_name}};
+}
+
 absl::StatusOr<std::shared_ptr<LlamaCppJob>> HttpServer::Impl::StartLlamaCppJob(
     const httplib::Request& req, bool infill, bool* stream) {
   const absl::Time arrival = absl::Now();
@@ -591,23 +618,7 @@ absl::StatusOr<std::shared_ptr<LlamaCppJob>> HttpServer::Impl::StartLlamaCppJob(
     prompt_text = prompt.is_text ? prompt.text : tokenizer->Decode(prompt.token_ids);
   }
   *stream = request.stream;
-  const SamplingParams& p = request.params;
-  nlohmann::json settings = {{"n_predict", request.max_tokens_given ? p.max_tokens : -1},
-                             {"temperature", p.temperature},
-                             {"top_k", p.top_k},
-                             {"top_p", p.top_p},
-                             {"min_p", p.min_p},
-                             {"typical_p", p.typical_p},
-                             {"repeat_penalty", p.repetition_penalty},
-                             {"repeat_last_n", p.penalty_last_n},
-                             {"presence_penalty", p.presence_penalty},
-                             {"frequency_penalty", p.frequency_penalty},
-                             {"stop", p.stop},
-                             {"ignore_eos", p.ignore_eos},
-                             {"n_probs", llama.n_probs},
-                             {"grammar", p.guided_grammar},
-                             {"n_ctx", options.max_model_len},
-                             {"model", options.served_model_name}};
+  nlohmann::json settings = LlamaCppSettings(llama);
   ASSIGN_OR_RETURN(
       std::shared_ptr<CompletionJob> inner,
       SubmitJob(request, request.params,
@@ -695,7 +706,8 @@ void HttpServer::Impl::HandleTgiInfo(const httplib::Request& req, httplib::Respo
                   {"max_total_tokens", options.max_model_len},
                   {"max_top_n_tokens", kTgiMaxTopNTokens},
                   {"max_concurrent_requests", options.num_threads},
-                  {"router", "mqaserve"}});
+                  {"router", "mqaserve"},
+                  {"version", kMqaserveVersion}});
 }
 
 void HttpServer::Impl::LogRequest(const httplib::Request& req, int status, const HttpJob* job,
@@ -810,21 +822,54 @@ void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Re
   ReplyJson(res, {{"prompt", text}, {"content", text}});
 }
 
+nlohmann::json HttpServer::Impl::ModelObject(const std::string& name) const {
+  return {{"id", name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "mqaserve"},
+          {"root", options.served_model_name},
+          {"max_model_len", options.max_model_len}};
+}
+
 void HttpServer::Impl::HandleModels(const httplib::Request& req, httplib::Response& res) {
   absl::Status status = CheckAuth(req);
   if (!status.ok()) return ReplyError(res, status);
   json models = json::array();
-  std::vector<std::string> names = {options.served_model_name};
-  names.insert(names.end(), options.model_aliases.begin(), options.model_aliases.end());
-  for (const std::string& name : names) {
-    models.push_back({{"id", name},
-                      {"object", "model"},
-                      {"created", created},
-                      {"owned_by", "mqaserve"},
-                      {"root", options.served_model_name},
-                      {"max_model_len", options.max_model_len}});
-  }
+  models.push_back(ModelObject(options.served_model_name));
+  for (const std::string& alias : options.model_aliases) models.push_back(ModelObject(alias));
   ReplyJson(res, {{"object", "list"}, {"data", std::move(models)}});
+}
+
+// OpenAI's "retrieve model" (GET /v1/models/{model}, client.models.retrieve): one of the served
+// names, or a 404 in OpenAI's shape.
+void HttpServer::Impl::HandleModel(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyError(res, status);
+  const std::string name = req.matches.size() > 1 ? req.matches[1].str() : "";
+  status = CheckModel(name);
+  if (!status.ok()) return ReplyError(res, status);
+  ReplyJson(res, ModelObject(name));
+}
+
+// llama.cpp's GET /props: what its clients read to learn the server's defaults and limits.
+void HttpServer::Impl::HandleLlamaCppProps(const httplib::Request& req, httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyError(res, status);
+  absl::StatusOr<LlamaCppRequest> defaults =
+      ParseLlamaCppRequest("{}", /*infill=*/true, options.max_model_len);
+  if (!defaults.ok()) return ReplyError(res, defaults.status());
+  json settings = LlamaCppSettings(*defaults);
+  // Older clients read the settings flat, newer ones under "params".
+  settings["params"] = settings;
+  ReplyJson(res, {{"default_generation_settings", std::move(settings)},
+                  {"total_slots", engine->scheduler().options().max_num_seqs},
+                  {"model_alias", options.served_model_name},
+                  {"bos_token", options.bos_token},
+                  {"eos_token", options.eos_token},
+                  {"chat_template",
+                   options.chat_template != nullptr ? options.chat_template->source() : ""},
+                  {"modalities", {{"vision", false}, {"audio", false}}},
+                  {"build_info", absl::StrCat("mqaserve ", kMqaserveVersion)}});
 }
 
 void HttpServer::Impl::HandleHealth(httplib::Response& res) {
@@ -869,6 +914,16 @@ void HttpServer::Impl::InstallRoutes() {
   });
   server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     HandleModels(req, res);
+  });
+  server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleModel(req, res);
+  });
+  server.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleLlamaCppProps(req, res);
+  });
+  // vLLM's GET /version.
+  server.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    ReplyJson(res, {{"version", kMqaserveVersion}});
   });
   server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTokenize(req, res);

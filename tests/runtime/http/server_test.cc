@@ -37,6 +37,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/http/api_types.h"
 #include "runtime/http/chat_template.h"
+#include "runtime/version.h"
 #include "tests/runtime/fake_runner.h"
 #include "tests/runtime/http/prometheus_text.h"
 #include "tests/source_dir.h"
@@ -717,6 +718,49 @@ TEST_F(HttpServerTest, ModelsTokenizeDetokenize) {
   EXPECT_EQ(error["error"]["param"], "tokens");
   Post("/tokenize", json({{"prompt", "x"}, {"model", "other"}}).dump(), &status);
   EXPECT_EQ(status, 404);
+}
+
+// OpenAI's retrieve-model (GET /v1/models/{model}) for each served name and a 404 otherwise;
+// vLLM's /version; llama.cpp's /props with its sampling defaults and limits; all behind the key.
+TEST_F(HttpServerTest, RetrieveModelVersionAndProps) {
+  TestSetup setup = DefaultSetup();
+  setup.server.model_aliases = {"demo-alias"};
+  setup.server.api_key = "k";
+  setup.server.bos_token = "<|endoftext|>";
+  Start(setup);
+  auto client = Client();  // sends the key
+  httplib::Client keyless("127.0.0.1", server_->port());
+  const httplib::Headers auth = {{"Authorization", "Bearer k"}};
+  for (const std::string name : {"demo", "demo-alias"}) {
+    auto got = client->Get("/v1/models/" + name, auth);
+    ASSERT_EQ(got->status, 200) << name;
+    json model = json::parse(got->body);
+    EXPECT_EQ(model["id"], name);
+    EXPECT_EQ(model["object"], "model");
+    EXPECT_EQ(model["max_model_len"], 128);
+  }
+  auto missing = client->Get("/v1/models/other", auth);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"]["param"], "model");
+  EXPECT_EQ(keyless.Get("/v1/models/demo")->status, 401);
+
+  auto version = keyless.Get("/version");  // as vLLM: no key needed
+  ASSERT_EQ(version->status, 200);
+  EXPECT_EQ(json::parse(version->body)["version"], kMqaserveVersion);
+
+  EXPECT_EQ(keyless.Get("/props")->status, 401);
+  auto props_reply = client->Get("/props", auth);
+  ASSERT_EQ(props_reply->status, 200);
+  json props = json::parse(props_reply->body);
+  EXPECT_EQ(props["total_slots"], 128);
+  EXPECT_EQ(props["model_alias"], "demo");
+  EXPECT_EQ(props["bos_token"], "<|endoftext|>");
+  const json& settings = props["default_generation_settings"];
+  EXPECT_EQ(settings["n_ctx"], 128);
+  EXPECT_EQ(settings["n_predict"], -1);
+  EXPECT_EQ(settings["top_k"], 40);  // llama.cpp's defaults, as /completion samples with them
+  EXPECT_FLOAT_EQ(settings["temperature"].get<float>(), 0.8f);
+  EXPECT_EQ(settings["params"]["top_k"], 40);
 }
 
 // A model whose tokenizer has no fill-in-the-middle tokens (the fixture's, renamed): /v1/infill and
