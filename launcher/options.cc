@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/http/metrics.h"
 
 namespace mqa {
 namespace {
@@ -113,6 +114,10 @@ const std::map<std::string, Flag>& Flags() {
        Switch(&Options::prompt_tokens_details, true,
               "usage.prompt_tokens_details.cached_tokens: prompt tokens found in the prefix "
               "cache")},
+      {"metrics-prefix",
+       {"prefix of the /metrics names (default mqaserve_; vllm: gives vLLM's names, which "
+        "dashboards made for vLLM read)",
+        Text(&Options::metrics_prefix)}},
       {"enable-chunked-prefill",
        Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
       {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},
@@ -230,6 +235,12 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   if (o.scheduling_policy != "fcfs" && o.scheduling_policy != "priority") {
     return absl::InvalidArgumentError(absl::StrCat("--scheduling-policy must be fcfs or priority, got ",
                                                    o.scheduling_policy));
+  }
+  if (o.metrics_prefix.empty() || !IsMetricNamePrefix(o.metrics_prefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics-prefix must start a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), "
+        "got '",
+        o.metrics_prefix, "'"));
   }
   absl::StatusOr<SpeculativeConfig> speculative = ParseSpeculativeConfig(o.speculative_config);
   if (!speculative.ok()) return speculative.status();

@@ -41,6 +41,7 @@ struct Options {
   std::string scheduling_policy = "fcfs";  // vLLM's --scheduling-policy: fcfs | priority
   bool enable_prefix_caching = true;
   bool prompt_tokens_details = false;  // vLLM's --enable-prompt-tokens-details
+  std::string metrics_prefix = "mqaserve_";  // /metrics names' prefix ("vllm:": vLLM's names)
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).
   std::string host = "127.0.0.1";

@@ -57,6 +57,7 @@ void BlockManager::Allocate(SequenceGroup& group) {
     // Only blocks that end before the last token: the last token is always computed, so that
     // the step yields its logits and never writes into a shared cached block.
     const int reusable = (leader.num_tokens() - 1) / bs;
+    cache_query_tokens_ += leader.num_tokens();
     uint64_t parent = 0;
     for (int i = 0; i < reusable; ++i) {
       auto tokens = absl::MakeConstSpan(leader.tokens()).subspan(i * bs, bs);

@@ -95,6 +95,10 @@ class BlockManager {
   double Usage() const;
   int64_t prefix_cache_queried_blocks() const { return cache_queries_; }
   int64_t prefix_cache_hit_blocks() const { return cache_hits_; }
+  // vLLM's prefix-cache counters, in tokens: the prompt tokens of the groups looked up in the
+  // cache, and those found there.
+  int64_t prefix_cache_queried_tokens() const { return cache_query_tokens_; }
+  int64_t prefix_cache_hit_tokens() const { return cache_hits_ * block_size(); }
 
   // Aborts with a message when a reference count disagrees with the tables, a block is both
   // free and referenced, or the cache index is inconsistent. For tests and debug builds.
@@ -131,6 +135,7 @@ class BlockManager {
   uint64_t clock_ = 0;
   int64_t cache_queries_ = 0;
   int64_t cache_hits_ = 0;
+  int64_t cache_query_tokens_ = 0;
 };
 
 // The prefix-cache key of a full block: a hash of the parent's key and the block's tokens.

@@ -284,6 +284,7 @@ absl::Status Engine::Step() {
     if (!state.admitted) {
       state.admitted = true;
       state.num_cached_prompt_tokens = s.seq->num_computed_tokens();
+      state.first_scheduled = absl::Now();
     }
   }
 
@@ -661,6 +662,7 @@ void Engine::Deliver(RequestState& state, RequestOutput output) {
   output.request_id = state.request.request_id;
   output.num_prompt_tokens = static_cast<int>(state.request.prompt_token_ids.size());
   output.num_cached_prompt_tokens = state.num_cached_prompt_tokens;
+  output.first_scheduled = state.first_scheduled;
   if (output.finished) {
     std::lock_guard<std::mutex> lock(mu_);
     live_ids_.erase(state.request.request_id);
@@ -731,6 +733,8 @@ void Engine::PublishMetrics() {
   counters_.num_preemptions = scheduler_.num_preemptions();
   counters_.prefix_cache_hit_blocks = block_manager_.prefix_cache_hit_blocks();
   counters_.prefix_cache_queried_blocks = block_manager_.prefix_cache_queried_blocks();
+  counters_.prefix_cache_queried_tokens = block_manager_.prefix_cache_queried_tokens();
+  counters_.prefix_cache_hit_tokens = block_manager_.prefix_cache_hit_tokens();
   std::lock_guard<std::mutex> lock(mu_);
   published_ = counters_;
 }

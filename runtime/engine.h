@@ -93,6 +93,8 @@ struct RequestOutput {
   int num_prompt_tokens = 0;
   int num_generated_tokens = 0;      // all samples, so far
   int num_cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache at admission
+  // When the scheduler first ran the request (none while it waits): the end of its queue time.
+  std::optional<absl::Time> first_scheduled;
   // SamplingParams::prompt_logprobs: set once, in the first output after the whole prompt ran;
   // entry i scores prompt token i + 1 (token_id) given the tokens before it.
   std::optional<std::vector<SampleResult>> prompt_logprobs;
@@ -120,6 +122,8 @@ struct EngineMetrics {
   int64_t num_preemptions = 0;
   int64_t prefix_cache_hit_blocks = 0;
   int64_t prefix_cache_queried_blocks = 0;
+  int64_t prefix_cache_queried_tokens = 0;  // vLLM's prefix_cache_queries (tokens)
+  int64_t prefix_cache_hit_tokens = 0;      // vLLM's prefix_cache_hits (tokens)
   int64_t finished_stop = 0;
   int64_t finished_length = 0;
   int64_t finished_abort = 0;
@@ -197,6 +201,7 @@ class Engine {
     std::vector<SampleState> samples;  // by sample index
     int num_cached_prompt_tokens = 0;
     bool admitted = false;
+    std::optional<absl::Time> first_scheduled;
     std::vector<SampleResult> prompt_logprobs;  // filled chunk by chunk while the prompt runs
   };
 

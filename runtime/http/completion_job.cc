@@ -96,6 +96,7 @@ void CompletionJob::OnOutput(int prompt_index, RequestOutput output) {
     if (has_tokens) {
       if (!timing.last_token.has_value()) {
         metrics_->ObserveTimeToFirstToken(absl::ToDoubleSeconds(now - options_.arrival));
+        timing.first_token = now;
       } else {
         metrics_->ObserveInterTokenLatency(absl::ToDoubleSeconds(now - *timing.last_token));
       }
@@ -103,6 +104,20 @@ void CompletionJob::OnOutput(int prompt_index, RequestOutput output) {
     }
     if (output.finished) {
       metrics_->ObserveE2eLatency(absl::ToDoubleSeconds(now - options_.arrival));
+      ServerMetrics::FinishedRequest finished{.prompt_tokens = output.num_prompt_tokens,
+                                              .generation_tokens = output.num_generated_tokens};
+      auto seconds = [](absl::Time from, absl::Time to) {
+        return absl::ToDoubleSeconds(to - from);
+      };
+      if (const std::optional<absl::Time>& scheduled = output.first_scheduled) {
+        finished.queue_seconds = seconds(options_.arrival, *scheduled);
+        finished.inference_seconds = seconds(*scheduled, now);
+        if (timing.first_token.has_value()) {
+          finished.prefill_seconds = seconds(*scheduled, *timing.first_token);
+          finished.decode_seconds = seconds(*timing.first_token, now);
+        }
+      }
+      metrics_->ObserveFinishedRequest(finished);
     }
     queue_.push_back({prompt_index, std::move(output)});
   }

@@ -130,6 +130,7 @@ class CompletionJob : public HttpJob, public std::enable_shared_from_this<Comple
   };
   // Per engine request; touched by the engine thread only (under mu_ for the queue).
   struct Timing {
+    std::optional<absl::Time> first_token;
     std::optional<absl::Time> last_token;
   };
 

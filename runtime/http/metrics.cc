@@ -26,6 +26,17 @@ std::vector<double> E2eBuckets() {
           20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 }
 
+// vLLM's request-length buckets: 1, 2, 5 times powers of ten up to the longest request.
+std::vector<double> LengthBuckets(int max_model_len) {
+  std::vector<double> bounds;
+  for (double decade = 1;; decade *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * decade > max_model_len) return bounds;
+      bounds.push_back(m * decade);
+    }
+  }
+}
+
 void AppendHeader(std::string* out, absl::string_view name, absl::string_view help,
                   absl::string_view type) {
   absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
@@ -122,51 +133,101 @@ void AppendHistogram(std::string* out, absl::string_view name, absl::string_view
   absl::StrAppend(out, name, "_count", Braced(labels), " ", snapshot.count, "\n");
 }
 
-ServerMetrics::ServerMetrics(std::string model_name)
+bool IsMetricNamePrefix(absl::string_view prefix) {
+  for (size_t i = 0; i < prefix.size(); ++i) {
+    const char c = prefix[i];
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
+    if (!letter && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+ServerMetrics::ServerMetrics(std::string model_name, std::string prefix, int max_model_len)
     : labels_(absl::StrCat("model_name=\"", EscapeLabelValue(model_name), "\"")),
+      prefix_(std::move(prefix)),
       ttft_(TtftBuckets()),
       itl_(ItlBuckets()),
-      e2e_(E2eBuckets()) {}
+      e2e_(E2eBuckets()),
+      prompt_tokens_(LengthBuckets(max_model_len)),
+      generation_tokens_(LengthBuckets(max_model_len)),
+      queue_(E2eBuckets()),
+      prefill_(E2eBuckets()),
+      decode_(E2eBuckets()),
+      inference_(E2eBuckets()) {
+  MQA_CHECK(IsMetricNamePrefix(prefix_));
+}
+
+void ServerMetrics::ObserveFinishedRequest(const FinishedRequest& request) {
+  prompt_tokens_.Observe(request.prompt_tokens);
+  generation_tokens_.Observe(request.generation_tokens);
+  for (const auto& [seconds, histogram] :
+       {std::pair{request.queue_seconds, &queue_}, std::pair{request.prefill_seconds, &prefill_},
+        std::pair{request.decode_seconds, &decode_},
+        std::pair{request.inference_seconds, &inference_}}) {
+    if (seconds.has_value()) histogram->Observe(std::max(0.0, *seconds));
+  }
+}
 
 void ServerMetrics::CountFinished(FinishReason reason) {
   finished_[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
 }
 
 std::string ServerMetrics::Render(const EngineMetrics& engine) const {
+  auto Name = [&](absl::string_view name) { return absl::StrCat(prefix_, name); };
   std::string out;
-  AppendGauge(&out, "mqaserve_num_requests_running", "Requests in the running batch.", labels_,
+  AppendGauge(&out, Name("num_requests_running"), "Requests in the running batch.", labels_,
               engine.num_running);
-  AppendGauge(&out, "mqaserve_num_requests_waiting", "Requests waiting to be scheduled.", labels_,
+  AppendGauge(&out, Name("num_requests_waiting"), "Requests waiting to be scheduled.", labels_,
               engine.num_waiting);
-  AppendGauge(&out, "mqaserve_kv_cache_usage_perc",
+  AppendGauge(&out, Name("kv_cache_usage_perc"),
               "Fraction of KV-cache blocks in use (1 means 100 percent).", labels_,
               engine.kv_cache_usage);
-  AppendCounter(&out, "mqaserve_prompt_tokens_total", "Prompt tokens of admitted requests.",
-                labels_, static_cast<double>(engine.prompt_tokens));
-  AppendCounter(&out, "mqaserve_generation_tokens_total", "Generated tokens.", labels_,
+  AppendCounter(&out, Name("prompt_tokens_total"), "Prompt tokens of admitted requests.", labels_,
+                static_cast<double>(engine.prompt_tokens));
+  AppendCounter(&out, Name("generation_tokens_total"), "Generated tokens.", labels_,
                 static_cast<double>(engine.generation_tokens));
-  AppendCounter(&out, "mqaserve_num_preemptions_total", "Sequences preempted.", labels_,
+  AppendCounter(&out, Name("num_preemptions_total"), "Sequences preempted.", labels_,
                 static_cast<double>(engine.num_preemptions));
-  AppendCounter(&out, "mqaserve_spec_decode_num_draft_tokens_total",
+  AppendCounter(&out, Name("spec_decode_num_draft_tokens_total"),
                 "Speculative decoding: draft tokens checked.", labels_,
                 static_cast<double>(engine.spec_draft_tokens));
-  AppendCounter(&out, "mqaserve_spec_decode_num_accepted_tokens_total",
+  AppendCounter(&out, Name("spec_decode_num_accepted_tokens_total"),
                 "Speculative decoding: draft tokens accepted.", labels_,
                 static_cast<double>(engine.spec_accepted_tokens));
 
-  constexpr char kSuccess[] = "mqaserve_request_success_total";
-  AppendHeader(&out, kSuccess, "Finished samples, by finish reason.", "counter");
+  const std::string success = Name("request_success_total");
+  AppendHeader(&out, success, "Finished samples, by finish reason.", "counter");
   for (FinishReason reason : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
-    absl::StrAppend(&out, kSuccess,
+    absl::StrAppend(&out, success,
                     Braced(WithLabel(labels_, "finished_reason", FinishReasonName(reason))), " ",
                     finished_[static_cast<size_t>(reason)].load(std::memory_order_relaxed), "\n");
   }
-  AppendHistogram(&out, "mqaserve_time_to_first_token_seconds",
+  AppendHistogram(&out, Name("time_to_first_token_seconds"),
                   "Time from request arrival to its first generated token.", labels_, ttft_.Read());
-  AppendHistogram(&out, "mqaserve_inter_token_latency_seconds",
+  AppendHistogram(&out, Name("inter_token_latency_seconds"),
                   "Time between successive outputs of a request.", labels_, itl_.Read());
-  AppendHistogram(&out, "mqaserve_e2e_request_latency_seconds",
+  AppendHistogram(&out, Name("e2e_request_latency_seconds"),
                   "Time from request arrival to its last output.", labels_, e2e_.Read());
+  AppendCounter(&out, Name("prefix_cache_queries_total"),
+                "Prefix cache: prompt tokens looked up (those of requests admitted with it on).",
+                labels_, static_cast<double>(engine.prefix_cache_queried_tokens));
+  AppendCounter(&out, Name("prefix_cache_hits_total"),
+                "Prefix cache: prompt tokens found in the cache.", labels_,
+                static_cast<double>(engine.prefix_cache_hit_tokens));
+  AppendHistogram(&out, Name("request_prompt_tokens"), "Prompt tokens of finished requests.",
+                  labels_, prompt_tokens_.Read());
+  AppendHistogram(&out, Name("request_generation_tokens"),
+                  "Generated tokens of finished requests (all samples).", labels_,
+                  generation_tokens_.Read());
+  AppendHistogram(&out, Name("request_queue_time_seconds"),
+                  "Time from request arrival to its first scheduling.", labels_, queue_.Read());
+  AppendHistogram(&out, Name("request_prefill_time_seconds"),
+                  "Time from first scheduling to the first generated token.", labels_,
+                  prefill_.Read());
+  AppendHistogram(&out, Name("request_decode_time_seconds"),
+                  "Time from the first generated token to the last.", labels_, decode_.Read());
+  AppendHistogram(&out, Name("request_inference_time_seconds"),
+                  "Time from first scheduling to the last output.", labels_, inference_.Read());
   return out;
 }
 

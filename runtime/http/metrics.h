@@ -2,8 +2,8 @@
 //
 // Gauges and token / preemption counters come from the engine (EngineMetrics, read at scrape
 // time); the server itself counts finished samples by reason and observes the latency
-// histograms. Names follow vLLM's with the `mqaserve_` prefix; every sample carries a
-// `model_name` label.
+// histograms. Names are vLLM's after a prefix, `mqaserve_` by default (`vllm:` gives vLLM's own
+// names, so that dashboards made for vLLM read them); every sample carries a `model_name` label.
 //
 // Thread safety: Histogram::Observe, ServerMetrics' Observe*/Count* and Render may be called from
 // any thread at once (one mutex per histogram; atomics for the counters).
@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,25 +58,46 @@ std::string EscapeLabelValue(absl::string_view value);
 // A sample value: integers without a fraction, +Inf / -Inf / NaN spelled as Prometheus does.
 std::string FormatMetricValue(double value);
 
+// Whether `prefix` can start a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*).
+bool IsMetricNamePrefix(absl::string_view prefix);
+
 class ServerMetrics {
  public:
-  explicit ServerMetrics(std::string model_name);
+  // `max_model_len` bounds the request-length histograms' buckets (1, 2, 5, 10, 20, 50, ...).
+  explicit ServerMetrics(std::string model_name, std::string prefix = "mqaserve_",
+                         int max_model_len = 2048);
 
   void ObserveTimeToFirstToken(double seconds) { ttft_.Observe(seconds); }
   void ObserveInterTokenLatency(double seconds) { itl_.Observe(seconds); }
   void ObserveE2eLatency(double seconds) { e2e_.Observe(seconds); }
   // One finished sample (vLLM counts each of a request's n samples).
   void CountFinished(FinishReason reason);
+  // One finished engine request (a prompt with its samples): its lengths, and where its time went
+  // (queue: arrival to first scheduled; prefill: to the first token; decode: first to last
+  // token; inference: first scheduled to the end). Times are left out when it never ran.
+  struct FinishedRequest {
+    int prompt_tokens = 0;
+    int generation_tokens = 0;
+    std::optional<double> queue_seconds, prefill_seconds, decode_seconds, inference_seconds;
+  };
+  void ObserveFinishedRequest(const FinishedRequest& request);
 
   // The whole /metrics page.
   std::string Render(const EngineMetrics& engine) const;
 
  private:
   const std::string labels_;
+  const std::string prefix_;
   std::array<std::atomic<int64_t>, 3> finished_{};  // by FinishReason
   Histogram ttft_;
   Histogram itl_;
   Histogram e2e_;
+  Histogram prompt_tokens_;
+  Histogram generation_tokens_;
+  Histogram queue_;
+  Histogram prefill_;
+  Histogram decode_;
+  Histogram inference_;
 };
 
 }  // namespace mqa

@@ -133,7 +133,7 @@ struct HttpServer::Impl {
       : options(std::move(options_in)),
         engine(engine_in),
         tokenizer(tokenizer_in),
-        metrics(options.served_model_name),
+        metrics(options.served_model_name, options.metrics_prefix, options.max_model_len),
         created(absl::ToUnixSeconds(absl::Now())) {}
 
   void InstallRoutes();

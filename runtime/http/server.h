@@ -80,6 +80,8 @@ struct ServerOptions {
   // vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens, the prompt
   // tokens found in the prefix cache (OpenAI's field), on /v1/completions, /v1/infill and chat.
   bool prompt_tokens_details = false;
+  // The /metrics names' prefix (a Prometheus name's start): "vllm:" gives vLLM's names.
+  std::string metrics_prefix = "mqaserve_";
 };
 
 class HttpServer {

@@ -85,6 +85,12 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_EQ(ParseOptions({"x", "--model", "m", "--scheduling-policy", "priority"})->scheduling_policy,
             "priority");
   EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--scheduling-policy", "lifo"}).ok());
+  EXPECT_EQ(ParseOptions({"x", "--model", "m"})->metrics_prefix, "mqaserve_");
+  EXPECT_EQ(ParseOptions({"x", "--model", "m", "--metrics-prefix", "vllm:"})->metrics_prefix,
+            "vllm:");
+  for (const char* bad : {"", "1x_", "a-b", "ä"}) {
+    EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--metrics-prefix", bad}).ok()) << bad;
+  }
 }
 
 }  // namespace

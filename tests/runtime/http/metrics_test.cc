@@ -82,7 +82,21 @@ TEST(MetricsTest, RenderedPageParsesWithEveryFamily) {
   for (int i = 0; i < stops; ++i) metrics.CountFinished(FinishReason::kStop);
   for (int i = 0; i < lengths; ++i) metrics.CountFinished(FinishReason::kLength);
   for (int i = 0; i < aborts; ++i) metrics.CountFinished(FinishReason::kAbort);
+  // Finished requests: the last never ran (aborted while queued), so it has lengths but no times.
+  const int finished_n = 7;
+  for (int i = 0; i < finished_n; ++i) {
+    ServerMetrics::FinishedRequest r{.prompt_tokens = 3 + i * 50, .generation_tokens = i};
+    if (i + 1 < finished_n) {
+      r.queue_seconds = unit(rng);
+      r.prefill_seconds = unit(rng);
+      r.decode_seconds = unit(rng);
+      r.inference_seconds = unit(rng);
+    }
+    metrics.ObserveFinishedRequest(r);
+  }
   EngineMetrics engine;
+  engine.prefix_cache_queried_tokens = 1 + rng() % 100000;
+  engine.prefix_cache_hit_tokens = engine.prefix_cache_queried_tokens / 3;
   engine.num_running = 1 + rng() % 100;
   engine.num_waiting = 1 + rng() % 100;
   engine.kv_cache_usage = 0.375;
@@ -107,14 +121,29 @@ TEST(MetricsTest, RenderedPageParsesWithEveryFamily) {
   EXPECT_EQ(value("mqaserve_prompt_tokens_total", model), engine.prompt_tokens);
   EXPECT_EQ(value("mqaserve_generation_tokens_total", model), engine.generation_tokens);
   EXPECT_EQ(value("mqaserve_num_preemptions_total", model), engine.num_preemptions);
+  EXPECT_EQ(value("mqaserve_prefix_cache_queries_total", model),
+            engine.prefix_cache_queried_tokens);
+  EXPECT_EQ(value("mqaserve_prefix_cache_hits_total", model), engine.prefix_cache_hit_tokens);
+  // Request lengths in vLLM's 1-2-5 buckets up to max_model_len (2048 by default).
+  EXPECT_EQ(value("mqaserve_request_prompt_tokens_count", model), finished_n);
+  EXPECT_EQ(value("mqaserve_request_prompt_tokens_bucket", model + ",le=\"50\""), 1);  // 3
+  EXPECT_EQ(value("mqaserve_request_prompt_tokens_bucket", model + ",le=\"2000\""), finished_n);
+  EXPECT_EQ(
+      parsed->samples.count("mqaserve_request_prompt_tokens_bucket{" + model + ",le=\"5000\"}"),
+      0u);
+  EXPECT_EQ(value("mqaserve_request_generation_tokens_sum", model), 21);  // 0 + ... + 6
   EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"stop\""), stops);
   EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"length\""),
             lengths);
   EXPECT_EQ(value("mqaserve_request_success_total", model + ",finished_reason=\"abort\""), aborts);
-  for (const auto& [name, n] :
-       std::vector<std::pair<std::string, int>>{{"mqaserve_time_to_first_token_seconds", ttft_n},
-                                                {"mqaserve_inter_token_latency_seconds", itl_n},
-                                                {"mqaserve_e2e_request_latency_seconds", e2e_n}}) {
+  for (const auto& [name, n] : std::vector<std::pair<std::string, int>>{
+           {"mqaserve_time_to_first_token_seconds", ttft_n},
+           {"mqaserve_inter_token_latency_seconds", itl_n},
+           {"mqaserve_e2e_request_latency_seconds", e2e_n},
+           {"mqaserve_request_queue_time_seconds", finished_n - 1},
+           {"mqaserve_request_prefill_time_seconds", finished_n - 1},
+           {"mqaserve_request_decode_time_seconds", finished_n - 1},
+           {"mqaserve_request_inference_time_seconds", finished_n - 1}}) {
     EXPECT_EQ(parsed->types.at(name), "histogram");
     EXPECT_EQ(value(name + "_count", model), n);
     EXPECT_EQ(value(name + "_bucket", model + ",le=\"+Inf\""), n);
@@ -130,6 +159,31 @@ TEST(MetricsTest, RenderedPageParsesWithEveryFamily) {
     }
     EXPECT_GT(buckets, 5);
   }
+}
+
+TEST(MetricsTest, PrefixNamesEveryFamily) {
+  EXPECT_TRUE(IsMetricNamePrefix("vllm:"));
+  EXPECT_TRUE(IsMetricNamePrefix("my_server_2_"));
+  EXPECT_FALSE(IsMetricNamePrefix("2x"));
+  EXPECT_FALSE(IsMetricNamePrefix("a b"));
+  EXPECT_FALSE(IsMetricNamePrefix("a-b"));
+  ServerMetrics metrics("m", "vllm:", 4096);
+  metrics.ObserveFinishedRequest({.prompt_tokens = 4096, .generation_tokens = 1});
+  absl::StatusOr<testing::PrometheusPage> parsed =
+      testing::ParsePrometheusText(metrics.Render(EngineMetrics{}));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_FALSE(parsed->types.empty());
+  for (const auto& [name, type] : parsed->types) {
+    EXPECT_EQ(name.rfind("vllm:", 0), 0u) << name;
+  }
+  EXPECT_EQ(parsed->types.at("vllm:request_queue_time_seconds"), "histogram");
+  // The longest bucket is the largest 1-2-5 bound within 4096.
+  EXPECT_EQ(
+      parsed->samples.count("vllm:request_prompt_tokens_bucket{model_name=\"m\",le=\"2000\"}"), 1u);
+  EXPECT_EQ(parsed->samples.at("vllm:request_prompt_tokens_bucket{model_name=\"m\",le=\"2000\"}"),
+            0);
+  EXPECT_EQ(parsed->samples.at("vllm:request_prompt_tokens_bucket{model_name=\"m\",le=\"+Inf\"}"),
+            1);
 }
 
 }  // namespace

@@ -2128,13 +2128,36 @@ TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   std::mt19937_64 rng(21);
   int64_t prompt_tokens = 0;
   const int requests = 5;
+  std::string prompt;
   for (int i = 0; i < requests; ++i) {
-    const std::string prompt = RandomCode(rng);
+    // The last two send one longer prompt: the second finds its full blocks (but the last) in
+    // the cache.
+    prompt = i < requests - 2 ? RandomCode(rng)
+                              : "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n"
+                                "        a, b = b, a + b\n    return a\n";
     prompt_tokens += FixtureTokenizer().Encode(prompt).size();
     PostOk("/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
   }
+  const int64_t repeated = FixtureTokenizer().Encode(prompt).size();
+  ASSERT_GT(repeated, 8);
   testing::PrometheusPage page = Metrics();
   EXPECT_EQ(Metric(page, "mqaserve_prompt_tokens_total"), prompt_tokens);
+  // vLLM's prefix-cache counters, in tokens (block size 8).
+  EXPECT_EQ(Metric(page, "mqaserve_prefix_cache_queries_total"), prompt_tokens);
+  EXPECT_EQ(Metric(page, "mqaserve_prefix_cache_hits_total"), (repeated - 1) / 8 * 8);
+  // Per-request histograms: lengths, and where each request's time went.
+  EXPECT_EQ(Metric(page, "mqaserve_request_prompt_tokens_count"), requests);
+  EXPECT_EQ(Metric(page, "mqaserve_request_prompt_tokens_sum"), prompt_tokens);
+  EXPECT_EQ(Metric(page, "mqaserve_request_generation_tokens_sum"), 4 * requests);
+  EXPECT_EQ(Metric(page, "mqaserve_request_generation_tokens_bucket", ",le=\"5\""), requests);
+  EXPECT_EQ(Metric(page, "mqaserve_request_generation_tokens_bucket", ",le=\"2\""), 0);
+  for (const char* phase : {"queue", "prefill", "decode", "inference"}) {
+    const std::string name = absl::StrCat("mqaserve_request_", phase, "_time_seconds");
+    EXPECT_EQ(Metric(page, name + "_count"), requests) << name;
+    EXPECT_GE(Metric(page, name + "_sum"), 0.0) << name;
+  }
+  EXPECT_LE(Metric(page, "mqaserve_request_inference_time_seconds_sum"),
+            Metric(page, "mqaserve_e2e_request_latency_seconds_sum"));
   EXPECT_EQ(Metric(page, "mqaserve_request_success_total", ",finished_reason=\"length\""),
             requests);
   EXPECT_EQ(Metric(page, "mqaserve_time_to_first_token_seconds_count"), requests);
@@ -2142,6 +2165,22 @@ TEST_F(HttpServerTest, MetricsCountWhatWasServed) {
   EXPECT_GE(Metric(page, "mqaserve_inter_token_latency_seconds_count"), requests);
   EXPECT_EQ(page.types["mqaserve_inter_token_latency_seconds"], "histogram");
   EXPECT_EQ(Metric(page, "mqaserve_num_preemptions_total"), 0);
+}
+
+// --metrics-prefix vllm: the same families under vLLM's own names (dashboards made for vLLM).
+TEST_F(HttpServerTest, MetricsUnderVllmNames) {
+  TestSetup setup = DefaultSetup();
+  setup.server.metrics_prefix = "vllm:";
+  Start(setup);
+  PostOk("/v1/completions", {{"prompt", "def f(x):"}, {"max_tokens", 3}, {"temperature", 0}});
+  testing::PrometheusPage page = Metrics();
+  EXPECT_EQ(Metric(page, "vllm:generation_tokens_total"), 3);
+  EXPECT_EQ(Metric(page, "vllm:request_success_total", ",finished_reason=\"length\""), 1);
+  EXPECT_EQ(Metric(page, "vllm:e2e_request_latency_seconds_count"), 1);
+  EXPECT_EQ(page.types["vllm:kv_cache_usage_perc"], "gauge");
+  for (const auto& [key, value] : page.samples) {
+    EXPECT_TRUE(absl::StartsWith(key, "vllm:")) << key;
+  }
 }
 
 }  // namespace
