@@ -6,8 +6,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
 #include "runtime/grammar.h"
 #include "runtime/guided.h"
@@ -220,7 +222,8 @@ absl::StatusOr<nlohmann::ordered_json> OrderedSchema(const json& value, absl::st
 // vLLM's guided_json (a schema, or its text) and OpenAI's response_format (text, json_object,
 // json_schema) into the request's pattern. The schema is read from `body` again in order
 // (nlohmann::ordered_json): properties are generated in the order the client gave them.
-absl::Status ReadJsonGuidance(absl::string_view body, const json& object, SamplingParams* p) {
+absl::Status ReadJsonGuidance(absl::string_view body, const json& object, SamplingParams* p,
+                              const char* schema_path = "/guided_json") {
   std::string* pattern = &p->guided_regex;
   const json* guided = Field(object, "guided_json");
   const json* format = Field(object, "response_format");
@@ -252,7 +255,7 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, Sampli
       return TypeError("guided_json", "a JSON schema (an object, or its text)");
     }
     ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
-                     OrderedSchema(*guided, body, "/guided_json", param));
+                     OrderedSchema(*guided, body, schema_path, param));
     return SchemaPattern(schema, param, pattern);
   }
   const json* json_schema = Field(*format, "json_schema");
@@ -266,6 +269,78 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, Sampli
   ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
                    OrderedSchema(*value, body, "/response_format/json_schema/schema", param));
   return SchemaPattern(schema, param, pattern);
+}
+
+// vLLM's structured_outputs (which replaced its guided_* fields in 0.12): {"json": schema},
+// {"regex": ...}, {"choice": [...]}, {"grammar": ...} or {"json_object": true}, with xgrammar's
+// flags. Lowered into the guided_* fields (json_object: a json_object response_format) that the
+// readers take, so the two spellings guide alike; *schema_path is where a schema lies in the body.
+// Errors of the lowered fields are renamed back by StructuredOutputsError.
+absl::Status LowerStructuredOutputs(json& object, bool* lowered, const char** schema_path) {
+  const json* so = Field(object, "structured_outputs");
+  if (so == nullptr) return absl::OkStatus();
+  if (!so->is_object()) {
+    return TypeError("structured_outputs",
+                     "an object: {\"json\": ...}, {\"regex\": ...}, {\"choice\": [...]}, "
+                     "{\"grammar\": ...} or {\"json_object\": true}");
+  }
+  for (const char* old : {"guided_regex", "guided_choice", "guided_grammar", "guided_json"}) {
+    if (Field(object, old) != nullptr) {
+      return InvalidParam("structured_outputs",
+                          absl::StrCat("give 'structured_outputs' or '", old, "', not both"));
+    }
+  }
+  json guided = json::object();
+  int kinds = 0;
+  for (const auto& [key, value] : so->items()) {
+    if (value.is_null()) continue;
+    const std::string name = absl::StrCat("structured_outputs.", key);
+    if (key == "json" || key == "regex" || key == "choice" || key == "grammar") {
+      guided["guided_" + key] = value;
+      ++kinds;
+    } else if (key == "json_object") {
+      if (!value.is_boolean()) return TypeError(name.c_str(), "a boolean");
+      if (!value.get<bool>()) continue;
+      if (Field(object, "response_format") != nullptr) {
+        return InvalidParam("structured_outputs",
+                            "give 'structured_outputs' or 'response_format', not both");
+      }
+      guided["response_format"] = {{"type", "json_object"}};
+      ++kinds;
+    } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
+               key == "disable_additional_properties") {
+      // Backend choices that change nothing here: one guide, no fallback, and guided JSON
+      // already has no free whitespace and no properties beyond the schema's.
+      if (!value.is_boolean()) return TypeError(name.c_str(), "a boolean");
+    } else if (key == "whitespace_pattern" || key == "structural_tag") {
+      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
+    } else {
+      return InvalidParam(name, absl::StrCat("unknown field '", name, "'"));
+    }
+  }
+  if (kinds > 1) {
+    return InvalidParam("structured_outputs",
+                        "give one of json, regex, choice, grammar and json_object");
+  }
+  for (auto& [key, value] : guided.items()) object[key] = value;
+  object.erase("structured_outputs");
+  *lowered = true;
+  *schema_path = "/structured_outputs/json";
+  return absl::OkStatus();
+}
+
+// An error of a lowered field (guided_X) as the client spelled it (structured_outputs.X).
+absl::Status StructuredOutputsError(absl::Status status) {
+  std::string param = ErrorParam(status);
+  if (!absl::StartsWith(param, "guided_")) return status;
+  const std::string renamed = absl::StrCat("structured_outputs.", param.substr(7));
+  return ApiError(
+      status.code(), renamed,
+      absl::StrReplaceAll(status.message(), {{"'" + param + "'", "'" + renamed + "'"},
+                                             {"guided_regex", "structured_outputs.regex"},
+                                             {"guided_choice", "structured_outputs.choice"},
+                                             {"guided_grammar", "structured_outputs.grammar"},
+                                             {"guided_json", "structured_outputs.json"}}));
 }
 
 absl::StatusOr<json> ParseObject(absl::string_view body) {
@@ -465,15 +540,9 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
     }
     RETURN_IF_ERROR(ReadTokenList(*ids, "allowed_token_ids", &p.allowed_token_ids));
   }
-  // Guided decoding by a regular expression (vLLM's guided_regex, guided_choice: the server
-  // compiles it, runtime/guided.h; guided_json and response_format: ReadJsonGuidance). Grammar
-  // guidance and beam search are not implemented: refused by name rather than answered with
-  // unconstrained text.
-  if (Field(object, "structured_outputs") != nullptr) {
-    return InvalidParam("structured_outputs",
-                        "'structured_outputs' is not supported; guided_regex, guided_choice, "
-                        "guided_grammar and guided_json are");
-  }
+  // Guided decoding (vLLM's guided_regex, guided_choice, guided_grammar, and its
+  // structured_outputs lowered into them: runtime/guided.h, runtime/grammar.h; guided_json and
+  // response_format: ReadJsonGuidance).
   RETURN_IF_ERROR(ReadGuidance(object, &p));
   // vLLM's priority (lower first; the engine refuses anything but 0 unless it schedules by
   // priority).
@@ -690,15 +759,17 @@ std::string ErrorBodyForHttpStatus(int http_status, absl::string_view message) {
   return DumpJson(json{{"error", error}});
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
-                                                         const json& defaults) {
-  ASSIGN_OR_RETURN(json object, ParseObject(body));
+namespace {
+
+absl::StatusOr<CompletionRequest> ParseCompletionObject(absl::string_view body, json& object,
+                                                        const json& defaults,
+                                                        const char* schema_path) {
   ApplyDefaults(defaults, object);
   CompletionRequest request;
   RETURN_IF_ERROR(ReadPrompts(object, &request.prompts));
   RETURN_IF_ERROR(ReadCommon(object, &request));
   ApplyDefaultMaxTokens(defaults, &request);
-  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params));
+  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.params, schema_path));
   RETURN_IF_ERROR(CheckBeamSearch(object, request));
   if (Field(object, "prompt_logprobs") != nullptr) {
     RETURN_IF_ERROR(
@@ -734,6 +805,20 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
       }
     }
   }
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
+                                                         const json& defaults) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  bool lowered = false;
+  const char* schema_path = "/guided_json";
+  RETURN_IF_ERROR(LowerStructuredOutputs(object, &lowered, &schema_path));
+  absl::StatusOr<CompletionRequest> request =
+      ParseCompletionObject(body, object, defaults, schema_path);
+  if (!request.ok() && lowered) return StructuredOutputsError(request.status());
   return request;
 }
 
@@ -1005,8 +1090,10 @@ absl::Status ReadChat(const json& object, ChatTemplate::Chat* chat) {
 
 }  // namespace
 
-absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json& defaults) {
-  ASSIGN_OR_RETURN(json object, ParseObject(body));
+namespace {
+
+absl::StatusOr<ChatRequest> ParseChatObject(absl::string_view body, json& object,
+                                            const json& defaults, const char* schema_path) {
   ApplyDefaults(defaults, object);
   ChatRequest request;
   for (const char* name : {"prompt", "suffix", "chat_template"}) {
@@ -1047,7 +1134,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
   if (request.common.best_of > 0) {
     return InvalidParam("best_of", "'best_of' is served by /v1/completions");
   }
-  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params));
+  RETURN_IF_ERROR(ReadJsonGuidance(body, object, &request.common.params, schema_path));
   RETURN_IF_ERROR(ReadToolChoice(body, object, &request));
   if (logprobs) request.common.params.logprobs = top_logprobs;
   // Chat's default (OpenAI's, vLLM's): up to the context, not /v1/completions' 16 tokens.
@@ -1055,6 +1142,18 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
     request.common.params.max_tokens = std::numeric_limits<int>::max();
   }
   ApplyDefaultMaxTokens(defaults, &request.common);
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json& defaults) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  bool lowered = false;
+  const char* schema_path = "/guided_json";
+  RETURN_IF_ERROR(LowerStructuredOutputs(object, &lowered, &schema_path));
+  absl::StatusOr<ChatRequest> request = ParseChatObject(body, object, defaults, schema_path);
+  if (!request.ok() && lowered) return StructuredOutputsError(request.status());
   return request;
 }
 

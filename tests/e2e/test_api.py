@@ -175,6 +175,10 @@ def test_guided_choice_and_regex(server):
                                      messages=[{"role": "user", "content": "pick"}],
                                      extra_body={"guided_choice": ["left", "right"]})
     assert chat.choices[0].message.content in ("left", "right")
+    chat = c.chat.completions.create(model=server.model, max_tokens=8, temperature=1.0, seed=3,
+                                     messages=[{"role": "user", "content": "pick"}],
+                                     extra_body={"structured_outputs": {"choice": ["up", "down"]}})
+    assert chat.choices[0].message.content in ("up", "down")
     status, tgi = server.post_json("/generate", {
         "inputs": "n = ", "parameters": {"max_new_tokens": 8,
                                          "grammar": {"type": "regex", "value": "[1-9][0-9]?"}}})
@@ -188,6 +192,7 @@ def test_guided_choice_and_regex(server):
     schema = {"type": "object", "required": ["color", "ok"],
               "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}}}
     for body in ({"guided_json": schema},
+                 {"structured_outputs": {"json": schema}},  # vLLM >= 0.12's spelling
                  {"response_format": {"type": "json_schema",
                                       "json_schema": {"name": "c", "schema": schema}}}):
         got = c.completions.create(model=server.model, prompt="{", max_tokens=32, temperature=0.7,

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
@@ -361,7 +362,6 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       {R"({"prompt": "x", "guided_grammar": "root ::= x", "response_format": {"type":
           "json_object"}})",
        "response_format"},
-      {R"({"prompt": "x", "structured_outputs": {"json": {}}})", "structured_outputs"},
       {R"({"prompt": "x", "response_format": "json"})", "response_format"},
       {R"({"prompt": "x", "use_beam_search": true, "stop": "y"})", "stop"},
       {R"({"prompt": "x", "use_beam_search": true, "n": 9})", "n"},
@@ -389,6 +389,84 @@ TEST(ApiTypesTest, AllowedTokenIdsAndGuidanceTakenOtherStructuredOutputRefused) 
       R"({"prompt": "x", "use_beam_search": true})", {{"top_p", 0.9}, {"max_tokens", 5}});
   ASSERT_TRUE(defaulted.ok()) << defaulted.status();
   EXPECT_EQ(defaulted->params.max_tokens, 5);
+}
+
+// vLLM's structured_outputs (its spelling since 0.12) guides exactly as the guided_* fields do, in
+// completions and chat; the schema keeps the client's property order; mistakes are named as the
+// client spelled them.
+TEST(ApiTypesTest, StructuredOutputsGuideAsGuidedFields) {
+  const std::string schema =
+      R"({"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type":
+          "boolean"}}, "required": ["zeta", "alpha"]})";
+  const std::pair<std::string, std::string> same[] = {
+      {R"("structured_outputs": {"regex": "[0-9]{3}"})", R"("guided_regex": "[0-9]{3}")"},
+      {R"j("structured_outputs": {"choice": ["yes", "no (.)"]})j",
+       R"j("guided_choice": ["yes", "no (.)"])j"},
+      {R"("structured_outputs": {"grammar": "root ::= \"a\"+"})",
+       R"("guided_grammar": "root ::= \"a\"+")"},
+      {R"("structured_outputs": {"json": )" + schema + "}", R"("guided_json": )" + schema},
+      {R"("structured_outputs": {"json": "{\"type\": \"boolean\"}"})",
+       R"("guided_json": "{\"type\": \"boolean\"}")"},
+      {R"("structured_outputs": {"json_object": true, "disable_any_whitespace": true})",
+       R"("response_format": {"type": "json_object"})"},
+      {R"("structured_outputs": {"regex": "a", "json": null, "disable_fallback": false})",
+       R"("guided_regex": "a")"},
+  };
+  for (const auto& [structured, guided] : same) {
+    absl::StatusOr<CompletionRequest> a =
+        ParseCompletionRequest(R"({"prompt": "x", )" + structured + "}");
+    absl::StatusOr<CompletionRequest> b =
+        ParseCompletionRequest(R"({"prompt": "x", )" + guided + "}");
+    ASSERT_TRUE(a.ok()) << a.status() << structured;
+    ASSERT_TRUE(b.ok()) << b.status() << guided;
+    EXPECT_FALSE(a->params.guided_regex.empty() && a->params.guided_grammar.empty()) << structured;
+    EXPECT_EQ(a->params.guided_regex, b->params.guided_regex) << structured;
+    EXPECT_EQ(a->params.guided_grammar, b->params.guided_grammar) << structured;
+    const std::string messages = R"({"messages": [{"role": "user", "content": "x"}], )";
+    absl::StatusOr<ChatRequest> chat = ParseChatRequest(messages + structured + "}");
+    ASSERT_TRUE(chat.ok()) << chat.status() << structured;
+    EXPECT_EQ(chat->common.params.guided_regex, b->params.guided_regex) << structured;
+    EXPECT_EQ(chat->common.params.guided_grammar, b->params.guided_grammar) << structured;
+  }
+  absl::StatusOr<CompletionRequest> ordered =
+      ParseCompletionRequest(R"({"prompt": "x", "structured_outputs": {"json": )" + schema + "}}");
+  ASSERT_TRUE(ordered.ok()) << ordered.status();
+  EXPECT_EQ(ordered->params.guided_regex.rfind("\\{ ?\"zeta\"", 0), 0u)
+      << ordered->params.guided_regex;
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": "x", "structured_outputs": {}})")
+                  ->params.guided_regex.empty());
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"prompt": "x", "structured_outputs": "json"})", "structured_outputs"},
+      {R"({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}})",
+       "structured_outputs"},
+      {R"({"prompt": "x", "structured_outputs": {"regex": "a"}, "guided_regex": "a"})",
+       "structured_outputs"},
+      {R"({"prompt": "x", "structured_outputs": {"json_object": true}, "response_format":
+          {"type": "json_object"}})",
+       "structured_outputs"},
+      {R"({"prompt": "x", "structured_outputs": {"regex": ""}})", "structured_outputs.regex"},
+      {R"({"prompt": "x", "structured_outputs": {"choice": []}})", "structured_outputs.choice"},
+      {R"({"prompt": "x", "structured_outputs": {"json": {"type": "tuple"}}})",
+       "structured_outputs.json"},
+      {R"({"prompt": "x", "structured_outputs": {"grammar": 3}})", "structured_outputs.grammar"},
+      {R"({"prompt": "x", "structured_outputs": {"json_object": 1}})",
+       "structured_outputs.json_object"},
+      {R"({"prompt": "x", "structured_outputs": {"structural_tag": "{}"}})",
+       "structured_outputs.structural_tag"},
+      {R"({"prompt": "x", "structured_outputs": {"whitespace_pattern": " "}})",
+       "structured_outputs.whitespace_pattern"},
+      {R"({"prompt": "x", "structured_outputs": {"regexp": "a"}})", "structured_outputs.regexp"},
+      {R"({"prompt": "x", "use_beam_search": true, "structured_outputs": {"regex": "a"}})",
+       "structured_outputs.regex"},
+  };
+  for (const auto& [body, param] : refused) {
+    absl::Status status = ParseCompletionRequest(body).status();
+    EXPECT_EQ(ErrorParam(status), param) << body;
+    if (!absl::StrContains(body, "guided_")) {  // named as the client spelled it
+      EXPECT_FALSE(absl::StrContains(status.message(), "guided_"))
+          << body << ": " << status.message();
+    }
+  }
 }
 
 // Random in-range values of every field come through unchanged.
