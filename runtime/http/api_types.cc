@@ -307,11 +307,17 @@ absl::Status LowerStructuredOutputs(json& object, bool* lowered, const char** sc
       }
       guided["response_format"] = {{"type", "json_object"}};
       ++kinds;
-    } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
-               key == "disable_additional_properties") {
-      // Backend choices that change nothing here: one guide, no fallback, and guided JSON
-      // already has no free whitespace and no properties beyond the schema's.
+    } else if (key == "disable_fallback" || key == "disable_additional_properties") {
+      // Backend choices that change nothing here: one guide, no fallback, and guided JSON has
+      // no properties beyond the schema's.
       if (!value.is_boolean()) return TypeError(name.c_str(), "a boolean");
+    } else if (key == "disable_any_whitespace") {
+      if (!value.is_boolean()) return TypeError(name.c_str(), "a boolean");
+      if (value.get<bool>()) {
+        return InvalidParam(name,
+                            "guided JSON here allows a space between tokens; "
+                            "'disable_any_whitespace' true is not supported");
+      }
     } else if (key == "whitespace_pattern" || key == "structural_tag") {
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
     } else {

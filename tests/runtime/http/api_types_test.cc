@@ -407,7 +407,7 @@ TEST(ApiTypesTest, StructuredOutputsGuideAsGuidedFields) {
       {R"("structured_outputs": {"json": )" + schema + "}", R"("guided_json": )" + schema},
       {R"("structured_outputs": {"json": "{\"type\": \"boolean\"}"})",
        R"("guided_json": "{\"type\": \"boolean\"}")"},
-      {R"("structured_outputs": {"json_object": true, "disable_any_whitespace": true})",
+      {R"("structured_outputs": {"json_object": true, "disable_any_whitespace": false})",
        R"("response_format": {"type": "json_object"})"},
       {R"("structured_outputs": {"regex": "a", "json": null, "disable_fallback": false})",
        R"("guided_regex": "a")"},
@@ -456,6 +456,8 @@ TEST(ApiTypesTest, StructuredOutputsGuideAsGuidedFields) {
       {R"({"prompt": "x", "structured_outputs": {"whitespace_pattern": " "}})",
        "structured_outputs.whitespace_pattern"},
       {R"({"prompt": "x", "structured_outputs": {"regexp": "a"}})", "structured_outputs.regexp"},
+      {R"({"prompt": "x", "structured_outputs": {"json": {}, "disable_any_whitespace": true}})",
+       "structured_outputs.disable_any_whitespace"},
       {R"({"prompt": "x", "use_beam_search": true, "structured_outputs": {"regex": "a"}})",
        "structured_outputs.regex"},
   };
