@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
@@ -1160,6 +1161,225 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
   RETURN_IF_ERROR(LowerStructuredOutputs(object, &lowered, &schema_path));
   absl::StatusOr<ChatRequest> request = ParseChatObject(body, object, defaults, schema_path);
   if (!request.ok() && lowered) return StructuredOutputsError(request.status());
+  return request;
+}
+
+namespace {
+
+// A chat error as the Responses field the client sent.
+absl::Status ResponsesError(absl::Status status) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"max_tokens", "max_output_tokens"},
+      {"messages", "input"},
+      {"response_format", "text.format"},
+  };
+  const std::string param = ErrorParam(status);
+  for (const auto& [chat, responses] : kNames) {
+    if (param != chat) continue;
+    return ApiError(status.code(), responses,
+                    absl::StrReplaceAll(status.message(), {{absl::StrCat("'", chat, "'"),
+                                                            absl::StrCat("'", responses, "'")}}));
+  }
+  return status;
+}
+
+// An input item's content as text: a string, or a list of text parts.
+absl::StatusOr<std::string> ResponsesContentText(const nlohmann::ordered_json& content) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    return TypeError("input", "a string or a list of messages with text content");
+  }
+  std::string text;
+  for (const auto& part : content) {
+    const auto type = part.is_object() ? part.find("type") : part.end();
+    const std::string kind =
+        part.is_object() && type != part.end() && type->is_string() ? type->get<std::string>() : "";
+    if (kind != "input_text" && kind != "output_text" && kind != "text") {
+      return InvalidParam("input", absl::StrCat("content parts of type '", kind,
+                                                "' are not supported (text parts only)"));
+    }
+    const auto value = part.find("text");
+    if (value == part.end() || !value->is_string()) {
+      return TypeError("input", "a list of messages whose text parts carry \"text\"");
+    }
+    text += value->get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
+                                                       const json& defaults) {
+  RETURN_IF_ERROR(ParseObject(body).status());
+  // In the client's key order: a json_schema format keeps its properties' order.
+  const nlohmann::ordered_json object =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  ResponsesRequest request;
+  nlohmann::ordered_json chat = nlohmann::ordered_json::object();
+  auto field = [&](const char* name) -> const nlohmann::ordered_json* {
+    auto it = object.find(name);
+    return it == object.end() || it->is_null() ? nullptr : &*it;
+  };
+  for (const char* name : {"previous_response_id", "reasoning", "conversation", "prompt"}) {
+    if (field(name) != nullptr) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
+    }
+  }
+  if (const auto* tools = field("tools");
+      tools != nullptr && !(tools->is_array() && tools->empty())) {
+    return InvalidParam("tools",
+                        "tools are not supported by /v1/responses here (use "
+                        "/v1/chat/completions with tool_choice)");
+  }
+  if (const auto* background = field("background");
+      background != nullptr && !(background->is_boolean() && !background->get<bool>())) {
+    return InvalidParam("background", "background responses are not supported");
+  }
+  if (const auto* include = field("include");
+      include != nullptr && !(include->is_array() && include->empty())) {
+    return InvalidParam("include", "'include' is not supported by this server");
+  }
+  if (const auto* store = field("store"); store != nullptr && !store->is_boolean()) {
+    return TypeError("store", "a boolean");
+  }
+  if (const auto* truncation = field("truncation");
+      truncation != nullptr && *truncation != "disabled") {
+    return InvalidParam("truncation", "only 'disabled' truncation is supported");
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (const auto* instructions = field("instructions")) {
+    if (!instructions->is_string()) return TypeError("instructions", "a string");
+    request.instructions = instructions->get<std::string>();
+    messages.push_back({{"role", "system"}, {"content", *request.instructions}});
+  }
+  const auto* input = field("input");
+  if (input == nullptr) return InvalidParam("input", "'input' is required");
+  if (input->is_string()) {
+    messages.push_back({{"role", "user"}, {"content", *input}});
+  } else if (input->is_array() && !input->empty()) {
+    for (const auto& item : *input) {
+      if (!item.is_object()) return TypeError("input", "a string or a list of messages");
+      const auto type = item.find("type");
+      if (type != item.end() && *type != "message") {
+        return InvalidParam("input", absl::StrCat("input items of type ", type->dump(),
+                                                  " are not supported (messages only)"));
+      }
+      const auto role = item.find("role");
+      const auto content = item.find("content");
+      if (role == item.end() || !role->is_string() || content == item.end()) {
+        return TypeError("input", "a list of messages with a role and content");
+      }
+      const std::string r = role->get<std::string>();
+      if (r != "user" && r != "assistant" && r != "system" && r != "developer") {
+        return InvalidParam("input", absl::StrCat("unknown role '", r, "'"));
+      }
+      ASSIGN_OR_RETURN(std::string text, ResponsesContentText(*content));
+      // The developer role is the system role of chat templates.
+      messages.push_back({{"role", r == "developer" ? "system" : r}, {"content", std::move(text)}});
+    }
+  } else {
+    return TypeError("input", "a string or a non-empty list of messages");
+  }
+  chat["messages"] = std::move(messages);
+  if (const auto* max_output = field("max_output_tokens")) {
+    if (!max_output->is_number_integer() || max_output->get<int64_t>() < 1 ||
+        max_output->get<int64_t>() > kIntMax) {
+      return TypeError("max_output_tokens", "a positive integer");
+    }
+    request.max_output_tokens = max_output->get<int>();
+    chat["max_tokens"] = *max_output;
+  }
+  if (const auto* text = field("text")) {
+    const auto format = text->is_object() ? text->find("format") : text->end();
+    if (!text->is_object()) return TypeError("text", "an object ({\"format\": ...})");
+    if (format != text->end() && !format->is_null()) {
+      const auto type = format->is_object() ? format->find("type") : format->end();
+      if (type == format->end() || !type->is_string()) {
+        return TypeError("text.format", "an object with a \"type\"");
+      }
+      if (*type == "json_schema") {
+        const auto schema = format->find("schema");
+        if (schema == format->end()) {
+          return InvalidParam("text.format", "a json_schema format needs its \"schema\"");
+        }
+        chat["response_format"] = {
+            {"type", "json_schema"},
+            {"json_schema", {{"name", format->value("name", "schema")}, {"schema", *schema}}}};
+      } else if (*type == "json_object") {
+        chat["response_format"] = {{"type", "json_object"}};
+      } else if (*type != "text") {
+        return InvalidParam("text.format",
+                            "'text.format' type must be text, json_object or "
+                            "json_schema");
+      }
+      request.text_format = json::parse(format->dump());
+    }
+  }
+  if (const auto* metadata = field("metadata")) {
+    if (!metadata->is_object()) return TypeError("metadata", "an object");
+    request.metadata = json::parse(metadata->dump());
+  }
+  // Fields the chat request reads as they are (vLLM's extras included); the rest is refused.
+  static const absl::flat_hash_set<std::string> kPassed = {"model",
+                                                           "temperature",
+                                                           "top_p",
+                                                           "stream",
+                                                           "user",
+                                                           "seed",
+                                                           "top_k",
+                                                           "min_p",
+                                                           "repetition_penalty",
+                                                           "presence_penalty",
+                                                           "frequency_penalty",
+                                                           "stop",
+                                                           "stop_token_ids",
+                                                           "ignore_eos",
+                                                           "min_tokens",
+                                                           "logit_bias",
+                                                           "bad_words",
+                                                           "structured_outputs",
+                                                           "guided_regex",
+                                                           "guided_choice",
+                                                           "guided_json",
+                                                           "guided_grammar",
+                                                           "priority",
+                                                           "skip_special_tokens",
+                                                           "chat_template_kwargs"};
+  static const absl::flat_hash_set<std::string> kRead = {"input",
+                                                         "instructions",
+                                                         "max_output_tokens",
+                                                         "text",
+                                                         "metadata",
+                                                         "store",
+                                                         "tools",
+                                                         "tool_choice",
+                                                         "parallel_tool_calls",
+                                                         "background",
+                                                         "include",
+                                                         "truncation",
+                                                         "previous_response_id",
+                                                         "reasoning",
+                                                         "conversation",
+                                                         "prompt",
+                                                         "service_tier"};
+  for (const auto& [key, value] : object.items()) {
+    if (kPassed.contains(key)) {
+      chat[key] = value;
+    } else if (!kRead.contains(key)) {
+      return InvalidParam(key, absl::StrCat("'", key,
+                                            "' is not a field this server reads on "
+                                            "/v1/responses"));
+    }
+  }
+  if (const auto* choice = field("tool_choice");
+      choice != nullptr && *choice != "none" && *choice != "auto") {
+    return InvalidParam("tool_choice", "tools are not supported by /v1/responses here");
+  }
+  absl::StatusOr<ChatRequest> parsed = ParseChatRequest(chat.dump(), defaults);
+  if (!parsed.ok()) return ResponsesError(parsed.status());
+  if (parsed->common.params.n != 1) return InvalidParam("n", "one response a call");
+  request.chat = *std::move(parsed);
   return request;
 }
 

@@ -158,6 +158,23 @@ struct ChatRequest {
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body,
                                              const nlohmann::json& defaults = nlohmann::json());
 
+// OpenAI's Responses API (POST /v1/responses), text in and out: `input` (a string, or a list of
+// messages whose content is a string or input_text / output_text parts), `instructions` (a
+// system message first), max_output_tokens, temperature, top_p, stream, text.format (text,
+// json_object, json_schema), metadata, store (nothing is stored: answered false); vLLM's sampling
+// extras (seed, top_k, min_p, repetition_penalty, stop, structured_outputs, ...) as on chat.
+// Read as the chat request it amounts to (errors name the Responses fields); tools, reasoning,
+// previous_response_id, background, images and other item types are refused by name.
+struct ResponsesRequest {
+  ChatRequest chat;
+  std::optional<std::string> instructions;
+  std::optional<int> max_output_tokens;
+  nlohmann::json text_format = {{"type", "text"}};
+  nlohmann::json metadata;  // null, or the client's object (echoed)
+};
+absl::StatusOr<ResponsesRequest> ParseResponsesRequest(
+    absl::string_view body, const nlohmann::json& defaults = nlohmann::json());
+
 // Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
 // API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",
 // "parameters": {...}, "stream"}. Unset (null) parameters keep their defaults; the ones this

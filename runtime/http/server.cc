@@ -30,6 +30,7 @@
 #include "runtime/http/completion_job.h"
 #include "runtime/http/llamacpp_job.h"
 #include "runtime/http/metrics.h"
+#include "runtime/http/responses_job.h"
 #include "runtime/http/tgi_job.h"
 #include "runtime/status.h"
 #include "runtime/version.h"
@@ -185,6 +186,8 @@ struct HttpServer::Impl {
   void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
   // POST /v1/chat/completions.
   absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
+  absl::StatusOr<std::shared_ptr<ResponsesJob>> StartResponsesJob(const httplib::Request& req,
+                                                                  bool* stream);
   // The conversation's prompt tokens through the chat template (400 naming messages when there is
   // no template or the template refuses them).
   absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatTemplate::Chat& chat) const;
@@ -202,6 +205,7 @@ struct HttpServer::Impl {
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
+  void HandleResponses(const httplib::Request& req, httplib::Response& res);
   void HandleModel(const httplib::Request& req, httplib::Response& res);
   void HandleLlamaCppProps(const httplib::Request& req, httplib::Response& res);
   nlohmann::json LlamaCppSettings(const LlamaCppRequest& llama) const;
@@ -690,6 +694,38 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                                    std::move(echo), std::move(chat.tool_choice));
 }
 
+absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJob(
+    const httplib::Request& req, bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(ResponsesRequest responses,
+                   ParseResponsesRequest(req.body, options.sampling_defaults));
+  CompletionRequest& request = responses.chat.common;
+  RETURN_IF_ERROR(CheckModel(request.model));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(responses.chat.chat));
+  request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
+                   SubmitJob(request, request.params,
+                             {.id = absl::StrCat(next_id.fetch_add(1)),
+                              .prompt_tokens_details = true,  // usage.input_tokens_details
+                              .arrival = arrival}));
+  *stream = request.stream;
+  return std::make_shared<ResponsesJob>(
+      std::move(inner), ResponsesJobOptions{.instructions = responses.instructions,
+                                            .max_output_tokens = responses.max_output_tokens,
+                                            .temperature = request.params.temperature,
+                                            .top_p = request.params.top_p,
+                                            .text_format = responses.text_format,
+                                            .metadata = responses.metadata});
+}
+
+void HttpServer::Impl::HandleResponses(const httplib::Request& req, httplib::Response& res) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartResponsesJob(req, &stream);
+  Respond(req, res, std::move(job), stream, ReplyError);
+}
+
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {
   bool stream = false;
   absl::StatusOr<std::shared_ptr<HttpJob>> job = StartChatJob(req, &stream);
@@ -888,6 +924,9 @@ void HttpServer::Impl::InstallRoutes() {
   });
   server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleChat(req, res);
+  });
+  server.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleResponses(req, res);
   });
   // Text-generation-inference's native API (its clients, and the code-completion plugins that
   // speak it).

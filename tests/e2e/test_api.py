@@ -442,6 +442,37 @@ def test_chat_completions_through_the_openai_client(server):
         c.chat.completions.create(model=server.model, messages=[], max_tokens=2)
 
 
+def test_responses_api_through_the_openai_client(server):
+    # OpenAI's Responses API: instructions + input are the chat's messages, so the text is the
+    # chat answer's; streamed as typed events ending with the whole response.
+    c = client(server)
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "def add(a, b):"}]
+    chat = c.chat.completions.create(model=server.model, messages=messages, max_tokens=10,
+                                     temperature=0)
+    response = c.responses.create(model=server.model, instructions="You write Python.",
+                                  input="def add(a, b):", max_output_tokens=10, temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.status in ("completed", "incomplete")
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    types, pieces, final = [], [], None
+    for event in c.responses.create(model=server.model, instructions="You write Python.",
+                                    input=[{"role": "user", "content": "def add(a, b):"}],
+                                    max_output_tokens=10, temperature=0, stream=True):
+        types.append(event.type)
+        if event.type == "response.output_text.delta":
+            pieces.append(event.delta)
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert types[0] == "response.created" and types[-1] in ("response.completed",
+                                                            "response.incomplete"), types
+    assert "".join(pieces) == response.output_text
+    assert final is not None and final.output_text == response.output_text
+    with pytest.raises(openai.BadRequestError):
+        c.responses.create(model=server.model, input="x", previous_response_id="resp_1")
+
+
 WEATHER_TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",

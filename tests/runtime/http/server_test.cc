@@ -131,6 +131,7 @@ struct Sse {
   std::string text;  // choice 0's text, concatenated
   std::vector<int32_t> token_ids;
   std::string error;  // the client's transport error, if any
+  std::vector<std::string> events;  // `event:` names (the Responses API's), in order
 };
 
 struct TestSetup {
@@ -238,6 +239,10 @@ class HttpServerTest : public ::testing::Test {
         pending.erase(0, end + 2);
         for (absl::string_view line : absl::StrSplit(event, '\n')) {
           if (line.empty() || line[0] == ':') continue;  // SSE comment (keep-alive)
+          if (absl::StartsWith(line, "event:")) {
+            sse.events.emplace_back(absl::StripLeadingAsciiWhitespace(line.substr(6)));
+            continue;
+          }
           EXPECT_TRUE(absl::StartsWith(line, "data:")) << line;
           absl::string_view payload = absl::StripLeadingAsciiWhitespace(line.substr(5));
           if (payload == "[DONE]") {
@@ -1330,6 +1335,137 @@ TEST_F(HttpServerTest, EveryOriginByDefault) {
   ASSERT_TRUE(got);
   EXPECT_EQ(got->get_header_value("Access-Control-Allow-Origin"), "*");
   EXPECT_FALSE(client->Get("/v1/models")->has_header("Access-Control-Allow-Origin"));
+}
+
+// OpenAI's Responses API: `input` and `instructions` are the chat's messages, so the text equals
+// the chat completion's; max_output_tokens cuts it as "incomplete"; streamed as its typed events
+// in order, with increasing sequence numbers and the final response; bad fields named as sent.
+TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
+  TestSetup setup = DefaultSetup();
+  auto parsed = ChatTemplate::Parse(
+      "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + "
+      "eos_token }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+  setup.server.eos_token = "<|endoftext|>";
+  Start(setup);
+  const json messages = {{{"role", "system"}, {"content", "You write Python."}},
+                         {{"role", "user"}, {"content", "def fib(n):"}}};
+  json chat =
+      PostOk("/v1/chat/completions",
+             {{"messages", messages}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  const std::string text = chat["choices"][0]["message"]["content"];
+  ASSERT_FALSE(text.empty());
+  const json input_forms[] = {"def fib(n):",
+                              {{{"role", "user"},
+                                {"content",
+                                 {{{"type", "input_text"}, {"text", "def fib"}},
+                                  {{"type", "input_text"}, {"text", "(n):"}}}}}}};
+  for (const json& input : input_forms) {
+    json response = PostOk("/v1/responses", {{"input", input},
+                                             {"instructions", "You write Python."},
+                                             {"max_output_tokens", 6},
+                                             {"temperature", 0},
+                                             {"ignore_eos", true},
+                                             {"metadata", {{"k", "v"}}}});
+    EXPECT_EQ(response["object"], "response");
+    EXPECT_TRUE(absl::StartsWith(response["id"].get<std::string>(), "resp_")) << response;
+    EXPECT_EQ(response["status"], "incomplete");  // cut by max_output_tokens
+    EXPECT_EQ(response["incomplete_details"]["reason"], "max_output_tokens");
+    EXPECT_EQ(response["instructions"], "You write Python.");
+    EXPECT_EQ(response["metadata"]["k"], "v");
+    ASSERT_EQ(response["output"].size(), 1u);
+    const json& message = response["output"][0];
+    EXPECT_EQ(message["type"], "message");
+    EXPECT_EQ(message["role"], "assistant");
+    EXPECT_EQ(message["content"][0]["type"], "output_text");
+    EXPECT_EQ(message["content"][0]["text"], text);
+    EXPECT_EQ(response["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+    EXPECT_EQ(response["usage"]["output_tokens"], 6);
+    EXPECT_EQ(response["usage"]["total_tokens"], chat["usage"]["total_tokens"]);
+    EXPECT_TRUE(response["usage"]["input_tokens_details"]["cached_tokens"].is_number());
+  }
+  // A stop within the budget: "completed".
+  json done = PostOk("/v1/responses", {{"input", "def fib(n):"},
+                                       {"max_output_tokens", 6},
+                                       {"temperature", 0},
+                                       {"stop", {text.substr(0, 1)}}});
+  EXPECT_EQ(done["status"], "completed") << done;
+  EXPECT_TRUE(done["incomplete_details"].is_null());
+
+  Sse sse = Stream({{"input", "def fib(n):"},
+                    {"instructions", "You write Python."},
+                    {"max_output_tokens", 6},
+                    {"temperature", 0},
+                    {"ignore_eos", true},
+                    {"stream", true}},
+                   0, "/v1/responses");
+  ASSERT_EQ(sse.status, 200);
+  EXPECT_FALSE(sse.done);  // no [DONE] in this API
+  ASSERT_EQ(sse.events.size(), sse.chunks.size());
+  ASSERT_GE(sse.events.size(), 9u);
+  const std::vector<std::string> opening = {"response.created", "response.in_progress",
+                                            "response.output_item.added",
+                                            "response.content_part.added"};
+  const std::vector<std::string> closing = {"response.output_text.done",
+                                            "response.content_part.done",
+                                            "response.output_item.done", "response.incomplete"};
+  EXPECT_EQ(std::vector<std::string>(sse.events.begin(), sse.events.begin() + 4), opening);
+  EXPECT_EQ(std::vector<std::string>(sse.events.end() - 4, sse.events.end()), closing);
+  std::string deltas;
+  for (size_t i = 0; i < sse.chunks.size(); ++i) {
+    EXPECT_EQ(sse.chunks[i]["type"], sse.events[i]);
+    EXPECT_EQ(sse.chunks[i]["sequence_number"], i);
+    if (sse.events[i] == "response.output_text.delta") {
+      deltas += sse.chunks[i]["delta"].get<std::string>();
+    } else if (i >= 4 && i + 4 < sse.chunks.size()) {
+      ADD_FAILURE() << "unexpected event " << sse.events[i];
+    }
+  }
+  EXPECT_EQ(deltas, text);
+  EXPECT_EQ(sse.chunks[0]["response"]["status"], "in_progress");
+  EXPECT_EQ(sse.chunks[sse.chunks.size() - 4]["text"], text);
+  const json& last = sse.chunks.back()["response"];
+  EXPECT_EQ(last["status"], "incomplete");
+  EXPECT_EQ(last["output"][0]["content"][0]["text"], text);
+  EXPECT_EQ(last["usage"]["output_tokens"], 6);
+
+  const std::pair<json, const char*> refused[] = {
+      {json{{"instructions", "x"}}, "input"},
+      {json{{"input", 5}}, "input"},
+      {json{{"input", json::array()}}, "input"},
+      {json{{"input", {{{"type", "function_call_output"}, {"output", "x"}}}}}, "input"},
+      {json{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}}, "input"},
+      {json{{"input", "x"}, {"max_output_tokens", 0}}, "max_output_tokens"},
+      {json{{"input", "x"}, {"previous_response_id", "resp_1"}}, "previous_response_id"},
+      {json{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}}}}}, "tools"},
+      {json{{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "text.format"},
+      {json{{"input", "x"}, {"background", true}}, "background"},
+      {json{{"input", "x"}, {"n", 2}}, "n"},
+      {json{{"input", "x"}, {"temperature", -1}}, "temperature"},
+  };
+  for (const auto& [body, param] : refused) {
+    int status = 0;
+    json error = Post("/v1/responses", body.dump(), &status);
+    EXPECT_EQ(status, 400) << body;
+    EXPECT_EQ(error["error"]["param"], param) << body << " -> " << error;
+  }
+  // A JSON schema format guides the text (its property order kept).
+  const json point = {
+      {"type", "object"}, {"properties", {{"x", {{"type", "integer"}}}}}, {"required", {"x"}}};
+  const json format = {{"type", "json_schema"}, {"name", "point"}, {"schema", point}};
+  json schema =
+      PostOk("/v1/responses",
+             {{"input", "a point"}, {"max_output_tokens", 40}, {"text", {{"format", format}}}});
+  const std::string doc = schema["output"][0]["content"][0]["text"];
+  if (schema["status"] == "completed") {
+    json value = json::parse(doc, nullptr, false);
+    ASSERT_TRUE(value.is_object()) << doc;
+    EXPECT_TRUE(value["x"].is_number_integer()) << doc;
+  } else {
+    EXPECT_TRUE(absl::StartsWith(doc, "{")) << doc;
+  }
+  EXPECT_EQ(schema["text"]["format"]["type"], "json_schema");
 }
 
 // /v1/chat/completions with a chat template (starchat-beta's): the prompt is the rendered

@@ -1,0 +1,62 @@
+// One OpenAI Responses API call (POST /v1/responses) in flight: the CompletionJob of its
+// rendered chat prompt (one sample), rendered as a Response object.
+//
+//   plain:   {"id": "resp_...", "object": "response", "created_at", "status": "completed" |
+//            "incomplete" ("incomplete_details": {"reason": "max_output_tokens"}), "model",
+//            "output": [{"type": "message", "id": "msg_...", "role": "assistant", "status",
+//            "content": [{"type": "output_text", "text", "annotations": []}]}], "usage":
+//            {"input_tokens", "input_tokens_details": {"cached_tokens"}, "output_tokens",
+//            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens"}, and the request's
+//            instructions, max_output_tokens, temperature, top_p, text, metadata}
+//   stream:  `event: <type>` / `data: {..., "sequence_number"}` pairs: response.created,
+//            response.in_progress, response.output_item.added, response.content_part.added,
+//            response.output_text.delta (each new piece of text), response.output_text.done,
+//            response.content_part.done, response.output_item.done, then response.completed or
+//            response.incomplete (the whole response); on an error, an `error` event and
+//            response.failed. No [DONE] marker (the Responses API has none).
+//
+// Threads: as CompletionJob (the HTTP thread serving the call).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "runtime/http/api_types.h"
+#include "runtime/http/completion_job.h"
+
+namespace mqa {
+
+struct ResponsesJobOptions {
+  std::optional<std::string> instructions;
+  std::optional<int> max_output_tokens;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  nlohmann::json text_format = {{"type", "text"}};
+  nlohmann::json metadata;
+};
+
+class ResponsesJob : public CompletionJobView {
+ public:
+  ResponsesJob(std::shared_ptr<CompletionJob> inner, ResponsesJobOptions options);
+
+  bool Drain(absl::Duration timeout, std::string* chunks) override;
+  std::string OpeningChunks() override;
+  std::string ClosingChunks(const absl::Status& error) const override;
+  std::string ResponseBody() const override;
+
+ private:
+  // The Response object as it stands: "in_progress" until the sample finished.
+  nlohmann::json Response(bool failed = false) const;
+  nlohmann::json Message() const;
+  nlohmann::json TextPart() const;
+  std::string Event(const std::string& type, nlohmann::json data) const;
+
+  const ResponsesJobOptions options_;
+  const std::string id_;       // resp_<n>
+  const std::string item_id_;  // msg_<n>
+  size_t streamed_bytes_ = 0;
+  mutable int sequence_ = 0;  // the next event's sequence_number
+};
+
+}  // namespace mqa
