@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
@@ -1321,52 +1320,55 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
     request.metadata = json::parse(metadata->dump());
   }
   // Fields the chat request reads as they are (vLLM's extras included); the rest is refused.
-  static const absl::flat_hash_set<std::string> kPassed = {"model",
-                                                           "temperature",
-                                                           "top_p",
-                                                           "stream",
-                                                           "user",
-                                                           "seed",
-                                                           "top_k",
-                                                           "min_p",
-                                                           "repetition_penalty",
-                                                           "presence_penalty",
-                                                           "frequency_penalty",
-                                                           "stop",
-                                                           "stop_token_ids",
-                                                           "ignore_eos",
-                                                           "min_tokens",
-                                                           "logit_bias",
-                                                           "bad_words",
-                                                           "structured_outputs",
-                                                           "guided_regex",
-                                                           "guided_choice",
-                                                           "guided_json",
-                                                           "guided_grammar",
-                                                           "priority",
-                                                           "skip_special_tokens",
-                                                           "chat_template_kwargs"};
-  static const absl::flat_hash_set<std::string> kRead = {"input",
-                                                         "instructions",
-                                                         "max_output_tokens",
-                                                         "text",
-                                                         "metadata",
-                                                         "store",
-                                                         "tools",
-                                                         "tool_choice",
-                                                         "parallel_tool_calls",
-                                                         "background",
-                                                         "include",
-                                                         "truncation",
-                                                         "previous_response_id",
-                                                         "reasoning",
-                                                         "conversation",
-                                                         "prompt",
-                                                         "service_tier"};
+  static constexpr std::string_view kPassed[] = {"model",
+                                                 "temperature",
+                                                 "top_p",
+                                                 "stream",
+                                                 "user",
+                                                 "seed",
+                                                 "top_k",
+                                                 "min_p",
+                                                 "repetition_penalty",
+                                                 "presence_penalty",
+                                                 "frequency_penalty",
+                                                 "stop",
+                                                 "stop_token_ids",
+                                                 "ignore_eos",
+                                                 "min_tokens",
+                                                 "logit_bias",
+                                                 "bad_words",
+                                                 "structured_outputs",
+                                                 "guided_regex",
+                                                 "guided_choice",
+                                                 "guided_json",
+                                                 "guided_grammar",
+                                                 "priority",
+                                                 "skip_special_tokens",
+                                                 "chat_template_kwargs"};
+  static constexpr std::string_view kRead[] = {"input",
+                                               "instructions",
+                                               "max_output_tokens",
+                                               "text",
+                                               "metadata",
+                                               "store",
+                                               "tools",
+                                               "tool_choice",
+                                               "parallel_tool_calls",
+                                               "background",
+                                               "include",
+                                               "truncation",
+                                               "previous_response_id",
+                                               "reasoning",
+                                               "conversation",
+                                               "prompt",
+                                               "service_tier"};
   for (const auto& [key, value] : object.items()) {
-    if (kPassed.contains(key)) {
+    auto among = [&name = key](const auto& names) {
+      return std::find(std::begin(names), std::end(names), name) != std::end(names);
+    };
+    if (among(kPassed)) {
       chat[key] = value;
-    } else if (!kRead.contains(key)) {
+    } else if (!among(kRead)) {
       return InvalidParam(key, absl::StrCat("'", key,
                                             "' is not a field this server reads on "
                                             "/v1/responses"));

@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MQA_CHECK(all->out_numel() == info.numel());
     if (info.end > info.begin) spans.emplace_back(info.begin, info.end);
     // Convert the first row of float tensors, as the reader would: in bounds of the input.
-    if (info.dtype.has_value() && all->rows > 0) {
+    if (info.dtype.has_value() && all->rows > 0 && all->cols > 0) {
       const int64_t n = all->cols;
       std::vector<float> out(static_cast<size_t>(std::min<int64_t>(n, 4096)));
       std::vector<char> src(out.size() * info.element_size);

@@ -84,6 +84,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     CheckError(r.status());
   }
+  if (auto r = mqa::ParseResponsesRequest(body); r.ok()) {
+    const mqa::ChatTemplate::Chat& chat = r->chat.chat;
+    MQA_CHECK(chat.messages.is_array() && !chat.messages.empty());
+    for (const nlohmann::json& m : chat.messages) {
+      MQA_CHECK(m["role"].is_string() && m["content"].is_string() && m["role"] != "developer");
+    }
+    MQA_CHECK(r->chat.common.params.n == 1 &&
+              r->chat.tool_choice.mode == mqa::ToolChoiceMode::kNone);
+    MQA_CHECK(!r->max_output_tokens.has_value() || *r->max_output_tokens >= 1);
+    MQA_CHECK(r->metadata.is_null() || r->metadata.is_object());
+  } else {
+    CheckError(r.status());
+  }
   for (const bool infill : {false, true}) {
     if (auto r = mqa::ParseLlamaCppRequest(body, infill, 2048); r.ok()) {
       const mqa::SamplingParams& p = r->completion.params;
