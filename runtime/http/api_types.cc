@@ -1385,6 +1385,147 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
   return request;
 }
 
+namespace {
+
+// Text blocks ({"type": "text", "text"}) or a string, as one string; errors name `param`.
+absl::StatusOr<std::string> AnthropicText(const nlohmann::ordered_json& content,
+                                          const char* param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return TypeError(param, "a string or a list of text blocks");
+  std::string text;
+  for (const auto& block : content) {
+    const auto type = block.is_object() ? block.find("type") : block.end();
+    if (!block.is_object() || type == block.end() || *type != "text") {
+      return InvalidParam(param, absl::StrCat("content blocks of type ",
+                                              type != block.end() ? type->dump() : "null",
+                                              " are not supported (text blocks only)"));
+    }
+    const auto value = block.find("text");
+    if (value == block.end() || !value->is_string()) {
+      return TypeError(param, "a list of text blocks with \"text\"");
+    }
+    text += value->get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<AnthropicRequest> ParseAnthropicRequest(absl::string_view body, const json& defaults,
+                                                       bool count_only) {
+  RETURN_IF_ERROR(ParseObject(body).status());
+  const nlohmann::ordered_json object =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  auto field = [&](const char* name) -> const nlohmann::ordered_json* {
+    auto it = object.find(name);
+    return it == object.end() || it->is_null() ? nullptr : &*it;
+  };
+  nlohmann::ordered_json chat = nlohmann::ordered_json::object();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (const auto* system = field("system")) {
+    ASSIGN_OR_RETURN(std::string text, AnthropicText(*system, "system"));
+    messages.push_back({{"role", "system"}, {"content", std::move(text)}});
+  }
+  const auto* turns = field("messages");
+  if (turns == nullptr || !turns->is_array() || turns->empty()) {
+    return TypeError("messages", "a non-empty list of messages");
+  }
+  for (const auto& turn : *turns) {
+    const auto role = turn.is_object() ? turn.find("role") : turn.end();
+    const auto content = turn.is_object() ? turn.find("content") : turn.end();
+    if (!turn.is_object() || role == turn.end() || content == turn.end()) {
+      return TypeError("messages", "a list of {\"role\", \"content\"} messages");
+    }
+    if (*role != "user" && *role != "assistant") {
+      return InvalidParam("messages", absl::StrCat("unknown role ", role->dump(),
+                                                   " (user or assistant; the system prompt is "
+                                                   "'system')"));
+    }
+    ASSIGN_OR_RETURN(std::string text, AnthropicText(*content, "messages"));
+    messages.push_back({{"role", *role}, {"content", std::move(text)}});
+  }
+  chat["messages"] = std::move(messages);
+  // A last assistant turn is a prefill: the answer goes on from it.
+  if (chat["messages"].back()["role"] == "assistant") {
+    chat["add_generation_prompt"] = false;
+    chat["continue_final_message"] = true;
+  }
+  if (const auto* max_tokens = field("max_tokens")) {
+    if (!max_tokens->is_number_integer() || max_tokens->get<int64_t>() < 1 ||
+        max_tokens->get<int64_t>() > kIntMax) {
+      return TypeError("max_tokens", "a positive integer");
+    }
+    chat["max_tokens"] = *max_tokens;
+  } else if (!count_only) {
+    return InvalidParam("max_tokens", "'max_tokens' is required");
+  }
+  if (const auto* stops = field("stop_sequences")) {
+    if (!stops->is_array()) return TypeError("stop_sequences", "a list of strings");
+    chat["stop"] = *stops;
+  }
+  for (const char* name : {"tools", "mcp_servers"}) {
+    if (const auto* v = field(name); v != nullptr && !(v->is_array() && v->empty())) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
+    }
+  }
+  if (const auto* tool_choice = field("tool_choice");
+      tool_choice != nullptr &&
+      !(tool_choice->is_object() && tool_choice->value("type", "") == "none")) {
+    return InvalidParam("tool_choice", "tools are not supported by /v1/messages here");
+  }
+  if (const auto* thinking = field("thinking");
+      thinking != nullptr &&
+      !(thinking->is_object() && thinking->value("type", "") == "disabled")) {
+    return InvalidParam("thinking", "extended thinking is not supported");
+  }
+  if (const auto* metadata = field("metadata"); metadata != nullptr && !metadata->is_object()) {
+    return TypeError("metadata", "an object");
+  }
+  static constexpr std::string_view kPassed[] = {"model", "temperature", "top_p", "top_k",
+                                                 "stream"};
+  static constexpr std::string_view kRead[] = {
+      "messages",    "system",   "max_tokens", "stop_sequences", "tools",
+      "tool_choice", "thinking", "metadata",   "mcp_servers",    "service_tier"};
+  for (const auto& [key, value] : object.items()) {
+    auto among = [&name = key](const auto& names) {
+      return std::find(std::begin(names), std::end(names), name) != std::end(names);
+    };
+    if (among(kPassed)) {
+      chat[key] = value;
+    } else if (!among(kRead)) {
+      return InvalidParam(key, absl::StrCat("'", key,
+                                            "' is not a field this server reads on "
+                                            "/v1/messages"));
+    }
+  }
+  absl::StatusOr<ChatRequest> parsed = ParseChatRequest(chat.dump(), defaults);
+  if (!parsed.ok()) {
+    absl::Status status = parsed.status();
+    if (ErrorParam(status) == "stop") {
+      return ApiError(status.code(), "stop_sequences",
+                      absl::StrReplaceAll(status.message(), {{"'stop'", "'stop_sequences'"}}));
+    }
+    return status;
+  }
+  AnthropicRequest request;
+  request.chat = *std::move(parsed);
+  return request;
+}
+
+std::string AnthropicErrorBody(const absl::Status& status) {
+  const int http = HttpStatusFor(status);
+  const char* type = http == 400   ? "invalid_request_error"
+                     : http == 401 ? "authentication_error"
+                     : http == 403 ? "permission_error"
+                     : http == 404 ? "not_found_error"
+                     : http == 413 ? "request_too_large"
+                     : http == 429 ? "rate_limit_error"
+                     : http == 503 ? "overloaded_error"
+                                   : "api_error";
+  return DumpJson(json{{"type", "error"},
+                       {"error", {{"type", type}, {"message", std::string(status.message())}}}});
+}
+
 absl::StatusOr<LlamaCppRequest> ParseLlamaCppRequest(absl::string_view body, bool infill,
                                                      int max_model_len) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));

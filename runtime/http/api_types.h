@@ -175,6 +175,22 @@ struct ResponsesRequest {
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(
     absl::string_view body, const nlohmann::json& defaults = nlohmann::json());
 
+// Anthropic's Messages API (POST /v1/messages, what vLLM and llama.cpp's server also serve):
+// `messages` (user / assistant turns, content a string or text blocks), `system` (a string or
+// text blocks: a system message first), max_tokens (required), temperature, top_p, top_k,
+// stop_sequences, stream, metadata. Read as the chat request it amounts to (errors name the
+// Messages fields). Tools, thinking, images and other block types are refused by name.
+// `count_only` (POST /v1/messages/count_tokens): max_tokens is not needed.
+struct AnthropicRequest {
+  ChatRequest chat;
+};
+absl::StatusOr<AnthropicRequest> ParseAnthropicRequest(
+    absl::string_view body, const nlohmann::json& defaults = nlohmann::json(),
+    bool count_only = false);
+// Anthropic's error body: {"type": "error", "error": {"type": "invalid_request_error" | ...,
+// "message"}}, the type from the HTTP status.
+std::string AnthropicErrorBody(const absl::Status& status);
+
 // Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
 // API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",
 // "parameters": {...}, "stream"}. Unset (null) parameters keep their defaults; the ones this

@@ -24,6 +24,7 @@
 #include "runtime/detokenizer.h"
 #include "runtime/grammar.h"
 #include "runtime/guided.h"
+#include "runtime/http/anthropic_job.h"
 #include "runtime/http/api_types.h"
 #include "runtime/http/beam_search_job.h"
 #include "runtime/http/chat_job.h"
@@ -50,6 +51,11 @@ void ReplyError(httplib::Response& res, const absl::Status& status) {
 void ReplyTgiError(httplib::Response& res, const absl::Status& status) {
   res.status = TgiHttpStatusFor(status);
   res.set_content(TgiErrorBody(status), kJson);
+}
+
+void ReplyAnthropicError(httplib::Response& res, const absl::Status& status) {
+  res.status = HttpStatusFor(status);
+  res.set_content(AnthropicErrorBody(status), kJson);
 }
 
 void ReplyJson(httplib::Response& res, const json& body) {
@@ -188,6 +194,10 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
   absl::StatusOr<std::shared_ptr<ResponsesJob>> StartResponsesJob(const httplib::Request& req,
                                                                   bool* stream);
+  absl::StatusOr<std::shared_ptr<AnthropicJob>> StartAnthropicJob(const httplib::Request& req,
+                                                                  bool* stream);
+  void HandleAnthropic(const httplib::Request& req, httplib::Response& res);
+  void HandleAnthropicCountTokens(const httplib::Request& req, httplib::Response& res);
   // The conversation's prompt tokens through the chat template (400 naming messages when there is
   // no template or the template refuses them).
   absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatTemplate::Chat& chat) const;
@@ -249,8 +259,13 @@ absl::Status HttpServer::Impl::CheckAuth(const httplib::Request& req) const {
       ConstantTimeEquals(absl::string_view(header).substr(kBearer.size()), options.api_key)) {
     return absl::OkStatus();
   }
+  // Anthropic's clients send the key as x-api-key.
+  if (req.has_header("x-api-key") &&
+      ConstantTimeEquals(req.get_header_value("x-api-key"), options.api_key)) {
+    return absl::OkStatus();
+  }
   return absl::UnauthenticatedError(
-      "Missing or invalid API key: send 'Authorization: Bearer <key>'");
+      "Missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')");
 }
 
 absl::Status HttpServer::Impl::CheckServing() const {
@@ -720,6 +735,47 @@ absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJo
                                             .metadata = responses.metadata});
 }
 
+absl::StatusOr<std::shared_ptr<AnthropicJob>> HttpServer::Impl::StartAnthropicJob(
+    const httplib::Request& req, bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(AnthropicRequest anthropic,
+                   ParseAnthropicRequest(req.body, options.sampling_defaults));
+  CompletionRequest& request = anthropic.chat.common;
+  RETURN_IF_ERROR(CheckModel(request.model));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(anthropic.chat.chat));
+  request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
+                   SubmitJob(request, request.params,
+                             {.id = absl::StrCat(next_id.fetch_add(1)),
+                              .prompt_tokens_details = true,  // usage.cache_read_input_tokens
+                              .arrival = arrival}));
+  *stream = request.stream;
+  return std::make_shared<AnthropicJob>(std::move(inner));
+}
+
+void HttpServer::Impl::HandleAnthropic(const httplib::Request& req, httplib::Response& res) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartAnthropicJob(req, &stream);
+  Respond(req, res, std::move(job), stream, ReplyAnthropicError);
+}
+
+// Anthropic's POST /v1/messages/count_tokens: the rendered prompt's length.
+void HttpServer::Impl::HandleAnthropicCountTokens(const httplib::Request& req,
+                                                  httplib::Response& res) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyAnthropicError(res, status);
+  absl::StatusOr<AnthropicRequest> anthropic =
+      ParseAnthropicRequest(req.body, options.sampling_defaults, /*count_only=*/true);
+  if (!anthropic.ok()) return ReplyAnthropicError(res, anthropic.status());
+  status = CheckModel(anthropic->chat.common.model);
+  if (!status.ok()) return ReplyAnthropicError(res, status);
+  absl::StatusOr<std::vector<int32_t>> ids = ChatPrompt(anthropic->chat.chat);
+  if (!ids.ok()) return ReplyAnthropicError(res, ids.status());
+  ReplyJson(res, {{"input_tokens", ids->size()}});
+}
+
 void HttpServer::Impl::HandleResponses(const httplib::Request& req, httplib::Response& res) {
   bool stream = false;
   absl::StatusOr<std::shared_ptr<HttpJob>> job = StartResponsesJob(req, &stream);
@@ -928,6 +984,14 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
     HandleResponses(req, res);
   });
+  // Anthropic's Messages API.
+  server.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleAnthropic(req, res);
+  });
+  server.Post("/v1/messages/count_tokens",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleAnthropicCountTokens(req, res);
+              });
   // Text-generation-inference's native API (its clients, and the code-completion plugins that
   // speak it).
   server.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) {

@@ -473,6 +473,41 @@ def test_responses_api_through_the_openai_client(server):
         c.responses.create(model=server.model, input="x", previous_response_id="resp_1")
 
 
+def test_anthropic_messages_api(server):
+    # Anthropic's Messages API (what Anthropic's SDK and tools speaking it send), the key as
+    # x-api-key: the answer is the chat's for the same conversation; streamed as its events.
+    headers = {"Content-Type": "application/json", "anthropic-version": "2023-06-01"}
+    if server.api_key:
+        headers["x-api-key"] = server.api_key
+    body = {"model": server.model, "system": "You write Python.", "max_tokens": 10,
+            "temperature": 0, "messages": [{"role": "user", "content": "def add(a, b):"}]}
+    status, raw = server.request("POST", "/v1/messages", body, headers=headers)
+    assert status == 200, raw[:300]
+    message = json.loads(raw)
+    c = client(server)
+    chat = c.chat.completions.create(model=server.model, max_tokens=10, temperature=0,
+                                     messages=[{"role": "system", "content": "You write Python."},
+                                               {"role": "user", "content": "def add(a, b):"}])
+    assert message["content"][0]["text"] == chat.choices[0].message.content
+    assert message["stop_reason"] == {"length": "max_tokens", "stop": "end_turn"}[
+        chat.choices[0].finish_reason]
+    status, raw = server.request("POST", "/v1/messages", dict(body, stream=True), headers=headers)
+    assert status == 200
+    events, text = [], ""
+    for block in raw.decode().split("\n\n"):
+        lines = block.split("\n")
+        if len(lines) == 2 and lines[0].startswith("event: "):
+            events.append(lines[0][7:])
+            data = json.loads(lines[1][6:])
+            if data["type"] == "content_block_delta":
+                text += data["delta"]["text"]
+    assert events[0] == "message_start" and events[-1] == "message_stop", events
+    assert text == message["content"][0]["text"]
+    status, raw = server.request("POST", "/v1/messages", {"messages": body["messages"]},
+                                 headers=headers)
+    assert status == 400 and json.loads(raw)["type"] == "error"
+
+
 WEATHER_TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",

@@ -1468,6 +1468,164 @@ TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
   EXPECT_EQ(schema["text"]["format"]["type"], "json_schema");
 }
 
+// Anthropic's Messages API: system + messages are the chat's, so the text equals the chat
+// completion's; stop reasons in its words; streamed as its events; the key as x-api-key; errors in
+// its body shape; count_tokens is the rendered prompt's length.
+TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
+  TestSetup setup = DefaultSetup();
+  auto parsed = ChatTemplate::Parse(
+      "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+      "{% if not (loop.last and continue_final_message) %}{{ eos_token }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+  setup.server.eos_token = "<|endoftext|>";
+  setup.server.api_key = "k";
+  Start(setup);
+  httplib::Client anthropic("127.0.0.1", server_->port());
+  anthropic.set_default_headers({{"x-api-key", "k"}, {"anthropic-version", "2023-06-01"}});
+  auto post = [&](const json& body, int* status) {
+    auto result = anthropic.Post("/v1/messages", body.dump(), "application/json");
+    *status = result ? result->status : -1;
+    return result ? json::parse(result->body, nullptr, false) : json();
+  };
+  const json messages = {{{"role", "system"}, {"content", "You write Python."}},
+                         {{"role", "user"}, {"content", "def fib(n):"}}};
+  json chat =
+      PostOk("/v1/chat/completions",
+             {{"messages", messages}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  const std::string text = chat["choices"][0]["message"]["content"];
+  ASSERT_FALSE(text.empty());
+  int status = 0;
+  json message = post({{"model", "demo"},
+                       {"system", {{{"type", "text"}, {"text", "You write Python."}}}},
+                       {"messages", {{{"role", "user"}, {"content", "def fib(n):"}}}},
+                       {"max_tokens", 6},
+                       {"temperature", 0}},
+                      &status);
+  ASSERT_EQ(status, 200) << message;
+  EXPECT_EQ(message["type"], "message");
+  EXPECT_EQ(message["role"], "assistant");
+  EXPECT_TRUE(absl::StartsWith(message["id"].get<std::string>(), "msg_"));
+  ASSERT_EQ(message["content"].size(), 1u);
+  EXPECT_EQ(message["content"][0]["type"], "text");
+  const std::string answer = message["content"][0]["text"];
+  // The same 6 tokens unless EOS came first (the chat ran with ignore_eos).
+  EXPECT_TRUE(absl::StartsWith(text, answer)) << answer << " / " << text;
+  if (message["stop_reason"] == "max_tokens") {
+    EXPECT_EQ(answer, text);
+    EXPECT_EQ(message["usage"]["output_tokens"], 6);
+  } else {
+    EXPECT_EQ(message["stop_reason"], "end_turn") << message;
+  }
+  EXPECT_EQ(message["usage"]["input_tokens"].get<int>() +
+                message["usage"]["cache_read_input_tokens"].get<int>(),
+            chat["usage"]["prompt_tokens"]);
+  // A stop sequence: stop_reason "stop_sequence" naming it.
+  json stopped = post({{"messages", {{{"role", "user"}, {"content", "def fib(n):"}}}},
+                       {"system", "You write Python."},
+                       {"max_tokens", 6},
+                       {"temperature", 0},
+                       {"stop_sequences", {text.substr(1, 1)}}},
+                      &status);
+  ASSERT_EQ(status, 200) << stopped;
+  EXPECT_EQ(stopped["stop_reason"], "stop_sequence") << stopped;
+  EXPECT_EQ(stopped["stop_sequence"], text.substr(1, 1));
+  EXPECT_EQ(stopped["content"][0]["text"], text.substr(0, 1));
+
+  // Streamed: its events in order, the deltas make the text.
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/messages";
+  req.headers = {{"x-api-key", "k"}, {"Content-Type", "application/json"}};
+  req.body = json({{"messages", {{{"role", "user"}, {"content", "def fib(n):"}}}},
+                   {"system", "You write Python."},
+                   {"max_tokens", 6},
+                   {"temperature", 0},
+                   {"stream", true}})
+                 .dump();
+  std::string raw;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    raw.append(data, len);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  anthropic.send(req, res, error);
+  ASSERT_EQ(res.status, 200);
+  std::vector<std::string> events;
+  std::string deltas;
+  json final_delta;
+  for (absl::string_view block : absl::StrSplit(raw, "\n\n", absl::SkipEmpty())) {
+    std::vector<absl::string_view> lines = absl::StrSplit(block, '\n');
+    if (lines.size() != 2 || !absl::StartsWith(lines[0], "event: ")) continue;  // keep-alives
+    events.emplace_back(lines[0].substr(7));
+    json data = json::parse(lines[1].substr(6), nullptr, false);
+    ASSERT_TRUE(data.is_object()) << lines[1];
+    EXPECT_EQ(data["type"], events.back());
+    if (events.back() == "content_block_delta") deltas += data["delta"]["text"].get<std::string>();
+    if (events.back() == "message_delta") final_delta = data;
+  }
+  ASSERT_GE(events.size(), 7u);
+  EXPECT_EQ(std::vector<std::string>(events.begin(), events.begin() + 3),
+            (std::vector<std::string>{"message_start", "content_block_start", "ping"}));
+  EXPECT_EQ(std::vector<std::string>(events.end() - 3, events.end()),
+            (std::vector<std::string>{"content_block_stop", "message_delta", "message_stop"}));
+  EXPECT_EQ(deltas, answer);
+  EXPECT_EQ(final_delta["delta"]["stop_reason"], message["stop_reason"]);
+
+  // A last assistant turn is a prefill the answer continues (chat's continue_final_message).
+  const json prefill = {{{"role", "user"}, {"content", "def fib(n):"}},
+                        {{"role", "assistant"}, {"content", "    return"}}};
+  json continued = post({{"messages", prefill}, {"max_tokens", 4}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200) << continued;
+  json chat_continued = PostOk("/v1/chat/completions", {{"messages", prefill},
+                                                        {"max_tokens", 4},
+                                                        {"temperature", 0},
+                                                        {"add_generation_prompt", false},
+                                                        {"continue_final_message", true}});
+  EXPECT_EQ(continued["content"][0]["text"], chat_continued["choices"][0]["message"]["content"]);
+
+  // count_tokens: the rendered prompt's length.
+  auto count = anthropic.Post("/v1/messages/count_tokens",
+                              json({{"system", "You write Python."},
+                                    {"messages", {{{"role", "user"}, {"content", "def fib(n):"}}}}})
+                                  .dump(),
+                              "application/json");
+  ASSERT_TRUE(count && count->status == 200);
+  EXPECT_EQ(json::parse(count->body)["input_tokens"], chat["usage"]["prompt_tokens"]);
+
+  // Errors in Anthropic's shape; the key is required.
+  const std::pair<json, int> refused[] = {
+      {json{{"messages", {{{"role", "user"}, {"content", "x"}}}}}, 400},  // no max_tokens
+      {json{{"max_tokens", 4}, {"messages", json::array()}}, 400},
+      {json{{"max_tokens", 4}, {"messages", {{{"role", "system"}, {"content", "x"}}}}}, 400},
+      {json{{"max_tokens", 4},
+            {"messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}}},
+       400},
+      {json{{"max_tokens", 4},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tools", {{{"name", "f"}}}}},
+       400},
+      {json{{"max_tokens", 4},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"model", "other"}},
+       404},
+  };
+  for (const auto& [body, code] : refused) {
+    json got = post(body, &status);
+    EXPECT_EQ(status, code) << body;
+    EXPECT_EQ(got["type"], "error") << got;
+    EXPECT_FALSE(got["error"]["message"].get<std::string>().empty()) << got;
+  }
+  httplib::Client keyless("127.0.0.1", server_->port());
+  auto denied = keyless.Post(
+      "/v1/messages", json({{"max_tokens", 4}, {"messages", messages}}).dump(), "application/json");
+  ASSERT_TRUE(denied);
+  EXPECT_EQ(denied->status, 401);
+  EXPECT_EQ(json::parse(denied->body)["error"]["type"], "authentication_error");
+}
+
 // /v1/chat/completions with a chat template (starchat-beta's): the prompt is the rendered
 // conversation with its special tokens as tokens, so the answer equals /v1/completions on those
 // tokens; streamed as chat chunks; the template's and the request's errors are 400s.

@@ -1,0 +1,115 @@
+#include "runtime/http/anthropic_job.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/http/api_types.h"
+#include "runtime/status.h"
+
+namespace mqa {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Event(const std::string& type, json data) {
+  data["type"] = type;
+  return absl::StrCat("event: ", type, "\n", SseEvent(data));
+}
+
+}  // namespace
+
+AnthropicJob::AnthropicJob(std::shared_ptr<CompletionJob> inner)
+    : CompletionJobView(std::move(inner)), id_(absl::StrCat("msg_", this->inner().options().id)) {
+  MQA_CHECK(this->inner().num_prompts() == 1 && this->inner().num_choices() == 1);
+}
+
+json AnthropicJob::StopFields() const {
+  const CompletionJob::Choice& c = inner().choice(0);
+  if (!c.finish_reason.has_value()) return {{"stop_reason", nullptr}, {"stop_sequence", nullptr}};
+  if (*c.finish_reason == FinishReason::kLength) {
+    return {{"stop_reason", "max_tokens"}, {"stop_sequence", nullptr}};
+  }
+  // A stop string ended it (stop_sequences), or the model's end of turn (EOS, a stop token).
+  if (*c.finish_reason == FinishReason::kStop && !c.stop_reason.empty() &&
+      !c.stop_token_id.has_value()) {
+    return {{"stop_reason", "stop_sequence"}, {"stop_sequence", c.stop_reason}};
+  }
+  return {{"stop_reason", "end_turn"}, {"stop_sequence", nullptr}};
+}
+
+json AnthropicJob::Usage() const {
+  const json usage = inner().UsageJson();
+  int64_t cached = 0;
+  if (usage.contains("prompt_tokens_details")) {
+    cached = usage["prompt_tokens_details"]["cached_tokens"];
+  }
+  // Anthropic counts cache reads apart from input_tokens.
+  return {{"input_tokens", usage["prompt_tokens"].get<int64_t>() - cached},
+          {"cache_read_input_tokens", cached},
+          {"cache_creation_input_tokens", 0},
+          {"output_tokens", usage["completion_tokens"]}};
+}
+
+json AnthropicJob::MessageObject(bool in_progress) const {
+  json message = {{"id", id_},
+                  {"type", "message"},
+                  {"role", "assistant"},
+                  {"model", inner().options().model},
+                  {"content", json::array()}};
+  if (in_progress) {
+    message["stop_reason"] = nullptr;
+    message["stop_sequence"] = nullptr;
+  } else {
+    message["content"].push_back({{"type", "text"}, {"text", inner().choice(0).text}});
+    message.update(StopFields());
+  }
+  message["usage"] = Usage();
+  return message;
+}
+
+std::string AnthropicJob::OpeningChunks() {
+  json start = MessageObject(/*in_progress=*/true);
+  start["usage"]["output_tokens"] = 0;
+  std::string chunks = Event("message_start", {{"message", std::move(start)}});
+  absl::StrAppend(&chunks,
+                  Event("content_block_start",
+                        {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  absl::StrAppend(&chunks, Event("ping", json::object()));
+  return chunks;
+}
+
+bool AnthropicJob::Drain(absl::Duration timeout, std::string* chunks) {
+  const bool got = DrainInner(timeout);
+  if (chunks == nullptr) return got;
+  const std::string& text = inner().choice(0).text;
+  if (text.size() > streamed_bytes_) {
+    absl::StrAppend(
+        chunks,
+        Event("content_block_delta",
+              {{"index", 0},
+               {"delta", {{"type", "text_delta"}, {"text", text.substr(streamed_bytes_)}}}}));
+    streamed_bytes_ = text.size();
+  }
+  return got;
+}
+
+std::string AnthropicJob::ClosingChunks(const absl::Status& error) const {
+  if (!error.ok()) {
+    json body = json::parse(ErrorBody(error), nullptr, false);
+    return Event("error", body.is_object() ? body : json::object());
+  }
+  std::string chunks = Event("content_block_stop", {{"index", 0}});
+  absl::StrAppend(
+      &chunks, Event("message_delta", {{"delta", StopFields()},
+                                       {"usage", {{"output_tokens", Usage()["output_tokens"]}}}}));
+  absl::StrAppend(&chunks, Event("message_stop", json::object()));
+  return chunks;
+}
+
+std::string AnthropicJob::ResponseBody() const { return DumpJson(MessageObject(false)); }
+
+std::string AnthropicJob::ErrorBody(const absl::Status& status) const {
+  return AnthropicErrorBody(status);
+}
+
+}  // namespace mqa

@@ -1,0 +1,46 @@
+// One Anthropic Messages API call (POST /v1/messages) in flight: the CompletionJob of its
+// rendered chat prompt (one sample), rendered in Anthropic's shapes.
+//
+//   plain:   {"id": "msg_...", "type": "message", "role": "assistant", "model", "content":
+//            [{"type": "text", "text"}], "stop_reason": "end_turn" | "max_tokens" |
+//            "stop_sequence", "stop_sequence", "usage": {"input_tokens", "output_tokens",
+//            "cache_read_input_tokens", "cache_creation_input_tokens"}}
+//   stream:  `event: <type>` / `data: {...}` pairs: message_start, content_block_start, ping,
+//            content_block_delta (text_delta, each new piece of text), content_block_stop,
+//            message_delta (stop_reason, output_tokens), message_stop; on an error, an `error`
+//            event. Errors in Anthropic's body shape (AnthropicErrorBody).
+//
+// Threads: as CompletionJob (the HTTP thread serving the call).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "runtime/http/completion_job.h"
+
+namespace mqa {
+
+class AnthropicJob : public CompletionJobView {
+ public:
+  explicit AnthropicJob(std::shared_ptr<CompletionJob> inner);
+
+  bool Drain(absl::Duration timeout, std::string* chunks) override;
+  std::string OpeningChunks() override;
+  std::string ClosingChunks(const absl::Status& error) const override;
+  std::string ResponseBody() const override;
+  std::string ErrorBody(const absl::Status& status) const override;
+
+ private:
+  // The message as it stands (content empty and no stop reason until it finished, with
+  // `in_progress`).
+  nlohmann::json MessageObject(bool in_progress) const;
+  // {"stop_reason", "stop_sequence"} of the finished sample.
+  nlohmann::json StopFields() const;
+  nlohmann::json Usage() const;
+
+  const std::string id_;  // msg_<n>
+  size_t streamed_bytes_ = 0;
+};
+
+}  // namespace mqa
