@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
@@ -1165,6 +1167,26 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json&
 
 namespace {
 
+// The fields of another API's request (`object`) that the chat request reads as they are
+// (`passed`: copied into `chat`), those read separately (`read`), and a 400 naming any other.
+absl::Status RouteFields(const nlohmann::ordered_json& object,
+                         std::span<const std::string_view> passed,
+                         std::span<const std::string_view> read, absl::string_view route,
+                         nlohmann::ordered_json* chat) {
+  for (const auto& [key, value] : object.items()) {
+    auto among = [&name = key](std::span<const std::string_view> names) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    if (among(passed)) {
+      (*chat)[key] = value;
+    } else if (!among(read)) {
+      return InvalidParam(key,
+                          absl::StrCat("'", key, "' is not a field this server reads on ", route));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A chat error as the Responses field the client sent.
 absl::Status ResponsesError(absl::Status status) {
   static const std::pair<const char*, const char*> kNames[] = {
@@ -1362,18 +1384,7 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
                                                "conversation",
                                                "prompt",
                                                "service_tier"};
-  for (const auto& [key, value] : object.items()) {
-    auto among = [&name = key](const auto& names) {
-      return std::find(std::begin(names), std::end(names), name) != std::end(names);
-    };
-    if (among(kPassed)) {
-      chat[key] = value;
-    } else if (!among(kRead)) {
-      return InvalidParam(key, absl::StrCat("'", key,
-                                            "' is not a field this server reads on "
-                                            "/v1/responses"));
-    }
-  }
+  RETURN_IF_ERROR(RouteFields(object, kPassed, kRead, "/v1/responses", &chat));
   if (const auto* choice = field("tool_choice");
       choice != nullptr && *choice != "none" && *choice != "auto") {
     return InvalidParam("tool_choice", "tools are not supported by /v1/responses here");
@@ -1486,18 +1497,7 @@ absl::StatusOr<AnthropicRequest> ParseAnthropicRequest(absl::string_view body, c
   static constexpr std::string_view kRead[] = {
       "messages",    "system",   "max_tokens", "stop_sequences", "tools",
       "tool_choice", "thinking", "metadata",   "mcp_servers",    "service_tier"};
-  for (const auto& [key, value] : object.items()) {
-    auto among = [&name = key](const auto& names) {
-      return std::find(std::begin(names), std::end(names), name) != std::end(names);
-    };
-    if (among(kPassed)) {
-      chat[key] = value;
-    } else if (!among(kRead)) {
-      return InvalidParam(key, absl::StrCat("'", key,
-                                            "' is not a field this server reads on "
-                                            "/v1/messages"));
-    }
-  }
+  RETURN_IF_ERROR(RouteFields(object, kPassed, kRead, "/v1/messages", &chat));
   absl::StatusOr<ChatRequest> parsed = ParseChatRequest(chat.dump(), defaults);
   if (!parsed.ok()) {
     absl::Status status = parsed.status();

@@ -196,6 +196,9 @@ struct HttpServer::Impl {
                                                                   bool* stream);
   absl::StatusOr<std::shared_ptr<AnthropicJob>> StartAnthropicJob(const httplib::Request& req,
                                                                   bool* stream);
+  // A chat-shaped request of another API (Responses, Anthropic's Messages): its rendered prompt
+  // as one CompletionJob, whose usage reports the cached prompt tokens.
+  absl::StatusOr<std::shared_ptr<CompletionJob>> SubmitChat(ChatRequest& chat, absl::Time arrival);
   void HandleAnthropic(const httplib::Request& req, httplib::Response& res);
   void HandleAnthropicCountTokens(const httplib::Request& req, httplib::Response& res);
   // The conversation's prompt tokens through the chat template (400 naming messages when there is
@@ -709,6 +712,18 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                                    std::move(echo), std::move(chat.tool_choice));
 }
 
+absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitChat(ChatRequest& chat,
+                                                                            absl::Time arrival) {
+  CompletionRequest& request = chat.common;
+  RETURN_IF_ERROR(CheckModel(request.model));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));
+  request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
+  return SubmitJob(request, request.params,
+                   {.id = absl::StrCat(next_id.fetch_add(1)),
+                    .prompt_tokens_details = true,  // their usage reports cached prompt tokens
+                    .arrival = arrival});
+}
+
 absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJob(
     const httplib::Request& req, bool* stream) {
   const absl::Time arrival = absl::Now();
@@ -716,21 +731,14 @@ absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJo
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(ResponsesRequest responses,
                    ParseResponsesRequest(req.body, options.sampling_defaults));
-  CompletionRequest& request = responses.chat.common;
-  RETURN_IF_ERROR(CheckModel(request.model));
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(responses.chat.chat));
-  request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
-  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
-                   SubmitJob(request, request.params,
-                             {.id = absl::StrCat(next_id.fetch_add(1)),
-                              .prompt_tokens_details = true,  // usage.input_tokens_details
-                              .arrival = arrival}));
-  *stream = request.stream;
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner, SubmitChat(responses.chat, arrival));
+  const SamplingParams& params = responses.chat.common.params;
+  *stream = responses.chat.common.stream;
   return std::make_shared<ResponsesJob>(
       std::move(inner), ResponsesJobOptions{.instructions = responses.instructions,
                                             .max_output_tokens = responses.max_output_tokens,
-                                            .temperature = request.params.temperature,
-                                            .top_p = request.params.top_p,
+                                            .temperature = params.temperature,
+                                            .top_p = params.top_p,
                                             .text_format = responses.text_format,
                                             .metadata = responses.metadata});
 }
@@ -742,16 +750,8 @@ absl::StatusOr<std::shared_ptr<AnthropicJob>> HttpServer::Impl::StartAnthropicJo
   RETURN_IF_ERROR(CheckServing());
   ASSIGN_OR_RETURN(AnthropicRequest anthropic,
                    ParseAnthropicRequest(req.body, options.sampling_defaults));
-  CompletionRequest& request = anthropic.chat.common;
-  RETURN_IF_ERROR(CheckModel(request.model));
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(anthropic.chat.chat));
-  request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
-  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
-                   SubmitJob(request, request.params,
-                             {.id = absl::StrCat(next_id.fetch_add(1)),
-                              .prompt_tokens_details = true,  // usage.cache_read_input_tokens
-                              .arrival = arrival}));
-  *stream = request.stream;
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner, SubmitChat(anthropic.chat, arrival));
+  *stream = anthropic.chat.common.stream;
   return std::make_shared<AnthropicJob>(std::move(inner));
 }
 

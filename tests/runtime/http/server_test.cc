@@ -144,6 +144,9 @@ struct TestSetup {
   const Tokenizer* tokenizer = nullptr;  // null: FixtureTokenizer()
 };
 
+const json kReferenceChat = {{{"role", "system"}, {"content", "You write Python."}},
+                             {{"role", "user"}, {"content", "def fib(n):"}}};
+
 TestSetup DefaultSetup() {
   TestSetup setup;
   setup.server.port = 0;
@@ -271,6 +274,29 @@ class HttpServerTest : public ::testing::Test {
     sse.status = res.status;
     sse.error = httplib::to_string(error);
     return sse;
+  }
+
+  // A chat template of role headers ("<|role|>\n" + content + EOS; a continued last message
+  // without its EOS), for the APIs read as chat requests.
+  static TestSetup WithRoleTemplate(TestSetup setup) {
+    auto parsed = ChatTemplate::Parse(
+        "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
+        "{% if not (loop.last and continue_final_message) %}{{ eos_token }}{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}");
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
+    setup.server.eos_token = "<|endoftext|>";
+    return setup;
+  }
+  // kReferenceChat's greedy 6-token chat completion (EOS ignored), which the other APIs must
+  // answer alike.
+  json ReferenceChat() {
+    json chat = PostOk("/v1/chat/completions", {{"messages", kReferenceChat},
+                                                {"max_tokens", 6},
+                                                {"temperature", 0},
+                                                {"ignore_eos", true}});
+    EXPECT_FALSE(chat["choices"][0]["message"]["content"].get<std::string>().empty());
+    return chat;
   }
 
   testing::PrometheusPage Metrics() {
@@ -1341,21 +1367,9 @@ TEST_F(HttpServerTest, EveryOriginByDefault) {
 // the chat completion's; max_output_tokens cuts it as "incomplete"; streamed as its typed events
 // in order, with increasing sequence numbers and the final response; bad fields named as sent.
 TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
-  TestSetup setup = DefaultSetup();
-  auto parsed = ChatTemplate::Parse(
-      "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + "
-      "eos_token }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
-  setup.server.eos_token = "<|endoftext|>";
-  Start(setup);
-  const json messages = {{{"role", "system"}, {"content", "You write Python."}},
-                         {{"role", "user"}, {"content", "def fib(n):"}}};
-  json chat =
-      PostOk("/v1/chat/completions",
-             {{"messages", messages}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  Start(WithRoleTemplate(DefaultSetup()));
+  const json chat = ReferenceChat();
   const std::string text = chat["choices"][0]["message"]["content"];
-  ASSERT_FALSE(text.empty());
   const json input_forms[] = {"def fib(n):",
                               {{{"role", "user"},
                                 {"content",
@@ -1472,14 +1486,7 @@ TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
 // completion's; stop reasons in its words; streamed as its events; the key as x-api-key; errors in
 // its body shape; count_tokens is the rendered prompt's length.
 TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
-  TestSetup setup = DefaultSetup();
-  auto parsed = ChatTemplate::Parse(
-      "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
-      "{% if not (loop.last and continue_final_message) %}{{ eos_token }}{% endif %}{% endfor %}"
-      "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  setup.server.chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
-  setup.server.eos_token = "<|endoftext|>";
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
   setup.server.api_key = "k";
   Start(setup);
   httplib::Client anthropic("127.0.0.1", server_->port());
@@ -1489,13 +1496,8 @@ TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
     *status = result ? result->status : -1;
     return result ? json::parse(result->body, nullptr, false) : json();
   };
-  const json messages = {{{"role", "system"}, {"content", "You write Python."}},
-                         {{"role", "user"}, {"content", "def fib(n):"}}};
-  json chat =
-      PostOk("/v1/chat/completions",
-             {{"messages", messages}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  const json chat = ReferenceChat();
   const std::string text = chat["choices"][0]["message"]["content"];
-  ASSERT_FALSE(text.empty());
   int status = 0;
   json message = post({{"model", "demo"},
                        {"system", {{{"type", "text"}, {"text", "You write Python."}}}},
@@ -1619,8 +1621,9 @@ TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
     EXPECT_FALSE(got["error"]["message"].get<std::string>().empty()) << got;
   }
   httplib::Client keyless("127.0.0.1", server_->port());
-  auto denied = keyless.Post(
-      "/v1/messages", json({{"max_tokens", 4}, {"messages", messages}}).dump(), "application/json");
+  auto denied =
+      keyless.Post("/v1/messages", json({{"max_tokens", 4}, {"messages", kReferenceChat}}).dump(),
+                   "application/json");
   ASSERT_TRUE(denied);
   EXPECT_EQ(denied->status, 401);
   EXPECT_EQ(json::parse(denied->body)["error"]["type"], "authentication_error");
