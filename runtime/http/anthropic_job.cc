@@ -39,10 +39,7 @@ json AnthropicJob::StopFields() const {
 
 json AnthropicJob::Usage() const {
   const json usage = inner().UsageJson();
-  int64_t cached = 0;
-  if (usage.contains("prompt_tokens_details")) {
-    cached = usage["prompt_tokens_details"]["cached_tokens"];
-  }
+  const int64_t cached = inner().cached_prompt_tokens(0);
   // Anthropic counts cache reads apart from input_tokens.
   return {{"input_tokens", usage["prompt_tokens"].get<int64_t>() - cached},
           {"cache_read_input_tokens", cached},

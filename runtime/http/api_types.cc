@@ -31,7 +31,8 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // ---- JSON field readers: null or absent leaves the default ----
 
-const json* Field(const json& object, const char* name) {
+template <typename Json>
+const Json* Field(const Json& object, const char* name) {
   auto it = object.find(name);
   if (it == object.end() || it->is_null()) return nullptr;
   return &*it;
@@ -276,11 +277,12 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, Sampli
 // vLLM's structured_outputs (which replaced its guided_* fields in 0.12): {"json": schema},
 // {"regex": ...}, {"choice": [...]}, {"grammar": ...} or {"json_object": true}, with xgrammar's
 // flags. Lowered into the guided_* fields (json_object: a json_object response_format) that the
-// readers take, so the two spellings guide alike; *schema_path is where a schema lies in the body.
-// Errors of the lowered fields are renamed back by StructuredOutputsError.
-absl::Status LowerStructuredOutputs(json& object, bool* lowered, const char** schema_path) {
+// readers take, so the two spellings guide alike; true when there was one (a schema then lies at
+// /structured_outputs/json in the body). Errors of the lowered fields are renamed back by
+// StructuredOutputsError.
+absl::StatusOr<bool> LowerStructuredOutputs(json& object) {
   const json* so = Field(object, "structured_outputs");
-  if (so == nullptr) return absl::OkStatus();
+  if (so == nullptr) return false;
   if (!so->is_object()) {
     return TypeError("structured_outputs",
                      "an object: {\"json\": ...}, {\"regex\": ...}, {\"choice\": [...]}, "
@@ -332,9 +334,7 @@ absl::Status LowerStructuredOutputs(json& object, bool* lowered, const char** sc
   }
   for (auto& [key, value] : guided.items()) object[key] = value;
   object.erase("structured_outputs");
-  *lowered = true;
-  *schema_path = "/structured_outputs/json";
-  return absl::OkStatus();
+  return true;
 }
 
 // An error of a lowered field (guided_X) as the client spelled it (structured_outputs.X).
@@ -351,9 +351,11 @@ absl::Status StructuredOutputsError(absl::Status status) {
                                              {"guided_json", "structured_outputs.json"}}));
 }
 
-absl::StatusOr<json> ParseObject(absl::string_view body) {
+// The body as a JSON object: json, or nlohmann::ordered_json where the client's key order matters.
+template <typename Json = json>
+absl::StatusOr<Json> ParseObject(absl::string_view body) {
   if (!IsValidUtf8(body)) return InvalidParam("", "the request body is not valid UTF-8");
-  json parsed = json::parse(body.begin(), body.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+  Json parsed = Json::parse(body.begin(), body.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return InvalidParam("", "the request body is not valid JSON");
   if (!parsed.is_object()) return InvalidParam("", "the request body must be a JSON object");
   return parsed;
@@ -818,16 +820,24 @@ absl::StatusOr<CompletionRequest> ParseCompletionObject(absl::string_view body, 
 
 }  // namespace
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
-                                                         const json& defaults) {
+// The body read by `parse(object, schema_path)` after structured_outputs is lowered into the
+// guided fields; its errors of those fields named as the client spelled them.
+template <typename Request, typename Parse>
+absl::StatusOr<Request> ParseLoweringStructuredOutputs(absl::string_view body, Parse parse) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
-  bool lowered = false;
-  const char* schema_path = "/guided_json";
-  RETURN_IF_ERROR(LowerStructuredOutputs(object, &lowered, &schema_path));
-  absl::StatusOr<CompletionRequest> request =
-      ParseCompletionObject(body, object, defaults, schema_path);
+  ASSIGN_OR_RETURN(const bool lowered, LowerStructuredOutputs(object));
+  absl::StatusOr<Request> request =
+      parse(object, lowered ? "/structured_outputs/json" : "/guided_json");
   if (!request.ok() && lowered) return StructuredOutputsError(request.status());
   return request;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
+                                                         const json& defaults) {
+  return ParseLoweringStructuredOutputs<CompletionRequest>(
+      body, [&](json& object, const char* schema_path) {
+        return ParseCompletionObject(body, object, defaults, schema_path);
+      });
 }
 
 absl::StatusOr<InfillRequest> ParseInfillRequest(absl::string_view body, const json& defaults) {
@@ -1156,13 +1166,10 @@ absl::StatusOr<ChatRequest> ParseChatObject(absl::string_view body, json& object
 }  // namespace
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body, const json& defaults) {
-  ASSIGN_OR_RETURN(json object, ParseObject(body));
-  bool lowered = false;
-  const char* schema_path = "/guided_json";
-  RETURN_IF_ERROR(LowerStructuredOutputs(object, &lowered, &schema_path));
-  absl::StatusOr<ChatRequest> request = ParseChatObject(body, object, defaults, schema_path);
-  if (!request.ok() && lowered) return StructuredOutputsError(request.status());
-  return request;
+  return ParseLoweringStructuredOutputs<ChatRequest>(
+      body, [&](json& object, const char* schema_path) {
+        return ParseChatObject(body, object, defaults, schema_path);
+      });
 }
 
 namespace {
@@ -1187,19 +1194,16 @@ absl::Status RouteFields(const nlohmann::ordered_json& object,
   return absl::OkStatus();
 }
 
-// A chat error as the Responses field the client sent.
-absl::Status ResponsesError(absl::Status status) {
-  static const std::pair<const char*, const char*> kNames[] = {
-      {"max_tokens", "max_output_tokens"},
-      {"messages", "input"},
-      {"response_format", "text.format"},
-  };
+// An error of the chat request another API amounts to, named as that API's field: `names` maps
+// chat fields to the client's (the param, and the field quoted in the message).
+absl::Status RenameChatError(
+    absl::Status status, std::span<const std::pair<absl::string_view, absl::string_view>> names) {
   const std::string param = ErrorParam(status);
-  for (const auto& [chat, responses] : kNames) {
+  for (const auto& [chat, client] : names) {
     if (param != chat) continue;
-    return ApiError(status.code(), responses,
+    return ApiError(status.code(), client,
                     absl::StrReplaceAll(status.message(), {{absl::StrCat("'", chat, "'"),
-                                                            absl::StrCat("'", responses, "'")}}));
+                                                            absl::StrCat("'", client, "'")}}));
   }
   return status;
 }
@@ -1232,16 +1236,11 @@ absl::StatusOr<std::string> ResponsesContentText(const nlohmann::ordered_json& c
 
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
                                                        const json& defaults) {
-  RETURN_IF_ERROR(ParseObject(body).status());
   // In the client's key order: a json_schema format keeps its properties' order.
-  const nlohmann::ordered_json object =
-      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  ASSIGN_OR_RETURN(const nlohmann::ordered_json object, ParseObject<nlohmann::ordered_json>(body));
+  auto field = [&](const char* name) { return Field(object, name); };
   ResponsesRequest request;
   nlohmann::ordered_json chat = nlohmann::ordered_json::object();
-  auto field = [&](const char* name) -> const nlohmann::ordered_json* {
-    auto it = object.find(name);
-    return it == object.end() || it->is_null() ? nullptr : &*it;
-  };
   for (const char* name : {"previous_response_id", "reasoning", "conversation", "prompt"}) {
     if (field(name) != nullptr) {
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
@@ -1389,8 +1388,13 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
       choice != nullptr && *choice != "none" && *choice != "auto") {
     return InvalidParam("tool_choice", "tools are not supported by /v1/responses here");
   }
+  static constexpr std::pair<absl::string_view, absl::string_view> kChatNames[] = {
+      {"max_tokens", "max_output_tokens"},
+      {"messages", "input"},
+      {"response_format", "text.format"},
+  };
   absl::StatusOr<ChatRequest> parsed = ParseChatRequest(chat.dump(), defaults);
-  if (!parsed.ok()) return ResponsesError(parsed.status());
+  if (!parsed.ok()) return RenameChatError(parsed.status(), kChatNames);
   if (parsed->common.params.n != 1) return InvalidParam("n", "one response a call");
   request.chat = *std::move(parsed);
   return request;
@@ -1422,15 +1426,10 @@ absl::StatusOr<std::string> AnthropicText(const nlohmann::ordered_json& content,
 
 }  // namespace
 
-absl::StatusOr<AnthropicRequest> ParseAnthropicRequest(absl::string_view body, const json& defaults,
-                                                       bool count_only) {
-  RETURN_IF_ERROR(ParseObject(body).status());
-  const nlohmann::ordered_json object =
-      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
-  auto field = [&](const char* name) -> const nlohmann::ordered_json* {
-    auto it = object.find(name);
-    return it == object.end() || it->is_null() ? nullptr : &*it;
-  };
+absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body, const json& defaults,
+                                                  bool count_only) {
+  ASSIGN_OR_RETURN(const nlohmann::ordered_json object, ParseObject<nlohmann::ordered_json>(body));
+  auto field = [&](const char* name) { return Field(object, name); };
   nlohmann::ordered_json chat = nlohmann::ordered_json::object();
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (const auto* system = field("system")) {
@@ -1498,18 +1497,11 @@ absl::StatusOr<AnthropicRequest> ParseAnthropicRequest(absl::string_view body, c
       "messages",    "system",   "max_tokens", "stop_sequences", "tools",
       "tool_choice", "thinking", "metadata",   "mcp_servers",    "service_tier"};
   RETURN_IF_ERROR(RouteFields(object, kPassed, kRead, "/v1/messages", &chat));
+  static constexpr std::pair<absl::string_view, absl::string_view> kChatNames[] = {
+      {"stop", "stop_sequences"}};
   absl::StatusOr<ChatRequest> parsed = ParseChatRequest(chat.dump(), defaults);
-  if (!parsed.ok()) {
-    absl::Status status = parsed.status();
-    if (ErrorParam(status) == "stop") {
-      return ApiError(status.code(), "stop_sequences",
-                      absl::StrReplaceAll(status.message(), {{"'stop'", "'stop_sequences'"}}));
-    }
-    return status;
-  }
-  AnthropicRequest request;
-  request.chat = *std::move(parsed);
-  return request;
+  if (!parsed.ok()) return RenameChatError(parsed.status(), kChatNames);
+  return parsed;
 }
 
 std::string AnthropicErrorBody(const absl::Status& status) {

@@ -181,12 +181,9 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(
 // stop_sequences, stream, metadata. Read as the chat request it amounts to (errors name the
 // Messages fields). Tools, thinking, images and other block types are refused by name.
 // `count_only` (POST /v1/messages/count_tokens): max_tokens is not needed.
-struct AnthropicRequest {
-  ChatRequest chat;
-};
-absl::StatusOr<AnthropicRequest> ParseAnthropicRequest(
-    absl::string_view body, const nlohmann::json& defaults = nlohmann::json(),
-    bool count_only = false);
+absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body,
+                                                  const nlohmann::json& defaults = nlohmann::json(),
+                                                  bool count_only = false);
 // Anthropic's error body: {"type": "error", "error": {"type": "invalid_request_error" | ...,
 // "message"}}, the type from the HTTP status.
 std::string AnthropicErrorBody(const absl::Status& status);

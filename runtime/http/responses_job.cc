@@ -59,12 +59,8 @@ json ResponsesJob::Response(bool failed) const {
     const json chat_usage = inner().UsageJson();
     const int64_t input = chat_usage["prompt_tokens"],
                   output_tokens = chat_usage["completion_tokens"];
-    int64_t cached = 0;
-    if (chat_usage.contains("prompt_tokens_details")) {
-      cached = chat_usage["prompt_tokens_details"]["cached_tokens"];
-    }
     usage = {{"input_tokens", input},
-             {"input_tokens_details", {{"cached_tokens", cached}}},
+             {"input_tokens_details", {{"cached_tokens", inner().cached_prompt_tokens(0)}}},
              {"output_tokens", output_tokens},
              {"output_tokens_details", {{"reasoning_tokens", 0}}},
              {"total_tokens", input + output_tokens}};

@@ -197,7 +197,7 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<AnthropicJob>> StartAnthropicJob(const httplib::Request& req,
                                                                   bool* stream);
   // A chat-shaped request of another API (Responses, Anthropic's Messages): its rendered prompt
-  // as one CompletionJob, whose usage reports the cached prompt tokens.
+  // as one CompletionJob.
   absl::StatusOr<std::shared_ptr<CompletionJob>> SubmitChat(ChatRequest& chat, absl::Time arrival);
   void HandleAnthropic(const httplib::Request& req, httplib::Response& res);
   void HandleAnthropicCountTokens(const httplib::Request& req, httplib::Response& res);
@@ -719,9 +719,7 @@ absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitChat(Chat
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));
   request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   return SubmitJob(request, request.params,
-                   {.id = absl::StrCat(next_id.fetch_add(1)),
-                    .prompt_tokens_details = true,  // their usage reports cached prompt tokens
-                    .arrival = arrival});
+                   {.id = absl::StrCat(next_id.fetch_add(1)), .arrival = arrival});
 }
 
 absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJob(
@@ -748,10 +746,9 @@ absl::StatusOr<std::shared_ptr<AnthropicJob>> HttpServer::Impl::StartAnthropicJo
   const absl::Time arrival = absl::Now();
   RETURN_IF_ERROR(CheckAuth(req));
   RETURN_IF_ERROR(CheckServing());
-  ASSIGN_OR_RETURN(AnthropicRequest anthropic,
-                   ParseAnthropicRequest(req.body, options.sampling_defaults));
-  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner, SubmitChat(anthropic.chat, arrival));
-  *stream = anthropic.chat.common.stream;
+  ASSIGN_OR_RETURN(ChatRequest chat, ParseAnthropicRequest(req.body, options.sampling_defaults));
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner, SubmitChat(chat, arrival));
+  *stream = chat.common.stream;
   return std::make_shared<AnthropicJob>(std::move(inner));
 }
 
@@ -766,12 +763,12 @@ void HttpServer::Impl::HandleAnthropicCountTokens(const httplib::Request& req,
                                                   httplib::Response& res) {
   absl::Status status = CheckAuth(req);
   if (!status.ok()) return ReplyAnthropicError(res, status);
-  absl::StatusOr<AnthropicRequest> anthropic =
+  absl::StatusOr<ChatRequest> chat =
       ParseAnthropicRequest(req.body, options.sampling_defaults, /*count_only=*/true);
-  if (!anthropic.ok()) return ReplyAnthropicError(res, anthropic.status());
-  status = CheckModel(anthropic->chat.common.model);
+  if (!chat.ok()) return ReplyAnthropicError(res, chat.status());
+  status = CheckModel(chat->common.model);
   if (!status.ok()) return ReplyAnthropicError(res, status);
-  absl::StatusOr<std::vector<int32_t>> ids = ChatPrompt(anthropic->chat.chat);
+  absl::StatusOr<std::vector<int32_t>> ids = ChatPrompt(chat->chat);
   if (!ids.ok()) return ReplyAnthropicError(res, ids.status());
   ReplyJson(res, {{"input_tokens", ids->size()}});
 }

@@ -99,11 +99,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const bool count_only : {false, true}) {
     if (auto r = mqa::ParseAnthropicRequest(body, {}, count_only); r.ok()) {
-      const mqa::ChatTemplate::Chat& chat = r->chat.chat;
+      const mqa::ChatTemplate::Chat& chat = r->chat;
       MQA_CHECK(chat.messages.is_array() && !chat.messages.empty());
       for (const nlohmann::json& m : chat.messages) MQA_CHECK(m["content"].is_string());
-      MQA_CHECK(r->chat.common.params.n == 1 && r->chat.common.prompts.empty());
-      MQA_CHECK(count_only || r->chat.common.max_tokens_given);
+      MQA_CHECK(r->common.params.n == 1 && r->common.prompts.empty());
+      MQA_CHECK(count_only || r->common.max_tokens_given);
     } else {
       CheckError(r.status());
       MQA_CHECK(nlohmann::json::parse(mqa::AnthropicErrorBody(r.status()))["type"] == "error");
