@@ -118,6 +118,10 @@ const std::map<std::string, Flag>& Flags() {
        {"prefix of the /metrics names (default mqaserve_; vllm: gives vLLM's names, which "
         "dashboards made for vLLM read)",
         Text(&Options::metrics_prefix)}},
+      {"max-stored-responses",
+       {"Responses API: responses kept for GET /v1/responses/{id} and previous_response_id "
+        "(the oldest forgotten first; at most 256 MiB; 0 keeps none)",
+        Number(&Options::max_stored_responses)}},
       {"enable-chunked-prefill",
        Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
       {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},
@@ -228,6 +232,9 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   if (o.peer_timeout <= 0) return absl::InvalidArgumentError("--peer-timeout must be positive");
   if (!(o.log_stats_interval > 0)) {
     return absl::InvalidArgumentError("--log-stats-interval must be positive");
+  }
+  if (o.max_stored_responses < 0) {
+    return absl::InvalidArgumentError("--max-stored-responses must be >= 0");
   }
   if (o.max_prompt_logprob_rows < 0) {
     return absl::InvalidArgumentError("--max-prompt-logprob-rows must be >= 0");

@@ -42,6 +42,7 @@ struct Options {
   bool enable_prefix_caching = true;
   bool prompt_tokens_details = false;  // vLLM's --enable-prompt-tokens-details
   std::string metrics_prefix = "mqaserve_";  // /metrics names' prefix ("vllm:": vLLM's names)
+  int max_stored_responses = 1024;           // the Responses API's stored responses (0: none)
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).
   std::string host = "127.0.0.1";

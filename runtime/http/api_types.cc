@@ -1234,14 +1234,14 @@ absl::StatusOr<std::string> ResponsesContentText(const nlohmann::ordered_json& c
 
 }  // namespace
 
-absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
-                                                       const json& defaults) {
+absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, const json& defaults,
+                                                       const PreviousConversation& previous) {
   // In the client's key order: a json_schema format keeps its properties' order.
   ASSIGN_OR_RETURN(const nlohmann::ordered_json object, ParseObject<nlohmann::ordered_json>(body));
   auto field = [&](const char* name) { return Field(object, name); };
   ResponsesRequest request;
   nlohmann::ordered_json chat = nlohmann::ordered_json::object();
-  for (const char* name : {"previous_response_id", "reasoning", "conversation", "prompt"}) {
+  for (const char* name : {"reasoning", "conversation", "prompt"}) {
     if (field(name) != nullptr) {
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
     }
@@ -1260,23 +1260,41 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
       include != nullptr && !(include->is_array() && include->empty())) {
     return InvalidParam("include", "'include' is not supported by this server");
   }
-  if (const auto* store = field("store"); store != nullptr && !store->is_boolean()) {
-    return TypeError("store", "a boolean");
+  if (const auto* store = field("store"); store != nullptr && !store->is_null()) {
+    if (!store->is_boolean()) return TypeError("store", "a boolean");
+    request.store = store->get<bool>();
   }
   if (const auto* truncation = field("truncation");
       truncation != nullptr && *truncation != "disabled") {
     return InvalidParam("truncation", "only 'disabled' truncation is supported");
   }
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  if (const auto* instructions = field("instructions")) {
+  if (const auto* instructions = field("instructions");
+      instructions != nullptr && !instructions->is_null()) {
     if (!instructions->is_string()) return TypeError("instructions", "a string");
     request.instructions = instructions->get<std::string>();
     messages.push_back({{"role", "system"}, {"content", *request.instructions}});
   }
+  if (const auto* id = field("previous_response_id"); id != nullptr && !id->is_null()) {
+    if (!id->is_string()) return TypeError("previous_response_id", "a string");
+    if (previous == nullptr) {
+      return InvalidParam("previous_response_id", "responses are not stored by this server");
+    }
+    ASSIGN_OR_RETURN(request.conversation, previous(id->get<std::string>()));
+    request.previous_response_id = id->get<std::string>();
+  }
+  // One input message: the chat's (developer is the system role of chat templates) and its item.
+  auto add_input = [&](const std::string& role, std::string text) {
+    const char* part = role == "assistant" ? "output_text" : "input_text";
+    request.input_items.push_back(
+        {{"type", "message"}, {"role", role}, {"content", {{{"type", part}, {"text", text}}}}});
+    request.conversation.push_back(
+        {{"role", role == "developer" ? "system" : role}, {"content", std::move(text)}});
+  };
   const auto* input = field("input");
   if (input == nullptr) return InvalidParam("input", "'input' is required");
   if (input->is_string()) {
-    messages.push_back({{"role", "user"}, {"content", *input}});
+    add_input("user", input->get<std::string>());
   } else if (input->is_array() && !input->empty()) {
     for (const auto& item : *input) {
       if (!item.is_object()) return TypeError("input", "a string or a list of messages");
@@ -1295,12 +1313,12 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
         return InvalidParam("input", absl::StrCat("unknown role '", r, "'"));
       }
       ASSIGN_OR_RETURN(std::string text, ResponsesContentText(*content));
-      // The developer role is the system role of chat templates.
-      messages.push_back({{"role", r == "developer" ? "system" : r}, {"content", std::move(text)}});
+      add_input(r, std::move(text));
     }
   } else {
     return TypeError("input", "a string or a non-empty list of messages");
   }
+  for (const auto& message : request.conversation) messages.push_back(message);
   chat["messages"] = std::move(messages);
   if (const auto* max_output = field("max_output_tokens")) {
     if (!max_output->is_number_integer() || max_output->get<int64_t>() < 1 ||

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -159,21 +160,37 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body,
                                              const nlohmann::json& defaults = nlohmann::json());
 
 // OpenAI's Responses API (POST /v1/responses), text in and out: `input` (a string, or a list of
-// messages whose content is a string or input_text / output_text parts), `instructions` (a
-// system message first), max_output_tokens, temperature, top_p, stream, text.format (text,
-// json_object, json_schema), metadata, store (nothing is stored: answered false); vLLM's sampling
-// extras (seed, top_k, min_p, repetition_penalty, stop, structured_outputs, ...) as on chat.
-// Read as the chat request it amounts to (errors name the Responses fields); tools, reasoning,
-// previous_response_id, background, images and other item types are refused by name.
+// messages whose content is a string or input_text / output_text parts: a stored response's
+// output items, sent back, are such messages), `instructions` (a system message first),
+// previous_response_id (the stored conversation it names comes before `input`; its instructions
+// do not), store, max_output_tokens, temperature, top_p, stream, text.format (text, json_object,
+// json_schema), metadata; vLLM's sampling extras (seed, top_k, min_p, repetition_penalty, stop,
+// structured_outputs, ...) as on chat. Read as the chat request it amounts to (errors name the
+// Responses fields); tools, reasoning, background, images and other item types are refused by
+// name.
 struct ResponsesRequest {
   ChatRequest chat;
   std::optional<std::string> instructions;
   std::optional<int> max_output_tokens;
   nlohmann::json text_format = {{"type", "text"}};
   nlohmann::json metadata;  // null, or the client's object (echoed)
+  bool store = true;        // the API's default
+  std::optional<std::string> previous_response_id;
+  // The chat messages {role, content} after the instructions: the previous conversation, then
+  // this input (what a stored response's follow-up continues, with the answer appended).
+  nlohmann::ordered_json conversation = nlohmann::ordered_json::array();
+  // This request's input as the API lists it (GET /v1/responses/{id}/input_items): message items
+  // {type, role, content: [{type: input_text | output_text, text}]}, without ids.
+  nlohmann::json input_items = nlohmann::json::array();
 };
+// The conversation stored under a previous_response_id (ResponseStore::Entry::conversation), or
+// the error to answer (404 naming previous_response_id when it is unknown).
+using PreviousConversation =
+    std::function<absl::StatusOr<nlohmann::ordered_json>(const std::string& id)>;
+// `previous` null: previous_response_id is refused (nothing is stored).
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(
-    absl::string_view body, const nlohmann::json& defaults = nlohmann::json());
+    absl::string_view body, const nlohmann::json& defaults = nlohmann::json(),
+    const PreviousConversation& previous = nullptr);
 
 // Anthropic's Messages API (POST /v1/messages, what vLLM and llama.cpp's server also serve):
 // `messages` (user / assistant turns, content a string or text blocks), `system` (a string or

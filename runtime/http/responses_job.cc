@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "runtime/status.h"
 
 namespace mqa {
@@ -15,9 +16,23 @@ using json = nlohmann::json;
 ResponsesJob::ResponsesJob(std::shared_ptr<CompletionJob> inner, ResponsesJobOptions options)
     : CompletionJobView(std::move(inner)),
       options_(std::move(options)),
-      id_(absl::StrCat("resp_", this->inner().options().id)),
-      item_id_(absl::StrCat("msg_", this->inner().options().id)) {
+      item_id_(absl::StrCat("msg_", absl::StripPrefix(options_.id, "resp_"))) {
   MQA_CHECK(this->inner().num_prompts() == 1 && this->inner().num_choices() == 1);
+}
+
+void ResponsesJob::Store() {
+  if (stored_ || options_.store == nullptr || !finished() || !error().ok()) return;
+  stored_ = true;
+  nlohmann::ordered_json conversation = options_.conversation;
+  conversation.push_back({{"role", "assistant"}, {"content", inner().choice(0).text}});
+  json items = options_.input_items;
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i]["id"] = absl::StrCat(item_id_, "_in", i);
+    items[i]["status"] = "completed";
+  }
+  options_.store->Put(options_.id, {.response = Response(),
+                                    .input_items = std::move(items),
+                                    .conversation = std::move(conversation)});
 }
 
 json ResponsesJob::TextPart() const {
@@ -67,7 +82,7 @@ json ResponsesJob::Response(bool failed) const {
     if (!failed) output.push_back(Message());
   }
   return {
-      {"id", id_},
+      {"id", options_.id},
       {"object", "response"},
       {"created_at", inner().options().created},
       {"status", status},
@@ -80,9 +95,11 @@ json ResponsesJob::Response(bool failed) const {
       {"model", inner().options().model},
       {"output", std::move(output)},
       {"parallel_tool_calls", false},
-      {"previous_response_id", nullptr},
+      {"previous_response_id", options_.previous_response_id.has_value()
+                                   ? json(*options_.previous_response_id)
+                                   : json(nullptr)},
       {"reasoning", nullptr},
-      {"store", false},
+      {"store", options_.store != nullptr},
       {"temperature", options_.temperature},
       {"text", {{"format", options_.text_format}}},
       {"tool_choice", "none"},
@@ -118,6 +135,7 @@ std::string ResponsesJob::OpeningChunks() {
 
 bool ResponsesJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
+  Store();
   if (chunks == nullptr) return got;
   const std::string& text = inner().choice(0).text;
   if (text.size() > streamed_bytes_) {

@@ -1,5 +1,6 @@
 // One OpenAI Responses API call (POST /v1/responses) in flight: the CompletionJob of its
-// rendered chat prompt (one sample), rendered as a Response object.
+// rendered chat prompt (one sample), rendered as a Response object, and stored once finished
+// (without an error) where the request asked for it.
 //
 //   plain:   {"id": "resp_...", "object": "response", "created_at", "status": "completed" |
 //            "incomplete" ("incomplete_details": {"reason": "max_output_tokens"}), "model",
@@ -7,7 +8,8 @@
 //            "content": [{"type": "output_text", "text", "annotations": []}]}], "usage":
 //            {"input_tokens", "input_tokens_details": {"cached_tokens"}, "output_tokens",
 //            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens"}, and the request's
-//            instructions, max_output_tokens, temperature, top_p, text, metadata}
+//            instructions, max_output_tokens, temperature, top_p, text, metadata,
+//            previous_response_id, store}
 //   stream:  `event: <type>` / `data: {..., "sequence_number"}` pairs: response.created,
 //            response.in_progress, response.output_item.added, response.content_part.added,
 //            response.output_text.delta (each new piece of text), response.output_text.done,
@@ -24,16 +26,24 @@
 #include "nlohmann/json.hpp"
 #include "runtime/http/api_types.h"
 #include "runtime/http/completion_job.h"
+#include "runtime/http/response_store.h"
 
 namespace mqa {
 
 struct ResponsesJobOptions {
+  std::string id;  // "resp_..."; its message item is "msg_..." with the same suffix
   std::optional<std::string> instructions;
   std::optional<int> max_output_tokens;
   float temperature = 1.0f;
   float top_p = 1.0f;
   nlohmann::json text_format = {{"type", "text"}};
   nlohmann::json metadata;
+  std::optional<std::string> previous_response_id;
+  // Non-null: the finished response is kept there under `id` (with `input_items` and the
+  // conversation followed by the answer), before the client gets its end.
+  std::shared_ptr<ResponseStore> store;
+  nlohmann::ordered_json conversation;  // ResponsesRequest::conversation
+  nlohmann::json input_items;           // ResponsesRequest::input_items
 };
 
 class ResponsesJob : public CompletionJobView {
@@ -52,9 +62,12 @@ class ResponsesJob : public CompletionJobView {
   nlohmann::json TextPart() const;
   std::string Event(const std::string& type, nlohmann::json data) const;
 
+  // Keeps the finished response in options_.store (once).
+  void Store();
+
   const ResponsesJobOptions options_;
-  const std::string id_;       // resp_<n>
-  const std::string item_id_;  // msg_<n>
+  const std::string item_id_;  // msg_<the id's suffix>
+  bool stored_ = false;
   size_t streamed_bytes_ = 0;
   mutable int sequence_ = 0;  // the next event's sequence_number
 };

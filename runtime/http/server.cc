@@ -16,7 +16,9 @@
 #include <thread>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "httplib.h"
@@ -31,6 +33,7 @@
 #include "runtime/http/completion_job.h"
 #include "runtime/http/llamacpp_job.h"
 #include "runtime/http/metrics.h"
+#include "runtime/http/response_store.h"
 #include "runtime/http/responses_job.h"
 #include "runtime/http/tgi_job.h"
 #include "runtime/status.h"
@@ -141,7 +144,9 @@ struct HttpServer::Impl {
         engine(engine_in),
         tokenizer(tokenizer_in),
         metrics(options.served_model_name, options.metrics_prefix, options.max_model_len),
-        created(absl::ToUnixSeconds(absl::Now())) {}
+        created(absl::ToUnixSeconds(absl::Now())),
+        stored_responses(std::make_shared<ResponseStore>(options.max_stored_responses,
+                                                         options.max_stored_response_bytes)) {}
 
   void InstallRoutes();
   // The Access-Control-Allow-Origin value for `req` ("" when it has no Origin or one not allowed).
@@ -219,6 +224,10 @@ struct HttpServer::Impl {
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(const httplib::Request& req, httplib::Response& res);
   void HandleResponses(const httplib::Request& req, httplib::Response& res);
+  // GET /v1/responses/{id}, its /input_items, DELETE /v1/responses/{id}: a stored response, or a
+  // 404 naming the id.
+  enum class StoredRoute { kGet, kInputItems, kDelete };
+  void HandleStoredResponse(const httplib::Request& req, httplib::Response& res, StoredRoute route);
   void HandleModel(const httplib::Request& req, httplib::Response& res);
   void HandleLlamaCppProps(const httplib::Request& req, httplib::Response& res);
   nlohmann::json LlamaCppSettings(const LlamaCppRequest& llama) const;
@@ -230,6 +239,7 @@ struct HttpServer::Impl {
   const Tokenizer* const tokenizer;
   ServerMetrics metrics;
   const int64_t created;
+  const std::shared_ptr<ResponseStore> stored_responses;
 
   ListeningServer server;
   std::thread listener;
@@ -727,18 +737,40 @@ absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJo
   const absl::Time arrival = absl::Now();
   RETURN_IF_ERROR(CheckAuth(req));
   RETURN_IF_ERROR(CheckServing());
+  PreviousConversation previous = nullptr;
+  if (stored_responses->enabled()) {
+    previous = [this](const std::string& id) -> absl::StatusOr<nlohmann::ordered_json> {
+      std::shared_ptr<const ResponseStore::Entry> entry = stored_responses->Get(id);
+      if (entry == nullptr) {
+        return ApiError(absl::StatusCode::kNotFound, "previous_response_id",
+                        absl::StrCat("Previous response with id '", id, "' not found."));
+      }
+      return entry->conversation;
+    };
+  }
   ASSIGN_OR_RETURN(ResponsesRequest responses,
-                   ParseResponsesRequest(req.body, options.sampling_defaults));
+                   ParseResponsesRequest(req.body, options.sampling_defaults, previous));
   ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner, SubmitChat(responses.chat, arrival));
   const SamplingParams& params = responses.chat.common.params;
   *stream = responses.chat.common.stream;
+  // Stored responses are read back by id: not a guessable counter alone.
+  static thread_local absl::BitGen gen;
+  std::string id = absl::StrCat("resp_", absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16),
+                                inner->options().id);
   return std::make_shared<ResponsesJob>(
-      std::move(inner), ResponsesJobOptions{.instructions = responses.instructions,
-                                            .max_output_tokens = responses.max_output_tokens,
-                                            .temperature = params.temperature,
-                                            .top_p = params.top_p,
-                                            .text_format = responses.text_format,
-                                            .metadata = responses.metadata});
+      std::move(inner),
+      ResponsesJobOptions{
+          .id = std::move(id),
+          .instructions = responses.instructions,
+          .max_output_tokens = responses.max_output_tokens,
+          .temperature = params.temperature,
+          .top_p = params.top_p,
+          .text_format = responses.text_format,
+          .metadata = responses.metadata,
+          .previous_response_id = responses.previous_response_id,
+          .store = responses.store && stored_responses->enabled() ? stored_responses : nullptr,
+          .conversation = std::move(responses.conversation),
+          .input_items = std::move(responses.input_items)});
 }
 
 absl::StatusOr<std::shared_ptr<AnthropicJob>> HttpServer::Impl::StartAnthropicJob(
@@ -777,6 +809,55 @@ void HttpServer::Impl::HandleResponses(const httplib::Request& req, httplib::Res
   bool stream = false;
   absl::StatusOr<std::shared_ptr<HttpJob>> job = StartResponsesJob(req, &stream);
   Respond(req, res, std::move(job), stream, ReplyError);
+}
+
+void HttpServer::Impl::HandleStoredResponse(const httplib::Request& req, httplib::Response& res,
+                                            StoredRoute route) {
+  absl::Status status = CheckAuth(req);
+  if (!status.ok()) return ReplyError(res, status);
+  const std::string id = req.matches.size() > 1 ? req.matches[1].str() : "";
+  std::shared_ptr<const ResponseStore::Entry> entry = stored_responses->Get(id);
+  if (entry == nullptr || (route == StoredRoute::kDelete && !stored_responses->Erase(id))) {
+    return ReplyError(res, ApiError(absl::StatusCode::kNotFound, "response_id",
+                                    absl::StrCat("Response with id '", id, "' not found.")));
+  }
+  if (route == StoredRoute::kGet) return ReplyJson(res, entry->response);
+  if (route == StoredRoute::kDelete) {
+    return ReplyJson(res, {{"id", id}, {"object", "response"}, {"deleted", true}});
+  }
+  // OpenAI's list: newest first unless order=asc, `limit` (1-100, 20) items after `after`.
+  const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
+  int limit = 20;
+  if (req.has_param("limit") &&
+      (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit < 1 || limit > 100)) {
+    return ReplyError(res, InvalidParam("limit", "'limit' must be an integer from 1 to 100"));
+  }
+  if (order != "asc" && order != "desc") {
+    return ReplyError(res, InvalidParam("order", "'order' must be 'asc' or 'desc'"));
+  }
+  json items = entry->input_items;
+  if (order == "desc") std::reverse(items.begin(), items.end());
+  size_t start = 0;
+  if (req.has_param("after")) {
+    const std::string after = req.get_param_value("after");
+    while (start < items.size() && items[start]["id"] != after) ++start;
+    if (start == items.size()) {
+      return ReplyError(res, InvalidParam("after", absl::StrCat("no input item '", after, "'")));
+    }
+    ++start;
+  }
+  json data = json::array();
+  for (size_t i = start; i < items.size() && data.size() < static_cast<size_t>(limit); ++i) {
+    data.push_back(items[i]);
+  }
+  const bool has_more = start + data.size() < items.size();
+  json first = data.empty() ? json(nullptr) : data.front()["id"];
+  json last = data.empty() ? json(nullptr) : data.back()["id"];
+  ReplyJson(res, {{"object", "list"},
+                  {"data", std::move(data)},
+                  {"first_id", std::move(first)},
+                  {"last_id", std::move(last)},
+                  {"has_more", has_more}});
 }
 
 void HttpServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {
@@ -981,6 +1062,18 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
     HandleResponses(req, res);
   });
+  server.Get(R"(/v1/responses/([^/]+))",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               HandleStoredResponse(req, res, StoredRoute::kGet);
+             });
+  server.Get(R"(/v1/responses/([^/]+)/input_items)",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               HandleStoredResponse(req, res, StoredRoute::kInputItems);
+             });
+  server.Delete(R"(/v1/responses/([^/]+))",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  HandleStoredResponse(req, res, StoredRoute::kDelete);
+                });
   // Anthropic's Messages API.
   server.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
     HandleAnthropic(req, res);
@@ -1052,7 +1145,7 @@ void HttpServer::Impl::InstallRoutes() {
   server.Options(".*", [this](const httplib::Request& req, httplib::Response& res) {
     res.status = 204;
     if (AllowedOrigin(req).empty()) return;
-    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     const std::string asked = req.get_header_value("Access-Control-Request-Headers");
     res.set_header("Access-Control-Allow-Headers",
                    asked.empty() ? "Authorization, Content-Type" : asked);

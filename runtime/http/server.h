@@ -1,6 +1,8 @@
 // The OpenAI-compatible HTTP endpoint of rank 0:
-//   POST /v1/completions, POST /v1/infill, GET /v1/models, POST /tokenize, POST /detokenize,
-//   GET /health, GET /metrics.
+//   POST /v1/completions, POST /v1/infill, POST /v1/chat/completions, POST /v1/responses (and its
+//   stored responses: GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items), POST
+//   /v1/messages, GET /v1/models, POST /tokenize, POST /detokenize, GET /health, GET /metrics,
+//   and TGI's and llama.cpp's native routes.
 //
 // Threads: Start() runs cpp-httplib's accept loop on a thread of its own; each connection is
 // served by one thread of a pool (ServerOptions::num_threads), which parses, validates and
@@ -82,6 +84,11 @@ struct ServerOptions {
   bool prompt_tokens_details = false;
   // The /metrics names' prefix (a Prometheus name's start): "vllm:" gives vLLM's names.
   std::string metrics_prefix = "mqaserve_";
+  // The Responses API's stored responses (ResponseStore; `store` is true unless a request says
+  // false): at most this many, the oldest forgotten first; 0 stores none (every response says
+  // "store": false, and previous_response_id is refused).
+  size_t max_stored_responses = 1024;
+  size_t max_stored_response_bytes = size_t{256} << 20;
 };
 
 class HttpServer {

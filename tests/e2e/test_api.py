@@ -469,8 +469,41 @@ def test_responses_api_through_the_openai_client(server):
                                                             "response.incomplete"), types
     assert "".join(pieces) == response.output_text
     assert final is not None and final.output_text == response.output_text
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.NotFoundError):
         c.responses.create(model=server.model, input="x", previous_response_id="resp_1")
+
+
+def test_stored_responses_through_the_openai_client(server):
+    # Stored responses: retrieve, input_items, previous_response_id (the conversation so far, as
+    # the chat of its turns would answer), the output sent back as input, delete.
+    c = client(server)
+    first = c.responses.create(model=server.model, input="def add(a, b):", max_output_tokens=8,
+                               temperature=0)
+    assert c.responses.retrieve(first.id).output_text == first.output_text
+    items = c.responses.input_items.list(first.id)
+    assert [item.content[0].text for item in items.data] == ["def add(a, b):"]
+    follow = c.responses.create(model=server.model, previous_response_id=first.id,
+                                input="def sub(a, b):", max_output_tokens=8, temperature=0)
+    assert follow.previous_response_id == first.id
+    turns = [{"role": "user", "content": "def add(a, b):"},
+             {"role": "assistant", "content": first.output_text},
+             {"role": "user", "content": "def sub(a, b):"}]
+    chat = c.chat.completions.create(model=server.model, messages=turns, max_tokens=8,
+                                     temperature=0)
+    assert follow.output_text == chat.choices[0].message.content
+    assert follow.usage.input_tokens == chat.usage.prompt_tokens
+    # The client keeps the state instead: the earlier output items sent back as input.
+    manual = c.responses.create(
+        model=server.model, store=False, max_output_tokens=8, temperature=0,
+        input=[{"role": "user", "content": "def add(a, b):"}, *first.output,
+               {"role": "user", "content": "def sub(a, b):"}])
+    assert manual.output_text == follow.output_text
+    assert not manual.store
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(manual.id)
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
 
 
 def test_anthropic_messages_api(server):

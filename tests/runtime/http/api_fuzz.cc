@@ -84,12 +84,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     CheckError(r.status());
   }
-  if (auto r = mqa::ParseResponsesRequest(body); r.ok()) {
+  // A previous conversation of one turn and its answer for ids starting "resp_"; 404 otherwise.
+  const nlohmann::ordered_json kEarlier = {{{"role", "user"}, {"content", "a"}},
+                                           {{"role", "assistant"}, {"content", "b"}}};
+  const mqa::PreviousConversation previous =
+      [&](const std::string& id) -> absl::StatusOr<nlohmann::ordered_json> {
+    if (id.rfind("resp_", 0) != 0) {
+      return mqa::ApiError(absl::StatusCode::kNotFound, "previous_response_id", "unknown");
+    }
+    return kEarlier;
+  };
+  if (auto r = mqa::ParseResponsesRequest(body, {}, previous); r.ok()) {
     const mqa::ChatTemplate::Chat& chat = r->chat.chat;
     MQA_CHECK(chat.messages.is_array() && !chat.messages.empty());
     for (const nlohmann::json& m : chat.messages) {
       MQA_CHECK(m["role"].is_string() && m["content"].is_string() && m["role"] != "developer");
     }
+    // The conversation is the messages after the instructions; each input an item.
+    MQA_CHECK(r->conversation.size() + (r->instructions.has_value() ? 1 : 0) ==
+              chat.messages.size());
+    MQA_CHECK(r->input_items.size() + (r->previous_response_id.has_value() ? 2 : 0) ==
+              r->conversation.size());
     MQA_CHECK(r->chat.common.params.n == 1 &&
               r->chat.tool_choice.mode == mqa::ToolChoiceMode::kNone);
     MQA_CHECK(!r->max_output_tokens.has_value() || *r->max_output_tokens >= 1);

@@ -1002,5 +1002,74 @@ TEST(ApiTypesTest, Utf8Validation) {
   }
 }
 
+// previous_response_id: the stored conversation comes between the new instructions and the new
+// input (the previous instructions are not carried); an unknown id is the lookup's error; without
+// a store it is refused. The input is kept as the API's items and appended to the conversation.
+TEST(ApiTypesTest, ResponsesPreviousConversationAndInputItems) {
+  const nlohmann::ordered_json earlier = {{{"role", "user"}, {"content", "def f():"}},
+                                          {{"role", "assistant"}, {"content", "  return 1"}}};
+  std::vector<std::string> asked;
+  PreviousConversation previous =
+      [&](const std::string& id) -> absl::StatusOr<nlohmann::ordered_json> {
+    asked.push_back(id);
+    if (id != "resp_a") return ApiError(absl::StatusCode::kNotFound, "previous_response_id", "no");
+    return earlier;
+  };
+  const json body = {
+      {"previous_response_id", "resp_a"},
+      {"instructions", "Be brief."},
+      {"store", false},
+      {"input",
+       {{{"role", "developer"}, {"content", "Python only."}},
+        {{"type", "message"},
+         {"id", "msg_x"},
+         {"status", "completed"},
+         {"role", "assistant"},
+         {"content", {{{"type", "output_text"}, {"text", "ok"}, {"annotations", json::array()}}}}},
+        {{"role", "user"}, {"content", "and g?"}}}}};
+  absl::StatusOr<ResponsesRequest> parsed = ParseResponsesRequest(body.dump(), json(), previous);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(asked, std::vector<std::string>{"resp_a"});
+  EXPECT_EQ(parsed->previous_response_id, "resp_a");
+  EXPECT_FALSE(parsed->store);
+  const json expected_messages = {{{"role", "system"}, {"content", "Be brief."}},
+                                  {{"role", "user"}, {"content", "def f():"}},
+                                  {{"role", "assistant"}, {"content", "  return 1"}},
+                                  {{"role", "system"}, {"content", "Python only."}},
+                                  {{"role", "assistant"}, {"content", "ok"}},
+                                  {{"role", "user"}, {"content", "and g?"}}};
+  EXPECT_EQ(parsed->chat.chat.messages, expected_messages);
+  // The conversation a follow-up continues: everything but the instructions.
+  EXPECT_EQ(json::parse(parsed->conversation.dump()),
+            json(std::vector<json>(expected_messages.begin() + 1, expected_messages.end())));
+  ASSERT_EQ(parsed->input_items.size(), 3u);
+  EXPECT_EQ(parsed->input_items[0]["role"], "developer");
+  EXPECT_EQ(parsed->input_items[0]["content"][0]["type"], "input_text");
+  EXPECT_EQ(parsed->input_items[1]["content"][0], json({{"type", "output_text"}, {"text", "ok"}}));
+  EXPECT_EQ(parsed->input_items[2]["content"][0]["text"], "and g?");
+
+  absl::StatusOr<ResponsesRequest> plain =
+      ParseResponsesRequest(R"({"input": "hi", "store": null})", json(), previous);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->store);  // the API's default
+  EXPECT_FALSE(plain->previous_response_id.has_value());
+  EXPECT_EQ(plain->conversation.size(), 1u);
+
+  absl::Status unknown =
+      ParseResponsesRequest(R"({"input": "x", "previous_response_id": "resp_b"})", json(), previous)
+          .status();
+  EXPECT_EQ(HttpStatusFor(unknown), 404) << unknown;
+  EXPECT_EQ(ErrorParam(unknown), "previous_response_id");
+  for (const char* bad :
+       {R"({"input": "x", "previous_response_id": 5})", R"({"input": "x", "store": "yes"})"}) {
+    absl::Status status = ParseResponsesRequest(bad, json(), previous).status();
+    EXPECT_EQ(HttpStatusFor(status), 400) << bad;
+  }
+  absl::Status unstored =
+      ParseResponsesRequest(R"({"input": "x", "previous_response_id": "resp_a"})").status();
+  EXPECT_EQ(HttpStatusFor(unstored), 400) << unstored;
+  EXPECT_EQ(ErrorParam(unstored), "previous_response_id");
+}
+
 }  // namespace
 }  // namespace mqa

@@ -1363,6 +1363,134 @@ TEST_F(HttpServerTest, EveryOriginByDefault) {
   EXPECT_FALSE(client->Get("/v1/models")->has_header("Access-Control-Allow-Origin"));
 }
 
+// Stored responses: a response is read back by id as it was answered (plain or streamed), with
+// its input items; previous_response_id continues its conversation exactly as a chat of the
+// earlier turns and the answer would (instructions not carried over); DELETE forgets it; store
+// false keeps nothing; unknown ids are 404s naming the field; with no store, nothing is kept.
+TEST_F(HttpServerTest, ResponsesAreStoredAndContinued) {
+  Start(WithRoleTemplate(DefaultSetup()));
+  auto client = Client();
+  const json sampling = {{"temperature", 0}, {"ignore_eos", true}};
+  json first_body = {
+      {"input", "def fib(n):"}, {"instructions", "You write Python."}, {"max_output_tokens", 6}};
+  first_body.update(sampling);
+  const json first = PostOk("/v1/responses", first_body);
+  const std::string first_id = first["id"];
+  EXPECT_EQ(first["store"], true);
+  EXPECT_TRUE(first["previous_response_id"].is_null());
+  httplib::Result got = client->Get("/v1/responses/" + first_id);
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->status, 200) << got->body;
+  EXPECT_EQ(json::parse(got->body), first);
+  httplib::Result items = client->Get("/v1/responses/" + first_id + "/input_items");
+  ASSERT_TRUE(items);
+  ASSERT_EQ(items->status, 200) << items->body;
+  const json listed = json::parse(items->body);
+  EXPECT_EQ(listed["object"], "list");
+  ASSERT_EQ(listed["data"].size(), 1u);
+  EXPECT_EQ(listed["data"][0]["role"], "user");
+  EXPECT_EQ(listed["data"][0]["content"][0],
+            json({{"type", "input_text"}, {"text", "def fib(n):"}}));
+  EXPECT_EQ(listed["first_id"], listed["data"][0]["id"]);
+  EXPECT_FALSE(listed["has_more"]);
+
+  // The follow-up answers as the chat of the whole conversation.
+  const std::string first_text = first["output"][0]["content"][0]["text"];
+  json second_body = {
+      {"previous_response_id", first_id},
+      {"input",
+       {{{"role", "user"}, {"content", "again"}}, {{"role", "user"}, {"content", "shorter"}}}},
+      {"max_output_tokens", 5}};
+  second_body.update(sampling);
+  const json second = PostOk("/v1/responses", second_body);
+  EXPECT_EQ(second["previous_response_id"], first_id);
+  json chat_body = {{"messages",
+                     {{{"role", "user"}, {"content", "def fib(n):"}},
+                      {{"role", "assistant"}, {"content", first_text}},
+                      {{"role", "user"}, {"content", "again"}},
+                      {{"role", "user"}, {"content", "shorter"}}}},
+                    {"max_tokens", 5}};
+  chat_body.update(sampling);
+  const json chat = PostOk("/v1/chat/completions", chat_body);
+  EXPECT_EQ(second["output"][0]["content"][0]["text"], chat["choices"][0]["message"]["content"]);
+  EXPECT_EQ(second["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+  // Its input items, newest first by default; paged with limit / after; asc on request.
+  items = client->Get("/v1/responses/" + second["id"].get<std::string>() + "/input_items?limit=1");
+  ASSERT_TRUE(items && items->status == 200);
+  json page = json::parse(items->body);
+  ASSERT_EQ(page["data"].size(), 1u);
+  EXPECT_EQ(page["data"][0]["content"][0]["text"], "shorter");
+  EXPECT_TRUE(page["has_more"]);
+  items = client->Get("/v1/responses/" + second["id"].get<std::string>() +
+                      "/input_items?after=" + page["last_id"].get<std::string>());
+  ASSERT_TRUE(items && items->status == 200);
+  EXPECT_EQ(json::parse(items->body)["data"][0]["content"][0]["text"], "again");
+  items =
+      client->Get("/v1/responses/" + second["id"].get<std::string>() + "/input_items?order=asc");
+  ASSERT_TRUE(items && items->status == 200);
+  EXPECT_EQ(json::parse(items->body)["data"][0]["content"][0]["text"], "again");
+  for (const char* query : {"?limit=0", "?limit=x", "?order=up", "?after=msg_nothing"}) {
+    items =
+        client->Get("/v1/responses/" + second["id"].get<std::string>() + "/input_items" + query);
+    ASSERT_TRUE(items);
+    EXPECT_EQ(items->status, 400) << query;
+  }
+
+  // Streamed: the stored response is the one the last event carried.
+  json third_body = {{"previous_response_id", second["id"]},
+                     {"input", "once more"},
+                     {"max_output_tokens", 4},
+                     {"stream", true}};
+  third_body.update(sampling);
+  Sse sse = Stream(third_body, 0, "/v1/responses");
+  ASSERT_EQ(sse.status, 200);
+  ASSERT_FALSE(sse.chunks.empty());
+  const json& streamed = sse.chunks.back()["response"];
+  got = client->Get("/v1/responses/" + streamed["id"].get<std::string>());
+  ASSERT_TRUE(got && got->status == 200);
+  EXPECT_EQ(json::parse(got->body), streamed);
+
+  // Deleted: gone, and a second delete is a 404; what continued it is not affected.
+  httplib::Result deleted = client->Delete("/v1/responses/" + first_id);
+  ASSERT_TRUE(deleted);
+  EXPECT_EQ(deleted->status, 200);
+  EXPECT_EQ(json::parse(deleted->body),
+            json({{"id", first_id}, {"object", "response"}, {"deleted", true}}));
+  EXPECT_EQ(client->Get("/v1/responses/" + first_id)->status, 404);
+  EXPECT_EQ(client->Delete("/v1/responses/" + first_id)->status, 404);
+  json again_body = second_body;
+  again_body["previous_response_id"] = second["id"];
+  EXPECT_EQ(PostOk("/v1/responses", again_body)["status"], "incomplete");
+  int status = 0;
+  json unknown = Post("/v1/responses",
+                      json({{"input", "x"}, {"previous_response_id", first_id}}).dump(), &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(unknown["error"]["param"], "previous_response_id") << unknown;
+
+  // store: false keeps nothing.
+  json unstored_body = first_body;
+  unstored_body["store"] = false;
+  const json unstored = PostOk("/v1/responses", unstored_body);
+  EXPECT_EQ(unstored["store"], false);
+  EXPECT_EQ(client->Get("/v1/responses/" + unstored["id"].get<std::string>())->status, 404);
+  EXPECT_EQ(client->Get("/v1/responses/resp_nothing/input_items")->status, 404);
+}
+
+TEST_F(HttpServerTest, ResponsesStoreOff) {
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
+  setup.server.max_stored_responses = 0;
+  Start(setup);
+  const json response = PostOk("/v1/responses", {{"input", "x"}, {"max_output_tokens", 2}});
+  EXPECT_EQ(response["store"], false);
+  EXPECT_EQ(Client()->Get("/v1/responses/" + response["id"].get<std::string>())->status, 404);
+  int status = 0;
+  json refused =
+      Post("/v1/responses", json({{"input", "x"}, {"previous_response_id", response["id"]}}).dump(),
+           &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "previous_response_id");
+}
+
 // OpenAI's Responses API: `input` and `instructions` are the chat's messages, so the text equals
 // the chat completion's; max_output_tokens cuts it as "incomplete"; streamed as its typed events
 // in order, with increasing sequence numbers and the final response; bad fields named as sent.
@@ -1451,7 +1579,6 @@ TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
       {json{{"input", {{{"type", "function_call_output"}, {"output", "x"}}}}}, "input"},
       {json{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}}, "input"},
       {json{{"input", "x"}, {"max_output_tokens", 0}}, "max_output_tokens"},
-      {json{{"input", "x"}, {"previous_response_id", "resp_1"}}, "previous_response_id"},
       {json{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}}}}}, "tools"},
       {json{{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "text.format"},
       {json{{"input", "x"}, {"background", true}}, "background"},
