@@ -118,6 +118,14 @@ const std::map<std::string, Flag>& Flags() {
        {"prefix of the /metrics names (default mqaserve_; vllm: gives vLLM's names, which "
         "dashboards made for vLLM read)",
         Text(&Options::metrics_prefix)}},
+      {"enable-auto-tool-choice",
+       Switch(&Options::enable_auto_tool_choice, true,
+              "chat: tool_choice \"auto\" (the default with tools), the calls read from the "
+              "model's text by --tool-call-parser")},
+      {"tool-call-parser",
+       {"the model's tool-call format for --enable-auto-tool-choice: hermes (<tool_call>{\"name\": "
+        "..., \"arguments\": {...}}</tool_call>)",
+        OneOf(&Options::tool_call_parser, {"hermes"})}},
       {"max-stored-responses",
        {"Responses API: responses kept for GET /v1/responses/{id} and previous_response_id "
         "(the oldest forgotten first; at most 256 MiB; 0 keeps none)",
@@ -232,6 +240,11 @@ absl::StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   if (o.peer_timeout <= 0) return absl::InvalidArgumentError("--peer-timeout must be positive");
   if (!(o.log_stats_interval > 0)) {
     return absl::InvalidArgumentError("--log-stats-interval must be positive");
+  }
+  if (o.enable_auto_tool_choice != !o.tool_call_parser.empty()) {
+    return absl::InvalidArgumentError(
+        "--enable-auto-tool-choice and --tool-call-parser go together (e.g. "
+        "--enable-auto-tool-choice --tool-call-parser hermes)");
   }
   if (o.max_stored_responses < 0) {
     return absl::InvalidArgumentError("--max-stored-responses must be >= 0");

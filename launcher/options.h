@@ -43,6 +43,9 @@ struct Options {
   bool prompt_tokens_details = false;  // vLLM's --enable-prompt-tokens-details
   std::string metrics_prefix = "mqaserve_";  // /metrics names' prefix ("vllm:": vLLM's names)
   int max_stored_responses = 1024;           // the Responses API's stored responses (0: none)
+  // vLLM's --enable-auto-tool-choice and --tool-call-parser (both, or neither).
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser;
   bool enable_chunked_prefill = true;
   // HTTP (rank 0).
   std::string host = "127.0.0.1";

@@ -435,6 +435,7 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
   server_options.prompt_tokens_details = o.prompt_tokens_details;
   server_options.metrics_prefix = o.metrics_prefix;
   server_options.max_stored_responses = static_cast<size_t>(o.max_stored_responses);
+  server_options.tool_call_parser = o.tool_call_parser;
   server_options.stop_token_ids = chat.generation.eos_token_ids;
   server_options.chat_template = chat.chat_template;
   server_options.bos_token = chat.bos_token;

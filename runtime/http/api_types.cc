@@ -960,12 +960,11 @@ absl::Status ReadToolChoice(absl::string_view body, const json& object, ChatRequ
     }
   }
   if (mode == "none") return absl::OkStatus();
-  if (mode == "auto") {
-    return InvalidParam("tool_choice",
-                        "\"auto\" tool choice needs a parser of the model's own tool-call format, "
-                        "which this server does not have: give tool_choice \"required\" or "
-                        "{\"type\": \"function\", \"function\": {\"name\": ...}} (the output "
-                        "is then guided to a call), or \"none\"");
+  if (mode == "auto") {  // the model decides; the server's parser reads its calls (or refuses)
+    if (tools.is_null()) return absl::OkStatus();
+    if (request->echo) return InvalidParam("echo", "'echo' does not go with a tool choice");
+    request->tool_choice = {.mode = ToolChoiceMode::kAuto};
+    return absl::OkStatus();
   }
   if (tools.is_null()) {
     return InvalidParam("tool_choice", "a tool choice other than \"none\" needs 'tools'");

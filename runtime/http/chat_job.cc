@@ -24,6 +24,7 @@ ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::strin
       finish_sent_(num_choices_, false),
       tool_choice_(std::move(tool_choice)),
       call_scanners_(num_choices_),
+      auto_streamers_(num_choices_),
       calls_streamed_(num_choices_, 0),
       named_call_ids_(num_choices_) {
   MQA_CHECK(this->inner().num_prompts() == 1);
@@ -36,11 +37,41 @@ json ChatJob::FinishReasonOf(int i) const {
       ReadToolCallList(c.text).has_value()) {
     return "tool_calls";
   }
+  if (tool_choice_.mode == ToolChoiceMode::kAuto && c.finish_reason.has_value() &&
+      !ReadHermesToolCalls(c.text).calls.empty()) {
+    return "tool_calls";
+  }
   return CompletionJob::FinishReasonJson(c.finish_reason);
 }
 
-json ChatJob::TextDelta(int i, const std::string& text) {
+namespace {
+
+json ToolCallJson(const ToolCall& call, int index = -1) {
+  json out = {{"id", NewToolCallId()},
+              {"type", "function"},
+              {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+  if (index >= 0) out["index"] = index;
+  return out;
+}
+
+}  // namespace
+
+json ChatJob::TextDelta(int i, const std::string& text, bool finished) {
   switch (tool_choice_.mode) {
+    case ToolChoiceMode::kAuto: {
+      const int first = auto_streamers_[i].calls_sent();
+      HermesToolCallStreamer::Delta got = auto_streamers_[i].Feed(inner().choice(i).text, finished);
+      json delta = json::object();
+      if (!got.content.empty()) delta["content"] = std::move(got.content);
+      if (!got.calls.empty()) {
+        json calls = json::array();
+        for (size_t k = 0; k < got.calls.size(); ++k) {
+          calls.push_back(ToolCallJson(got.calls[k], first + static_cast<int>(k)));
+        }
+        delta["tool_calls"] = std::move(calls);
+      }
+      return delta;
+    }
     case ToolChoiceMode::kNone:
       return {{"content", text}};
     case ToolChoiceMode::kNamed: {
@@ -57,10 +88,7 @@ json ChatJob::TextDelta(int i, const std::string& text) {
     case ToolChoiceMode::kRequired: {
       json calls = json::array();
       for (ToolCall& call : call_scanners_[i].Feed(inner().choice(i).text)) {
-        calls.push_back({{"index", calls_streamed_[i]++},
-                         {"id", NewToolCallId()},
-                         {"type", "function"},
-                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        calls.push_back(ToolCallJson(call, calls_streamed_[i]++));
       }
       if (calls.empty()) return json::object();
       return {{"tool_calls", std::move(calls)}};
@@ -72,19 +100,22 @@ json ChatJob::TextDelta(int i, const std::string& text) {
 json ChatJob::Message(int i) const {
   const CompletionJob::Choice& c = inner().choice(i);
   std::vector<ToolCall> calls;
+  json content = nullptr;
   if (tool_choice_.mode == ToolChoiceMode::kNamed) {
     calls.push_back({.name = tool_choice_.name, .arguments = c.text});
   } else if (tool_choice_.mode == ToolChoiceMode::kRequired) {
     calls = ReadToolCallList(c.text).value_or(std::vector<ToolCall>{});
+  } else if (tool_choice_.mode == ToolChoiceMode::kAuto) {
+    AutoToolAnswer answer = ReadHermesToolCalls(c.text);
+    calls = std::move(answer.calls);
+    if (answer.content.has_value()) content = *std::move(answer.content);
   }
   if (calls.empty()) return {{"role", "assistant"}, {"content", echo_ + c.text}};
   json tool_calls = json::array();
-  for (const ToolCall& call : calls) {
-    tool_calls.push_back({{"id", NewToolCallId()},
-                          {"type", "function"},
-                          {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
-  }
-  return {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", std::move(tool_calls)}};
+  for (const ToolCall& call : calls) tool_calls.push_back(ToolCallJson(call));
+  return {{"role", "assistant"},
+          {"content", std::move(content)},
+          {"tool_calls", std::move(tool_calls)}};
 }
 
 json ChatJob::ChunkBase() const {
@@ -142,16 +173,19 @@ bool ChatJob::Drain(absl::Duration timeout, std::string* chunks) {
   for (int i = 0; i < num_choices_; ++i) {
     const CompletionJob::Choice& c = inner().choice(i);
     const bool new_tokens = logprobs_ && c.token_ids.size() > streamed_tokens_[i];
-    if (c.text.size() > streamed_bytes_[i] || new_tokens) {
+    // (auto: the parser may hold text back until the end.)
+    const bool flush = tool_choice_.mode == ToolChoiceMode::kAuto && c.finish_reason.has_value() &&
+                       !finish_sent_[i];
+    if (c.text.size() > streamed_bytes_[i] || new_tokens || flush) {
       json logprobs = nullptr;
       if (logprobs_) {
         logprobs = {{"content", LogprobsContent(i, streamed_tokens_[i], c.token_ids.size())}};
         streamed_tokens_[i] = c.token_ids.size();
       }
-      json delta = TextDelta(i, c.text.substr(streamed_bytes_[i]));
+      json delta = TextDelta(i, c.text.substr(streamed_bytes_[i]), c.finish_reason.has_value());
       streamed_bytes_[i] = c.text.size();
       // (A required-form call still open has nothing to send but its tokens' logprobs.)
-      if (!delta.empty() || logprobs_) {
+      if (!delta.empty() || (logprobs_ && new_tokens)) {
         absl::StrAppend(chunks, ChoiceChunk(i, std::move(delta), nullptr, std::move(logprobs)));
       }
     }

@@ -14,6 +14,8 @@
 //   required: the text's list of calls as tool_calls, finish_reason "tool_calls" (the text as
 //             content, no calls, when max_tokens cut it); streamed, each call in one delta as soon
 //             as its object closes.
+//   auto:     the Hermes parser's content and calls (ReadHermesToolCalls; finish_reason
+//             "tool_calls" when there are calls); streamed through HermesToolCallStreamer.
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
@@ -51,8 +53,9 @@ class ChatJob : public CompletionJobView {
                           nlohmann::json logprobs = nullptr) const;
   // Choice i's finish_reason: "tool_calls" for a finished required-form list of calls.
   nlohmann::json FinishReasonOf(int i) const;
-  // Choice i's new text as a delta: content, or the tool calls it completes.
-  nlohmann::json TextDelta(int i, const std::string& text);
+  // Choice i's new text as a delta: content, or the tool calls it completes (auto: what the
+  // parser releases of the whole text; `finished`: the rest).
+  nlohmann::json TextDelta(int i, const std::string& text, bool finished);
   // Choice i's message of the full response.
   nlohmann::json Message(int i) const;
 
@@ -64,6 +67,7 @@ class ChatJob : public CompletionJobView {
   std::vector<bool> finish_sent_;
   const ToolChoice tool_choice_;
   std::vector<ToolCallArrayScanner> call_scanners_;  // required: per choice
+  std::vector<HermesToolCallStreamer> auto_streamers_;  // auto: per choice
   std::vector<int> calls_streamed_;                  // per choice
   std::vector<std::string> named_call_ids_;          // named: per choice
 };

@@ -703,6 +703,18 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
   ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body, options.sampling_defaults));
   CompletionRequest& request = chat.common;
   RETURN_IF_ERROR(CheckModel(request.model));
+  if (chat.tool_choice.mode == ToolChoiceMode::kAuto) {
+    if (options.tool_call_parser.empty()) {
+      return InvalidParam(
+          "tool_choice",
+          "\"auto\" tool choice (the default when tools are given) needs the server started "
+          "with --enable-auto-tool-choice --tool-call-parser hermes (a parser of the model's "
+          "tool-call format); or give tool_choice \"required\" or {\"type\": \"function\", "
+          "\"function\": {\"name\": ...}} (the output is then guided to a call), or \"none\"");
+    }
+    // The parser reads the calls' tags, which a tokenizer may hold as special tokens.
+    request.params.skip_special_tokens = false;
+  }
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));
   request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   // The token scores reach the choices without the completions API's logprobs object.

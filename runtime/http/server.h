@@ -84,6 +84,10 @@ struct ServerOptions {
   bool prompt_tokens_details = false;
   // The /metrics names' prefix (a Prometheus name's start): "vllm:" gives vLLM's names.
   std::string metrics_prefix = "mqaserve_";
+  // vLLM's --enable-auto-tool-choice --tool-call-parser: the parser that reads the calls of a
+  // chat request whose tool_choice is "auto" (the default when tools are given), one of
+  // kToolCallParsers ("hermes"); empty: such requests are refused (400 naming tool_choice).
+  std::string tool_call_parser;
   // The Responses API's stored responses (ResponseStore; `store` is true unless a request says
   // false): at most this many, the oldest forgotten first; 0 stores none (every response says
   // "store": false, and previous_response_id is refused).

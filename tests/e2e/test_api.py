@@ -506,6 +506,41 @@ def test_stored_responses_through_the_openai_client(server):
         c.responses.retrieve(first.id)
 
 
+def test_auto_tool_choice_through_the_openai_client(server):
+    # tool_choice "auto" with the Hermes parser (the server runs with --enable-auto-tool-choice
+    # --tool-call-parser hermes): a guide makes the demo model write a Hermes answer, which the
+    # OpenAI client reads as content and tool_calls, plain and streamed.
+    c = client(server)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    guide = (r'Let me check\.\n<tool_call>\{"name": "get_weather", "arguments": '
+             r'\{"city": "(Oslo|Rome)"\}\}</tool_call>')
+    messages = [{"role": "user", "content": "weather?"}]
+    chat = c.chat.completions.create(model=server.model, messages=messages, tools=tools,
+                                     max_tokens=80, temperature=0,
+                                     extra_body={"guided_regex": guide})
+    choice = chat.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content == "Let me check.\n"
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Oslo", "Rome")
+    content, calls = [], []
+    for chunk in c.chat.completions.create(model=server.model, messages=messages, tools=tools,
+                                           max_tokens=80, temperature=0, stream=True,
+                                           extra_body={"guided_regex": guide}):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if delta.content:
+            content.append(delta.content)
+        calls.extend(delta.tool_calls or [])
+    assert "".join(content) == "Let me check.\n"
+    assert [(t.function.name, t.function.arguments) for t in calls] == [
+        (call.function.name, call.function.arguments)]
+
+
 def test_anthropic_messages_api(server):
     # Anthropic's Messages API (what Anthropic's SDK and tools speaking it send), the key as
     # x-api-key: the answer is the chat's for the same conversation; streamed as its events.
@@ -570,7 +605,7 @@ def check_weather_call(call):
 
 def test_tool_calls_through_the_openai_client(server):
     # Named and required tool choices guide the output to calls the client can run; the answer
-    # goes back as a tool message in the next turn. "auto" needs a tool-call parser: a 400.
+    # goes back as a tool message in the next turn.
     c = client(server)
     messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}
@@ -610,9 +645,11 @@ def test_tool_calls_through_the_openai_client(server):
                                        tool_choice="none", max_tokens=5, temperature=0)
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 
-    with pytest.raises(openai.BadRequestError, match="auto"):
-        c.chat.completions.create(model=server.model, messages=messages, tools=WEATHER_TOOLS,
-                                  max_tokens=5)
+    # "auto" (the default with tools; this server has a tool-call parser): the demo model writes
+    # no Hermes block, so the answer is content.
+    free = c.chat.completions.create(model=server.model, messages=messages, tools=WEATHER_TOOLS,
+                                     max_tokens=5, temperature=0)
+    assert free.choices[0].message.content is not None and not free.choices[0].message.tool_calls
 
 
 BAD_BODIES = [

@@ -91,6 +91,22 @@ TEST(Options, ErrorsNameTheFlag) {
   for (const char* bad : {"", "1x_", "a-b", "ä"}) {
     EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--metrics-prefix", bad}).ok()) << bad;
   }
+  // vLLM's auto tool choice: both flags or neither; a known parser.
+  absl::StatusOr<Options> tools = ParseOptions(
+      {"x", "--model", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"});
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  EXPECT_TRUE(tools->enable_auto_tool_choice);
+  EXPECT_EQ(tools->tool_call_parser, "hermes");
+  EXPECT_TRUE(ParseOptions({"x", "--model", "m"})->tool_call_parser.empty());
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--enable-auto-tool-choice"}).ok());
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--tool-call-parser", "hermes"}).ok());
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--enable-auto-tool-choice", "--tool-call-parser",
+                             "mistral"})
+                   .ok());
+  EXPECT_EQ(ParseOptions({"x", "--model", "m"})->max_stored_responses, 1024);
+  EXPECT_EQ(
+      ParseOptions({"x", "--model", "m", "--max-stored-responses", "0"})->max_stored_responses, 0);
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--max-stored-responses", "-1"}).ok());
 }
 
 }  // namespace

@@ -5,10 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "runtime/http/api_types.h"
+#include "runtime/http/tool_calls.h"
 #include "runtime/status.h"
 
 namespace {
@@ -22,10 +24,33 @@ void CheckError(const absl::Status& status) {
   MQA_CHECK(param.empty() ? body["error"]["param"].is_null() : body["error"]["param"] == param);
 }
 
+// The Hermes tool-call parser on the body as model text: the stream, fed in two pieces, sends the
+// plain answer's calls and content wherever the plain answer has calls, and never a tag as content
+// before the end.
+void CheckHermes(absl::string_view text) {
+  const mqa::AutoToolAnswer plain = mqa::ReadHermesToolCalls(text);
+  MQA_CHECK(!plain.calls.empty() || plain.content == std::string(text));
+  mqa::HermesToolCallStreamer streamer;
+  const size_t cut = text.size() / 2;
+  mqa::HermesToolCallStreamer::Delta first = streamer.Feed(text.substr(0, cut), false);
+  MQA_CHECK(first.content.find("<tool_call>") == std::string::npos);
+  mqa::HermesToolCallStreamer::Delta rest = streamer.Feed(text, true);
+  if (plain.calls.empty()) return;
+  std::vector<mqa::ToolCall> calls = first.calls;
+  calls.insert(calls.end(), rest.calls.begin(), rest.calls.end());
+  MQA_CHECK(calls.size() == plain.calls.size());
+  for (size_t k = 0; k < calls.size(); ++k) {
+    MQA_CHECK(calls[k].name == plain.calls[k].name &&
+              calls[k].arguments == plain.calls[k].arguments);
+  }
+  MQA_CHECK(first.content + rest.content == plain.content.value_or(""));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view body(reinterpret_cast<const char*>(data), size);
+  CheckHermes(body);
   if (auto r = mqa::ParseCompletionRequest(body); r.ok()) {
     const mqa::SamplingParams& p = r->params;
     MQA_CHECK(!r->prompts.empty() && r->prompts.size() <= mqa::kMaxPromptsPerRequest);
@@ -70,7 +95,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MQA_CHECK(chat.kwargs.is_object() && !chat.kwargs.contains("messages"));
     MQA_CHECK(r->common.params.max_tokens >= 1 && r->common.prompts.empty());
     MQA_CHECK(chat.tools.is_null() || (chat.tools.is_array() && !chat.tools.empty()));
-    if (r->tool_choice.mode != mqa::ToolChoiceMode::kNone) {
+    if (r->tool_choice.mode == mqa::ToolChoiceMode::kAuto) {
+      MQA_CHECK(!chat.tools.is_null() && !r->echo);  // the model decides; nothing guided for it
+    } else if (r->tool_choice.mode != mqa::ToolChoiceMode::kNone) {
       // A tool choice guides the output, and names a tool given.
       MQA_CHECK(
           !chat.tools.is_null() && !r->echo &&

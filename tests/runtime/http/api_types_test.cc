@@ -555,9 +555,20 @@ TEST(ApiTypesTest, ToolsAndToolChoice) {
   EXPECT_EQ(history->chat.messages[1]["content"], "");
   EXPECT_EQ(history->chat.messages[2]["tool_call_id"], "c1");
 
+  // "auto", the default when tools are given: no guidance, the server's parser reads the calls
+  // (the server refuses it without one); with no tools, nothing to call.
+  for (const std::string& rest : {tools, tools + R"(, "tool_choice": "auto")"}) {
+    absl::StatusOr<ChatRequest> r = parse(rest);
+    ASSERT_TRUE(r.ok()) << rest << ": " << r.status();
+    EXPECT_EQ(r->tool_choice.mode, ToolChoiceMode::kAuto) << rest;
+    EXPECT_TRUE(r->common.params.guided_regex.empty());
+  }
+  absl::StatusOr<ChatRequest> no_tools = parse(R"("tool_choice": "auto")");
+  ASSERT_TRUE(no_tools.ok()) << no_tools.status();
+  EXPECT_EQ(no_tools->tool_choice.mode, ToolChoiceMode::kNone);
+
   const std::pair<std::string, const char*> refused[] = {
-      {tools, "tool_choice"},  // "auto" by default when tools are given
-      {tools + R"(, "tool_choice": "auto")", "tool_choice"},
+      {tools + R"(, "tool_choice": "auto", "echo": true)", "echo"},
       {R"("tool_choice": "required")", "tool_choice"},
       {tools + R"(, "tool_choice": "sometimes")", "tool_choice"},
       {tools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})",

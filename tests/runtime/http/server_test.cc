@@ -2162,6 +2162,115 @@ TEST_F(HttpServerTest, ChatToolCallsNamedAndRequired) {
   EXPECT_TRUE(absl::StrContains(error["error"]["message"].get<std::string>(), "\"auto\"")) << error;
 }
 
+// "auto" with the Hermes parser (--enable-auto-tool-choice --tool-call-parser hermes): the model
+// decides (here a guide makes the fake model write a Hermes answer, or plain text); content before
+// the calls, the calls as tool_calls, finish_reason "tool_calls"; streamed, the same content and
+// calls with no tag text leaking; plain text stays content. Without the parser, a 400.
+TEST_F(HttpServerTest, ChatToolChoiceAutoReadsHermesCalls) {
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
+  setup.server.max_model_len = setup.engine.max_model_len = 512;
+  setup.server.tool_call_parser = "hermes";
+  Start(setup);
+  const json tools = {
+      {{"type", "function"},
+       {"function",
+        {{"name", "get_weather"},
+         {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}};
+  const json messages = {{{"role", "user"}, {"content", "weather in Paris and Rome?"}}};
+  const std::string hermes =
+      R"re(Checking\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)"\}\}\n</tool_call>\n)re"
+      R"re(<tool_call>\{"name": "get_weather", "arguments": \{"city": "Rome"\}\}</tool_call>)re";
+  json body = {{"messages", messages},
+               {"tools", tools},
+               {"guided_regex", hermes},
+               {"temperature", 0},
+               {"max_tokens", 200}};
+  json plain = PostOk("/v1/chat/completions", body);
+  const json& choice = plain["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << plain;
+  EXPECT_EQ(choice["message"]["content"], "Checking.\n") << plain;
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 2u) << plain;
+  for (const json& call : choice["message"]["tool_calls"]) {
+    EXPECT_TRUE(absl::StartsWith(call["id"].get<std::string>(), "chatcmpl-tool-")) << call;
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+  }
+  const json first_args =
+      json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>());
+  EXPECT_TRUE(first_args["city"] == "Paris" || first_args["city"] == "Rome") << first_args;
+  EXPECT_EQ(choice["message"]["tool_calls"][1]["function"]["arguments"], R"({"city":"Rome"})");
+
+  body["stream"] = true;
+  Sse sse = Stream(body, 0, "/v1/chat/completions");
+  ASSERT_EQ(sse.status, 200);
+  std::string content;
+  json calls = json::array();
+  std::string finish;
+  for (const json& chunk : sse.chunks) {
+    for (const json& c : chunk["choices"]) {
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+      if (c["delta"].contains("content") && c["delta"]["content"].is_string()) {
+        content += c["delta"]["content"].get<std::string>();
+      }
+      if (c["delta"].contains("tool_calls")) {
+        for (const json& call : c["delta"]["tool_calls"]) {
+          EXPECT_EQ(call["index"], calls.size()) << call;
+          calls.push_back(call);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(content, "Checking.\n");
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(calls[k]["function"], choice["message"]["tool_calls"][k]["function"]) << k;
+  }
+
+  // The model answers in text: content, finish_reason as usual; streamed alike.
+  json text_body = {{"messages", messages},
+                    {"tools", tools},
+                    {"guided_regex", "It is sunny <tool"},
+                    {"temperature", 0},
+                    {"max_tokens", 100}};
+  plain = PostOk("/v1/chat/completions", text_body);
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "It is sunny <tool") << plain;
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
+  text_body["stream"] = true;
+  sse = Stream(text_body, 0, "/v1/chat/completions");
+  content.clear();
+  for (const json& chunk : sse.chunks) {
+    for (const json& c : chunk["choices"]) {
+      EXPECT_FALSE(c["delta"].contains("tool_calls")) << c;
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(content, "It is sunny <tool");  // the held-back tail released at the end
+
+  int status = 0;
+  json error =
+      Post("/v1/chat/completions",
+           json({{"messages", messages}, {"tools", tools}, {"echo", true}}).dump(), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "echo");
+}
+
+TEST_F(HttpServerTest, ChatToolChoiceAutoNeedsAParser) {
+  Start(WithRoleTemplate(DefaultSetup()));
+  const json tools = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
+  for (const json& choice : {json(nullptr), json("auto")}) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", tools}};
+    if (!choice.is_null()) body["tool_choice"] = choice;
+    int status = 0;
+    json error = Post("/v1/chat/completions", body.dump(), &status);
+    EXPECT_EQ(status, 400) << body;
+    EXPECT_EQ(error["error"]["param"], "tool_choice");
+    EXPECT_TRUE(
+        absl::StrContains(error["error"]["message"].get<std::string>(), "--tool-call-parser"))
+        << error;
+  }
+}
+
 // generation_config.json as the launcher gives it: requests that leave temperature and max_tokens
 // unset run greedy for 5 tokens; an extra end-of-sequence id stops every request (stop_reason the
 // id) unless it sets ignore_eos, on the OpenAI and TGI APIs alike.
