@@ -1699,6 +1699,143 @@ absl::StatusOr<LlamaCppRequest> ParseLlamaCppRequest(absl::string_view body, boo
   return request;
 }
 
+namespace {
+
+// A TensorRT-LLM words input: a string (one word; "" none) or a list of strings.
+absl::Status ReadTritonWords(const json& object, const char* name, std::vector<std::string>* out) {
+  const json* value = Field(object, name);
+  if (value == nullptr || value->is_null()) return absl::OkStatus();
+  if (value->is_string()) {
+    if (!value->get_ref<const std::string&>().empty()) out->push_back(value->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!value->is_array()) return TypeError(name, "a string or a list of strings");
+  for (const json& word : *value) {
+    if (!word.is_string()) return TypeError(name, "a string or a list of strings");
+    if (!word.get_ref<const std::string&>().empty()) out->push_back(word.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TritonRequest> ParseTritonGenerateRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(json object, ParseObject(body));
+  static constexpr std::string_view kInputs[] = {"text_input",
+                                                 "max_tokens",
+                                                 "bad_words",
+                                                 "stop_words",
+                                                 "end_id",
+                                                 "pad_id",
+                                                 "temperature",
+                                                 "top_k",
+                                                 "top_p",
+                                                 "runtime_top_k",
+                                                 "runtime_top_p",
+                                                 "repetition_penalty",
+                                                 "presence_penalty",
+                                                 "frequency_penalty",
+                                                 "length_penalty",
+                                                 "min_length",
+                                                 "min_tokens",
+                                                 "random_seed",
+                                                 "seed",
+                                                 "return_log_probs",
+                                                 "beam_width",
+                                                 "stream",
+                                                 "return_context_logits",
+                                                 "return_generation_logits",
+                                                 "exclude_input_in_output"};
+  for (const auto& [name, value] : object.items()) {
+    if (std::find(std::begin(kInputs), std::end(kInputs), name) == std::end(kInputs)) {
+      return InvalidParam(name, absl::StrCat("unexpected inference input '", name,
+                                             "' for this model (TensorRT-LLM's generate inputs)"));
+    }
+  }
+  TritonRequest request;
+  CompletionRequest& c = request.completion;
+  SamplingParams& p = c.params;
+  const json* text = Field(object, "text_input");
+  if (text == nullptr) return InvalidParam("text_input", "'text_input' is required");
+  if (!text->is_string()) return TypeError("text_input", "a string");
+  if (text->get_ref<const std::string&>().empty()) {
+    return InvalidParam("text_input", "'text_input' must not be empty");
+  }
+  c.prompts.push_back({.is_text = true, .text = text->get<std::string>()});
+  if (Field(object, "max_tokens") == nullptr) {
+    return InvalidParam("max_tokens", "'max_tokens' is required");
+  }
+  RETURN_IF_ERROR(ReadInt(object, "max_tokens", 1, kIntMax, &p.max_tokens, &c.max_tokens_given));
+  RETURN_IF_ERROR(ReadBool(object, "stream", &c.stream));
+  RETURN_IF_ERROR(ReadTritonWords(object, "stop_words", &p.stop));
+  p.include_stop_str_in_output = true;  // TensorRT-LLM's output ends with the stop word
+  RETURN_IF_ERROR(ReadTritonWords(object, "bad_words", &p.bad_words));
+  int end_id = -1, pad_id = -1;
+  RETURN_IF_ERROR(ReadInt(object, "end_id", 0, kIntMax, &end_id));
+  RETURN_IF_ERROR(ReadInt(object, "pad_id", 0, kIntMax, &pad_id));  // nothing to pad here
+  if (end_id >= 0) p.stop_token_ids.push_back(end_id);
+  int top_k = 0;
+  float top_p = 0.0f, temperature = 1.0f;
+  for (const char* name : {"top_k", "runtime_top_k"}) {
+    RETURN_IF_ERROR(ReadInt(object, name, 0, kIntMax, &top_k));
+  }
+  for (const char* name : {"top_p", "runtime_top_p"}) {
+    RETURN_IF_ERROR(ReadFloat(object, name, &top_p));
+    if (!(top_p >= 0.0f && top_p <= 1.0f)) {
+      return InvalidParam(name, absl::StrCat("'", name, "' must be in [0, 1], got ", top_p));
+    }
+  }
+  RETURN_IF_ERROR(ReadFloat(object, "temperature", &temperature));
+  if (!(temperature >= 0.0f)) {
+    return InvalidParam("temperature",
+                        absl::StrCat("'temperature' must be >= 0, got ", temperature));
+  }
+  const bool sampling = top_k > 1 || top_p > 0.0f;
+  p.temperature = sampling ? temperature : 0.0f;
+  p.top_k = top_k > 0 ? top_k : -1;
+  p.top_p = top_p > 0.0f ? top_p : 1.0f;
+  RETURN_IF_ERROR(ReadRepetitionPenalty(object, &p.repetition_penalty));
+  RETURN_IF_ERROR(ReadAdditivePenalty(object, "presence_penalty", &p.presence_penalty));
+  RETURN_IF_ERROR(ReadAdditivePenalty(object, "frequency_penalty", &p.frequency_penalty));
+  float length_penalty = 1.0f;  // a beam-search score's: nothing to do at beam width 1
+  RETURN_IF_ERROR(ReadFloat(object, "length_penalty", &length_penalty));
+  for (const char* name : {"min_length", "min_tokens"}) {
+    RETURN_IF_ERROR(ReadInt(object, name, 0, kIntMax, &p.min_tokens));
+  }
+  for (const char* name : {"random_seed", "seed"}) {
+    if (const json* value = Field(object, name); value != nullptr && value->is_number_unsigned()) {
+      p.seed = value->get<uint64_t>();  // a u64, as TensorRT-LLM's
+    } else if (value != nullptr) {
+      return TypeError(name, "an unsigned integer");
+    }
+  }
+  RETURN_IF_ERROR(ReadBool(object, "return_log_probs", &request.return_log_probs));
+  int beam_width = 1;
+  RETURN_IF_ERROR(ReadInt(object, "beam_width", 1, kIntMax, &beam_width));
+  if (beam_width != 1) {
+    return InvalidParam("beam_width",
+                        "'beam_width' > 1 is not served on this route (use /v1/completions "
+                        "with use_beam_search)");
+  }
+  for (const char* name : {"return_context_logits", "return_generation_logits"}) {
+    bool on = false;
+    RETURN_IF_ERROR(ReadBool(object, name, &on));
+    if (on) return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
+  }
+  bool exclude_input = true;
+  RETURN_IF_ERROR(ReadBool(object, "exclude_input_in_output", &exclude_input));
+  if (!exclude_input) {
+    return InvalidParam("exclude_input_in_output",
+                        "the output never includes the input here (exclude_input_in_output true)");
+  }
+  return request;
+}
+
+std::string TritonErrorBody(const absl::Status& status) {
+  return json({{"error", std::string(status.message())}})
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(json object, ParseObject(body));
   TgiRequest request;

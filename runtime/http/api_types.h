@@ -205,6 +205,23 @@ absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body,
 // "message"}}, the type from the HTTP status.
 std::string AnthropicErrorBody(const absl::Status& status);
 
+// Triton Inference Server's generate extension as the TensorRT-LLM backend's models answer it
+// (POST /v2/models/{ensemble | tensorrt_llm_bls | a served name}/generate and /generate_stream):
+// {"text_input", "max_tokens" (required), "bad_words" / "stop_words" (a string or a list; "" for
+// none; stop words end the text, as TensorRT-LLM keeps them), "end_id" (an extra end token),
+// "pad_id", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+// "frequency_penalty", "min_length" (or "min_tokens"), "random_seed", "return_log_probs",
+// "beam_width" (1), "stream"}. TensorRT-LLM's decoding: greedy unless top_k > 1 or top_p > 0
+// (then the temperature, 1 by default, applies). Inputs it does not know, or logits outputs, are
+// refused by name (Triton refuses unknown inputs).
+struct TritonRequest {
+  CompletionRequest completion;  // one text prompt
+  bool return_log_probs = false;
+};
+absl::StatusOr<TritonRequest> ParseTritonGenerateRequest(absl::string_view body);
+// Triton's error body: {"error": message}.
+std::string TritonErrorBody(const absl::Status& status);
+
 // Hugging Face text-generation-inference's POST /generate, /generate_stream and / (TGI's native
 // API, what its clients and the VS Code / JetBrains code-completion plugins send): {"inputs",
 // "parameters": {...}, "stream"}. Unset (null) parameters keep their defaults; the ones this

@@ -36,6 +36,7 @@
 #include "runtime/http/response_store.h"
 #include "runtime/http/responses_job.h"
 #include "runtime/http/tgi_job.h"
+#include "runtime/http/triton_job.h"
 #include "runtime/status.h"
 #include "runtime/version.h"
 
@@ -54,6 +55,11 @@ void ReplyError(httplib::Response& res, const absl::Status& status) {
 void ReplyTgiError(httplib::Response& res, const absl::Status& status) {
   res.status = TgiHttpStatusFor(status);
   res.set_content(TgiErrorBody(status), kJson);
+}
+
+void ReplyTritonError(httplib::Response& res, const absl::Status& status) {
+  res.status = HttpStatusFor(status);
+  res.set_content(TritonErrorBody(status), kJson);
 }
 
 void ReplyAnthropicError(httplib::Response& res, const absl::Status& status) {
@@ -195,6 +201,13 @@ struct HttpServer::Impl {
   absl::StatusOr<std::shared_ptr<TgiJob>> StartTgiJob(const httplib::Request& req, TgiRoute route,
                                                       bool* stream);
   void HandleTgiInfo(const httplib::Request& req, httplib::Response& res);
+  // Triton's generate extension (TensorRT-LLM's models): POST /v2/models/{model}[/versions/{v}]
+  // /generate and /generate_stream; the model named in the path must be served (or one of the
+  // TensorRT-LLM backend's model names, kTritonModelNames).
+  absl::Status CheckTritonModel(const std::string& model) const;
+  absl::StatusOr<std::shared_ptr<TritonJob>> StartTritonJob(const httplib::Request& req,
+                                                            bool stream_route, bool* stream);
+  void HandleTriton(const httplib::Request& req, httplib::Response& res, bool stream_route);
   // POST /v1/chat/completions.
   absl::StatusOr<std::shared_ptr<ChatJob>> StartChatJob(const httplib::Request& req, bool* stream);
   absl::StatusOr<std::shared_ptr<ResponsesJob>> StartResponsesJob(const httplib::Request& req,
@@ -605,6 +618,50 @@ absl::StatusOr<std::shared_ptr<TgiJob>> HttpServer::Impl::StartTgiJob(const http
                                                 .top_n_tokens = tgi.top_n_tokens,
                                                 .seed = tgi.sampling ? params.seed : std::nullopt,
                                                 .best_of = tgi.best_of});
+}
+
+// The TensorRT-LLM backend's model names, which its clients put in the path.
+constexpr const char* kTritonModelNames[] = {"ensemble", "tensorrt_llm_bls", "tensorrt_llm"};
+
+absl::Status HttpServer::Impl::CheckTritonModel(const std::string& model) const {
+  for (const char* name : kTritonModelNames) {
+    if (model == name) return absl::OkStatus();
+  }
+  if (CheckModel(model).ok()) return absl::OkStatus();
+  return ApiError(absl::StatusCode::kNotFound, "model",
+                  absl::StrCat("Request for unknown model: '", model, "' is not found"));
+}
+
+absl::StatusOr<std::shared_ptr<TritonJob>> HttpServer::Impl::StartTritonJob(
+    const httplib::Request& req, bool stream_route, bool* stream) {
+  const absl::Time arrival = absl::Now();
+  RETURN_IF_ERROR(CheckAuth(req));
+  const std::string model = req.matches.size() > 1 ? req.matches[1].str() : "";
+  const std::string version =
+      req.matches.size() > 2 && req.matches[2].matched ? req.matches[2].str() : "1";
+  RETURN_IF_ERROR(CheckTritonModel(model));
+  RETURN_IF_ERROR(CheckServing());
+  ASSIGN_OR_RETURN(TritonRequest triton, ParseTritonGenerateRequest(req.body));
+  CompletionRequest& request = triton.completion;
+  SamplingParams& params = request.params;
+  if (triton.return_log_probs) params.logprobs = 0;  // the sampled tokens' own, no alternatives
+  ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner,
+                   SubmitJob(request, params,
+                             {.id = absl::StrCat("triton-", next_id.fetch_add(1)),
+                              .logprobs = params.logprobs,
+                              .arrival = arrival}));
+  *stream = stream_route;
+  return std::make_shared<TritonJob>(std::move(inner),
+                                     TritonJobOptions{.model_name = model,
+                                                      .model_version = version,
+                                                      .return_log_probs = triton.return_log_probs});
+}
+
+void HttpServer::Impl::HandleTriton(const httplib::Request& req, httplib::Response& res,
+                                    bool stream_route) {
+  bool stream = false;
+  absl::StatusOr<std::shared_ptr<HttpJob>> job = StartTritonJob(req, stream_route, &stream);
+  Respond(req, res, std::move(job), stream, ReplyTritonError);
 }
 
 // llama.cpp's generation_settings: what a request (or, for /props, the defaults) samples with.
@@ -1114,6 +1171,30 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/infill", [this](const httplib::Request& req, httplib::Response& res) {
     HandleLlamaCpp(req, res, /*infill=*/true);
   });
+  // Triton's generate extension, as the TensorRT-LLM backend serves it, and its health checks.
+  constexpr char kTritonModel[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+  server.Post(absl::StrCat(kTritonModel, "/generate"),
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleTriton(req, res, /*stream_route=*/false);
+              });
+  server.Post(absl::StrCat(kTritonModel, "/generate_stream"),
+              [this](const httplib::Request& req, httplib::Response& res) {
+                HandleTriton(req, res, /*stream_route=*/true);
+              });
+  server.Get(absl::StrCat(kTritonModel, "/ready"),
+             [this](const httplib::Request& req, httplib::Response& res) {
+               absl::Status status = CheckTritonModel(req.matches[1].str());
+               if (status.ok()) status = CheckServing();
+               if (!status.ok()) return ReplyTritonError(res, status);
+               res.status = 200;
+             });
+  server.Get("/v2/health/ready", [this](const httplib::Request&, httplib::Response& res) {
+    absl::Status status = CheckServing();
+    if (!status.ok()) return ReplyTritonError(res, status);
+    res.status = 200;
+  });
+  server.Get("/v2/health/live",
+             [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   server.Get("/info", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTgiInfo(req, res);
   });

@@ -374,6 +374,32 @@ def test_prompt_logprobs_agree_with_the_generated_ones(server):
         assert entry["rank"] >= 1
 
 
+def test_triton_generate_as_tensorrt_llm_answers(server):
+    # Triton's generate extension as TensorRT-LLM's models answer it (what its curl examples,
+    # genai-perf and Triton clients send): greedy by default, the input excluded from the output.
+    body = {"text_input": PROMPTS[0], "max_tokens": 8, "bad_words": "", "stop_words": "",
+            "pad_id": 2, "end_id": 0, "return_log_probs": True}
+    status, out = server.post_json("/v2/models/ensemble/generate", body)
+    assert status == 200, out
+    reference = client(server).completions.create(model=server.model, prompt=PROMPTS[0],
+                                                  max_tokens=8, temperature=0, logprobs=0)
+    assert out["model_name"] == "ensemble" and out["model_version"] == "1"
+    assert out["text_output"] == reference.choices[0].text
+    assert out["output_log_probs"] == pytest.approx(
+        reference.choices[0].logprobs.token_logprobs, abs=1e-4)
+    assert out["cum_log_probs"] == pytest.approx(sum(out["output_log_probs"]), abs=1e-3)
+    status, raw = server.request("POST", "/v2/models/ensemble/generate_stream",
+                                 dict(body, stream=True))
+    assert status == 200
+    pieces = [json.loads(line[len("data: "):]) for line in raw.decode().splitlines()
+              if line.startswith("data: ")]
+    assert "".join(p["text_output"] for p in pieces) == out["text_output"]
+    status, error = server.post_json("/v2/models/ensemble/generate",
+                                     {"text_input": "x", "max_tokens": 2, "beam_width": 4})
+    assert status == 400 and "beam_width" in error["error"], error
+    assert server.request("GET", "/v2/health/ready", headers={})[0] == 200
+
+
 def test_tgi_api_through_huggingface_hub(server):
     # TGI's own client (what HF's code-completion plugins and Inference Endpoints users run)
     # against /, /generate_stream's events and TGI's error shape.

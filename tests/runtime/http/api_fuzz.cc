@@ -139,6 +139,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     CheckError(r.status());
   }
+  if (auto r = mqa::ParseTritonGenerateRequest(body); r.ok()) {
+    const mqa::CompletionRequest& c = r->completion;
+    MQA_CHECK(c.prompts.size() == 1 && c.prompts[0].is_text && !c.prompts[0].text.empty());
+    MQA_CHECK(c.params.max_tokens >= 1 && c.params.temperature >= 0);
+    MQA_CHECK(c.params.top_p > 0 && c.params.top_p <= 1 && c.params.top_k >= -1);
+    for (const std::string& word : c.params.stop) MQA_CHECK(!word.empty());
+  } else {
+    CheckError(r.status());
+    MQA_CHECK(nlohmann::json::parse(mqa::TritonErrorBody(r.status()))["error"].is_string());
+  }
   for (const bool count_only : {false, true}) {
     if (auto r = mqa::ParseAnthropicRequest(body, {}, count_only); r.ok()) {
       const mqa::ChatTemplate::Chat& chat = r->chat;

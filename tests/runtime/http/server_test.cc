@@ -1125,6 +1125,115 @@ TEST_F(HttpServerTest, EchoWithLogprobsScoresThePromptTokens) {
 // TGI's native API: /generate with details against the model, POST / (a list), /generate_stream
 // and POST / streamed (TGI's events), stop sequences kept in the text, seeds reported and
 // reproducible, TGI-shaped errors, /info.
+// Triton's generate extension as TensorRT-LLM's models answer it: text_output is the greedy
+// continuation (the input excluded), with return_log_probs the tokens' scores; the stream's
+// text_output pieces add up to it; stop words end the text and stay in it; the model names of the
+// TensorRT-LLM backend and the served ones are accepted, others 404; unknown inputs refused by
+// name in Triton's error shape; its health routes.
+TEST_F(HttpServerTest, TritonGenerateAndStreamAgreeWithTheModel) {
+  TestSetup setup = DefaultSetup();
+  setup.step_delay = absl::Milliseconds(3);  // steps slow enough that the stream has several events
+  Start(setup);
+  const int vocab = setup_.runner.vocab_size;
+  const Tokenizer& tok = FixtureTokenizer();
+  const std::string inputs = "def add(a, b):\n    return ";
+  const std::vector<int32_t> prompt = tok.Encode(inputs);
+  const std::vector<int32_t> greedy = GreedyReference(prompt, 5, vocab);
+  ASSERT_EQ(greedy.size(), 5u) << "the reference continuation ended early";
+
+  const json body = {{"text_input", inputs}, {"max_tokens", 5}, {"bad_words", ""},
+                     {"stop_words", ""},     {"pad_id", 2},     {"return_log_probs", true},
+                     {"temperature", 0.7}};  // greedy all the same: no top_k / top_p
+  for (const char* model : {"ensemble", "tensorrt_llm_bls", "demo"}) {
+    json out = PostOk(absl::StrCat("/v2/models/", model, "/generate"), body);
+    EXPECT_EQ(out["model_name"], model);
+    EXPECT_EQ(out["model_version"], "1");
+    EXPECT_EQ(out["text_output"], tok.Decode(greedy)) << out;
+    ASSERT_EQ(out["output_log_probs"].size(), 5u) << out;
+    std::vector<int32_t> history = prompt;
+    double cumulative = 0;
+    for (size_t k = 0; k < 5; ++k) {
+      const double expected = ReferenceScore(history, greedy[k], vocab).first;
+      EXPECT_NEAR(out["output_log_probs"][k].get<double>(), expected, 1e-4);
+      cumulative += expected;
+      history.push_back(greedy[k]);
+    }
+    EXPECT_NEAR(out["cum_log_probs"].get<double>(), cumulative, 1e-3);
+  }
+  json versioned = PostOk("/v2/models/ensemble/versions/3/generate",
+                          {{"text_input", inputs}, {"max_tokens", 5}});
+  EXPECT_EQ(versioned["model_version"], "3");
+  EXPECT_EQ(versioned["text_output"], tok.Decode(greedy));
+  EXPECT_FALSE(versioned.contains("output_log_probs"));
+
+  // Streamed: data events whose pieces add up to the text; no end marker.
+  auto client = Client();
+  httplib::Result streamed = client->Post(
+      "/v2/models/ensemble/generate_stream",
+      json(
+          {{"text_input", inputs}, {"max_tokens", 5}, {"stream", true}, {"return_log_probs", true}})
+          .dump(),
+      "application/json");
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  std::string text;
+  size_t scored = 0;
+  int events = 0;
+  for (absl::string_view line : absl::StrSplit(streamed->body, '\n')) {
+    if (line.empty() || line[0] == ':') continue;
+    ASSERT_TRUE(absl::StartsWith(line, "data: ")) << line;
+    const json event = json::parse(line.substr(6));
+    EXPECT_EQ(event["model_name"], "ensemble");
+    text += event["text_output"].get<std::string>();
+    scored += event["output_log_probs"].size();
+    ++events;
+  }
+  EXPECT_EQ(text, tok.Decode(greedy));
+  EXPECT_GE(events, 2);
+  EXPECT_EQ(scored, 5u);
+
+  // A stop word ends the text and stays in it; end_id ends it at that token.
+  const std::string full = tok.Decode(greedy);
+  const std::string second = tok.Decode({greedy[1]});
+  ASSERT_FALSE(second.empty());
+  json stopped = PostOk("/v2/models/ensemble/generate",
+                        {{"text_input", inputs}, {"max_tokens", 5}, {"stop_words", {second}}});
+  EXPECT_EQ(stopped["text_output"], full.substr(0, full.find(second) + second.size())) << stopped;
+  EXPECT_LT(stopped["text_output"].get<std::string>().size(), full.size());
+  json ended = PostOk("/v2/models/ensemble/generate",
+                      {{"text_input", inputs}, {"max_tokens", 5}, {"end_id", greedy[2]}});
+  EXPECT_EQ(ended["text_output"], tok.Decode({greedy[0], greedy[1]})) << ended;
+
+  const std::pair<json, const char*> refused[] = {
+      {json{{"max_tokens", 5}}, "text_input"},
+      {json{{"text_input", "x"}}, "max_tokens"},
+      {json{{"text_input", "x"}, {"max_tokens", 5}, {"beam_width", 2}}, "beam_width"},
+      {json{{"text_input", "x"}, {"max_tokens", 5}, {"top_p", 1.5}}, "top_p"},
+      {json{{"text_input", "x"}, {"max_tokens", 5}, {"return_generation_logits", true}},
+       "return_generation_logits"},
+      {json{{"text_input", "x"}, {"max_tokens", 5}, {"prompt", "y"}}, "prompt"},
+      {json{{"text_input", "x"}, {"max_tokens", 5}, {"stop_words", 3}}, "stop_words"},
+  };
+  for (const auto& [refused_body, param] : refused) {
+    int status = 0;
+    json error = Post("/v2/models/ensemble/generate", refused_body.dump(), &status);
+    EXPECT_EQ(status, 400) << refused_body;
+    ASSERT_TRUE(error["error"].is_string()) << error;
+    EXPECT_NE(error["error"].get<std::string>().find(param), std::string::npos)
+        << refused_body << " -> " << error;
+  }
+  int status = 0;
+  json unknown = Post("/v2/models/llama/generate",
+                      json({{"text_input", "x"}, {"max_tokens", 2}}).dump(), &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_TRUE(unknown["error"].is_string()) << unknown;
+
+  EXPECT_EQ(client->Get("/v2/health/ready")->status, 200);
+  EXPECT_EQ(client->Get("/v2/health/live")->status, 200);
+  EXPECT_EQ(client->Get("/v2/models/ensemble/ready")->status, 200);
+  EXPECT_EQ(client->Get("/v2/models/llama/ready")->status, 404);
+}
+
 TEST_F(HttpServerTest, TgiGenerateAndStreamAgreeWithTheModel) {
   Start(DefaultSetup());
   const int vocab = setup_.runner.vocab_size;
