@@ -1701,6 +1701,18 @@ absl::StatusOr<LlamaCppRequest> ParseLlamaCppRequest(absl::string_view body, boo
 
 namespace {
 
+// The one prompt of TGI's and Triton's APIs: field `name`, a non-empty string.
+absl::Status ReadRequiredTextPrompt(const json& object, const char* name, CompletionRequest* c) {
+  const json* text = Field(object, name);
+  if (text == nullptr) return InvalidParam(name, absl::StrCat("'", name, "' is required"));
+  if (!text->is_string()) return TypeError(name, "a string");
+  if (text->get_ref<const std::string&>().empty()) {
+    return InvalidParam(name, absl::StrCat("'", name, "' must not be empty"));
+  }
+  c->prompts.push_back({.is_text = true, .text = text->get<std::string>()});
+  return absl::OkStatus();
+}
+
 // A TensorRT-LLM words input: a string (one word; "" none) or a list of strings.
 absl::Status ReadTritonWords(const json& object, const char* name, std::vector<std::string>* out) {
   const json* value = Field(object, name);
@@ -1755,13 +1767,7 @@ absl::StatusOr<TritonRequest> ParseTritonGenerateRequest(absl::string_view body)
   TritonRequest request;
   CompletionRequest& c = request.completion;
   SamplingParams& p = c.params;
-  const json* text = Field(object, "text_input");
-  if (text == nullptr) return InvalidParam("text_input", "'text_input' is required");
-  if (!text->is_string()) return TypeError("text_input", "a string");
-  if (text->get_ref<const std::string&>().empty()) {
-    return InvalidParam("text_input", "'text_input' must not be empty");
-  }
-  c.prompts.push_back({.is_text = true, .text = text->get<std::string>()});
+  RETURN_IF_ERROR(ReadRequiredTextPrompt(object, "text_input", &c));
   if (Field(object, "max_tokens") == nullptr) {
     return InvalidParam("max_tokens", "'max_tokens' is required");
   }
@@ -1841,13 +1847,7 @@ absl::StatusOr<TgiRequest> ParseTgiRequest(absl::string_view body) {
   TgiRequest request;
   CompletionRequest& c = request.completion;
   SamplingParams& p = c.params;
-  const json* inputs = Field(object, "inputs");
-  if (inputs == nullptr) return InvalidParam("inputs", "'inputs' is required");
-  if (!inputs->is_string()) return TypeError("inputs", "a string");
-  if (inputs->get_ref<const std::string&>().empty()) {
-    return InvalidParam("inputs", "'inputs' must not be empty");
-  }
-  c.prompts.push_back({.is_text = true, .text = inputs->get<std::string>()});
+  RETURN_IF_ERROR(ReadRequiredTextPrompt(object, "inputs", &c));
   RETURN_IF_ERROR(ReadBool(object, "stream", &c.stream));
   json none = json::object();
   const json* parameters = Field(object, "parameters");

@@ -276,6 +276,19 @@ class HttpServerTest : public ::testing::Test {
     return sse;
   }
 
+  // The generation APIs' tests' prompt and the fake model's 5-token greedy continuation.
+  struct GreedyCase {
+    int vocab;
+    std::string inputs;
+    std::vector<int32_t> prompt, greedy;
+  };
+  GreedyCase FiveGreedyTokens() const {
+    GreedyCase c{.vocab = setup_.runner.vocab_size, .inputs = "def add(a, b):\n    return "};
+    c.prompt = FixtureTokenizer().Encode(c.inputs);
+    c.greedy = GreedyReference(c.prompt, 5, c.vocab);
+    return c;
+  }
+
   // A chat template of role headers ("<|role|>\n" + content + EOS; a continued last message
   // without its EOS), for the APIs read as chat requests.
   static TestSetup WithRoleTemplate(TestSetup setup) {
@@ -1134,11 +1147,8 @@ TEST_F(HttpServerTest, TritonGenerateAndStreamAgreeWithTheModel) {
   TestSetup setup = DefaultSetup();
   setup.step_delay = absl::Milliseconds(3);  // steps slow enough that the stream has several events
   Start(setup);
-  const int vocab = setup_.runner.vocab_size;
   const Tokenizer& tok = FixtureTokenizer();
-  const std::string inputs = "def add(a, b):\n    return ";
-  const std::vector<int32_t> prompt = tok.Encode(inputs);
-  const std::vector<int32_t> greedy = GreedyReference(prompt, 5, vocab);
+  const auto [vocab, inputs, prompt, greedy] = FiveGreedyTokens();
   ASSERT_EQ(greedy.size(), 5u) << "the reference continuation ended early";
 
   const json body = {{"text_input", inputs}, {"max_tokens", 5}, {"bad_words", ""},
@@ -1236,11 +1246,8 @@ TEST_F(HttpServerTest, TritonGenerateAndStreamAgreeWithTheModel) {
 
 TEST_F(HttpServerTest, TgiGenerateAndStreamAgreeWithTheModel) {
   Start(DefaultSetup());
-  const int vocab = setup_.runner.vocab_size;
   const Tokenizer& tok = FixtureTokenizer();
-  const std::string inputs = "def add(a, b):\n    return ";
-  const std::vector<int32_t> prompt = tok.Encode(inputs);
-  const std::vector<int32_t> greedy = GreedyReference(prompt, 5, vocab);
+  const auto [vocab, inputs, prompt, greedy] = FiveGreedyTokens();
   ASSERT_EQ(greedy.size(), 5u) << "the reference continuation ended early";
 
   json body = {{"inputs", inputs},
