@@ -1245,11 +1245,40 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
     }
   }
-  if (const auto* tools = field("tools");
-      tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return InvalidParam("tools",
-                        "tools are not supported by /v1/responses here (use "
-                        "/v1/chat/completions with tool_choice)");
+  // Function tools ({"type": "function", "name", "description", "parameters", "strict"}) as the
+  // chat's ({"type": "function", "function": {...}}); other tool types are OpenAI's own.
+  if (const auto* tools = field("tools"); tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array()) return TypeError("tools", "a list of function tools");
+    nlohmann::ordered_json chat_tools = nlohmann::ordered_json::array();
+    for (const auto& tool : *tools) {
+      const auto type = tool.is_object() ? tool.find("type") : tool.end();
+      if (!tool.is_object() || type == tool.end() || *type != "function") {
+        return InvalidParam(
+            "tools", absl::StrCat("tools of type ", type == tool.end() ? "null" : type->dump(),
+                                  " are not supported (function tools only)"));
+      }
+      nlohmann::ordered_json function = tool;
+      function.erase("type");
+      function.erase("strict");
+      chat_tools.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    if (!chat_tools.empty()) chat["tools"] = std::move(chat_tools);
+    request.tools = json::parse(tools->dump());
+  }
+  if (const auto* choice = field("tool_choice"); choice != nullptr && !choice->is_null()) {
+    // {"type": "function", "name"} names a function; the strings are the chat's.
+    const auto type = choice->is_object() ? choice->find("type") : choice->end();
+    const auto name = choice->is_object() ? choice->find("name") : choice->end();
+    if (choice->is_string()) {
+      chat["tool_choice"] = *choice;
+    } else if (type != choice->end() && *type == "function" && name != choice->end()) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
+    } else {
+      return TypeError("tool_choice",
+                       "\"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"name\": ...}");
+    }
+    request.tool_choice = json::parse(choice->dump());
   }
   if (const auto* background = field("background");
       background != nullptr && !(background->is_boolean() && !background->get<bool>())) {
@@ -1290,6 +1319,51 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
     request.conversation.push_back(
         {{"role", role == "developer" ? "system" : role}, {"content", std::move(text)}});
   };
+  // An earlier call ({"type": "function_call", "call_id", "name", "arguments"}): a tool call of
+  // an assistant message (consecutive calls in one), and its result ({"type":
+  // "function_call_output", "call_id", "output"}): a tool message.
+  auto string_field = [](const nlohmann::ordered_json& item,
+                         const char* key) -> const std::string* {
+    const auto it = item.find(key);
+    return it != item.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+  };
+  auto add_function_call = [&](const nlohmann::ordered_json& item) -> absl::Status {
+    const std::string* call_id = string_field(item, "call_id");
+    const std::string* name = string_field(item, "name");
+    const std::string* arguments = string_field(item, "arguments");
+    if (call_id == nullptr || name == nullptr || arguments == nullptr) {
+      return TypeError("input", "function_call items with a string call_id, name and arguments");
+    }
+    request.input_items.push_back({{"type", "function_call"},
+                                   {"call_id", *call_id},
+                                   {"name", *name},
+                                   {"arguments", *arguments}});
+    nlohmann::ordered_json call = {{"id", *call_id},
+                                   {"type", "function"},
+                                   {"function", {{"name", *name}, {"arguments", *arguments}}}};
+    nlohmann::ordered_json& conversation = request.conversation;
+    if (!conversation.empty() && conversation.back()["role"] == "assistant" &&
+        conversation.back().contains("tool_calls")) {
+      conversation.back()["tool_calls"].push_back(std::move(call));
+    } else {
+      conversation.push_back({{"role", "assistant"},
+                              {"content", ""},
+                              {"tool_calls", nlohmann::ordered_json::array({std::move(call)})}});
+    }
+    return absl::OkStatus();
+  };
+  auto add_function_output = [&](const nlohmann::ordered_json& item) -> absl::Status {
+    const std::string* call_id = string_field(item, "call_id");
+    const std::string* output = string_field(item, "output");
+    if (call_id == nullptr || output == nullptr) {
+      return TypeError("input", "function_call_output items with a string call_id and output");
+    }
+    request.input_items.push_back(
+        {{"type", "function_call_output"}, {"call_id", *call_id}, {"output", *output}});
+    request.conversation.push_back(
+        {{"role", "tool"}, {"tool_call_id", *call_id}, {"content", *output}});
+    return absl::OkStatus();
+  };
   const auto* input = field("input");
   if (input == nullptr) return InvalidParam("input", "'input' is required");
   if (input->is_string()) {
@@ -1298,9 +1372,18 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
     for (const auto& item : *input) {
       if (!item.is_object()) return TypeError("input", "a string or a list of messages");
       const auto type = item.find("type");
+      if (type != item.end() && *type == "function_call") {
+        RETURN_IF_ERROR(add_function_call(item));
+        continue;
+      }
+      if (type != item.end() && *type == "function_call_output") {
+        RETURN_IF_ERROR(add_function_output(item));
+        continue;
+      }
       if (type != item.end() && *type != "message") {
-        return InvalidParam("input", absl::StrCat("input items of type ", type->dump(),
-                                                  " are not supported (messages only)"));
+        return InvalidParam("input",
+                            absl::StrCat("input items of type ", type->dump(),
+                                         " are not supported (messages and function calls)"));
       }
       const auto role = item.find("role");
       const auto content = item.find("content");
@@ -1382,29 +1465,16 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
                                                  "guided_grammar",
                                                  "priority",
                                                  "skip_special_tokens",
-                                                 "chat_template_kwargs"};
-  static constexpr std::string_view kRead[] = {"input",
-                                               "instructions",
-                                               "max_output_tokens",
-                                               "text",
-                                               "metadata",
-                                               "store",
-                                               "tools",
-                                               "tool_choice",
-                                               "parallel_tool_calls",
-                                               "background",
-                                               "include",
-                                               "truncation",
-                                               "previous_response_id",
-                                               "reasoning",
-                                               "conversation",
-                                               "prompt",
-                                               "service_tier"};
+                                                 "chat_template_kwargs",
+                                                 "parallel_tool_calls"};
+  static constexpr std::string_view kRead[] = {
+      "input",       "instructions", "max_output_tokens",
+      "text",        "metadata",     "store",
+      "tools",       "tool_choice",  "background",
+      "include",     "truncation",   "previous_response_id",
+      "reasoning",   "conversation", "prompt",
+      "service_tier"};
   RETURN_IF_ERROR(RouteFields(object, kPassed, kRead, "/v1/responses", &chat));
-  if (const auto* choice = field("tool_choice");
-      choice != nullptr && *choice != "none" && *choice != "auto") {
-    return InvalidParam("tool_choice", "tools are not supported by /v1/responses here");
-  }
   static constexpr std::pair<absl::string_view, absl::string_view> kChatNames[] = {
       {"max_tokens", "max_output_tokens"},
       {"messages", "input"},
@@ -1413,6 +1483,10 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
   absl::StatusOr<ChatRequest> parsed = ParseChatRequest(chat.dump(), defaults);
   if (!parsed.ok()) return RenameChatError(parsed.status(), kChatNames);
   if (parsed->common.params.n != 1) return InvalidParam("n", "one response a call");
+  if (const auto* parallel = field("parallel_tool_calls");
+      parallel != nullptr && parallel->is_boolean()) {
+    request.parallel_tool_calls = parallel->get<bool>();
+  }
   request.chat = *std::move(parsed);
   return request;
 }

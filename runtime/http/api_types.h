@@ -166,8 +166,10 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body,
 // do not), store, max_output_tokens, temperature, top_p, stream, text.format (text, json_object,
 // json_schema), metadata; vLLM's sampling extras (seed, top_k, min_p, repetition_penalty, stop,
 // structured_outputs, ...) as on chat. Read as the chat request it amounts to (errors name the
-// Responses fields); tools, reasoning, background, images and other item types are refused by
-// name.
+// Responses fields). Function tools, tool_choice and parallel_tool_calls are the chat's (so
+// "auto" needs the server's tool-call parser), and input items of type function_call /
+// function_call_output are the conversation's earlier calls and their results. Other tool types,
+// reasoning, background, images and other item types are refused by name.
 struct ResponsesRequest {
   ChatRequest chat;
   std::optional<std::string> instructions;
@@ -182,6 +184,10 @@ struct ResponsesRequest {
   // This request's input as the API lists it (GET /v1/responses/{id}/input_items): message items
   // {type, role, content: [{type: input_text | output_text, text}]}, without ids.
   nlohmann::json input_items = nlohmann::json::array();
+  // As the client gave them (echoed in the response); chat.tool_choice is what they amount to.
+  nlohmann::json tools = nlohmann::json::array();
+  nlohmann::json tool_choice = "auto";
+  bool parallel_tool_calls = true;
 };
 // The conversation stored under a previous_response_id (ResponseStore::Entry::conversation), or
 // the error to answer (404 naming previous_response_id when it is unknown).

@@ -99,22 +99,12 @@ json ChatJob::TextDelta(int i, const std::string& text, bool finished) {
 
 json ChatJob::Message(int i) const {
   const CompletionJob::Choice& c = inner().choice(i);
-  std::vector<ToolCall> calls;
-  json content = nullptr;
-  if (tool_choice_.mode == ToolChoiceMode::kNamed) {
-    calls.push_back({.name = tool_choice_.name, .arguments = c.text});
-  } else if (tool_choice_.mode == ToolChoiceMode::kRequired) {
-    calls = ReadToolCallList(c.text).value_or(std::vector<ToolCall>{});
-  } else if (tool_choice_.mode == ToolChoiceMode::kAuto) {
-    AutoToolAnswer answer = ReadHermesToolCalls(c.text);
-    calls = std::move(answer.calls);
-    if (answer.content.has_value()) content = *std::move(answer.content);
-  }
-  if (calls.empty()) return {{"role", "assistant"}, {"content", echo_ + c.text}};
+  ToolAnswer answer = ReadToolAnswer(tool_choice_, c.text);
+  if (answer.calls.empty()) return {{"role", "assistant"}, {"content", echo_ + c.text}};
   json tool_calls = json::array();
-  for (const ToolCall& call : calls) tool_calls.push_back(ToolCallJson(call));
+  for (const ToolCall& call : answer.calls) tool_calls.push_back(ToolCallJson(call));
   return {{"role", "assistant"},
-          {"content", std::move(content)},
+          {"content", answer.content.has_value() ? json(*answer.content) : json(nullptr)},
           {"tool_calls", std::move(tool_calls)}};
 }
 

@@ -24,7 +24,19 @@ void ResponsesJob::Store() {
   if (stored_ || options_.store == nullptr || !finished() || !error().ok()) return;
   stored_ = true;
   nlohmann::ordered_json conversation = options_.conversation;
-  conversation.push_back({{"role", "assistant"}, {"content", inner().choice(0).text}});
+  const json output = OutputItems();
+  nlohmann::ordered_json answer = {{"role", "assistant"}, {"content", ""}};
+  for (const json& item : output) {
+    if (item["type"] == "message") {
+      answer["content"] = item["content"][0]["text"].get<std::string>();
+    } else {
+      answer["tool_calls"].push_back(
+          {{"id", item["call_id"]},
+           {"type", "function"},
+           {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
+    }
+  }
+  conversation.push_back(std::move(answer));
   json items = options_.input_items;
   for (size_t i = 0; i < items.size(); ++i) {
     items[i]["id"] = absl::StrCat(item_id_, "_in", i);
@@ -35,14 +47,14 @@ void ResponsesJob::Store() {
                                     .conversation = std::move(conversation)});
 }
 
-json ResponsesJob::TextPart() const {
+json ResponsesJob::TextPart(const std::string& text) {
   return {{"type", "output_text"},
-          {"text", inner().choice(0).text},
+          {"text", text},
           {"annotations", json::array()},
           {"logprobs", json::array()}};
 }
 
-json ResponsesJob::Message() const {
+json ResponsesJob::Message(const std::string& text) const {
   const CompletionJob::Choice& c = inner().choice(0);
   const char* status = !c.finish_reason.has_value()              ? "in_progress"
                        : *c.finish_reason == FinishReason::kStop ? "completed"
@@ -51,7 +63,29 @@ json ResponsesJob::Message() const {
           {"id", item_id_},
           {"status", status},
           {"role", "assistant"},
-          {"content", json::array({TextPart()})}};
+          {"content", json::array({TextPart(text)})}};
+}
+
+json ResponsesJob::OutputItems() const {
+  const CompletionJob::Choice& c = inner().choice(0);
+  json items = json::array();
+  if (streams_text()) {
+    items.push_back(Message(c.text));
+    return items;
+  }
+  ToolAnswer answer = ReadToolAnswer(options_.tool_choice, c.text);
+  if (answer.content.has_value()) items.push_back(Message(*answer.content));
+  const std::string suffix(absl::StripPrefix(options_.id, "resp_"));
+  for (size_t k = 0; k < answer.calls.size(); ++k) {
+    // call_id: what the client's function_call_output names; unique as the response id is.
+    items.push_back({{"type", "function_call"},
+                     {"id", absl::StrCat("fc_", suffix, "_", k)},
+                     {"call_id", absl::StrCat("call_", suffix, "_", k)},
+                     {"name", answer.calls[k].name},
+                     {"arguments", answer.calls[k].arguments},
+                     {"status", "completed"}});
+  }
+  return items;
 }
 
 json ResponsesJob::Response(bool failed) const {
@@ -79,7 +113,7 @@ json ResponsesJob::Response(bool failed) const {
              {"output_tokens", output_tokens},
              {"output_tokens_details", {{"reasoning_tokens", 0}}},
              {"total_tokens", input + output_tokens}};
-    if (!failed) output.push_back(Message());
+    if (!failed) output = OutputItems();
   }
   return {
       {"id", options_.id},
@@ -94,7 +128,7 @@ json ResponsesJob::Response(bool failed) const {
        options_.max_output_tokens.has_value() ? json(*options_.max_output_tokens) : json(nullptr)},
       {"model", inner().options().model},
       {"output", std::move(output)},
-      {"parallel_tool_calls", false},
+      {"parallel_tool_calls", options_.parallel_tool_calls},
       {"previous_response_id", options_.previous_response_id.has_value()
                                    ? json(*options_.previous_response_id)
                                    : json(nullptr)},
@@ -102,8 +136,8 @@ json ResponsesJob::Response(bool failed) const {
       {"store", options_.store != nullptr},
       {"temperature", options_.temperature},
       {"text", {{"format", options_.text_format}}},
-      {"tool_choice", "none"},
-      {"tools", json::array()},
+      {"tool_choice", options_.tool_choice_given},
+      {"tools", options_.tools},
       {"top_p", options_.top_p},
       {"truncation", "disabled"},
       {"usage", std::move(usage)},
@@ -117,26 +151,69 @@ std::string ResponsesJob::Event(const std::string& type, json data) const {
 }
 
 std::string ResponsesJob::OpeningChunks() {
-  json part = TextPart();
   std::string chunks = Event("response.created", {{"response", Response()}});
   absl::StrAppend(&chunks, Event("response.in_progress", {{"response", Response()}}));
-  json item = Message();
+  if (!streams_text()) return chunks;  // the items come whole at the end
+  json item = Message("");
   item["status"] = "in_progress";
   item["content"] = json::array();
   absl::StrAppend(&chunks,
                   Event("response.output_item.added", {{"output_index", 0}, {"item", item}}));
-  part["text"] = "";
   absl::StrAppend(&chunks, Event("response.content_part.added", {{"item_id", item_id_},
                                                                  {"output_index", 0},
                                                                  {"content_index", 0},
-                                                                 {"part", std::move(part)}}));
+                                                                 {"part", TextPart("")}}));
+  return chunks;
+}
+
+std::string ResponsesJob::ItemEvents(int index, const json& item) const {
+  json added = item;
+  added["status"] = "in_progress";
+  const bool message = item["type"] == "message";
+  if (message) {
+    added["content"] = json::array();
+  } else {
+    added["arguments"] = "";
+  }
+  std::string chunks =
+      Event("response.output_item.added", {{"output_index", index}, {"item", std::move(added)}});
+  const json id = item["id"];
+  if (message) {
+    const std::string text = item["content"][0]["text"];
+    const json at = {{"item_id", id}, {"output_index", index}, {"content_index", 0}};
+    json part = at;
+    part["part"] = TextPart("");
+    absl::StrAppend(&chunks, Event("response.content_part.added", std::move(part)));
+    json delta = at;
+    delta["delta"] = text;
+    delta["logprobs"] = json::array();
+    absl::StrAppend(&chunks, Event("response.output_text.delta", std::move(delta)));
+    json done = at;
+    done["text"] = text;
+    done["logprobs"] = json::array();
+    absl::StrAppend(&chunks, Event("response.output_text.done", std::move(done)));
+    json part_done = at;
+    part_done["part"] = TextPart(text);
+    absl::StrAppend(&chunks, Event("response.content_part.done", std::move(part_done)));
+  } else {
+    absl::StrAppend(
+        &chunks, Event("response.function_call_arguments.delta",
+                       {{"item_id", id}, {"output_index", index}, {"delta", item["arguments"]}}));
+    absl::StrAppend(&chunks, Event("response.function_call_arguments.done",
+                                   {{"item_id", id},
+                                    {"output_index", index},
+                                    {"name", item["name"]},
+                                    {"arguments", item["arguments"]}}));
+  }
+  absl::StrAppend(&chunks,
+                  Event("response.output_item.done", {{"output_index", index}, {"item", item}}));
   return chunks;
 }
 
 bool ResponsesJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
   Store();
-  if (chunks == nullptr) return got;
+  if (chunks == nullptr || !streams_text()) return got;
   const std::string& text = inner().choice(0).text;
   if (text.size() > streamed_bytes_) {
     absl::StrAppend(chunks,
@@ -159,16 +236,24 @@ std::string ResponsesJob::ClosingChunks(const absl::Status& error) const {
     absl::StrAppend(&chunks, Event("response.failed", {{"response", Response(/*failed=*/true)}}));
     return chunks;
   }
-  const json base = {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}};
-  json done = base;
-  done["text"] = inner().choice(0).text;
-  done["logprobs"] = json::array();
-  absl::StrAppend(&chunks, Event("response.output_text.done", std::move(done)));
-  json part = base;
-  part["part"] = TextPart();
-  absl::StrAppend(&chunks, Event("response.content_part.done", std::move(part)));
-  absl::StrAppend(&chunks,
-                  Event("response.output_item.done", {{"output_index", 0}, {"item", Message()}}));
+  if (streams_text()) {
+    const std::string& text = inner().choice(0).text;
+    const json base = {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}};
+    json done = base;
+    done["text"] = text;
+    done["logprobs"] = json::array();
+    absl::StrAppend(&chunks, Event("response.output_text.done", std::move(done)));
+    json part = base;
+    part["part"] = TextPart(text);
+    absl::StrAppend(&chunks, Event("response.content_part.done", std::move(part)));
+    absl::StrAppend(&chunks, Event("response.output_item.done",
+                                   {{"output_index", 0}, {"item", Message(text)}}));
+  } else {
+    const json items = OutputItems();
+    for (size_t i = 0; i < items.size(); ++i) {
+      absl::StrAppend(&chunks, ItemEvents(static_cast<int>(i), items[i]));
+    }
+  }
   json response = Response();
   const std::string type =
       response["status"] == "completed" ? "response.completed" : "response.incomplete";

@@ -16,6 +16,11 @@
 //            response.content_part.done, response.output_item.done, then response.completed or
 //            response.incomplete (the whole response); on an error, an `error` event and
 //            response.failed. No [DONE] marker (the Responses API has none).
+//   tools:   with a tool choice the text is read as content and calls at the end
+//            (ReadToolAnswer): a message item when there is content, then a function_call item
+//            {"id": "fc_...", "call_id", "name", "arguments", "status"} a call; streamed, every
+//            item's events come after the sample finished (function_call_arguments.delta / .done
+//            for a call).
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
@@ -27,6 +32,7 @@
 #include "runtime/http/api_types.h"
 #include "runtime/http/completion_job.h"
 #include "runtime/http/response_store.h"
+#include "runtime/http/tool_calls.h"
 
 namespace mqa {
 
@@ -44,6 +50,12 @@ struct ResponsesJobOptions {
   std::shared_ptr<ResponseStore> store;
   nlohmann::ordered_json conversation;  // ResponsesRequest::conversation
   nlohmann::json input_items;           // ResponsesRequest::input_items
+  // With tools: what the text amounts to (ReadToolAnswer) and the request's tools and
+  // tool_choice as given, echoed.
+  ToolChoice tool_choice;
+  nlohmann::json tools = nlohmann::json::array();
+  nlohmann::json tool_choice_given = "auto";
+  bool parallel_tool_calls = true;
 };
 
 class ResponsesJob : public CompletionJobView {
@@ -58,8 +70,14 @@ class ResponsesJob : public CompletionJobView {
  private:
   // The Response object as it stands: "in_progress" until the sample finished.
   nlohmann::json Response(bool failed = false) const;
-  nlohmann::json Message() const;
-  nlohmann::json TextPart() const;
+  // The finished answer's output items: a message (its content, when there is any) and a
+  // function_call item a call.
+  nlohmann::json OutputItems() const;
+  nlohmann::json Message(const std::string& text) const;
+  static nlohmann::json TextPart(const std::string& text);
+  // The events that bring `item` (index `index`) out whole: added, its content, done.
+  std::string ItemEvents(int index, const nlohmann::json& item) const;
+  bool streams_text() const { return options_.tool_choice.mode == ToolChoiceMode::kNone; }
   std::string Event(const std::string& type, nlohmann::json data) const;
 
   // Keeps the finished response in options_.store (once).

@@ -214,6 +214,9 @@ struct HttpServer::Impl {
                                                                   bool* stream);
   absl::StatusOr<std::shared_ptr<AnthropicJob>> StartAnthropicJob(const httplib::Request& req,
                                                                   bool* stream);
+  // A chat request whose tool_choice is "auto": refused without a tool-call parser (400 naming
+  // tool_choice), else set to keep special tokens in its text.
+  absl::Status CheckAutoToolChoice(ChatRequest& chat) const;
   // A chat-shaped request of another API (Responses, Anthropic's Messages): its rendered prompt
   // as one CompletionJob.
   absl::StatusOr<std::shared_ptr<CompletionJob>> SubmitChat(ChatRequest& chat, absl::Time arrival);
@@ -760,18 +763,7 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
   ASSIGN_OR_RETURN(ChatRequest chat, ParseChatRequest(req.body, options.sampling_defaults));
   CompletionRequest& request = chat.common;
   RETURN_IF_ERROR(CheckModel(request.model));
-  if (chat.tool_choice.mode == ToolChoiceMode::kAuto) {
-    if (options.tool_call_parser.empty()) {
-      return InvalidParam(
-          "tool_choice",
-          "\"auto\" tool choice (the default when tools are given) needs the server started "
-          "with --enable-auto-tool-choice --tool-call-parser hermes (a parser of the model's "
-          "tool-call format); or give tool_choice \"required\" or {\"type\": \"function\", "
-          "\"function\": {\"name\": ...}} (the output is then guided to a call), or \"none\"");
-    }
-    // The parser reads the calls' tags, which a tokenizer may hold as special tokens.
-    request.params.skip_special_tokens = false;
-  }
+  RETURN_IF_ERROR(CheckAutoToolChoice(chat));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));
   request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   // The token scores reach the choices without the completions API's logprobs object.
@@ -791,10 +783,26 @@ absl::StatusOr<std::shared_ptr<ChatJob>> HttpServer::Impl::StartChatJob(const ht
                                    std::move(echo), std::move(chat.tool_choice));
 }
 
+absl::Status HttpServer::Impl::CheckAutoToolChoice(ChatRequest& chat) const {
+  if (chat.tool_choice.mode != ToolChoiceMode::kAuto) return absl::OkStatus();
+  if (options.tool_call_parser.empty()) {
+    return InvalidParam(
+        "tool_choice",
+        "\"auto\" tool choice (the default when tools are given) needs the server started "
+        "with --enable-auto-tool-choice --tool-call-parser hermes (a parser of the model's "
+        "tool-call format); or give tool_choice \"required\" or a named function (the output is "
+        "then guided to a call), or \"none\"");
+  }
+  // The parser reads the calls' tags, which a tokenizer may hold as special tokens.
+  chat.common.params.skip_special_tokens = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<CompletionJob>> HttpServer::Impl::SubmitChat(ChatRequest& chat,
                                                                             absl::Time arrival) {
   CompletionRequest& request = chat.common;
   RETURN_IF_ERROR(CheckModel(request.model));
+  RETURN_IF_ERROR(CheckAutoToolChoice(chat));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPrompt(chat.chat));
   request.prompts.push_back({.is_text = false, .token_ids = std::move(ids)});
   return SubmitJob(request, request.params,
@@ -839,7 +847,11 @@ absl::StatusOr<std::shared_ptr<ResponsesJob>> HttpServer::Impl::StartResponsesJo
           .previous_response_id = responses.previous_response_id,
           .store = responses.store && stored_responses->enabled() ? stored_responses : nullptr,
           .conversation = std::move(responses.conversation),
-          .input_items = std::move(responses.input_items)});
+          .input_items = std::move(responses.input_items),
+          .tool_choice = responses.chat.tool_choice,
+          .tools = std::move(responses.tools),
+          .tool_choice_given = std::move(responses.tool_choice),
+          .parallel_tool_calls = responses.parallel_tool_calls});
 }
 
 absl::StatusOr<std::shared_ptr<AnthropicJob>> HttpServer::Impl::StartAnthropicJob(

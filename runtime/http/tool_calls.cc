@@ -60,10 +60,10 @@ size_t PartialTagTail(absl::string_view text, absl::string_view tag) {
 
 }  // namespace
 
-AutoToolAnswer ReadHermesToolCalls(absl::string_view text) {
+ToolAnswer ReadHermesToolCalls(absl::string_view text) {
   const size_t first = text.find(kCallOpen);
   if (first == absl::string_view::npos) return {.content = std::string(text)};
-  AutoToolAnswer answer;
+  ToolAnswer answer;
   for (size_t at = first; at != absl::string_view::npos; at = text.find(kCallOpen, at)) {
     const size_t body = at + kCallOpen.size();
     const size_t close = text.find(kCallClose, body);
@@ -76,6 +76,23 @@ AutoToolAnswer ReadHermesToolCalls(absl::string_view text) {
   const absl::string_view before = text.substr(0, first);
   if (!absl::StripAsciiWhitespace(before).empty()) answer.content = std::string(before);
   return answer;
+}
+
+ToolAnswer ReadToolAnswer(const ToolChoice& choice, absl::string_view text) {
+  switch (choice.mode) {
+    case ToolChoiceMode::kNone:
+      break;
+    case ToolChoiceMode::kNamed:
+      return {.calls = {{.name = choice.name, .arguments = std::string(text)}}};
+    case ToolChoiceMode::kRequired:
+      if (std::optional<std::vector<ToolCall>> calls = ReadToolCallList(text); calls.has_value()) {
+        return {.calls = *std::move(calls)};
+      }
+      break;
+    case ToolChoiceMode::kAuto:
+      return ReadHermesToolCalls(text);
+  }
+  return {.content = std::string(text)};
 }
 
 HermesToolCallStreamer::Delta HermesToolCallStreamer::Feed(absl::string_view text, bool finished) {

@@ -64,16 +64,21 @@ class ToolCallArrayScanner {
 // The tool-call parsers of "auto" (vLLM's --tool-call-parser names).
 inline constexpr const char* kToolCallParsers[] = {"hermes"};
 
+// A finished chat answer: its content (null: none) and its calls.
+struct ToolAnswer {
+  std::optional<std::string> content;
+  std::vector<ToolCall> calls;
+};
 // An "auto" answer read by the Hermes parser: the text before the first `<tool_call>` is the
 // content (null when it is only whitespace and calls follow), each block's JSON object
 // {"name": string, "arguments": object or JSON text} a call; text between and after the blocks is
 // dropped. When a block does not read (bad JSON, unclosed: cut by max_tokens), there are no calls
 // and the whole text is the content, as vLLM answers.
-struct AutoToolAnswer {
-  std::optional<std::string> content;
-  std::vector<ToolCall> calls;
-};
-AutoToolAnswer ReadHermesToolCalls(absl::string_view text);
+ToolAnswer ReadHermesToolCalls(absl::string_view text);
+// What a finished answer amounts to under `choice`: kNone the text as content; kNamed one call of
+// the named function whose arguments are the text; kRequired the text's list of calls (the text
+// as content when it is not a complete list); kAuto ReadHermesToolCalls.
+ToolAnswer ReadToolAnswer(const ToolChoice& choice, absl::string_view text);
 
 // The Hermes form while it streams. Fed the whole text so far, returns what may be sent now:
 // content up to the first `<tool_call>` (holding back a tail that could be the tag's start, and

@@ -567,6 +567,34 @@ def test_auto_tool_choice_through_the_openai_client(server):
         (call.function.name, call.function.arguments)]
 
 
+def test_responses_function_tools_through_the_openai_client(server):
+    # Function tools on the Responses API: a named function's call as a function_call item; its
+    # result sent back as function_call_output with previous_response_id.
+    c = client(server)
+    tools = [{"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"]}}]
+    called = c.responses.create(model=server.model, input="weather?", tools=tools,
+                                tool_choice={"type": "function", "name": "get_weather"},
+                                max_output_tokens=60, temperature=0)
+    [call] = called.output
+    assert call.type == "function_call" and call.name == "get_weather", called.output
+    assert json.loads(call.arguments)["unit"] in ("celsius", "fahrenheit")
+    answer = c.responses.create(
+        model=server.model, previous_response_id=called.id, max_output_tokens=5, temperature=0,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "-3 C"}])
+    assert answer.output[0].type == "message" and answer.output_text
+    # "auto" (this server parses Hermes calls): a guided Hermes answer, streamed.
+    events = list(c.responses.create(
+        model=server.model, input="weather?", tools=tools, max_output_tokens=80, temperature=0,
+        stream=True, extra_body={"guided_regex": r'<tool_call>\{"name": "get_weather", '
+                                                 r'"arguments": \{"unit": "celsius"\}\}</tool_call>'}))
+    final = events[-1].response
+    assert [item.type for item in final.output] == ["function_call"], final.output
+    assert json.loads(final.output[0].arguments) == {"unit": "celsius"}
+    assert "response.function_call_arguments.done" in [e.type for e in events]
+
+
 def test_anthropic_messages_api(server):
     # Anthropic's Messages API (what Anthropic's SDK and tools speaking it send), the key as
     # x-api-key: the answer is the chat's for the same conversation; streamed as its events.

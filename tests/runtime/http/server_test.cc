@@ -1592,6 +1592,122 @@ TEST_F(HttpServerTest, ResponsesAreStoredAndContinued) {
   EXPECT_EQ(client->Get("/v1/responses/resp_nothing/input_items")->status, 404);
 }
 
+// Function tools on the Responses API: a named function's call comes out as a function_call item
+// (arguments guided by its schema); "auto" with the Hermes parser gives a message and a call;
+// streamed, every item's events come at the end and the final response equals the plain one;
+// the call's result goes back as a function_call_output item (with previous_response_id), read as
+// the chat's tool message.
+TEST_F(HttpServerTest, ResponsesFunctionTools) {
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
+  setup.server.max_model_len = setup.engine.max_model_len = 512;
+  setup.server.tool_call_parser = "hermes";
+  Start(setup);
+  const json tools = {{{"type", "function"},
+                       {"name", "get_weather"},
+                       {"parameters",
+                        {{"type", "object"},
+                         {"properties", {{"unit", {{"enum", {"celsius", "fahrenheit"}}}}}},
+                         {"required", {"unit"}}}}}};
+  json named = {{"input", "weather?"},
+                {"tools", tools},
+                {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}},
+                {"temperature", 0},
+                {"max_output_tokens", 60}};
+  const json called = PostOk("/v1/responses", named);
+  ASSERT_EQ(called["output"].size(), 1u) << called;
+  const json& call = called["output"][0];
+  EXPECT_EQ(call["type"], "function_call");
+  EXPECT_EQ(call["name"], "get_weather");
+  EXPECT_EQ(call["status"], "completed");
+  const json arguments = json::parse(call["arguments"].get<std::string>(), nullptr, false);
+  ASSERT_TRUE(arguments.is_object()) << call;
+  EXPECT_TRUE(arguments["unit"] == "celsius" || arguments["unit"] == "fahrenheit") << call;
+  EXPECT_EQ(called["tools"], tools);
+  EXPECT_EQ(called["tool_choice"]["name"], "get_weather");
+
+  // The result back, continuing the stored response: the chat of the same turns answers alike.
+  json result = {
+      {"previous_response_id", called["id"]},
+      {"input",
+       {{{"type", "function_call_output"}, {"call_id", call["call_id"]}, {"output", "-3 C"}}}},
+      {"temperature", 0},
+      {"ignore_eos", true},
+      {"max_output_tokens", 5}};
+  const json answered = PostOk("/v1/responses", result);
+  ASSERT_EQ(answered["output"].size(), 1u) << answered;
+  EXPECT_EQ(answered["output"][0]["type"], "message");  // no tools in this request
+  const json chat =
+      PostOk("/v1/chat/completions",
+             {{"messages",
+               {{{"role", "user"}, {"content", "weather?"}},
+                {{"role", "assistant"},
+                 {"content", ""},
+                 {"tool_calls",
+                  {{{"id", call["call_id"]},
+                    {"type", "function"},
+                    {"function", {{"name", "get_weather"}, {"arguments", call["arguments"]}}}}}}},
+                {{"role", "tool"}, {"tool_call_id", call["call_id"]}, {"content", "-3 C"}}}},
+              {"temperature", 0},
+              {"ignore_eos", true},
+              {"max_tokens", 5}});
+  EXPECT_EQ(answered["output"][0]["content"][0]["text"], chat["choices"][0]["message"]["content"]);
+  EXPECT_EQ(answered["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+  httplib::Result items =
+      Client()->Get("/v1/responses/" + answered["id"].get<std::string>() + "/input_items");
+  ASSERT_TRUE(items && items->status == 200);
+  EXPECT_EQ(json::parse(items->body)["data"][0]["type"], "function_call_output");
+  // The same turns sent by the client itself (the call item, then its output) answer alike.
+  const json manual = PostOk(
+      "/v1/responses",
+      {{"input",
+        {{{"role", "user"}, {"content", "weather?"}},
+         call,
+         {{"type", "function_call_output"}, {"call_id", call["call_id"]}, {"output", "-3 C"}}}},
+       {"temperature", 0},
+       {"ignore_eos", true},
+       {"max_output_tokens", 5}});
+  EXPECT_EQ(manual["output"][0]["content"][0]["text"], answered["output"][0]["content"][0]["text"]);
+
+  // "auto": the model's Hermes answer (a guide makes the fake model write one) as a message and a
+  // call; streamed, the same items after the sample, each with its events.
+  json automatic = {
+      {"input", "weather?"},
+      {"tools", tools},
+      {"temperature", 0},
+      {"max_output_tokens", 100},
+      {"guided_regex",
+       R"re(Checking\.<tool_call>\{"name": "get_weather", "arguments": \{"unit": "celsius"\}\}</tool_call>)re"}};
+  const json plain = PostOk("/v1/responses", automatic);
+  ASSERT_EQ(plain["output"].size(), 2u) << plain;
+  EXPECT_EQ(plain["output"][0]["type"], "message");
+  EXPECT_EQ(plain["output"][0]["content"][0]["text"], "Checking.");
+  EXPECT_EQ(plain["output"][1]["type"], "function_call");
+  EXPECT_EQ(plain["output"][1]["arguments"], R"({"unit":"celsius"})");
+  automatic["stream"] = true;
+  Sse sse = Stream(automatic, 0, "/v1/responses");
+  ASSERT_EQ(sse.status, 200);
+  const std::vector<std::string> expected = {"response.created",
+                                             "response.in_progress",
+                                             "response.output_item.added",
+                                             "response.content_part.added",
+                                             "response.output_text.delta",
+                                             "response.output_text.done",
+                                             "response.content_part.done",
+                                             "response.output_item.done",
+                                             "response.output_item.added",
+                                             "response.function_call_arguments.delta",
+                                             "response.function_call_arguments.done",
+                                             "response.output_item.done",
+                                             "response.completed"};
+  EXPECT_EQ(sse.events, expected);
+  ASSERT_EQ(sse.chunks.size(), expected.size());
+  EXPECT_EQ(sse.chunks[9]["delta"], R"({"unit":"celsius"})");
+  const json& last = sse.chunks.back()["response"];
+  ASSERT_EQ(last["output"].size(), 2u);
+  EXPECT_EQ(last["output"][0]["content"], plain["output"][0]["content"]);
+  EXPECT_EQ(last["output"][1]["arguments"], plain["output"][1]["arguments"]);
+}
+
 TEST_F(HttpServerTest, ResponsesStoreOff) {
   TestSetup setup = WithRoleTemplate(DefaultSetup());
   setup.server.max_stored_responses = 0;
@@ -1695,7 +1811,10 @@ TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
       {json{{"input", {{{"type", "function_call_output"}, {"output", "x"}}}}}, "input"},
       {json{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}}, "input"},
       {json{{"input", "x"}, {"max_output_tokens", 0}}, "max_output_tokens"},
-      {json{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}}}}}, "tools"},
+      {json{{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "tools"},
+      // Function tools are "auto" by default, which needs a tool-call parser (none here).
+      {json{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}}}}}, "tool_choice"},
+      {json{{"input", {{{"type", "function_call"}, {"name", "f"}}}}}, "input"},
       {json{{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}, "text.format"},
       {json{{"input", "x"}, {"background", true}}, "background"},
       {json{{"input", "x"}, {"n", 2}}, "n"},

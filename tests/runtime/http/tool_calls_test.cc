@@ -63,18 +63,18 @@ TEST(ToolCallsTest, ScannerGivesEachCallWhenItsObjectCloses) {
 // The Hermes parser of "auto": content before the first tag, each block a call (arguments as an
 // object, JSON text or absent); anything unreadable gives no calls and the whole text as content.
 TEST(ToolCallsTest, HermesBlocksReadAsCalls) {
-  AutoToolAnswer plain = ReadHermesToolCalls("def f(): pass  # <tool not a call");
+  ToolAnswer plain = ReadHermesToolCalls("def f(): pass  # <tool not a call");
   EXPECT_EQ(plain.content, "def f(): pass  # <tool not a call");
   EXPECT_TRUE(plain.calls.empty());
 
-  AutoToolAnswer two = ReadHermesToolCalls(
+  ToolAnswer two = ReadHermesToolCalls(
       "Let me look.\n<tool_call>\n{\"name\": \"grep\", \"arguments\": {\"pattern\": "
       "\"</tool_call>\", \"n\": 2}}\n</tool_call>\n<tool_call>{\"name\": \"ls\"}</tool_call>\n");
   // (A closing tag inside a string ends the block there: the JSON then does not read.)
   EXPECT_TRUE(two.calls.empty());
   EXPECT_TRUE(absl::StartsWith(*two.content, "Let me look."));
 
-  AutoToolAnswer calls = ReadHermesToolCalls(
+  ToolAnswer calls = ReadHermesToolCalls(
       "Let me look.\n<tool_call>\n{\"name\": \"grep\", \"arguments\": {\"z\": 1, \"a\": "
       "[\"x\"]}}\n</tool_call>\n<tool_call>{\"name\": \"ls\"}</tool_call>"
       "<tool_call>{\"name\": \"cat\", \"arguments\": \"{\\\"f\\\": 1}\"}</tool_call>\n");
@@ -86,7 +86,7 @@ TEST(ToolCallsTest, HermesBlocksReadAsCalls) {
   EXPECT_EQ(calls.calls[1].arguments, "{}");
   EXPECT_EQ(calls.calls[2].arguments, R"({"f": 1})");
 
-  AutoToolAnswer only = ReadHermesToolCalls(" \n<tool_call>{\"name\": \"ls\"}</tool_call>");
+  ToolAnswer only = ReadHermesToolCalls(" \n<tool_call>{\"name\": \"ls\"}</tool_call>");
   EXPECT_FALSE(only.content.has_value());  // whitespace before the calls is no content
   ASSERT_EQ(only.calls.size(), 1u);
 
@@ -94,7 +94,7 @@ TEST(ToolCallsTest, HermesBlocksReadAsCalls) {
                           "x<tool_call>not json</tool_call>",
                           "x<tool_call>{\"name\": \"f\", \"arguments\": 3}</tool_call>",
                           "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{</tool_call>"}) {
-    AutoToolAnswer answer = ReadHermesToolCalls(bad);
+    ToolAnswer answer = ReadHermesToolCalls(bad);
     EXPECT_TRUE(answer.calls.empty()) << bad;
     EXPECT_EQ(answer.content, bad);
   }
@@ -113,7 +113,7 @@ TEST(ToolCallsTest, HermesStreamerMatchesThePlainAnswer) {
       "  \n",
   };
   for (const std::string& text : texts) {
-    const AutoToolAnswer plain = ReadHermesToolCalls(text);
+    const ToolAnswer plain = ReadHermesToolCalls(text);
     for (size_t step : {size_t{1}, size_t{2}, size_t{5}, text.size()}) {
       HermesToolCallStreamer streamer;
       std::string content;
