@@ -12,7 +12,7 @@ APT_PACKAGES=(
 # Python tools for tests and benchmarks (end-to-end clients, metrics parser), and a CMake that
 # knows nvcc 13's C++20 flag (Debian 12's 3.25 does not).
 PIP_PACKAGES=("cmake>=3.31,<4.2" "openai>=1.66" "prometheus_client" "aiohttp" "pytest" "requests"
-              "huggingface_hub>=0.26")
+              "huggingface_hub>=0.26" "anthropic>=0.40")
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

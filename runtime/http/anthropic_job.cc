@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "runtime/http/api_types.h"
 #include "runtime/status.h"
 
@@ -18,8 +19,10 @@ std::string Event(const std::string& type, json data) {
 
 }  // namespace
 
-AnthropicJob::AnthropicJob(std::shared_ptr<CompletionJob> inner)
-    : CompletionJobView(std::move(inner)), id_(absl::StrCat("msg_", this->inner().options().id)) {
+AnthropicJob::AnthropicJob(std::shared_ptr<CompletionJob> inner, ToolChoice tool_choice)
+    : CompletionJobView(std::move(inner)),
+      id_(absl::StrCat("msg_", this->inner().options().id)),
+      tool_choice_(std::move(tool_choice)) {
   MQA_CHECK(this->inner().num_prompts() == 1 && this->inner().num_choices() == 1);
 }
 
@@ -28,6 +31,9 @@ json AnthropicJob::StopFields() const {
   if (!c.finish_reason.has_value()) return {{"stop_reason", nullptr}, {"stop_sequence", nullptr}};
   if (*c.finish_reason == FinishReason::kLength) {
     return {{"stop_reason", "max_tokens"}, {"stop_sequence", nullptr}};
+  }
+  if (!streams_text() && !ReadToolAnswer(tool_choice_, c.text).calls.empty()) {
+    return {{"stop_reason", "tool_use"}, {"stop_sequence", nullptr}};
   }
   // A stop string ended it (stop_sequences), or the model's end of turn (EOS, a stop token).
   if (*c.finish_reason == FinishReason::kStop && !c.stop_reason.empty() &&
@@ -57,27 +63,49 @@ json AnthropicJob::MessageObject(bool in_progress) const {
     message["stop_reason"] = nullptr;
     message["stop_sequence"] = nullptr;
   } else {
-    message["content"].push_back({{"type", "text"}, {"text", inner().choice(0).text}});
+    message["content"] = ContentBlocks();
     message.update(StopFields());
   }
   message["usage"] = Usage();
   return message;
 }
 
+json AnthropicJob::ContentBlocks() const {
+  const std::string& text = inner().choice(0).text;
+  json blocks = json::array();
+  if (streams_text()) {
+    blocks.push_back({{"type", "text"}, {"text", text}});
+    return blocks;
+  }
+  ToolAnswer answer = ReadToolAnswer(tool_choice_, text);
+  if (answer.content.has_value()) blocks.push_back({{"type", "text"}, {"text", *answer.content}});
+  for (size_t k = 0; k < answer.calls.size(); ++k) {
+    json input = json::parse(answer.calls[k].arguments, nullptr, false);
+    if (!input.is_object()) input = json::object();  // (guided calls are objects)
+    blocks.push_back({{"type", "tool_use"},
+                      {"id", absl::StrCat("toolu_", absl::StripPrefix(id_, "msg_"), "_", k)},
+                      {"name", answer.calls[k].name},
+                      {"input", std::move(input)}});
+  }
+  return blocks;
+}
+
 std::string AnthropicJob::OpeningChunks() {
   json start = MessageObject(/*in_progress=*/true);
   start["usage"]["output_tokens"] = 0;
   std::string chunks = Event("message_start", {{"message", std::move(start)}});
-  absl::StrAppend(&chunks,
-                  Event("content_block_start",
-                        {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  if (streams_text()) {  // with tools the blocks come whole at the end
+    absl::StrAppend(&chunks,
+                    Event("content_block_start",
+                          {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  }
   absl::StrAppend(&chunks, Event("ping", json::object()));
   return chunks;
 }
 
 bool AnthropicJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
-  if (chunks == nullptr) return got;
+  if (chunks == nullptr || !streams_text()) return got;
   const std::string& text = inner().choice(0).text;
   if (text.size() > streamed_bytes_) {
     absl::StrAppend(
@@ -95,7 +123,29 @@ std::string AnthropicJob::ClosingChunks(const absl::Status& error) const {
     json body = json::parse(ErrorBody(error), nullptr, false);
     return Event("error", body.is_object() ? body : json::object());
   }
-  std::string chunks = Event("content_block_stop", {{"index", 0}});
+  std::string chunks;
+  if (streams_text()) {
+    chunks = Event("content_block_stop", {{"index", 0}});
+  } else {
+    const json blocks = ContentBlocks();
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const json& block = blocks[i];
+      json start = block;
+      json delta;
+      if (block["type"] == "text") {
+        start["text"] = "";
+        delta = {{"type", "text_delta"}, {"text", block["text"]}};
+      } else {
+        start["input"] = json::object();
+        delta = {{"type", "input_json_delta"}, {"partial_json", block["input"].dump()}};
+      }
+      absl::StrAppend(&chunks, Event("content_block_start",
+                                     {{"index", i}, {"content_block", std::move(start)}}));
+      absl::StrAppend(&chunks,
+                      Event("content_block_delta", {{"index", i}, {"delta", std::move(delta)}}));
+      absl::StrAppend(&chunks, Event("content_block_stop", {{"index", i}}));
+    }
+  }
   absl::StrAppend(
       &chunks, Event("message_delta", {{"delta", StopFields()},
                                        {"usage", {{"output_tokens", Usage()["output_tokens"]}}}}));

@@ -9,6 +9,10 @@
 //            content_block_delta (text_delta, each new piece of text), content_block_stop,
 //            message_delta (stop_reason, output_tokens), message_stop; on an error, an `error`
 //            event. Errors in Anthropic's body shape (AnthropicErrorBody).
+//   tools:   with a tool choice the text is read as content and calls at the end (ReadToolAnswer):
+//            a text block when there is content, a tool_use block a call, stop_reason "tool_use";
+//            streamed, the blocks come whole after the sample (a tool_use block's input as one
+//            input_json_delta).
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
@@ -18,12 +22,14 @@
 
 #include "nlohmann/json.hpp"
 #include "runtime/http/completion_job.h"
+#include "runtime/http/tool_calls.h"
 
 namespace mqa {
 
 class AnthropicJob : public CompletionJobView {
  public:
-  explicit AnthropicJob(std::shared_ptr<CompletionJob> inner);
+  // `tool_choice`: what the text amounts to with tools (ReadToolAnswer).
+  explicit AnthropicJob(std::shared_ptr<CompletionJob> inner, ToolChoice tool_choice = {});
 
   bool Drain(absl::Duration timeout, std::string* chunks) override;
   std::string OpeningChunks() override;
@@ -38,8 +44,13 @@ class AnthropicJob : public CompletionJobView {
   // {"stop_reason", "stop_sequence"} of the finished sample.
   nlohmann::json StopFields() const;
   nlohmann::json Usage() const;
+  // The finished answer's content blocks: [{"type": "text"}] without tools; with them a text
+  // block when there is content and a {"type": "tool_use", "id", "name", "input"} block a call.
+  nlohmann::json ContentBlocks() const;
+  bool streams_text() const { return tool_choice_.mode == ToolChoiceMode::kNone; }
 
   const std::string id_;  // msg_<n>
+  const ToolChoice tool_choice_;
   size_t streamed_bytes_ = 0;
 };
 

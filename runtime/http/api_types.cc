@@ -1542,8 +1542,54 @@ absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body, const 
                                                    " (user or assistant; the system prompt is "
                                                    "'system')"));
     }
-    ASSIGN_OR_RETURN(std::string text, AnthropicText(*content, "messages"));
-    messages.push_back({{"role", *role}, {"content", std::move(text)}});
+    // Text blocks are the turn's content; an assistant's tool_use blocks its tool calls, a user's
+    // tool_result blocks tool messages ahead of its text.
+    std::string text;
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    bool results = false;
+    const nlohmann::ordered_json blocks =
+        content->is_array() ? *content : nlohmann::ordered_json::array();
+    if (!content->is_array()) {
+      ASSIGN_OR_RETURN(text, AnthropicText(*content, "messages"));
+    }
+    for (const auto& block : blocks) {
+      const auto type = block.is_object() ? block.find("type") : block.end();
+      if (type != block.end() && *type == "tool_use" && *role == "assistant") {
+        const auto id = block.find("id");
+        const auto name = block.find("name");
+        const auto input = block.find("input");
+        if (id == block.end() || !id->is_string() || name == block.end() || !name->is_string() ||
+            input == block.end() || !input->is_object()) {
+          return TypeError("messages",
+                           "tool_use blocks with a string id and name and an object input");
+        }
+        calls.push_back({{"id", *id},
+                         {"type", "function"},
+                         {"function", {{"name", *name}, {"arguments", input->dump()}}}});
+      } else if (type != block.end() && *type == "tool_result" && *role == "user") {
+        const auto id = block.find("tool_use_id");
+        const auto result = block.find("content");
+        if (id == block.end() || !id->is_string()) {
+          return TypeError("messages", "tool_result blocks with a string tool_use_id");
+        }
+        std::string output;
+        if (result != block.end()) {
+          ASSIGN_OR_RETURN(output, AnthropicText(*result, "messages"));
+        }
+        messages.push_back(
+            {{"role", "tool"}, {"tool_call_id", *id}, {"content", std::move(output)}});
+        results = true;
+      } else {
+        ASSIGN_OR_RETURN(std::string piece,
+                         AnthropicText(nlohmann::ordered_json::array({block}), "messages"));
+        text += piece;
+      }
+    }
+    if (!calls.empty()) {
+      messages.push_back({{"role", *role}, {"content", std::move(text)}, {"tool_calls", calls}});
+    } else if (!results || !text.empty()) {
+      messages.push_back({{"role", *role}, {"content", std::move(text)}});
+    }
   }
   chat["messages"] = std::move(messages);
   // A last assistant turn is a prefill: the answer goes on from it.
@@ -1564,15 +1610,49 @@ absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body, const 
     if (!stops->is_array()) return TypeError("stop_sequences", "a list of strings");
     chat["stop"] = *stops;
   }
-  for (const char* name : {"tools", "mcp_servers"}) {
-    if (const auto* v = field(name); v != nullptr && !(v->is_array() && v->empty())) {
-      return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
-    }
+  if (const auto* v = field("mcp_servers"); v != nullptr && !(v->is_array() && v->empty())) {
+    return InvalidParam("mcp_servers", "'mcp_servers' is not supported by this server");
   }
-  if (const auto* tool_choice = field("tool_choice");
-      tool_choice != nullptr &&
-      !(tool_choice->is_object() && tool_choice->value("type", "") == "none")) {
-    return InvalidParam("tool_choice", "tools are not supported by /v1/messages here");
+  // Client tools ({"name", "description", "input_schema"}) as the chat's functions; Anthropic's
+  // server tools (typed, e.g. web_search_...) run on Anthropic's side.
+  if (const auto* tools = field("tools"); tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array()) return TypeError("tools", "a list of tools");
+    nlohmann::ordered_json functions = nlohmann::ordered_json::array();
+    for (const auto& tool : *tools) {
+      const auto type = tool.is_object() ? tool.find("type") : tool.end();
+      if (!tool.is_object() || (type != tool.end() && !type->is_null() && *type != "custom")) {
+        return InvalidParam(
+            "tools", absl::StrCat("tools of type ", type != tool.end() ? type->dump() : "null",
+                                  " are not supported (client tools only)"));
+      }
+      nlohmann::ordered_json function = {{"name", tool.value("name", nlohmann::ordered_json())}};
+      if (tool.contains("description")) function["description"] = tool["description"];
+      if (tool.contains("input_schema")) function["parameters"] = tool["input_schema"];
+      functions.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    if (!functions.empty()) chat["tools"] = std::move(functions);
+  }
+  if (const auto* choice = field("tool_choice"); choice != nullptr && !choice->is_null()) {
+    const auto type = choice->is_object() ? choice->find("type") : choice->end();
+    const auto name = choice->is_object() ? choice->find("name") : choice->end();
+    if (type == choice->end() || !type->is_string()) {
+      return TypeError("tool_choice", "{\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
+    }
+    if (*type == "auto" || *type == "none") {
+      chat["tool_choice"] = *type;
+    } else if (*type == "any") {
+      chat["tool_choice"] = "required";
+    } else if (*type == "tool" && name != choice->end()) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
+    } else {
+      return TypeError(
+          "tool_choice",
+          "{\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\"}");
+    }
+    const auto serial = choice->find("disable_parallel_tool_use");
+    if (serial != choice->end() && serial->is_boolean() && serial->get<bool>()) {
+      chat["parallel_tool_calls"] = false;
+    }
   }
   if (const auto* thinking = field("thinking");
       thinking != nullptr &&

@@ -862,7 +862,7 @@ absl::StatusOr<std::shared_ptr<AnthropicJob>> HttpServer::Impl::StartAnthropicJo
   ASSIGN_OR_RETURN(ChatRequest chat, ParseAnthropicRequest(req.body, options.sampling_defaults));
   ASSIGN_OR_RETURN(std::shared_ptr<CompletionJob> inner, SubmitChat(chat, arrival));
   *stream = chat.common.stream;
-  return std::make_shared<AnthropicJob>(std::move(inner));
+  return std::make_shared<AnthropicJob>(std::move(inner), chat.tool_choice);
 }
 
 void HttpServer::Impl::HandleAnthropic(const httplib::Request& req, httplib::Response& res) {

@@ -82,10 +82,10 @@ ToolAnswer ReadToolAnswer(const ToolChoice& choice, absl::string_view text);
 
 // The Hermes form while it streams. Fed the whole text so far, returns what may be sent now:
 // content up to the first `<tool_call>` (holding back a tail that could be the tag's start, and
-// leading whitespace) and each call as its block closes. At the end (`finished`), held-back text
-// is released as content, and an unfinished or unreadable block's text is sent as content too
-// (the calls already sent stay). Where ReadHermesToolCalls finds calls, the stream sends the same
-// calls and content.
+// leading whitespace) and each call as its block closes (a block that does not read goes out as
+// content, tag and all). At the end (`finished`), held-back text is released as content, and an
+// unfinished block's text is sent as content too (the calls already sent stay). Where
+// ReadHermesToolCalls finds calls, the stream sends the same calls and content.
 class HermesToolCallStreamer {
  public:
   struct Delta {

@@ -630,6 +630,43 @@ def test_anthropic_messages_api(server):
     assert status == 400 and json.loads(raw)["type"] == "error"
 
 
+def test_anthropic_sdk_with_tools(server):
+    # Anthropic's own SDK: a plain message equal to the chat answer, a named tool's tool_use
+    # block, its tool_result continued, and the stream helper's final message.
+    import anthropic
+
+    GREEDY = {"temperature": 0}  # (sent as a body field: this SDK version's create has no argument)
+
+    a = anthropic.Anthropic(base_url=server.url, api_key=server.api_key or "none")
+    plain = a.messages.create(model=server.model, max_tokens=10, extra_body=GREEDY,
+                              messages=[{"role": "user", "content": "def add(a, b):"}])
+    chat = client(server).chat.completions.create(
+        model=server.model, max_tokens=10, temperature=0,
+        messages=[{"role": "user", "content": "def add(a, b):"}])
+    assert plain.content[0].text == chat.choices[0].message.content
+    tools = [{"name": "get_weather", "description": "The weather.", "input_schema": {
+        "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"]}}]
+    ask = [{"role": "user", "content": "weather?"}]
+    called = a.messages.create(model=server.model, max_tokens=60, extra_body=GREEDY, messages=ask,
+                               tools=tools, tool_choice={"type": "tool", "name": "get_weather"})
+    assert called.stop_reason == "tool_use"
+    [use] = called.content
+    assert use.type == "tool_use" and use.input["unit"] in ("celsius", "fahrenheit")
+    answered = a.messages.create(
+        model=server.model, max_tokens=5, extra_body=GREEDY,
+        messages=ask + [{"role": "assistant", "content": called.content},
+                        {"role": "user", "content": [{"type": "tool_result",
+                                                      "tool_use_id": use.id,
+                                                      "content": "-3 C"}]}])
+    assert answered.content[0].type == "text"
+    with a.messages.stream(model=server.model, max_tokens=100, extra_body=GREEDY, messages=ask,
+                           tools=tools, tool_choice={"type": "any",
+                                                     "disable_parallel_tool_use": True}) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[-1].type == "tool_use"
+
+
 WEATHER_TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",

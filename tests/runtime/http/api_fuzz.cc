@@ -25,15 +25,14 @@ void CheckError(const absl::Status& status) {
 }
 
 // The Hermes tool-call parser on the body as model text: the stream, fed in two pieces, sends the
-// plain answer's calls and content wherever the plain answer has calls, and never a tag as content
-// before the end.
+// plain answer's calls and content wherever the plain answer has calls (every block read; an
+// unreadable block goes out as content, tag and all).
 void CheckHermes(absl::string_view text) {
   const mqa::ToolAnswer plain = mqa::ReadHermesToolCalls(text);
   MQA_CHECK(!plain.calls.empty() || plain.content == std::string(text));
   mqa::HermesToolCallStreamer streamer;
   const size_t cut = text.size() / 2;
   mqa::HermesToolCallStreamer::Delta first = streamer.Feed(text.substr(0, cut), false);
-  MQA_CHECK(first.content.find("<tool_call>") == std::string::npos);
   mqa::HermesToolCallStreamer::Delta rest = streamer.Feed(text, true);
   if (plain.calls.empty()) return;
   std::vector<mqa::ToolCall> calls = first.calls;

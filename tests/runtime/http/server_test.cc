@@ -1847,6 +1847,90 @@ TEST_F(HttpServerTest, ResponsesApiAnswersAsChat) {
 // Anthropic's Messages API: system + messages are the chat's, so the text equals the chat
 // completion's; stop reasons in its words; streamed as its events; the key as x-api-key; errors in
 // its body shape; count_tokens is the rendered prompt's length.
+// Client tools on the Messages API: a named tool's call is a tool_use block (input guided by its
+// schema) with stop_reason "tool_use"; "any" streamed brings the blocks whole at the end; the
+// result goes back as a tool_result block and is read as the chat's tool message.
+TEST_F(HttpServerTest, AnthropicMessagesTools) {
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
+  setup.server.max_model_len = setup.engine.max_model_len = 512;
+  Start(setup);
+  const json tools = {{{"name", "get_weather"},
+                       {"description", "the weather"},
+                       {"input_schema",
+                        {{"type", "object"},
+                         {"properties", {{"unit", {{"enum", {"celsius", "fahrenheit"}}}}}},
+                         {"required", {"unit"}}}}}};
+  const json ask = {{{"role", "user"}, {"content", "weather?"}}};
+  int status = 0;
+  auto post = [&](const json& body) { return Post("/v1/messages", body.dump(), &status); };
+  json named = post({{"max_tokens", 60},
+                     {"messages", ask},
+                     {"tools", tools},
+                     {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}},
+                     {"temperature", 0}});
+  ASSERT_EQ(status, 200) << named;
+  EXPECT_EQ(named["stop_reason"], "tool_use");
+  ASSERT_EQ(named["content"].size(), 1u) << named;
+  const json& use = named["content"][0];
+  EXPECT_EQ(use["type"], "tool_use");
+  EXPECT_EQ(use["name"], "get_weather");
+  EXPECT_TRUE(absl::StartsWith(use["id"].get<std::string>(), "toolu_")) << use;
+  EXPECT_TRUE(use["input"]["unit"] == "celsius" || use["input"]["unit"] == "fahrenheit") << use;
+
+  // The result back: the chat of the same turns answers alike.
+  json result =
+      post({{"max_tokens", 5},
+            {"temperature", 0},
+            {"messages",
+             {ask[0],
+              {{"role", "assistant"}, {"content", {use}}},
+              {{"role", "user"},
+               {"content",
+                {{{"type", "tool_result"}, {"tool_use_id", use["id"]}, {"content", "-3 C"}}}}}}}});
+  ASSERT_EQ(status, 200) << result;
+  const json chat =
+      PostOk("/v1/chat/completions",
+             {{"messages",
+               {ask[0],
+                {{"role", "assistant"},
+                 {"content", ""},
+                 {"tool_calls",
+                  {{{"id", use["id"]},
+                    {"type", "function"},
+                    {"function", {{"name", "get_weather"}, {"arguments", use["input"].dump()}}}}}}},
+                {{"role", "tool"}, {"tool_call_id", use["id"]}, {"content", "-3 C"}}}},
+              {"temperature", 0},
+              {"max_tokens", 5}});
+  EXPECT_EQ(result["content"][0]["text"], chat["choices"][0]["message"]["content"]);
+  EXPECT_EQ(result["usage"]["input_tokens"].get<int>() +
+                result["usage"]["cache_read_input_tokens"].get<int>(),
+            chat["usage"]["prompt_tokens"]);
+
+  // "any" with one call, streamed: message_start, ping, the tool_use block whole, the stop.
+  json any = {{"max_tokens", 80},
+              {"messages", ask},
+              {"tools", tools},
+              {"tool_choice", {{"type", "any"}, {"disable_parallel_tool_use", true}}},
+              {"temperature", 0}};
+  json plain = post(any);
+  ASSERT_EQ(status, 200) << plain;
+  EXPECT_EQ(plain["stop_reason"], "tool_use");
+  ASSERT_EQ(plain["content"].size(), 1u) << plain;
+  any["stream"] = true;
+  Sse sse = Stream(any, 0, "/v1/messages");
+  ASSERT_EQ(sse.status, 200);
+  const std::vector<std::string> expected = {
+      "message_start",      "ping",          "content_block_start", "content_block_delta",
+      "content_block_stop", "message_delta", "message_stop"};
+  EXPECT_EQ(sse.events, expected);
+  ASSERT_EQ(sse.chunks.size(), expected.size());
+  EXPECT_EQ(sse.chunks[2]["content_block"]["type"], "tool_use");
+  EXPECT_EQ(sse.chunks[2]["content_block"]["input"], json::object());
+  EXPECT_EQ(json::parse(sse.chunks[3]["delta"]["partial_json"].get<std::string>()),
+            plain["content"][0]["input"]);
+  EXPECT_EQ(sse.chunks[5]["delta"]["stop_reason"], "tool_use");
+}
+
 TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
   TestSetup setup = WithRoleTemplate(DefaultSetup());
   setup.server.api_key = "k";
@@ -1969,7 +2053,11 @@ TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
        400},
       {json{{"max_tokens", 4},
             {"messages", {{{"role", "user"}, {"content", "x"}}}},
-            {"tools", {{{"name", "f"}}}}},
+            {"tools", {{{"name", "f"}}}}},  // "auto" by default: no tool-call parser here
+       400},
+      {json{{"max_tokens", 4},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tools", {{{"type", "web_search_20250305"}, {"name", "web_search"}}}}},
        400},
       {json{{"max_tokens", 4},
             {"messages", {{{"role", "user"}, {"content", "x"}}}},
