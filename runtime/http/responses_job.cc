@@ -188,13 +188,7 @@ std::string ResponsesJob::ItemEvents(int index, const json& item) const {
     delta["delta"] = text;
     delta["logprobs"] = json::array();
     absl::StrAppend(&chunks, Event("response.output_text.delta", std::move(delta)));
-    json done = at;
-    done["text"] = text;
-    done["logprobs"] = json::array();
-    absl::StrAppend(&chunks, Event("response.output_text.done", std::move(done)));
-    json part_done = at;
-    part_done["part"] = TextPart(text);
-    absl::StrAppend(&chunks, Event("response.content_part.done", std::move(part_done)));
+    absl::StrAppend(&chunks, TextDoneEvents(id, index, text));
   } else {
     absl::StrAppend(
         &chunks, Event("response.function_call_arguments.delta",
@@ -207,6 +201,20 @@ std::string ResponsesJob::ItemEvents(int index, const json& item) const {
   }
   absl::StrAppend(&chunks,
                   Event("response.output_item.done", {{"output_index", index}, {"item", item}}));
+  return chunks;
+}
+
+std::string ResponsesJob::TextDoneEvents(const json& item_id, int index,
+                                         const std::string& text) const {
+  const json at = {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}};
+  json done = at;
+  done["text"] = text;
+  done["logprobs"] = json::array();
+  json part = at;
+  part["part"] = TextPart(text);
+  // (In order: each event takes the next sequence number.)
+  std::string chunks = Event("response.output_text.done", std::move(done));
+  absl::StrAppend(&chunks, Event("response.content_part.done", std::move(part)));
   return chunks;
 }
 
@@ -238,14 +246,7 @@ std::string ResponsesJob::ClosingChunks(const absl::Status& error) const {
   }
   if (streams_text()) {
     const std::string& text = inner().choice(0).text;
-    const json base = {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}};
-    json done = base;
-    done["text"] = text;
-    done["logprobs"] = json::array();
-    absl::StrAppend(&chunks, Event("response.output_text.done", std::move(done)));
-    json part = base;
-    part["part"] = TextPart(text);
-    absl::StrAppend(&chunks, Event("response.content_part.done", std::move(part)));
+    absl::StrAppend(&chunks, TextDoneEvents(item_id_, 0, text));
     absl::StrAppend(&chunks, Event("response.output_item.done",
                                    {{"output_index", 0}, {"item", Message(text)}}));
   } else {

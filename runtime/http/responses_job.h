@@ -75,6 +75,9 @@ class ResponsesJob : public CompletionJobView {
   nlohmann::json OutputItems() const;
   nlohmann::json Message(const std::string& text) const;
   static nlohmann::json TextPart(const std::string& text);
+  // A message item's text complete: output_text.done and content_part.done.
+  std::string TextDoneEvents(const nlohmann::json& item_id, int index,
+                             const std::string& text) const;
   // The events that bring `item` (index `index`) out whole: added, its content, done.
   std::string ItemEvents(int index, const nlohmann::json& item) const;
   bool streams_text() const { return options_.tool_choice.mode == ToolChoiceMode::kNone; }
