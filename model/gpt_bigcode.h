@@ -116,11 +116,15 @@ struct GptBigCodeOptions {
   // Either keeps each GEMM's per-column sums against its layer norm (LayerNormFoldSumsCuda:
   // 2 (qkv_cols + inner) floats a layer and 2 vocab_shard for lm_head), from which the skinny
   // kernel folds the norm into its epilogue (2026-12-05; the figures above are of the earlier
-  // form, whose every warp computed the row statistics before its fold). The folded form has not
-  // yet run on a GPU (mqabench --fast pdl,pdl+ln,pdl+fuse).
+  // form, whose every warp computed the row statistics before its fold). The folded form, first
+  // run on an H100 (2026-12-05 14:44 UTC, mqabench --fast pdl,pdl+ln,pdl,pdl+ln, interleaved):
+  // SantaCoder b1 decode step 1.118 / 1.120 -> 1.097 / 1.095 ms (0.1441 / 0.1446 -> 0.1414 /
+  // 0.1412 s), StarCoder b1 11.172 -> 11.167 ms (its layers run the decode chain; only ln_f
+  // folds); the fused-LN GEMM tests and HF parity's _defaults_ln / _defaults_fuse instances
+  // passed there. On by default since then.
   bool pdl = true;
   bool fuse_small_kernels = false;
-  bool fuse_layer_norms = false;
+  bool fuse_layer_norms = true;
   // cuBLASLt shapes (m > 8, or skinny_gemm off): time up to 8 heuristic algorithms per GEMM shape
   // on its first eager run and keep the fastest (CudaGemm::Options::autotune; mqabench --autotune).
   bool gemm_autotune = false;

@@ -42,7 +42,7 @@ struct GptBigCodeRunnerOptions {
   bool skinny_gemm = true;              // the m <= 8 GEMM kernel for small decode batches
   bool pdl = true;                      // GptBigCodeOptions::pdl
   bool fuse_small_kernels = false;      // GptBigCodeOptions::fuse_small_kernels
-  bool fuse_layer_norms = false;        // GptBigCodeOptions::fuse_layer_norms
+  bool fuse_layer_norms = true;         // GptBigCodeOptions::fuse_layer_norms
   bool gemm_autotune = false;           // GptBigCodeOptions::gemm_autotune
   int gemm_autotune_max_m = 0;          // GptBigCodeOptions::gemm_autotune_max_m
   bool ln_registers = true;             // GptBigCodeOptions::ln_registers

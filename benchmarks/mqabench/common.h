@@ -31,7 +31,7 @@ struct Flags {
   std::string load_format = "dummy", dtype = "float16", gemm = "skinnyd";  // the runner's default
   int block_size = 16;
   bool cuda_graphs = true;
-  std::string fast = "pdl";  // the runner's default
+  std::string fast = "pdl+ln";  // the runner's default
   std::string autotune = "off";
   std::string small = "on";  // the runner's default
   std::string async = "off";
