@@ -89,7 +89,9 @@ struct PagedAttentionTuning {
   // 16: 14 with kv_before_wait (the first stages' K / V requested before the PDL wait). Correct,
   //     and slower (H200, 2026-12-04 ~14:02 UTC, mqabench --attn 14,16,14,16: StarCoder b1 decode
   //     step 7.969 / 7.967 ms against 8.021 / 8.021, b32 8.720 / 8.749 against 8.786 / 8.809): the
-  //     early loads queue behind the previous kernel's tail; kept for side-by-side runs.
+  //     early loads queue behind the previous kernel's tail; kept for side-by-side runs. On
+  //     SantaCoder b1 too (after the skinny QKV GEMM, no chain; H100, 2026-12-05 14:45 UTC,
+  //     --attn 18,16,18,16): 1.146 / 1.142 ms a decode step against 1.124 / 1.117.
   // 17: 14 with warp_merge (the split merge as one warp a (token, head) up to 8 splits:
   //     MergeSplitsWarpKernel). H200 2026-12-04 ~16:49 UTC against 14 (attention_bench, graph
   //     us): 64 x 2048 28.50 -> 25.99, 64 x 8192 78.30 -> 75.61, 128 x 2048 50.57 -> 46.39;
