@@ -38,6 +38,14 @@ const Json* Field(const Json& object, const char* name) {
   return &*it;
 }
 
+// The field's string, or null when it is absent or not a string.
+template <typename Json>
+const std::string* StringField(const Json& object, const char* name) {
+  const Json* value = Field(object, name);
+  return value != nullptr && value->is_string() ? &value->template get_ref<const std::string&>()
+                                                : nullptr;
+}
+
 absl::Status TypeError(const char* name, const char* expected) {
   return InvalidParam(name, absl::StrCat("'", name, "' must be ", expected));
 }
@@ -1322,15 +1330,10 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
   // An earlier call ({"type": "function_call", "call_id", "name", "arguments"}): a tool call of
   // an assistant message (consecutive calls in one), and its result ({"type":
   // "function_call_output", "call_id", "output"}): a tool message.
-  auto string_field = [](const nlohmann::ordered_json& item,
-                         const char* key) -> const std::string* {
-    const auto it = item.find(key);
-    return it != item.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
-  };
   auto add_function_call = [&](const nlohmann::ordered_json& item) -> absl::Status {
-    const std::string* call_id = string_field(item, "call_id");
-    const std::string* name = string_field(item, "name");
-    const std::string* arguments = string_field(item, "arguments");
+    const std::string* call_id = StringField(item, "call_id");
+    const std::string* name = StringField(item, "name");
+    const std::string* arguments = StringField(item, "arguments");
     if (call_id == nullptr || name == nullptr || arguments == nullptr) {
       return TypeError("input", "function_call items with a string call_id, name and arguments");
     }
@@ -1353,8 +1356,8 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body, c
     return absl::OkStatus();
   };
   auto add_function_output = [&](const nlohmann::ordered_json& item) -> absl::Status {
-    const std::string* call_id = string_field(item, "call_id");
-    const std::string* output = string_field(item, "output");
+    const std::string* call_id = StringField(item, "call_id");
+    const std::string* output = StringField(item, "output");
     if (call_id == nullptr || output == nullptr) {
       return TypeError("input", "function_call_output items with a string call_id and output");
     }
@@ -1555,11 +1558,10 @@ absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body, const 
     for (const auto& block : blocks) {
       const auto type = block.is_object() ? block.find("type") : block.end();
       if (type != block.end() && *type == "tool_use" && *role == "assistant") {
-        const auto id = block.find("id");
-        const auto name = block.find("name");
-        const auto input = block.find("input");
-        if (id == block.end() || !id->is_string() || name == block.end() || !name->is_string() ||
-            input == block.end() || !input->is_object()) {
+        const std::string* id = StringField(block, "id");
+        const std::string* name = StringField(block, "name");
+        const auto* input = Field(block, "input");
+        if (id == nullptr || name == nullptr || input == nullptr || !input->is_object()) {
           return TypeError("messages",
                            "tool_use blocks with a string id and name and an object input");
         }
@@ -1567,13 +1569,13 @@ absl::StatusOr<ChatRequest> ParseAnthropicRequest(absl::string_view body, const 
                          {"type", "function"},
                          {"function", {{"name", *name}, {"arguments", input->dump()}}}});
       } else if (type != block.end() && *type == "tool_result" && *role == "user") {
-        const auto id = block.find("tool_use_id");
-        const auto result = block.find("content");
-        if (id == block.end() || !id->is_string()) {
+        const std::string* id = StringField(block, "tool_use_id");
+        if (id == nullptr) {
           return TypeError("messages", "tool_result blocks with a string tool_use_id");
         }
         std::string output;
-        if (result != block.end()) {
+        // (A null content is refused as AnthropicText refuses it.)
+        if (const auto result = block.find("content"); result != block.end()) {
           ASSIGN_OR_RETURN(output, AnthropicText(*result, "messages"));
         }
         messages.push_back(

@@ -33,14 +33,12 @@ ChatJob::ChatJob(std::shared_ptr<CompletionJob> inner, bool logprobs, std::strin
 
 json ChatJob::FinishReasonOf(int i) const {
   const CompletionJob::Choice& c = inner().choice(i);
-  if (tool_choice_.mode == ToolChoiceMode::kRequired && c.finish_reason == FinishReason::kStop &&
-      ReadToolCallList(c.text).has_value()) {
-    return "tool_calls";
-  }
-  if (tool_choice_.mode == ToolChoiceMode::kAuto && c.finish_reason.has_value() &&
-      !ReadHermesToolCalls(c.text).calls.empty()) {
-    return "tool_calls";
-  }
+  // The calls end it: a required-form list that closed (not cut by max_tokens), or any calls the
+  // auto parser read.
+  const bool calls_may_end_it =
+      (tool_choice_.mode == ToolChoiceMode::kRequired && c.finish_reason == FinishReason::kStop) ||
+      (tool_choice_.mode == ToolChoiceMode::kAuto && c.finish_reason.has_value());
+  if (calls_may_end_it && !ReadToolAnswer(tool_choice_, c.text).calls.empty()) return "tool_calls";
   return CompletionJob::FinishReasonJson(c.finish_reason);
 }
 

@@ -47,25 +47,18 @@ using json = nlohmann::json;
 
 constexpr char kJson[] = "application/json";
 
-void ReplyError(httplib::Response& res, const absl::Status& status) {
-  res.status = HttpStatusFor(status);
-  res.set_content(ErrorBody(status), kJson);
+// Replies with `status` in one API's error shape: Body renders it, Code picks the HTTP status.
+template <std::string (*Body)(const absl::Status&),
+          int (*Code)(const absl::Status&) = HttpStatusFor>
+void ReplyErrorAs(httplib::Response& res, const absl::Status& status) {
+  res.status = Code(status);
+  res.set_content(Body(status), kJson);
 }
 
-void ReplyTgiError(httplib::Response& res, const absl::Status& status) {
-  res.status = TgiHttpStatusFor(status);
-  res.set_content(TgiErrorBody(status), kJson);
-}
-
-void ReplyTritonError(httplib::Response& res, const absl::Status& status) {
-  res.status = HttpStatusFor(status);
-  res.set_content(TritonErrorBody(status), kJson);
-}
-
-void ReplyAnthropicError(httplib::Response& res, const absl::Status& status) {
-  res.status = HttpStatusFor(status);
-  res.set_content(AnthropicErrorBody(status), kJson);
-}
+constexpr auto ReplyError = &ReplyErrorAs<ErrorBody>;  // OpenAI's
+constexpr auto ReplyTgiError = &ReplyErrorAs<TgiErrorBody, TgiHttpStatusFor>;
+constexpr auto ReplyTritonError = &ReplyErrorAs<TritonErrorBody>;
+constexpr auto ReplyAnthropicError = &ReplyErrorAs<AnthropicErrorBody>;
 
 void ReplyJson(httplib::Response& res, const json& body) {
   res.status = 200;
