@@ -118,6 +118,22 @@ absl::Status ReadRepetitionPenalty(const json& object, float* out) {
   return absl::OkStatus();
 }
 
+// A string or a list of strings, appended to `out` as given.
+absl::Status ReadStrings(const json& object, const char* name, std::vector<std::string>* out) {
+  const json* value = Field(object, name);
+  if (value == nullptr) return absl::OkStatus();
+  if (value->is_string()) {
+    out->push_back(value->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!value->is_array()) return TypeError(name, "a string or a list of strings");
+  for (const json& item : *value) {
+    if (!item.is_string()) return TypeError(name, "a string or a list of strings");
+    out->push_back(item.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadString(const json& object, const char* name, std::string* out) {
   const json* value = Field(object, name);
   if (value == nullptr) return absl::OkStatus();
@@ -537,20 +553,9 @@ absl::Status ReadCommon(const json& object, CompletionRequest* request) {
   // Negative seeds are accepted (OpenAI's seed is any int64) and reinterpreted as unsigned.
   if (seed.has_value()) p.seed = static_cast<uint64_t>(*seed);
 
-  if (const json* stop = Field(object, "stop"); stop != nullptr) {
-    if (stop->is_string()) {
-      p.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      for (const json& item : *stop) {
-        if (!item.is_string()) return TypeError("stop", "a string or a list of strings");
-        p.stop.push_back(item.get<std::string>());
-      }
-    } else {
-      return TypeError("stop", "a string or a list of strings");
-    }
-    for (const std::string& s : p.stop) {
-      if (s.empty()) return InvalidParam("stop", "'stop' strings must not be empty");
-    }
+  RETURN_IF_ERROR(ReadStrings(object, "stop", &p.stop));
+  for (const std::string& s : p.stop) {
+    if (s.empty()) return InvalidParam("stop", "'stop' strings must not be empty");
   }
   if (const json* ids = Field(object, "allowed_token_ids"); ids != nullptr) {
     if (!ids->is_array() || ids->empty()) {
@@ -1869,18 +1874,12 @@ absl::Status ReadRequiredTextPrompt(const json& object, const char* name, Comple
   return absl::OkStatus();
 }
 
-// A TensorRT-LLM words input: a string (one word; "" none) or a list of strings.
+// A TensorRT-LLM words input: a string (one word; "" none) or a list of strings ("" skipped).
 absl::Status ReadTritonWords(const json& object, const char* name, std::vector<std::string>* out) {
-  const json* value = Field(object, name);
-  if (value == nullptr || value->is_null()) return absl::OkStatus();
-  if (value->is_string()) {
-    if (!value->get_ref<const std::string&>().empty()) out->push_back(value->get<std::string>());
-    return absl::OkStatus();
-  }
-  if (!value->is_array()) return TypeError(name, "a string or a list of strings");
-  for (const json& word : *value) {
-    if (!word.is_string()) return TypeError(name, "a string or a list of strings");
-    if (!word.get_ref<const std::string&>().empty()) out->push_back(word.get<std::string>());
+  std::vector<std::string> words;
+  RETURN_IF_ERROR(ReadStrings(object, name, &words));
+  for (std::string& word : words) {
+    if (!word.empty()) out->push_back(std::move(word));
   }
   return absl::OkStatus();
 }
