@@ -475,6 +475,9 @@ absl::Status Engine::Step() {
       ProcessSample(group, state, *d.samples[k], d.results[k], output);
     }
   }
+  // The step's counts are published before its outputs go out, so that a client that has its
+  // last token (and then reads /metrics) finds that token counted.
+  PublishMetrics();
   for (SequenceGroup* group : order) {
     RequestOutput& output = outputs[group];
     output.finished = group->finished();
