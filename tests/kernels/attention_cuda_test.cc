@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/device_info.h"
+#include "kernels/gemm_cuda.h"
 #include "kernels/kv_cache.h"
 #include "kernels/kv_cache_cuda.h"
 #include "kernels/paged_attention.h"
@@ -537,6 +538,139 @@ TEST_F(AttentionCudaTest, KvWriteWithAttentionFusedOrLaunched) {
       EXPECT_LT(testing::RelativeError(outf, refd), 1e-2) << "config " << config;
     }
   }
+}
+
+// PagedAttentionParams::defer_merge: a batch-1 decode attention leaves its split-KV merge to the
+// attn.c_proj GEMM after it (C += A W^T + bias). The skinny m = 1 kernel merges the partials as it
+// loads A (A's buffer holds NaN: it must not be read), and a GEMM path that cannot (cuBLASLt
+// here) runs the merge kernel into A first; both give what the attention with its own merge
+// followed by the same GEMM gives, and the CPU reference within 1e-2. Contexts from one split's
+// worth to eight, each also under a bucket's larger max_context_len (more splits than the
+// context fills), with and without the late release, PDL on as in the model.
+TEST_F(AttentionCudaTest, DeferredMergeFoldedIntoAttnProjGemm) {
+  std::mt19937 rng(std::random_device{}());
+  int deferred = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (int head_dim : {64, 128}) {
+      for (int heads : {16, 48}) {
+        for (int ctx : {RandomContext(rng, 66, 127, 16), RandomContext(rng, 129, 255, 16),
+                        RandomContext(rng, 257, 511, 16)}) {
+          for (int bucket : {0, 512}) {
+            const std::string what = std::string(DTypeName(dtype)) + " D" +
+                                     std::to_string(head_dim) + " heads " + std::to_string(heads) +
+                                     " context " + std::to_string(ctx) + " bucket " +
+                                     std::to_string(bucket);
+            PagedBatch b = testing::MakePagedBatch({{ctx, 1}}, heads, 1, head_dim, 16, rng);
+            const std::vector<uint16_t> q_bits = RoundTo(b.query, dtype);
+            const std::vector<uint16_t> k_bits = RoundTo(b.key_cache, dtype);
+            const std::vector<uint16_t> v_bits = RoundTo(b.value_cache, dtype);
+            std::vector<float> attn(b.query.size());
+            PagedAttentionParams cpu = testing::HostParams(b, attn);
+            cpu.max_query_len = 1;
+            ASSERT_TRUE(PagedAttentionCpu(cpu).ok());
+            RoundTo(attn, dtype);  // the attention output as the GEMM reads it
+            const int k = heads * head_dim, n = 320;
+            std::normal_distribution<float> normal(0.0f, 1.0f);
+            std::vector<float> w(static_cast<size_t>(n) * k), bias(n), c0(n);
+            for (float& x : w) x = 0.05f * normal(rng);
+            for (float& x : bias) x = normal(rng);
+            for (float& x : c0) x = normal(rng);
+            const std::vector<uint16_t> w_bits = RoundTo(w, dtype),
+                                        bias_bits = RoundTo(bias, dtype),
+                                        c0_bits = RoundTo(c0, dtype);
+            std::vector<double> want(n);
+            for (int j = 0; j < n; ++j) {
+              double acc = c0[j] + bias[j];
+              for (int i = 0; i < k; ++i)
+                acc += double{attn[i]} * w[static_cast<size_t>(j) * k + i];
+              want[j] = acc;
+            }
+            DeviceBuffer dq = DeviceBuffer::From(q_bits), dk = DeviceBuffer::From(k_bits),
+                         dv = DeviceBuffer::From(v_bits), dt = DeviceBuffer::From(b.block_tables),
+                         dqs = DeviceBuffer::From(b.query_start),
+                         dctx = DeviceBuffer::From(b.context_lens), dw = DeviceBuffer::From(w_bits),
+                         dbias = DeviceBuffer::From(bias_bits);
+            DeviceBuffer da(q_bits.size() * 2), dc(static_cast<size_t>(n) * 2);
+            PagedAttentionParams p = cpu;
+            PointAtDevice(p, dq, da, dk, dv, dt, dqs, dctx, dtype);
+            if (bucket > 0) {
+              p.max_context_len = bucket;
+              p.max_blocks_per_seq = b.max_blocks_per_seq;
+            }
+            PagedAttentionTuning tuning;  // the runner's default variant, PDL
+            tuning.variant = 18;
+            tuning.pdl = true;
+            const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(p, tuning);
+            DeviceBuffer ws(ws_bytes);
+            GemmParams g;
+            g.a = da.get<void>();
+            g.b = dw.get<void>();
+            g.c = dc.get<void>();
+            g.lda = k;
+            g.ldb = k;
+            g.ldc = n;
+            g.m = 1;
+            g.n = n;
+            g.k = k;
+            g.dtype = dtype;
+            GemmEpilogue e;
+            e.bias = dbias.get<void>();
+            e.accumulate = true;
+            // Runs: 0 the attention's own merge, skinny GEMM; 1 deferred, skinny; 2 deferred
+            // with the late release, skinny; 3 deferred, cuBLASLt (the merge kernel first).
+            std::vector<std::vector<uint16_t>> outs;
+            for (int run = 0; run < 4; ++run) {
+              CudaGemm::Options o;
+              o.pdl = true;
+              o.skinny = run != 3;
+              o.skinny_deep_unroll = true;
+              o.skinny_half_fold = true;
+              auto gemm = CudaGemm::Create(o);
+              ASSERT_TRUE(gemm.ok()) << gemm.status();
+              DeferredAttentionMerge m;
+              p.defer_merge = run > 0 ? &m : nullptr;
+              p.defer_merge_late_release = run == 2;
+              ASSERT_EQ(cudaMemset(da.get<void>(), 0xff, q_bits.size() * 2), cudaSuccess);  // NaN
+              ASSERT_EQ(cudaMemcpy(dc.get<void>(), c0_bits.data(), c0_bits.size() * 2,
+                                   cudaMemcpyHostToDevice),
+                        cudaSuccess);
+              const absl::Status st =
+                  PagedAttentionCuda(p, nullptr, ws.get<void>(), ws_bytes, tuning);
+              ASSERT_TRUE(st.ok()) << st << " " << what;
+              if (run > 0) {
+                EXPECT_TRUE(m.pending) << "the merge was not deferred: " << what;
+                deferred += m.pending;
+              }
+              e.a_merge = run > 0 ? &m : nullptr;
+              const absl::Status gs = (*gemm)->Run(g, e, nullptr);
+              ASSERT_TRUE(gs.ok()) << gs << " " << what;
+              ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+              outs.push_back(dc.Download<uint16_t>());
+            }
+            for (int run = 0; run < 4; ++run) {
+              double num = 0, den = 0, same = 0, same_den = 0;
+              for (int j = 0; j < n; ++j) {
+                const double x = FromBits(outs[run][j], dtype);
+                ASSERT_TRUE(std::isfinite(x)) << "run " << run << " column " << j << " " << what;
+                num += (x - want[j]) * (x - want[j]);
+                den += want[j] * want[j];
+                const double y = FromBits(outs[0][j], dtype);
+                same += (x - y) * (x - y);
+                same_den += y * y;
+              }
+              EXPECT_LT(std::sqrt(num / den), 1e-2)
+                  << "run " << run << " against the CPU, " << what;
+              // The skinny runs fold the same merged row as run 0 (the same weights and rounding):
+              // equal up to the fold's summation; cuBLASLt within its own rounding.
+              EXPECT_LT(std::sqrt(same / same_den), run == 3 ? 1e-2 : 2e-3)
+                  << "run " << run << " against the attention's own merge, " << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("deferred merges checked: %d\n", deferred);
 }
 
 TEST_F(AttentionCudaTest, PerHeadBaselineMatchesCpu) {
