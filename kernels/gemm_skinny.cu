@@ -73,6 +73,10 @@ struct SkinnyArgs {
 
 // The most splits SkinnyMergeInput takes (the warp merge's, kWarpMergeMaxSplits).
 constexpr int kSkinnyMergeMaxSplits = 8;
+// The merging form's registers are capped at the plain deep-unrolled form's 128 (4 CTAs an SM):
+// at 150 (uncapped) SantaCoder's c_fc, whose CTAs stage their rows beside attn.c_proj's, fit one
+// CTA an SM there instead of two (H100, 2026-12-05 15:55 UTC: c_fc 18.4 -> 20.7 us a layer).
+constexpr int kSkinnyMergeMinCtas = 4;
 
 // A's one row as the merge of the attention's split partials (SkinnyArgs::merge_o), into `xs`
 // (shared memory, k elements of T): thread t takes the 16-byte chunks t, t + blockDim.x, ...,
@@ -288,7 +292,7 @@ __device__ __forceinline__ float2 LnRowStats(const float (&part)[kSkinnyWarps][M
 // kMerge (M = 1, no layer norm; SkinnyArgs::merge_o): A built from the attention's partials.
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
           int kMinCtas = 1, bool kMerge = false>
-__global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
+__global__ void __launch_bounds__(kSkinnyWarps * 32, kMerge ? kSkinnyMergeMinCtas : kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kMerge || (M == 1 && !kLn));
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
