@@ -18,7 +18,6 @@
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/gemm_cuda.h"
 #include "kernels/gemm_stream_tc.h"
-#include "kernels/paged_attention_cuda.h"
 #include "runtime/cuda_check.h"
 
 namespace mqa {
@@ -160,21 +159,6 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
-  if (e.a_merge != nullptr && e.a_merge->pending) {
-    // Only the skinny m = 1 kernel (no layer norm, no split-K) merges as it loads A; elsewhere
-    // the merge kernel writes A first.
-    const bool in_load = options_.skinny && !options_.skinny_split_k && p.m == 1 &&
-                         p.m <= options_.skinny_max_m && e.ln_weight == nullptr &&
-                         p.k == int64_t{e.a_merge->num_heads} * e.a_merge->head_dim &&
-                         e.a_merge->dtype == p.dtype;
-    if (!in_load) {
-      RETURN_IF_ERROR(
-          MergeDeferredAttentionCuda(*e.a_merge, const_cast<void*>(p.a), stream, options_.pdl));
-      GemmEpilogue plain = e;
-      plain.a_merge = nullptr;
-      return Run(p, plain, stream);
-    }
-  }
   if (options_.skinny && (fused || p.m <= options_.skinny_max_m)) {
     bool split = false;
     if (options_.skinny_split_k && p.m <= kSkinnyMaxM) {
@@ -201,10 +185,6 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
       return SkinnyGemmCuda(p, e, stream, o);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
-    if (e.a_merge != nullptr) {  // the paths below read A as it is
-      RETURN_IF_ERROR(
-          MergeDeferredAttentionCuda(*e.a_merge, const_cast<void*>(p.a), stream, options_.pdl));
-    }
   } else if (fused) {
     return absl::UnimplementedError("CudaGemm: fused layer norm / KV write need the skinny kernel");
   }

@@ -35,7 +35,6 @@
 #include "absl/status/statusor.h"
 #include "kernels/activation.h"
 #include "kernels/gemm.h"
-#include "kernels/paged_attention.h"
 
 namespace mqa {
 
@@ -63,11 +62,6 @@ struct GemmEpilogue {
   void* value_cache = nullptr;
   const int32_t* slot_mapping = nullptr;
   int64_t kv_col0 = 0, kv_width = 0;
-  // A is the split-KV merge of these attention partials (PagedAttentionParams::defer_merge), to
-  // be written where p.a points: the skinny m = 1 kernel without a fused layer norm merges them
-  // as it loads A (the merge kernel's launch and handover go away); every other path runs
-  // MergeDeferredAttentionCuda into p.a first. Null, or not pending: A is read as it is.
-  const DeferredAttentionMerge* a_merge = nullptr;
 };
 
 class CudaGemm {

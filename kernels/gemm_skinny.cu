@@ -62,69 +62,7 @@ struct SkinnyArgs {
   // (and layer-norm sums) before the PDL wait and its residual right after it, instead of after
   // the fold.
   bool early_epilogue = false;
-  // m = 1 (GemmEpilogue::a_merge): A is built in shared memory after the PDL wait, as the split-KV
-  // merge of these narrow (T) attention partials ([splits][heads][head_dim]; lse [splits][heads],
-  // log2 domain), instead of read from `a`.
-  const T* merge_o = nullptr;
-  const float* merge_lse = nullptr;
-  const int32_t* merge_context_len = nullptr;
-  int merge_splits = 0, merge_chunk = 0, merge_heads = 0, merge_head_dim = 0;
 };
-
-// The most splits SkinnyMergeInput takes (the warp merge's, kWarpMergeMaxSplits).
-constexpr int kSkinnyMergeMaxSplits = 8;
-// The merging form's registers are capped at the plain deep-unrolled form's 128 (4 CTAs an SM):
-// at 150 (uncapped) SantaCoder's c_fc, whose CTAs stage their rows beside attn.c_proj's, fit one
-// CTA an SM there instead of two (H100, 2026-12-05 15:55 UTC: c_fc 18.4 -> 20.7 us a layer).
-constexpr int kSkinnyMergeMinCtas = 4;
-
-// A's one row as the merge of the attention's split partials (SkinnyArgs::merge_o), into `xs`
-// (shared memory, k elements of T): thread t takes the 16-byte chunks t, t + blockDim.x, ...,
-// each from every split's partial and lse in one round trip, weighted as the warp merge kernel
-// weighs them (2^(lse - max), then the sum rounded once to T). The caller's barrier publishes it.
-template <typename T>
-__device__ void SkinnyMergeInput(const SkinnyArgs<T>& p, T* xs) {
-  using V = fwd::Vec16<T>;
-  constexpr int kV = V::kN;
-  const int pos = __ldcg(p.merge_context_len) - 1;
-  const int valid = min(p.merge_splits, pos / p.merge_chunk + 1);
-  const int64_t split_elems = static_cast<int64_t>(p.merge_heads) * p.merge_head_dim;
-  for (int v = threadIdx.x; v < p.k / kV; v += blockDim.x) {
-    const int col = v * kV, head = col / p.merge_head_dim;
-    float lse[kSkinnyMergeMaxSplits];
-    V part[kSkinnyMergeMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kSkinnyMergeMaxSplits; ++s) {
-      if (s < valid) {
-        lse[s] = __ldcg(p.merge_lse + s * p.merge_heads + head);
-        *reinterpret_cast<int4*>(&part[s]) =
-            __ldcg(reinterpret_cast<const int4*>(p.merge_o + s * split_elems + col));
-      } else {
-        lse[s] = -INFINITY;
-      }
-    }
-    float mx = lse[0];  // split 0 saw a key: finite
-#pragma unroll
-    for (int s = 1; s < kSkinnyMergeMaxSplits; ++s) mx = fmaxf(mx, lse[s]);
-    float acc[kV], l = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSkinnyMergeMaxSplits; ++s) {
-      if (s < valid) {
-        const float w = exp2f(lse[s] - mx);
-        l += w;
-#pragma unroll
-        for (int e = 0; e < kV; ++e) acc[e] = fmaf(w, fwd::ToFloat(part[s].v[e]), acc[e]);
-      }
-    }
-    const float inv = 1.0f / l;
-    V out;
-#pragma unroll
-    for (int e = 0; e < kV; ++e) out.v[e] = fwd::FromFloat<T>(acc[e] * inv);
-    *reinterpret_cast<V*>(xs + col) = out;
-  }
-}
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
@@ -289,12 +227,10 @@ __device__ __forceinline__ float2 LnRowStats(const float (&part)[kSkinnyWarps][M
 // summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
 // rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
-// kMerge (M = 1, no layer norm; SkinnyArgs::merge_o): A built from the attention's partials.
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
-          int kMinCtas = 1, bool kMerge = false>
-__global__ void __launch_bounds__(kSkinnyWarps * 32, kMerge ? kSkinnyMergeMinCtas : kMinCtas)
+          int kMinCtas = 1>
+__global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
-  static_assert(!kMerge || (M == 1 && !kLn));
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;
@@ -355,19 +291,12 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMerge ? kSkinnyMergeMinCta
   if (stores && p.early_epilogue) load_consts();
   fwd::PdlWait();
   fwd::PdlTrigger();
-  const T* a0 = p.a;
-  if constexpr (kMerge) {  // every thread: the merged row, past the staged weights
-    T* xs = reinterpret_cast<T*>(skinny_stage) + kSkinnyWarps * R * p.stage_elems;
-    SkinnyMergeInput(p, xs);
-    __syncthreads();
-    a0 = xs;
-  }
   if (!kLn && !live) return;  // with kLn every warp takes its part of the statistics
   if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
 
   const T* arow[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) arow[i] = a0 + static_cast<int64_t>(min(i, m - 1)) * p.lda;
+  for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
   __shared__ float ln_part[kLn ? kSkinnyWarps : 1][M][2];
   float ln_sum[M], ln_sq[M];
 #pragma unroll
@@ -487,15 +416,6 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   a.slots = e.slot_mapping;
   a.kv_col0 = static_cast<int>(e.kv_col0);
   a.kv_width = static_cast<int>(e.kv_width);
-  if (e.a_merge != nullptr && e.a_merge->pending) {
-    a.merge_o = static_cast<const T*>(e.a_merge->partial_o);
-    a.merge_lse = e.a_merge->partial_lse;
-    a.merge_context_len = e.a_merge->context_len;
-    a.merge_splits = e.a_merge->num_splits;
-    a.merge_chunk = e.a_merge->chunk;
-    a.merge_heads = e.a_merge->num_heads;
-    a.merge_head_dim = e.a_merge->head_dim;
-  }
   return a;
 }
 
@@ -518,15 +438,13 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
         cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
     ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
     const int64_t per_sm = std::min<int64_t>((grid.x + sms - 1) / sms, 2048 / (kSkinnyWarps * 32));
-    const int64_t merge_bytes = a.merge_o != nullptr ? int64_t{a.k} * sizeof(T) : 0;
-    const int64_t per_cta = std::max<int64_t>(0, smem_per_sm / per_sm - 1024 - merge_bytes);
+    const int64_t per_cta = std::max<int64_t>(0, smem_per_sm / per_sm - 1024);
     const int64_t rest = (a.k - kStep + kChunks32 - 1) / kChunks32 * kChunks32;
     const int64_t elems = std::min<int64_t>(
         {a.stage_elems, per_cta / (kSkinnyWarps * R) / static_cast<int64_t>(sizeof(T)), rest});
     b.stage_elems = static_cast<int>(std::max<int64_t>(0, elems / kChunks32 * kChunks32));
   }
-  const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T) +
-                      (a.merge_o != nullptr ? size_t(a.k) * sizeof(T) : 0);
+  const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T);
   auto launch = [&](auto kernel) -> absl::Status {
     if (smem > 48 * 1024) {
       CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -535,16 +453,6 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kernel, grid, block, smem, stream, b));
     return absl::OkStatus();
   };
-  // The merged A (GemmEpilogue::a_merge) is instantiated for the form attn.c_proj takes: m = 1,
-  // two rows a warp, no layer norm or activation, the default occupancy.
-  if (a.merge_o != nullptr) {
-    if constexpr (M == 1 && R == 2 && kMinCtas == 1) {
-      if (act == Activation::kIdentity && !ln) {
-        return launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf, kMinCtas, true>);
-      }
-    }
-    return absl::UnimplementedError("SkinnyGemmCuda: no merged-A form for this call");
-  }
   switch (act) {
     case Activation::kIdentity:
       return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, kMinCtas>)
@@ -999,16 +907,6 @@ absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStre
   if (e.ln_weight != nullptr && (e.ln_wsum == nullptr || e.ln_bsum == nullptr)) {
     return absl::UnimplementedError("SkinnyGemmCuda: a fused layer norm needs ln_wsum and ln_bsum");
   }
-  if (e.a_merge != nullptr && e.a_merge->pending) {
-    const DeferredAttentionMerge& g = *e.a_merge;
-    if (p.m != 1 || e.ln_weight != nullptr || g.dtype != p.dtype || g.num_splits < 1 ||
-        g.num_splits > kSkinnyMergeMaxSplits || g.chunk <= 0 || g.head_dim % 8 != 0 ||
-        p.k != int64_t{g.num_heads} * g.head_dim) {
-      return absl::UnimplementedError(
-          "SkinnyGemmCuda: merges attention partials into A only at m = 1, unnormalised, k = "
-          "heads x head_dim, at most 8 splits");
-    }
-  }
   auto with_rows = [&]<typename T, int R>() -> absl::Status {
     if (p.m == 1) return LaunchSkinny<T, 1, R>(p, e, stream, o);
     SkinnyOptions wide;  // the m = 1 options do not apply
@@ -1107,9 +1005,6 @@ size_t SkinnySplitKWorkspaceBytes(int num_sms) {
 absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
                                   void* workspace, size_t workspace_bytes,
                                   const SkinnySplitKOptions& options) {
-  if (e.a_merge != nullptr && e.a_merge->pending) {
-    return absl::UnimplementedError("SkinnySplitKGemmCuda: A must be merged first");
-  }
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnySplitKGemmCuda", &empty));
   if (empty) return absl::OkStatus();

@@ -113,11 +113,8 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
   if (p.gemm.ldc != p.gemm.n) {
     return absl::InvalidArgumentError("Linear: C must be contiguous (ldc == n)");
   }
-  const bool merge_pending = p.a_merge != nullptr && p.a_merge->pending;
   switch (ctx.device) {
     case Device::kCpu:
-      if (merge_pending)
-        return absl::InternalError("Linear: a deferred attention merge on the CPU");
       RETURN_IF_ERROR(GemmCpu(p.gemm));
       return BiasActivationCpu(post);
     case Device::kCuda: {
@@ -126,7 +123,6 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
       GemmEpilogue e;
       e.bias = p.bias;
       e.activation = p.activation;
-      e.a_merge = p.a_merge;
       GemmParams g = p.gemm;
       if (p.residual != nullptr && p.activation == Activation::kIdentity) {
         g.c = p.residual;  // residual += A B^T + bias, in the epilogue (beta = 1)
@@ -136,9 +132,7 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
       if (p.residual == nullptr && p.activation != Activation::kGeluErf) {
         return gemm->Run(g, e, Stream(ctx));
       }
-      GemmEpilogue plain;
-      plain.a_merge = p.a_merge;
-      RETURN_IF_ERROR(gemm->Run(g, plain, Stream(ctx)));
+      RETURN_IF_ERROR(gemm->Run(g, GemmEpilogue{}, Stream(ctx)));
       return BiasActivationCuda(post, Stream(ctx), ctx.pdl);
 #else
       return NoCuda("Linear");
@@ -201,7 +195,6 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
 
 absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
                             const KvCacheWriteParams* kv_write) {
-  if (p.defer_merge != nullptr) *p.defer_merge = DeferredAttentionMerge{};  // CUDA may set it
   if (ctx.skip & kSkipKvWrite) kv_write = nullptr;
   if (ctx.skip & kSkipAttention) {
     return kv_write != nullptr ? KvCacheWrite(ctx, *kv_write) : absl::OkStatus();

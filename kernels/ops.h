@@ -86,9 +86,6 @@ struct LinearParams {
   const void* bias = nullptr;
   Activation activation = Activation::kIdentity;
   void* residual = nullptr;
-  // A (gemm.a) is the pending split-KV merge of an attention launched with this as its
-  // PagedAttentionParams::defer_merge (CUDA; see GemmEpilogue::a_merge); not pending: as usual.
-  const DeferredAttentionMerge* a_merge = nullptr;
 };
 
 // What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),

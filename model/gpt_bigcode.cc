@@ -447,12 +447,10 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
 }
 
 absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                             Collectives& collectives,
-                                             const DeferredAttentionMerge* a_merge) {
+                                             Collectives& collectives) {
   LinearParams lin;
   lin.gemm = gemm;
   lin.bias = bias.raw();
-  lin.a_merge = a_merge;
   if (w_.shard.world_size == 1) {
     lin.residual = hidden_.raw();
     return Linear(ctx_, lin);
@@ -669,15 +667,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
   // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
-  // Batch-1 decode without the chain: the merge of the attention's splits, if it needs one, left
-  // to attn.c_proj's GEMM (GptBigCodeOptions::defer_attention_merge).
-  const bool defer = defer_merge_ > 0 && n == 1 && !chain_step;
-  if (defer) {
-    att.defer_merge = &pending_merge_;
-    att.defer_merge_late_release = defer_merge_ == 2;
-  }
   RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
-  if (defer && pending_merge_.pending) ++deferred_merges_;
   if (chain_step) {
     ASSIGN_OR_RETURN(const bool done, run_chain());
     if (done) return absl::OkStatus();
@@ -691,8 +681,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = heads_ * D;
-  RETURN_IF_ERROR(
-      RowParallelResidual(gemm, L.c_proj_b, collectives, defer ? &pending_merge_ : nullptr));
+  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

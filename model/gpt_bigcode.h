@@ -229,12 +229,6 @@ struct GptBigCodeOptions {
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
-  // Batch-1 decode outside the chain (CUDA): the attention leaves its split-KV merge to
-  // attn.c_proj, whose skinny GEMM merges the partials as it loads its input
-  // (PagedAttentionParams::defer_merge; where the attention would run the warp-form merge: at most
-  // 8 splits): one kernel and one handover fewer a layer. 0 off, 1 on, 2 on with the attention
-  // releasing the GEMM only after its stores (defer_merge_late_release).
-  int defer_attention_merge = 0;
 };
 
 class GptBigCode {
@@ -342,10 +336,6 @@ class GptBigCode {
   // skinny GEMM after it then stages its weights during the attention. Measured slower for
   // StarCoder b1 without the chain (2026-12-04); not yet for SantaCoder. Drops captured graphs.
   void set_attention_release_early(bool on);
-  // Benchmarks: GptBigCodeOptions::defer_attention_merge. Drops captured graphs.
-  void set_defer_attention_merge(int mode);
-  // Attention merges left to attn.c_proj so far (defer_attention_merge; tests check it ran).
-  int64_t deferred_merges() const { return deferred_merges_; }
   // Benchmarks: GptBigCodeOptions::decode_chain_steal_chunks. Drops captured graphs.
   void set_decode_chain_steal_chunks(int chunks);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
@@ -397,8 +387,7 @@ class GptBigCode {
   // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
   // (gemm.c = proj_ is the scratch).
   absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                   Collectives& collectives,
-                                   const DeferredAttentionMerge* a_merge = nullptr);
+                                   Collectives& collectives);
   // Embedding and every layer: the residual stream in hidden_.
   absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
   // ln_f and lm_head over the gathered logits rows into local_logits_.
@@ -447,9 +436,6 @@ class GptBigCode {
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   bool chain_early_release_ = true;         // ... _early_release
   bool attention_release_early_ = false;    // set_attention_release_early
-  int defer_merge_ = 0;                     // GptBigCodeOptions::defer_attention_merge
-  int64_t deferred_merges_ = 0;
-  DeferredAttentionMerge pending_merge_;  // the layer's, between its attention and attn.c_proj
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;
