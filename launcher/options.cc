@@ -136,6 +136,13 @@ const std::map<std::string, Flag>& Flags() {
       {"host", {"address to listen on", Text(&Options::host)}},
       {"port", {"port to listen on", Number(&Options::port)}},
       {"api-key", {"require `Authorization: Bearer KEY` on /v1/*", Text(&Options::api_key)}},
+      {"ssl-certfile",
+       {"HTTPS: the server's certificate (PEM, with its chain); needs --ssl-keyfile",
+        Text(&Options::ssl_certfile)}},
+      {"ssl-keyfile", {"HTTPS: the certificate's private key (PEM)", Text(&Options::ssl_keyfile)}},
+      {"ssl-ca-certs",
+       {"HTTPS: require client certificates signed by these CAs (PEM; mutual TLS)",
+        Text(&Options::ssl_ca_certs)}},
       {"served-model-name",
        {"model id in the API (default: the model folder's name); NAME,ALIAS,... also accepts "
         "the aliases as a request's model",

@@ -126,6 +126,15 @@ absl::Status CheckModelFolder(const std::string& model) {
   return absl::OkStatus();
 }
 
+// The TLS part of the server's options (checked at start-up, before the checkpoint is loaded).
+ServerOptions MakeServerTls(const Options& o) {
+  ServerOptions s;
+  s.ssl_certfile = o.ssl_certfile;
+  s.ssl_keyfile = o.ssl_keyfile;
+  s.ssl_ca_certs = o.ssl_ca_certs;
+  return s;
+}
+
 // Binds (and closes) a socket on host:port, so that a port in use is a start-up error before the
 // checkpoint is loaded, not after.
 absl::Status CheckPortFree(const std::string& host, int port) {
@@ -411,7 +420,7 @@ absl::Status LoadChatTemplate(const Options& o, const Tokenizer& tokenizer, Serv
 // one that started MPI; cpp-httplib's threads parse and tokenize; the watcher thread drains.
 absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer, int max_model_len,
                    const ServeSetup& chat) {
-  ServerOptions server_options;
+  ServerOptions server_options = MakeServerTls(o);
   server_options.host = o.host;
   server_options.port = o.port;
   server_options.api_key = o.api_key;
@@ -445,9 +454,10 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port, ": ",
                                                started.message()));
   }
-  std::fprintf(stderr, "mqaserve: serving %s on http://%s:%d (OpenAI API at /v1)\n",
-               server_options.served_model_name.c_str(), ConnectHost(o.host).c_str(),
-               server.port());
+  std::fprintf(stderr, "mqaserve: serving %s on %s://%s:%d (OpenAI API at /v1)%s\n",
+               server_options.served_model_name.c_str(), o.ssl_certfile.empty() ? "http" : "https",
+               ConnectHost(o.host).c_str(), server.port(),
+               o.ssl_ca_certs.empty() ? "" : ", client certificates required");
   server.SetReady();
   std::optional<StatsLogger> stats;
   if (o.log_stats) {
@@ -545,6 +555,7 @@ absl::Status RunRank(const Options& o, const World& world) {
       ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromFile(tokenizer_path));
       if (o.command == Command::kServe) {
         RETURN_IF_ERROR(CheckPortFree(o.host, o.port));
+        RETURN_IF_ERROR(CheckServerTls(MakeServerTls(o)));
         RETURN_IF_ERROR(LoadChatTemplate(o, *tokenizer, chat));
         RETURN_IF_ERROR(LoadGenerationDefaults(o, MakeEngineOptions(o, config, *tokenizer),
                                                config.vocab_size, chat));

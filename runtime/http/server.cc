@@ -4,12 +4,15 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string_view>
@@ -23,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "openssl/err.h"
 #include "runtime/detokenizer.h"
 #include "runtime/grammar.h"
 #include "runtime/guided.h"
@@ -73,19 +77,71 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-// httplib::Server with access to its listening socket: the library (Debian's build of 0.11) listens
-// with a backlog of 5, and a burst of clients connecting at once overflows that (connections
-// dropped or stalled for a SYN retransmit). Listening again on the bound socket raises it.
-class ListeningServer : public httplib::Server {
+// httplib::Server (or SSLServer) with access to its listening socket: the library (Debian's build
+// of 0.11) listens with a backlog of 5, and a burst of clients connecting at once overflows that
+// (connections dropped or stalled for a SYN retransmit). Listening again on the bound socket
+// raises it.
+template <typename Base>
+class Listening : public Base {
  public:
+  using Base::Base;
   absl::Status RaiseBacklog(int backlog) {
-    if (::listen(svr_sock_, backlog) != 0) {
+    if (::listen(this->svr_sock_, backlog) != 0) {
       return absl::InternalError(
           absl::StrCat("listen(backlog ", backlog, "): ", std::strerror(errno)));
     }
     return absl::OkStatus();
   }
 };
+
+// The server the options ask for: plain HTTP, or TLS (ServerOptions::ssl_*), with its backlog
+// hook.
+struct ServerSocket {
+  std::unique_ptr<httplib::Server> server;
+  std::function<absl::Status(int)> raise_backlog;
+};
+
+ServerSocket MakeServerSocket(const ServerOptions& o) {
+  ServerSocket s;
+  auto keep = [&s](auto owned) {
+    s.raise_backlog = [p = owned.get()](int backlog) { return p->RaiseBacklog(backlog); };
+    s.server = std::move(owned);
+  };
+  if (o.ssl_certfile.empty() && o.ssl_keyfile.empty()) {
+    keep(std::make_unique<Listening<httplib::Server>>());
+  } else {
+    keep(std::make_unique<Listening<httplib::SSLServer>>(
+        o.ssl_certfile.c_str(), o.ssl_keyfile.c_str(),
+        o.ssl_ca_certs.empty() ? nullptr : o.ssl_ca_certs.c_str()));
+  }
+  return s;
+}
+
+// Why the TLS settings cannot be used, naming the file; OK when `server` is valid.
+absl::Status TlsProblem(const ServerOptions& o, const httplib::Server& server) {
+  if (o.ssl_certfile.empty() != o.ssl_keyfile.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both a certificate (--ssl-certfile) and its private key (--ssl-keyfile)");
+  }
+  if (o.ssl_certfile.empty() && !o.ssl_ca_certs.empty()) {
+    return absl::InvalidArgumentError(
+        "--ssl-ca-certs (client certificates) needs --ssl-certfile and --ssl-keyfile");
+  }
+  for (const std::string* file : {&o.ssl_certfile, &o.ssl_keyfile, &o.ssl_ca_certs}) {
+    if (!file->empty() && ::access(file->c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TLS: cannot read ", *file, ": ", std::strerror(errno)));
+    }
+  }
+  if (server.is_valid()) return absl::OkStatus();
+  char why[256] = "no OpenSSL error recorded";
+  if (const unsigned long e = ERR_peek_last_error(); e != 0)
+    ERR_error_string_n(e, why, sizeof(why));
+  ERR_clear_error();
+  return absl::InvalidArgumentError(
+      absl::StrCat("TLS: cannot use the certificate ", o.ssl_certfile, " with the key ",
+                   o.ssl_keyfile, " (not PEM, or the key does not match the certificate): ", why));
+}
 
 std::string NumericHost(const sockaddr_storage& addr, socklen_t len, int* port) {
   char host[NI_MAXHOST];
@@ -250,7 +306,8 @@ struct HttpServer::Impl {
   const int64_t created;
   const std::shared_ptr<ResponseStore> stored_responses;
 
-  ListeningServer server;
+  ServerSocket socket = MakeServerSocket(options);
+  httplib::Server& server = *socket.server;
   std::thread listener;
   int port = -1;
   bool started = false;
@@ -1296,6 +1353,7 @@ HttpServer::~HttpServer() { Stop(); }
 absl::Status HttpServer::Start() {
   Impl& impl = *impl_;
   if (impl.started) return absl::FailedPreconditionError("HttpServer already started");
+  RETURN_IF_ERROR(TlsProblem(impl.options, impl.server));
   impl.InstallRoutes();
   const std::string& host = impl.options.host;
   if (impl.options.port == 0) {
@@ -1308,7 +1366,7 @@ absl::Status HttpServer::Start() {
         absl::StrCat("cannot listen on ", host, ":", impl.options.port,
                      " (address in use, or not an address of this host?)"));
   }
-  if (absl::Status raised = impl.server.RaiseBacklog(impl.options.listen_backlog); !raised.ok()) {
+  if (absl::Status raised = impl.socket.raise_backlog(impl.options.listen_backlog); !raised.ok()) {
     return raised;
   }
   impl.started = true;
@@ -1348,6 +1406,14 @@ void HttpServer::SetFailed(absl::Status why) {
   std::lock_guard<std::mutex> lock(impl_->health_mu);
   impl_->health = Impl::Health::kFailed;
   impl_->failure = std::move(why);
+}
+
+absl::Status CheckServerTls(const ServerOptions& options) {
+  if (options.ssl_certfile.empty() && options.ssl_keyfile.empty() && options.ssl_ca_certs.empty()) {
+    return absl::OkStatus();
+  }
+  const ServerSocket socket = MakeServerSocket(options);
+  return TlsProblem(options, *socket.server);
 }
 
 }  // namespace mqa

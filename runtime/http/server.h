@@ -93,7 +93,18 @@ struct ServerOptions {
   // "store": false, and previous_response_id is refused).
   size_t max_stored_responses = 1024;
   size_t max_stored_response_bytes = size_t{256} << 20;
+  // HTTPS (vLLM's --ssl-certfile / --ssl-keyfile / --ssl-ca-certs): with both PEM files set the
+  // server speaks TLS only; with ssl_ca_certs too, every client must present a certificate those
+  // CAs signed (mutual TLS). Empty: plain HTTP.
+  std::string ssl_certfile;
+  std::string ssl_keyfile;
+  std::string ssl_ca_certs;
 };
+
+// The TLS settings of `options` as Start() will use them: OK for plain HTTP; InvalidArgument
+// naming the file (unreadable, not PEM, a key that does not match its certificate) otherwise.
+// The launcher calls it before loading a checkpoint.
+absl::Status CheckServerTls(const ServerOptions& options);
 
 class HttpServer {
  public:

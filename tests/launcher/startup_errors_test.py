@@ -165,6 +165,22 @@ def main():
                              ["serve", "--model", model, "--host", "127.0.0.1", "--port",
                               str(port)], f"127.0.0.1:{port}", "in use")
 
+        # TLS settings are checked before the checkpoint loads: a key that is not the
+        # certificate's, a missing file, a certificate without its key.
+        tls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime", "http",
+                           "tls")
+        tls = os.path.normpath(tls)
+        serve = ["serve", "--model", model, "--device", "cpu", "--host", "127.0.0.1", "--port", "0"]
+        cert, wrong_key = os.path.join(tls, "server.pem"), os.path.join(tls, "client-key.pem")
+        expect_error("TLS key of another certificate", binary,
+                     serve + ["--ssl-certfile", cert, "--ssl-keyfile", wrong_key],
+                     wrong_key, "does not match")
+        missing_key = os.path.join(tmp, "no-such-key.pem")
+        expect_error("TLS key missing", binary,
+                     serve + ["--ssl-certfile", cert, "--ssl-keyfile", missing_key], missing_key)
+        expect_error("TLS certificate without its key", binary, serve + ["--ssl-certfile", cert],
+                     "--ssl-keyfile")
+
     # Load progress: with a 0 s interval every tensor is reported, per rank, with bytes and count.
     # Each rank's stderr is read from its own file (mpirun --output-filename): mpirun's merged
     # stream may splice one rank's line into the middle of another's.

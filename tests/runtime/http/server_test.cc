@@ -713,6 +713,103 @@ TEST_F(HttpServerTest, ApiKeyGuardsEverythingButHealthAndMetrics) {
   PostOk("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});  // with the key
 }
 
+std::string TlsFile(const char* name) { return SourceDir() + "/tests/runtime/http/tls/" + name; }
+
+// An HTTPS client of the test server that trusts the test CA (and checks the server's name),
+// presenting `cert` / `key` when given.
+std::unique_ptr<httplib::SSLClient> TlsClient(int port, const char* cert = nullptr,
+                                              const char* key = nullptr) {
+  std::unique_ptr<httplib::SSLClient> client =
+      cert != nullptr
+          ? std::make_unique<httplib::SSLClient>("127.0.0.1", port, TlsFile(cert), TlsFile(key))
+          : std::make_unique<httplib::SSLClient>("127.0.0.1", port);
+  client->set_ca_cert_path(TlsFile("ca.pem").c_str());
+  client->enable_server_certificate_verification(true);
+  client->set_read_timeout(30, 0);
+  client->set_connection_timeout(5, 0);
+  return client;
+}
+
+// --ssl-certfile / --ssl-keyfile: the server speaks TLS with that certificate (a client that
+// verifies it against the CA gets answers, completions included), and nothing in plain HTTP.
+TEST_F(HttpServerTest, ServesHttpsWithTheGivenCertificate) {
+  TestSetup setup = DefaultSetup();
+  setup.server.ssl_certfile = TlsFile("server.pem");
+  setup.server.ssl_keyfile = TlsFile("server-key.pem");
+  Start(setup);
+  auto tls = TlsClient(server_->port());
+  httplib::Result health = tls->Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  httplib::Result done = tls->Post(
+      "/v1/completions", json({{"prompt", "x"}, {"max_tokens", 3}}).dump(), "application/json");
+  ASSERT_TRUE(done) << httplib::to_string(done.error());
+  EXPECT_EQ(done->status, 200) << done->body;
+  EXPECT_EQ(json::parse(done->body)["usage"]["completion_tokens"], 3) << done->body;
+  httplib::Client plain("127.0.0.1", server_->port());
+  plain.set_read_timeout(5, 0);
+  httplib::Result refused = plain.Get("/health");
+  EXPECT_FALSE(refused && refused->status == 200) << "plain HTTP answered on the TLS port";
+  // A client that does not trust the test CA refuses the server's certificate.
+  httplib::SSLClient untrusting("127.0.0.1", server_->port());
+  untrusting.enable_server_certificate_verification(true);
+  untrusting.set_ca_cert_path(TlsFile("rogue.pem").c_str());
+  EXPECT_FALSE(untrusting.Get("/health"));
+}
+
+// --ssl-ca-certs: only clients with a certificate the CA signed are served.
+TEST_F(HttpServerTest, MutualTlsServesOnlyClientsTheCaSigned) {
+  TestSetup setup = DefaultSetup();
+  setup.server.ssl_certfile = TlsFile("server.pem");
+  setup.server.ssl_keyfile = TlsFile("server-key.pem");
+  setup.server.ssl_ca_certs = TlsFile("ca.pem");
+  Start(setup);
+  httplib::Result signed_client =
+      TlsClient(server_->port(), "client.pem", "client-key.pem")->Get("/health");
+  ASSERT_TRUE(signed_client) << httplib::to_string(signed_client.error());
+  EXPECT_EQ(signed_client->status, 200);
+  EXPECT_FALSE(TlsClient(server_->port())->Get("/health"))
+      << "served a client without a certificate";
+  EXPECT_FALSE(TlsClient(server_->port(), "rogue.pem", "rogue-key.pem")->Get("/health"))
+      << "served a client whose certificate the CA did not sign";
+}
+
+// Unusable TLS settings are refused before anything is served, naming the file or flag.
+TEST(HttpServerTls, RefusesUnusableSettingsNamingThem) {
+  auto problem = [](const char* cert, const char* key, const char* ca) {
+    ServerOptions o;
+    o.ssl_certfile = cert != nullptr ? TlsFile(cert) : "";
+    o.ssl_keyfile = key != nullptr ? TlsFile(key) : "";
+    o.ssl_ca_certs = ca != nullptr ? TlsFile(ca) : "";
+    return CheckServerTls(o);
+  };
+  EXPECT_TRUE(problem(nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(problem("server.pem", "server-key.pem", nullptr).ok());
+  EXPECT_TRUE(problem("server.pem", "server-key.pem", "ca.pem").ok());
+  absl::Status s = problem("server.pem", nullptr, nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "--ssl-keyfile")) << s;
+  s = problem(nullptr, nullptr, "ca.pem");
+  EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "--ssl-certfile")) << s;
+  s = problem("server.pem", "missing-key.pem", nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "missing-key.pem")) << s;
+  s = problem("server.pem", "client-key.pem", nullptr);  // another certificate's key
+  EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "does not match")) << s;
+  s = problem("README.md", "server-key.pem", nullptr);  // not a certificate
+  EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "README.md")) << s;
+  // HttpServer::Start refuses them the same way.
+  ServerOptions o;
+  o.port = 0;
+  o.ssl_certfile = TlsFile("server.pem");
+  o.ssl_keyfile = TlsFile("client-key.pem");
+  const TestSetup setup = DefaultSetup();
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(std::make_unique<testing::FakeRunner>(setup.runner), setup.engine);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  HttpServer server(o, engine->get(), &FixtureTokenizer());
+  s = server.Start();
+  EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "client-key.pem")) << s;
+}
+
 TEST_F(HttpServerTest, HealthFollowsReadinessAndFailure) {
   TestSetup setup = DefaultSetup();
   setup.ready = false;
