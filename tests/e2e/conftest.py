@@ -10,6 +10,8 @@ Environment:
                    Unset: the server at MQA_SERVER_URL must already be running.
   MQA_SERVER_START_TIMEOUT  seconds to wait for /health (default 300).
   MQA_API_KEY      the server's --api-key, if it has one.
+  MQA_SERVER_CA    the CA (PEM) that signed the server's --ssl-certfile: the server speaks HTTPS
+                   ("{port}" URLs are https://), and clients verify it against this CA.
 When neither MQA_SERVER_CMD is set nor a server answers at the URL, the tests are skipped.
 """
 
@@ -17,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -25,9 +28,16 @@ import urllib.request
 import pytest
 
 
+def ssl_context():
+    """The client TLS context for MQA_SERVER_CA (None: plain HTTP)."""
+    ca = os.environ.get("MQA_SERVER_CA")
+    return ssl.create_default_context(cafile=ca) if ca else None
+
+
 def _health(url, timeout=2.0):
     try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as response:
+        with urllib.request.urlopen(url + "/health", timeout=timeout,
+                                    context=ssl_context()) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
@@ -55,7 +65,7 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers=headers if headers is not None else self.headers())
         try:
-            with urllib.request.urlopen(req, timeout=120) as response:
+            with urllib.request.urlopen(req, timeout=120, context=ssl_context()) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()
@@ -94,7 +104,8 @@ def server():
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
             run = command.replace("{port}", str(port))
-            url = f"http://127.0.0.1:{port}"
+            scheme = "https" if os.environ.get("MQA_SERVER_CA") else "http"
+            url = f"{scheme}://127.0.0.1:{port}"
         process = subprocess.Popen(run, shell=True, start_new_session=True)
         deadline = time.monotonic() + float(os.environ.get("MQA_SERVER_START_TIMEOUT", "300"))
         while _health(url) != 200:
