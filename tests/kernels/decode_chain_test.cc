@@ -284,6 +284,75 @@ TEST_P(DecodeChainTest, LayerMatchesHostRepeatedPdlAndGraph) {
   ExpectCountersZero(*ws, 2, "repeated");
 }
 
+// DecodeChainParams::input0_merge: phase 0's input is the merge of an attention's split partials
+// (narrow partials and log2-sum-exps of 2..8 splits, as PagedAttentionCuda leaves them with
+// defer_merge), merged by the kernel as it loads; against the host merging them (in double,
+// rounded to the dtype) and running the layer on that. The token seen by every split and by the
+// first only; the attention output buffer poisoned (it must not be read); plain launches, PDL and
+// graph replays; more than 8 splits refused (the caller merges first).
+TEST_P(DecodeChainTest, MergesDeferredAttentionPartialsAsItLoads) {
+  const DType t = GetParam();
+  const auto ws = ZeroedChainWorkspace(1);
+  for (int head_dim : {64, 128}) {
+    for (int splits : {2, 5, 8}) {
+      for (int seen : {1, splits}) {
+        const std::string what = absl::StrCat("D ", head_dim, " splits ", splits, " seen ", seen);
+        LayerCase c;
+        c.Make(t, rng_);
+        ASSERT_FALSE(HasFatalFailure());
+        const int heads = static_cast<int>(c.E) / head_dim, chunk = 64;
+        const int context = (seen - 1) * chunk + 1 + static_cast<int>(rng_() % chunk);
+        std::vector<float> o;
+        const std::vector<uint16_t> o_bits =
+            RandomRounded(o, static_cast<int64_t>(splits) * c.E, t, rng_, 1.0f, 0.0f);
+        std::uniform_real_distribution<float> spread(-6.0f, 6.0f);
+        std::vector<float> lse(static_cast<size_t>(splits) * heads);
+        for (float& x : lse) x = spread(rng_);
+        for (int h = 0; h < heads; ++h) {  // the merged attention output, as the host sees it
+          double mx = -INFINITY;
+          for (int s = 0; s < seen; ++s) mx = std::max<double>(mx, lse[s * heads + h]);
+          for (int d = 0; d < head_dim; ++d) {
+            double num = 0, den = 0;
+            for (int s = 0; s < seen; ++s) {
+              const double w = std::exp2(lse[s * heads + h] - mx);
+              num += w * o[static_cast<size_t>(s) * c.E + h * head_dim + d];
+              den += w;
+            }
+            c.attn.v[h * head_dim + d] = RoundTo(static_cast<float>(num / den), t);
+          }
+        }
+        c.Expect(t, 1);
+        const auto d_o = DeviceMem::From(o_bits);
+        const auto d_lse = DeviceMem::From(lse);
+        const auto d_ctx = DeviceMem::From(std::vector<int32_t>{context});
+        DeferredAttentionMerge m;
+        m.pending = true;
+        m.partial_o = d_o->get();
+        m.partial_lse = d_lse->get<float>();
+        m.context_len = d_ctx->get<int32_t>();
+        m.num_splits = splits;
+        m.chunk = chunk;
+        m.num_heads = heads;
+        m.head_dim = head_dim;
+        m.dtype = t;
+        c.p.input0_merge = &m;
+        c.attn.d->Poison();
+        for (int run = 0; run < 2; ++run) {
+          CheckOneLaunch(c, t, stream_, ws->get(), 0, /*pdl=*/run > 0, {},
+                         absl::StrCat(what, run > 0 ? " (pdl)" : ""));
+          ASSERT_FALSE(HasFatalFailure());
+        }
+        CheckGraphReplays(c, t, stream_, ws->get(), 0, {}, what + " (graph)");
+        ASSERT_FALSE(HasFatalFailure());
+        m.num_splits = 9;
+        const absl::Status refused = DecodeChainCuda(c.p, stream_, true, ws->get(), 0, {});
+        EXPECT_TRUE(absl::IsUnimplemented(refused)) << refused;
+      }
+    }
+  }
+  ExpectCountersZero(*ws, 1, "merging");
+}
+
 // LL boundaries (DecodeChainTuning::ll_inputs: phase 1 reads phase 0's output, phase 3 phase 2's,
 // from flagged words instead of after a grid barrier) against the host: launches alternating with
 // the barrier form on one slot (a launch's words must never satisfy the next one's polls), three LL
