@@ -181,18 +181,8 @@ struct ChainAttentionArgs {
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
 };
 
-// DecodeChainParams::input0_merge on the device: o null, phase 0 reads its input.
-struct ChainMergeArgs {
-  const void* o;           // [splits][heads][head_dim] in T
-  const float* lse;        // [splits][heads], log2 domain
-  const int32_t* context;  // the token's sequence length
-  int splits, chunk, heads, head_dim;
-};
-constexpr int kChainMergeMaxSplits = 8;
-
 struct ChainArgs {
   ChainPhaseArgs ph[kMaxDecodeChainPhases];
-  ChainMergeArgs merge;
   int num_phases;
   int has_attention;
   ChainAttentionArgs at;
@@ -641,94 +631,19 @@ __device__ __forceinline__ int4 PollLl(const unsigned long long* w, unsigned fla
   return r;
 }
 
-// Phase 0's input as the merge of the attention's split partials (ChainArgs::merge), into `xs`:
-// consumer thread t takes the 16-byte chunks t, t + kConsumers, ..., each from every split's
-// partial and lse in one round trip, weighted as the warp merge kernel weighs them (2^(lse -
-// max), the sum rounded once to T). Only the kFoldHalfPairsMerge / kFoldRowsMerge kernels have it:
-// in the others its loads in flight cost 130-300 bytes of spills (inlined or not).
-template <typename T>
-__device__ __forceinline__ void MergeInputChunks(const ChainMergeArgs m, int k, int4* xs) {
-  using V = fwd::Vec16<T>;
-  constexpr int kV = V::kN, kBatch = 2;
-  const T* o = static_cast<const T*>(m.o);
-  const int pos = __ldcg(m.context) - 1;
-  const int valid = min(m.splits, pos / m.chunk + 1);
-  const int64_t split_elems = static_cast<int64_t>(m.heads) * m.head_dim;
-  for (int v = threadIdx.x; v < k / kV; v += kConsumers) {
-    const int col = v * kV, head = col / m.head_dim;
-    float lse[kChainMergeMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kChainMergeMaxSplits; ++s) {
-      lse[s] = s < valid ? __ldcg(m.lse + s * m.heads + head) : -INFINITY;
-    }
-    // The partials a batch of splits at a time (the kernel's register cap): the first batch in
-    // one round trip with the lse, each further one a round trip more.
-    V part[kBatch];
-    auto load = [&](int s0) {
-#pragma unroll
-      for (int s = 0; s < kBatch; ++s) {
-        if (s0 + s < valid) {
-          *reinterpret_cast<int4*>(&part[s]) =
-              __ldcg(reinterpret_cast<const int4*>(o + (s0 + s) * split_elems + col));
-        }
-      }
-    };
-    load(0);
-    float mx = lse[0];  // split 0 saw a key: finite
-#pragma unroll
-    for (int s = 1; s < kChainMergeMaxSplits; ++s) mx = fmaxf(mx, lse[s]);
-    float acc[kV], l = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
-    auto fold = [&](int s0) {
-#pragma unroll
-      for (int s = 0; s < kBatch; ++s) {
-        if (s0 + s < valid) {
-          const float w = exp2f(lse[s0 + s] - mx);
-          l += w;
-#pragma unroll
-          for (int e = 0; e < kV; ++e) acc[e] = fmaf(w, fwd::ToFloat(part[s].v[e]), acc[e]);
-        }
-      }
-    };
-    fold(0);
-#pragma unroll
-    for (int s0 = kBatch; s0 < kChainMergeMaxSplits; s0 += kBatch) {
-      if (s0 < valid) {
-        load(s0);
-        fold(s0);
-      }
-    }
-    const float inv = 1.0f / l;
-    V out;
-#pragma unroll
-    for (int e = 0; e < kV; ++e) out.v[e] = fwd::FromFloat<T>(acc[e] * inv);
-    xs[v] = *reinterpret_cast<const int4*>(&out);
-  }
-}
-
 // The phase's input vector into `x` (shared memory, in T: every input is a T tensor, and a layer
 // norm's output is rounded to T as LayerNormCuda writes it, so nothing is lost), normalised
 // there where the phase has a layer norm (its parameters already copied by CopyLnParams). Thread
 // t handles the 16-byte vectors t, t + kConsumers, ...; the caller's barrier publishes `x`.
 // ll: the previous phase's LL words (ChainPhaseArgs::ll_in) carrying `flag`, or null: the input
 // tensor, after the grid barrier.
-// kMerge, merge non-null: phase 0's input from the attention's partials (MergeInputChunks; no
-// layer norm there).
-template <typename T, bool kFused, bool kMerge = false>
+template <typename T, bool kFused>
 __device__ void LoadInput(const ChainPhaseArgs& ph, T* x, const T* lnw, const T* lnb, float* red,
-                          const unsigned long long* ll, unsigned flag,
-                          const ChainMergeArgs* merge = nullptr) {
+                          const unsigned long long* ll, unsigned flag) {
   using V = fwd::Vec16<T>;
   const int nvec = ph.k / 8;
   const int4* in = static_cast<const int4*>(ph.input);
   int4* xs = reinterpret_cast<int4*>(x);
-  if constexpr (kMerge) {
-    if (merge != nullptr) {
-      MergeInputChunks<T>(*merge, ph.k, xs);
-      return;
-    }
-  }
   float sum = 0.0f;
   for (int v = threadIdx.x; v < nvec; v += kConsumers) {
     int4 raw;
@@ -1050,10 +965,6 @@ enum ChainFold : int {
   kFoldHalfPairs = 2,
   kFoldRowsFused = 3,
   kFoldHalfPairsFused = 4,
-  // kFoldRows / kFoldHalfPairs with phase 0 merging attention partials (ChainArgs::merge), bf16's
-  // and fp16's.
-  kFoldRowsMerge = 5,
-  kFoldHalfPairsMerge = 6,
 };
 // Measured default (-1) of DecodeChainTuning::half_fold: on. H200, 2026-12-04 ~14:16 UTC,
 // mqabench latency StarCoder b1 --chain auto,hf,auto,hf: decode step 8.006 / 8.046 ms with the
@@ -1074,9 +985,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     DecodeChainKernel(const __grid_constant__ ChainArgs a) {
   constexpr bool kTiled = kFold == kFoldTiles;
   constexpr bool kFused = kFold == kFoldRowsFused || kFold == kFoldHalfPairsFused;
-  constexpr bool kHalf =
-      kFold == kFoldHalfPairs || kFold == kFoldHalfPairsFused || kFold == kFoldHalfPairsMerge;
-  constexpr bool kMerge = kFold == kFoldRowsMerge || kFold == kFoldHalfPairsMerge;
+  constexpr bool kHalf = kFold == kFoldHalfPairs || kFold == kFoldHalfPairsFused;
   extern __shared__ __align__(1024) unsigned char smem[];
   const int stages = a.stages;
   unsigned char* ring = smem;
@@ -1358,9 +1267,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
       residual = fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
     }
-    LoadInput<T, kFused, kMerge>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
-                                 epoch_s * 8 + static_cast<unsigned>(gi),
-                                 gi == 0 && a.merge.o != nullptr ? &a.merge : nullptr);
+    LoadInput<T, kFused>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
+                         epoch_s * 8 + static_cast<unsigned>(gi));
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
@@ -1582,7 +1490,7 @@ std::pair<int, int> TileShape(int64_t max_rows, int64_t k, int64_t stage_elems, 
 struct LaunchInfo {
   int device = -1;
   int smem_optin = 0;
-  bool configured[2][2][7] = {};  // [bf16][timeline][fold]
+  bool configured[2][2][5] = {};  // [bf16][timeline][fold]
 };
 
 absl::StatusOr<LaunchInfo*> DeviceLaunchInfo() {
@@ -1708,19 +1616,6 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
       return absl::InvalidArgumentError(absl::StrCat(where, "activation identity or GELU-tanh"));
     }
   }
-  if (p.input0_merge != nullptr && p.input0_merge->pending) {
-    const DeferredAttentionMerge& m = *p.input0_merge;
-    if (p.has_attention || p.phases[0].ln_weight != nullptr || m.dtype != p.dtype ||
-        m.num_splits < 1 || m.num_splits > kChainMergeMaxSplits || m.chunk < 1 || m.head_dim < 8 ||
-        m.head_dim % 8 != 0 || int64_t{m.num_heads} * m.head_dim != p.phases[0].k ||
-        m.partial_o == nullptr || m.partial_lse == nullptr || m.context_len == nullptr ||
-        !fwd::Aligned16(m.partial_o)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "DecodeChain: phase 0 merges attention partials only without an attention phase or a "
-          "layer norm, for k = heads x head_dim (a multiple of 8), at most ",
-          kChainMergeMaxSplits, " splits"));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -1735,11 +1630,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   LaunchInfo& info = *info_ptr;
   ChainArgs a = {};
   a.num_phases = p.num_phases;
-  if (p.input0_merge != nullptr && p.input0_merge->pending) {
-    const DeferredAttentionMerge& m = *p.input0_merge;
-    a.merge = {m.partial_o, m.partial_lse, m.context_len, m.num_splits,
-               m.chunk,     m.num_heads,   m.head_dim};
-  }
   // The fused MLP: phases up = fused, down = fused + 1 (see DecodeChainTuning::fused_mlp).
   int fused = -1;
   // (One fused instantiation a dtype: fp16 with the pair fold, bf16 with the fp32 one; none
@@ -1958,23 +1848,12 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       for (int i = 0; i < a.num_phases; ++i) any_tiled |= a.ph[i].tile_rows > 0;
       // The fused MLP has one instantiation a dtype: with its default fold (checked above).
       constexpr int kFusedFold = std::is_same_v<T, __half> ? kFoldHalfPairsFused : kFoldRowsFused;
-      // The merging form (ChainArgs::merge) exists for the default fold only: fp16's pairs,
-      // bf16's rows.
-      constexpr int kMergeFold = std::is_same_v<T, __half> ? kFoldHalfPairsMerge : kFoldRowsMerge;
-      const bool half_fold = half && std::is_same_v<T, __half>;
-      if (a.merge.o != nullptr &&
-          (fused >= 0 || any_tiled || half_fold != std::is_same_v<T, __half>)) {
-        return absl::UnimplementedError(
-            "DecodeChain: phase 0 merges attention partials only with the default fold");
-      }
-      const int fold = fused >= 0             ? kFusedFold
-                       : any_tiled            ? kFoldTiles
-                       : a.merge.o != nullptr ? kMergeFold
-                       : half_fold            ? kFoldHalfPairs
-                                              : kFoldRows;
+      const int fold = fused >= 0  ? kFusedFold
+                       : any_tiled ? kFoldTiles
+                       : half && std::is_same_v<T, __half> ? kFoldHalfPairs
+                                                           : kFoldRows;
       auto with_stamps = [&]<bool kS>() {
         return fold == kFusedFold       ? DecodeChainKernel<T, kS, kFusedFold>
-               : fold == kMergeFold     ? DecodeChainKernel<T, kS, kMergeFold>
                : fold == kFoldTiles     ? DecodeChainKernel<T, kS, kFoldTiles>
                : fold == kFoldHalfPairs ? DecodeChainKernel<T, kS, kFoldHalfPairs>
                                         : DecodeChainKernel<T, kS, kFoldRows>;

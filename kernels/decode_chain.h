@@ -40,7 +40,6 @@
 
 #include "absl/status/status.h"
 #include "kernels/activation.h"
-#include "kernels/paged_attention.h"
 #include "runtime/dtype.h"
 
 namespace mqa {
@@ -102,11 +101,6 @@ struct DecodeChainParams {
   // reads attention.output).
   bool has_attention = false;
   DecodeChainAttention attention;
-  // Pending (PagedAttentionParams::defer_merge): phases[0]'s input is the split-KV merge of these
-  // attention partials (k = heads x head_dim, no layer norm, no attention phase), which the CUDA
-  // kernel computes as it loads that input, in place of the merge kernel; phases[0].input is not
-  // read. Null or not pending: every input is read as it is. The CPU reference refuses it.
-  const DeferredAttentionMerge* input0_merge = nullptr;
 };
 
 // The CPU reference (float32 only): each phase as LayerNormCpu, GemmCpu and BiasActivationCpu in

@@ -20,9 +20,6 @@ absl::Status DecodeChainCpu(const DecodeChainParams& p) {
   if (p.num_phases < 1 || p.num_phases > kMaxDecodeChainPhases) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChainCpu: ", p.num_phases, " phases"));
   }
-  if (p.input0_merge != nullptr && p.input0_merge->pending) {
-    return absl::UnimplementedError("DecodeChainCpu: no deferred attention merge on the CPU");
-  }
   if (p.has_attention) {
     return absl::UnimplementedError(
         "DecodeChainCpu: no attention phase (the CPU path runs PagedAttentionCpu itself)");

@@ -195,7 +195,6 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p) {
 
 absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
                             const KvCacheWriteParams* kv_write) {
-  if (p.defer_merge != nullptr) *p.defer_merge = DeferredAttentionMerge{};  // CUDA may set it
   if (ctx.skip & kSkipKvWrite) kv_write = nullptr;
   if (ctx.skip & kSkipAttention) {
     return kv_write != nullptr ? KvCacheWrite(ctx, *kv_write) : absl::OkStatus();
@@ -221,22 +220,6 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
 #endif
   }
   return absl::InternalError("PagedAttention: unknown device");
-}
-
-absl::Status MergeDeferredAttention(const OpContext& ctx, const DeferredAttentionMerge& m,
-                                    void* output) {
-  if (!m.pending) return absl::OkStatus();
-  switch (ctx.device) {
-    case Device::kCpu:
-      return absl::InternalError("MergeDeferredAttention: nothing defers a merge on the CPU");
-    case Device::kCuda:
-#ifdef MQA_WITH_CUDA
-      return MergeDeferredAttentionCuda(m, output, Stream(ctx), ctx.pdl);
-#else
-      return NoCuda("MergeDeferredAttention");
-#endif
-  }
-  return absl::InternalError("MergeDeferredAttention: unknown device");
 }
 
 absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot,

@@ -121,11 +121,6 @@ absl::Status KvCacheWrite(const OpContext& ctx, const KvCacheWriteParams& p);
 // kSkipKvWrite leaves it out, kSkipAttention the attention.
 absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
                             const KvCacheWriteParams* kv_write = nullptr);
-// The split merge a PagedAttention call left pending (PagedAttentionParams::defer_merge), into
-// output ([heads, head_dim]): for a consumer that does not merge as it loads. OK when nothing is
-// pending.
-absl::Status MergeDeferredAttention(const OpContext& ctx, const DeferredAttentionMerge& m,
-                                    void* output);
 // A batch-1 decode chain (kernels/decode_chain.h): DecodeChainCpu on the CPU (float32),
 // DecodeChainCuda on the GPU with ctx.chain_workspace's counter `slot` (Unimplemented without a
 // workspace or where the device cannot hold the grid: nothing has run then). kSkipGemm skips it.

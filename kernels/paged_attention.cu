@@ -101,9 +101,6 @@ struct KernelArgs {
   // Every sequence has exactly one query token (max_query_len 1 and as many tokens as sequences):
   // token t is sequence t's (the merge kernels skip their binary search).
   bool one_query_each = false;
-  // PagedAttentionParams::defer_merge_late_release: the TMA kernel releases its programmatic
-  // dependent after its stores instead of while it streams.
-  bool late_release = false;
 };
 
 // Variants 4 and 5: the most splits whose merge the last CTA does itself (beyond, they run as 3).
@@ -1351,7 +1348,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           "CUDA attention: kv_write must name the attention's caches, shapes and tokens");
     }
   }
-  if (p.defer_merge != nullptr) *p.defer_merge = DeferredAttentionMerge{};
   if (p.num_tokens == 0 || p.num_seqs == 0) return absl::OkStatus();
   return attention::DispatchAttention(
       p.dtype, p.head_dim, ChooseLayout(p, tuning),
@@ -1561,12 +1557,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         const bool merge_launch =
             plan.num_splits > 1 && variant != 2 && !a.inline_merge && !a.cluster_merge;
         a.pdl = merge_launch && variant != 0;
-        // The warp-form merge of one decode token's narrow partials, left to the consumer
-        // (PagedAttentionParams::defer_merge).
-        const bool defer = p.defer_merge != nullptr && merge_launch && warp_merge &&
-                           a.narrow_partials && a.one_query_each && p.num_tokens == 1 &&
-                           plan.num_splits <= kWarpMergeMaxSplits && (D == 64 || D == 128);
-        if (defer) a.late_release = p.defer_merge_late_release;
         if (variant >= 1) {
           const int first_span = TableSpan(plan.chunk, p.block_size);
           a.table_blocks = first_span <= kTableCap ? first_span : 0;
@@ -1643,19 +1633,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }
         if (!merge_launch) return absl::OkStatus();
-        if (defer) {
-          DeferredAttentionMerge& m = *p.defer_merge;
-          m.pending = true;
-          m.partial_o = a.partial_o;
-          m.partial_lse = a.partial_lse;
-          m.context_len = p.context_lens;
-          m.num_splits = plan.num_splits;
-          m.chunk = plan.chunk;
-          m.num_heads = p.num_heads;
-          m.head_dim = D;
-          m.dtype = p.dtype;
-          return absl::OkStatus();
-        }
         auto merge = a.narrow_partials ? MergeSplitsKernel<T, D, T> : MergeSplitsKernel<T, D, float>;
         dim3 merge_grid(p.num_tokens, p.num_heads);
         size_t merge_smem = plan.num_splits * sizeof(float);
@@ -1693,48 +1670,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
         }
         return absl::OkStatus();
       });
-}
-
-absl::Status MergeDeferredAttentionCuda(const DeferredAttentionMerge& m, void* output,
-                                        cudaStream_t stream, bool pdl) {
-  if (!m.pending) return absl::OkStatus();
-  if (m.num_splits < 1 || m.num_splits > kWarpMergeMaxSplits || m.chunk <= 0 || m.num_heads <= 0 ||
-      (m.head_dim != 64 && m.head_dim != 128) ||
-      (m.dtype != DType::kF16 && m.dtype != DType::kBF16)) {
-    return absl::InvalidArgumentError("MergeDeferredAttentionCuda: not a deferred warp merge");
-  }
-  KernelArgs a;
-  a.output = output;
-  a.context_lens = m.context_len;
-  a.partial_o = const_cast<float*>(static_cast<const float*>(m.partial_o));
-  a.partial_lse = const_cast<float*>(m.partial_lse);
-  a.num_seqs = 1;
-  a.num_tokens = 1;
-  a.num_heads = m.num_heads;
-  a.num_splits = m.num_splits;
-  a.chunk = m.chunk;
-  a.narrow_partials = true;
-  a.one_query_each = true;
-  auto launch = [&](auto kernel) -> absl::Status {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(1, CeilDiv(m.num_heads, kWarpMergeHeads));
-    config.blockDim = dim3(32 * kWarpMergeHeads);
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
-    CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
-    CUDA_RETURN_IF_LAUNCH_ERROR();
-    return absl::OkStatus();
-  };
-  if (m.dtype == DType::kF16) {
-    return m.head_dim == 64 ? launch(MergeSplitsWarpKernel<__half, 64, __half>)
-                            : launch(MergeSplitsWarpKernel<__half, 128, __half>);
-  }
-  return m.head_dim == 64 ? launch(MergeSplitsWarpKernel<__nv_bfloat16, 64, __nv_bfloat16>)
-                          : launch(MergeSplitsWarpKernel<__nv_bfloat16, 128, __nv_bfloat16>);
 }
 
 }  // namespace mqa

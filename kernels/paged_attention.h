@@ -45,31 +45,6 @@ struct PagedAttentionParams {
   // then stream their first weights while the attention runs. Off: released after the wait (a
   // skinny GEMM after it measured slower released early).
   bool release_dependents_early = false;
-  // CUDA, one decode token (num_tokens 1, max_query_len 1): where the launch would end with the
-  // warp form of the split-KV merge over narrow (T) partials, it skips that kernel and describes
-  // the partials here instead (pending set; `output` is not written). The attention's consumer,
-  // the decode chain, then merges them as it loads its first phase's input
-  // (DecodeChainParams::input0_merge); a consumer that cannot runs MergeDeferredAttention first.
-  // Every other launch, and the CPU, clears pending and writes `output` as usual.
-  struct DeferredAttentionMerge* defer_merge = nullptr;
-  // With defer_merge: the attention kernel releases its programmatic dependent (the chain) only
-  // after its stores, instead of while it streams (the TMA kernel's early release).
-  bool defer_merge_late_release = false;
-};
-
-// The split-KV partials of one decode token left unmerged (PagedAttentionParams::defer_merge):
-// output row h (head) = sum_s w_s o[s][h] / sum_s w_s with w_s = 2^(lse[s][h] - max_s lse[s][h])
-// over the splits s < min(num_splits, (context_len[0] - 1) / chunk + 1) that saw the token.
-struct DeferredAttentionMerge {
-  bool pending = false;
-  const void* partial_o = nullptr;       // [num_splits][num_heads][head_dim] in `dtype`
-  const float* partial_lse = nullptr;    // [num_splits][num_heads], log2 domain
-  const int32_t* context_len = nullptr;  // the token's sequence length (device memory)
-  int num_splits = 0;
-  int chunk = 0;  // KV positions a split covers
-  int num_heads = 0;
-  int head_dim = 0;
-  DType dtype = DType::kF16;
 };
 
 // The reference: fp32 only, one thread, straightforward loops. InvalidArgument for bad

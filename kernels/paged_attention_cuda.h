@@ -209,13 +209,6 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
                                 size_t workspace_bytes, const PagedAttentionTuning& tuning = {},
                                 const KvCacheWriteParams* kv_write = nullptr);
 
-// The merge PagedAttentionCuda left to its consumer (PagedAttentionParams::defer_merge), into
-// output ([num_heads, head_dim] of m.dtype): the warp-form merge kernel, launched as a
-// programmatic dependent when `pdl`. For a consumer that cannot merge while it loads (any GEMM path
-// but the skinny m = 1 kernel). A no-op when nothing is pending.
-absl::Status MergeDeferredAttentionCuda(const DeferredAttentionMerge& m, void* output,
-                                        cudaStream_t stream, bool pdl);
-
 // The 2023 design, kept as the benchmark's baseline: decode only (every q_len 1), one CTA per
 // (sequence, query head) that re-reads its KV head through `head_mapping` (device, [num_heads]:
 // query head -> KV head), CUDA cores only. max_context_len <= 32768.

@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
       for (int i = early + (warp - kConsumers / 32); i < num_tiles; i += kWgs) issue_tile(i);
     }
     __syncwarp();
-    if (!a.late_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
     if constexpr (kCluster) {
       if (a.cluster_merge) {
         cluster_merge();
@@ -623,7 +623,7 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
                            m, l);
     if (lane == 0) tma::MbarArrive(empty0 + 8 * stage);
   }
-  if (!a.late_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   if constexpr (kPair) {
     // The second warpgroup's state into the exchange ([slot][thread]: conflict-free), the first
     // folds it into its own (rescaled to the larger max) once the named barrier publishes it.
@@ -672,8 +672,6 @@ __global__ void __launch_bounds__(TmaShape<D, kCtas>::kCtaThreads, kCtas)
     }
   }
   StoreRows<T, D, H>(a, o, m, l, r0, r1, w.row_end, w.q_begin, w.kvh, w.split, t);
-  // late_release: the dependent (a GEMM merging these partials as it loads) launches only now.
-  if (a.late_release) asm volatile("griddepcontrol.launch_dependents;\n" ::);
 }
 
 // Sets the kernel's shared-memory limit once; CTAs per SM (0 when it cannot be resident).

@@ -667,23 +667,11 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
   // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
-  // The chain's first phase merges the attention's splits as it loads its input
-  // (GptBigCodeOptions::decode_chain_merge_input); if the chain is refused, the merge runs here.
-  const bool defer = chain_step && chain_merge_input_ > 0;
-  if (defer) {
-    att.defer_merge = &pending_merge_;
-    att.defer_merge_late_release = chain_merge_input_ == 2;
-  }
   RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
   if (chain_step) {
-    chain.input0_merge = defer && pending_merge_.pending ? &pending_merge_ : nullptr;
     ASSIGN_OR_RETURN(const bool done, run_chain());
-    if (done) {
-      if (chain.input0_merge != nullptr) ++deferred_merges_;
-      return absl::OkStatus();
-    }
+    if (done) return absl::OkStatus();
   }
-  if (defer) RETURN_IF_ERROR(MergeDeferredAttention(ctx_, pending_merge_, attn_.raw()));
 
   gemm.a = attn_.raw();
   gemm.lda = heads_ * D;

@@ -229,13 +229,6 @@ struct GptBigCodeOptions {
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
-  // With decode_chain: the attention before a chain leaves its split-KV merge to the chain, whose
-  // first phase (attn.c_proj) merges the partials as it loads its input
-  // (PagedAttentionParams::defer_merge, DecodeChainParams::input0_merge; where the attention
-  // would run the warp-form merge, at most 8 splits): one kernel and one handover fewer a layer.
-  // 0 off, 1 on, 2 on with the attention releasing the chain only after its stores
-  // (defer_merge_late_release).
-  int decode_chain_merge_input = 0;
 };
 
 class GptBigCode {
@@ -343,10 +336,6 @@ class GptBigCode {
   // skinny GEMM after it then stages its weights during the attention. Measured slower for
   // StarCoder b1 without the chain (2026-12-04); not yet for SantaCoder. Drops captured graphs.
   void set_attention_release_early(bool on);
-  // Benchmarks: GptBigCodeOptions::decode_chain_merge_input. Drops captured graphs.
-  void set_decode_chain_merge_input(int mode);
-  // Attention merges a decode chain took over so far (decode_chain_merge_input; tests check it).
-  int64_t deferred_merges() const { return deferred_merges_; }
   // Benchmarks: GptBigCodeOptions::decode_chain_steal_chunks. Drops captured graphs.
   void set_decode_chain_steal_chunks(int chunks);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
@@ -447,9 +436,6 @@ class GptBigCode {
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   bool chain_early_release_ = true;         // ... _early_release
   bool attention_release_early_ = false;    // set_attention_release_early
-  int chain_merge_input_ = 0;               // GptBigCodeOptions::decode_chain_merge_input
-  int64_t deferred_merges_ = 0;
-  DeferredAttentionMerge pending_merge_;  // a layer's, between its attention and its chain
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

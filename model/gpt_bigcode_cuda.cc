@@ -255,11 +255,6 @@ void GptBigCode::set_attention_release_early(bool on) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain_merge_input(int mode) {
-  chain_merge_input_ = mode;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
   ctx_.chain_steal_chunks = chunks;
   ClearCudaGraphs();
@@ -429,7 +424,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   chain_early_release_ = options.decode_chain_early_release;
-  chain_merge_input_ = options.decode_chain_merge_input;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -781,7 +775,6 @@ absl::Status GptBigCode::set_fast_paths(bool, bool, bool) { return absl::OkStatu
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_attention_release_early(bool) {}
-void GptBigCode::set_decode_chain_merge_input(int) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

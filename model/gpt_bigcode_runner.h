@@ -56,7 +56,6 @@ struct GptBigCodeRunnerOptions {
   bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
-  int decode_chain_merge_input = 0;     // GptBigCodeOptions::decode_chain_merge_input
 };
 
 class GptBigCodeRunner final : public ModelRunner {
