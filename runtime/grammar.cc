@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "runtime/status.h"
 #include "runtime/utf8.h"
 
@@ -627,19 +628,24 @@ GrammarGuide::TokenBits GrammarGuide::ComputeLiveTokens(int state) const {
   return bits;
 }
 
-const char* GrammarGuide::JsonObjectGrammar() {
-  // At most one space between tokens, numbers an int64 / double parser takes and no \u escape of
-  // a lone surrogate (as the JSON schema patterns, runtime/json_schema_regex.h); any depth.
-  return R"gbnf(root ::= object
-value ::= object | array | string | number | "true" | "false" | "null"
-object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
-member ::= string ws ":" ws value
-array ::= "[" ws ( value ( ws "," ws value )* ws )? "]"
+const char* GrammarGuide::JsonObjectGrammar(bool compact) {
+  // At most one space between tokens (none when compact), numbers an int64 / double parser takes
+  // and no \u escape of a lone surrogate (as the JSON schema patterns,
+  // runtime/json_schema_regex.h); any depth.
+  constexpr const char* kTokens = R"gbnf(
 string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex-not-surrogate ) )* "\""
 hex-not-surrogate ::= [0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}
 number ::= "-"? ( "0" | [1-9] [0-9]{0,18} ) ( "." [0-9]{1,17} )? ( [eE] [-+]? [0-9]{1,2} )?
-ws ::= " "?
 )gbnf";
+  constexpr const char* kStructure = R"gbnf(root ::= object
+value ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
+member ::= string ws ":" ws value
+array ::= "[" ws ( value ( ws "," ws value )* ws )? "]")gbnf";
+  static const std::string spaced = absl::StrCat(kStructure, kTokens, "ws ::= \" \"?\n");
+  static const std::string tight =
+      absl::StrCat(absl::StrReplaceAll(kStructure, {{" ws ", " "}}), kTokens);
+  return compact ? tight.c_str() : spaced.c_str();
 }
 
 }  // namespace mqa

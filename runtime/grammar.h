@@ -49,7 +49,7 @@ class GrammarGuide : public Guide {
       std::string_view grammar, std::shared_ptr<const GuideVocab> vocab);
 
   // Any JSON object (OpenAI's json_object), nested to any depth, in GBNF.
-  static const char* JsonObjectGrammar();
+  static const char* JsonObjectGrammar(bool compact = false);
 
   int AdvanceBytes(int state, std::string_view bytes) const override;
   bool Accepting(int state) const override;

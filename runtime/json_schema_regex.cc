@@ -13,7 +13,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr const char* kWs = " ?";  // at most one space between tokens
+// Between tokens: at most one space, or (compact) none.
+constexpr const char* kWs = " ?";
 // One character of a JSON string: anything but a quote, a backslash or a control character, or
 // an escape (\u of anything but a surrogate, which parsers refuse alone; other characters come as
 // UTF-8).
@@ -35,9 +36,9 @@ std::string RepeatSuffix(int min, int max) {
 }
 
 // min..max of `item` (max -1: no bound, max >= 1), separated by commas.
-std::string CommaList(const std::string& item, int min, int max) {
+std::string CommaList(const std::string& item, int min, int max, const char* ws) {
   const std::string items =
-      absl::StrCat(item, "(?:", kWs, ",", kWs, item, ")",
+      absl::StrCat(item, "(?:", ws, ",", ws, item, ")",
                    RepeatSuffix(std::max(0, min - 1), max < 0 ? -1 : max - 1));
   return min == 0 ? absl::StrCat("(?:", items, ")?") : items;
 }
@@ -49,7 +50,7 @@ absl::Status Bad(const std::string& where, const std::string& what) {
 
 class Converter {
  public:
-  explicit Converter(const json& root) : root_(root) {}
+  Converter(const json& root, bool compact) : root_(root), ws_(compact ? "" : kWs) {}
 
   absl::StatusOr<std::string> Value(const json& schema, const std::string& where, int depth) {
     if (depth > kJsonSchemaMaxDepth) return Bad(where, "nested too deep (or a recursive $ref)");
@@ -174,8 +175,8 @@ class Converter {
     ASSIGN_OR_RETURN(const int min, Count(schema, "minItems", where, 0));
     ASSIGN_OR_RETURN(const int max, Count(schema, "maxItems", where, -1));
     if (max >= 0 && max < min) return Bad(where, "maxItems < minItems");
-    if (max == 0) return absl::StrCat("\\[", kWs, "\\]");
-    return absl::StrCat("\\[", kWs, CommaList(item, min, max), kWs, "\\]");
+    if (max == 0) return absl::StrCat("\\[", ws_, "\\]");
+    return absl::StrCat("\\[", ws_, CommaList(item, min, max, ws_), ws_, "\\]");
   }
 
   absl::StatusOr<std::string> Object(const json& schema, const std::string& where, int depth) {
@@ -192,7 +193,7 @@ class Converter {
         ASSIGN_OR_RETURN(std::string value,
                          Value(sub, absl::StrCat(where, "/properties/", name), depth + 1));
         const bool needed = std::find(required.begin(), required.end(), name) != required.end();
-        members.push_back({absl::StrCat(Literal(json(name)), kWs, ":", kWs, value), needed});
+        members.push_back({absl::StrCat(Literal(json(name)), ws_, ":", ws_, value), needed});
       }
     } else {
       return AnyObject(kAnyJsonDepth - 1);
@@ -202,40 +203,44 @@ class Converter {
     std::vector<std::string> after(members.size() + 1), first(members.size() + 1);
     for (int k = static_cast<int>(members.size()) - 1; k >= 0; --k) {
       const auto& [m, needed] = members[k];
-      const std::string with_comma = absl::StrCat(kWs, ",", kWs, m);
+      const std::string with_comma = absl::StrCat(ws_, ",", ws_, m);
       after[k] = needed ? absl::StrCat(with_comma, after[k + 1])
                         : absl::StrCat("(?:", with_comma, ")?", after[k + 1]);
       first[k] = needed ? absl::StrCat(m, after[k + 1])
                         : absl::StrCat("(?:", m, after[k + 1], "|", first[k + 1], ")");
     }
-    return absl::StrCat("\\{", kWs, first[0], kWs, "\\}");
+    return absl::StrCat("\\{", ws_, first[0], ws_, "\\}");
   }
 
-  static std::string AnyValue(int depth) {
+  std::string AnyValue(int depth) const {
     std::string scalar = absl::StrCat("(?:\"", kStringChar, "*\"|", kNumber, "|true|false|null)");
     if (depth <= 0) return scalar;
     const std::string inner = AnyValue(depth - 1);
-    const std::string array = absl::StrCat("\\[", kWs, CommaList(inner, 0, -1), kWs, "\\]");
+    const std::string array = absl::StrCat("\\[", ws_, CommaList(inner, 0, -1, ws_), ws_, "\\]");
     return absl::StrCat("(?:", scalar, "|", array, "|", AnyObject(depth - 1), ")");
   }
 
  public:
-  static std::string AnyObject(int depth) {
+  std::string AnyObject(int depth) const {
     const std::string value = AnyValue(depth);
-    const std::string member = absl::StrCat("\"", kStringChar, "*\"", kWs, ":", kWs, value);
-    return absl::StrCat("\\{", kWs, CommaList(member, 0, -1), kWs, "\\}");
+    const std::string member = absl::StrCat("\"", kStringChar, "*\"", ws_, ":", ws_, value);
+    return absl::StrCat("\\{", ws_, CommaList(member, 0, -1, ws_), ws_, "\\}");
   }
 
  private:
   const json& root_;
+  const char* const ws_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::string> JsonSchemaToRegex(const nlohmann::ordered_json& schema) {
-  return Converter(schema).Value(schema, "", 0);
+absl::StatusOr<std::string> JsonSchemaToRegex(const nlohmann::ordered_json& schema, bool compact) {
+  return Converter(schema, compact).Value(schema, "", 0);
 }
 
-std::string AnyJsonObjectRegex() { return Converter::AnyObject(kAnyJsonDepth - 1); }
+std::string AnyJsonObjectRegex() {
+  static const json kNone;
+  return Converter(kNone, false).AnyObject(kAnyJsonDepth - 1);
+}
 
 }  // namespace mqa

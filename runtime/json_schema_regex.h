@@ -8,8 +8,9 @@
 // their order, those not in "required" optional; no other keys are generated); "enum" and
 // "const" of JSON values; "anyOf" / "oneOf" as alternatives; "$ref" to "#/$defs/..." or
 // "#/definitions/..." (not recursive beyond kJsonSchemaMaxDepth). Between tokens at most one
-// space; integers of at most 19 digits, fractions of at most 17 and exponents of at most two (what
-// int64 / double parsers take). Anything else is refused with InvalidArgument naming the place.
+// space (none with `compact`: vLLM's disable_any_whitespace); integers of at most 19 digits,
+// fractions of at most 17 and exponents of at most two (what int64 / double parsers take). Anything
+// else is refused with InvalidArgument naming the place.
 //
 // Any JSON object (json_object) is not a regular language: it is approximated by objects nested
 // at most kAnyJsonDepth deep.
@@ -26,7 +27,8 @@ inline constexpr int kJsonSchemaMaxDepth = 12;
 inline constexpr int kAnyJsonDepth = 3;
 
 // `schema` keeps its keys' order (ordered_json): properties are generated in that order.
-absl::StatusOr<std::string> JsonSchemaToRegex(const nlohmann::ordered_json& schema);
+absl::StatusOr<std::string> JsonSchemaToRegex(const nlohmann::ordered_json& schema,
+                                              bool compact = false);
 // Any JSON object, nested at most kAnyJsonDepth deep.
 std::string AnyJsonObjectRegex();
 

@@ -210,10 +210,11 @@ absl::Status ReadGuidance(const json& object, SamplingParams* p) {
   return absl::OkStatus();
 }
 
-// A JSON schema (runtime/json_schema_regex.h) as a guided pattern; errors name `param`.
+// A JSON schema (runtime/json_schema_regex.h) as a guided pattern, with no space between tokens
+// when `compact`; errors name `param`.
 absl::Status SchemaPattern(const nlohmann::ordered_json& schema, const char* param,
-                           std::string* pattern) {
-  absl::StatusOr<std::string> converted = JsonSchemaToRegex(schema);
+                           std::string* pattern, bool compact = false) {
+  absl::StatusOr<std::string> converted = JsonSchemaToRegex(schema, compact);
   if (!converted.ok()) return InvalidParam(param, converted.status().message());
   *pattern = *std::move(converted);
   if (pattern->size() > kMaxGuidedPatternBytes * 64) {
@@ -246,12 +247,28 @@ absl::StatusOr<nlohmann::ordered_json> OrderedSchema(const json& value, absl::st
   return schema;
 }
 
+// vLLM's guided_whitespace_pattern (structured_outputs' disable_any_whitespace lowers to ""): the
+// JSON guides' whitespace between tokens. Only "" (none) is taken besides the default, at most
+// one space; true for "".
+absl::StatusOr<bool> ReadCompactJson(const json& object) {
+  const json* ws = Field(object, "guided_whitespace_pattern");
+  if (ws == nullptr) return false;
+  if (!ws->is_string()) return TypeError("guided_whitespace_pattern", "a string");
+  if (!ws->get_ref<const std::string&>().empty()) {
+    return InvalidParam("guided_whitespace_pattern",
+                        "only \"\" (no whitespace between JSON tokens) is supported; the "
+                        "default allows one space");
+  }
+  return true;
+}
+
 // vLLM's guided_json (a schema, or its text) and OpenAI's response_format (text, json_object,
 // json_schema) into the request's pattern. The schema is read from `body` again in order
 // (nlohmann::ordered_json): properties are generated in the order the client gave them.
 absl::Status ReadJsonGuidance(absl::string_view body, const json& object, SamplingParams* p,
                               const char* schema_path = "/guided_json") {
   std::string* pattern = &p->guided_regex;
+  ASSIGN_OR_RETURN(const bool compact, ReadCompactJson(object));
   const json* guided = Field(object, "guided_json");
   const json* format = Field(object, "response_format");
   std::string type = "text";
@@ -274,7 +291,7 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, Sampli
                         "guided_grammar, guided_json or a JSON response_format)");
   }
   if (type == "json_object") {  // any object, at any depth: a grammar (JSON is not regular)
-    p->guided_grammar = GrammarGuide::JsonObjectGrammar();
+    p->guided_grammar = GrammarGuide::JsonObjectGrammar(compact);
     return absl::OkStatus();
   }
   if (guided != nullptr) {
@@ -283,7 +300,7 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, Sampli
     }
     ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
                      OrderedSchema(*guided, body, schema_path, param));
-    return SchemaPattern(schema, param, pattern);
+    return SchemaPattern(schema, param, pattern, compact);
   }
   const json* json_schema = Field(*format, "json_schema");
   const json* value =
@@ -292,10 +309,10 @@ absl::Status ReadJsonGuidance(absl::string_view body, const json& object, Sampli
     return InvalidParam(param, "json_schema needs {\"json_schema\": {\"schema\": ...}}");
   }
   // OpenAI's schema is an object: text here is a (refused) schema, not parsed.
-  if (value->is_string()) return SchemaPattern(value->get<std::string>(), param, pattern);
+  if (value->is_string()) return SchemaPattern(value->get<std::string>(), param, pattern, compact);
   ASSIGN_OR_RETURN(const nlohmann::ordered_json schema,
                    OrderedSchema(*value, body, "/response_format/json_schema/schema", param));
-  return SchemaPattern(schema, param, pattern);
+  return SchemaPattern(schema, param, pattern, compact);
 }
 
 // vLLM's structured_outputs (which replaced its guided_* fields in 0.12): {"json": schema},
@@ -341,12 +358,10 @@ absl::StatusOr<bool> LowerStructuredOutputs(json& object) {
       if (!value.is_boolean()) return TypeError(name.c_str(), "a boolean");
     } else if (key == "disable_any_whitespace") {
       if (!value.is_boolean()) return TypeError(name.c_str(), "a boolean");
-      if (value.get<bool>()) {
-        return InvalidParam(name,
-                            "guided JSON here allows a space between tokens; "
-                            "'disable_any_whitespace' true is not supported");
-      }
-    } else if (key == "whitespace_pattern" || key == "structural_tag") {
+      if (value.get<bool>()) guided["guided_whitespace_pattern"] = "";
+    } else if (key == "whitespace_pattern") {
+      guided["guided_whitespace_pattern"] = value;  // ReadCompactJson checks it
+    } else if (key == "structural_tag") {
       return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
     } else {
       return InvalidParam(name, absl::StrCat("unknown field '", name, "'"));
@@ -366,13 +381,15 @@ absl::Status StructuredOutputsError(absl::Status status) {
   std::string param = ErrorParam(status);
   if (!absl::StartsWith(param, "guided_")) return status;
   const std::string renamed = absl::StrCat("structured_outputs.", param.substr(7));
-  return ApiError(
-      status.code(), renamed,
-      absl::StrReplaceAll(status.message(), {{"'" + param + "'", "'" + renamed + "'"},
-                                             {"guided_regex", "structured_outputs.regex"},
-                                             {"guided_choice", "structured_outputs.choice"},
-                                             {"guided_grammar", "structured_outputs.grammar"},
-                                             {"guided_json", "structured_outputs.json"}}));
+  return ApiError(status.code(), renamed,
+                  absl::StrReplaceAll(
+                      status.message(),
+                      {{"'" + param + "'", "'" + renamed + "'"},
+                       {"guided_regex", "structured_outputs.regex"},
+                       {"guided_choice", "structured_outputs.choice"},
+                       {"guided_grammar", "structured_outputs.grammar"},
+                       {"guided_json", "structured_outputs.json"},
+                       {"guided_whitespace_pattern", "structured_outputs.whitespace_pattern"}}));
 }
 
 // The body as a JSON object: json, or nlohmann::ordered_json where the client's key order matters.

@@ -202,6 +202,15 @@ def test_guided_choice_and_regex(server):
             doc = json.loads(choice.text)
             assert list(doc) == ["color", "ok"], choice.text  # the schema's order
             assert doc["color"] in ("red", "green") and isinstance(doc["ok"], bool), choice.text
+    # disable_any_whitespace: the same documents, no space between tokens (the enum's words hold
+    # none either).
+    for seed in range(4):
+        tight = c.completions.create(
+            model=server.model, prompt="{", max_tokens=32, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+        assert tight.choices[0].finish_reason == "stop", tight.choices[0].text
+        assert " " not in tight.choices[0].text, tight.choices[0].text
+        assert list(json.loads(tight.choices[0].text)) == ["color", "ok"], tight.choices[0].text
     anything = c.completions.create(model=server.model, prompt="x", max_tokens=64, temperature=0,
                                     extra_body={"response_format": {"type": "json_object"}})
     if anything.choices[0].finish_reason == "stop":

@@ -117,6 +117,24 @@ TEST(GrammarGuide, Utf8CharactersAndClasses) {
   EXPECT_EQ(g->AdvanceBytes(Guide::start(), "\xFF"), Guide::kDead);
 }
 
+// The compact JSON object grammar (structured_outputs' disable_any_whitespace): the same objects
+// without a space between tokens; any space is refused, even one the default grammar takes.
+TEST(GrammarGuide, CompactJsonObjectGrammarTakesNoSpace) {
+  std::shared_ptr<const GrammarGuide> tight = Compile(GrammarGuide::JsonObjectGrammar(true));
+  std::shared_ptr<const GrammarGuide> spaced = Compile(GrammarGuide::JsonObjectGrammar());
+  ASSERT_NE(tight, nullptr);
+  ASSERT_NE(spaced, nullptr);
+  for (const char* ok : {"{}", R"({"x":"a b","y":[true,null,{}],"z":-0.5e3})",
+                         R"({"k":{"k":{"k":{"k":{"k":[]}}}}})"}) {
+    EXPECT_TRUE(FullMatch(*tight, ok)) << ok;
+    EXPECT_TRUE(FullMatch(*spaced, ok)) << ok;
+  }
+  for (const char* with_space : {"{ }", R"({"x": 1})", R"({"x":1 })", R"({"y":[1, 2]})"}) {
+    EXPECT_FALSE(FullMatch(*tight, with_space)) << with_space;
+    EXPECT_TRUE(FullMatch(*spaced, with_space)) << with_space;
+  }
+}
+
 // The JSON object grammar (response_format json_object) at any depth: random walks through it are
 // JSON objects, deeply nested ones are accepted, broken ones are not.
 TEST(GrammarGuide, JsonObjectGrammarIsJsonAtAnyDepth) {

@@ -170,5 +170,47 @@ TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupport) {
   }
 }
 
+// compact (vLLM's disable_any_whitespace): the same documents without a space between tokens; a
+// space anywhere between tokens is refused (inside strings it is text, and stays).
+TEST(JsonSchemaRegex, CompactTakesNoSpaceBetweenTokens) {
+  const json schema = json::parse(R"({"type": "object", "properties": {"name": {"type":
+      "string"}, "tags": {"type": "array", "items": {"type": "integer"}}, "extra": {}},
+      "required": ["name", "tags"]})");
+  absl::StatusOr<std::string> tight = JsonSchemaToRegex(schema, /*compact=*/true);
+  absl::StatusOr<std::string> spaced = JsonSchemaToRegex(schema);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  auto t = Compile(*tight), d = Compile(*spaced);
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(d, nullptr);
+  for (const char* ok : {R"({"name":"a b","tags":[]})", R"({"name":"","tags":[1,-2],"extra":{}})",
+                         R"({"name":"x","tags":[3],"extra":[true,{"k":null}]})"}) {
+    EXPECT_TRUE(FullMatch(*t, ok)) << ok;
+    EXPECT_TRUE(FullMatch(*d, ok)) << ok;
+  }
+  for (const char* spacy :
+       {R"({ "name":"a","tags":[]})", R"({"name": "a","tags":[]})", R"({"name":"a", "tags":[]})",
+        R"({"name":"a","tags":[1, 2]})", R"({"name":"a","tags":[],"extra":{"k": 1}})"}) {
+    EXPECT_FALSE(FullMatch(*t, spacy)) << spacy;
+    EXPECT_TRUE(FullMatch(*d, spacy)) << spacy;
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 50; ++i) {  // what the compact guide generates: JSON, no space between tokens
+    const std::string text = RandomMatch(*t, rng);
+    ASSERT_FALSE(text.empty());
+    ASSERT_TRUE(json::accept(text)) << text;
+    bool in_string = false, escaped = false;
+    for (char c : text) {  // no space outside a string
+      if (in_string) {
+        in_string = escaped || c != '"';
+        escaped = !escaped && c == '\\';
+      } else {
+        in_string = c == '"';
+        EXPECT_NE(c, ' ') << text;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mqa

@@ -411,6 +411,12 @@ TEST(ApiTypesTest, StructuredOutputsGuideAsGuidedFields) {
        R"("response_format": {"type": "json_object"})"},
       {R"("structured_outputs": {"regex": "a", "json": null, "disable_fallback": false})",
        R"("guided_regex": "a")"},
+      {R"("structured_outputs": {"json": )" + schema + R"(, "disable_any_whitespace": true})",
+       R"("guided_whitespace_pattern": "", "guided_json": )" + schema},
+      {R"("structured_outputs": {"json_object": true, "disable_any_whitespace": true})",
+       R"("guided_whitespace_pattern": "", "response_format": {"type": "json_object"})"},
+      {R"("structured_outputs": {"json": )" + schema + R"(, "whitespace_pattern": ""})",
+       R"("guided_whitespace_pattern": "", "guided_json": )" + schema},
   };
   for (const auto& [structured, guided] : same) {
     absl::StatusOr<CompletionRequest> a =
@@ -435,6 +441,13 @@ TEST(ApiTypesTest, StructuredOutputsGuideAsGuidedFields) {
       << ordered->params.guided_regex;
   EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": "x", "structured_outputs": {}})")
                   ->params.guided_regex.empty());
+  // disable_any_whitespace: no space between tokens in the guide, where the default takes one.
+  absl::StatusOr<CompletionRequest> tight =
+      ParseCompletionRequest(R"({"prompt": "x", "structured_outputs": {"json": )" + schema +
+                             R"(, "disable_any_whitespace": true}})");
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_EQ(tight->params.guided_regex.rfind("\\{\"zeta\":", 0), 0u) << tight->params.guided_regex;
+  EXPECT_NE(tight->params.guided_regex, ordered->params.guided_regex);
   const std::pair<const char*, const char*> refused[] = {
       {R"({"prompt": "x", "structured_outputs": "json"})", "structured_outputs"},
       {R"({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}})",
@@ -456,8 +469,10 @@ TEST(ApiTypesTest, StructuredOutputsGuideAsGuidedFields) {
       {R"({"prompt": "x", "structured_outputs": {"whitespace_pattern": " "}})",
        "structured_outputs.whitespace_pattern"},
       {R"({"prompt": "x", "structured_outputs": {"regexp": "a"}})", "structured_outputs.regexp"},
-      {R"({"prompt": "x", "structured_outputs": {"json": {}, "disable_any_whitespace": true}})",
+      {R"({"prompt": "x", "structured_outputs": {"json": {}, "disable_any_whitespace": 1}})",
        "structured_outputs.disable_any_whitespace"},
+      {R"({"prompt": "x", "guided_json": {}, "guided_whitespace_pattern": "\\s*"})",
+       "guided_whitespace_pattern"},
       {R"({"prompt": "x", "use_beam_search": true, "structured_outputs": {"regex": "a"}})",
        "structured_outputs.regex"},
   };
