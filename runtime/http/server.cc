@@ -275,6 +275,8 @@ struct HttpServer::Impl {
   // no template or the template refuses them).
   absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatTemplate::Chat& chat) const;
   void HandleChat(const httplib::Request& req, httplib::Response& res);
+  // SageMaker's inference route, as TGI and vLLM serve it: the body's shape picks the API.
+  void HandleInvocations(const httplib::Request& req, httplib::Response& res);
   // `connection`: the client's socket (FindConnectionSocket), watched for the client leaving.
   // Serves a started job, plainly or streamed, or replies with what kept it from starting (in
   // the API's own error shape, `reply_error`); logs the call either way.
@@ -1173,6 +1175,21 @@ void HttpServer::Impl::HandleLlamaCppProps(const httplib::Request& req, httplib:
                   {"build_info", absl::StrCat("mqaserve ", kMqaserveVersion)}});
 }
 
+void HttpServer::Impl::HandleInvocations(const httplib::Request& req, httplib::Response& res) {
+  // "messages": a chat completion (OpenAI's body), "prompt": a completion, "inputs": TGI's
+  // generate (streamed when the body says "stream": true, as TGI's own route does).
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_object() && body.contains("messages")) return HandleChat(req, res);
+  if (body.is_object() && body.contains("prompt")) return HandleCompletion(req, res, false);
+  if (body.is_object() && body.contains("inputs")) return HandleTgi(req, res, TgiRoute::kRoot);
+  if (absl::Status auth = CheckAuth(req); !auth.ok()) return ReplyError(res, auth);
+  ReplyError(res, absl::InvalidArgumentError(
+                      body.is_object() ? "/invocations: the body needs \"messages\" (a chat "
+                                         "completion), \"prompt\" (a completion) or \"inputs\" "
+                                         "(TGI's generate)"
+                                       : "/invocations: the body must be a JSON object"));
+}
+
 void HttpServer::Impl::HandleHealth(httplib::Response& res) {
   absl::Status status = CheckServing();
   if (!status.ok()) return ReplyError(res, status);
@@ -1223,6 +1240,9 @@ void HttpServer::Impl::InstallRoutes() {
   });
   server.Post("/", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTgi(req, res, TgiRoute::kRoot);
+  });
+  server.Post("/invocations", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleInvocations(req, res);
   });
   // llama.cpp server's native API (its clients; llama.vim and llama.vscode's code completion).
   for (const char* path : {"/completion", "/completions"}) {

@@ -810,6 +810,37 @@ TEST(HttpServerTls, RefusesUnusableSettingsNamingThem) {
   EXPECT_TRUE(absl::IsInvalidArgument(s) && absl::StrContains(s.message(), "client-key.pem")) << s;
 }
 
+// /invocations (SageMaker's inference route, as TGI and vLLM serve it): the body's shape picks the
+// API — "messages" a chat completion, "prompt" a completion, "inputs" TGI's generate — each
+// answered as its own route answers; anything else is a 400 naming what is expected.
+TEST_F(HttpServerTest, InvocationsRoutesByTheBodysShape) {
+  Start(WithRoleTemplate(DefaultSetup()));
+  const json chat = ReferenceChat();
+  const json via_chat = PostOk(
+      "/invocations",
+      {{"messages", kReferenceChat}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(via_chat["object"], "chat.completion") << via_chat.dump();
+  EXPECT_EQ(via_chat["choices"][0]["message"]["content"], chat["choices"][0]["message"]["content"]);
+  const json completion = {{"prompt", "def f("}, {"max_tokens", 4}, {"temperature", 0}};
+  const json direct = PostOk("/v1/completions", completion);
+  const json via_completion = PostOk("/invocations", completion);
+  EXPECT_EQ(via_completion["object"], "text_completion") << via_completion.dump();
+  EXPECT_EQ(via_completion["choices"][0]["text"], direct["choices"][0]["text"]);
+  const json tgi = {{"inputs", "def f("}, {"parameters", {{"max_new_tokens", 4}}}};
+  int status = 0;
+  const json root = Post("/", tgi.dump(), &status);
+  ASSERT_EQ(status, 200) << root.dump();
+  const json via_tgi = Post("/invocations", tgi.dump(), &status);
+  ASSERT_EQ(status, 200) << via_tgi.dump();
+  EXPECT_EQ(via_tgi, root);
+  for (const char* bad : {R"({"text": "x"})", "[1, 2]", "not json"}) {
+    const json error = Post("/invocations", bad, &status);
+    EXPECT_EQ(status, 400) << bad;
+    EXPECT_TRUE(absl::StrContains(error["error"]["message"].get<std::string>(), "/invocations"))
+        << error.dump();
+  }
+}
+
 TEST_F(HttpServerTest, HealthFollowsReadinessAndFailure) {
   TestSetup setup = DefaultSetup();
   setup.ready = false;
