@@ -140,6 +140,10 @@ const std::map<std::string, Flag>& Flags() {
        {"HTTPS: the server's certificate (PEM, with its chain); needs --ssl-keyfile",
         Text(&Options::ssl_certfile)}},
       {"ssl-keyfile", {"HTTPS: the certificate's private key (PEM)", Text(&Options::ssl_keyfile)}},
+      {"enable-dev-endpoints",
+       Switch(&Options::dev_endpoints, true,
+              "POST /reset_prefix_cache (and /flush_cache): forget the prefix cache's unused "
+              "blocks, as vLLM does with VLLM_SERVER_DEV_MODE=1 (which turns this on too)")},
       {"ssl-ca-certs",
        {"HTTPS: require client certificates signed by these CAs (PEM; mutual TLS)",
         Text(&Options::ssl_ca_certs)}},

@@ -54,6 +54,7 @@ struct Options {
   std::string ssl_certfile;  // HTTPS: the server's PEM certificate (chain) ...
   std::string ssl_keyfile;   // ... and its private key
   std::string ssl_ca_certs;  // mutual TLS: clients must show a certificate these CAs signed
+  bool dev_endpoints = false;  // POST /reset_prefix_cache, /flush_cache (or VLLM_SERVER_DEV_MODE=1)
   std::string served_model_name;         // default: the model folder's name
   double shutdown_timeout = 10.0;        // seconds to finish in-flight requests on SIGTERM
   std::string chat_template;             // file or template text; default: the tokenizer's

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -424,6 +425,9 @@ absl::Status Serve(const Options& o, Engine& engine, const Tokenizer& tokenizer,
   server_options.host = o.host;
   server_options.port = o.port;
   server_options.api_key = o.api_key;
+  const char* dev_mode = std::getenv("VLLM_SERVER_DEV_MODE");
+  server_options.dev_endpoints =
+      o.dev_endpoints || (dev_mode != nullptr && std::string_view(dev_mode) == "1");
   server_options.max_model_len = max_model_len;
   std::vector<std::string> names = absl::StrSplit(o.served_model_name, ',', absl::SkipEmpty());
   server_options.served_model_name =

@@ -264,6 +264,16 @@ std::optional<int32_t> BlockManager::Lookup(uint64_t hash, uint64_t parent_hash,
   return it->second;
 }
 
+int64_t BlockManager::ResetPrefixCache() {
+  const int64_t dropped = static_cast<int64_t>(evictor_.size());
+  for (const auto& [released, block] : evictor_) {
+    Unhash(block);
+    free_list_.push_back(block);
+  }
+  evictor_.clear();
+  return dropped;
+}
+
 void BlockManager::Unhash(int32_t block_id) {
   Block& block = blocks_[block_id];
   MQA_CHECK(block.hashed);

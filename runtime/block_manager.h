@@ -100,6 +100,11 @@ class BlockManager {
   int64_t prefix_cache_queried_tokens() const { return cache_query_tokens_; }
   int64_t prefix_cache_hit_tokens() const { return cache_hits_ * block_size(); }
 
+  // Forgets every cached block no sequence holds (vLLM's reset_prefix_cache): they return to the
+  // free list unhashed, so later prompts find none of them. Blocks in use keep their entries (the
+  // sequences holding them still share them). Returns how many were forgotten.
+  int64_t ResetPrefixCache();
+
   // Aborts with a message when a reference count disagrees with the tables, a block is both
   // free and referenced, or the cache index is inconsistent. For tests and debug builds.
   void CheckInvariants() const;

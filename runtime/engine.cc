@@ -221,6 +221,20 @@ void Engine::Stop() {
     stopped_ = true;
   }
   cv_.notify_all();
+  reset_cv_.notify_all();
+}
+
+absl::StatusOr<int64_t> Engine::ResetPrefixCache(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopped_) return absl::UnavailableError("the engine stopped");
+  const int64_t ticket = ++resets_asked_;
+  cv_.notify_all();
+  if (!reset_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                          [&] { return resets_done_ >= ticket || stopped_; }) ||
+      resets_done_ < ticket) {
+    return absl::UnavailableError("the engine did not reset its prefix cache (not running)");
+  }
+  return last_reset_blocks_;
 }
 
 bool Engine::HasWork() {
@@ -238,10 +252,21 @@ EngineMetrics Engine::metrics() const {
 void Engine::TakeInbox() {
   std::deque<EngineRequest> requests;
   std::vector<std::string> aborts;
+  int64_t resets = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     requests.swap(inbox_);
     aborts.swap(abort_inbox_);
+    resets = resets_asked_;
+  }
+  if (resets > resets_done_) {  // resets_done_ is written only here, on this thread
+    const int64_t dropped = block_manager_.ResetPrefixCache();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      resets_done_ = resets;
+      last_reset_blocks_ = dropped;
+    }
+    reset_cv_.notify_all();
   }
   for (EngineRequest& request : requests) {
     const SamplingParams& params = request.params;
@@ -693,7 +718,7 @@ absl::Status Engine::Run() {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] {
         return stopped_ || !inbox_.empty() || !abort_inbox_.empty() ||
-               (scheduler_.has_work() && !idle_step);
+               resets_asked_ > resets_done_ || (scheduler_.has_work() && !idle_step);
       };
       if (idle_step) {
         // Work that could not be scheduled (should not happen): do not spin on it.

@@ -178,6 +178,10 @@ class Engine {
   absl::Status Run();
   // Any thread. Makes Run() return; later AddRequest calls are refused.
   void Stop();
+  // Any thread, while Run() runs: the engine thread forgets the prefix cache's blocks that no
+  // request holds (BlockManager::ResetPrefixCache) before its next step; returns how many.
+  // Unavailable when the engine does not get to it within `timeout` (not running, stopped).
+  absl::StatusOr<int64_t> ResetPrefixCache(absl::Duration timeout = absl::Seconds(10));
 
   // Engine thread: true while requests are queued or running.
   bool HasWork();
@@ -246,6 +250,9 @@ class Engine {
   std::condition_variable cv_;
   std::deque<EngineRequest> inbox_;
   std::vector<std::string> abort_inbox_;
+  // ResetPrefixCache's tickets: asked and done (the engine thread's result beside).
+  int64_t resets_asked_ = 0, resets_done_ = 0, last_reset_blocks_ = 0;
+  std::condition_variable reset_cv_;
   absl::flat_hash_set<std::string> live_ids_;  // accepted and not yet finished
   bool stopped_ = false;
   EngineMetrics published_;

@@ -1244,6 +1244,16 @@ void HttpServer::Impl::InstallRoutes() {
   server.Post("/invocations", [this](const httplib::Request& req, httplib::Response& res) {
     HandleInvocations(req, res);
   });
+  if (options.dev_endpoints) {
+    for (const char* path : {"/reset_prefix_cache", "/flush_cache"}) {
+      server.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
+        if (absl::Status auth = CheckAuth(req); !auth.ok()) return ReplyError(res, auth);
+        absl::StatusOr<int64_t> dropped = engine->ResetPrefixCache();
+        if (!dropped.ok()) return ReplyError(res, dropped.status());
+        ReplyJson(res, {{"dropped_blocks", *dropped}});
+      });
+    }
+  }
   // llama.cpp server's native API (its clients; llama.vim and llama.vscode's code completion).
   for (const char* path : {"/completion", "/completions"}) {
     server.Post(path, [this](const httplib::Request& req, httplib::Response& res) {

@@ -99,6 +99,10 @@ struct ServerOptions {
   std::string ssl_certfile;
   std::string ssl_keyfile;
   std::string ssl_ca_certs;
+  // Development routes, as vLLM's VLLM_SERVER_DEV_MODE mounts them: POST /reset_prefix_cache
+  // (and SGLang's name for it, /flush_cache), which benchmark harnesses (AIPerf, vLLM's) call
+  // between runs. Off: those routes do not exist (404).
+  bool dev_endpoints = false;
 };
 
 // The TLS settings of `options` as Start() will use them: OK for plain HTTP; InvalidArgument

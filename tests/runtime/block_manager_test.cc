@@ -137,6 +137,36 @@ TEST(BlockManager, PrefixCacheReusesFullBlocksButNeverTheLastToken) {
   EXPECT_EQ(bm.prefix_cache_hit_blocks(), 3 + 2 + 1);
 }
 
+// ResetPrefixCache (vLLM's reset_prefix_cache): the cached blocks nobody holds are forgotten (a
+// prompt that would have reused them computes everything again), those a running sequence holds
+// stay shared, and the invariants hold throughout.
+TEST(BlockManager, ResetPrefixCacheForgetsWhatNoSequenceHolds) {
+  std::mt19937_64 rng(5);
+  BlockManager bm(Options(16, 4, true));
+  const std::vector<int32_t> freed_prompt = RandomTokens(rng, 13),
+                             held_prompt = RandomTokens(rng, 9);
+  auto a = MakeGroup(1, freed_prompt);
+  bm.Allocate(*a);
+  ComputeAll(bm, *a->seqs()[0]);
+  bm.Free(a->seqs()[0]->seq_id());
+  auto held = MakeGroup(2, held_prompt);
+  bm.Allocate(*held);
+  ComputeAll(bm, *held->seqs()[0]);
+  EXPECT_EQ(bm.NumCachedFreeBlocks(), 3);
+  EXPECT_EQ(bm.ResetPrefixCache(), 3);
+  EXPECT_EQ(bm.NumCachedFreeBlocks(), 0);
+  EXPECT_EQ(bm.NumFreeBlocks(), 16 - 3);  // the held sequence's three blocks
+  bm.CheckInvariants();
+  auto again = MakeGroup(3, freed_prompt);
+  bm.Allocate(*again);
+  EXPECT_EQ(again->seqs()[0]->num_computed_tokens(), 0) << "a forgotten block was reused";
+  auto sharer = MakeGroup(4, held_prompt);
+  bm.Allocate(*sharer);
+  EXPECT_EQ(sharer->seqs()[0]->num_computed_tokens(), 8) << "a held block stopped being shared";
+  bm.CheckInvariants();
+  EXPECT_EQ(bm.ResetPrefixCache(), 0);
+}
+
 TEST(BlockManager, EvictsLeastRecentlyReleasedTailFirst) {
   std::mt19937_64 rng(5);
   BlockManager bm(Options(10, 4, true));

@@ -3088,6 +3088,44 @@ TEST_F(HttpServerTest, PromptTokensDetailsCountCachedTokens) {
   EXPECT_EQ(cached % setup.runner.block_size, 0);
 }
 
+// The development routes (vLLM's VLLM_SERVER_DEV_MODE, --enable-dev-endpoints): POST
+// /reset_prefix_cache (and SGLang's /flush_cache) forgets the cached blocks no request holds — the
+// repeated prompt finds nothing cached after it, and caches again afterwards; without the option
+// the routes do not exist.
+TEST_F(HttpServerTest, ResetPrefixCacheForgetsCachedPrompts) {
+  TestSetup setup = DefaultSetup();
+  setup.server.prompt_tokens_details = true;
+  setup.server.dev_endpoints = true;
+  setup.server.api_key = "k";
+  Start(setup);
+  const json body = {{"prompt",
+                      "def fibonacci(n):\n    if n < 2:\n        return n\n    return "
+                      "fibonacci(n - 1) + fibonacci(n - 2)\n"},
+                     {"max_tokens", 2},
+                     {"temperature", 0}};
+  auto cached = [&] {
+    return PostOk("/v1/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .get<int>();
+  };
+  EXPECT_EQ(cached(), 0);
+  EXPECT_GT(cached(), 0);
+  EXPECT_EQ(httplib::Client("127.0.0.1", server_->port()).Post("/reset_prefix_cache")->status, 401);
+  for (const char* path : {"/reset_prefix_cache", "/flush_cache"}) {
+    int status = 0;
+    const json reset = Post(path, "", &status);
+    ASSERT_EQ(status, 200) << path << " " << reset.dump();
+    EXPECT_GT(reset["dropped_blocks"].get<int>(), 0) << path;
+    EXPECT_EQ(cached(), 0) << "after " << path;
+    EXPECT_GT(cached(), 0) << "after " << path;
+  }
+}
+
+TEST_F(HttpServerTest, ResetPrefixCacheIsADevelopmentRoute) {
+  Start(DefaultSetup());
+  EXPECT_EQ(Client()->Post("/reset_prefix_cache")->status, 404);
+  EXPECT_EQ(Client()->Post("/flush_cache")->status, 404);
+}
+
 // Several served model names (vLLM's --served-model-name a b): each is a model a request may
 // name and /v1/models lists them all; answers carry the first. /ping answers as /health does.
 TEST_F(HttpServerTest, ModelAliasesAndPing) {
