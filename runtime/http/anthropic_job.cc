@@ -83,11 +83,98 @@ json AnthropicJob::ContentBlocks() const {
     json input = json::parse(answer.calls[k].arguments, nullptr, false);
     if (!input.is_object()) input = json::object();  // (guided calls are objects)
     blocks.push_back({{"type", "tool_use"},
-                      {"id", absl::StrCat("toolu_", absl::StripPrefix(id_, "msg_"), "_", k)},
+                      {"id", ToolUseId(k)},
                       {"name", answer.calls[k].name},
                       {"input", std::move(input)}});
   }
   return blocks;
+}
+
+std::string AnthropicJob::ToolUseId(size_t k) const {
+  return absl::StrCat("toolu_", absl::StripPrefix(id_, "msg_"), "_", k);
+}
+
+void AnthropicJob::OpenText(std::string* chunks) const {
+  if (block_open_) return;
+  absl::StrAppend(
+      chunks, Event("content_block_start",
+                    {{"index", next_block_}, {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  block_open_ = true;
+}
+
+void AnthropicJob::CloseBlock(std::string* chunks) const {
+  if (!block_open_) return;
+  absl::StrAppend(chunks, Event("content_block_stop", {{"index", next_block_}}));
+  block_open_ = false;
+  ++next_block_;
+}
+
+void AnthropicJob::WholeToolUse(const ToolCall& call, std::string* chunks) const {
+  CloseBlock(chunks);
+  json input = json::parse(call.arguments, nullptr, false);
+  if (!input.is_object()) input = json::object();
+  absl::StrAppend(chunks, Event("content_block_start", {{"index", next_block_},
+                                                        {"content_block",
+                                                         {{"type", "tool_use"},
+                                                          {"id", ToolUseId(calls_sent_++)},
+                                                          {"name", call.name},
+                                                          {"input", json::object()}}}}));
+  absl::StrAppend(
+      chunks, Event("content_block_delta",
+                    {{"index", next_block_},
+                     {"delta", {{"type", "input_json_delta"}, {"partial_json", input.dump()}}}}));
+  block_open_ = true;
+  CloseBlock(chunks);
+}
+
+void AnthropicJob::StreamToolBlocks(bool finished, std::string* chunks) const {
+  const std::string& text = inner().choice(0).text;
+  switch (tool_choice_.mode) {
+    case ToolChoiceMode::kNone:
+      return;
+    case ToolChoiceMode::kNamed:  // the text is the call's arguments
+      if (!block_open_ && (text.size() > named_sent_ || finished)) {
+        absl::StrAppend(chunks, Event("content_block_start", {{"index", next_block_},
+                                                              {"content_block",
+                                                               {{"type", "tool_use"},
+                                                                {"id", ToolUseId(calls_sent_++)},
+                                                                {"name", tool_choice_.name},
+                                                                {"input", json::object()}}}}));
+        block_open_ = true;
+      }
+      if (text.size() > named_sent_) {
+        absl::StrAppend(
+            chunks,
+            Event("content_block_delta",
+                  {{"index", next_block_},
+                   {"delta",
+                    {{"type", "input_json_delta"}, {"partial_json", text.substr(named_sent_)}}}}));
+        named_sent_ = text.size();
+      }
+      break;
+    case ToolChoiceMode::kRequired:
+      for (const ToolCall& call : scanner_.Feed(text)) WholeToolUse(call, chunks);
+      if (finished && calls_sent_ == 0) {  // never a list of calls: the text, as the plain answer
+        OpenText(chunks);
+        absl::StrAppend(chunks, Event("content_block_delta",
+                                      {{"index", next_block_},
+                                       {"delta", {{"type", "text_delta"}, {"text", text}}}}));
+      }
+      break;
+    case ToolChoiceMode::kAuto: {
+      HermesToolCallStreamer::Delta got = hermes_.Feed(text, finished);
+      if (!got.content.empty()) {
+        OpenText(chunks);
+        absl::StrAppend(chunks,
+                        Event("content_block_delta",
+                              {{"index", next_block_},
+                               {"delta", {{"type", "text_delta"}, {"text", got.content}}}}));
+      }
+      for (const ToolCall& call : got.calls) WholeToolUse(call, chunks);
+      break;
+    }
+  }
+  if (finished) CloseBlock(chunks);
 }
 
 std::string AnthropicJob::OpeningChunks() {
@@ -105,7 +192,11 @@ std::string AnthropicJob::OpeningChunks() {
 
 bool AnthropicJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
-  if (chunks == nullptr || !streams_text()) return got;
+  if (chunks == nullptr) return got;
+  if (!streams_text()) {
+    StreamToolBlocks(/*finished=*/false, chunks);
+    return got;
+  }
   const std::string& text = inner().choice(0).text;
   if (text.size() > streamed_bytes_) {
     absl::StrAppend(
@@ -127,24 +218,7 @@ std::string AnthropicJob::ClosingChunks(const absl::Status& error) const {
   if (streams_text()) {
     chunks = Event("content_block_stop", {{"index", 0}});
   } else {
-    const json blocks = ContentBlocks();
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const json& block = blocks[i];
-      json start = block;
-      json delta;
-      if (block["type"] == "text") {
-        start["text"] = "";
-        delta = {{"type", "text_delta"}, {"text", block["text"]}};
-      } else {
-        start["input"] = json::object();
-        delta = {{"type", "input_json_delta"}, {"partial_json", block["input"].dump()}};
-      }
-      absl::StrAppend(&chunks, Event("content_block_start",
-                                     {{"index", i}, {"content_block", std::move(start)}}));
-      absl::StrAppend(&chunks,
-                      Event("content_block_delta", {{"index", i}, {"delta", std::move(delta)}}));
-      absl::StrAppend(&chunks, Event("content_block_stop", {{"index", i}}));
-    }
+    StreamToolBlocks(/*finished=*/true, &chunks);
   }
   absl::StrAppend(
       &chunks, Event("message_delta", {{"delta", StopFields()},

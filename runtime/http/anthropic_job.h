@@ -10,9 +10,13 @@
 //            message_delta (stop_reason, output_tokens), message_stop; on an error, an `error`
 //            event. Errors in Anthropic's body shape (AnthropicErrorBody).
 //   tools:   with a tool choice the text is read as content and calls at the end (ReadToolAnswer):
-//            a text block when there is content, a tool_use block a call, stop_reason "tool_use";
-//            streamed, the blocks come whole after the sample (a tool_use block's input as one
-//            input_json_delta).
+//            a text block when there is content, a tool_use block a call, stop_reason "tool_use".
+//            Streamed, blocks go out as the sample writes them: a named tool's input as
+//            input_json_delta pieces of its arguments' text; "any" (the required form) each
+//            tool_use block whole as its list element closes; "auto" (Hermes) the content as
+//            text_delta pieces and each call's block as its <tool_call> block closes
+//            (HermesToolCallStreamer, as chat streams them). A "any" answer that never became a
+//            list of calls goes out as one text block at the end.
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
@@ -48,10 +52,25 @@ class AnthropicJob : public CompletionJobView {
   // block when there is content and a {"type": "tool_use", "id", "name", "input"} block a call.
   nlohmann::json ContentBlocks() const;
   bool streams_text() const { return tool_choice_.mode == ToolChoiceMode::kNone; }
+  // The stream's blocks with tools, as far as the text goes (finished: all of it), appended to
+  // `chunks`. Mutable state: ClosingChunks (const) sends the last of them.
+  void StreamToolBlocks(bool finished, std::string* chunks) const;
+  // A block's events: text opened / continued / closed, a tool_use block whole.
+  void OpenText(std::string* chunks) const;
+  void CloseBlock(std::string* chunks) const;
+  void WholeToolUse(const ToolCall& call, std::string* chunks) const;
+  std::string ToolUseId(size_t k) const;
 
   const std::string id_;  // msg_<n>
   const ToolChoice tool_choice_;
   size_t streamed_bytes_ = 0;
+  // The stream with tools: the next block's index, whether a block is open, calls sent.
+  mutable int next_block_ = 0;
+  mutable bool block_open_ = false;
+  mutable size_t calls_sent_ = 0;
+  mutable size_t named_sent_ = 0;  // bytes of a named tool's arguments sent
+  mutable HermesToolCallStreamer hermes_;
+  mutable ToolCallArrayScanner scanner_;
 };
 
 }  // namespace mqa

@@ -2059,6 +2059,78 @@ TEST_F(HttpServerTest, AnthropicMessagesTools) {
   EXPECT_EQ(sse.chunks[5]["delta"]["stop_reason"], "tool_use");
 }
 
+// Streamed with tools, the Messages API sends blocks as the sample writes them: a named tool's
+// input as input_json_delta pieces (several, with a step between tokens) whose concatenation is
+// the plain answer's input; "auto" answering in text, its text as text_delta pieces of one text
+// block equal to the plain answer's.
+TEST_F(HttpServerTest, AnthropicMessagesStreamToolBlocksAsTheyGrow) {
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
+  setup.server.max_model_len = setup.engine.max_model_len = 512;
+  setup.server.tool_call_parser = "hermes";
+  setup.step_delay = absl::Milliseconds(3);
+  Start(setup);
+  const json tools = {{{"name", "get_weather"},
+                       {"input_schema",
+                        {{"type", "object"},
+                         {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}}}},
+                         {"required", {"city"}}}}}};
+  json named = {{"max_tokens", 60},
+                {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+                {"tools", tools},
+                {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}},
+                {"temperature", 0}};
+  int status = 0;
+  const json plain = Post("/v1/messages", named.dump(), &status);
+  ASSERT_EQ(status, 200) << plain;
+  ASSERT_EQ(plain["stop_reason"], "tool_use") << plain;
+  named["stream"] = true;
+  Sse sse = Stream(named, 0, "/v1/messages");
+  ASSERT_EQ(sse.status, 200);
+  ASSERT_GE(sse.events.size(), 7u);
+  EXPECT_EQ(sse.events[2], "content_block_start");
+  EXPECT_EQ(sse.chunks[2]["content_block"]["type"], "tool_use");
+  EXPECT_TRUE(absl::StartsWith(sse.chunks[2]["content_block"]["id"].get<std::string>(), "toolu_"));
+  std::string partial;
+  int deltas = 0;
+  for (size_t e = 3; e + 3 < sse.events.size(); ++e) {
+    ASSERT_EQ(sse.events[e], "content_block_delta") << e;
+    EXPECT_EQ(sse.chunks[e]["delta"]["type"], "input_json_delta");
+    partial += sse.chunks[e]["delta"]["partial_json"].get<std::string>();
+    ++deltas;
+  }
+  EXPECT_GE(deltas, 2) << "the input came whole";
+  EXPECT_EQ(json::parse(partial), plain["content"][0]["input"]) << partial;
+  EXPECT_EQ(sse.events[sse.events.size() - 3], "content_block_stop");
+  EXPECT_EQ(sse.chunks[sse.chunks.size() - 2]["delta"]["stop_reason"], "tool_use");
+
+  json automatic = {{"max_tokens", 8},
+                    {"messages", {{{"role", "user"}, {"content", "hello"}}}},
+                    {"tools", tools},
+                    {"tool_choice", {{"type", "auto"}}},
+                    {"temperature", 0}};
+  const json text = Post("/v1/messages", automatic.dump(), &status);
+  ASSERT_EQ(status, 200) << text;
+  ASSERT_EQ(text["content"].size(), 1u) << text;
+  ASSERT_EQ(text["content"][0]["type"], "text") << text;
+  automatic["stream"] = true;
+  Sse streamed = Stream(automatic, 0, "/v1/messages");
+  ASSERT_EQ(streamed.status, 200);
+  std::string got;
+  int pieces = 0;
+  for (size_t e = 0; e < streamed.events.size(); ++e) {
+    if (streamed.events[e] == "content_block_start") {
+      EXPECT_EQ(streamed.chunks[e]["content_block"]["type"], "text");
+      EXPECT_EQ(streamed.chunks[e]["index"], 0);
+    }
+    if (streamed.events[e] == "content_block_delta") {
+      got += streamed.chunks[e]["delta"]["text"].get<std::string>();
+      ++pieces;
+    }
+  }
+  EXPECT_EQ(got, text["content"][0]["text"]);
+  EXPECT_GE(pieces, 2) << "the text came whole";
+}
+
 TEST_F(HttpServerTest, AnthropicMessagesAnswerAsChat) {
   TestSetup setup = WithRoleTemplate(DefaultSetup());
   setup.server.api_key = "k";
