@@ -75,17 +75,108 @@ json ResponsesJob::OutputItems() const {
   }
   ToolAnswer answer = ReadToolAnswer(options_.tool_choice, c.text);
   if (answer.content.has_value()) items.push_back(Message(*answer.content));
-  const std::string suffix(absl::StripPrefix(options_.id, "resp_"));
-  for (size_t k = 0; k < answer.calls.size(); ++k) {
-    // call_id: what the client's function_call_output names; unique as the response id is.
-    items.push_back({{"type", "function_call"},
-                     {"id", absl::StrCat("fc_", suffix, "_", k)},
-                     {"call_id", absl::StrCat("call_", suffix, "_", k)},
-                     {"name", answer.calls[k].name},
-                     {"arguments", answer.calls[k].arguments},
-                     {"status", "completed"}});
-  }
+  for (size_t k = 0; k < answer.calls.size(); ++k) items.push_back(CallItem(k, answer.calls[k]));
   return items;
+}
+
+json ResponsesJob::CallItem(size_t k, const ToolCall& call) const {
+  const std::string suffix(absl::StripPrefix(options_.id, "resp_"));
+  // call_id: what the client's function_call_output names; unique as the response id is.
+  return {{"type", "function_call"},
+          {"id", absl::StrCat("fc_", suffix, "_", k)},
+          {"call_id", absl::StrCat("call_", suffix, "_", k)},
+          {"name", call.name},
+          {"arguments", call.arguments},
+          {"status", "completed"}};
+}
+
+void ResponsesJob::AddText(const std::string& piece, std::string* chunks) const {
+  if (!open_text_.has_value()) {
+    json item = Message("");
+    item["status"] = "in_progress";
+    item["content"] = json::array();
+    absl::StrAppend(chunks, Event("response.output_item.added",
+                                  {{"output_index", next_item_}, {"item", std::move(item)}}));
+    absl::StrAppend(chunks, Event("response.content_part.added", {{"item_id", item_id_},
+                                                                  {"output_index", next_item_},
+                                                                  {"content_index", 0},
+                                                                  {"part", TextPart("")}}));
+    open_text_.emplace();
+  }
+  absl::StrAppend(chunks, Event("response.output_text.delta", {{"item_id", item_id_},
+                                                               {"output_index", next_item_},
+                                                               {"content_index", 0},
+                                                               {"delta", piece},
+                                                               {"logprobs", json::array()}}));
+  *open_text_ += piece;
+}
+
+void ResponsesJob::CloseText(std::string* chunks) const {
+  if (!open_text_.has_value()) return;
+  json item = Message(*open_text_);
+  item["status"] = "completed";
+  absl::StrAppend(chunks, TextDoneEvents(item_id_, next_item_, *open_text_));
+  absl::StrAppend(chunks, Event("response.output_item.done",
+                                {{"output_index", next_item_}, {"item", std::move(item)}}));
+  open_text_.reset();
+  ++next_item_;
+}
+
+void ResponsesJob::StreamToolItems(bool finished, std::string* chunks) const {
+  const std::string& text = inner().choice(0).text;
+  switch (options_.tool_choice.mode) {
+    case ToolChoiceMode::kNone:
+      return;
+    case ToolChoiceMode::kNamed: {  // the text is the call's arguments
+      const json item = CallItem(0, {options_.tool_choice.name, text});
+      if (!named_sent_.has_value() && (!text.empty() || finished)) {
+        json added = item;
+        added["status"] = "in_progress";
+        added["arguments"] = "";
+        absl::StrAppend(chunks, Event("response.output_item.added",
+                                      {{"output_index", next_item_}, {"item", std::move(added)}}));
+        named_sent_ = 0;
+        calls_sent_ = 1;
+      }
+      if (named_sent_.has_value() && text.size() > *named_sent_) {
+        absl::StrAppend(chunks, Event("response.function_call_arguments.delta",
+                                      {{"item_id", item["id"]},
+                                       {"output_index", next_item_},
+                                       {"delta", text.substr(*named_sent_)}}));
+        named_sent_ = text.size();
+      }
+      if (finished && named_sent_.has_value()) {
+        absl::StrAppend(
+            chunks, Event("response.function_call_arguments.done", {{"item_id", item["id"]},
+                                                                    {"output_index", next_item_},
+                                                                    {"name", item["name"]},
+                                                                    {"arguments", text}}));
+        absl::StrAppend(chunks, Event("response.output_item.done",
+                                      {{"output_index", next_item_}, {"item", item}}));
+        ++next_item_;
+      }
+      return;
+    }
+    case ToolChoiceMode::kRequired:
+      for (const ToolCall& call : scanner_.Feed(text)) {
+        absl::StrAppend(chunks, ItemEvents(next_item_++, CallItem(calls_sent_++, call)));
+      }
+      if (finished && calls_sent_ == 0) {  // never a list of calls: the text, as the plain answer
+        AddText(text, chunks);
+        CloseText(chunks);
+      }
+      return;
+    case ToolChoiceMode::kAuto: {
+      HermesToolCallStreamer::Delta got = hermes_.Feed(text, finished);
+      if (!got.content.empty()) AddText(got.content, chunks);
+      for (const ToolCall& call : got.calls) {
+        CloseText(chunks);
+        absl::StrAppend(chunks, ItemEvents(next_item_++, CallItem(calls_sent_++, call)));
+      }
+      if (finished) CloseText(chunks);
+      return;
+    }
+  }
 }
 
 json ResponsesJob::Response(bool failed) const {
@@ -221,7 +312,11 @@ std::string ResponsesJob::TextDoneEvents(const json& item_id, int index,
 bool ResponsesJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
   Store();
-  if (chunks == nullptr || !streams_text()) return got;
+  if (chunks == nullptr) return got;
+  if (!streams_text()) {
+    StreamToolItems(/*finished=*/false, chunks);
+    return got;
+  }
   const std::string& text = inner().choice(0).text;
   if (text.size() > streamed_bytes_) {
     absl::StrAppend(chunks,
@@ -250,10 +345,7 @@ std::string ResponsesJob::ClosingChunks(const absl::Status& error) const {
     absl::StrAppend(&chunks, Event("response.output_item.done",
                                    {{"output_index", 0}, {"item", Message(text)}}));
   } else {
-    const json items = OutputItems();
-    for (size_t i = 0; i < items.size(); ++i) {
-      absl::StrAppend(&chunks, ItemEvents(static_cast<int>(i), items[i]));
-    }
+    StreamToolItems(/*finished=*/true, &chunks);
   }
   json response = Response();
   const std::string type =

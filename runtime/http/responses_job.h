@@ -18,14 +18,18 @@
 //            response.failed. No [DONE] marker (the Responses API has none).
 //   tools:   with a tool choice the text is read as content and calls at the end
 //            (ReadToolAnswer): a message item when there is content, then a function_call item
-//            {"id": "fc_...", "call_id", "name", "arguments", "status"} a call; streamed, every
-//            item's events come after the sample finished (function_call_arguments.delta / .done
-//            for a call).
+//            {"id": "fc_...", "call_id", "name", "arguments", "status"} a call. Streamed, items go
+//            out as the sample writes them: a named function's arguments as
+//            function_call_arguments.delta pieces; "required" each function_call item whole as its
+//            list element closes; "auto" (Hermes) the content as output_text.delta pieces of a
+//            message item and each call's item as its <tool_call> block closes. A "required"
+//            answer that never became a list goes out as one message item at the end.
 //
 // Threads: as CompletionJob (the HTTP thread serving the call).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "nlohmann/json.hpp"
@@ -82,6 +86,12 @@ class ResponsesJob : public CompletionJobView {
   std::string ItemEvents(int index, const nlohmann::json& item) const;
   bool streams_text() const { return options_.tool_choice.mode == ToolChoiceMode::kNone; }
   std::string Event(const std::string& type, nlohmann::json data) const;
+  // The stream's items with tools, as far as the text goes (finished: all of it), appended to
+  // `chunks` (mutable state: ClosingChunks, const, sends the last of them).
+  void StreamToolItems(bool finished, std::string* chunks) const;
+  void AddText(const std::string& piece, std::string* chunks) const;  // opens the message item
+  void CloseText(std::string* chunks) const;
+  nlohmann::json CallItem(size_t k, const ToolCall& call) const;
 
   // Keeps the finished response in options_.store (once).
   void Store();
@@ -91,6 +101,14 @@ class ResponsesJob : public CompletionJobView {
   bool stored_ = false;
   size_t streamed_bytes_ = 0;
   mutable int sequence_ = 0;  // the next event's sequence_number
+  // The stream with tools: the next item's index, the open message item's text (nullopt: none
+  // open), calls sent, a named call's arguments sent.
+  mutable int next_item_ = 0;
+  mutable std::optional<std::string> open_text_;
+  mutable size_t calls_sent_ = 0;
+  mutable std::optional<size_t> named_sent_;
+  mutable HermesToolCallStreamer hermes_;
+  mutable ToolCallArrayScanner scanner_;
 };
 
 }  // namespace mqa

@@ -1797,7 +1797,8 @@ TEST_F(HttpServerTest, ResponsesFunctionTools) {
   EXPECT_EQ(manual["output"][0]["content"][0]["text"], answered["output"][0]["content"][0]["text"]);
 
   // "auto": the model's Hermes answer (a guide makes the fake model write one) as a message and a
-  // call; streamed, the same items after the sample, each with its events.
+  // call; streamed, the same items as they are written, each with its events (the text's deltas
+  // as many as the steps the stream sees: compared collapsed).
   json automatic = {
       {"input", "weather?"},
       {"tools", tools},
@@ -1827,13 +1828,68 @@ TEST_F(HttpServerTest, ResponsesFunctionTools) {
                                              "response.function_call_arguments.done",
                                              "response.output_item.done",
                                              "response.completed"};
-  EXPECT_EQ(sse.events, expected);
-  ASSERT_EQ(sse.chunks.size(), expected.size());
-  EXPECT_EQ(sse.chunks[9]["delta"], R"({"unit":"celsius"})");
+  std::vector<std::string> collapsed;
+  std::string streamed_text, streamed_arguments;
+  for (size_t e = 0; e < sse.events.size(); ++e) {
+    const std::string piece =
+        absl::EndsWith(sse.events[e], ".delta") ? sse.chunks[e]["delta"].get<std::string>() : "";
+    if (sse.events[e] == "response.output_text.delta") streamed_text += piece;
+    if (sse.events[e] == "response.function_call_arguments.delta") streamed_arguments += piece;
+    if (collapsed.empty() || collapsed.back() != sse.events[e] ||
+        !absl::EndsWith(sse.events[e], ".delta")) {
+      collapsed.push_back(sse.events[e]);
+    }
+  }
+  EXPECT_EQ(collapsed, expected);
+  EXPECT_EQ(streamed_text, "Checking.");
+  EXPECT_EQ(streamed_arguments, R"({"unit":"celsius"})");
   const json& last = sse.chunks.back()["response"];
   ASSERT_EQ(last["output"].size(), 2u);
   EXPECT_EQ(last["output"][0]["content"], plain["output"][0]["content"]);
   EXPECT_EQ(last["output"][1]["arguments"], plain["output"][1]["arguments"]);
+}
+
+// Streamed with a named function, the Responses API sends the call's arguments as
+// function_call_arguments.delta pieces while the sample writes them (several, with a step between
+// tokens), concatenating to the plain answer's arguments, then .done and the item.
+TEST_F(HttpServerTest, ResponsesStreamNamedCallArgumentsAsTheyGrow) {
+  TestSetup setup = WithRoleTemplate(DefaultSetup());
+  setup.server.max_model_len = setup.engine.max_model_len = 512;
+  setup.step_delay = absl::Milliseconds(3);
+  Start(setup);
+  json named = {{"input", "weather?"},
+                {"tools",
+                 {{{"type", "function"},
+                   {"name", "get_weather"},
+                   {"parameters",
+                    {{"type", "object"},
+                     {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}}}},
+                     {"required", {"city"}}}}}}},
+                {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}},
+                {"temperature", 0},
+                {"max_output_tokens", 60}};
+  const json plain = PostOk("/v1/responses", named);
+  ASSERT_EQ(plain["output"].size(), 1u) << plain;
+  named["stream"] = true;
+  Sse sse = Stream(named, 0, "/v1/responses");
+  ASSERT_EQ(sse.status, 200);
+  std::string arguments;
+  int deltas = 0;
+  for (size_t e = 0; e < sse.events.size(); ++e) {
+    if (sse.events[e] == "response.function_call_arguments.delta") {
+      arguments += sse.chunks[e]["delta"].get<std::string>();
+      ++deltas;
+    }
+  }
+  EXPECT_GE(deltas, 2) << "the arguments came whole";
+  EXPECT_EQ(arguments, plain["output"][0]["arguments"]);
+  ASSERT_GE(sse.events.size(), 4u);
+  EXPECT_EQ(sse.events[sse.events.size() - 3], "response.function_call_arguments.done");
+  EXPECT_EQ(sse.events[sse.events.size() - 2], "response.output_item.done");
+  EXPECT_EQ(sse.chunks[sse.chunks.size() - 2]["item"]["arguments"],
+            plain["output"][0]["arguments"]);
+  EXPECT_EQ(sse.chunks.back()["response"]["output"][0]["arguments"],
+            plain["output"][0]["arguments"]);
 }
 
 TEST_F(HttpServerTest, ResponsesStoreOff) {
