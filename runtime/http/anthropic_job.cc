@@ -94,12 +94,16 @@ std::string AnthropicJob::ToolUseId(size_t k) const {
   return absl::StrCat("toolu_", absl::StripPrefix(id_, "msg_"), "_", k);
 }
 
-void AnthropicJob::OpenText(std::string* chunks) const {
-  if (block_open_) return;
-  absl::StrAppend(
-      chunks, Event("content_block_start",
-                    {{"index", next_block_}, {"content_block", {{"type", "text"}, {"text", ""}}}}));
-  block_open_ = true;
+void AnthropicJob::AddText(const std::string& piece, std::string* chunks) const {
+  if (!block_open_) {
+    absl::StrAppend(chunks, Event("content_block_start",
+                                  {{"index", next_block_},
+                                   {"content_block", {{"type", "text"}, {"text", ""}}}}));
+    block_open_ = true;
+  }
+  absl::StrAppend(chunks, Event("content_block_delta",
+                                {{"index", next_block_},
+                                 {"delta", {{"type", "text_delta"}, {"text", piece}}}}));
 }
 
 void AnthropicJob::CloseBlock(std::string* chunks) const {
@@ -109,21 +113,29 @@ void AnthropicJob::CloseBlock(std::string* chunks) const {
   ++next_block_;
 }
 
-void AnthropicJob::WholeToolUse(const ToolCall& call, std::string* chunks) const {
+void AnthropicJob::OpenToolUse(const std::string& name, std::string* chunks) const {
   CloseBlock(chunks);
-  json input = json::parse(call.arguments, nullptr, false);
-  if (!input.is_object()) input = json::object();
   absl::StrAppend(chunks, Event("content_block_start", {{"index", next_block_},
                                                         {"content_block",
                                                          {{"type", "tool_use"},
                                                           {"id", ToolUseId(calls_sent_++)},
-                                                          {"name", call.name},
+                                                          {"name", name},
                                                           {"input", json::object()}}}}));
-  absl::StrAppend(
-      chunks, Event("content_block_delta",
-                    {{"index", next_block_},
-                     {"delta", {{"type", "input_json_delta"}, {"partial_json", input.dump()}}}}));
   block_open_ = true;
+}
+
+void AnthropicJob::InputDelta(const std::string& partial_json, std::string* chunks) const {
+  absl::StrAppend(chunks,
+                  Event("content_block_delta",
+                        {{"index", next_block_},
+                         {"delta", {{"type", "input_json_delta"}, {"partial_json", partial_json}}}}));
+}
+
+void AnthropicJob::WholeToolUse(const ToolCall& call, std::string* chunks) const {
+  json input = json::parse(call.arguments, nullptr, false);
+  if (!input.is_object()) input = json::object();
+  OpenToolUse(call.name, chunks);
+  InputDelta(input.dump(), chunks);
   CloseBlock(chunks);
 }
 
@@ -134,42 +146,20 @@ void AnthropicJob::StreamToolBlocks(bool finished, std::string* chunks) const {
       return;
     case ToolChoiceMode::kNamed:  // the text is the call's arguments
       if (!block_open_ && (text.size() > named_sent_ || finished)) {
-        absl::StrAppend(chunks, Event("content_block_start", {{"index", next_block_},
-                                                              {"content_block",
-                                                               {{"type", "tool_use"},
-                                                                {"id", ToolUseId(calls_sent_++)},
-                                                                {"name", tool_choice_.name},
-                                                                {"input", json::object()}}}}));
-        block_open_ = true;
+        OpenToolUse(tool_choice_.name, chunks);
       }
       if (text.size() > named_sent_) {
-        absl::StrAppend(
-            chunks,
-            Event("content_block_delta",
-                  {{"index", next_block_},
-                   {"delta",
-                    {{"type", "input_json_delta"}, {"partial_json", text.substr(named_sent_)}}}}));
+        InputDelta(text.substr(named_sent_), chunks);
         named_sent_ = text.size();
       }
       break;
     case ToolChoiceMode::kRequired:
       for (const ToolCall& call : scanner_.Feed(text)) WholeToolUse(call, chunks);
-      if (finished && calls_sent_ == 0) {  // never a list of calls: the text, as the plain answer
-        OpenText(chunks);
-        absl::StrAppend(chunks, Event("content_block_delta",
-                                      {{"index", next_block_},
-                                       {"delta", {{"type", "text_delta"}, {"text", text}}}}));
-      }
+      if (finished && calls_sent_ == 0) AddText(text, chunks);  // never a list: the text
       break;
     case ToolChoiceMode::kAuto: {
       HermesToolCallStreamer::Delta got = hermes_.Feed(text, finished);
-      if (!got.content.empty()) {
-        OpenText(chunks);
-        absl::StrAppend(chunks,
-                        Event("content_block_delta",
-                              {{"index", next_block_},
-                               {"delta", {{"type", "text_delta"}, {"text", got.content}}}}));
-      }
+      if (!got.content.empty()) AddText(got.content, chunks);
       for (const ToolCall& call : got.calls) WholeToolUse(call, chunks);
       break;
     }

@@ -55,9 +55,12 @@ class AnthropicJob : public CompletionJobView {
   // The stream's blocks with tools, as far as the text goes (finished: all of it), appended to
   // `chunks`. Mutable state: ClosingChunks (const) sends the last of them.
   void StreamToolBlocks(bool finished, std::string* chunks) const;
-  // A block's events: text opened / continued / closed, a tool_use block whole.
-  void OpenText(std::string* chunks) const;
+  // A block's events: text (opening its block, or continuing an open one), a block closed, a
+  // tool_use block opened / its input continued / whole.
+  void AddText(const std::string& piece, std::string* chunks) const;
   void CloseBlock(std::string* chunks) const;
+  void OpenToolUse(const std::string& name, std::string* chunks) const;  // closes an open one
+  void InputDelta(const std::string& partial_json, std::string* chunks) const;
   void WholeToolUse(const ToolCall& call, std::string* chunks) const;
   std::string ToolUseId(size_t k) const;
 
