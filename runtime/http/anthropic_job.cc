@@ -94,13 +94,16 @@ std::string AnthropicJob::ToolUseId(size_t k) const {
   return absl::StrCat("toolu_", absl::StripPrefix(id_, "msg_"), "_", k);
 }
 
+void AnthropicJob::OpenText(std::string* chunks) const {
+  if (block_open_) return;
+  absl::StrAppend(chunks, Event("content_block_start",
+                                {{"index", next_block_},
+                                 {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  block_open_ = true;
+}
+
 void AnthropicJob::AddText(const std::string& piece, std::string* chunks) const {
-  if (!block_open_) {
-    absl::StrAppend(chunks, Event("content_block_start",
-                                  {{"index", next_block_},
-                                   {"content_block", {{"type", "text"}, {"text", ""}}}}));
-    block_open_ = true;
-  }
+  OpenText(chunks);
   absl::StrAppend(chunks, Event("content_block_delta",
                                 {{"index", next_block_},
                                  {"delta", {{"type", "text_delta"}, {"text", piece}}}}));
@@ -139,18 +142,22 @@ void AnthropicJob::WholeToolUse(const ToolCall& call, std::string* chunks) const
   CloseBlock(chunks);
 }
 
-void AnthropicJob::StreamToolBlocks(bool finished, std::string* chunks) const {
+void AnthropicJob::StreamBlocks(bool finished, std::string* chunks) const {
   const std::string& text = inner().choice(0).text;
   switch (tool_choice_.mode) {
-    case ToolChoiceMode::kNone:
-      return;
+    case ToolChoiceMode::kNone:  // the text is the one text block (opened with the stream)
+      if (text.size() > sent_bytes_) {
+        AddText(text.substr(sent_bytes_), chunks);
+        sent_bytes_ = text.size();
+      }
+      break;
     case ToolChoiceMode::kNamed:  // the text is the call's arguments
-      if (!block_open_ && (text.size() > named_sent_ || finished)) {
+      if (!block_open_ && (text.size() > sent_bytes_ || finished)) {
         OpenToolUse(tool_choice_.name, chunks);
       }
-      if (text.size() > named_sent_) {
-        InputDelta(text.substr(named_sent_), chunks);
-        named_sent_ = text.size();
+      if (text.size() > sent_bytes_) {
+        InputDelta(text.substr(sent_bytes_), chunks);
+        sent_bytes_ = text.size();
       }
       break;
     case ToolChoiceMode::kRequired:
@@ -171,31 +178,14 @@ std::string AnthropicJob::OpeningChunks() {
   json start = MessageObject(/*in_progress=*/true);
   start["usage"]["output_tokens"] = 0;
   std::string chunks = Event("message_start", {{"message", std::move(start)}});
-  if (streams_text()) {  // with tools the blocks come whole at the end
-    absl::StrAppend(&chunks,
-                    Event("content_block_start",
-                          {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}}));
-  }
+  if (streams_text()) OpenText(&chunks);  // with tools, blocks open as the text makes them
   absl::StrAppend(&chunks, Event("ping", json::object()));
   return chunks;
 }
 
 bool AnthropicJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
-  if (chunks == nullptr) return got;
-  if (!streams_text()) {
-    StreamToolBlocks(/*finished=*/false, chunks);
-    return got;
-  }
-  const std::string& text = inner().choice(0).text;
-  if (text.size() > streamed_bytes_) {
-    absl::StrAppend(
-        chunks,
-        Event("content_block_delta",
-              {{"index", 0},
-               {"delta", {{"type", "text_delta"}, {"text", text.substr(streamed_bytes_)}}}}));
-    streamed_bytes_ = text.size();
-  }
+  if (chunks != nullptr) StreamBlocks(/*finished=*/false, chunks);
   return got;
 }
 
@@ -205,11 +195,7 @@ std::string AnthropicJob::ClosingChunks(const absl::Status& error) const {
     return Event("error", body.is_object() ? body : json::object());
   }
   std::string chunks;
-  if (streams_text()) {
-    chunks = Event("content_block_stop", {{"index", 0}});
-  } else {
-    StreamToolBlocks(/*finished=*/true, &chunks);
-  }
+  StreamBlocks(/*finished=*/true, &chunks);
   absl::StrAppend(
       &chunks, Event("message_delta", {{"delta", StopFields()},
                                        {"usage", {{"output_tokens", Usage()["output_tokens"]}}}}));

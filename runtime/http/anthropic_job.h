@@ -52,11 +52,12 @@ class AnthropicJob : public CompletionJobView {
   // block when there is content and a {"type": "tool_use", "id", "name", "input"} block a call.
   nlohmann::json ContentBlocks() const;
   bool streams_text() const { return tool_choice_.mode == ToolChoiceMode::kNone; }
-  // The stream's blocks with tools, as far as the text goes (finished: all of it), appended to
-  // `chunks`. Mutable state: ClosingChunks (const) sends the last of them.
-  void StreamToolBlocks(bool finished, std::string* chunks) const;
-  // A block's events: text (opening its block, or continuing an open one), a block closed, a
-  // tool_use block opened / its input continued / whole.
+  // The stream's blocks, as far as the text goes (finished: all of it), appended to `chunks`.
+  // Mutable state: ClosingChunks (const) sends the last of them.
+  void StreamBlocks(bool finished, std::string* chunks) const;
+  // A block's events: a text block opened (none open), text (opening its block, or continuing an
+  // open one), a block closed, a tool_use block opened / its input continued / whole.
+  void OpenText(std::string* chunks) const;
   void AddText(const std::string& piece, std::string* chunks) const;
   void CloseBlock(std::string* chunks) const;
   void OpenToolUse(const std::string& name, std::string* chunks) const;  // closes an open one
@@ -66,12 +67,12 @@ class AnthropicJob : public CompletionJobView {
 
   const std::string id_;  // msg_<n>
   const ToolChoice tool_choice_;
-  size_t streamed_bytes_ = 0;
-  // The stream with tools: the next block's index, whether a block is open, calls sent.
+  // The stream: the next block's index, whether a block is open, calls sent, bytes of the text
+  // sent (as text, or as a named tool's input).
   mutable int next_block_ = 0;
   mutable bool block_open_ = false;
   mutable size_t calls_sent_ = 0;
-  mutable size_t named_sent_ = 0;  // bytes of a named tool's arguments sent
+  mutable size_t sent_bytes_ = 0;
   mutable HermesToolCallStreamer hermes_;
   mutable ToolCallArrayScanner scanner_;
 };

@@ -90,19 +90,22 @@ json ResponsesJob::CallItem(size_t k, const ToolCall& call) const {
           {"status", "completed"}};
 }
 
+void ResponsesJob::OpenText(std::string* chunks) const {
+  if (open_text_.has_value()) return;
+  json item = Message("");
+  item["status"] = "in_progress";
+  item["content"] = json::array();
+  absl::StrAppend(chunks, Event("response.output_item.added",
+                                {{"output_index", next_item_}, {"item", std::move(item)}}));
+  absl::StrAppend(chunks, Event("response.content_part.added", {{"item_id", item_id_},
+                                                                {"output_index", next_item_},
+                                                                {"content_index", 0},
+                                                                {"part", TextPart("")}}));
+  open_text_.emplace();
+}
+
 void ResponsesJob::AddText(const std::string& piece, std::string* chunks) const {
-  if (!open_text_.has_value()) {
-    json item = Message("");
-    item["status"] = "in_progress";
-    item["content"] = json::array();
-    absl::StrAppend(chunks, Event("response.output_item.added",
-                                  {{"output_index", next_item_}, {"item", std::move(item)}}));
-    absl::StrAppend(chunks, Event("response.content_part.added", {{"item_id", item_id_},
-                                                                  {"output_index", next_item_},
-                                                                  {"content_index", 0},
-                                                                  {"part", TextPart("")}}));
-    open_text_.emplace();
-  }
+  OpenText(chunks);
   absl::StrAppend(chunks, Event("response.output_text.delta", {{"item_id", item_id_},
                                                                {"output_index", next_item_},
                                                                {"content_index", 0},
@@ -114,7 +117,7 @@ void ResponsesJob::AddText(const std::string& piece, std::string* chunks) const 
 void ResponsesJob::CloseText(std::string* chunks) const {
   if (!open_text_.has_value()) return;
   json item = Message(*open_text_);
-  item["status"] = "completed";
+  if (item["status"] == "in_progress") item["status"] = "completed";  // a call follows it
   absl::StrAppend(chunks, TextDoneEvents(item_id_, next_item_, *open_text_));
   absl::StrAppend(chunks, Event("response.output_item.done",
                                 {{"output_index", next_item_}, {"item", std::move(item)}}));
@@ -122,11 +125,15 @@ void ResponsesJob::CloseText(std::string* chunks) const {
   ++next_item_;
 }
 
-void ResponsesJob::StreamToolItems(bool finished, std::string* chunks) const {
+void ResponsesJob::StreamItems(bool finished, std::string* chunks) const {
   const std::string& text = inner().choice(0).text;
   switch (options_.tool_choice.mode) {
-    case ToolChoiceMode::kNone:
+    case ToolChoiceMode::kNone: {  // the text is the one message item (opened with the stream)
+      const size_t sent = open_text_.has_value() ? open_text_->size() : 0;
+      if (text.size() > sent) AddText(text.substr(sent), chunks);
+      if (finished) CloseText(chunks);
       return;
+    }
     case ToolChoiceMode::kNamed: {  // the text is the call's arguments
       const json item = CallItem(0, {options_.tool_choice.name, text});
       if (!named_sent_.has_value() && (!text.empty() || finished)) {
@@ -244,16 +251,7 @@ std::string ResponsesJob::Event(const std::string& type, json data) const {
 std::string ResponsesJob::OpeningChunks() {
   std::string chunks = Event("response.created", {{"response", Response()}});
   absl::StrAppend(&chunks, Event("response.in_progress", {{"response", Response()}}));
-  if (!streams_text()) return chunks;  // the items come whole at the end
-  json item = Message("");
-  item["status"] = "in_progress";
-  item["content"] = json::array();
-  absl::StrAppend(&chunks,
-                  Event("response.output_item.added", {{"output_index", 0}, {"item", item}}));
-  absl::StrAppend(&chunks, Event("response.content_part.added", {{"item_id", item_id_},
-                                                                 {"output_index", 0},
-                                                                 {"content_index", 0},
-                                                                 {"part", TextPart("")}}));
+  if (streams_text()) OpenText(&chunks);  // with tools, items open as the text makes them
   return chunks;
 }
 
@@ -312,21 +310,7 @@ std::string ResponsesJob::TextDoneEvents(const json& item_id, int index,
 bool ResponsesJob::Drain(absl::Duration timeout, std::string* chunks) {
   const bool got = DrainInner(timeout);
   Store();
-  if (chunks == nullptr) return got;
-  if (!streams_text()) {
-    StreamToolItems(/*finished=*/false, chunks);
-    return got;
-  }
-  const std::string& text = inner().choice(0).text;
-  if (text.size() > streamed_bytes_) {
-    absl::StrAppend(chunks,
-                    Event("response.output_text.delta", {{"item_id", item_id_},
-                                                         {"output_index", 0},
-                                                         {"content_index", 0},
-                                                         {"delta", text.substr(streamed_bytes_)},
-                                                         {"logprobs", json::array()}}));
-    streamed_bytes_ = text.size();
-  }
+  if (chunks != nullptr) StreamItems(/*finished=*/false, chunks);
   return got;
 }
 
@@ -339,14 +323,7 @@ std::string ResponsesJob::ClosingChunks(const absl::Status& error) const {
     absl::StrAppend(&chunks, Event("response.failed", {{"response", Response(/*failed=*/true)}}));
     return chunks;
   }
-  if (streams_text()) {
-    const std::string& text = inner().choice(0).text;
-    absl::StrAppend(&chunks, TextDoneEvents(item_id_, 0, text));
-    absl::StrAppend(&chunks, Event("response.output_item.done",
-                                   {{"output_index", 0}, {"item", Message(text)}}));
-  } else {
-    StreamToolItems(/*finished=*/true, &chunks);
-  }
+  StreamItems(/*finished=*/true, &chunks);
   json response = Response();
   const std::string type =
       response["status"] == "completed" ? "response.completed" : "response.incomplete";

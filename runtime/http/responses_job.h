@@ -86,10 +86,13 @@ class ResponsesJob : public CompletionJobView {
   std::string ItemEvents(int index, const nlohmann::json& item) const;
   bool streams_text() const { return options_.tool_choice.mode == ToolChoiceMode::kNone; }
   std::string Event(const std::string& type, nlohmann::json data) const;
-  // The stream's items with tools, as far as the text goes (finished: all of it), appended to
-  // `chunks` (mutable state: ClosingChunks, const, sends the last of them).
-  void StreamToolItems(bool finished, std::string* chunks) const;
-  void AddText(const std::string& piece, std::string* chunks) const;  // opens the message item
+  // The stream's items, as far as the text goes (finished: all of it), appended to `chunks`
+  // (mutable state: ClosingChunks, const, sends the last of them).
+  void StreamItems(bool finished, std::string* chunks) const;
+  // The message item: opened (none open), text added (opening it), closed (done as Message()
+  // has it once the sample finished, "completed" before: a call follows it).
+  void OpenText(std::string* chunks) const;
+  void AddText(const std::string& piece, std::string* chunks) const;
   void CloseText(std::string* chunks) const;
   nlohmann::json CallItem(size_t k, const ToolCall& call) const;
 
@@ -99,10 +102,9 @@ class ResponsesJob : public CompletionJobView {
   const ResponsesJobOptions options_;
   const std::string item_id_;  // msg_<the id's suffix>
   bool stored_ = false;
-  size_t streamed_bytes_ = 0;
   mutable int sequence_ = 0;  // the next event's sequence_number
-  // The stream with tools: the next item's index, the open message item's text (nullopt: none
-  // open), calls sent, a named call's arguments sent.
+  // The stream: the next item's index, the open message item's text so far (nullopt: none open),
+  // calls sent, a named call's arguments sent (nullopt: its item not yet added).
   mutable int next_item_ = 0;
   mutable std::optional<std::string> open_text_;
   mutable size_t calls_sent_ = 0;
