@@ -193,8 +193,11 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
                      EnsureWorkspace(&stream_tc_workspace_, &stream_tc_workspace_bytes_,
                                      StreamTcGemmWorkspaceBytes(sms_), stream));
     if (ready) {
-      const absl::Status s = StreamTcGemmCuda(p, e, stream, options_.pdl, stream_tc_workspace_,
-                                              stream_tc_workspace_bytes_);
+      const absl::Status s = StreamTcGemmCuda(
+          p, e, stream, options_.pdl, stream_tc_workspace_, stream_tc_workspace_bytes_,
+          StreamTcTuning{.tma = options_.stream_tc_tma,
+                         .tma_boxes = options_.stream_tc_tma_boxes,
+                         .tma_hints = options_.stream_tc_tma_hints});
       if (!absl::IsUnimplemented(s)) return s;
     }
   }

@@ -128,6 +128,11 @@ class CudaGemm {
     // supports the call. Workspace as for skinny_split_k (the first eager Run allocates it; a Run
     // captured before then uses cuBLASLt, and the graph keeps it).
     bool stream_tc = false;
+    // With stream_tc: its Hopper form (StreamTcTuning::tma: TMA copies, wgmma, one CTA an SM) and
+    // that form's knobs (StreamTcTuning::tma_boxes, tma_hints; 0 / -1: the kernel's defaults).
+    bool stream_tc_tma = false;
+    int stream_tc_tma_boxes = 0;
+    int stream_tc_tma_hints = -1;
   };
   static constexpr int kSkinnyMaxM = 8;
   static constexpr int kAutotuneAlgos = 8;
@@ -170,12 +175,18 @@ class CudaGemm {
   bool skinny_split_k() const { return options_.skinny_split_k; }
   void set_skinny_split_ctas_per_sm(int ctas) { options_.skinny_split_ctas_per_sm = ctas; }
   void set_stream_tc(bool on) { options_.stream_tc = on; }
+  void set_stream_tc_tma(bool on, int boxes = 0, int hints = -1) {
+    options_.stream_tc_tma = on;
+    options_.stream_tc_tma_boxes = boxes;
+    options_.stream_tc_tma_hints = hints;
+  }
   void set_skinny_deep_unroll(bool on) { options_.skinny_deep_unroll = on; }
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
   void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
   void set_skinny_occupancy(bool on) { options_.skinny_occupancy = on; }
   void set_skinny_early_epilogue(bool on) { options_.skinny_early_epilogue = on; }
   bool stream_tc() const { return options_.stream_tc; }
+  bool stream_tc_tma() const { return options_.stream_tc_tma; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
   void set_autotune(bool on, int max_m = 0) {

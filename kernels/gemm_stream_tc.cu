@@ -28,8 +28,6 @@
 // (kept at index "CTA holding the block's first tile", unique among shared blocks); the last to
 // arrive sums every contributor's slot in CTA order (so the result does not depend on who was
 // last), applies the epilogue and zeroes the counter.
-#include "kernels/gemm_stream_tc.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -39,7 +37,11 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
+#include "kernels/gemm_stream_tc.h"
 #include "kernels/mma.cuh"
+#include "kernels/tma.cuh"
+#include "kernels/tma_map.h"
+#include "kernels/wgmma.cuh"
 #include "runtime/cuda_check.h"
 
 namespace mqa {
@@ -535,14 +537,411 @@ absl::Status LaunchShape(const GemmParams& p, const GemmEpilogue& e, cudaStream_
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The Hopper form (StreamTcTuning::tma). A tile is 64 weight rows x (64 x boxes) columns: `boxes`
+// TMA boxes of 64 rows x 64 columns (8 KiB, 128-byte swizzle: the layout wgmma reads K-major), and
+// as many boxes of the kMP activation rows over the same columns; TMA zero-fills rows past n or m
+// and columns past k, so every stage carries the same bytes. Warps 0-3 are the consumer
+// warpgroup, warp 4 the producer (one lane issues every copy). The n-th use of stage s waits on
+// full[s] for parity n & 1; the producer's n-th refill of it waits for empty[s]'s (n - 1)-th
+// completion (one arrival a consumer warp). The consumers keep one stage's MMAs in flight: stage
+// i is released once stage i + 1's are issued and i's have completed. The tile order, the partial
+// slots (a slot holds the 64 x kMP accumulators of a row block piece in thread order: float4 j of
+// thread t at (j * 128 + t) * 4) and the fixup are the cp.async form's.
+constexpr int kTmaRows = 64;      // weight rows a tile (wgmma's M)
+constexpr int kTmaThreads = 160;  // a consumer warpgroup and a producer warp
+constexpr int kTmaSmemBudget = 192 * 1024;
+constexpr int kTmaMaxStages = 16;
+constexpr int kTmaDefaultBoxes = 4;  // measured (H100): 1, 2 and 4 boxes, BENCHMARKS.md
+constexpr bool kTmaDefaultHints = true;
+
+template <int NT>
+struct TmaConfig {
+  static constexpr int kMP = 8 * NT;  // activation rows, padded: wgmma's N (32 or 64)
+  static constexpr int kWBox = kTmaRows * 128;
+  static constexpr int kABox = kMP * 128;
+  static constexpr int kSmemBytes = kTmaSmemBudget + 1024;  // + alignment slack
+  static constexpr int kAcc = NT * 4;                       // accumulators a thread (m64nN: N / 2)
+  static constexpr int kSlotFloats = kTmaRows * kMP;
+  static_assert(NT == 4 || NT == 8, "wgmma N of 32 or 64");
+  // Stages of `boxes` boxes in the budget.
+  static constexpr int Stages(int boxes) {
+    const int stages = kTmaSmemBudget / (boxes * (kWBox + kABox));
+    return stages < kTmaMaxStages ? stages : kTmaMaxStages;
+  }
+  static_assert(Stages(4) >= 3, "pipeline too shallow");
+};
+
+struct TmaShape {
+  int stages = 2;  // ring stages (<= kTmaMaxStages)
+  bool hints = false;
+};
+
+// kBoxes: 64-column boxes a tile (a template parameter: a runtime count would put the MMAs on a
+// path the compiler treats as divergent, and it serialises them).
+template <typename T, int NT, int kAct, int kBoxes>
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    StreamTmaKernel(const StreamArgs<T> p, const TmaShape shape,
+                    const __grid_constant__ CUtensorMap w_map,
+                    const __grid_constant__ CUtensorMap a_map) {
+  using Cfg = TmaConfig<NT>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[2 * kTmaMaxStages];  // full[s], then empty[s]
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cta = blockIdx.x;
+  const int kt_count = p.k_tiles;  // work units (64-column boxes) a row block
+  const int S = shape.stages;
+  constexpr int boxes = kBoxes;
+  const int64_t begin = static_cast<int64_t>(cta) * p.q + min(cta, p.rem);
+  const int count = p.q + (cta < p.rem ? 1 : 0);
+  const uint32_t smem0 = (SmemAddr(smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle: 1 KiB atoms
+  const uint32_t bar0 = SmemAddr(bars);
+  const uint32_t stage_bytes = boxes * (Cfg::kWBox + Cfg::kABox);
+  auto full = [&](int s) { return bar0 + 8u * s; };
+  auto empty = [&](int s) { return bar0 + 8u * (kTmaMaxStages + s); };
+  auto w_addr = [&](int s) { return smem0 + s * stage_bytes; };
+  auto a_addr = [&](int s) { return w_addr(s) + boxes * Cfg::kWBox; };
+  // The CTA's units in stages: a stage takes the next kBoxes units of one row block (fewer where
+  // the row block or the range ends: its other boxes are read past k, i.e. zero-filled without
+  // touching memory), so a piece of len units is ceil(len / kBoxes) stages.
+  struct Walk {
+    int64_t u, end;
+    int kb;
+    int rb = 0, first = 0, valid = 0;
+    __device__ bool Next() {
+      if (u >= end) return false;
+      rb = static_cast<int>(u / kb);
+      first = static_cast<int>(u % kb);
+      const int64_t left = end - u < kb - first ? end - u : kb - first;
+      valid = static_cast<int>(left < kBoxes ? left : kBoxes);
+      u += valid;
+      return true;
+    }
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      tma::MbarInit(full(s), 1);
+      tma::MbarInit(empty(s), 4);
+    }
+    tma::FenceMbarInit();
+  }
+  __syncthreads();
+
+  if (warp == 4) {  // producer
+    if (lane != 0) return;
+    tma::PrefetchMap(&w_map);
+    tma::PrefetchMap(&a_map);
+    const uint64_t w_policy = tma::EvictFirstPolicy(), a_policy = tma::EvictLastPolicy();
+    // Column of box b of the stage `w` describes; past k for the boxes it does not use.
+    auto col = [&](const Walk& w, int b) { return (b < w.valid ? w.first + b : kt_count) * 64; };
+    auto load_w = [&](int s, const Walk& w) {
+      for (int b = 0; b < boxes; ++b) {
+        const uint32_t dst = w_addr(s) + b * Cfg::kWBox;
+        const int x = col(w, b), y = w.rb * kTmaRows;
+        if (shape.hints) {
+          tma::Load2dHint(dst, &w_map, x, y, full(s), w_policy);
+        } else {
+          tma::Load2d(dst, &w_map, x, y, full(s));
+        }
+      }
+    };
+    auto load_a = [&](int s, const Walk& w) {
+      for (int b = 0; b < boxes; ++b) {
+        const uint32_t dst = a_addr(s) + b * Cfg::kABox;
+        if (shape.hints) {
+          tma::Load2dHint(dst, &a_map, col(w, b), 0, full(s), a_policy);
+        } else {
+          tma::Load2d(dst, &a_map, col(w, b), 0, full(s));
+        }
+      }
+    };
+    // The first stages' weights before the PDL wait (they depend on nothing), their activations
+    // after it.
+    Walk w{begin, begin + count, kt_count};
+    int pre = 0;
+    while (pre < S && w.Next()) {
+      tma::MbarArriveExpectTx(full(pre), stage_bytes);
+      load_w(pre, w);
+      ++pre;
+    }
+    fwd::PdlWait();
+    Walk wa{begin, begin + count, kt_count};
+    for (int i = 0; i < pre && wa.Next(); ++i) load_a(i, wa);
+    for (int i = pre; w.Next(); ++i) {
+      const int s = i % S;
+      tma::MbarWait(empty(s), ((i / S) - 1) & 1);
+      tma::MbarArriveExpectTx(full(s), stage_bytes);
+      load_w(s, w);
+      load_a(s, w);
+    }
+    return;
+  }
+
+  // Consumers. Nothing of the previous kernel is read before its completion: the activations
+  // come after the producer's wait; C, the workspace and the counters after this one.
+  fwd::PdlWait();
+  float acc[Cfg::kAcc];
+  auto zero_acc = [&] {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
+  };
+  auto fence_acc = [&] {
+#pragma unroll
+    for (int r = 0; r < Cfg::kAcc; ++r) asm volatile("" : "+f"(acc[r])::"memory");
+  };
+  zero_acc();
+  const int g = lane >> 2, t = lane & 3;
+
+  // acc[4 j + 2 h + e] is C[col][row]: weight row `row` (output column) = 16 warp + 8 h + g of the
+  // tile, activation row `col` (output row) = 8 j + 2 t + e. The residuals (accumulate) are all
+  // loaded before the first store: one round trip, not one a store (the compiler cannot tell
+  // that the stores do not alias the later loads).
+  auto epilogue = [&](int rb) {
+    float residual[Cfg::kAcc];
+    if (p.accumulate) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = rb * kTmaRows + warp * 16 + h * 8 + g;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = j * 8 + 2 * t + e;
+            residual[4 * j + 2 * h + e] =
+                row < p.n && col < p.m ? fwd::ToFloat(p.c[col * p.ldc + row]) : 0.0f;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = rb * kTmaRows + warp * 16 + h * 8 + g;
+      if (row >= p.n) continue;
+      const float bias = p.bias != nullptr ? fwd::ToFloat(p.bias[row]) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = j * 8 + 2 * t + e;
+          if (col >= p.m) continue;
+          float v = fwd::Activate<kAct>(acc[4 * j + 2 * h + e] + bias);
+          if (p.accumulate) v += residual[4 * j + 2 * h + e];
+          p.c[col * p.ldc + row] = fwd::FromFloat<T>(v);
+        }
+      }
+    }
+  };
+  auto slot_of = [&](int owner, int piece) {
+    return p.partials + (static_cast<int64_t>(owner) * 2 + piece) * Cfg::kSlotFloats + tid * 4;
+  };
+  auto start_of = [&](int i) { return static_cast<int64_t>(i) * p.q + min(i, p.rem); };
+  auto owner_of = [&](int64_t tile) {
+    const int64_t big = static_cast<int64_t>(p.rem) * (p.q + 1);
+    return static_cast<int>(tile < big ? tile / (p.q + 1) : p.rem + (tile - big) / p.q);
+  };
+  const int first_rb = static_cast<int>(begin / kt_count);
+  auto finish_piece = [&](int rb, bool whole) {
+    if (whole) {
+      epilogue(rb);
+      return;
+    }
+    const int piece = rb == first_rb ? 0 : 1;
+    float* mine = slot_of(cta, piece);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      __stcg(reinterpret_cast<float4*>(mine + j * 512),
+             make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+    }
+    const int64_t tile0 = static_cast<int64_t>(rb) * kt_count;
+    const int first = owner_of(tile0), last = owner_of(tile0 + kt_count - 1);
+    __threadfence();
+    tma::NamedBarrier(1, 128);
+    if (tid == 0) s_last = atomicAdd(&p.counters[first], 1) == last - first;
+    tma::NamedBarrier(1, 128);
+    if (!s_last) return;
+    __threadfence();
+    zero_acc();
+    for (int o = first; o <= last; ++o) {  // in CTA order: the sum does not depend on arrivals
+      const float* src = slot_of(o, start_of(o) / kt_count == rb ? 0 : 1);
+      float4 v[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) v[j] = __ldcg(reinterpret_cast<const float4*>(src + j * 512));
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[4 * j] += v[j].x;
+        acc[4 * j + 1] += v[j].y;
+        acc[4 * j + 2] += v[j].z;
+        acc[4 * j + 3] += v[j].w;
+      }
+    }
+    epilogue(rb);
+    if (tid == 0) p.counters[first] = 0;
+  };
+
+  // A piece at a time (its tiles of one row block), so that every wgmma wait is on a straight
+  // path: MMA waits under a condition make the compiler serialise the MMAs.
+  int i = 0;                                                               // stages consumed
+  int done = 0, crb = first_rb, ckt = static_cast<int>(begin % kt_count);  // units
+  while (done < count) {
+    const int len = min(count - done, kt_count - ckt);
+    const int stages = (len + kBoxes - 1) / kBoxes;
+    int pending = -1;  // the stage whose MMAs may still run (released once they are done)
+    for (int j = 0; j < stages; ++j, ++i) {
+      const int s = i % S;
+      tma::MbarWait(full(s), (i / S) & 1);
+      wgmma::Fence();
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t wd = wgmma::Desc128B(w_addr(s) + b * Cfg::kWBox + kk * 32, 16, 1024);
+          const uint64_t ad = wgmma::Desc128B(a_addr(s) + b * Cfg::kABox + kk * 32, 16, 1024);
+          if constexpr (NT == 4) {
+            wgmma::MmaSS_m64n32k16<T>(acc, wd, ad, true);
+          } else {
+            wgmma::MmaSS_m64n64k16<T>(acc, wd, ad, true);
+          }
+        }
+      }
+      wgmma::Commit();
+      wgmma::Wait<1>();
+      if (lane == 0 && pending >= 0) tma::MbarArrive(empty(pending));
+      pending = s;
+    }
+    wgmma::Wait<0>();
+    fence_acc();  // acc is touched only here (a use while MMAs run would serialise them)
+    if (lane == 0) tma::MbarArrive(empty(pending));
+    done += len;
+    if (done == count) fwd::PdlTrigger();
+    finish_piece(crb, ckt == 0 && len == kt_count);
+    zero_acc();
+    ++crb;
+    ckt = 0;
+  }
+}
+
+template <typename T, int NT, int kAct, int kBoxes>
+absl::Status LaunchTmaBoxes(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
+                            bool pdl, void* workspace, size_t workspace_bytes,
+                            const StreamTcTuning& tuning) {
+  using Cfg = TmaConfig<NT>;
+  static thread_local KernelInfo info;
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (info.device != device) {
+    auto kernel = StreamTmaKernel<T, NT, kAct, kBoxes>;
+    KernelInfo fresh;
+    CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    ASSIGN_OR_RETURN(fresh.sms, CurrentDeviceSms());
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &fresh.resident, kernel, kTmaThreads, Cfg::kSmemBytes));
+    fresh.device = device;
+    info = fresh;
+  }
+  if (info.resident < 1) {
+    return absl::UnimplementedError("StreamTcGemmCuda: the TMA kernel does not fit on an SM");
+  }
+  TmaShape shape;
+  shape.stages = Cfg::Stages(kBoxes);
+  shape.hints = tuning.tma_hints < 0 ? kTmaDefaultHints : tuning.tma_hints != 0;
+  CUtensorMap maps[2];
+  if (!EncodeTmaMap2d(&maps[0], p.b, p.dtype, static_cast<uint64_t>(p.k),
+                      static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.ldb) * 2, 64, kTmaRows) ||
+      !EncodeTmaMap2d(&maps[1], p.a, p.dtype, static_cast<uint64_t>(p.k),
+                      static_cast<uint64_t>(p.m), static_cast<uint64_t>(p.lda) * 2, 64, Cfg::kMP)) {
+    return absl::UnimplementedError("StreamTcGemmCuda: tensor maps unavailable");
+  }
+  StreamArgs<T> s;
+  s.a = static_cast<const T*>(p.a);
+  s.b = static_cast<const T*>(p.b);
+  s.c = static_cast<T*>(p.c);
+  s.bias = static_cast<const T*>(e.bias);
+  s.lda = p.lda;
+  s.ldb = p.ldb;
+  s.ldc = p.ldc;
+  s.m = static_cast<int>(p.m);
+  s.n = static_cast<int>(p.n);
+  s.k = static_cast<int>(p.k);
+  s.accumulate = e.accumulate;
+  // Work units: 64-column boxes (8 KiB of weights), dealt in equal contiguous ranges whatever
+  // the stage's box count (a CTA's range may start or end inside a stage-sized group).
+  const int64_t row_blocks = (p.n + kTmaRows - 1) / kTmaRows;
+  s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + 63) / 64));
+  const int64_t tiles = row_blocks * s.k_tiles;
+  if (tiles > INT32_MAX) return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
+  // min_tiles_per_cta counts 16 KiB tiles, two units each.
+  const int64_t min_tiles = std::max<int64_t>(
+      1, (tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles) * 2);
+  int64_t grid = std::min<int64_t>(info.sms, kMaxGrid);
+  grid = std::max<int64_t>(1, std::min(grid, tiles / min_tiles));
+  const size_t need =
+      kCounterBytes + static_cast<size_t>(grid) * 2 * Cfg::kSlotFloats * sizeof(float);
+  const bool aligned_ws = reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
+  if (workspace == nullptr || !aligned_ws || workspace_bytes < need) {
+    grid = row_blocks;  // one whole row block per CTA: no partials, no counters
+  } else {
+    s.counters = static_cast<int*>(workspace);
+    s.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + kCounterBytes);
+  }
+  s.q = static_cast<int>(tiles / grid);
+  s.rem = static_cast<int>(tiles % grid);
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kTmaThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(&cfg, StreamTmaKernel<T, NT, kAct, kBoxes>, s, shape, maps[0], maps[1]));
+  return absl::OkStatus();
+}
+
+template <typename T, int NT, int kAct>
+absl::Status LaunchTma(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
+                       void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  switch (tuning.tma_boxes > 0 ? tuning.tma_boxes : kTmaDefaultBoxes) {
+    case 1:
+      return LaunchTmaBoxes<T, NT, kAct, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case 2:
+      return LaunchTmaBoxes<T, NT, kAct, 2>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    case 4:
+      return LaunchTmaBoxes<T, NT, kAct, 4>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("StreamTcGemmCuda: tma_boxes ", tuning.tma_boxes, " (1, 2 or 4)"));
+}
+
+template <typename T, int NT, int kAct>
+absl::Status LaunchForm(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
+                        void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  if (tuning.tma) {
+    // wgmma's N: 32 up to m = 32, else 64.
+    if constexpr (NT <= 4) {
+      return LaunchTma<T, 4, kAct>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    } else {
+      return LaunchTma<T, 8, kAct>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+    }
+  }
+  return LaunchShape<T, NT, kAct>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+}
+
 template <typename T, int NT>
 absl::Status LaunchAct(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
                        void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
   switch (e.activation) {
     case Activation::kIdentity:
-      return LaunchShape<T, NT, 0>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+      return LaunchForm<T, NT, 0>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
     case Activation::kGeluTanh:
-      return LaunchShape<T, NT, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
+      return LaunchForm<T, NT, 1>(p, e, stream, pdl, workspace, workspace_bytes, tuning);
     case Activation::kGeluErf:
       break;
   }

@@ -36,6 +36,19 @@ namespace mqa {
 struct StreamTcTuning {
   int ctas_per_sm = 0;        // CTAs per SM in the grid; 0: as many as fit, at most 2
   int min_tiles_per_cta = 0;  // each CTA streams at least this many 16 KiB of weight tiles; 0: 8
+  // The Hopper form (sm_90, m >= 9): weight tiles of 64 rows x 256 columns and the matching
+  // activation rows arrive by TMA (four boxes each, 128-byte swizzle) in a ring of stages that one
+  // producer warp keeps full, one CTA an SM; one consumer warpgroup folds each stage with wgmma
+  // (m64n32k16 or m64n64k16: weight rows as M, the activation rows padded to 32 or 64 as N) and
+  // releases it. The same tile order, partial slots and fixup as the cp.async form. Unimplemented
+  // where the device or the driver's tensor-map encoder cannot run it (the caller falls back).
+  bool tma = false;
+  // The TMA form's 64-column boxes a stage (1, 2 or 4: 8, 16 or 32 KiB of weights; the ring holds
+  // as many stages as fit 192 KiB, at most 16) and its L2 cache hints (weights evict-first, the
+  // activations evict-last; 0 off, 1 on). 0 / -1: the measured defaults
+  // (kernels/gemm_stream_tc.cu).
+  int tma_boxes = 0;
+  int tma_hints = -1;
 };
 
 // Largest m the kernel takes.

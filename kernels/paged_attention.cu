@@ -10,10 +10,9 @@
 // merge at the end through shared memory. When the batch is too small to fill the SMs, the KV
 // range is split across CTAs (split-KV) and a second kernel merges the partial results by
 // log-sum-exp.
-#include <cuda_bf16.h>
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +25,7 @@
 #include "kernels/kv_cache_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #include "kernels/tma.cuh"
+#include "kernels/tma_map.h"
 #include "kernels/wgmma.cuh"
 #include "runtime/cuda_check.h"
 
@@ -1189,32 +1189,11 @@ int ResidentCtas() {
 // Variant 13's tensor map over one layer's K or V cache: a 2-D tensor of row_elems (kv_heads x
 // head_dim) columns and as many slot rows as an int32 coordinate reaches (the kernel addresses only
 // rows of the sequences' own blocks, so the map needs no bound on the pool), boxes of 16 rows x 64
-// columns, 128-byte swizzle. The driver's encoder comes through the runtime's entry-point query
-// (no libcuda link). False when the driver has none or rejects the map (the caller runs 11).
+// columns, 128-byte swizzle. False when the driver rejects the map (the caller runs 11).
 bool EncodeKvCacheMap(CUtensorMap* map, const void* cache, DType dtype, int64_t row_elems) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_elems), cuuint64_t{INT32_MAX}};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_elems) * 2};
-  const cuuint32_t box[2] = {hopper::kTmaBoxCols, hopper::kTmaBoxRows};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode(map,
-                dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                2, const_cast<void*>(cache), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-         CUDA_SUCCESS;
+  return EncodeTmaMap2d(map, cache, dtype, static_cast<uint64_t>(row_elems), uint64_t{INT32_MAX},
+                        static_cast<uint64_t>(row_elems) * 2, hopper::kTmaBoxCols,
+                        hopper::kTmaBoxRows);
 }
 
 size_t BytesPerSplit(const PagedAttentionParams& p) {

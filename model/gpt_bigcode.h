@@ -139,6 +139,7 @@ struct GptBigCodeOptions {
   // and stream_tc (8 < m <= 64, in place of cuBLASLt).
   bool gemm_split_k = false;
   bool gemm_stream_tc = false;
+  bool gemm_stream_tc_tma = false;  // CudaGemm::Options::stream_tc_tma (mqabench --gemm tma)
   // PagedAttentionTuning::variant for the model's attention (mqabench --attn): 3 = split partials
   // in fp16/bf16 merged by a second kernel; 5 = the last split CTA of a row tile to finish merges
   // it in the attention kernel (no merge launch, up to 32 splits); 6 = 5 for few short splits,
@@ -289,9 +290,13 @@ class GptBigCode {
   // Benchmarks only: OpContext::skip (kernels/ops.h; the step's outputs become garbage). Works on
   // both devices; drops captured graphs.
   void set_skip_ops(uint32_t skip);
-  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc / gemm_deep_unroll /
-  // gemm_half_fold (half_fold < 0: unchanged); no-op on the CPU. Drops captured graphs.
-  void set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int half_fold = -1);
+  // Benchmarks switch GptBigCodeOptions::gemm_split_k / gemm_stream_tc (0 off, 1 on, 2 on in its
+  // TMA form: gemm_stream_tc_tma) / gemm_deep_unroll / gemm_half_fold (half_fold < 0: unchanged);
+  // no-op on the CPU. Drops captured graphs.
+  void set_gemm_kernels(bool split_k, int stream_tc, bool deep_unroll, int half_fold = -1);
+  // Benchmarks: the TMA form's knobs (CudaGemm::Options::stream_tc_tma_boxes / _hints; 0 / -1:
+  // the kernel's defaults). Drops captured graphs.
+  void set_gemm_stream_tma_knobs(int boxes, int hints);
   // Benchmarks: GptBigCodeOptions::gemm_stage_bytes. Drops captured graphs.
   void set_gemm_stage_bytes(int bytes);
   // Benchmarks: GptBigCodeOptions::gemm_occupancy. Drops captured graphs.

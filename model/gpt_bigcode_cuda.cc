@@ -289,12 +289,19 @@ absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timelin
   return h;
 }
 
-void GptBigCode::set_gemm_kernels(bool split_k, bool stream_tc, bool deep_unroll, int half_fold) {
+void GptBigCode::set_gemm_kernels(bool split_k, int stream_tc, bool deep_unroll, int half_fold) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_split_k(split_k);
-  cuda_->gemm->set_stream_tc(stream_tc);
+  cuda_->gemm->set_stream_tc(stream_tc > 0);
+  cuda_->gemm->set_stream_tc_tma(stream_tc == 2);
   cuda_->gemm->set_skinny_deep_unroll(deep_unroll);
   if (half_fold >= 0) cuda_->gemm->set_skinny_half_fold(half_fold != 0);
+  ClearCudaGraphs();
+}
+
+void GptBigCode::set_gemm_stream_tma_knobs(int boxes, int hints) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_stream_tc_tma(cuda_->gemm->stream_tc_tma(), boxes, hints);
   ClearCudaGraphs();
 }
 
@@ -402,6 +409,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny_stage_bytes = options.gemm_stage_bytes;
   gemm_options.skinny_occupancy = options.gemm_occupancy;
   gemm_options.stream_tc = options.gemm_stream_tc;
+  gemm_options.stream_tc_tma = options.gemm_stream_tc_tma;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
   ctx_.gemm = cuda_->gemm.get();
   ctx_.pdl = options.pdl;
@@ -805,7 +813,8 @@ int GptBigCode::pending_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::set_small_kernels(bool, bool) {}
-void GptBigCode::set_gemm_kernels(bool, bool, bool, int) {}
+void GptBigCode::set_gemm_kernels(bool, int, bool, int) {}
+void GptBigCode::set_gemm_stream_tma_knobs(int, int) {}
 void GptBigCode::set_gemm_stage_bytes(int) {}
 void GptBigCode::set_gemm_occupancy(bool) {}
 void GptBigCode::set_gemm_early_epilogue(bool) {}

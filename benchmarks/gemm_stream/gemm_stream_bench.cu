@@ -10,6 +10,9 @@
 // four projections + lm_head) for each path.
 //
 //   gemm_stream_bench [--model starcoder|santacoder] [--m 32] [--ctas-per-sm N] [--min-tiles N]
+//                     [--tma] [--tma-boxes 1|2|4] [--tma-hints 0|1]
+//                     (the kernel's Hopper form and its knobs: StreamTcTuning::tma, tma_boxes,
+//                     tma_hints)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -91,10 +94,17 @@ Args Parse(int argc, char** argv) {
       a.tuning.ctas_per_sm = std::atoi(argv[++i]);
     } else if (flag == "--min-tiles" && has_value) {
       a.tuning.min_tiles_per_cta = std::atoi(argv[++i]);
+    } else if (flag == "--tma") {
+      a.tuning.tma = true;
+    } else if (flag == "--tma-boxes" && has_value) {
+      a.tuning.tma_boxes = std::atoi(argv[++i]);
+    } else if (flag == "--tma-hints" && has_value) {
+      a.tuning.tma_hints = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: gemm_stream_bench [--model starcoder|santacoder] [--m M] "
-                   "[--ctas-per-sm N] [--min-tiles N]\n");
+                   "[--ctas-per-sm N] [--min-tiles N] [--tma] [--tma-boxes N] "
+                   "[--tma-hints 0|1]\n");
       std::exit(2);
     }
   }
@@ -113,8 +123,12 @@ int Main(int argc, char** argv) {
   const double ceiling = CopyCeilingTBs(stream);
   std::printf("%s, %d SMs; device-to-device copy ceiling %.2f TB/s (read + write)\n", prop.name,
               sms, ceiling);
-  std::printf("tuning: ctas_per_sm %d, min_tiles_per_cta %d (0: defaults)\n",
-              args.tuning.ctas_per_sm, args.tuning.min_tiles_per_cta);
+  std::printf(
+      "tuning: ctas_per_sm %d, min_tiles_per_cta %d (0: defaults), form %s, tma_boxes %d, "
+      "tma_hints %d (0 / -1: defaults)\n",
+      args.tuning.ctas_per_sm, args.tuning.min_tiles_per_cta,
+      args.tuning.tma ? "TMA + wgmma" : "cp.async + mma.sync", args.tuning.tma_boxes,
+      args.tuning.tma_hints);
 
   // One pool of weight copies for every shape (the largest needs two 604 MB copies).
   const size_t pool_bytes = size_t{1300} << 20;

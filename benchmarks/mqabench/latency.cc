@@ -160,6 +160,30 @@ int SkinnyStageKib(absl::string_view v) {
   return kib;
 }
 
+// --gemm tma[B][hH]: skinnyd with the stream-TC kernel's TMA form for 8 < m <= 64, B its boxes a
+// stage (1, 2, 4; none: the default), H its L2 hints (0, 1). Sets *boxes / *hints (0 / -1 when
+// absent); false for any other variant.
+bool ParseTmaVariant(absl::string_view v, int* boxes, int* hints) {
+  *boxes = 0;
+  *hints = -1;
+  if (!absl::ConsumePrefix(&v, "tma")) return false;
+  if (!v.empty() && v[0] >= '1' && v[0] <= '4') {
+    *boxes = v[0] - '0';
+    v.remove_prefix(1);
+    if (*boxes == 3) return false;
+  }
+  if (absl::ConsumePrefix(&v, "h")) {
+    if (v != "0" && v != "1") return false;
+    *hints = v[0] - '0';
+    v.remove_prefix(1);
+  }
+  return v.empty();
+}
+bool IsTmaVariant(absl::string_view v) {
+  int boxes = 0, hints = 0;
+  return ParseTmaVariant(v, &boxes, &hints);
+}
+
 }  // namespace
 
 absl::Status Latency(const Flags& f) {
@@ -188,8 +212,8 @@ absl::Status Latency(const Flags& f) {
   }
   for (const std::string& v : variants) {
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" && v != "skinnydf" &&
-        v != "skinnydo" && v != "skinnyde" && SkinnyStageKib(v) < 0) {
+        v != "tc" && !IsTmaVariant(v) && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" &&
+        v != "skinnydf" && v != "skinnydo" && v != "skinnyde" && SkinnyStageKib(v) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }
@@ -406,13 +430,19 @@ absl::Status Latency(const Flags& f) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     const int stage_kib = SkinnyStageKib(variant);
-    r.model().set_gemm_kernels(
-        variant == "splitk" || variant == "splitk+tc", variant == "tc" || variant == "splitk+tc",
-        variant == "skinnyd" || variant == "skinnydh" || variant == "skinnydf" ||
-            variant == "skinnydo" || variant == "skinnyde" || stage_kib >= 0,
-        variant == "skinnydh"   ? 1
-        : variant == "skinnydf" ? 0
-                                : -1);
+    r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
+                               IsTmaVariant(variant)                       ? 2
+                               : variant == "tc" || variant == "splitk+tc" ? 1
+                                                                           : 0,
+                               variant == "skinnyd" || variant == "skinnydh" ||
+                                   variant == "skinnydf" || variant == "skinnydo" ||
+                                   variant == "skinnyde" || IsTmaVariant(variant) || stage_kib >= 0,
+                               variant == "skinnydh"   ? 1
+                               : variant == "skinnydf" ? 0
+                                                       : -1);
+    int tma_boxes = 0, tma_hints = -1;
+    ParseTmaVariant(variant, &tma_boxes, &tma_hints);
+    r.model().set_gemm_stream_tma_knobs(tma_boxes, tma_hints);
     r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
                                                   : GptBigCodeOptions().gemm_stage_bytes);
     r.model().set_gemm_occupancy(variant == "skinnydo" || GptBigCodeOptions().gemm_occupancy);

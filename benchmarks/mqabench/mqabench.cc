@@ -11,7 +11,9 @@
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
 //       [--kernel-trace PREFIX] [--verify-tokens K] [--graph-query Q] [--speculative K]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
-//     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), splitk+tc,
+//     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), tma (skinnyd
+//     with tc in its Hopper form: TMA copies and wgmma, StreamTcTuning::tma; tmaB / tmaBhH / tmahH
+//     set its boxes a stage, B = 1, 2, 4, and its L2 hints, H = 0, 1), splitk+tc,
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
 //     "skinny" is without it), skinnydsN (skinnyd with N KiB of each weight row staged in shared
 //     memory before the PDL wait; skinnyd stages the model's default, 16), skinnydo (skinnyd with
@@ -59,18 +61,18 @@
 //     chain's first phase (decode_chain_attention); fN is on with at most N ring stages in flight
 //     (decode_chain_max_inflight); late is auto with the chain released by the attention only once
 //     it is done (decode_chain_early_release off); rel is auto with every attention releasing the
-//     next kernel early, chain or not (GptBigCode::set_attention_release_early); wN is auto with each CTA's last N ring-stage
-//     chunks of a phase dealt at run time (work stealing, decode_chain_steal_chunks; w0: every row
-//     fixed in advance, the default; only phases of at least 16 chunks a CTA steal); kKfN is on
-//     with ring stages of K KiB (decode_chain_stage_bytes, K a multiple of 8) and at most N of them
-//     requested ahead (f0: the whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries
-//     (decode_chain_ll_inputs) on and off; tc and cc are auto with the tiled tensor-core fold and
-//     the row-run fp32 fold on the CUDA cores (decode_chain_mma_fold 1, 0), otc and occ the same
-//     with the chain on every layer; hf and ohf are auto and on with the fp16-pair fold
-//     (decode_chain_half_fold 1, the default), hf0 and ohf0 with the fp32 fold; fm is auto with
-//     the fused MLP (decode_chain_fused_mlp: mlp.c_proj streamed from a transposed copy right
-//     after c_fc, no grid barrier between them), fmN the same with N stages a CTA dealt by
-//     ticket (decode_chain_fused_pool; fm: the default).
+//     next kernel early, chain or not (GptBigCode::set_attention_release_early); wN is auto with
+//     each CTA's last N ring-stage chunks of a phase dealt at run time (work stealing,
+//     decode_chain_steal_chunks; w0: every row fixed in advance, the default; only phases of at
+//     least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB (decode_chain_stage_bytes,
+//     K a multiple of 8) and at most N of them requested ahead (f0: the whole ring), e.g. k16f3; ll
+//     and nl are auto with the LL boundaries (decode_chain_ll_inputs) on and off; tc and cc are
+//     auto with the tiled tensor-core fold and the row-run fp32 fold on the CUDA cores
+//     (decode_chain_mma_fold 1, 0), otc and occ the same with the chain on every layer; hf and ohf
+//     are auto and on with the fp16-pair fold (decode_chain_half_fold 1, the default), hf0 and ohf0
+//     with the fp32 fold; fm is auto with the fused MLP (decode_chain_fused_mlp: mlp.c_proj
+//     streamed from a transposed copy right after c_fc, no grid barrier between them), fmN the same
+//     with N stages a CTA dealt by ticket (decode_chain_fused_pool; fm: the default).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain

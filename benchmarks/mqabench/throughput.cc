@@ -90,10 +90,13 @@ absl::Status Throughput(const Flags& f) {
   ASSIGN_OR_RETURN(const double gemm_rate, MeasureGemmRate(8192, s.dtype));
   GptBigCodeRunner& r = *s.runner;
   if (f.small == "on") r.model().set_small_kernels(true, true);
-  // One GEMM variant for the whole run: --gemm splitk, tc or splitk+tc switch those kernels on.
+  // One GEMM variant for the whole run: --gemm splitk, tc, tma (tc's TMA form, with skinnyd) or
+  // splitk+tc switch those kernels on.
   r.model().set_gemm_kernels(absl::StrContains(f.gemm, "splitk"),
-                             f.gemm == "tc" || absl::StrContains(f.gemm, "+tc"),
-                             f.gemm == "skinnyd");
+                             f.gemm == "tma"                                      ? 2
+                             : f.gemm == "tc" || absl::StrContains(f.gemm, "+tc") ? 1
+                                                                                  : 0,
+                             f.gemm == "skinnyd" || f.gemm == "tma");
   const double params = static_cast<double>(s.weight_bytes) / DTypeSize(s.dtype);
   std::printf(
       "throughput %s: %d requests (prompts %lld tokens, outputs %lld tokens, lengths cut "

@@ -2,7 +2,8 @@
 // BiasActivationCpu on fresh random fp16 / bf16 inputs: m = 1 .. 64 (every padding of m), n that
 // is and is not a multiple of the 128-row block, k from one partial tile to thousands of columns,
 // padded strides; every epilogue (none, bias, bias + GELU-tanh, bias + residual accumulate); the
-// grid variants (default, the deepest split over k, no workspace: one row block per CTA). Each
+// grid variants (default, the deepest split over k, no workspace: one row block per CTA), each
+// in the cp.async form and the Hopper TMA + wgmma form (StreamTcTuning::tma). Each
 // call runs twice on one workspace (results bit-equal, the counters back at zero), alternately
 // with PDL; C is poisoned first and its row padding must stay untouched. One run is captured
 // into a CUDA graph. Skips without a GPU.
@@ -153,6 +154,8 @@ class StreamTcGemmTest : public testing::CudaStreamTest<DType> {
     for (size_t i = 0; i < counters.size(); ++i) ASSERT_EQ(counters[i], 0) << "counter " << i;
   }
 
+  void GraphCaptureCase(bool tma);
+
   std::unique_ptr<DeviceMem> workspace_;
   size_t workspace_bytes_ = 0;
 };
@@ -170,7 +173,13 @@ TEST_P(StreamTcGemmTest, MatchesCpuWithEveryEpilogueAndGrid) {
   };
   const Grid grids[] = {{"default", {}, true},
                         {"deepest split", {.ctas_per_sm = 1, .min_tiles_per_cta = 1}, true},
-                        {"no workspace", {}, false}};
+                        {"no workspace", {}, false},
+                        {"tma", {.tma = true}, true},
+                        {"tma deepest split, 2 boxes, no hints",
+                         {.min_tiles_per_cta = 1, .tma = true, .tma_boxes = 2, .tma_hints = 0},
+                         true},
+                        {"tma 4 boxes", {.tma = true, .tma_boxes = 4, .tma_hints = 1}, true},
+                        {"tma no workspace", {.tma = true}, false}};
   for (const Shape& s : shapes) {
     const Problem pr(s, t, rng_);
     for (const Grid& grid : grids) {
@@ -205,6 +214,12 @@ TEST_P(StreamTcGemmTest, MatchesCpuWithEveryEpilogueAndGrid) {
 
 // Captured into a graph (with PDL, after another kernel of the same GEMM) and replayed twice.
 TEST_P(StreamTcGemmTest, GraphCaptureMatchesCpu) {
+  for (const bool tma : {false, true}) GraphCaptureCase(tma);
+}
+
+void StreamTcGemmTest::GraphCaptureCase(bool tma) {
+  SCOPED_TRACE(tma ? "tma form" : "cp.async form");
+  const StreamTcTuning tuning{.tma = tma};
   const DType t = GetParam();
   const Problem pr({32, 2304, 2048, 0}, t, rng_);
   const int epi = 1;
@@ -216,9 +231,9 @@ TEST_P(StreamTcGemmTest, GraphCaptureMatchesCpu) {
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   const absl::Status s1 = StreamTcGemmCuda(pr.Params(warm->get()), e, capture, false,
-                                           workspace_->get(), workspace_bytes_);
+                                           workspace_->get(), workspace_bytes_, tuning);
   const absl::Status s2 = StreamTcGemmCuda(pr.Params(dc->get()), e, capture, true,
-                                           workspace_->get(), workspace_bytes_);
+                                           workspace_->get(), workspace_bytes_, tuning);
   ASSERT_EQ(cudaStreamEndCapture(capture, &graph), cudaSuccess);
   ASSERT_TRUE(s1.ok()) << s1;
   ASSERT_TRUE(s2.ok()) << s2;
@@ -235,6 +250,59 @@ TEST_P(StreamTcGemmTest, GraphCaptureMatchesCpu) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(capture);
+}
+
+// The TMA form as a programmatic dependent of a GEMM that writes its input: the second GEMM's
+// producer copies its weights before the wait and its activations (the first GEMM's output, poison
+// until then) after it. Eager launches on one stream, the first GEMM's output checked too.
+TEST_P(StreamTcGemmTest, TmaFormReadsItsInputAfterThePdlWait) {
+  const DType t = GetParam();
+  const Problem first({32, 512, 2048, 0}, t, rng_);
+  std::vector<float> w2;
+  auto w2_bits = RandomRounded(w2, 1000 * 512, t, rng_, 0.05f);
+  auto dw2 = DeviceMem::From(w2_bits);
+  DeviceMem x(32 * 512 * 2), y(32 * 1000 * 2);
+  x.Poison();
+  y.Poison();
+  const StreamTcTuning tuning{.tma = true};
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_EQ(cudaMemsetAsync(x.get(), 0xff, 32 * 512 * 2, stream_), cudaSuccess);
+    ASSERT_TRUE(StreamTcGemmCuda(first.Params(x.get()), first.Epilogue(1), stream_, run == 1,
+                                 workspace_->get(), workspace_bytes_, tuning)
+                    .ok());
+    GemmParams p2;
+    p2.a = x.get();
+    p2.b = dw2->get();
+    p2.c = y.get();
+    p2.lda = 512;
+    p2.ldb = 512;
+    p2.ldc = 1000;
+    p2.m = 32;
+    p2.n = 1000;
+    p2.k = 512;
+    p2.dtype = t;
+    const absl::Status st = StreamTcGemmCuda(p2, GemmEpilogue{}, stream_, true, workspace_->get(),
+                                             workspace_bytes_, tuning);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const std::vector<float> xs = Widen(x.Download<uint16_t>(), t);
+    EXPECT_LT(RelError(xs, first.Want(1)), 1e-2) << "run " << run;
+    std::vector<float> want(32 * 1000);
+    GemmParams c;
+    c.a = xs.data();
+    c.b = w2.data();
+    c.c = want.data();
+    c.lda = 512;
+    c.ldb = 512;
+    c.ldc = 1000;
+    c.m = 32;
+    c.n = 1000;
+    c.k = 512;
+    c.dtype = DType::kF32;
+    ASSERT_TRUE(GemmCpu(c).ok());
+    EXPECT_LT(RelError(Widen(y.Download<uint16_t>(), t), want), 1e-2) << "run " << run;
+    ExpectCountersZero();
+  }
 }
 
 TEST_P(StreamTcGemmTest, RefusesWhatItDoesNotFuse) {
