@@ -283,7 +283,7 @@ absl::Status CudaGemm::RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStr
   }
   const cublasLtMatmulAlgo_t* algo = &plan.algo;
   if (options_.autotune && (options_.autotune_max_m <= 0 || p.m <= options_.autotune_max_m)) {
-    if (!plan.tuned) RETURN_IF_ERROR(Tune(plan, p, e, stream));
+    if (!plan.tuned && !options_.autotune_frozen) RETURN_IF_ERROR(Tune(plan, p, e, stream));
     if (plan.tuned) algo = &plan.tuned_algo;
   }
   const float alpha = 1.0f, beta = e.accumulate ? 1.0f : 0.0f;

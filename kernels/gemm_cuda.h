@@ -115,6 +115,10 @@ class CudaGemm {
     // batches come in a few graph-bucket sizes; prefill sizes vary with every request, and each
     // new one would cost a tuning pass.
     int autotune_max_m = 0;
+    // With autotune: shapes tuned so far keep their tuned algorithm, new shapes keep the
+    // heuristic's (no timing pass on a live request). The server tunes its decode shapes while it
+    // warms up the decode graphs, then freezes.
+    bool autotune_frozen = false;
     // Tests: autotuning keeps the fastest split-K candidate wherever there is one (so that the
     // split-K path is checked against the CPU whatever the timings say).
     bool autotune_prefer_split_k = false;
@@ -189,10 +193,13 @@ class CudaGemm {
   bool stream_tc_tma() const { return options_.stream_tc_tma; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
   // when it is turned on again. max_m: Options::autotune_max_m (0, the default, tunes every shape).
+  // Turning it on again (or to a new max_m) also unfreezes.
   void set_autotune(bool on, int max_m = 0) {
     options_.autotune = on;
     options_.autotune_max_m = max_m;
+    options_.autotune_frozen = false;
   }
+  void freeze_autotune() { options_.autotune_frozen = true; }
   bool autotune() const { return options_.autotune; }
   const AutotuneStats& autotune_stats() const { return stats_; }
 

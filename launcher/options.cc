@@ -181,7 +181,13 @@ const std::map<std::string, Flag>& Flags() {
       {"enforce-eager", Switch(&Options::enforce_eager, true, "CUDA: no decode CUDA graphs")},
       {"cuda-graph-warmup",
        Switch(&Options::cuda_graph_warmup, true,
-              "CUDA, one rank: capture every decode graph at start-up, not on first use")},
+              "CUDA, one rank: capture every decode graph at start-up, not on first use (the "
+              "default)")},
+      {"no-cuda-graph-warmup", Switch(&Options::cuda_graph_warmup, false, "")},
+      {"gemm-autotune",
+       {"off | decode (default): with --cuda-graph-warmup, time cuBLASLt's algorithms for each "
+        "decode GEMM shape during the warm-up and keep the fastest",
+        OneOf(&Options::gemm_autotune, {"off", "decode"})}},
       {"share-gpu", Switch(&Options::share_gpu, true,
                            "testing: ranks share the node's GPUs, collectives over MPI")},
       {"prompt", {"generate: the prompt text", Text(&Options::prompt)}},

@@ -77,8 +77,16 @@ struct Options {
   // CUDA: no decode CUDA graphs (vLLM's --enforce-eager).
   bool enforce_eager = false;
   // CUDA, one rank: capture every decode graph the engine's limits allow at start-up instead of
-  // on a bucket's second use. Off: on the H200 it has not yet shown a gain (BENCHMARKS.md).
-  bool cuda_graph_warmup = false;
+  // on a bucket's second use (and tune the decode GEMMs meanwhile, gemm_autotune). On since
+  // 2026-12-05: StarCoder on an H100 captured its 102 graphs in 5.6 s (+2.5 s of tuning), the
+  // first request's TTFT 16.8 against 21.6 ms, 32 concurrent requests 3% more output tokens/s
+  // (BENCHMARKS.md, late evening).
+  bool cuda_graph_warmup = true;
+  // CUDA: "decode" times cuBLASLt's candidate algorithms for every decode GEMM shape while the
+  // warm-up runs (--cuda-graph-warmup) and keeps the fastest (GptBigCodeOptions::gemm_autotune, up
+  // to kDecodeGemmAutotuneMaxM rows), then freezes: no shape is tuned on a live request's step.
+  // Without the warm-up nothing is tuned.
+  std::string gemm_autotune = "decode";
   // `generate` subcommand.
   std::string prompt;
   int max_tokens = 64;

@@ -617,6 +617,12 @@ absl::Status RunRank(const Options& o, const World& world) {
   // H200 a SantaCoder b1 check step of 1 + 5 tokens took 1.331 ms graphed against 1.399 eager,
   // StarCoder's 8.636 against 8.746 (BENCHMARKS.md, 2026-12-05 04:13 UTC).
   runner_options.max_graph_query = 1 + o.speculative.num_speculative_tokens;
+  // Decode GEMM shapes are tuned during the decode-graph warm-up only (frozen right after it, or at
+  // once where there is none): a StarCoder b32 step 2.0% faster on an H100 (BENCHMARKS.md,
+  // 2026-12-05 late evening).
+  const bool warm_up = cuda && world.size() == 1 && !o.enforce_eager && o.cuda_graph_warmup;
+  runner_options.gemm_autotune = warm_up && o.gemm_autotune == "decode";
+  runner_options.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);
   RETURN_IF_ERROR(AgreeAcrossRanks(world, created.status()));
@@ -657,7 +663,7 @@ absl::Status RunRank(const Options& o, const World& world) {
     runner = std::move(wrapped);
   }
   const EngineOptions engine_options = MakeEngineOptions(o, config, *tokenizer);
-  if (cuda && world.size() == 1 && !o.enforce_eager && o.cuda_graph_warmup) {
+  if (warm_up) {
     // Every decode graph the engine's limits allow, now rather than on a live request's step
     // (one rank: graphs are off at T > 1).
     const absl::Time start = absl::Now();
@@ -668,11 +674,14 @@ absl::Status RunRank(const Options& o, const World& world) {
           graphs.status().code(),
           absl::StrCat(graphs.status().message(), " (--enforce-eager runs without CUDA graphs)"));
     }
-    std::fprintf(stderr,
-                 "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "
-                 "%.1f s\n",
-                 *graphs, engine_options.max_num_seqs, engine_options.max_model_len,
-                 absl::ToDoubleSeconds(absl::Now() - start));
+    local->model().FreezeGemmAutotune();
+    std::fprintf(
+        stderr,
+        "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "
+        "%.1f s%s%s\n",
+        *graphs, engine_options.max_num_seqs, engine_options.max_model_len,
+        absl::ToDoubleSeconds(absl::Now() - start), runner_options.gemm_autotune ? "; " : "",
+        runner_options.gemm_autotune ? local->model().gemm_autotune_summary().c_str() : "");
   }
   ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(runner), engine_options));
   absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len, chat);

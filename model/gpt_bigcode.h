@@ -43,6 +43,10 @@
 
 namespace mqa {
 
+// The decode shapes GptBigCodeOptions::gemm_autotune is meant for: the decode graphs' batch
+// buckets go up to 256 rows; prefill chunks are larger or vary with every request.
+inline constexpr int kDecodeGemmAutotuneMaxM = 256;
+
 // One rank's paged KV cache: per layer a key and a value tensor
 // [num_blocks, block_size, kv_heads, head_dim]. Owned by the runner; same thread rules.
 class PagedKvCache {
@@ -127,6 +131,10 @@ struct GptBigCodeOptions {
   bool fuse_layer_norms = true;
   // cuBLASLt shapes (m > 8, or skinny_gemm off): time up to 8 heuristic algorithms per GEMM shape
   // on its first eager run and keep the fastest (CudaGemm::Options::autotune; mqabench --autotune).
+  // Off here; the server (and mqabench, as the server does) turns it on for the decode shapes
+  // (kDecodeGemmAutotuneMaxM) while it warms up the decode graphs, then freezes it
+  // (FreezeGemmAutotune): -2.0% a StarCoder b32 step on an H100 (BENCHMARKS.md, 2026-12-05 late
+  // evening).
   bool gemm_autotune = false;
   int gemm_autotune_max_m = 0;  // CudaGemm::Options::autotune_max_m (0: every shape)
   // Small decode kernels (mqabench --small): layer norm with the row in registers
@@ -280,6 +288,9 @@ class GptBigCode {
   // Benchmarks switch GptBigCodeOptions::gemm_autotune (tuned shapes are kept while off); no-op on
   // the CPU. Drops captured graphs (and their eager first runs, where new shapes get tuned).
   void set_gemm_autotune(bool on, int max_m = 0);
+  // Shapes tuned so far keep their algorithms; no new shape is tuned (CudaGemm::freeze_autotune)
+  // until set_gemm_autotune turns tuning on again. No-op on the CPU.
+  void FreezeGemmAutotune();
   // Benchmarks switch GptBigCodeOptions::ln_registers / greedy_cluster; no-op on the CPU. Drops
   // captured graphs.
   void set_small_kernels(bool ln_registers, bool greedy_cluster);

@@ -376,6 +376,10 @@ void GptBigCode::set_gemm_autotune(bool on, int max_m) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::FreezeGemmAutotune() {
+  if (cuda_ && cuda_->gemm) cuda_->gemm->freeze_autotune();
+}
+
 std::string GptBigCode::gemm_autotune_summary() const {
   if (!cuda_ || !cuda_->gemm) return "";
   const CudaGemm::AutotuneStats& s = cuda_->gemm->autotune_stats();
@@ -812,6 +816,7 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
 int GptBigCode::pending_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool, int) {}
+void GptBigCode::FreezeGemmAutotune() {}
 void GptBigCode::set_small_kernels(bool, bool) {}
 void GptBigCode::set_gemm_kernels(bool, int, bool, int) {}
 void GptBigCode::set_gemm_stream_tma_knobs(int, int) {}

@@ -92,7 +92,7 @@ absl::StatusOr<Setup> MakeSetup(const Flags& f, int num_blocks, int64_t max_toke
   o.max_graph_query = f.graph_query;
   o.skinny_gemm = f.gemm != "cublaslt";
   o.gemm_autotune = f.autotune == "on" || f.autotune == "decode";
-  o.gemm_autotune_max_m = f.autotune == "decode" ? kDecodeAutotuneMaxM : 0;
+  o.gemm_autotune_max_m = f.autotune == "decode" ? kDecodeGemmAutotuneMaxM : 0;
   ASSIGN_OR_RETURN(s.runner, GptBigCodeRunner::Create(std::move(w), s.collectives.get(), o));
   std::printf("# KV bytes per token %lld (%.1f KiB), %d blocks of %d\n",
               (long long)s.runner->kv_bytes_per_token(), s.runner->kv_bytes_per_token() / 1024.0,

@@ -21,9 +21,6 @@
 
 namespace mqa::bench {
 
-// --autotune decode: shapes of at most this many rows (the largest decode batch the throughput
-// mode schedules; prefill chunks are larger).
-constexpr int kDecodeAutotuneMaxM = 256;
 struct Flags {
   std::string mode;
   std::string model = "configs/starcoder";
@@ -32,7 +29,7 @@ struct Flags {
   int block_size = 16;
   bool cuda_graphs = true;
   std::string fast = "pdl+ln";  // the runner's default
-  std::string autotune = "off";
+  std::string autotune = "decode";  // as the server: tuned during the decode-graph warm-up
   std::string small = "on";  // the runner's default
   std::string async = "off";
   std::string engine = "off";  // off: mqabench's own step loop; on: the serving engine; both

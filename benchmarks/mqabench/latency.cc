@@ -449,8 +449,17 @@ absl::Status Latency(const Flags& f) {
     r.model().set_gemm_early_epilogue(variant == "skinnyde");
     RETURN_IF_ERROR(r.model().set_fast_paths(
         fast != "off" && fast != "fuse", fast == "fuse" || fast == "pdl+fuse", fast == "pdl+ln"));
-    r.model().set_gemm_autotune(autotune != "off", autotune == "decode" ? kDecodeAutotuneMaxM : 0);
+    r.model().set_gemm_autotune(autotune != "off",
+                                autotune == "decode" ? kDecodeGemmAutotuneMaxM : 0);
     r.model().set_small_kernels(small == "on", small == "on");
+    if (autotune == "decode") {
+      // As the server does (--cuda-graph-warmup, --gemm-autotune decode): the decode shapes tuned
+      // while their graphs are warmed up, then no other shape.
+      ASSIGN_OR_RETURN(const int graphs,
+                       r.WarmUpDecodeGraphs(f.batch_size, f.input_len + f.output_len));
+      (void)graphs;
+      r.model().FreezeGemmAutotune();
+    }
     std::vector<double> latencies, prefills, steps, graph_ms;
     absl::Status failed;
     r.model().set_time_graphs(true);

@@ -23,9 +23,11 @@
 //     with fuse_layer_norms), a comma list one row each on the same runner; "all" runs off,
 //     fuse, pdl and pdl+fuse.
 //     --autotune: GptBigCodeOptions::gemm_autotune (cuBLASLt algorithm timing per GEMM shape);
-//     "decode": only shapes of at most kDecodeAutotuneMaxM rows (gemm_autotune_max_m); "both"
-//     runs off, then on; a comma list (e.g. off,decode,on) one row each, on the same runner (with
-//     the tuning summary).
+//     "decode" (the default, as the server's defaults --cuda-graph-warmup --gemm-autotune decode):
+//     the decode shapes (kDecodeGemmAutotuneMaxM rows at most) tuned while their graphs are
+//     warmed up, then frozen;
+//     "both" runs off, then on; a comma list (e.g. off,decode,on) one row each, on the same runner
+//     (with the tuning summary).
 //     --small off|on|both: GptBigCodeOptions::ln_registers and greedy_cluster together (the
 //     register-resident layer norm and the cluster argmax; default on, as in the runner); "both"
 //     gives one row each.

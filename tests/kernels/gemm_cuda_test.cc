@@ -389,6 +389,38 @@ TEST_P(GemmCudaTest, AutotuneMaxMTunesOnlySmallShapes) {
   EXPECT_EQ(g.autotune_stats().shapes, 1);
 }
 
+// Frozen autotuning (the server after its decode warm-up): a shape tuned before keeps its choice
+// without another timing pass, a new one runs the heuristic's algorithm untimed; turning tuning on
+// again unfreezes. Every result still matches the CPU.
+TEST_P(GemmCudaTest, AutotuneFrozenTunesNoNewShape) {
+  const auto [t, rows] = GetParam();
+  if (rows != 0) GTEST_SKIP() << "cuBLASLt only";
+  CudaGemm::Options options;
+  options.skinny = false;
+  options.autotune = true;
+  options.autotune_max_m = 256;
+  auto gemm = CudaGemm::Create(options);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  CudaGemm& g = **gemm;
+  auto run = [&](const Shape& s, int want_tuned, const char* what) {
+    EpilogueCase ec;
+    ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, /*epilogue=*/1, t, rng_, ec));
+    ASSERT_NO_FATAL_FAILURE(ec.ResetC());
+    const absl::Status st = g.Run(ec.p, ec.e, stream_);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(g.autotune_stats().shapes, want_tuned) << what;
+    EXPECT_LT(RelError(Widen(ec.dc->Download<uint16_t>(), t), ec.want), 1e-2) << what;
+  };
+  const Shape decode{32, 1024, 4096, 0}, other{100, 520, 1024, 0};
+  run(decode, 1, "decode shape, tuning on");
+  g.freeze_autotune();
+  run(decode, 1, "decode shape again, frozen");
+  run(other, 1, "a new shape, frozen: not tuned");
+  g.set_autotune(true, 256);
+  run(other, 2, "the new shape after unfreezing: tuned");
+}
+
 // Autotuning's split-K candidates (cublasLtMatmulAlgoConfig SPLITK_NUM on the heuristic's first
 // choices), forced wherever one exists: decode-sized shapes with long K (StarCoder's QKV and
 // attention projection at m = 32) must offer one, and every epilogue, accumulate included, must

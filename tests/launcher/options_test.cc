@@ -17,7 +17,7 @@ TEST(Options, ParsesVllmStyleFlags) {
   EXPECT_EQ(o->block_size, 32);
   EXPECT_EQ(o->command, Command::kServe);
   EXPECT_FALSE(o->enforce_eager);
-  EXPECT_FALSE(o->cuda_graph_warmup);
+  EXPECT_TRUE(o->cuda_graph_warmup);  // the default since 2026-12-05
   auto graphs =
       ParseOptions({"mqaserve", "--model", "m", "--enforce-eager", "--cuda-graph-warmup"});
   ASSERT_TRUE(graphs.ok()) << graphs.status();
@@ -103,6 +103,13 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--enable-auto-tool-choice", "--tool-call-parser",
                              "mistral"})
                    .ok());
+  // The decode-graph warm-up: on unless turned off.
+  EXPECT_TRUE(ParseOptions({"x", "--model", "m"})->cuda_graph_warmup);
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--no-cuda-graph-warmup"})->cuda_graph_warmup);
+  // Decode GEMM tuning during the graph warm-up: on unless turned off; two values.
+  EXPECT_EQ(ParseOptions({"x", "--model", "m"})->gemm_autotune, "decode");
+  EXPECT_EQ(ParseOptions({"x", "--model", "m", "--gemm-autotune", "off"})->gemm_autotune, "off");
+  EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--gemm-autotune", "all"}).ok());
   EXPECT_EQ(ParseOptions({"x", "--model", "m"})->max_stored_responses, 1024);
   EXPECT_EQ(
       ParseOptions({"x", "--model", "m", "--max-stored-responses", "0"})->max_stored_responses, 0);
