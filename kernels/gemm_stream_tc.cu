@@ -99,7 +99,36 @@ struct StreamArgs {
   bool accumulate = false;
   int* counters = nullptr;   // [grid]; null when every CTA runs whole row blocks
   float* partials = nullptr; // [grid][2][kSlotFloats]
+
+  // CTA i's first tile and tile count; the CTA whose range holds `tile`.
+  __device__ int64_t Start(int i) const { return static_cast<int64_t>(i) * q + min(i, rem); }
+  __device__ int Count(int i) const { return q + (i < rem ? 1 : 0); }
+  __device__ int Owner(int64_t tile) const {
+    const int64_t big = static_cast<int64_t>(rem) * (q + 1);
+    return static_cast<int>(tile < big ? tile / (q + 1) : rem + (tile - big) / q);
+  }
+  // The owners of row block rb's first and last tiles.
+  __device__ void Contributors(int rb, int* first, int* last) const {
+    const int64_t tile0 = static_cast<int64_t>(rb) * k_tiles;
+    *first = Owner(tile0);
+    *last = Owner(tile0 + k_tiles - 1);
+  }
 };
+
+// After a CTA stored its partial of a row block shared by CTAs first..last: counts it in
+// (counters[first]) and tells whether it was the last to arrive, i.e. must sum the partials
+// (`barrier` syncs the threads that take part, `s_last` is their shared flag).
+template <typename Barrier>
+__device__ __forceinline__ bool ArrivedLast(int* counters, int first, int last, bool leader,
+                                            int* s_last, Barrier barrier) {
+  __threadfence();
+  barrier();
+  if (leader) *s_last = atomicAdd(&counters[first], 1) == last - first;
+  barrier();
+  if (!*s_last) return false;
+  __threadfence();
+  return true;
+}
 
 using fwd::CpAsync16;  // the cp.async helpers live in kernels/forward_cuda_common.cuh
 using fwd::CpAsyncCommit;
@@ -132,8 +161,8 @@ __global__ void __launch_bounds__(Config<NT, BM, BK>::kThreads, Config<NT, BM, B
   const int rg = warp / kSlices, slice = warp % kSlices;  // row group, column slice
   const int cta = blockIdx.x;
   const int kt_count = p.k_tiles;
-  const int64_t begin = static_cast<int64_t>(cta) * p.q + min(cta, p.rem);
-  const int count = p.q + (cta < p.rem ? 1 : 0);
+  const int64_t begin = p.Start(cta);
+  const int count = p.Count(cta);
   const uint32_t smem0 = SmemAddr(smem);
 
   // Loader: thread t copies chunk t % kChunks of tile rows t / kChunks + kLoadRows j.
@@ -322,11 +351,6 @@ __global__ void __launch_bounds__(Config<NT, BM, BK>::kThreads, Config<NT, BM, B
     return p.partials + (static_cast<int64_t>(owner) * 2 + piece) * Cfg::kSlotFloats +
            rg * (kFrags * 128) + lane * 4;
   };
-  auto start_of = [&](int i) { return static_cast<int64_t>(i) * p.q + min(i, p.rem); };
-  auto owner_of = [&](int64_t tile) {
-    const int64_t big = static_cast<int64_t>(p.rem) * (p.q + 1);
-    return static_cast<int>(tile < big ? tile / (p.q + 1) : p.rem + (tile - big) / p.q);
-  };
   const int first_rb = static_cast<int>(begin / kt_count);
 
   // Ends this CTA's piece of row block rb (tiles [piece_kt0, last_kt] of it are in acc, summed
@@ -346,14 +370,9 @@ __global__ void __launch_bounds__(Config<NT, BM, BK>::kThreads, Config<NT, BM, B
         __stcg(reinterpret_cast<float4*>(mine + (mt * NT + nt) * 128),
                make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
       }
-    const int64_t tile0 = static_cast<int64_t>(rb) * kt_count;
-    const int first = owner_of(tile0), last = owner_of(tile0 + kt_count - 1);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&p.counters[first], 1) == last - first;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    int first = 0, last = 0;
+    p.Contributors(rb, &first, &last);
+    if (!ArrivedLast(p.counters, first, last, tid == 0, &s_last, [] { __syncthreads(); })) return;
     zero_acc();
     // kFixupSlots contributors' loads in flight at once (this runs in the kernel's tail), summed
     // in CTA order.
@@ -363,7 +382,7 @@ __global__ void __launch_bounds__(Config<NT, BM, BK>::kThreads, Config<NT, BM, B
       for (int u = 0; u < kFixupSlots; ++u) {
         const int o = o0 + u;
         if (o > last) break;
-        const float* src = slot_of(o, start_of(o) / kt_count == rb ? 0 : 1);
+        const float* src = slot_of(o, p.Start(o) / kt_count == rb ? 0 : 1);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -442,20 +461,20 @@ struct KernelInfo {
   int resident = 0;  // CTAs per SM
 };
 
-template <typename T, int NT, int kAct, int BM, int BK>
-absl::Status GetInfo(KernelInfo& out) {
-  using Cfg = Config<NT, BM, BK>;
+// The kernel's shared-memory limit set, the SM count and its residency read, once per kernel,
+// thread and device (kKernel: a distinct instantiation, so that each has its own cache).
+template <auto kKernel>
+absl::Status KernelInfoFor(int threads, int smem_bytes, KernelInfo& out) {
   static thread_local KernelInfo info;
   int device = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (info.device != device) {
-    auto kernel = StreamTcKernel<T, NT, kAct, BM, BK>;
     KernelInfo fresh;
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              Cfg::kSmemBytes));
+    CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     ASSIGN_OR_RETURN(fresh.sms, CurrentDeviceSms());
-    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fresh.resident, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fresh.resident, kKernel,
+                                                                       threads, smem_bytes));
     fresh.device = device;
     info = fresh;
   }
@@ -463,15 +482,9 @@ absl::Status GetInfo(KernelInfo& out) {
   return absl::OkStatus();
 }
 
-template <typename T, int NT, int kAct, int BM, int BK>
-absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
-                    void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
-  using Cfg = Config<NT, BM, BK>;
-  KernelInfo info;
-  RETURN_IF_ERROR((GetInfo<T, NT, kAct, BM, BK>(info)));
-  if (info.resident < 1) {
-    return absl::InternalError("StreamTcGemmCuda: the kernel does not fit on an SM");
-  }
+// The call's operands and epilogue as the kernels take them (the work split comes from Deal).
+template <typename T>
+StreamArgs<T> MakeArgs(const GemmParams& p, const GemmEpilogue& e) {
   StreamArgs<T> s;
   s.a = static_cast<const T*>(p.a);
   s.b = static_cast<const T*>(p.b);
@@ -484,20 +497,18 @@ absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t str
   s.n = static_cast<int>(p.n);
   s.k = static_cast<int>(p.k);
   s.accumulate = e.accumulate;
-  const int64_t row_blocks = (p.n + BM - 1) / BM;
-  s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + BK - 1) / BK));
-  const int64_t tiles = row_blocks * s.k_tiles;
-  if (tiles > INT32_MAX) return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
+  return s;
+}
 
-  const int per_sm = std::clamp(tuning.ctas_per_sm > 0 ? tuning.ctas_per_sm : kMaxCtasPerSm, 1,
-                                std::min(info.resident, kMaxCtasPerSm));
-  // min_tiles_per_cta counts 16 KiB tiles (128 x 64); larger tiles count for more.
-  const int64_t min_tiles = std::max<int64_t>(
-      1, (tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles) * 128 * 64 /
-             (BM * BK));
-  int64_t grid = std::min<int64_t>(int64_t{info.sms} * per_sm, kMaxGrid);
+// Deals s.k_tiles x row_blocks tiles to `grid` CTAs (at most one tile in min_tiles fewer where the
+// tiles are few), with the workspace's counters and partial slots (2 a CTA of slot_bytes) where it
+// holds them, else one whole row block a CTA. Returns the grid.
+template <typename T>
+int64_t Deal(StreamArgs<T>& s, int64_t row_blocks, int64_t grid, int64_t min_tiles,
+             size_t slot_bytes, void* workspace, size_t workspace_bytes) {
+  const int64_t tiles = row_blocks * s.k_tiles;
   grid = std::max<int64_t>(1, std::min(grid, tiles / min_tiles));
-  const size_t need = kCounterBytes + static_cast<size_t>(grid) * 2 * SlotBytes<NT, BM, BK>();
+  const size_t need = kCounterBytes + static_cast<size_t>(grid) * 2 * slot_bytes;
   const bool aligned_ws = reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
   if (workspace == nullptr || !aligned_ws || workspace_bytes < need) {
     grid = row_blocks;  // one whole row block per CTA: no partials, no counters
@@ -507,18 +518,35 @@ absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t str
   }
   s.q = static_cast<int>(tiles / grid);
   s.rem = static_cast<int>(tiles % grid);
+  return grid;
+}
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StreamTcKernel<T, NT, kAct, BM, BK>, s));
+template <typename T, int NT, int kAct, int BM, int BK>
+absl::Status Launch(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream, bool pdl,
+                    void* workspace, size_t workspace_bytes, const StreamTcTuning& tuning) {
+  using Cfg = Config<NT, BM, BK>;
+  constexpr auto kKernel = StreamTcKernel<T, NT, kAct, BM, BK>;
+  KernelInfo info;
+  RETURN_IF_ERROR(KernelInfoFor<kKernel>(Cfg::kThreads, Cfg::kSmemBytes, info));
+  if (info.resident < 1) {
+    return absl::InternalError("StreamTcGemmCuda: the kernel does not fit on an SM");
+  }
+  StreamArgs<T> s = MakeArgs<T>(p, e);
+  const int64_t row_blocks = (p.n + BM - 1) / BM;
+  s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + BK - 1) / BK));
+  if (row_blocks * s.k_tiles > INT32_MAX) {
+    return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
+  }
+  const int per_sm = std::clamp(tuning.ctas_per_sm > 0 ? tuning.ctas_per_sm : kMaxCtasPerSm, 1,
+                                std::min(info.resident, kMaxCtasPerSm));
+  // min_tiles_per_cta counts 16 KiB tiles (128 x 64); larger tiles count for more.
+  const int64_t min_tiles = std::max<int64_t>(
+      1, (tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles) * 128 * 64 /
+             (BM * BK));
+  const int64_t grid = Deal(s, row_blocks, std::min<int64_t>(int64_t{info.sms} * per_sm, kMaxGrid),
+                            min_tiles, SlotBytes<NT, BM, BK>(), workspace, workspace_bytes);
+  CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kKernel, dim3(static_cast<unsigned>(grid)),
+                                               dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, s));
   return absl::OkStatus();
 }
 
@@ -594,8 +622,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int kt_count = p.k_tiles;  // work units (64-column boxes) a row block
   const int S = shape.stages;
   constexpr int boxes = kBoxes;
-  const int64_t begin = static_cast<int64_t>(cta) * p.q + min(cta, p.rem);
-  const int count = p.q + (cta < p.rem ? 1 : 0);
+  const int64_t begin = p.Start(cta);
+  const int count = p.Count(cta);
   const uint32_t smem0 = (SmemAddr(smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle: 1 KiB atoms
   const uint32_t bar0 = SmemAddr(bars);
   const uint32_t stage_bytes = boxes * (Cfg::kWBox + Cfg::kABox);
@@ -737,11 +765,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   auto slot_of = [&](int owner, int piece) {
     return p.partials + (static_cast<int64_t>(owner) * 2 + piece) * Cfg::kSlotFloats + tid * 4;
   };
-  auto start_of = [&](int i) { return static_cast<int64_t>(i) * p.q + min(i, p.rem); };
-  auto owner_of = [&](int64_t tile) {
-    const int64_t big = static_cast<int64_t>(p.rem) * (p.q + 1);
-    return static_cast<int>(tile < big ? tile / (p.q + 1) : p.rem + (tile - big) / p.q);
-  };
   const int first_rb = static_cast<int>(begin / kt_count);
   auto finish_piece = [&](int rb, bool whole) {
     if (whole) {
@@ -755,17 +778,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       __stcg(reinterpret_cast<float4*>(mine + j * 512),
              make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
     }
-    const int64_t tile0 = static_cast<int64_t>(rb) * kt_count;
-    const int first = owner_of(tile0), last = owner_of(tile0 + kt_count - 1);
-    __threadfence();
-    tma::NamedBarrier(1, 128);
-    if (tid == 0) s_last = atomicAdd(&p.counters[first], 1) == last - first;
-    tma::NamedBarrier(1, 128);
-    if (!s_last) return;
-    __threadfence();
+    int first = 0, last = 0;
+    p.Contributors(rb, &first, &last);
+    if (!ArrivedLast(p.counters, first, last, tid == 0, &s_last,
+                     [] { tma::NamedBarrier(1, 128); })) {
+      return;
+    }
     zero_acc();
     for (int o = first; o <= last; ++o) {  // in CTA order: the sum does not depend on arrivals
-      const float* src = slot_of(o, start_of(o) / kt_count == rb ? 0 : 1);
+      const float* src = slot_of(o, p.Start(o) / kt_count == rb ? 0 : 1);
       float4 v[NT];
 #pragma unroll
       for (int j = 0; j < NT; ++j) v[j] = __ldcg(reinterpret_cast<const float4*>(src + j * 512));
@@ -828,20 +849,9 @@ absl::Status LaunchTmaBoxes(const GemmParams& p, const GemmEpilogue& e, cudaStre
                             bool pdl, void* workspace, size_t workspace_bytes,
                             const StreamTcTuning& tuning) {
   using Cfg = TmaConfig<NT>;
-  static thread_local KernelInfo info;
-  int device = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  if (info.device != device) {
-    auto kernel = StreamTmaKernel<T, NT, kAct, kBoxes>;
-    KernelInfo fresh;
-    CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    ASSIGN_OR_RETURN(fresh.sms, CurrentDeviceSms());
-    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fresh.resident, kernel, kTmaThreads, Cfg::kSmemBytes));
-    fresh.device = device;
-    info = fresh;
-  }
+  constexpr auto kKernel = StreamTmaKernel<T, NT, kAct, kBoxes>;
+  KernelInfo info;
+  RETURN_IF_ERROR(KernelInfoFor<kKernel>(kTmaThreads, Cfg::kSmemBytes, info));
   if (info.resident < 1) {
     return absl::UnimplementedError("StreamTcGemmCuda: the TMA kernel does not fit on an SM");
   }
@@ -855,53 +865,22 @@ absl::Status LaunchTmaBoxes(const GemmParams& p, const GemmEpilogue& e, cudaStre
                       static_cast<uint64_t>(p.m), static_cast<uint64_t>(p.lda) * 2, 64, Cfg::kMP)) {
     return absl::UnimplementedError("StreamTcGemmCuda: tensor maps unavailable");
   }
-  StreamArgs<T> s;
-  s.a = static_cast<const T*>(p.a);
-  s.b = static_cast<const T*>(p.b);
-  s.c = static_cast<T*>(p.c);
-  s.bias = static_cast<const T*>(e.bias);
-  s.lda = p.lda;
-  s.ldb = p.ldb;
-  s.ldc = p.ldc;
-  s.m = static_cast<int>(p.m);
-  s.n = static_cast<int>(p.n);
-  s.k = static_cast<int>(p.k);
-  s.accumulate = e.accumulate;
+  StreamArgs<T> s = MakeArgs<T>(p, e);
   // Work units: 64-column boxes (8 KiB of weights), dealt in equal contiguous ranges whatever
   // the stage's box count (a CTA's range may start or end inside a stage-sized group).
   const int64_t row_blocks = (p.n + kTmaRows - 1) / kTmaRows;
   s.k_tiles = static_cast<int>(std::max<int64_t>(1, (p.k + 63) / 64));
-  const int64_t tiles = row_blocks * s.k_tiles;
-  if (tiles > INT32_MAX) return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
+  if (row_blocks * s.k_tiles > INT32_MAX) {
+    return absl::UnimplementedError("StreamTcGemmCuda: shape too large");
+  }
   // min_tiles_per_cta counts 16 KiB tiles, two units each.
   const int64_t min_tiles = std::max<int64_t>(
       1, (tuning.min_tiles_per_cta > 0 ? tuning.min_tiles_per_cta : kDefaultMinTiles) * 2);
-  int64_t grid = std::min<int64_t>(info.sms, kMaxGrid);
-  grid = std::max<int64_t>(1, std::min(grid, tiles / min_tiles));
-  const size_t need =
-      kCounterBytes + static_cast<size_t>(grid) * 2 * Cfg::kSlotFloats * sizeof(float);
-  const bool aligned_ws = reinterpret_cast<uintptr_t>(workspace) % 16 == 0;
-  if (workspace == nullptr || !aligned_ws || workspace_bytes < need) {
-    grid = row_blocks;  // one whole row block per CTA: no partials, no counters
-  } else {
-    s.counters = static_cast<int*>(workspace);
-    s.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + kCounterBytes);
-  }
-  s.q = static_cast<int>(tiles / grid);
-  s.rem = static_cast<int>(tiles % grid);
-
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kTmaThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CUDA_RETURN_IF_ERROR(
-      cudaLaunchKernelEx(&cfg, StreamTmaKernel<T, NT, kAct, kBoxes>, s, shape, maps[0], maps[1]));
+  const int64_t grid = Deal(s, row_blocks, std::min<int64_t>(info.sms, kMaxGrid), min_tiles,
+                            Cfg::kSlotFloats * sizeof(float), workspace, workspace_bytes);
+  CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kKernel, dim3(static_cast<unsigned>(grid)),
+                                               dim3(kTmaThreads), Cfg::kSmemBytes, stream, s, shape,
+                                               maps[0], maps[1]));
   return absl::OkStatus();
 }
 

@@ -265,41 +265,32 @@ TEST_P(StreamTcGemmTest, TmaFormReadsItsInputAfterThePdlWait) {
   x.Poison();
   y.Poison();
   const StreamTcTuning tuning{.tma = true};
+  // C [32, 1000] = A [32, 512] B [1000, 512]^T, dense.
+  auto second = [](const void* a, const void* b, void* c, DType dtype) {
+    GemmParams g;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.lda = g.ldb = g.k = 512;
+    g.ldc = g.n = 1000;
+    g.m = 32;
+    g.dtype = dtype;
+    return g;
+  };
   for (int run = 0; run < 2; ++run) {
     ASSERT_EQ(cudaMemsetAsync(x.get(), 0xff, 32 * 512 * 2, stream_), cudaSuccess);
     ASSERT_TRUE(StreamTcGemmCuda(first.Params(x.get()), first.Epilogue(1), stream_, run == 1,
                                  workspace_->get(), workspace_bytes_, tuning)
                     .ok());
-    GemmParams p2;
-    p2.a = x.get();
-    p2.b = dw2->get();
-    p2.c = y.get();
-    p2.lda = 512;
-    p2.ldb = 512;
-    p2.ldc = 1000;
-    p2.m = 32;
-    p2.n = 1000;
-    p2.k = 512;
-    p2.dtype = t;
-    const absl::Status st = StreamTcGemmCuda(p2, GemmEpilogue{}, stream_, true, workspace_->get(),
-                                             workspace_bytes_, tuning);
+    const absl::Status st =
+        StreamTcGemmCuda(second(x.get(), dw2->get(), y.get(), t), GemmEpilogue{}, stream_, true,
+                         workspace_->get(), workspace_bytes_, tuning);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     const std::vector<float> xs = Widen(x.Download<uint16_t>(), t);
     EXPECT_LT(RelError(xs, first.Want(1)), 1e-2) << "run " << run;
     std::vector<float> want(32 * 1000);
-    GemmParams c;
-    c.a = xs.data();
-    c.b = w2.data();
-    c.c = want.data();
-    c.lda = 512;
-    c.ldb = 512;
-    c.ldc = 1000;
-    c.m = 32;
-    c.n = 1000;
-    c.k = 512;
-    c.dtype = DType::kF32;
-    ASSERT_TRUE(GemmCpu(c).ok());
+    ASSERT_TRUE(GemmCpu(second(xs.data(), w2.data(), want.data(), DType::kF32)).ok());
     EXPECT_LT(RelError(Widen(y.Download<uint16_t>(), t), want), 1e-2) << "run " << run;
     ExpectCountersZero();
   }
