@@ -110,8 +110,10 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // batch-1 decode chain, every prompt prefilled and decoded alone; bit 13: with the attention as
 // the chain's first phase; bit 14: the chain's fp32 fold (decode_chain_half_fold 0; the default
 // sums fp16 pairs first); bit 15: the chain's fused MLP (decode_chain_fused_mlp); bit 16:
-// fuse_layer_norms (the layer norms folded into the skinny GEMMs' epilogues). 101: the runner's
-// defaults).
+// fuse_layer_norms (the layer norms folded into the skinny GEMMs' epilogues); bit 17: every
+// prompt three times over (decode batches past the skinny kernel's 8 rows: cuBLASLt's path) with
+// the server's decode GEMM tuning (gemm_autotune, the decode graphs warmed up, then frozen). 101:
+// the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -144,12 +146,31 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   if (knobs & 16384) opts.decode_chain_half_fold = 0;
   opts.decode_chain_fused_mlp = knobs & 32768;
   opts.fuse_layer_norms = knobs & 65536;
+  const bool tuned_x3 = knobs & 131072;
+  if (tuned_x3) {
+    opts.gemm_autotune = true;
+    opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
+    opts.num_kv_blocks = 1024;
+  }
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
   const int64_t vocab = r.vocab_size();
-  const auto all_refs = testing::LoadHfReferences(load.model_dir, vocab);
+  auto all_refs = testing::LoadHfReferences(load.model_dir, vocab);
   ASSERT_GE(all_refs.size(), 5u);
+  if (tuned_x3) {
+    const size_t n = all_refs.size();
+    for (int copy = 0; copy < 2; ++copy) {
+      for (size_t i = 0; i < n; ++i) all_refs.push_back(all_refs[i]);
+    }
+    // As the server: the decode graphs of every bucket up to this batch warmed up (their GEMM
+    // shapes tuned), then no more tuning.
+    auto graphs = r.WarmUpDecodeGraphs(static_cast<int>(all_refs.size()), 512);
+    ASSERT_TRUE(graphs.ok()) << graphs.status();
+    r.model().FreezeGemmAutotune();
+    const std::string summary = r.model().gemm_autotune_summary();
+    EXPECT_EQ(summary.find("gemm autotune: 0 shapes"), std::string::npos) << summary;
+  }
   // Bit 12 (the decode chain, batch 1 only): each prompt prefilled and decoded on its own.
   std::vector<std::vector<Reference>> groups;
   if (knobs & 4096) {
@@ -252,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
-                                         12389, 20581, 36965, 103, 65637)),
+                                         12389, 20581, 36965, 103, 65637, 196709)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -272,7 +293,8 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 20581 ? "_defaults_chain_fp32fold"
                           : std::get<3>(info.param) == 36965 ? "_defaults_chain_fusedmlp"
                           : std::get<3>(info.param) == 103   ? "_defaults_fuse"
-                          : std::get<3>(info.param) == 65637 ? "_defaults_ln"
+                          : std::get<3>(info.param) == 65637  ? "_defaults_ln"
+                          : std::get<3>(info.param) == 196709 ? "_defaults_ln_tuned_x3"
                           : std::get<3>(info.param) == 101   ? "_defaults"
                                                              : "");
       std::replace(name.begin(), name.end(), '-', '_');
