@@ -42,6 +42,8 @@ struct StreamTcTuning {
   // (m64n32k16 or m64n64k16: weight rows as M, the activation rows padded to 32 or 64 as N) and
   // releases it. The same tile order, partial slots and fixup as the cp.async form. Unimplemented
   // where the device or the driver's tensor-map encoder cannot run it (the caller falls back).
+  // Measured (BENCHMARKS.md, 2026-12-05 late evening): a StarCoder b32 decode step 5.4% slower
+  // than cuBLASLt on the H200, 0.8% faster on an H100; off in CudaGemm.
   bool tma = false;
   // The TMA form's 64-column boxes a stage (1, 2 or 4: 8, 16 or 32 KiB of weights; the ring holds
   // as many stages as fit 192 KiB, at most 16) and its L2 cache hints (weights evict-first, the
