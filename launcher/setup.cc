@@ -511,6 +511,13 @@ absl::Status RunRoot(const Options& o, Engine& engine, const Tokenizer& tokenize
 
 }  // namespace
 
+DecodeWarmUpPlan PlanDecodeWarmUp(const Options& options, bool cuda, int world_size) {
+  DecodeWarmUpPlan plan;
+  plan.warm_up = cuda && world_size == 1 && !options.enforce_eager && options.cuda_graph_warmup;
+  plan.tune_gemms = plan.warm_up && options.gemm_autotune == "decode";
+  return plan;
+}
+
 bool IsJobWideError(const absl::Status& status) {
   return status.GetPayload(kJobWidePayload).has_value();
 }
@@ -617,11 +624,11 @@ absl::Status RunRank(const Options& o, const World& world) {
   // H200 a SantaCoder b1 check step of 1 + 5 tokens took 1.331 ms graphed against 1.399 eager,
   // StarCoder's 8.636 against 8.746 (BENCHMARKS.md, 2026-12-05 04:13 UTC).
   runner_options.max_graph_query = 1 + o.speculative.num_speculative_tokens;
-  // Decode GEMM shapes are tuned during the decode-graph warm-up only (frozen right after it, or at
-  // once where there is none): a StarCoder b32 step 2.0% faster on an H100 (BENCHMARKS.md,
-  // 2026-12-05 late evening).
-  const bool warm_up = cuda && world.size() == 1 && !o.enforce_eager && o.cuda_graph_warmup;
-  runner_options.gemm_autotune = warm_up && o.gemm_autotune == "decode";
+  // Decode GEMM shapes are tuned during the decode-graph warm-up only (frozen right after it):
+  // a StarCoder b32 step 0.9-2.0% faster on H100s (BENCHMARKS.md, 2026-12-05 late evening).
+  const DecodeWarmUpPlan warm_up_plan = PlanDecodeWarmUp(o, cuda, world.size());
+  const bool warm_up = warm_up_plan.warm_up;
+  runner_options.gemm_autotune = warm_up_plan.tune_gemms;
   runner_options.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
   // A checkpoint that fails on one rank (truncated file, wrong shapes) ends the job on all.
   auto created = CreateGptBigCodeRunnerFromDir(load, collectives.get(), runner_options);

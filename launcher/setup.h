@@ -12,6 +12,16 @@ namespace mqa {
 // flag or rank that failed); the caller ends the job with it.
 absl::Status RunRank(const Options& options, const World& world);
 
+// The decode-graph warm-up at start-up and the decode GEMM tuning during it: the warm-up only for
+// CUDA at one rank with graphs on (--cuda-graph-warmup, not --enforce-eager); the tuning only with
+// the warm-up and --gemm-autotune decode (without a warm-up nothing is tuned, so that no live
+// step ever pays a timing pass).
+struct DecodeWarmUpPlan {
+  bool warm_up = false;
+  bool tune_gemms = false;
+};
+DecodeWarmUpPlan PlanDecodeWarmUp(const Options& options, bool cuda, int world_size);
+
 // True when every rank returned this same error from RunRank (start-up checks and loading are
 // agreed collectively) or when the workers have already left: then rank 0 alone prints it and
 // every rank exits non-zero normally; any other error needs World::Abort to end the job.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "launcher/setup.h"
+
 namespace mqa {
 namespace {
 
@@ -114,6 +116,27 @@ TEST(Options, ErrorsNameTheFlag) {
   EXPECT_EQ(
       ParseOptions({"x", "--model", "m", "--max-stored-responses", "0"})->max_stored_responses, 0);
   EXPECT_FALSE(ParseOptions({"x", "--model", "m", "--max-stored-responses", "-1"}).ok());
+}
+
+// The decode-graph warm-up (and the GEMM tuning inside it) by default for one CUDA rank, never
+// at several ranks, on the CPU or with --enforce-eager; no tuning without the warm-up.
+TEST(Options, DecodeWarmUpPlan) {
+  const Options defaults = *ParseOptions({"x", "--model", "m", "--device", "cuda"});
+  DecodeWarmUpPlan plan = PlanDecodeWarmUp(defaults, /*cuda=*/true, /*world_size=*/1);
+  EXPECT_TRUE(plan.warm_up);
+  EXPECT_TRUE(plan.tune_gemms);
+  EXPECT_FALSE(PlanDecodeWarmUp(defaults, true, 2).warm_up);
+  EXPECT_FALSE(PlanDecodeWarmUp(defaults, true, 2).tune_gemms);
+  EXPECT_FALSE(PlanDecodeWarmUp(defaults, /*cuda=*/false, 1).warm_up);
+  const Options eager = *ParseOptions({"x", "--model", "m", "--enforce-eager"});
+  EXPECT_FALSE(PlanDecodeWarmUp(eager, true, 1).warm_up);
+  EXPECT_FALSE(PlanDecodeWarmUp(eager, true, 1).tune_gemms);
+  const Options no_warm = *ParseOptions({"x", "--model", "m", "--no-cuda-graph-warmup"});
+  EXPECT_FALSE(PlanDecodeWarmUp(no_warm, true, 1).tune_gemms);
+  const Options untuned = *ParseOptions({"x", "--model", "m", "--gemm-autotune", "off"});
+  plan = PlanDecodeWarmUp(untuned, true, 1);
+  EXPECT_TRUE(plan.warm_up);
+  EXPECT_FALSE(plan.tune_gemms);
 }
 
 }  // namespace
