@@ -681,7 +681,6 @@ absl::Status RunRank(const Options& o, const World& world) {
           graphs.status().code(),
           absl::StrCat(graphs.status().message(), " (--enforce-eager runs without CUDA graphs)"));
     }
-    local->model().FreezeGemmAutotune();
     std::fprintf(
         stderr,
         "mqaserve: captured %d decode CUDA graphs (up to %d sequences, %d tokens) in "

@@ -253,6 +253,7 @@ absl::StatusOr<int> GptBigCodeRunner::WarmUpDecodeGraphs(int max_batch, int max_
       }
     }
   }
+  model_->FreezeGemmAutotune();
   return model_->num_cuda_graphs() - before;
 }
 

@@ -83,8 +83,10 @@ class GptBigCodeRunner final : public ModelRunner {
   // CUDA, one rank, graphs on: runs a decode step of every shape GptBigCode::DecodeGraphShapes
   // gives, twice (the first runs eagerly and creates the GEMM plans, the second captures), so that
   // serving never captures on a live request's step. The steps read and write only block 0 (its
-  // contents are garbage afterwards: call it before any sequence holds blocks). Returns the graphs
-  // captured; 0 where there are none to take.
+  // contents are garbage afterwards: call it before any sequence holds blocks). With
+  // GptBigCodeOptions::gemm_autotune the eager runs time the decode GEMM shapes, and tuning is
+  // frozen afterwards (GptBigCode::FreezeGemmAutotune): nothing later pays a timing pass. Returns
+  // the graphs captured; 0 where there are none to take.
   absl::StatusOr<int> WarmUpDecodeGraphs(int max_batch, int max_context);
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int num_kv_blocks() const override { return cache_.num_blocks(); }

@@ -430,18 +430,18 @@ absl::Status Latency(const Flags& f) {
     const int rows = variant == "skinny1" ? 1 : variant == "skinny4" ? 4 : 2;
     r.model().set_skinny_gemm(variant != "cublaslt", rows);
     const int stage_kib = SkinnyStageKib(variant);
+    int tma_boxes = 0, tma_hints = -1;
+    const bool tma = ParseTmaVariant(variant, &tma_boxes, &tma_hints);
     r.model().set_gemm_kernels(variant == "splitk" || variant == "splitk+tc",
-                               IsTmaVariant(variant)                       ? 2
+                               tma                                         ? 2
                                : variant == "tc" || variant == "splitk+tc" ? 1
                                                                            : 0,
                                variant == "skinnyd" || variant == "skinnydh" ||
                                    variant == "skinnydf" || variant == "skinnydo" ||
-                                   variant == "skinnyde" || IsTmaVariant(variant) || stage_kib >= 0,
+                                   variant == "skinnyde" || tma || stage_kib >= 0,
                                variant == "skinnydh"   ? 1
                                : variant == "skinnydf" ? 0
                                                        : -1);
-    int tma_boxes = 0, tma_hints = -1;
-    ParseTmaVariant(variant, &tma_boxes, &tma_hints);
     r.model().set_gemm_stream_tma_knobs(tma_boxes, tma_hints);
     r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
                                                   : GptBigCodeOptions().gemm_stage_bytes);
@@ -455,10 +455,7 @@ absl::Status Latency(const Flags& f) {
     if (autotune == "decode") {
       // As the server does (--cuda-graph-warmup, --gemm-autotune decode): the decode shapes tuned
       // while their graphs are warmed up, then no other shape.
-      ASSIGN_OR_RETURN(const int graphs,
-                       r.WarmUpDecodeGraphs(f.batch_size, f.input_len + f.output_len));
-      (void)graphs;
-      r.model().FreezeGemmAutotune();
+      RETURN_IF_ERROR(r.WarmUpDecodeGraphs(f.batch_size, f.input_len + f.output_len).status());
     }
     std::vector<double> latencies, prefills, steps, graph_ms;
     absl::Status failed;

@@ -91,9 +91,7 @@ absl::Status Throughput(const Flags& f) {
   GptBigCodeRunner& r = *s.runner;
   if (f.small == "on") r.model().set_small_kernels(true, true);
   if (f.autotune == "decode") {  // as the server does (latency.cc)
-    ASSIGN_OR_RETURN(const int graphs, r.WarmUpDecodeGraphs(f.max_num_seqs, 1024 + 256));
-    (void)graphs;
-    r.model().FreezeGemmAutotune();
+    RETURN_IF_ERROR(r.WarmUpDecodeGraphs(f.max_num_seqs, 1024 + 256).status());
   }
   // One GEMM variant for the whole run: --gemm splitk, tc, tma (tc's TMA form, with skinnyd) or
   // splitk+tc switch those kernels on.
