@@ -28,6 +28,40 @@ struct GemmParams {
   DType dtype = DType::kF32;
 };
 
+// A batch-1 decode step's attention done by the QKV projection's own launch (GemmEpilogue::tail,
+// LinearFusion::tail; the CUDA skinny kernel only): after the GEMM's CTAs have written the
+// step's q / k / v row (and, with the fused KV-cache write, the cache), heads x splits extra CTAs
+// each attend one query head over one split of kGemmTailTokens cached positions (their rows
+// loaded before the GEMM finishes) and the last split of a head to arrive merges the head's
+// partials into `output`. Query head h is C's columns [h D, (h + 1) D); its KV head h / (heads /
+// kv_heads) is the fused write's columns (GemmEpilogue::kv_col0 / kv_width) and cache rows. Exact
+// softmax attention as PagedAttention computes it, in fp32, rounded once.
+inline constexpr int kGemmTailTokens = 64;    // cached positions a split
+inline constexpr int kGemmTailHeadDim = 128;  // the one head_dim it takes
+inline constexpr int kGemmTailMaxCtas = 128;  // heads x splits at most (< any H100/H200's SMs)
+struct GemmTailAttention {
+  void* output = nullptr;  // [heads D] of C's dtype: the attention's output row; null: no tail
+  const int32_t* block_table = nullptr;  // device: the sequence's block ids
+  const int32_t* context_len = nullptr;  // device, one value: positions attended (the new one too)
+  int heads = 0, kv_heads = 0, head_dim = 0, block_size = 0;
+  int max_context = 0;  // bound on *context_len (a graph's bucket): ceil(/ kGemmTailTokens) splits
+  float scale = 1.0f;
+  // Counters and partials (GemmTailAttentionWorkspaceBytes): zeroed once before the first use;
+  // each launch leaves them zeroed.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
+// 2 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.
+inline size_t GemmTailCounterBytes(int heads) {
+  return (static_cast<size_t>(2 + heads) * 4 + 255) / 256 * 256;
+}
+inline size_t GemmTailAttentionWorkspaceBytes(int heads) {
+  return GemmTailCounterBytes(heads) +
+         static_cast<size_t>(kGemmTailMaxCtas) * (kGemmTailHeadDim + 2) * 4;
+}
+
 // fp32 only. InvalidArgument for other dtypes, negative sizes, strides shorter than a row.
 absl::Status GemmCpu(const GemmParams& p);
 

@@ -62,6 +62,10 @@ struct GemmEpilogue {
   void* value_cache = nullptr;
   const int32_t* slot_mapping = nullptr;
   int64_t kv_col0 = 0, kv_width = 0;
+  // Skinny kernel only, m = 1 with the fused layer norm and KV write, head_dim 128, at most
+  // kGemmTailMaxCtas heads x splits (kernels/gemm.h): the step's attention in the same launch.
+  // Unimplemented where the kernel does not take it (nothing has run then).
+  GemmTailAttention tail;
 };
 
 class CudaGemm {

@@ -31,6 +31,26 @@ constexpr int64_t kSkinnyHalfMaxK = 4096;
 constexpr int kSkinnyOccupancyCtas = 8;
 constexpr int kSkinnyDeepOccupancyCtas = 4;
 
+// GemmTailAttention as the kernel takes it (LaunchSkinnyTail fills it): q, the new k / v and the
+// caches as element pointers, the CTA split, the workspace cut into counters and partials.
+template <typename T>
+struct SkinnyTailArgs {
+  const T* q = nullptr;      // C's row: query head h at q + h D
+  const T* k_new = nullptr;  // the step's K row (KV head g at k_new + g D); v_new likewise
+  const T* v_new = nullptr;
+  const T* key_cache = nullptr;
+  const T* value_cache = nullptr;
+  T* out = nullptr;
+  const int32_t* block_table = nullptr;
+  const int32_t* context_len = nullptr;
+  int heads = 0, group = 1, kv_width = 0, block_shift = 0, splits = 0;
+  int gemm_ctas = 0;        // CTAs [0, gemm_ctas) run the GEMM, the rest the attention
+  float scale_log2 = 0.0f;  // softmax scale x log2(e)
+  // counters[0]: GEMM CTAs done; [1]: attention CTAs done; [2 + h]: head h's splits done.
+  int* counters = nullptr;
+  float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
+};
+
 template <typename T>
 struct SkinnyArgs {
   const T* a = nullptr;
@@ -62,6 +82,7 @@ struct SkinnyArgs {
   // (and layer-norm sums) before the PDL wait and its residual right after it, instead of after
   // the fold.
   bool early_epilogue = false;
+  SkinnyTailArgs<T> tail;  // kTail instantiations only
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
@@ -211,6 +232,172 @@ __device__ __forceinline__ float2 LnRowStats(const float (&part)[kSkinnyWarps][M
   return make_float2(mean, rsqrtf(fmaxf(sq / k - mean * mean, 0.0f) + eps));
 }
 
+// The tail attention (GemmTailAttention): CTA gemm_ctas + h splits + s attends query head h over
+// cached positions [64 s, 64 s + 64) of the sequence. Warp w takes 16 of them, lane l dims [4 l,
+// 4 l + 4) of each: before the GEMM is done it loads its positions' K / V rows from the cache into
+// registers (every row but the newest was written by an earlier step); once every GEMM CTA has
+// counted itself in (SkinnyTailArrive), it loads q and the newest position's k / v from C, scores
+// its 16 positions (a shuffle reduction each), and the four warps' (max, sum, O) meet in shared
+// memory. One split: O / sum is the output. Several: the split's partial goes to the workspace
+// and the head's last split to arrive merges them.
+template <typename T>
+__device__ __forceinline__ float4 TailUnpack4(uint2 u) {
+  T e[4];
+  static_assert(sizeof(e) == sizeof(u));
+  memcpy(e, &u, sizeof(u));
+  return make_float4(fwd::ToFloat(e[0]), fwd::ToFloat(e[1]), fwd::ToFloat(e[2]),
+                     fwd::ToFloat(e[3]));
+}
+
+__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The end of every GEMM CTA of a kTail launch: its outputs (C and the KV-cache write) published,
+// then counted in.
+__device__ __forceinline__ void SkinnyTailArrive(int* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) {
+  constexpr int D = kGemmTailHeadDim, kWarpTokens = kGemmTailTokens / kSkinnyWarps;
+  static_assert(D == 4 * 32 && kWarpTokens == 16);
+  const int cta = blockIdx.x - t.gemm_ctas;
+  const int h = cta / t.splits, s = cta - h * t.splits;
+  const int kv = (h / t.group) * D;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  fwd::PdlTrigger();  // the next kernel waits for this whole grid anyway
+  const int ctx = *t.context_len, newest = ctx - 1;
+  const int tok0 = s * kGemmTailTokens + warp * kWarpTokens;
+  uint2 kr[kWarpTokens], vr[kWarpTokens];
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) {
+    const int tok = tok0 + j;
+    kr[j] = vr[j] = make_uint2(0, 0);
+    if (tok < newest) {
+      const int mask = (1 << t.block_shift) - 1;
+      const int64_t slot =
+          (static_cast<int64_t>(t.block_table[tok >> t.block_shift]) << t.block_shift) +
+          (tok & mask);
+      const int64_t off = slot * t.kv_width + kv + 4 * lane;
+      kr[j] = *reinterpret_cast<const uint2*>(t.key_cache + off);
+      vr[j] = *reinterpret_cast<const uint2*>(t.value_cache + off);
+    }
+  }
+  fwd::PdlWait();
+  if (threadIdx.x == 0) {
+    while (LoadAcquireGpu(t.counters) < t.gemm_ctas) {
+    }
+  }
+  __syncthreads();
+  // C was written by other CTAs after this one may have started: L2 loads (ld.cg), not L1.
+  const float4 q = TailUnpack4<T>(__ldcg(reinterpret_cast<const uint2*>(t.q + h * D + 4 * lane)));
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) {
+    if (tok0 + j == newest) {
+      kr[j] = __ldcg(reinterpret_cast<const uint2*>(t.k_new + kv + 4 * lane));
+      vr[j] = __ldcg(reinterpret_cast<const uint2*>(t.v_new + kv + 4 * lane));
+    }
+  }
+  float sc[kWarpTokens];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) {
+    const float4 k = TailUnpack4<T>(kr[j]);
+    float d = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    sc[j] = tok0 + j < ctx ? d * t.scale_log2 : -INFINITY;
+    m = fmaxf(m, sc[j]);
+  }
+  float l = 0.0f;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) {
+      const float pj = exp2f(sc[j] - m);
+      const float4 v = TailUnpack4<T>(vr[j]);
+      l += pj;
+      o.x = fmaf(pj, v.x, o.x);
+      o.y = fmaf(pj, v.y, o.y);
+      o.z = fmaf(pj, v.z, o.z);
+      o.w = fmaf(pj, v.w, o.w);
+    }
+  }
+  __shared__ float tail_ml[kSkinnyWarps][2];
+  __shared__ float4 tail_o[kSkinnyWarps][32];
+  __shared__ int tail_last;
+  if (lane == 0) {
+    tail_ml[warp][0] = m;
+    tail_ml[warp][1] = l;
+  }
+  tail_o[warp][lane] = o;
+  __syncthreads();
+  // Thread d: dim d of the split's (unnormalised) output, and the split's max and sum.
+  const int d = threadIdx.x;
+  float ms = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kSkinnyWarps; ++w) ms = fmaxf(ms, tail_ml[w][0]);
+  float ls = 0.0f, os = 0.0f;
+  if (ms != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < kSkinnyWarps; ++w) {
+      const float f = exp2f(tail_ml[w][0] - ms);  // 0 for a warp with no position
+      ls = fmaf(f, tail_ml[w][1], ls);
+      os = fmaf(f, reinterpret_cast<const float*>(tail_o[w])[d], os);
+    }
+  }
+  T* out = t.out + h * D + d;
+  if (t.splits == 1) {
+    *out = fwd::FromFloat<T>(os / ls);
+  } else {
+    constexpr int kSlot = D + 2;
+    float* part = t.partials + static_cast<int64_t>(h * t.splits + s) * kSlot;
+    part[d] = os;
+    if (d == 0) {
+      part[D] = ms;
+      part[D + 1] = ls;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      tail_last = atomicAdd(t.counters + 2 + h, 1) == t.splits - 1;
+    }
+    __syncthreads();
+    if (tail_last) {
+      __threadfence();
+      const float* head = t.partials + static_cast<int64_t>(h * t.splits) * kSlot;
+      float mx = -INFINITY;
+      for (int i = 0; i < t.splits; ++i) mx = fmaxf(mx, __ldcg(head + i * kSlot + D));
+      float sum = 0.0f, acc = 0.0f;
+      for (int i = 0; i < t.splits; ++i) {
+        const float mi = __ldcg(head + i * kSlot + D);
+        if (mi == -INFINITY) continue;  // a split past the context
+        const float f = exp2f(mi - mx);
+        sum = fmaf(f, __ldcg(head + i * kSlot + D + 1), sum);
+        acc = fmaf(f, __ldcg(head + i * kSlot + d), acc);
+      }
+      *out = fwd::FromFloat<T>(acc / sum);
+      if (threadIdx.x == 0) t.counters[2 + h] = 0;
+    }
+  }
+  // The last attention CTA resets the launch's counters (every other one is past its wait).
+  if (threadIdx.x == 0) {
+    const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
+    if (atomicAdd(t.counters + 1, 1) == ctas - 1) {
+      t.counters[0] = 0;
+      t.counters[1] = 0;
+    }
+  }
+}
+
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first, folded
 // into the epilogue: with g the LN weight and b its bias, a row x of mean mu and 1 / std s gives
 //   LN(x) . w = s (sum_j w_j g_j x_j - mu sum_j w_j g_j) + sum_j w_j b_j,
@@ -227,11 +414,19 @@ __device__ __forceinline__ float2 LnRowStats(const float (&part)[kSkinnyWarps][M
 // summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
 // rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
+// kTail: CTAs from p.tail.gemm_ctas on run the tail attention (GemmEpilogue::tail) instead.
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
-          int kMinCtas = 1>
+          int kMinCtas = 1, bool kTail = false>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
+  static_assert(!kTail || M == 1);
+  if constexpr (kTail) {
+    if (static_cast<int>(blockIdx.x) >= p.tail.gemm_ctas) {
+      SkinnyTailAttention<T>(p.tail);
+      return;
+    }
+  }
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;
   const int lane = threadIdx.x & 31;
@@ -291,7 +486,8 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   if (stores && p.early_epilogue) load_consts();
   fwd::PdlWait();
   fwd::PdlTrigger();
-  if (!kLn && !live) return;  // with kLn every warp takes its part of the statistics
+  // With kLn every warp takes its part of the statistics; with kTail every warp counts in.
+  if (!kLn && !kTail && !live) return;
   if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
 
   const T* arow[M];
@@ -374,22 +570,24 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyLnPublish<M>(ln_sum, ln_sq, ln_part);
     __syncthreads();
   }
-  if (!stores) return;
-  if (!p.early_epilogue) {
-    load_consts();
-    out.resid = SkinnyLoadResid(p, out_i, out_col);
-  }
-  float v = 0.0f;  // this lane's output: acc[out_i][lane % R]
+  if (stores) {
+    if (!p.early_epilogue) {
+      load_consts();
+      out.resid = SkinnyLoadResid(p, out_i, out_col);
+    }
+    float v = 0.0f;  // this lane's output: acc[out_i][lane % R]
 #pragma unroll
-  for (int i = 0; i < M; ++i)
+    for (int i = 0; i < M; ++i)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (lane == i * R + r) v = acc[i][r];
-  if constexpr (kLn) {
-    const float2 st = LnRowStats<M>(ln_part, out_i, k, p.ln_eps);
-    v = st.y * (v - st.x * ln_ws) + ln_bs;
+      for (int r = 0; r < R; ++r)
+        if (lane == i * R + r) v = acc[i][r];
+    if constexpr (kLn) {
+      const float2 st = LnRowStats<M>(ln_part, out_i, k, p.ln_eps);
+      v = st.y * (v - st.x * ln_ws) + ln_bs;
+    }
+    SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
   }
-  SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
+  if constexpr (kTail) SkinnyTailArrive(p.tail.counters);
 }
 
 template <typename T>
@@ -419,7 +617,9 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   return a;
 }
 
-template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1>
+// kTail: a.tail is filled (LaunchSkinny), the layer norm fused, the identity activation; the grid
+// is the GEMM's, and a.tail's CTAs are added to it.
+template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1, bool kTail = false>
 absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
                                   cudaStream_t stream, bool pdl) {
   const dim3 block(kSkinnyWarps * 32);
@@ -453,6 +653,10 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kernel, grid, block, smem, stream, b));
     return absl::OkStatus();
   };
+  if constexpr (kTail) {
+    grid.x += static_cast<unsigned>(a.tail.heads * a.tail.splits);
+    return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
+  }
   switch (act) {
     case Activation::kIdentity:
       return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, kMinCtas>)
@@ -463,6 +667,53 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     case Activation::kGeluErf:
       return absl::UnimplementedError("SkinnyGemmCuda: GELU (erf) is not fused");
   }
+  return absl::OkStatus();
+}
+
+// GemmEpilogue::tail checked and cut into the kernel's SkinnyTailArgs (Unimplemented where the
+// kernel does not take it; InvalidArgument for a tail that cannot be meant).
+template <typename T>
+absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm_ctas,
+                            SkinnyTailArgs<T>* t) {
+  const GemmTailAttention& g = e.tail;
+  if (e.ln_weight == nullptr || e.key_cache == nullptr || e.activation != Activation::kIdentity ||
+      e.accumulate || p.m != 1) {
+    return absl::UnimplementedError(
+        "SkinnyGemmCuda: the tail attention needs m = 1, the fused layer norm and KV write");
+  }
+  if (g.head_dim != kGemmTailHeadDim) {
+    return absl::UnimplementedError("SkinnyGemmCuda: the tail attention takes head_dim 128");
+  }
+  if (g.heads <= 0 || g.kv_heads <= 0 || g.heads % g.kv_heads != 0 ||
+      e.kv_width != int64_t{g.kv_heads} * g.head_dim || int64_t{g.heads} * g.head_dim > e.kv_col0 ||
+      g.block_size <= 0 || (g.block_size & (g.block_size - 1)) != 0 || g.max_context <= 0 ||
+      g.block_table == nullptr || g.context_len == nullptr || g.workspace == nullptr) {
+    return absl::InvalidArgumentError("SkinnyGemmCuda: bad tail attention");
+  }
+  const int splits = (g.max_context + kGemmTailTokens - 1) / kGemmTailTokens;
+  if (int64_t{g.heads} * splits > kGemmTailMaxCtas ||
+      g.workspace_bytes < GemmTailAttentionWorkspaceBytes(g.heads)) {
+    return absl::UnimplementedError("SkinnyGemmCuda: tail attention too long for its CTAs");
+  }
+  const T* c = static_cast<const T*>(p.c);
+  t->q = c;
+  t->k_new = c + e.kv_col0;
+  t->v_new = c + e.kv_col0 + e.kv_width;
+  t->key_cache = static_cast<const T*>(e.key_cache);
+  t->value_cache = static_cast<const T*>(e.value_cache);
+  t->out = static_cast<T*>(g.output);
+  t->block_table = g.block_table;
+  t->context_len = g.context_len;
+  t->heads = g.heads;
+  t->group = g.heads / g.kv_heads;
+  t->kv_width = static_cast<int>(e.kv_width);
+  t->block_shift = __builtin_ctz(static_cast<unsigned>(g.block_size));
+  t->splits = splits;
+  t->gemm_ctas = gemm_ctas;
+  t->scale_log2 = g.scale * 1.4426950408889634f;
+  t->counters = static_cast<int*>(g.workspace);
+  t->partials =
+      reinterpret_cast<float*>(static_cast<char*>(g.workspace) + GemmTailCounterBytes(g.heads));
   return absl::OkStatus();
 }
 
@@ -480,6 +731,23 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   a.early_epilogue = o.early_epilogue;
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
+  if (e.tail.output != nullptr) {
+    if constexpr (M == 1 && R == 2) {
+      const bool deep = o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
+      if (!deep) return absl::UnimplementedError("SkinnyGemmCuda: the tail needs the deep unroll");
+      RETURN_IF_ERROR(FillSkinnyTail(p, e, static_cast<int>(blocks), &a.tail));
+      if constexpr (std::is_same_v<T, __half>) {
+        if (o.half_fold) {
+          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true, 1, true>(
+              a, ln, e.activation, grid, stream, pdl);
+        }
+      }
+      return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, false, 1, true>(a, ln, e.activation,
+                                                                              grid, stream, pdl);
+    } else {
+      return absl::UnimplementedError("SkinnyGemmCuda: the tail attention needs m = 1, 2 rows");
+    }
+  }
   if constexpr (M == 1 && R == 2) {
     const bool deep = o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
     if constexpr (std::is_same_v<T, __half>) {
@@ -1005,6 +1273,9 @@ size_t SkinnySplitKWorkspaceBytes(int num_sms) {
 absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
                                   void* workspace, size_t workspace_bytes,
                                   const SkinnySplitKOptions& options) {
+  if (e.tail.output != nullptr) {
+    return absl::UnimplementedError("SkinnySplitKGemmCuda: no tail attention");
+  }
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnySplitKGemmCuda", &empty));
   if (empty) return absl::OkStatus();

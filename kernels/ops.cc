@@ -169,6 +169,7 @@ absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const Line
       e.slot_mapping = f.slot_mapping;
       e.kv_col0 = f.kv_col0;
       e.kv_width = f.kv_width;
+      e.tail = f.tail;
       return gemm->Run(p.gemm, e, Stream(ctx));
 #else
       return NoCuda("FusedLinear");

@@ -43,6 +43,10 @@ struct OpContext {
   int attention_splits = 0;
   // CUDA: PagedAttentionTuning::hopper_tile_tokens (0: automatic).
   int attention_tile_tokens = 0;
+  // CUDA: GemmTailAttention's workspace (GemmTailAttentionWorkspaceBytes, zeroed once); null:
+  // the model does not ask for the QKV GEMM's tail attention.
+  void* tail_workspace = nullptr;
+  size_t tail_workspace_bytes = 0;
   // CUDA: DecodeChainCuda's counters (kernels/decode_chain_cuda.h: DecodeChainWorkspaceBytes of
   // chain_slots, zeroed once); null: DecodeChain is Unimplemented.
   void* chain_workspace = nullptr;
@@ -102,6 +106,7 @@ struct LinearFusion {
   void* value_cache = nullptr;
   const int32_t* slot_mapping = nullptr;
   int64_t kv_col0 = 0, kv_width = 0;
+  GemmTailAttention tail;  // GemmEpilogue::tail (output null: none)
 };
 
 // Linear (no residual) with LinearFusion's extra work done inside the GEMM: launches removed on

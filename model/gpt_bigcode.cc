@@ -512,27 +512,59 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.k = embd_;
   gemm.dtype = dtype_;
   qkv_lin.bias = L.c_attn_b.raw();
+  const float scale =
+      w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
+  // Batch-1 decode on one rank: the rest of the layer and the next layer's ln_1 + QKV as one
+  // chain, with the attention (and its KV write) as the chain's first phase where the context is
+  // short; Unimplemented or InvalidArgument: nothing ran, the separate kernels below do it.
+  const int64_t layer_bytes =
+      (qkv_cols_ * embd_ + embd_ * heads_ * D + 2 * inner_ * embd_) * DTypeSize(dtype_);
+  const bool chain_step = chain_ && layer_bytes >= chain_min_layer_bytes_ && n == 1 &&
+                          w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
+
   // fuse_ (CUDA decode): ln_1 (and with fuse_kv_ the KV-cache write) inside the QKV GEMM; else
-  // (and always on the CPU) the ops below.
-  bool qkv_fused = false;
+  // (and always on the CPU) the ops below. A one-token step outside the chain may take the
+  // attention (with the KV write) into the same launch (tail_attention_).
+  bool qkv_fused = false, kv_fused = false, tail_done = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
   if (fuse_ && !qkv_ready) {
-    LinearFusion f = FusedLayerNorm(ln, 2 * l, qkv_cols_);  // ln holds ln_1 here
-    if (fuse_kv_) {
-      f.key_cache = cache.key(l).raw();
-      f.value_cache = cache.value(l).raw();
-      f.slot_mapping = idx.slot_mapping;
-      f.kv_col0 = heads_ * D;
-      f.kv_width = kv_heads_ * D;
-    }
+    const LinearFusion ln_only = FusedLayerNorm(ln, 2 * l, qkv_cols_);  // ln holds ln_1 here
+    LinearFusion with_kv = ln_only;
+    with_kv.key_cache = cache.key(l).raw();
+    with_kv.value_cache = cache.value(l).raw();
+    with_kv.slot_mapping = idx.slot_mapping;
+    with_kv.kv_col0 = heads_ * D;
+    with_kv.kv_width = kv_heads_ * D;
     LinearParams fused = qkv_lin;
     fused.gemm.a = hidden_.raw();
-    const absl::Status st = FusedLinear(ctx_, fused, f);
-    if (!st.ok() && !absl::IsUnimplemented(st)) return st;
-    qkv_fused = st.ok();
+    if (tail_attention_ && n == 1 && !chain_step && ctx_.tail_workspace != nullptr &&
+        (ctx_.skip & (kSkipGemm | kSkipAttention | kSkipKvWrite)) == 0) {
+      LinearFusion f = with_kv;
+      f.tail = {.output = attn_.raw(),
+                .block_table = idx.block_tables,
+                .context_len = idx.context_lens,
+                .heads = static_cast<int>(heads_),
+                .kv_heads = static_cast<int>(kv_heads_),
+                .head_dim = static_cast<int>(D),
+                .block_size = cache.block_size(),
+                .max_context = idx.max_context_len,
+                .scale = scale,
+                .workspace = ctx_.tail_workspace,
+                .workspace_bytes = ctx_.tail_workspace_bytes};
+      const absl::Status st = FusedLinear(ctx_, fused, f);
+      if (!st.ok() && !absl::IsUnimplemented(st)) return st;
+      tail_done = qkv_fused = kv_fused = st.ok();
+      tail_runs_ += tail_done;
+    }
+    if (!qkv_fused) {
+      const absl::Status st = FusedLinear(ctx_, fused, fuse_kv_ ? with_kv : ln_only);
+      if (!st.ok() && !absl::IsUnimplemented(st)) return st;
+      qkv_fused = st.ok();
+      kv_fused = qkv_fused && fuse_kv_;
+    }
   }
-  const bool kv_written = qkv_fused && fuse_kv_;
+  const bool kv_written = kv_fused;
   if (!qkv_fused && !qkv_ready) {
     RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
@@ -573,15 +605,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   att.max_blocks_per_seq = idx.max_blocks_per_seq;
   att.max_context_len = idx.max_context_len;
   att.max_query_len = idx.max_query_len;
-  att.scale = w_.config.scale_attn_weights ? static_cast<float>(1.0 / std::sqrt(double(D))) : 1.0f;
+  att.scale = scale;
   att.dtype = dtype_;
-  // Batch-1 decode on one rank: the rest of the layer and the next layer's ln_1 + QKV as one
-  // chain, with the attention (and its KV write) as the chain's first phase where the context is
-  // short; Unimplemented or InvalidArgument: nothing ran, the separate kernels below do it.
-  const int64_t layer_bytes =
-      (qkv_cols_ * embd_ + embd_ * heads_ * D + 2 * inner_ * embd_) * DTypeSize(dtype_);
-  const bool chain_step = chain_ && layer_bytes >= chain_min_layer_bytes_ && n == 1 &&
-                          w_.shard.world_size == 1 && activation_ != Activation::kGeluErf;
   // The attention's merge kernel lets the chain after it launch early (its CTAs stream weights
   // while the attention runs).
   att.release_dependents_early = (chain_step && chain_early_release_) || attention_release_early_;
@@ -667,7 +692,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
   // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
-  RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
+  if (!tail_done) RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
   if (chain_step) {
     ASSIGN_OR_RETURN(const bool done, run_chain());
     if (done) return absl::OkStatus();

@@ -238,6 +238,13 @@ struct GptBigCodeOptions {
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
+  // Batch-1 decode steps of layers outside the decode chain (SantaCoder-sized), with the layer
+  // norms fused: the attention (and the KV-cache write) done by the QKV GEMM's own launch
+  // (GemmTailAttention, kernels/gemm.h): extra CTAs a (head, 64-token split) load their cached
+  // rows while the GEMM runs and attend once it is done, the last split of a head merging; no
+  // attention or merge launch. Head_dim 128, contexts of at most 128 / heads x 64 tokens (512 for
+  // SantaCoder), elsewhere the attention kernels. Off until measured (mqabench --chain tail).
+  bool tail_attention = false;
 };
 
 class GptBigCode {
@@ -354,8 +361,12 @@ class GptBigCode {
   void set_attention_release_early(bool on);
   // Benchmarks: GptBigCodeOptions::decode_chain_steal_chunks. Drops captured graphs.
   void set_decode_chain_steal_chunks(int chunks);
+  // Tests and benchmarks: GptBigCodeOptions::tail_attention. Drops captured graphs.
+  void set_tail_attention(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
+  // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
+  int64_t tail_attention_runs() const { return tail_runs_; }
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
   // One decode step shape, {sequences, longest context}, for each (batch bucket, context bucket)
@@ -452,9 +463,11 @@ class GptBigCode {
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   bool chain_early_release_ = true;         // ... _early_release
   bool attention_release_early_ = false;    // set_attention_release_early
+  bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;
+  int64_t tail_runs_ = 0;
   bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;

@@ -78,6 +78,7 @@ struct GptBigCode::CudaState {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CudaGemm> gemm;
   Tensor attention_workspace;
+  Tensor tail_workspace;   // GemmTailAttention's counters and partials
   Tensor chain_workspace;  // DecodeChainCuda's counters (two slots: consecutive layers)
   Tensor chain_timeline;   // set_decode_chain_timeline's buffer (empty: off)
   Tensor indices;  // device int32 staging of StepIndices
@@ -252,6 +253,11 @@ void GptBigCode::set_decode_chain_early_release(bool on) {
 
 void GptBigCode::set_attention_release_early(bool on) {
   attention_release_early_ = on;
+  ClearCudaGraphs();
+}
+
+void GptBigCode::set_tail_attention(bool on) {
+  tail_attention_ = on;
   ClearCudaGraphs();
 }
 
@@ -436,6 +442,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   chain_early_release_ = options.decode_chain_early_release;
+  tail_attention_ = options.tail_attention;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -451,6 +458,14 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
       cudaMemset(cuda_->chain_workspace.raw(), 0, cuda_->chain_workspace.nbytes()));
   ctx_.chain_workspace = cuda_->chain_workspace.raw();
   ctx_.chain_slots = kChainSlots;
+  // The QKV GEMM's tail attention (zeroed once; each launch leaves its counters zeroed).
+  const size_t tail_bytes = GemmTailAttentionWorkspaceBytes(static_cast<int>(heads_));
+  ASSIGN_OR_RETURN(
+      cuda_->tail_workspace,
+      Tensor::Empty({static_cast<int64_t>((tail_bytes + 3) / 4)}, DType::kI32, Device::kCuda));
+  CUDA_RETURN_IF_ERROR(cudaMemset(cuda_->tail_workspace.raw(), 0, tail_bytes));
+  ctx_.tail_workspace = cuda_->tail_workspace.raw();
+  ctx_.tail_workspace_bytes = tail_bytes;
 
   // Split-KV scratch for the largest shapes expected: decode batches at the longest context and
   // one full prefill chunk; a smaller one only means fewer splits.
@@ -787,6 +802,7 @@ absl::Status GptBigCode::set_fast_paths(bool, bool, bool) { return absl::OkStatu
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_attention_release_early(bool) {}
+void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.decode_chain_attention = options.decode_chain_attention;
   model_options.decode_chain_half_fold = options.decode_chain_half_fold;
   model_options.decode_chain_fused_mlp = options.decode_chain_fused_mlp;
+  model_options.tail_attention = options.tail_attention;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

@@ -56,6 +56,7 @@ struct GptBigCodeRunnerOptions {
   bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
+  bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -243,10 +243,9 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          row != "rel" &&
-          row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
-          row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
-          row != "fm" &&
+          row != "rel" && row != "tail" && row != "notail" && row != "ll" && row != "nl" &&
+          row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
+          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -256,7 +255,8 @@ absl::Status Latency(const Flags& f) {
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
             "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
             "/ late (auto, released by the attention only once it is done) / rel (auto, and "
-            "every attention releases the next kernel early, chain or not) / wN (auto, each "
+            "every attention releases the next kernel early, chain or not) / tail, notail (auto "
+            "with the QKV GEMM's tail attention on, off) / wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
             "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
@@ -387,8 +387,8 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "late" || chain == "rel" || chain[0] == 'w' || chain == "ll" ||
-                chain == "nl" ||
+        chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
+                chain == "notail" || chain[0] == 'w' || chain == "ll" || chain == "nl" ||
                 chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" ||
                 chain.rfind("fm", 0) == 0
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
@@ -397,6 +397,9 @@ absl::Status Latency(const Flags& f) {
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_attention_release_early(chain == "rel");
+    r.model().set_tail_attention(chain == "tail"     ? true
+                                 : chain == "notail" ? false
+                                                     : GptBigCodeOptions().tail_attention);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0
@@ -418,6 +421,7 @@ absl::Status Latency(const Flags& f) {
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);
     const int64_t chains_before = r.model().decode_chain_runs();
+    const int64_t tails_before = r.model().tail_attention_runs();
     if (!timeline_layers.empty()) {
       RETURN_IF_ERROR(r.model().set_decode_chain_timeline(chain != "off"));
     }
@@ -616,9 +620,10 @@ absl::Status Latency(const Flags& f) {
     }
     std::printf(
         "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
-        "captured)\n",
+        "captured); %lld QKV GEMMs with the tail attention\n",
         r.model().num_cuda_graphs(), chain.c_str(),
-        static_cast<long long>(r.model().decode_chain_runs() - chains_before));
+        static_cast<long long>(r.model().decode_chain_runs() - chains_before),
+        static_cast<long long>(r.model().tail_attention_runs() - tails_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
     if (!timeline_layers.empty() && chain != "off") {
       RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers, attention_row));

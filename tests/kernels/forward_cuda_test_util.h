@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "runtime/dtype.h"
 
 namespace mqa::testing {
@@ -85,6 +86,23 @@ inline double RelError(const std::vector<float>& got, const std::vector<float>& 
     den += double(want[i]) * want[i];
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// enqueue(stream) (kernel launches, returning their status) captured into a CUDA graph on
+// `stream`; the graph launched once and awaited.
+template <typename F>
+void RunInGraph(cudaStream_t stream, F&& enqueue) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = enqueue(stream);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 inline bool HaveGpu() {

@@ -26,6 +26,7 @@ namespace {
 using testing::DeviceMem;
 using testing::RandomRounded;
 using testing::RelError;
+using testing::RunInGraph;
 using testing::Widen;
 
 struct Shape {
@@ -147,23 +148,6 @@ constexpr FShape kFusedShapes[] = {{1, 2048 + 256, 2048, 0, 128},
                                    {2, 4096, 1024, 0, 0}};
 
 enum class RunMode { kEager, kGraph, kRefused };
-
-// enqueue(stream) (the GEMM calls, returning their status) captured into a CUDA graph on
-// `stream`; the graph launched once and awaited.
-template <typename F>
-void RunInGraph(cudaStream_t stream, F&& enqueue) {
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = enqueue(stream);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(st.ok()) << st;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-}
 
 // gemm.Run(p, e) captured into a CUDA graph on `stream`; the graph launched once and awaited.
 void RunInGraph(CudaGemm& gemm, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream) {

@@ -112,8 +112,10 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // sums fp16 pairs first); bit 15: the chain's fused MLP (decode_chain_fused_mlp); bit 16:
 // fuse_layer_norms (the layer norms folded into the skinny GEMMs' epilogues); bit 17: every
 // prompt three times over (decode batches past the skinny kernel's 8 rows: cuBLASLt's path) with
-// the server's decode GEMM tuning (gemm_autotune, the decode graphs warmed up, then frozen). 101:
-// the runner's defaults).
+// the server's decode GEMM tuning (gemm_autotune, the decode graphs warmed up, then frozen); bit
+// 18: the QKV GEMM's tail attention (tail_attention), every prompt prefilled and decoded alone
+// (it takes one-token steps; head_dim 128 only: tiny-mqa-d128 must run it, the others fall back
+// to the attention kernels). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -147,6 +149,8 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.decode_chain_fused_mlp = knobs & 32768;
   opts.fuse_layer_norms = knobs & 65536;
   const bool tuned_x3 = knobs & 131072;
+  const bool tail = knobs & 262144;
+  opts.tail_attention = tail;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
@@ -170,9 +174,9 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
     const std::string summary = r.model().gemm_autotune_summary();
     EXPECT_EQ(summary.find("gemm autotune: 0 shapes"), std::string::npos) << summary;
   }
-  // Bit 12 (the decode chain, batch 1 only): each prompt prefilled and decoded on its own.
+  // Bits 12 and 18 (batch 1 only): each prompt prefilled and decoded on its own.
   std::vector<std::vector<Reference>> groups;
-  if (knobs & 4096) {
+  if (knobs & (4096 | 262144)) {
     for (const Reference& ref : all_refs) groups.push_back({ref});
   } else {
     groups.push_back(all_refs);
@@ -257,10 +261,15 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   }  // groups
   std::printf(
       "%s %s block %d knobs %d: largest relative logit error %.3g, %d greedy steps "
-      "equal, %d CUDA graphs, %lld decode chains\n",
+      "equal, %d CUDA graphs, %lld decode chains, %lld tail attentions\n",
       model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, knobs, worst, compared,
-      r.model().num_cuda_graphs(), static_cast<long long>(r.model().decode_chain_runs()));
+      r.model().num_cuda_graphs(), static_cast<long long>(r.model().decode_chain_runs()),
+      static_cast<long long>(r.model().tail_attention_runs()));
   if (knobs & 4096) EXPECT_GT(r.model().decode_chain_runs(), 0) << "the decode chain never ran";
+  if (tail && model == "tiny-mqa-d128") {
+    EXPECT_GT(r.model().tail_attention_runs(), 0) << "the tail attention never ran";
+  }
+  if (!tail) EXPECT_EQ(r.model().tail_attention_runs(), 0);
   // fp16 resolves the fixtures' greedy paths for long stretches; bf16's 8-bit mantissa forks
   // early on these random tiny models (first GPU run: 3 to 11 steps compared before a fork).
   EXPECT_GT(compared, dtype == DType::kF16 ? 40 : 0);
@@ -272,30 +281,31 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
-                                         12389, 20581, 36965, 103, 65637, 196709)),
+                                         12389, 20581, 36965, 103, 65637, 196709, 327781)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
                          std::to_string(std::get<2>(info.param)) +
-                         (std::get<3>(info.param) == 3       ? "_pdl_fuse"
-                          : std::get<3>(info.param) == 5     ? "_pdl_small"
-                          : std::get<3>(info.param) == 9     ? "_pdl_gemms"
-                          : std::get<3>(info.param) == 21    ? "_pdl_small_attn5"
-                          : std::get<3>(info.param) == 37    ? "_pdl_small_deep"
-                          : std::get<3>(info.param) == 165   ? "_pdl_small_deep_attn8"
-                          : std::get<3>(info.param) == 293   ? "_pdl_small_deep_attn7"
-                          : std::get<3>(info.param) == 549   ? "_pdl_small_deep_attn11"
-                          : std::get<3>(info.param) == 1061  ? "_pdl_small_deep_attn14"
-                          : std::get<3>(info.param) == 2085  ? "_pdl_small_deep_attn15"
-                          : std::get<3>(info.param) == 4197  ? "_defaults_chain"
-                          : std::get<3>(info.param) == 12389 ? "_defaults_chain_attn"
-                          : std::get<3>(info.param) == 20581 ? "_defaults_chain_fp32fold"
-                          : std::get<3>(info.param) == 36965 ? "_defaults_chain_fusedmlp"
-                          : std::get<3>(info.param) == 103   ? "_defaults_fuse"
+                         (std::get<3>(info.param) == 3        ? "_pdl_fuse"
+                          : std::get<3>(info.param) == 5      ? "_pdl_small"
+                          : std::get<3>(info.param) == 9      ? "_pdl_gemms"
+                          : std::get<3>(info.param) == 21     ? "_pdl_small_attn5"
+                          : std::get<3>(info.param) == 37     ? "_pdl_small_deep"
+                          : std::get<3>(info.param) == 165    ? "_pdl_small_deep_attn8"
+                          : std::get<3>(info.param) == 293    ? "_pdl_small_deep_attn7"
+                          : std::get<3>(info.param) == 549    ? "_pdl_small_deep_attn11"
+                          : std::get<3>(info.param) == 1061   ? "_pdl_small_deep_attn14"
+                          : std::get<3>(info.param) == 2085   ? "_pdl_small_deep_attn15"
+                          : std::get<3>(info.param) == 4197   ? "_defaults_chain"
+                          : std::get<3>(info.param) == 12389  ? "_defaults_chain_attn"
+                          : std::get<3>(info.param) == 20581  ? "_defaults_chain_fp32fold"
+                          : std::get<3>(info.param) == 36965  ? "_defaults_chain_fusedmlp"
+                          : std::get<3>(info.param) == 103    ? "_defaults_fuse"
                           : std::get<3>(info.param) == 65637  ? "_defaults_ln"
                           : std::get<3>(info.param) == 196709 ? "_defaults_ln_tuned_x3"
-                          : std::get<3>(info.param) == 101   ? "_defaults"
-                                                             : "");
+                          : std::get<3>(info.param) == 327781 ? "_defaults_ln_tail"
+                          : std::get<3>(info.param) == 101    ? "_defaults"
+                                                              : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });

@@ -1,0 +1,307 @@
+// The QKV GEMM's tail attention (GemmEpilogue::tail, kernels/gemm.h): a one-token decode step's
+// ln_1 + QKV projection + KV-cache write + attention in one skinny-kernel launch. Against:
+//   - the same GEMM without the tail (the fused layer norm and KV write, checked against the CPU
+//     by gemm_cuda_test): C bit-equal;
+//   - the cache: the new row at its slot equal to C's K / V columns, every other row unchanged;
+//   - PagedAttentionCpu on C's q and the cache as the kernel left it: relative error < 1e-2,
+//     every output element written (poisoned first).
+// Random caches and block tables (blocks in random order), contexts that are not multiples of the
+// block size or of the 64-token split, a graph bucket longer than the context, one and several
+// splits, MQA and grouped heads, fp16 (pair fold on and off) and bf16, with and without PDL,
+// eagerly and captured in a CUDA graph; two launches back to back (each must leave its counters
+// zeroed for the next). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "kernels/gemm_cuda.h"
+#include "kernels/paged_attention.h"
+#include "runtime/status.h"
+#include "tests/kernels/forward_cuda_test_util.h"
+
+namespace mqa {
+namespace {
+
+using testing::DeviceMem;
+using testing::RandomRounded;
+using testing::RelError;
+using testing::Widen;
+
+struct TailCase {
+  int heads, kv_heads, k, block_size, ctx, max_context;
+};
+
+// (dtype, fp16 pair fold, PDL)
+class GemmTailAttentionTest : public testing::CudaStreamTest<std::tuple<DType, bool, bool>> {
+ protected:
+  std::unique_ptr<CudaGemm> MakeGemm(bool deep = true) {
+    const auto [t, half, pdl] = GetParam();
+    CudaGemm::Options o;
+    o.skinny_deep_unroll = deep;
+    o.skinny_half_fold = half;
+    auto gemm = CudaGemm::Create(o);
+    EXPECT_TRUE(gemm.ok()) << gemm.status();
+    if (!gemm.ok()) return nullptr;
+    (*gemm)->set_pdl(pdl);
+    return std::move(*gemm);
+  }
+};
+
+// One step's operands on the device: hidden row, QKV weight and bias, ln_1 and its fold sums, the
+// caches, the block table, the slot and the context length.
+struct TailOperands {
+  TailCase c;
+  DType t;
+  int64_t n = 0, kv_width = 0, num_blocks = 0;
+  std::vector<uint16_t> kc, vc;  // the caches before the step
+  std::vector<int32_t> table;
+  int32_t slot = 0;
+  std::unique_ptr<DeviceMem> a, b, bias, lw, lb, sums, dk, dv, dtable, dslot, dctx, work;
+  GemmParams p;
+  GemmEpilogue e;
+
+  TailOperands(const TailCase& tc, DType dt, std::mt19937& rng, cudaStream_t stream)
+      : c(tc), t(dt) {
+    constexpr int D = kGemmTailHeadDim;
+    kv_width = int64_t{c.kv_heads} * D;
+    n = int64_t{c.heads} * D + 2 * kv_width;
+    std::vector<float> fa, fb, fbias, flw, flb, fk, fv;
+    a = DeviceMem::From(RandomRounded(fa, c.k, t, rng, 2.0f, 1.0f));
+    b = DeviceMem::From(RandomRounded(fb, n * c.k, t, rng, 0.05f));
+    bias = DeviceMem::From(RandomRounded(fbias, n, t, rng));
+    lw = DeviceMem::From(RandomRounded(flw, c.k, t, rng, 0.5f, 1.0f));
+    lb = DeviceMem::From(RandomRounded(flb, c.k, t, rng, 0.5f));
+    const int64_t blocks_needed = (c.max_context + c.block_size - 1) / c.block_size;
+    num_blocks = blocks_needed + 5;
+    kc = RandomRounded(fk, num_blocks * c.block_size * kv_width, t, rng);
+    vc = RandomRounded(fv, num_blocks * c.block_size * kv_width, t, rng);
+    dk = DeviceMem::From(kc);
+    dv = DeviceMem::From(vc);
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(perm.begin(), perm.begin() + blocks_needed);
+    dtable = DeviceMem::From(table);
+    const int pos = c.ctx - 1;
+    slot = table[pos / c.block_size] * c.block_size + pos % c.block_size;
+    dslot = DeviceMem::From(std::vector<int32_t>{slot});
+    dctx = DeviceMem::From(std::vector<int32_t>{c.ctx});
+    work = std::make_unique<DeviceMem>(GemmTailAttentionWorkspaceBytes(c.heads));
+    EXPECT_EQ(cudaMemset(work->get(), 0, GemmTailAttentionWorkspaceBytes(c.heads)), cudaSuccess);
+    sums = std::make_unique<DeviceMem>(2 * n * sizeof(float));
+    EXPECT_TRUE(LayerNormFoldSumsCuda(b->get(), c.k, n, c.k, t, lw->get(), lb->get(),
+                                      sums->get<float>(), sums->get<float>() + n, stream)
+                    .ok());
+    p.a = a->get();
+    p.b = b->get();
+    p.lda = p.ldb = c.k;
+    p.ldc = n;
+    p.m = 1;
+    p.n = n;
+    p.k = c.k;
+    p.dtype = t;
+    e.bias = bias->get();
+    e.ln_weight = lw->get();
+    e.ln_bias = lb->get();
+    e.ln_wsum = sums->get<float>();
+    e.ln_bsum = sums->get<float>() + n;
+    e.key_cache = dk->get();
+    e.value_cache = dv->get();
+    e.slot_mapping = dslot->get<int32_t>();
+    e.kv_col0 = int64_t{c.heads} * D;
+    e.kv_width = kv_width;
+  }
+
+  // e with the tail writing `out` (c.max_context as the bound).
+  GemmEpilogue WithTail(void* out) const {
+    GemmEpilogue with = e;
+    with.tail = {.output = out,
+                 .block_table = dtable->get<int32_t>(),
+                 .context_len = dctx->get<int32_t>(),
+                 .heads = c.heads,
+                 .kv_heads = c.kv_heads,
+                 .head_dim = kGemmTailHeadDim,
+                 .block_size = c.block_size,
+                 .max_context = c.max_context,
+                 .scale = 1.0f / std::sqrt(float(kGemmTailHeadDim)),
+                 .workspace = work->get(),
+                 .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads)};
+    return with;
+  }
+
+  // The checks of one tail run that wrote C = `qkv` and `out`: C against `want_qkv` (the same
+  // GEMM without the tail), the caches, and the attention against PagedAttentionCpu.
+  void Check(const DeviceMem& qkv, const DeviceMem& out, const std::vector<uint16_t>& want_qkv,
+             const char* how) const {
+    constexpr int D = kGemmTailHeadDim;
+    const auto got_qkv = qkv.Download<uint16_t>();
+    ASSERT_EQ(got_qkv, want_qkv) << how << ": C differs from the GEMM without the tail";
+    const auto got_k = dk->Download<uint16_t>(), got_v = dv->Download<uint16_t>();
+    std::vector<uint16_t> want_k = kc, want_v = vc;
+    for (int64_t j = 0; j < kv_width; ++j) {
+      want_k[slot * kv_width + j] = got_qkv[c.heads * D + j];
+      want_v[slot * kv_width + j] = got_qkv[c.heads * D + kv_width + j];
+    }
+    ASSERT_EQ(got_k, want_k) << how << ": key cache";
+    ASSERT_EQ(got_v, want_v) << how << ": value cache";
+
+    const std::vector<float> q = Widen(got_qkv, t), fk = Widen(got_k, t), fv = Widen(got_v, t);
+    const std::vector<int32_t> query_start = {0, 1}, ctx = {c.ctx};
+    std::vector<float> want(int64_t{c.heads} * D);
+    PagedAttentionParams ap;
+    ap.query = q.data();
+    ap.query_stride = n;
+    ap.output = want.data();
+    ap.key_cache = fk.data();
+    ap.value_cache = fv.data();
+    ap.block_tables = table.data();
+    ap.query_start = query_start.data();
+    ap.context_lens = ctx.data();
+    ap.num_seqs = 1;
+    ap.num_tokens = 1;
+    ap.num_heads = c.heads;
+    ap.num_kv_heads = c.kv_heads;
+    ap.head_dim = D;
+    ap.block_size = c.block_size;
+    ap.max_blocks_per_seq = static_cast<int>(table.size());
+    ap.max_context_len = c.max_context;
+    ap.max_query_len = 1;
+    ap.scale = 1.0f / std::sqrt(float(D));
+    ap.dtype = DType::kF32;
+    ASSERT_TRUE(PagedAttentionCpu(ap).ok());
+    EXPECT_LT(RelError(Widen(out.Download<uint16_t>(), t), want), 1e-2)
+        << how << ": heads " << c.heads << "/" << c.kv_heads << " k " << c.k << " block "
+        << c.block_size << " ctx " << c.ctx << " max " << c.max_context;
+  }
+};
+
+constexpr TailCase kCases[] = {
+    // SantaCoder's shape (16 heads, one KV head, E 2048) at a 256-token graph bucket: 4 splits.
+    {16, 1, 2048, 16, 1, 256},   {16, 1, 2048, 16, 2, 256},   {16, 1, 2048, 16, 63, 256},
+    {16, 1, 2048, 16, 64, 256},  {16, 1, 2048, 16, 65, 256},  {16, 1, 2048, 16, 200, 256},
+    {16, 1, 2048, 16, 256, 256}, {16, 1, 2048, 32, 300, 512},  // 8 splits: 128 CTAs
+    {4, 2, 512, 8, 77, 128},                                   // grouped heads, block 8
+    {2, 1, 256, 16, 40, 40},     // one split: the output written directly
+    {8, 1, 1024, 64, 129, 192},  // a block of 64, three splits, the last one short
+};
+
+TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  for (const TailCase& c : kCases) {
+    TailOperands op(c, t, rng_, stream_);
+    DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(int64_t{c.heads} * kGemmTailHeadDim * 2);
+    // The GEMM without the tail first (it writes the same cache row: the tail run rewrites it).
+    GemmParams p = op.p;
+    p.c = want_c.get();
+    ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const auto want_qkv = want_c.Download<uint16_t>();
+    got_c.Poison();
+    out.Poison();
+    p.c = got_c.get();
+    const absl::Status st = gemm->Run(p, op.WithTail(out.get()), stream_);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, "eager"));
+  }
+}
+
+// Two launches back to back on one workspace (no synchronisation between them), then the same
+// two captured in a CUDA graph, twice: every launch must find its counters zeroed.
+TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  TailOperands op({16, 1, 2048, 16, 150, 256}, t, rng_, stream_);
+  DeviceMem want_c(op.n * 2), c1(op.n * 2), c2(op.n * 2);
+  const int64_t out_elems = 16 * kGemmTailHeadDim;
+  DeviceMem out1(out_elems * 2), out2(out_elems * 2);
+  GemmParams p = op.p;
+  p.c = want_c.get();
+  ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const auto want_qkv = want_c.Download<uint16_t>();
+  auto enqueue = [&](cudaStream_t s) -> absl::Status {
+    GemmParams q = op.p;
+    q.c = c1.get();
+    RETURN_IF_ERROR(gemm->Run(q, op.WithTail(out1.get()), s));
+    q.c = c2.get();
+    return gemm->Run(q, op.WithTail(out2.get()), s);
+  };
+  for (int round = 0; round < 3; ++round) {
+    c1.Poison();
+    c2.Poison();
+    out1.Poison();
+    out2.Poison();
+    if (round == 0) {
+      ASSERT_TRUE(enqueue(stream_).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    } else {
+      // A fresh capture each round: the second replays a new graph on the workspace the first
+      // graph's launches left.
+      ASSERT_NO_FATAL_FAILURE(testing::RunInGraph(stream_, enqueue));
+    }
+    const char* how = round == 0 ? "back to back" : "graph";
+    ASSERT_NO_FATAL_FAILURE(op.Check(c1, out1, want_qkv, how));
+    ASSERT_NO_FATAL_FAILURE(op.Check(c2, out2, want_qkv, how));
+  }
+}
+
+// What the tail does not take is refused before anything runs (Unimplemented, or
+// InvalidArgument for a tail that cannot be meant), and C is left untouched.
+TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  TailOperands op({16, 1, 2048, 16, 100, 256}, t, rng_, stream_);
+  DeviceMem c(op.n * 2), out(16 * kGemmTailHeadDim * 2);
+  GemmParams p = op.p;
+  p.c = c.get();
+  auto refused = [&](const GemmParams& gp, const GemmEpilogue& e, bool invalid, const char* why) {
+    c.Poison();
+    const absl::Status st = gemm->Run(gp, e, stream_);
+    EXPECT_TRUE(invalid ? absl::IsInvalidArgument(st) : absl::IsUnimplemented(st))
+        << why << ": " << st;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const auto bits = c.Download<uint16_t>();
+    EXPECT_TRUE(std::all_of(bits.begin(), bits.end(), [](uint16_t b) { return b == 0xffff; }))
+        << why << ": C was written";
+  };
+  GemmEpilogue e = op.WithTail(out.get());
+  e.tail.max_context = 1024;  // 16 heads x 16 splits > kGemmTailMaxCtas
+  refused(p, e, false, "too many splits");
+  e = op.WithTail(out.get());
+  e.tail.head_dim = 64;
+  refused(p, e, false, "head_dim 64");
+  e = op.WithTail(out.get());
+  e.key_cache = nullptr;
+  refused(p, e, false, "no fused KV write");
+  e = op.WithTail(out.get());
+  e.tail.block_size = 24;
+  refused(p, e, true, "block size not a power of two");
+  e = op.WithTail(out.get());
+  e.tail.workspace = nullptr;
+  refused(p, e, true, "no workspace");
+  auto shallow = MakeGemm(/*deep=*/false);
+  ASSERT_NE(shallow, nullptr);
+  c.Poison();
+  EXPECT_TRUE(absl::IsUnimplemented(shallow->Run(p, op.WithTail(out.get()), stream_)))
+      << "without the deep unroll";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GemmTailAttentionTest,
+                         ::testing::Values(std::make_tuple(DType::kF16, true, true),
+                                           std::make_tuple(DType::kF16, false, false),
+                                           std::make_tuple(DType::kF16, true, false),
+                                           std::make_tuple(DType::kBF16, false, true)));
+
+}  // namespace
+}  // namespace mqa
