@@ -5,13 +5,21 @@
 # gpu: test binaries, under mpirun where they ask for ranks, and script tests) and every benchmark
 # of scripts/gpu-benchmarks.txt, writing logs to LOGDIR. Send it with the device tool:
 # carry ["gpu-bundle"].
+#
+# MQA_BUNDLE_SHARED=1: built in build-gpu-shared with the project's libraries shared
+# (-DMQA_SHARED_LIBS=ON): the CUDA code travels once, in libmqa_kernels.so, and every GPU test
+# binary with mqabench and mqaserve fits the device tool's 64 MiB together. Otherwise build-gpu,
+# static: each binary carries all of the CUDA code it uses, and a bundle holds only a few.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-"$CMAKE" -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DMQA_ENABLE_FUZZERS=OFF >build-gpu.cmake.log 2>&1 || { cat build-gpu.cmake.log; exit 1; }
-grep -q "CUDA backend ON" build-gpu.cmake.log || { echo "gpu-bundle: nvcc not found"; exit 1; }
-ninja -C build-gpu -j "${JOBS:-$(nproc)}" "$@"
+build=build-gpu shared=OFF
+if [[ "${MQA_BUNDLE_SHARED:-0}" == 1 ]]; then build=build-gpu-shared shared=ON; fi
+"$CMAKE" -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DMQA_ENABLE_FUZZERS=OFF -DMQA_SHARED_LIBS=$shared >"$build.cmake.log" 2>&1 ||
+  { cat "$build.cmake.log"; exit 1; }
+grep -q "CUDA backend ON" "$build.cmake.log" || { echo "gpu-bundle: nvcc not found"; exit 1; }
+ninja -C "$build" -j "${JOBS:-$(nproc)}" "$@"
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -19,12 +27,12 @@ mkdir -p "$stage/bin" "$stage/tests" "$stage/lib"
 
 # GPU-labelled ctest entries: binaries ("name ranks" in tests.txt) and script tests (scripts.txt,
 # the command with @BIN@ for the bundle's bin/ and @SRC@ for the repository root).
-ctest --test-dir build-gpu -L gpu --show-only=json-v1 >build-gpu/gpu-tests.json
-python3 - build-gpu/gpu-tests.json "$stage" "$PWD" <<'PY'
+ctest --test-dir "$build" -L gpu --show-only=json-v1 >"$build/gpu-tests.json"
+python3 - "$build/gpu-tests.json" "$stage" "$PWD" "$build" <<'PY'
 import json, os, shlex, sys
 tests = json.load(open(sys.argv[1]))["tests"]
 stage, src = sys.argv[2], sys.argv[3]
-bin_dir = os.path.join(src, "build-gpu", "bin")
+bin_dir = os.path.join(src, sys.argv[4], "bin")
 with open(f"{stage}/tests.txt", "w") as binaries, open(f"{stage}/scripts.txt", "w") as scripts:
     for t in tests:
         cmd = t["command"]
@@ -54,8 +62,8 @@ fi
 if [[ -n "${MQA_BUNDLE_BINS:-}" && " $MQA_BUNDLE_BINS " != *" mqaserve "* ]]; then
   : >"$stage/scripts.txt"  # the script tests run mqaserve
 fi
-while read -r name _; do cp "build-gpu/tests/$name" "$stage/tests/"; done <"$stage/tests.txt"
-for f in build-gpu/bin/*; do
+while read -r name _; do cp "$build/tests/$name" "$stage/tests/"; done <"$stage/tests.txt"
+for f in "$build"/bin/*; do
   if [[ -n "${MQA_BUNDLE_BINS:-}" && " $MQA_BUNDLE_BINS " != *" $(basename "$f") "* ]]; then
     continue
   fi
@@ -72,8 +80,9 @@ shopt -s nullglob  # a bundle may hold no test binaries (MQA_BUNDLE_TESTS=script
 for f in "$stage"/tests/* "$stage"/bin/*; do
   ldd "$f" | awk '/=> \//{print $3}'
 done | sort -u |
-  grep -E 'libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu|libcupti' |
+  grep -E 'libmqa_|libabsl_|libprotobuf|libcpp-httplib|libutf8proc|libopenblas|libgfortran|libbenchmark|libgtest|libquadmath|libicu|libcupti' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+strip --strip-unneeded "$stage"/lib/libmqa_* 2>/dev/null || true
 
 # A new bundle replaces the old one; benchmark lists kept beside it (gpu-bundle/*.txt, for
 # `run.sh LOGDIR all|bench LIST`) survive the rebuild.
