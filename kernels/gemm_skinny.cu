@@ -373,16 +373,35 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     __syncthreads();
     if (tail_last) {
       __threadfence();
+      // The head's splits kBatch at a time, each batch's (max, sum, O[d]) loaded together (one
+      // L2 round trip), folded online; a split past the context has max -inf and is skipped.
+      constexpr int kBatch = 8;
       const float* head = t.partials + static_cast<int64_t>(h * t.splits) * kSlot;
-      float mx = -INFINITY;
-      for (int i = 0; i < t.splits; ++i) mx = fmaxf(mx, __ldcg(head + i * kSlot + D));
-      float sum = 0.0f, acc = 0.0f;
-      for (int i = 0; i < t.splits; ++i) {
-        const float mi = __ldcg(head + i * kSlot + D);
-        if (mi == -INFINITY) continue;  // a split past the context
-        const float f = exp2f(mi - mx);
-        sum = fmaf(f, __ldcg(head + i * kSlot + D + 1), sum);
-        acc = fmaf(f, __ldcg(head + i * kSlot + d), acc);
+      float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+      for (int i0 = 0; i0 < t.splits; i0 += kBatch) {
+        float mi[kBatch], li[kBatch], oi[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const bool in = i0 + j < t.splits;
+          const float* slot = head + (in ? i0 + j : 0) * kSlot;
+          mi[j] = in ? __ldcg(slot + D) : -INFINITY;
+          li[j] = __ldcg(slot + D + 1);
+          oi[j] = __ldcg(slot + d);
+        }
+        float bx = mx;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) bx = fmaxf(bx, mi[j]);
+        const float r = mx == -INFINITY ? 0.0f : exp2f(mx - bx);  // rescale what is folded
+        sum *= r;
+        acc *= r;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          if (mi[j] == -INFINITY) continue;
+          const float f = exp2f(mi[j] - bx);
+          sum = fmaf(f, li[j], sum);
+          acc = fmaf(f, oi[j], acc);
+        }
+        mx = bx;
       }
       *out = fwd::FromFloat<T>(acc / sum);
       if (threadIdx.x == 0) t.counters[2 + h] = 0;

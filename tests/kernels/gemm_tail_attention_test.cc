@@ -189,6 +189,7 @@ constexpr TailCase kCases[] = {
     {4, 2, 512, 8, 77, 128},                                   // grouped heads, block 8
     {2, 1, 256, 16, 40, 40},     // one split: the output written directly
     {8, 1, 1024, 64, 129, 192},  // a block of 64, three splits, the last one short
+    {2, 1, 256, 16, 700, 1024},  // 16 splits: the merge folds two batches of 8
 };
 
 TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
