@@ -459,20 +459,25 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
 #pragma unroll
       for (int c = 0; c < 16; ++c) av[c] = tail_a[c0 + c];
       float* products = t.proj_partials + static_cast<int64_t>(h) * t.proj_n;
-      for (int r = r0 + warp * 4 + (lane >> 3); r < r1; r += kSkinnyWarps * 4) {
-        const T* wrow = t.proj_w + static_cast<int64_t>(r) * t.proj_ldw + h * D + c0;
-        const V w0 = *reinterpret_cast<const V*>(wrow);
-        const V w1 = *reinterpret_cast<const V*>(wrow + 8);
+      // The loop is uniform over the warp (its shuffles need every lane): a lane group past r1
+      // computes nothing and stores nothing.
+      for (int rw = r0 + warp * 4; rw < r1; rw += kSkinnyWarps * 4) {
+        const int r = rw + (lane >> 3);
         float dot = 0.0f;
+        if (r < r1) {
+          const T* wrow = t.proj_w + static_cast<int64_t>(r) * t.proj_ldw + h * D + c0;
+          const V w0 = *reinterpret_cast<const V*>(wrow);
+          const V w1 = *reinterpret_cast<const V*>(wrow + 8);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          dot = fmaf(fwd::ToFloat(w0.v[e]), av[e], dot);
-          dot = fmaf(fwd::ToFloat(w1.v[e]), av[8 + e], dot);
+          for (int e = 0; e < 8; ++e) {
+            dot = fmaf(fwd::ToFloat(w0.v[e]), av[e], dot);
+            dot = fmaf(fwd::ToFloat(w1.v[e]), av[8 + e], dot);
+          }
         }
         dot += __shfl_xor_sync(0xffffffffu, dot, 4);
         dot += __shfl_xor_sync(0xffffffffu, dot, 2);
         dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-        if (sub == 0) products[r] = dot;
+        if (sub == 0 && r < r1) products[r] = dot;
       }
       // The last head to finish rows [r0, r1) adds the heads' products in head order, the bias
       // and the residual: one rounding, as attn.c_proj's residual epilogue.
