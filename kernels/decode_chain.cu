@@ -564,7 +564,7 @@ __device__ __forceinline__ void GridBarrier(unsigned* counter, unsigned target) 
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(counter) : "memory");
     unsigned seen;
     do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+      seen = fwd::LoadAcquireGpu(counter);
     } while (seen < target);
   }
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
@@ -929,10 +929,7 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
     if (threadIdx.x < static_cast<unsigned>(ph.pool_rows)) {
       unsigned f;
       do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
-                     : "=r"(f)
-                     : "l"(ph.flags + o)
-                     : "memory");
+        f = fwd::LoadAcquireGpu(ph.flags + o);
       } while (f != epoch + 1);
       pool_h[threadIdx.x] = __ldcg(ph.up_g + first + threadIdx.x);
     }

@@ -113,6 +113,33 @@ __device__ __forceinline__ void PdlTrigger() {
 #endif
 }
 
+// A GPU-scope acquire load of a 32-bit counter or flag (what a waiter polls: the writes released
+// before the matching release / fence + atomic are visible after it).
+__device__ __forceinline__ unsigned LoadAcquireGpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
+  return static_cast<int>(LoadAcquireGpu(reinterpret_cast<const unsigned*>(p)));
+}
+
+// The last-arriver pattern: after the threads taking part stored their share, each fences, they
+// meet (`barrier`), the leader counts the group in at counters[index], and every one of them
+// learns (through `s_last`, a shared flag) whether it was arrival number `others` + 1, i.e. the
+// last, which then fences again before reading the others' shares.
+template <typename Barrier>
+__device__ __forceinline__ bool ArrivedLast(int* counters, int index, int others, bool leader,
+                                            int* s_last, Barrier barrier) {
+  __threadfence();
+  barrier();
+  if (leader) *s_last = atomicAdd(&counters[index], 1) == others;
+  barrier();
+  if (!*s_last) return false;
+  __threadfence();
+  return true;
+}
+
 // Asynchronous global -> shared copies (cp.async, sm_80+), completed in commit groups.
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -257,12 +257,6 @@ __device__ __forceinline__ float4 TailUnpack4(uint2 u) {
                      fwd::ToFloat(e[3]));
 }
 
-__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // The end of every GEMM CTA of a kTail launch: its outputs (C and the KV-cache write) published,
 // then counted in.
 __device__ __forceinline__ void SkinnyTailArrive(int* counter) {
@@ -276,22 +270,16 @@ __device__ __forceinline__ void SkinnyTailArrive(int* counter) {
 // Thread 0 waits until *counter >= target (acquire), then the CTA goes on together.
 __device__ __forceinline__ void TailWaitFor(const int* counter, int target) {
   if (threadIdx.x == 0) {
-    while (LoadAcquireGpu(counter) < target) {
+    while (fwd::LoadAcquireGpu(counter) < target) {
     }
   }
   __syncthreads();
 }
 
-// Thread 0 publishes the CTA's writes (bar.sync, then a fence) and counts in at `counter`; every
-// thread learns whether it was the last of `of` (reading `last`, a shared flag, after the barrier).
+// The CTA counts in at `counter` (fwd::ArrivedLast, every thread taking part); true in every
+// thread of the last of `of` CTAs, whose reads then see the others' writes.
 __device__ __forceinline__ bool TailCountIn(int* counter, int of, int* last) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    *last = atomicAdd(counter, 1) == of - 1;
-  }
-  __syncthreads();
-  return *last;
+  return fwd::ArrivedLast(counter, 0, of - 1, threadIdx.x == 0, last, [] { __syncthreads(); });
 }
 
 // Dim d of head `head`'s attention from its splits' partials (max, sum, O unnormalised), kBatch
@@ -435,10 +423,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     }
     const bool last = TailCountIn(head_count, t.splits, &tail_last);
     if (!proj) {
-      if (last) {
-        __threadfence();
-        *out = fwd::FromFloat<T>(TailMergeSplits(head, t.splits, d));
-      }
+      if (last) *out = fwd::FromFloat<T>(TailMergeSplits(head, t.splits, d));
     } else {
       // Every split of the head merges the head (all splits are resident: the next kernel
       // launches only once all of this grid's CTAs have started).
@@ -482,7 +467,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       // The last head to finish rows [r0, r1) adds the heads' products in head order, the bias
       // and the residual: one rounding, as attn.c_proj's residual epilogue.
       if (TailCountIn(t.counters + 2 + t.heads + s, t.heads, &tail_last)) {
-        __threadfence();
         for (int r = r0 + threadIdx.x; r < r1; r += kSkinnyWarps * 32) {
           float dot = 0.0f;
           for (int g = 0; g < t.heads; ++g) {

@@ -115,21 +115,7 @@ struct StreamArgs {
   }
 };
 
-// After a CTA stored its partial of a row block shared by CTAs first..last: counts it in
-// (counters[first]) and tells whether it was the last to arrive, i.e. must sum the partials
-// (`barrier` syncs the threads that take part, `s_last` is their shared flag).
-template <typename Barrier>
-__device__ __forceinline__ bool ArrivedLast(int* counters, int first, int last, bool leader,
-                                            int* s_last, Barrier barrier) {
-  __threadfence();
-  barrier();
-  if (leader) *s_last = atomicAdd(&counters[first], 1) == last - first;
-  barrier();
-  if (!*s_last) return false;
-  __threadfence();
-  return true;
-}
-
+using fwd::ArrivedLast;  // partials of a row block shared by CTAs first..last: counters[first]
 using fwd::CpAsync16;  // the cp.async helpers live in kernels/forward_cuda_common.cuh
 using fwd::CpAsyncCommit;
 using fwd::CpAsyncWait;
@@ -372,7 +358,8 @@ __global__ void __launch_bounds__(Config<NT, BM, BK>::kThreads, Config<NT, BM, B
       }
     int first = 0, last = 0;
     p.Contributors(rb, &first, &last);
-    if (!ArrivedLast(p.counters, first, last, tid == 0, &s_last, [] { __syncthreads(); })) return;
+    if (!ArrivedLast(p.counters, first, last - first, tid == 0, &s_last, [] { __syncthreads(); }))
+      return;
     zero_acc();
     // kFixupSlots contributors' loads in flight at once (this runs in the kernel's tail), summed
     // in CTA order.
@@ -780,7 +767,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     }
     int first = 0, last = 0;
     p.Contributors(rb, &first, &last);
-    if (!ArrivedLast(p.counters, first, last, tid == 0, &s_last,
+    if (!ArrivedLast(p.counters, first, last - first, tid == 0, &s_last,
                      [] { tma::NamedBarrier(1, 128); })) {
       return;
     }

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention_dispatch.h"
 #include "kernels/device_info.h"
+#include "kernels/forward_cuda_common.cuh"
 #include "kernels/kv_cache_cuda.h"
 #include "kernels/paged_attention_cuda.h"
 #include "kernels/tma.cuh"
@@ -165,12 +166,6 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-__device__ __forceinline__ unsigned LdAcquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -258,7 +253,7 @@ __device__ __forceinline__ void FusedMerge(const KernelArgs& a, int seq, int kvh
   __syncthreads();
   if (tid == 0) {
     atomicAdd(cnt, 1u);
-    while (LdAcquire(cnt) < static_cast<unsigned>(nvalid)) __nanosleep(32);
+    while (fwd::LoadAcquireGpu(cnt) < static_cast<unsigned>(nvalid)) __nanosleep(32);
     __threadfence();
   }
   __syncthreads();
