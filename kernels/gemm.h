@@ -46,37 +46,20 @@ struct GemmTailAttention {
   int heads = 0, kv_heads = 0, head_dim = 0, block_size = 0;
   int max_context = 0;  // bound on *context_len (a graph's bucket): ceil(/ kGemmTailTokens) splits
   float scale = 1.0f;
-  // The attention's output projection too (proj_weight non-null; one rank): hidden += proj_weight
-  // x attention + proj_bias, rounded once, as attn.c_proj's GEMM with its residual epilogue does.
-  // Every split of a head merges the head's partials itself, and CTA (h, s) multiplies the
-  // head's 128 values by rows [s R, (s + 1) R) of the head's 128 columns of proj_weight (R =
-  // proj_n / splits; at least kGemmTailProjParts splits, so that no CTA takes a long share),
-  // prefetched into L2 while the GEMM runs; the last head to finish a row range adds the heads'
-  // fp32 products in head order (deterministic), the bias and the residual. `output` is written
-  // as well.
-  const void* proj_weight = nullptr;  // [proj_n, heads D], rows contiguous
-  const void* proj_bias = nullptr;    // [proj_n]
-  void* hidden = nullptr;             // [proj_n]: the residual, updated in place
-  int proj_n = 0;
   // Counters and partials (GemmTailAttentionWorkspaceBytes): zeroed once before the first use;
   // each launch leaves them zeroed.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
-inline constexpr int kGemmTailProjParts = 4;
 
-// The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all), with
-// an output projection of proj_n rows (0: none): 2 + heads + kGemmTailMaxCtas int counters, padded
-// to 256 bytes, the splits' fp32 attention partials, then heads x proj_n fp32 products.
+// The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
+// 2 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.
 inline size_t GemmTailCounterBytes(int heads) {
-  return (static_cast<size_t>(2 + heads + kGemmTailMaxCtas) * 4 + 255) / 256 * 256;
+  return (static_cast<size_t>(2 + heads) * 4 + 255) / 256 * 256;
 }
-inline size_t GemmTailAttentionPartialBytes() {
-  return static_cast<size_t>(kGemmTailMaxCtas) * (kGemmTailHeadDim + 2) * 4;
-}
-inline size_t GemmTailAttentionWorkspaceBytes(int heads, int proj_n = 0) {
-  return GemmTailCounterBytes(heads) + GemmTailAttentionPartialBytes() +
-         static_cast<size_t>(heads) * proj_n * 4;
+inline size_t GemmTailAttentionWorkspaceBytes(int heads) {
+  return GemmTailCounterBytes(heads) +
+         static_cast<size_t>(kGemmTailMaxCtas) * (kGemmTailHeadDim + 2) * 4;
 }
 
 // fp32 only. InvalidArgument for other dtypes, negative sizes, strides shorter than a row.

@@ -46,17 +46,9 @@ struct SkinnyTailArgs {
   int heads = 0, group = 1, kv_width = 0, block_shift = 0, splits = 0;
   int gemm_ctas = 0;        // CTAs [0, gemm_ctas) run the GEMM, the rest the attention
   float scale_log2 = 0.0f;  // softmax scale x log2(e)
-  // counters[0]: GEMM CTAs done; [1]: attention CTAs done; [2 + h]: head h's splits done;
-  // [2 + heads + s]: heads done with projection rows of split s.
+  // counters[0]: GEMM CTAs done; [1]: attention CTAs done; [2 + h]: head h's splits done.
   int* counters = nullptr;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
-  // The output projection (GemmTailAttention::proj_weight; null: none).
-  const T* proj_w = nullptr;
-  int64_t proj_ldw = 0;
-  const T* proj_b = nullptr;
-  T* hidden = nullptr;
-  int proj_n = 0;
-  float* proj_partials = nullptr;  // [heads][proj_n] fp32
 };
 
 template <typename T>
@@ -319,20 +311,12 @@ __device__ __forceinline__ float TailMergeSplits(const float* head, int splits, 
 template <typename T>
 __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) {
   constexpr int D = kGemmTailHeadDim, kWarpTokens = kGemmTailTokens / kSkinnyWarps;
-  constexpr int kSlot = D + 2;
   static_assert(D == 4 * 32 && kWarpTokens == 16);
   const int cta = blockIdx.x - t.gemm_ctas;
   const int h = cta / t.splits, s = cta - h * t.splits;
   const int kv = (h / t.group) * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool proj = t.proj_w != nullptr;
-  // With the projection: this CTA's rows [r0, r1) of it, the head's columns, into L2 meanwhile.
-  const int rows = proj ? (t.proj_n + t.splits - 1) / t.splits : 0;
-  const int r0 = min(s * rows, t.proj_n), r1 = min(r0 + rows, t.proj_n);
   fwd::PdlTrigger();  // the next kernel waits for this whole grid anyway
-  for (int i = threadIdx.x; i < 2 * (r1 - r0); i += kSkinnyWarps * 32) {
-    PrefetchL2(t.proj_w + static_cast<int64_t>(r0 + i / 2) * t.proj_ldw + h * D + (i & 1) * 64);
-  }
   const int ctx = *t.context_len, newest = ctx - 1;
   const int tok0 = s * kGemmTailTokens + warp * kWarpTokens;
   uint2 kr[kWarpTokens], vr[kWarpTokens];
@@ -352,6 +336,11 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   }
   fwd::PdlWait();
   TailWaitFor(t.counters, t.gemm_ctas);
+  // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
+  // CTA past it resets the counters), so the round trip overlaps the attention.
+  const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
+  int past_wait = -1;
+  if (threadIdx.x == 0) past_wait = atomicAdd(t.counters + 1, 1);
   // C was written by other CTAs after this one may have started: L2 loads (ld.cg), not L1.
   const float4 q = TailUnpack4<T>(__ldcg(reinterpret_cast<const uint2*>(t.q + h * D + 4 * lane)));
 #pragma unroll
@@ -410,10 +399,10 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     }
   }
   T* out = t.out + h * D + d;
-  int* const head_count = t.counters + 2 + h;
-  if (t.splits == 1 && !proj) {
+  if (t.splits == 1) {
     *out = fwd::FromFloat<T>(os / ls);
   } else {
+    constexpr int kSlot = D + 2;
     const float* head = t.partials + static_cast<int64_t>(h * t.splits) * kSlot;
     float* part = t.partials + static_cast<int64_t>(h * t.splits + s) * kSlot;
     part[d] = os;
@@ -421,71 +410,16 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       part[D] = ms;
       part[D + 1] = ls;
     }
-    const bool last = TailCountIn(head_count, t.splits, &tail_last);
-    if (!proj) {
-      if (last) *out = fwd::FromFloat<T>(TailMergeSplits(head, t.splits, d));
-    } else {
-      // Every split of the head merges the head (all splits are resident: the next kernel
-      // launches only once all of this grid's CTAs have started).
-      TailWaitFor(head_count, t.splits);
-      const float a = TailMergeSplits(head, t.splits, d);
-      const T rounded = fwd::FromFloat<T>(a);
-      if (s == 0) *out = rounded;
-      // The projection's input is the attention's output as the separate kernels pass it:
-      // rounded to T.
-      __shared__ float tail_a[D];
-      tail_a[d] = fwd::ToFloat(rounded);
-      __syncthreads();
-      // Rows [r0, r1) x the head's 128 columns: 8 lanes a row (16 columns each), 16 rows at a time
-      // a CTA; each row's product summed over its 8 lanes.
-      using V = fwd::Vec16<T>;
-      const int sub = lane & 7, c0 = sub * 16;
-      float av[16];
-#pragma unroll
-      for (int c = 0; c < 16; ++c) av[c] = tail_a[c0 + c];
-      float* products = t.proj_partials + static_cast<int64_t>(h) * t.proj_n;
-      // The loop is uniform over the warp (its shuffles need every lane): a lane group past r1
-      // computes nothing and stores nothing.
-      for (int rw = r0 + warp * 4; rw < r1; rw += kSkinnyWarps * 4) {
-        const int r = rw + (lane >> 3);
-        float dot = 0.0f;
-        if (r < r1) {
-          const T* wrow = t.proj_w + static_cast<int64_t>(r) * t.proj_ldw + h * D + c0;
-          const V w0 = *reinterpret_cast<const V*>(wrow);
-          const V w1 = *reinterpret_cast<const V*>(wrow + 8);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            dot = fmaf(fwd::ToFloat(w0.v[e]), av[e], dot);
-            dot = fmaf(fwd::ToFloat(w1.v[e]), av[8 + e], dot);
-          }
-        }
-        dot += __shfl_xor_sync(0xffffffffu, dot, 4);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-        if (sub == 0 && r < r1) products[r] = dot;
-      }
-      // The last head to finish rows [r0, r1) adds the heads' products in head order, the bias
-      // and the residual: one rounding, as attn.c_proj's residual epilogue.
-      if (TailCountIn(t.counters + 2 + t.heads + s, t.heads, &tail_last)) {
-        for (int r = r0 + threadIdx.x; r < r1; r += kSkinnyWarps * 32) {
-          float dot = 0.0f;
-          for (int g = 0; g < t.heads; ++g) {
-            dot += __ldcg(t.proj_partials + static_cast<int64_t>(g) * t.proj_n + r);
-          }
-          const float v = (dot + fwd::ToFloat(t.proj_b[r])) + fwd::ToFloat(__ldcg(t.hidden + r));
-          t.hidden[r] = fwd::FromFloat<T>(v);
-        }
-      }
+    if (TailCountIn(t.counters + 2 + h, t.splits, &tail_last)) {
+      *out = fwd::FromFloat<T>(TailMergeSplits(head, t.splits, d));
+      if (threadIdx.x == 0) t.counters[2 + h] = 0;  // every split of the head has counted in
     }
   }
-  // The last attention CTA zeroes the counters (every other one is past all of its waits).
-  const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
-  if (TailCountIn(t.counters + 1, ctas, &tail_last)) {
-    for (int i = threadIdx.x; i < 2 + t.heads + t.splits; i += kSkinnyWarps * 32) {
-      if (i != 1) t.counters[i] = 0;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) t.counters[1] = 0;
+  // The last tail CTA past the GEMM wait resets the launch's two counters; its count-in was
+  // issued right after the wait, so only this use waits for it.
+  if (threadIdx.x == 0 && past_wait == ctas - 1) {
+    t.counters[0] = 0;
+    t.counters[1] = 0;
   }
 }
 
@@ -781,18 +715,10 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
       g.block_table == nullptr || g.context_len == nullptr || g.workspace == nullptr) {
     return absl::InvalidArgumentError("SkinnyGemmCuda: bad tail attention");
   }
-  const bool proj = g.proj_weight != nullptr;
-  if (proj && (g.proj_bias == nullptr || g.hidden == nullptr || g.proj_n <= 0 ||
-               !fwd::Aligned16(g.proj_weight))) {
-    return absl::InvalidArgumentError("SkinnyGemmCuda: bad tail projection");
-  }
-  int splits = (g.max_context + kGemmTailTokens - 1) / kGemmTailTokens;
-  if (proj) splits = std::max(splits, kGemmTailProjParts);
-  if (int64_t{g.heads} * splits > kGemmTailMaxCtas) {
+  const int splits = (g.max_context + kGemmTailTokens - 1) / kGemmTailTokens;
+  if (int64_t{g.heads} * splits > kGemmTailMaxCtas ||
+      g.workspace_bytes < GemmTailAttentionWorkspaceBytes(g.heads)) {
     return absl::UnimplementedError("SkinnyGemmCuda: tail attention too long for its CTAs");
-  }
-  if (g.workspace_bytes < GemmTailAttentionWorkspaceBytes(g.heads, proj ? g.proj_n : 0)) {
-    return absl::InvalidArgumentError("SkinnyGemmCuda: tail attention workspace too small");
   }
   const T* c = static_cast<const T*>(p.c);
   t->q = c;
@@ -811,17 +737,8 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->gemm_ctas = gemm_ctas;
   t->scale_log2 = g.scale * 1.4426950408889634f;
   t->counters = static_cast<int*>(g.workspace);
-  char* const work = static_cast<char*>(g.workspace);
-  t->partials = reinterpret_cast<float*>(work + GemmTailCounterBytes(g.heads));
-  if (proj) {
-    t->proj_w = static_cast<const T*>(g.proj_weight);
-    t->proj_ldw = int64_t{g.heads} * g.head_dim;
-    t->proj_b = static_cast<const T*>(g.proj_bias);
-    t->hidden = static_cast<T*>(g.hidden);
-    t->proj_n = g.proj_n;
-    t->proj_partials = reinterpret_cast<float*>(work + GemmTailCounterBytes(g.heads) +
-                                                GemmTailAttentionPartialBytes());
-  }
+  t->partials =
+      reinterpret_cast<float*>(static_cast<char*>(g.workspace) + GemmTailCounterBytes(g.heads));
   return absl::OkStatus();
 }
 

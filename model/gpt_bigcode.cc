@@ -525,7 +525,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // fuse_ (CUDA decode): ln_1 (and with fuse_kv_ the KV-cache write) inside the QKV GEMM; else
   // (and always on the CPU) the ops below. A one-token step outside the chain may take the
   // attention (with the KV write) into the same launch (tail_attention_).
-  bool qkv_fused = false, kv_fused = false, tail_done = false, proj_done = false;
+  bool qkv_fused = false, kv_fused = false, tail_done = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
   if (fuse_ && !qkv_ready) {
@@ -552,18 +552,9 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .scale = scale,
                 .workspace = ctx_.tail_workspace,
                 .workspace_bytes = ctx_.tail_workspace_bytes};
-      // attn.c_proj with its residual too (one rank: no all-reduce between them).
-      const bool proj = tail_attention_proj_ && w_.shard.world_size == 1;
-      if (proj) {
-        f.tail.proj_weight = L.c_proj_w.raw();
-        f.tail.proj_bias = L.c_proj_b.raw();
-        f.tail.hidden = hidden_.raw();
-        f.tail.proj_n = static_cast<int>(embd_);
-      }
       const absl::Status st = FusedLinear(ctx_, fused, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_fused = st.ok();
-      proj_done = tail_done && proj;
       tail_runs_ += tail_done;
     }
     if (!qkv_fused) {
@@ -715,7 +706,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = heads_ * D;
-  if (!proj_done) RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives));
+  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

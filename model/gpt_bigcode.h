@@ -245,10 +245,6 @@ struct GptBigCodeOptions {
   // attention or merge launch. Head_dim 128, contexts of at most 128 / heads x 64 tokens (512 for
   // SantaCoder), elsewhere the attention kernels. Off until measured (mqabench --chain tail).
   bool tail_attention = false;
-  // With tail_attention, on one rank: attn.c_proj and its residual add in the same launch as
-  // well (GemmTailAttention::proj_weight): three launches a layer. Off until measured (mqabench
-  // --chain tailp).
-  bool tail_attention_proj = false;
 };
 
 class GptBigCode {
@@ -365,9 +361,8 @@ class GptBigCode {
   void set_attention_release_early(bool on);
   // Benchmarks: GptBigCodeOptions::decode_chain_steal_chunks. Drops captured graphs.
   void set_decode_chain_steal_chunks(int chunks);
-  // Tests and benchmarks: GptBigCodeOptions::tail_attention and tail_attention_proj. Drops
-  // captured graphs.
-  void set_tail_attention(bool on, bool proj = false);
+  // Tests and benchmarks: GptBigCodeOptions::tail_attention. Drops captured graphs.
+  void set_tail_attention(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -469,7 +464,6 @@ class GptBigCode {
   bool chain_early_release_ = true;         // ... _early_release
   bool attention_release_early_ = false;    // set_attention_release_early
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
-  bool tail_attention_proj_ = false;        // ... _proj
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

@@ -256,9 +256,8 @@ void GptBigCode::set_attention_release_early(bool on) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_tail_attention(bool on, bool proj) {
+void GptBigCode::set_tail_attention(bool on) {
   tail_attention_ = on;
-  tail_attention_proj_ = proj;
   ClearCudaGraphs();
 }
 
@@ -444,7 +443,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
   chain_early_release_ = options.decode_chain_early_release;
   tail_attention_ = options.tail_attention;
-  tail_attention_proj_ = options.tail_attention_proj;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -461,8 +459,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_workspace = cuda_->chain_workspace.raw();
   ctx_.chain_slots = kChainSlots;
   // The QKV GEMM's tail attention (zeroed once; each launch leaves its counters zeroed).
-  const size_t tail_bytes =
-      GemmTailAttentionWorkspaceBytes(static_cast<int>(heads_), static_cast<int>(embd_));
+  const size_t tail_bytes = GemmTailAttentionWorkspaceBytes(static_cast<int>(heads_));
   ASSIGN_OR_RETURN(
       cuda_->tail_workspace,
       Tensor::Empty({static_cast<int64_t>((tail_bytes + 3) / 4)}, DType::kI32, Device::kCuda));
@@ -805,7 +802,7 @@ absl::Status GptBigCode::set_fast_paths(bool, bool, bool) { return absl::OkStatu
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_attention_release_early(bool) {}
-void GptBigCode::set_tail_attention(bool, bool) {}
+void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

@@ -57,7 +57,6 @@ struct GptBigCodeRunnerOptions {
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention
-  bool tail_attention_proj = GptBigCodeOptions().tail_attention_proj;  // ... _proj
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -243,9 +243,9 @@ absl::Status Latency(const Flags& f) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          row != "rel" && row != "tail" && row != "tailp" && row != "notail" && row != "ll" &&
-          row != "nl" && row != "tc" && row != "cc" && row != "otc" && row != "occ" &&
-          row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" &&
+          row != "rel" && row != "tail" && row != "notail" && row != "ll" && row != "nl" &&
+          row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
+          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -256,8 +256,7 @@ absl::Status Latency(const Flags& f) {
             "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
             "/ late (auto, released by the attention only once it is done) / rel (auto, and "
             "every attention releases the next kernel early, chain or not) / tail, notail (auto "
-            "with the QKV GEMM's tail attention on, off) / tailp (tail with attn.c_proj in it "
-            "too) / wN (auto, each "
+            "with the QKV GEMM's tail attention on, off) / wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
             "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
@@ -389,22 +388,18 @@ absl::Status Latency(const Flags& f) {
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
-                chain == "tailp" || chain == "notail" || chain[0] == 'w' || chain == "ll" ||
-                chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
-                chain == "hf0" || chain.rfind("fm", 0) == 0
+                chain == "notail" || chain[0] == 'w' || chain == "ll" || chain == "nl" ||
+                chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" ||
+                chain.rfind("fm", 0) == 0
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_attention_release_early(chain == "rel");
-    r.model().set_tail_attention(chain == "tail" || chain == "tailp" ? true
-                                 : chain == "notail"                 ? false
-                                                     : GptBigCodeOptions().tail_attention,
-                                 chain == "tailp" ? true
-                                 : chain == "tail" || chain == "notail"
-                                     ? false
-                                     : GptBigCodeOptions().tail_attention_proj);
+    r.model().set_tail_attention(chain == "tail"     ? true
+                                 : chain == "notail" ? false
+                                                     : GptBigCodeOptions().tail_attention);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

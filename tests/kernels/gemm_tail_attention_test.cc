@@ -4,9 +4,7 @@
 //     by gemm_cuda_test): C bit-equal;
 //   - the cache: the new row at its slot equal to C's K / V columns, every other row unchanged;
 //   - PagedAttentionCpu on C's q and the cache as the kernel left it: relative error < 1e-2,
-//     every output element written (poisoned first);
-//   - with the output projection (GemmTailAttention::proj_weight): the residual row against
-//     (W x that attention output + bias) + the old row, in double, and its change on its own.
+//     every output element written (poisoned first).
 // Random caches and block tables (blocks in random order), contexts that are not multiples of the
 // block size or of the 64-token split, a graph bucket longer than the context, one and several
 // splits, MQA and grouped heads, fp16 (pair fold on and off) and bf16, with and without PDL,
@@ -65,11 +63,6 @@ struct TailOperands {
   std::vector<int32_t> table;
   int32_t slot = 0;
   std::unique_ptr<DeviceMem> a, b, bias, lw, lb, sums, dk, dv, dtable, dslot, dctx, work;
-  // The output projection (GemmTailAttention::proj_weight): [k, heads D], its bias, and the
-  // residual row `hidden` it adds into (k wide, as the model's hidden row).
-  std::vector<float> proj_w, proj_b;
-  std::vector<uint16_t> hidden0;
-  std::unique_ptr<DeviceMem> dproj_w, dproj_b, dhidden;
   GemmParams p;
   GemmEpilogue e;
 
@@ -84,11 +77,6 @@ struct TailOperands {
     bias = DeviceMem::From(RandomRounded(fbias, n, t, rng));
     lw = DeviceMem::From(RandomRounded(flw, c.k, t, rng, 0.5f, 1.0f));
     lb = DeviceMem::From(RandomRounded(flb, c.k, t, rng, 0.5f));
-    dproj_w = DeviceMem::From(RandomRounded(proj_w, c.k * c.heads * D, t, rng, 0.05f));
-    dproj_b = DeviceMem::From(RandomRounded(proj_b, c.k, t, rng, 0.5f));
-    std::vector<float> fh;
-    hidden0 = RandomRounded(fh, c.k, t, rng, 0.5f);
-    dhidden = DeviceMem::From(hidden0);
     const int64_t blocks_needed = (c.max_context + c.block_size - 1) / c.block_size;
     num_blocks = blocks_needed + 5;
     kc = RandomRounded(fk, num_blocks * c.block_size * kv_width, t, rng);
@@ -104,9 +92,8 @@ struct TailOperands {
     slot = table[pos / c.block_size] * c.block_size + pos % c.block_size;
     dslot = DeviceMem::From(std::vector<int32_t>{slot});
     dctx = DeviceMem::From(std::vector<int32_t>{c.ctx});
-    work = std::make_unique<DeviceMem>(GemmTailAttentionWorkspaceBytes(c.heads, c.k));
-    EXPECT_EQ(cudaMemset(work->get(), 0, GemmTailAttentionWorkspaceBytes(c.heads, c.k)),
-              cudaSuccess);
+    work = std::make_unique<DeviceMem>(GemmTailAttentionWorkspaceBytes(c.heads));
+    EXPECT_EQ(cudaMemset(work->get(), 0, GemmTailAttentionWorkspaceBytes(c.heads)), cudaSuccess);
     sums = std::make_unique<DeviceMem>(2 * n * sizeof(float));
     EXPECT_TRUE(LayerNormFoldSumsCuda(b->get(), c.k, n, c.k, t, lw->get(), lb->get(),
                                       sums->get<float>(), sums->get<float>() + n, stream)
@@ -131,9 +118,8 @@ struct TailOperands {
     e.kv_width = kv_width;
   }
 
-  // e with the tail writing `out` (c.max_context as the bound); with `proj`, the output
-  // projection into `hidden` too.
-  GemmEpilogue WithTail(void* out, bool proj = false) const {
+  // e with the tail writing `out` (c.max_context as the bound).
+  GemmEpilogue WithTail(void* out) const {
     GemmEpilogue with = e;
     with.tail = {.output = out,
                  .block_table = dtable->get<int32_t>(),
@@ -145,41 +131,8 @@ struct TailOperands {
                  .max_context = c.max_context,
                  .scale = 1.0f / std::sqrt(float(kGemmTailHeadDim)),
                  .workspace = work->get(),
-                 .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads, c.k)};
-    if (proj) {
-      with.tail.proj_weight = dproj_w->get();
-      with.tail.proj_bias = dproj_b->get();
-      with.tail.hidden = dhidden->get();
-      with.tail.proj_n = c.k;
-    }
+                 .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads)};
     return with;
-  }
-
-  // After a run with the projection: `hidden` against (proj_w x the attention output the run
-  // wrote + proj_b) + the residual before it, in double; its change checked on its own too (the
-  // residual alone would be most of a near result).
-  void CheckProj(const DeviceMem& out, const char* how) const {
-    const int64_t width = int64_t{c.heads} * kGemmTailHeadDim;
-    const std::vector<float> att = Widen(out.Download<uint16_t>(), t);
-    const std::vector<float> old = Widen(hidden0, t);
-    const std::vector<float> got = Widen(dhidden->Download<uint16_t>(), t);
-    std::vector<float> want(c.k), got_delta(c.k), want_delta(c.k);
-    for (int64_t r = 0; r < c.k; ++r) {
-      double dot = 0;
-      for (int64_t j = 0; j < width; ++j) dot += double(proj_w[r * width + j]) * att[j];
-      want[r] = static_cast<float>((dot + proj_b[r]) + old[r]);
-      got_delta[r] = got[r] - old[r];
-      want_delta[r] = want[r] - old[r];
-    }
-    EXPECT_LT(RelError(got, want), 1e-2) << how << ": hidden, ctx " << c.ctx;
-    EXPECT_LT(RelError(got_delta, want_delta), 2e-2) << how << ": hidden's change, ctx " << c.ctx;
-  }
-
-  // The residual row back to its state before a projection run.
-  void ResetHidden() const {
-    ASSERT_EQ(
-        cudaMemcpy(dhidden->get(), hidden0.data(), hidden0.size() * 2, cudaMemcpyHostToDevice),
-        cudaSuccess);
   }
 
   // The checks of one tail run that wrote C = `qkv` and `out`: C against `want_qkv` (the same
@@ -252,28 +205,18 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
     ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     const auto want_qkv = want_c.Download<uint16_t>();
-    for (const bool proj : {false, true}) {
-      got_c.Poison();
-      out.Poison();
-      ASSERT_NO_FATAL_FAILURE(op.ResetHidden());
-      p.c = got_c.get();
-      const absl::Status st = gemm->Run(p, op.WithTail(out.get(), proj), stream_);
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-      const char* how = proj ? "eager, with the projection" : "eager";
-      ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, how));
-      if (proj) {
-        ASSERT_NO_FATAL_FAILURE(op.CheckProj(out, how));
-      } else {
-        EXPECT_EQ(op.dhidden->Download<uint16_t>(), op.hidden0) << "hidden written without proj";
-      }
-    }
+    got_c.Poison();
+    out.Poison();
+    p.c = got_c.get();
+    const absl::Status st = gemm->Run(p, op.WithTail(out.get()), stream_);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, "eager"));
   }
 }
 
-// Two launches back to back on one workspace (no synchronisation between them; the second with
-// the projection), then the same two captured in a CUDA graph, twice: every launch must find
-// its counters zeroed.
+// Two launches back to back on one workspace (no synchronisation between them), then the same
+// two captured in a CUDA graph, twice: every launch must find its counters zeroed.
 TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
   const DType t = std::get<0>(GetParam());
   auto gemm = MakeGemm();
@@ -292,14 +235,13 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
     q.c = c1.get();
     RETURN_IF_ERROR(gemm->Run(q, op.WithTail(out1.get()), s));
     q.c = c2.get();
-    return gemm->Run(q, op.WithTail(out2.get(), /*proj=*/true), s);
+    return gemm->Run(q, op.WithTail(out2.get()), s);
   };
   for (int round = 0; round < 3; ++round) {
     c1.Poison();
     c2.Poison();
     out1.Poison();
     out2.Poison();
-    ASSERT_NO_FATAL_FAILURE(op.ResetHidden());
     if (round == 0) {
       ASSERT_TRUE(enqueue(stream_).ok());
       ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
@@ -311,7 +253,6 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
     const char* how = round == 0 ? "back to back" : "graph";
     ASSERT_NO_FATAL_FAILURE(op.Check(c1, out1, want_qkv, how));
     ASSERT_NO_FATAL_FAILURE(op.Check(c2, out2, want_qkv, how));
-    ASSERT_NO_FATAL_FAILURE(op.CheckProj(out2, how));
   }
 }
 
@@ -350,16 +291,6 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
   e = op.WithTail(out.get());
   e.tail.workspace = nullptr;
   refused(p, e, true, "no workspace");
-  e = op.WithTail(out.get());
-  e.tail.workspace_bytes = GemmTailAttentionWorkspaceBytes(16);  // no room for the products
-  e.tail.proj_weight = op.dproj_w->get();
-  e.tail.proj_bias = op.dproj_b->get();
-  e.tail.hidden = op.dhidden->get();
-  e.tail.proj_n = 2048;
-  refused(p, e, true, "workspace too small for the projection");
-  e.tail.workspace_bytes = GemmTailAttentionWorkspaceBytes(16, 2048);
-  e.tail.proj_bias = nullptr;
-  refused(p, e, true, "a projection without its bias");
   auto shallow = MakeGemm(/*deep=*/false);
   ASSERT_NE(shallow, nullptr);
   c.Poison();
