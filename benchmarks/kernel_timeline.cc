@@ -97,12 +97,13 @@ absl::StatusOr<Timeline> MedianTimeline(std::vector<std::vector<KernelRecord>> s
 }
 
 std::vector<KernelGroup> GroupTimeline(const Timeline& t) {
-  std::map<std::tuple<std::string, int64_t, int>, KernelGroup> by_key;
+  std::map<std::tuple<std::string, int64_t, int, int>, KernelGroup> by_key;
   for (const TimelineRow& r : t.rows) {
-    KernelGroup& g = by_key[{r.name, r.grid, r.block}];
+    KernelGroup& g = by_key[{r.name, r.grid, r.block, r.smem_bytes}];
     g.name = r.name;
     g.grid = r.grid;
     g.block = r.block;
+    g.smem_bytes = r.smem_bytes;
     ++g.count;
     g.duration_us += r.median.duration_us;
     g.gap_us += r.median.gap_us;
@@ -156,8 +157,8 @@ void PrintTimelineSummary(std::FILE* out, const std::string& title, const Timeli
                 "%s: %zu kernels a step; median span %.1f us over %d of %d steps (medians a "
                 "position: exposed %.1f us + gaps %.1f us)\n",
                 title, t.rows.size(), t.span_us, t.steps_used, t.steps_total, exposed, gaps);
-  absl::FPrintF(out, "    %5s %7s %5s  %9s %8s  %9s %8s %8s  %s\n", "count", "grid", "block",
-                "exposed", "each", "duration", "each", "gaps", "kernel");
+  absl::FPrintF(out, "    %5s %7s %5s %6s  %9s %8s  %9s %8s %8s  %s\n", "count", "grid", "block",
+                "smem", "exposed", "each", "duration", "each", "gaps", "kernel");
   const std::vector<KernelGroup> groups = GroupTimeline(t);
   KernelGroup rest;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -169,13 +170,13 @@ void PrintTimelineSummary(std::FILE* out, const std::string& title, const Timeli
       rest.gap_us += g.gap_us;
       continue;
     }
-    absl::FPrintF(out, "    %5d %7d %5d  %9.1f %8.2f  %9.1f %8.2f %8.1f  %s\n", g.count, g.grid,
-                  g.block, g.exposed_us, g.exposed_us / g.count, g.duration_us,
+    absl::FPrintF(out, "    %5d %7d %5d %6d  %9.1f %8.2f  %9.1f %8.2f %8.1f  %s\n", g.count, g.grid,
+                  g.block, g.smem_bytes, g.exposed_us, g.exposed_us / g.count, g.duration_us,
                   g.duration_us / g.count, g.gap_us, g.name);
   }
   if (rest.count > 0) {
-    absl::FPrintF(out, "    %5d %7s %5s  %9.1f %8s  %9.1f %8s %8.1f  (%zu more kinds)\n",
-                  rest.count, "", "", rest.exposed_us, "", rest.duration_us, "", rest.gap_us,
+    absl::FPrintF(out, "    %5d %7s %5s %6s  %9.1f %8s  %9.1f %8s %8.1f  (%zu more kinds)\n",
+                  rest.count, "", "", "", rest.exposed_us, "", rest.duration_us, "", rest.gap_us,
                   groups.size() - max_groups);
   }
 }

@@ -70,6 +70,7 @@ struct KernelGroup {
   std::string name;
   int64_t grid = 0;
   int block = 0;
+  int smem_bytes = 0;  // a CTA's, as the rows: parts launches of one kernel and grid
   int count = 0;
   double duration_us = 0;
   double gap_us = 0;

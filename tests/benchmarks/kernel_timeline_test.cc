@@ -78,6 +78,16 @@ TEST(KernelTimelineTest, MediansOverStepsWithTheSameKernels) {
   EXPECT_DOUBLE_EQ(g[0].exposed_us, 40.0);
   EXPECT_EQ(g[1].name, "a");
   EXPECT_EQ(g[1].count, 1);
+  // The same kernel and grid with other shared memory (SantaCoder's two c_projs) is its own group.
+  two.rows.push_back(two.rows[1]);
+  two.rows.back().smem_bytes = 98304;
+  two.rows.back().median.exposed_us = 5.0;
+  const std::vector<KernelGroup> three = GroupTimeline(two);
+  ASSERT_EQ(three.size(), 3u);
+  EXPECT_EQ(three[0].count, 2);
+  EXPECT_EQ(three[2].name, "b");
+  EXPECT_EQ(three[2].smem_bytes, 98304);
+  EXPECT_DOUBLE_EQ(three[2].exposed_us, 5.0);
 }
 
 TEST(KernelTimelineTest, MedianIsTheUpperOne) {
