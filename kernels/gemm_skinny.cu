@@ -31,7 +31,7 @@ constexpr int64_t kSkinnyHalfMaxK = 4096;
 constexpr int kSkinnyOccupancyCtas = 8;
 constexpr int kSkinnyDeepOccupancyCtas = 4;
 
-// GemmTailAttention as the kernel takes it (LaunchSkinnyTail fills it): q, the new k / v and the
+// GemmTailAttention as the kernel takes it (FillSkinnyTail fills it): q, the new k / v and the
 // caches as element pointers, the CTA split, the workspace cut into counters and partials.
 template <typename T>
 struct SkinnyTailArgs {
@@ -46,7 +46,8 @@ struct SkinnyTailArgs {
   int heads = 0, group = 1, kv_width = 0, block_shift = 0, splits = 0;
   int gemm_ctas = 0;        // CTAs [0, gemm_ctas) run the GEMM, the rest the attention
   float scale_log2 = 0.0f;  // softmax scale x log2(e)
-  // counters[0]: GEMM CTAs done; [1]: attention CTAs done; [2 + h]: head h's splits done.
+  // counters[0]: GEMM CTAs done; [1]: attention CTAs past their wait for [0]; [2 + h]: head h's
+  // splits done. Each is zero again when the launch ends.
   int* counters = nullptr;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
 };
@@ -756,9 +757,11 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   a.early_epilogue = o.early_epilogue;
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
+  // m = 1, 2 rows a warp: narrow enough for kSkinnyDeepUnroll (o.deep_max_warps).
+  [[maybe_unused]] const bool deep =
+      o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
   if (e.tail.output != nullptr) {
     if constexpr (M == 1 && R == 2) {
-      const bool deep = o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
       if (!deep) return absl::UnimplementedError("SkinnyGemmCuda: the tail needs the deep unroll");
       RETURN_IF_ERROR(FillSkinnyTail(p, e, static_cast<int>(blocks), &a.tail));
       if constexpr (std::is_same_v<T, __half>) {
@@ -774,7 +777,6 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
     }
   }
   if constexpr (M == 1 && R == 2) {
-    const bool deep = o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
     if constexpr (std::is_same_v<T, __half>) {
       // Only where it was measured faster (H200, 2026-12-04 ~14:48 UTC, gemm_bench --chain only):
       // SantaCoder's four layer GEMMs 30.8 -> 28.9 us, StarCoder's 200.6 -> 205.4 us (k 6144 and

@@ -525,7 +525,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // fuse_ (CUDA decode): ln_1 (and with fuse_kv_ the KV-cache write) inside the QKV GEMM; else
   // (and always on the CPU) the ops below. A one-token step outside the chain may take the
   // attention (with the KV write) into the same launch (tail_attention_).
-  bool qkv_fused = false, kv_fused = false, tail_done = false;
+  bool qkv_fused = false, kv_written = false, tail_done = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
   if (fuse_ && !qkv_ready) {
@@ -554,17 +554,16 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .workspace_bytes = ctx_.tail_workspace_bytes};
       const absl::Status st = FusedLinear(ctx_, fused, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
-      tail_done = qkv_fused = kv_fused = st.ok();
+      tail_done = qkv_fused = kv_written = st.ok();
       tail_runs_ += tail_done;
     }
     if (!qkv_fused) {
       const absl::Status st = FusedLinear(ctx_, fused, fuse_kv_ ? with_kv : ln_only);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       qkv_fused = st.ok();
-      kv_fused = qkv_fused && fuse_kv_;
+      kv_written = qkv_fused && fuse_kv_;
     }
   }
-  const bool kv_written = kv_fused;
   if (!qkv_fused && !qkv_ready) {
     RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
