@@ -202,6 +202,9 @@ struct ChainArgs {
   int acc_floats;              // the row sums' floats in shared memory (the up outputs follow them)
   float* y32;  // the fused MLP's vector (zeroed by the launch before its pair), or null
   int y32_n;   // its elements
+  // DecodeChainTuning::sm_shares: CtaRows takes the CTA's rows from shares[%smid].
+  int sm_shares;
+  uint32_t shares[kDecodeChainMaxSmIds];
 };
 
 __device__ __forceinline__ unsigned long long GlobalTimer() {
@@ -222,12 +225,20 @@ __device__ __forceinline__ void StampPhase(const ChainArgs& a, int gi, int event
   Stamp<kStamps>(a, kChainPhaseEvents + gi * kChainPhaseEventCount + event);
 }
 
-// This CTA's statically owned output rows of a phase: an equal contiguous share of n, or with
-// work stealing its static_chunks chunks.
-__device__ __forceinline__ void CtaRows(const ChainPhaseArgs& ph, int& r0, int& r1) {
+// This CTA's statically owned output rows of a phase: an equal contiguous share of n, its SM's
+// share (ChainArgs::sm_shares), or with work stealing its static_chunks chunks.
+__device__ __forceinline__ void CtaRows(const ChainArgs& a, const ChainPhaseArgs& ph, int& r0,
+                                        int& r1) {
   if (ph.rows_chunk > 0) {
     r0 = static_cast<int>(blockIdx.x) * ph.static_chunks * ph.rows_chunk;
     r1 = r0 + ph.static_chunks * ph.rows_chunk;
+  } else if (a.sm_shares) {
+    unsigned smid;
+    asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
+    const uint32_t b = smid < kDecodeChainMaxSmIds ? a.shares[smid] : kDecodeChainNoShare;
+    if (b == kDecodeChainNoShare) __trap();  // an SM the shares do not know: rows would be lost
+    r0 = static_cast<int>(static_cast<int64_t>(ph.n) * (b & 0xffffu) / kDecodeChainShareOne);
+    r1 = static_cast<int>(static_cast<int64_t>(ph.n) * (b >> 16) / kDecodeChainShareOne);
   } else {
     r0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * ph.n / gridDim.x);
     r1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * ph.n / gridDim.x);
@@ -235,9 +246,9 @@ __device__ __forceinline__ void CtaRows(const ChainPhaseArgs& ph, int& r0, int& 
 }
 
 // Row sums a CTA may hold in a phase: its static rows, and the stolen chunks' at most.
-__device__ __forceinline__ int CtaMaxRows(const ChainPhaseArgs& ph) {
+__device__ __forceinline__ int CtaMaxRows(const ChainArgs& a, const ChainPhaseArgs& ph) {
   int r0, r1;
-  CtaRows(ph, r0, r1);
+  CtaRows(a, ph, r0, r1);
   return r1 - r0 + (ph.rows_chunk > 0 ? ph.max_steal * ph.rows_chunk : 0);
 }
 
@@ -898,7 +909,7 @@ __device__ __noinline__ uint2 DownPhase(const ChainArgs& a, const ChainPhaseArgs
   if (t0) GridArrive(a.counter);
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   int r0, r1;
-  CtaRows(ph, r0, r1);
+  CtaRows(a, ph, r0, r1);
   r1 -= ph.pool * ph.pool_rows;
   const int row_chunks = ph.k / 8;  // 16-byte chunks of a row (k: the output length)
   const int groups = row_chunks <= kConsumers / 2 ? 2 : 1;
@@ -1069,7 +1080,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
         int r0, r1;
-        CtaRows(ph, r0, r1);
+        CtaRows(a, ph, r0, r1);
         const bool pooled = kFused && ph.kind == kPhaseDown && ph.pool > 0;
         if (pooled) r1 -= ph.pool * ph.pool_rows;  // the donated rows: below, by ticket
         const int64_t row_bytes = static_cast<int64_t>(ph.k) * sizeof(T);
@@ -1180,7 +1191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // wait for the load before the barrier.)
   auto bias_of = [&](const ChainPhaseArgs& ph) -> unsigned short {
     int r0, r1;
-    CtaRows(ph, r0, r1);
+    CtaRows(a, ph, r0, r1);
     const int r = r0 + static_cast<int>(threadIdx.x);
     return ph.bias != nullptr && r < r1 ? static_cast<const unsigned short*>(ph.bias)[r] : 0;
   };
@@ -1210,7 +1221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                  kCounterStride + (gi & 1) * kLlAreaBytes);
   };
   int max_rows = 0;
-  for (int i = 0; i < a.num_phases; ++i) max_rows = max(max_rows, CtaMaxRows(a.ph[i]));
+  for (int i = 0; i < a.num_phases; ++i) max_rows = max(max_rows, CtaMaxRows(a, a.ph[i]));
   for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
   // The fused MLP's vector back to zero: the launch before on this slot (the last to read it)
   // is complete (the PDL wait above), and the grid barrier before the up phase orders these
@@ -1255,7 +1266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierExit);
     }
     int r0, r1;
-    CtaRows(ph, r0, r1);
+    CtaRows(a, ph, r0, r1);
     // The residual this phase adds to row threadIdx.x, loaded beside the input.
     T* out = static_cast<T*>(ph.out);
     float residual = 0.0f;
@@ -1652,6 +1663,28 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       fused = i;
     }
   }
+  const DecodeChainSmShares* shares = tuning.sm_shares;
+  if (shares != nullptr) {
+    if (shares->sms != grid || fused >= 0 || mma_fold != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DecodeChain: per-SM shares for ", shares->sms, " SMs with a grid of ", grid,
+          fused >= 0 ? ", the fused MLP" : "", mma_fold != 0 ? ", the tiled layout" : "",
+          " (they need a CTA on every SM of the table, row-run phases)"));
+    }
+    a.sm_shares = 1;
+    std::copy(std::begin(shares->bounds), std::end(shares->bounds), a.shares);
+  }
+  // The most rows a CTA has of a phase of n rows (equal shares, or the widest SM share).
+  auto most_rows = [&](int64_t n) {
+    if (shares == nullptr) return (n + grid - 1) / grid;
+    int64_t most = 0;
+    for (uint32_t b : shares->bounds) {
+      if (b == kDecodeChainNoShare) continue;
+      most = std::max(
+          most, n * (b >> 16) / kDecodeChainShareOne - n * (b & 0xffffu) / kDecodeChainShareOne);
+    }
+    return most;
+  };
   int64_t max_k = 0, max_rows = 0, ln_k = 0;
   for (int i = 0; i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
@@ -1683,7 +1716,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     }
     max_k = std::max<int64_t>(max_k, d.k);
     if (ph.ln_weight != nullptr) ln_k = std::max(ln_k, ph.k);
-    max_rows = std::max<int64_t>(max_rows, (d.n + grid - 1) / grid);
+    max_rows = std::max<int64_t>(max_rows, most_rows(d.n));
   }
   // Work stealing (set per phase below, once the stage size is known) adds at most
   // kMaxStealRows row sums to a CTA, and its static rows exceed the equal share by at most one.

@@ -37,8 +37,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/activation.h"
 #include "runtime/dtype.h"
 
@@ -101,6 +105,99 @@ struct DecodeChainParams {
   // reads attention.output).
   bool has_attention = false;
   DecodeChainAttention attention;
+};
+
+// The timeline: kDecodeChainTimelineWords words a CTA (CTA c's at c * kDecodeChainTimelineWords).
+// Words kChainGlobalStart / kChainGlobalEnd are %globaltimer (ns), every other one clock64 of the
+// CTA's SM: kChainClockStart beside kChainGlobalStart (after the set-up barrier), kChainClockEnd
+// beside kChainGlobalEnd (the consumers' last instruction). Phase g (counting an attention phase as
+// 0) has consumer events at kChainPhaseEvents + g * kChainPhaseEventCount + DecodeChainPhaseEvent
+// and the producer's first and last ring load at kChainProducerEvents + 2 g (+ 1);
+// kChainProducerDone once it has issued everything; kChainPdlDone after the consumers' PDL wait,
+// kChainLoopStart + g before phase g's stage loop.
+inline constexpr int kDecodeChainTimelineWords = 64;
+enum DecodeChainEvent : int {
+  kChainGlobalStart = 0,
+  kChainClockStart = 1,
+  kChainGlobalEnd = 2,
+  kChainClockEnd = 3,
+  kChainPhaseEvents = 4,
+  kChainProducerEvents = 4 + 6 * (kMaxDecodeChainPhases + 1),
+  kChainProducerDone = kChainProducerEvents + 2 * (kMaxDecodeChainPhases + 1),
+  kChainPdlDone,    // the consumers' griddepcontrol.wait has returned
+  kChainLoopStart,  // + g: phase g's consumers start waiting on its first ring stage
+  kChainSmId = kDecodeChainTimelineWords - 1,  // the SM the CTA ran on (%smid), not a time
+};
+enum DecodeChainPhaseEvent : int {
+  kChainBarrierEnter = 0,  // the grid barrier before the phase (none before the first)
+  kChainBarrierExit,
+  kChainInputReady,    // the phase's input vector (normalised) in shared memory
+  kChainFirstFull,     // the phase's first ring stage has arrived
+  kChainLastRelease,   // its last stage folded and released
+  kChainEpilogueDone,  // its outputs written
+  kChainPhaseEventCount,
+};
+static_assert(kChainLoopStart + kMaxDecodeChainPhases < kChainSmId);
+inline size_t DecodeChainTimelineWords(int grid) {
+  return static_cast<size_t>(grid) * kDecodeChainTimelineWords;
+}
+
+// Per-SM shares of a chain's rows (DecodeChainTuning::sm_shares). The memory system does not
+// serve the SMs equally: on some machines the same SMs stream a long phase 2-4% slower than the
+// median from call to call (benchmarks/mqabench/NOTES.md versions 9, 10 and 13), and every grid
+// barrier waits for the slowest. With shares, the CTA on SM s (%smid) takes rows
+// [n lo_s / kDecodeChainShareOne, n hi_s / kDecodeChainShareOne) of every phase with static rows
+// instead of an equal share; the SMs' ranges follow each other in %smid order, so they partition
+// every phase exactly whatever n is. The chain's grid must put one CTA on each SM of the table
+// (grid == sms: no spare SMs); a CTA on an SM without a share stops the kernel (__trap).
+inline constexpr int kDecodeChainMaxSmIds = 256;
+inline constexpr uint32_t kDecodeChainShareOne = 32768;
+inline constexpr uint32_t kDecodeChainNoShare = 0xffffffffu;
+struct DecodeChainSmShares {
+  // bounds[s] = lo_s | hi_s << 16, or kDecodeChainNoShare.
+  uint32_t bounds[kDecodeChainMaxSmIds];
+  int sms = 0;  // SMs with a share
+};
+
+// Shares proportional to `rates` (SM id -> relative streaming rate, each > 0; ids distinct and
+// below kDecodeChainMaxSmIds). InvalidArgument otherwise.
+absl::StatusOr<DecodeChainSmShares> DecodeChainSharesFromRates(
+    const std::vector<std::pair<int, double>>& rates);
+
+// What a calibration found (DecodeChainShareCalibrator::Finish).
+struct DecodeChainShareCalibration {
+  DecodeChainSmShares shares;
+  int launches = 0;  // timelines added
+  int samples = 0;   // (launch, phase) pairs used
+  // The per-SM rate estimates of the even and the odd samples, correlated over the SMs, and the
+  // reliability of their mean (Spearman-Brown: 2 r / (1 + r), 0 where r <= 0): each SM's
+  // estimate is shrunk toward the mean by it, so that noise alone gives equal shares.
+  double half_correlation = 0.0;
+  double reliability = 0.0;
+  double min_share = 1.0, max_share = 1.0;  // the shares relative to an equal one
+  std::string Summary() const;
+};
+
+// Per-SM shares from chain timelines (DecodeChainTuning::timeline) recorded with equal shares:
+// in every phase each CTA's streaming time (first ring stage to last release) for its rows gives
+// the SM's rate relative to the launch's other CTAs; phases weigh by their length.
+class DecodeChainShareCalibrator {
+ public:
+  // `grid` CTAs a launch; `phase_rows` the n of each phase g of the timelines (counting an
+  // attention phase as 0, with 0 rows: not used).
+  DecodeChainShareCalibrator(int grid, std::vector<int64_t> phase_rows);
+  // One launch's timeline (grid x kDecodeChainTimelineWords words). InvalidArgument where two
+  // CTAs share an SM or an SM id is out of range; a launch without stamps (all zero) is skipped.
+  absl::Status AddLaunch(const unsigned long long* words);
+  // FailedPrecondition before enough samples (two launches with every SM in both halves).
+  absl::StatusOr<DecodeChainShareCalibration> Finish() const;
+
+ private:
+  int grid_;
+  std::vector<int64_t> phase_rows_;
+  int launches_ = 0, samples_ = 0;
+  // Per SM id: weighted sums of log relative rate and of weight, for the even and odd samples.
+  std::vector<double> sum_[2], weight_[2];
 };
 
 // The CPU reference (float32 only): each phase as LayerNormCpu, GemmCpu and BiasActivationCpu in

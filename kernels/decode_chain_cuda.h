@@ -97,6 +97,11 @@ struct DecodeChainTuning {
   // more slowly do not hold up the barrier after the pair. 0: none; -1: the measured default
   // (kernels/decode_chain.cu: none). Needs at least N + 1 stages of rows a CTA.
   int fused_pool = -1;
+  // Per-SM shares of every phase's static rows (kernels/decode_chain.h: DecodeChainSmShares,
+  // from DecodeChainShareCalibrator), copied into the launch's parameters; null: equal shares.
+  // Needs a grid of exactly sm_shares->sms CTAs (no spare SMs), and neither the fused MLP nor the
+  // tiled layout (InvalidArgument otherwise). Phases that steal rows keep their chunks.
+  const DecodeChainSmShares* sm_shares = nullptr;
 };
 
 // wt = w^T for a 2-byte dtype: w [n, k] row-major into wt [k, n] (DecodeChainPhase::weight_t),
@@ -106,41 +111,6 @@ absl::Status DecodeChainTransposeCuda(const void* w, void* wt, int64_t n, int64_
 
 // CTAs of a chain launched with `tuning` on the calling thread's device.
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning = {});
-
-// The timeline: kDecodeChainTimelineWords words a CTA (CTA c's at c * kDecodeChainTimelineWords).
-// Words kChainGlobalStart / kChainGlobalEnd are %globaltimer (ns), every other one clock64 of the
-// CTA's SM: kChainClockStart beside kChainGlobalStart (after the set-up barrier), kChainClockEnd
-// beside kChainGlobalEnd (the consumers' last instruction). Phase g (counting an attention phase as
-// 0) has consumer events at kChainPhaseEvents + g * kChainPhaseEventCount + DecodeChainPhaseEvent
-// and the producer's first and last ring load at kChainProducerEvents + 2 g (+ 1);
-// kChainProducerDone once it has issued everything; kChainPdlDone after the consumers' PDL wait,
-// kChainLoopStart + g before phase g's stage loop.
-inline constexpr int kDecodeChainTimelineWords = 64;
-enum DecodeChainEvent : int {
-  kChainGlobalStart = 0,
-  kChainClockStart = 1,
-  kChainGlobalEnd = 2,
-  kChainClockEnd = 3,
-  kChainPhaseEvents = 4,
-  kChainProducerEvents = 4 + 6 * (kMaxDecodeChainPhases + 1),
-  kChainProducerDone = kChainProducerEvents + 2 * (kMaxDecodeChainPhases + 1),
-  kChainPdlDone,    // the consumers' griddepcontrol.wait has returned
-  kChainLoopStart,  // + g: phase g's consumers start waiting on its first ring stage
-  kChainSmId = kDecodeChainTimelineWords - 1,  // the SM the CTA ran on (%smid), not a time
-};
-enum DecodeChainPhaseEvent : int {
-  kChainBarrierEnter = 0,  // the grid barrier before the phase (none before the first)
-  kChainBarrierExit,
-  kChainInputReady,    // the phase's input vector (normalised) in shared memory
-  kChainFirstFull,     // the phase's first ring stage has arrived
-  kChainLastRelease,   // its last stage folded and released
-  kChainEpilogueDone,  // its outputs written
-  kChainPhaseEventCount,
-};
-static_assert(kChainLoopStart + kMaxDecodeChainPhases < kChainSmId);
-inline size_t DecodeChainTimelineWords(int grid) {
-  return static_cast<size_t>(grid) * kDecodeChainTimelineWords;
-}
 
 // Runs the chain on `stream`. `workspace`: DecodeChainWorkspaceBytes(slots) bytes, zeroed once;
 // `slot` < slots picks the counter (chains that may run concurrently, or back to back without a

@@ -352,6 +352,10 @@ class GptBigCode {
   // The buffer as the last step left it (n_layer x the SM count x kDecodeChainTimelineWords words,
   // zero where no chain ran); empty when off.
   absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
+  // Benchmarks (mqabench --chain sm): the decode chains take per-SM shares of their rows
+  // (DecodeChainTuning::sm_shares, a copy kept here; calibrated from decode_chain_timeline's
+  // words by DecodeChainShareCalibrator); null: equal shares. Drops captured graphs.
+  void set_decode_chain_sm_shares(const DecodeChainSmShares* shares);
   // Benchmarks: GptBigCodeOptions::decode_chain_early_release. Drops captured graphs.
   void set_decode_chain_early_release(bool on);
   // Benchmarks: every decode attention's merge releases the next kernel before the attention is

@@ -81,6 +81,7 @@ struct GptBigCode::CudaState {
   Tensor tail_workspace;   // GemmTailAttention's counters and partials
   Tensor chain_workspace;  // DecodeChainCuda's counters (two slots: consecutive layers)
   Tensor chain_timeline;   // set_decode_chain_timeline's buffer (empty: off)
+  std::unique_ptr<DecodeChainSmShares> chain_shares;  // set_decode_chain_sm_shares' copy
   Tensor indices;  // device int32 staging of StepIndices
   // Host staging, two of each: the buffers of launch k + 1 are written while launch k's copies
   // may still be queued (LaunchSample). `slot` is the one the next launch writes.
@@ -263,6 +264,14 @@ void GptBigCode::set_tail_attention(bool on) {
 
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
   ctx_.chain_steal_chunks = chunks;
+  ClearCudaGraphs();
+}
+
+void GptBigCode::set_decode_chain_sm_shares(const DecodeChainSmShares* shares) {
+  if (!cuda_) return;
+  cuda_->chain_shares =
+      shares == nullptr ? nullptr : std::make_unique<DecodeChainSmShares>(*shares);
+  ctx_.chain_sm_shares = cuda_->chain_shares.get();
   ClearCudaGraphs();
 }
 
@@ -811,6 +820,7 @@ absl::Status GptBigCode::set_decode_chain_fused_mlp(bool, int) {
   return absl::FailedPreconditionError("decode chain fused MLP: built without CUDA");
 }
 void GptBigCode::set_decode_chain_steal_chunks(int) {}
+void GptBigCode::set_decode_chain_sm_shares(const DecodeChainSmShares*) {}
 absl::Status GptBigCode::set_decode_chain_timeline(bool) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }

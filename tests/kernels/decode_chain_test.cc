@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -665,6 +666,90 @@ TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
     ASSERT_FALSE(HasFatalFailure());
     ExpectCountersZero(*ws, 1, "fused");
   }
+}
+
+// Per-SM shares (DecodeChainTuning::sm_shares) on the SMs this device really has (their ids read
+// from a timeline): rates far apart (0.6 and 1.4 alternating in SM-id order, one SM at 3: rows
+// well past an equal share) and the shares a calibration from four timelines finds, each on the
+// layer once, back to back and in a graph; with work stealing beside them on a SantaCoder-sized
+// layer; and the shares refused where the grid or the layout does not fit them.
+TEST_P(DecodeChainTest, SmSharesMatchHost) {
+  const DType t = GetParam();
+  LayerCase c;
+  c.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  const auto ws = ZeroedChainWorkspace(1);
+  const absl::StatusOr<int> grid = DecodeChainGrid();
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  const size_t stamp_words = DecodeChainTimelineWords(*grid);
+  DeviceMem stamps(stamp_words * sizeof(unsigned long long));
+  DecodeChainShareCalibrator cal(*grid, {c.E, c.I, c.E, c.Q});
+  std::vector<int> ids;
+  for (int launch = 0; launch < 4; ++launch) {
+    ASSERT_EQ(cudaMemset(stamps.get(), 0, stamp_words * sizeof(unsigned long long)), cudaSuccess);
+    DecodeChainTuning tuning;
+    tuning.timeline = static_cast<unsigned long long*>(stamps.get());
+    CheckOneLaunch(c, t, stream_, ws->get(), 0, true, tuning, "timeline for the SM ids");
+    ASSERT_FALSE(HasFatalFailure());
+    const std::vector<unsigned long long> w = stamps.Download<unsigned long long>();
+    const absl::Status st = cal.AddLaunch(w.data());
+    ASSERT_TRUE(st.ok()) << st;
+    if (launch == 0) {
+      for (int b = 0; b < *grid; ++b) {
+        ids.push_back(static_cast<int>(w[b * kDecodeChainTimelineWords + kChainSmId]));
+      }
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::pair<int, double>> rates;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    rates.emplace_back(ids[i], i == ids.size() / 2 ? 3.0 : i % 2 == 0 ? 0.6 : 1.4);
+  }
+  const absl::StatusOr<DecodeChainSmShares> skewed = DecodeChainSharesFromRates(rates);
+  ASSERT_TRUE(skewed.ok()) << skewed.status();
+  const absl::StatusOr<DecodeChainShareCalibration> calibrated = cal.Finish();
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  std::printf("calibration on this device: %s\n", calibrated->Summary().c_str());
+  for (const DecodeChainSmShares* shares : {&*skewed, &calibrated->shares}) {
+    const std::string what = shares == &*skewed ? "skewed shares" : "calibrated shares";
+    DecodeChainTuning tuning;
+    tuning.sm_shares = shares;
+    CheckOneLaunch(c, t, stream_, ws->get(), 0, true, tuning, what);
+    ASSERT_FALSE(HasFatalFailure());
+    CheckBackToBack(c, t, stream_, ws->get(), 0, 2, tuning, what + ", two back to back");
+    ASSERT_FALSE(HasFatalFailure());
+    CheckGraphReplays(c, t, stream_, ws->get(), 0, tuning, what + ", graph");
+    ASSERT_FALSE(HasFatalFailure());
+  }
+  ExpectCountersZero(*ws, 1, "shares");
+
+  LayerCase small;  // steals in every phase where it can; the rest take the shares
+  small.E = 2048;
+  small.I = 8192;
+  small.Q = 2300;
+  small.Make(t, rng_);
+  ASSERT_FALSE(HasFatalFailure());
+  small.p.phases[3].bias = nullptr;
+  small.b_qkv.v.assign(small.Q, 0.0f);
+  small.Expect(t, 1);
+  DecodeChainTuning steal;
+  steal.sm_shares = &*skewed;
+  steal.steal_chunks = 1;
+  steal.steal_min_chunks = 0;
+  CheckOneLaunch(small, t, stream_, ws->get(), 0, true, steal, "skewed shares with stealing");
+  ASSERT_FALSE(HasFatalFailure());
+  CheckBackToBack(small, t, stream_, ws->get(), 0, 2, steal, "shares with stealing, twice");
+  ASSERT_FALSE(HasFatalFailure());
+  ExpectCountersZero(*ws, 1, "shares with stealing");
+
+  DecodeChainTuning spare;
+  spare.sm_shares = &*skewed;
+  spare.spare_sms = 4;  // a grid without a CTA on every SM of the table
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, spare)));
+  DecodeChainTuning tiled;
+  tiled.sm_shares = &*skewed;
+  tiled.mma_fold = 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tiled)));
 }
 
 TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
