@@ -96,6 +96,11 @@ absl::Status DecodeChainShareCalibrator::AddLaunch(const unsigned long long* wor
   std::vector<int> sm(grid_);
   std::vector<bool> seen(kDecodeChainMaxSmIds, false);
   for (int b = 0; b < grid_; ++b) {
+    if (word(b, kChainGlobalStart) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DecodeChain calibration: CTA ", b, " of ", grid_,
+          " recorded nothing (a smaller grid: SMs left spare? shares need a CTA on every SM)"));
+    }
     const unsigned long long id = word(b, kChainSmId);
     if (id >= static_cast<unsigned long long>(kDecodeChainMaxSmIds) || seen[id]) {
       return absl::InvalidArgumentError(

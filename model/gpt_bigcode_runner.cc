@@ -258,6 +258,44 @@ absl::StatusOr<int> GptBigCodeRunner::WarmUpDecodeGraphs(int max_batch, int max_
   return model_->num_cuda_graphs() - before;
 }
 
+absl::StatusOr<DecodeChainShareCalibration> GptBigCodeRunner::CalibrateDecodeChainShares(
+    int steps, int context) {
+  model_->set_decode_chain_sm_shares(nullptr);
+  RETURN_IF_ERROR(model_->set_decode_chain_timeline(true));
+  const ModelConfig& c = weights_.config;
+  ASSIGN_OR_RETURN(const std::vector<unsigned long long> zero, model_->decode_chain_timeline());
+  const int grid = static_cast<int>(zero.size() / c.n_layer / kDecodeChainTimelineWords);
+  DecodeChainShareCalibrator calibrator(grid, {c.n_embd, c.n_inner, c.n_embd, c.qkv_rows()});
+  const int bs = cache_.block_size();
+  context = std::clamp<int>(context, 1, static_cast<int>(c.n_positions));
+  StepInput in;
+  in.max_blocks_per_seq = (context + bs - 1) / bs;
+  in.query_start = {0, 1};
+  in.seq_ids = {0};
+  in.token_ids = {0};
+  in.positions = {context - 1};
+  in.slot_mapping = {(context - 1) % bs};  // block 0 (every table entry is 0)
+  in.context_lens = {context};
+  in.logits_rows = {0};
+  in.block_tables.assign(in.max_blocks_per_seq, 0);
+  const std::vector<RowSamplingParams> greedy(1);
+  absl::Status st;
+  for (int step = 0; step < steps && st.ok(); ++step) {
+    st = ExecuteAndSample(in, greedy).status();
+    absl::StatusOr<std::vector<unsigned long long>> words = model_->decode_chain_timeline();
+    if (st.ok()) st = words.status();
+    const size_t stride = st.ok() ? words->size() / c.n_layer : 0;
+    for (int64_t l = 0; st.ok() && l < c.n_layer; ++l) {
+      st = calibrator.AddLaunch(words->data() + l * stride);  // (a layer without a chain: none)
+    }
+  }
+  RETURN_IF_ERROR(model_->set_decode_chain_timeline(false));
+  RETURN_IF_ERROR(st);
+  ASSIGN_OR_RETURN(DecodeChainShareCalibration cal, calibrator.Finish());
+  model_->set_decode_chain_sm_shares(&cal.shares);
+  return cal;
+}
+
 absl::Status GptBigCodeRunner::LaunchSample(const StepInput& input,
                                             absl::Span<const RowSamplingParams> params,
                                             int feed_rows) {

@@ -89,6 +89,13 @@ class GptBigCodeRunner final : public ModelRunner {
   // frozen afterwards (GptBigCode::FreezeGemmAutotune): nothing later pays a timing pass. Returns
   // the graphs captured; 0 where there are none to take.
   absl::StatusOr<int> WarmUpDecodeGraphs(int max_batch, int max_context);
+  // CUDA: calibrates the decode chains' per-SM shares (DecodeChainTuning::sm_shares): `steps`
+  // batch-1 decode steps at `context` tokens (block 0 only, as WarmUpDecodeGraphs: call it before
+  // any sequence holds blocks) record every chain's timeline, DecodeChainShareCalibrator turns
+  // them into shares, and the model takes them (GptBigCode::set_decode_chain_sm_shares; captured
+  // graphs are dropped). FailedPrecondition where no chain ran (the chain is off, or no layer is
+  // large enough) or the calibration had too little to go on; the shares are then equal.
+  absl::StatusOr<DecodeChainShareCalibration> CalibrateDecodeChainShares(int steps, int context);
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int num_kv_blocks() const override { return cache_.num_blocks(); }
   int block_size() const override { return cache_.block_size(); }

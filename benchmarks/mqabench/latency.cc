@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -20,7 +19,6 @@
 #include "benchmarks/mqabench/common.h"
 #include "benchmarks/mqabench/engine_run.h"
 #include "benchmarks/mqabench/kernel_trace.h"
-#include "kernels/device_info.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention_cuda.h"
 
@@ -426,28 +424,17 @@ absl::Status Latency(const Flags& f) {
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);
     const int64_t chains_before = r.model().decode_chain_runs();
     const int64_t tails_before = r.model().tail_attention_runs();
-    // shares: a first, untimed iteration records every chain's timeline for the calibration.
     r.model().set_decode_chain_sm_shares(nullptr);
-    if (!timeline_layers.empty() || shares_row) {
+    if (shares_row) {  // 32 steps at the row's mid context, untimed
+      const absl::StatusOr<DecodeChainShareCalibration> cal =
+          r.CalibrateDecodeChainShares(32, f.input_len + f.output_len / 2);
+      std::printf("  decode chain SM shares: %s\n",
+                  cal.ok() ? cal->Summary().c_str()
+                           : absl::StrCat("none (", cal.status().ToString(), ")").c_str());
+    }
+    if (!timeline_layers.empty()) {
       RETURN_IF_ERROR(r.model().set_decode_chain_timeline(chain != "off"));
     }
-    std::unique_ptr<DecodeChainShareCalibrator> calibrator;
-    if (shares_row) {
-      const ModelConfig& c = s.config;
-      ASSIGN_OR_RETURN(const int grid, CurrentDeviceSms());
-      calibrator = std::make_unique<DecodeChainShareCalibrator>(
-          grid, std::vector<int64_t>{c.n_embd, c.n_inner, c.n_embd, c.qkv_rows()});
-    }
-    // Every chain of the last step into the calibration (a layer without a chain is skipped).
-    auto calibrate_step = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(const std::vector<unsigned long long> words,
-                       r.model().decode_chain_timeline());
-      const size_t stride = words.size() / s.config.n_layer;
-      for (int64_t l = 0; l < s.config.n_layer; ++l) {
-        RETURN_IF_ERROR(calibrator->AddLaunch(words.data() + l * stride));
-      }
-      return absl::OkStatus();
-    };
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
     auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
@@ -499,17 +486,15 @@ absl::Status Latency(const Flags& f) {
     // --kernel-trace: one more iteration, traced and not timed.
     const int timed_iters = f.num_iters_warmup + f.num_iters;
     const int all_iters = timed_iters + (f.kernel_trace.empty() ? 0 : 1);
-    const int calibration_iters = calibrator ? 1 : 0;  // iteration -1
     StepTraceRecorder tracer;
     absl::Status trace_status;  // a tracing failure ends the trace, not the row
     bool tracing = false;
     auto end_traced_step = [&] {
       if (tracing && !(trace_status = tracer.EndStep()).ok()) tracing = false;
     };
-    for (int iter = -calibration_iters; iter < all_iters && failed.ok(); ++iter) {
+    for (int iter = 0; iter < all_iters && failed.ok(); ++iter) {
       const bool traced = iter == timed_iters;
       const bool measured = iter >= f.num_iters_warmup && !traced;
-      const bool calibrating = iter < 0;
       if (traced) tracing = (trace_status = tracer.Start()).ok();
       Blocks blocks(r.num_kv_blocks(), bs);
       std::vector<Seq> seqs(f.batch_size);
@@ -562,7 +547,6 @@ absl::Status Latency(const Flags& f) {
         }
         while (r.model().CollectSample().ok()) {  // drain after a failure
         }
-        if (calibrating && failed.ok()) failed = calibrate_step();  // the last step's chains
       } else {
         // --verify-tokens K: each step also brings K draft tokens (greedy: the model's own token
         // at each, so that they are valid ids) with K + 1 logits rows a sequence; the sequence
@@ -597,21 +581,10 @@ absl::Status Latency(const Flags& f) {
             graph_ms.push_back(g);
           }
           end_traced_step();
-          if (calibrating && !(failed = calibrate_step()).ok()) break;
           for (Seq& q : seqs) ++q.context;
         }
       }
       if (!failed.ok()) break;
-      if (calibrating) {
-        const absl::StatusOr<DecodeChainShareCalibration> cal = calibrator->Finish();
-        if (cal.ok()) {
-          std::printf("  decode chain SM shares: %s\n", cal->Summary().c_str());
-          r.model().set_decode_chain_sm_shares(&cal->shares);
-        } else {
-          std::printf("  decode chain SM shares: none (%s)\n", cal.status().ToString().c_str());
-        }
-        RETURN_IF_ERROR(r.model().set_decode_chain_timeline(!timeline_layers.empty()));
-      }
       const auto t2 = std::chrono::steady_clock::now();
       if (measured) {
         latencies.push_back(Seconds(t0, t2));

@@ -77,8 +77,8 @@
 //     with the fp32 fold; fm is auto with the fused MLP (decode_chain_fused_mlp: mlp.c_proj
 //     streamed from a transposed copy right after c_fc, no grid barrier between them), fmN the same
 //     with N stages a CTA dealt by ticket (decode_chain_fused_pool; fm: the default); shares is
-//     auto with per-SM shares of the chains' rows (GptBigCode::set_decode_chain_sm_shares), from a
-//     calibration iteration run first (every chain's timeline, DecodeChainShareCalibrator; its
+//     auto with per-SM shares of the chains' rows (GptBigCode::set_decode_chain_sm_shares) from a
+//     calibration of 32 untimed decode steps (GptBigCodeRunner::CalibrateDecodeChainShares; its
 //     summary is printed).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /

@@ -194,6 +194,9 @@ TEST(DecodeChainShares, CalibratorRefuses) {
     EXPECT_EQ(cal.AddLaunch(w.data()).code(), absl::StatusCode::kInvalidArgument);
     w[kChainSmId] = kDecodeChainMaxSmIds;
     EXPECT_EQ(cal.AddLaunch(w.data()).code(), absl::StatusCode::kInvalidArgument);
+    auto spare = Timelines(ids, rate, 0.01, 1, rng)[0];
+    spare[(grid - 1) * kDecodeChainTimelineWords + kChainGlobalStart] = 0;  // a grid of 7
+    EXPECT_EQ(cal.AddLaunch(spare.data()).code(), absl::StatusCode::kInvalidArgument);
   }
 }
 

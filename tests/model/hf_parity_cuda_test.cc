@@ -115,7 +115,8 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // the server's decode GEMM tuning (gemm_autotune, the decode graphs warmed up, then frozen); bit
 // 18: the QKV GEMM's tail attention (tail_attention), every prompt prefilled and decoded alone
 // (it takes one-token steps; head_dim 128 only: tiny-mqa-d128 must run it, the others fall back
-// to the attention kernels). 101: the runner's defaults).
+// to the attention kernels); bit 19: with bit 12, the chain's per-SM shares calibrated first
+// (GptBigCodeRunner::CalibrateDecodeChainShares). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -159,6 +160,11 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   auto runner = CreateGptBigCodeRunnerFromDir(load, collectives.get(), opts);
   ASSERT_TRUE(runner.ok()) << runner.status();
   GptBigCodeRunner& r = **runner;
+  if (knobs & 524288) {  // 8 decode steps of block 0 (no sequence holds blocks yet)
+    const absl::StatusOr<DecodeChainShareCalibration> cal = r.CalibrateDecodeChainShares(8, 64);
+    ASSERT_TRUE(cal.ok()) << cal.status();
+    std::printf("decode chain SM shares: %s\n", cal->Summary().c_str());
+  }
   const int64_t vocab = r.vocab_size();
   auto all_refs = testing::LoadHfReferences(load.model_dir, vocab);
   ASSERT_GE(all_refs.size(), 5u);
@@ -281,7 +287,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
-                                         12389, 20581, 36965, 103, 65637, 196709, 327781)),
+                                         12389, 20581, 36965, 528485, 103, 65637, 196709, 327781)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -300,6 +306,7 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 12389  ? "_defaults_chain_attn"
                           : std::get<3>(info.param) == 20581  ? "_defaults_chain_fp32fold"
                           : std::get<3>(info.param) == 36965  ? "_defaults_chain_fusedmlp"
+                          : std::get<3>(info.param) == 528485 ? "_defaults_chain_shares"
                           : std::get<3>(info.param) == 103    ? "_defaults_fuse"
                           : std::get<3>(info.param) == 65637  ? "_defaults_ln"
                           : std::get<3>(info.param) == 196709 ? "_defaults_ln_tuned_x3"
