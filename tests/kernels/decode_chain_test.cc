@@ -204,6 +204,26 @@ std::unique_ptr<DeviceMem> ZeroedChainWorkspace(int slots) {
   return ws;
 }
 
+// A device buffer for one launch's timeline (DecodeChainTuning::timeline) of the default grid.
+struct TimelineStamps {
+  int grid = 0;
+  std::unique_ptr<DeviceMem> mem;
+  TimelineStamps() {
+    const absl::StatusOr<int> g = DecodeChainGrid();
+    EXPECT_TRUE(g.ok()) << g.status();
+    grid = g.ok() ? *g : 0;
+    mem = std::make_unique<DeviceMem>(DecodeChainTimelineWords(grid) * sizeof(unsigned long long));
+  }
+  // Zeroed, as the tuning that records into it.
+  DecodeChainTuning Cleared() const {
+    EXPECT_EQ(cudaMemset(mem->get(), 0, DecodeChainTimelineWords(grid) * 8), cudaSuccess);
+    DecodeChainTuning tuning;
+    tuning.timeline = static_cast<unsigned long long*>(mem->get());
+    return tuning;
+  }
+  std::vector<unsigned long long> Download() const { return mem->Download<unsigned long long>(); }
+};
+
 // Every counter of the workspace's `slots` slots is back at zero (the epoch and the LL words
 // beside them are not counters).
 void ExpectCountersZero(const DeviceMem& ws, int slots, const std::string& what) {
@@ -319,21 +339,17 @@ TEST_P(DecodeChainTest, TimelineAndInflightLimitKeepOutputsAndStampInOrder) {
   c.Make(t, rng_);
   ASSERT_FALSE(HasFatalFailure());
   const auto ws = ZeroedChainWorkspace(1);
-  const absl::StatusOr<int> grid = DecodeChainGrid();
-  ASSERT_TRUE(grid.ok()) << grid.status();
-  const size_t stamp_bytes = DecodeChainTimelineWords(*grid) * sizeof(unsigned long long);
-  DeviceMem stamps(stamp_bytes);
+  const TimelineStamps stamps;
+  ASSERT_GT(stamps.grid, 0);
   for (int run = 0; run < 2; ++run) {
-    ASSERT_EQ(cudaMemset(stamps.get(), 0, stamp_bytes), cudaSuccess);
-    DecodeChainTuning tuning;
+    DecodeChainTuning tuning = stamps.Cleared();
     tuning.max_inflight = run;  // 0: the whole ring; 1: one stage requested at a time
-    tuning.timeline = static_cast<unsigned long long*>(stamps.get());
     c.Reset(stream_);
     ASSERT_TRUE(DecodeChainCuda(c.p, stream_, true, ws->get(), 0, tuning).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     c.Check(t, run == 0 ? "timeline" : "timeline, one stage in flight");
-    const std::vector<unsigned long long> w = stamps.Download<unsigned long long>();
-    for (int b = 0; b < *grid; ++b) {
+    const std::vector<unsigned long long> w = stamps.Download();
+    for (int b = 0; b < stamps.grid; ++b) {
       auto at = [&](int e) { return w[static_cast<size_t>(b) * kDecodeChainTimelineWords + e]; };
       auto phase = [&](int g, int e) {
         return at(kChainPhaseEvents + g * kChainPhaseEventCount + e);
@@ -679,23 +695,18 @@ TEST_P(DecodeChainTest, SmSharesMatchHost) {
   c.Make(t, rng_);
   ASSERT_FALSE(HasFatalFailure());
   const auto ws = ZeroedChainWorkspace(1);
-  const absl::StatusOr<int> grid = DecodeChainGrid();
-  ASSERT_TRUE(grid.ok()) << grid.status();
-  const size_t stamp_words = DecodeChainTimelineWords(*grid);
-  DeviceMem stamps(stamp_words * sizeof(unsigned long long));
-  DecodeChainShareCalibrator cal(*grid, {c.E, c.I, c.E, c.Q});
+  const TimelineStamps stamps;
+  ASSERT_GT(stamps.grid, 0);
+  DecodeChainShareCalibrator cal(stamps.grid, {c.E, c.I, c.E, c.Q});
   std::vector<int> ids;
   for (int launch = 0; launch < 4; ++launch) {
-    ASSERT_EQ(cudaMemset(stamps.get(), 0, stamp_words * sizeof(unsigned long long)), cudaSuccess);
-    DecodeChainTuning tuning;
-    tuning.timeline = static_cast<unsigned long long*>(stamps.get());
-    CheckOneLaunch(c, t, stream_, ws->get(), 0, true, tuning, "timeline for the SM ids");
+    CheckOneLaunch(c, t, stream_, ws->get(), 0, true, stamps.Cleared(), "timeline for the SM ids");
     ASSERT_FALSE(HasFatalFailure());
-    const std::vector<unsigned long long> w = stamps.Download<unsigned long long>();
+    const std::vector<unsigned long long> w = stamps.Download();
     const absl::Status st = cal.AddLaunch(w.data());
     ASSERT_TRUE(st.ok()) << st;
     if (launch == 0) {
-      for (int b = 0; b < *grid; ++b) {
+      for (int b = 0; b < stamps.grid; ++b) {
         ids.push_back(static_cast<int>(w[b * kDecodeChainTimelineWords + kChainSmId]));
       }
     }
