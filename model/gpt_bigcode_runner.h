@@ -94,7 +94,9 @@ class GptBigCodeRunner final : public ModelRunner {
   // any sequence holds blocks) record every chain's timeline, DecodeChainShareCalibrator turns
   // them into shares, and the model takes them (GptBigCode::set_decode_chain_sm_shares; captured
   // graphs are dropped). FailedPrecondition where no chain ran (the chain is off, or no layer is
-  // large enough) or the calibration had too little to go on; the shares are then equal.
+  // large enough) or the calibration had too little to go on; the shares are then equal. The
+  // timelines are read as the default chain's four phases (c_proj, c_fc, mlp.c_proj, c_attn):
+  // with decode_chain_attention on, the phases are offset by one and the rates mismatched.
   absl::StatusOr<DecodeChainShareCalibration> CalibrateDecodeChainShares(int steps, int context);
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int num_kv_blocks() const override { return cache_.num_blocks(); }
