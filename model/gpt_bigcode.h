@@ -352,7 +352,7 @@ class GptBigCode {
   // The buffer as the last step left it (n_layer x the SM count x kDecodeChainTimelineWords words,
   // zero where no chain ran); empty when off.
   absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
-  // Benchmarks (mqabench --chain sm): the decode chains take per-SM shares of their rows
+  // Benchmarks (mqabench --chain shares): the decode chains take per-SM shares of their rows
   // (DecodeChainTuning::sm_shares, a copy kept here; calibrated from decode_chain_timeline's
   // words by DecodeChainShareCalibrator); null: equal shares. Drops captured graphs.
   void set_decode_chain_sm_shares(const DecodeChainSmShares* shares);

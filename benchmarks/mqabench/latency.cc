@@ -245,7 +245,7 @@ absl::Status Latency(const Flags& f) {
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
           row != "rel" && row != "tail" && row != "notail" && row != "ll" && row != "nl" &&
           row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
-          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" &&
+          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -262,7 +262,7 @@ absl::Status Latency(const Flags& f) {
             "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
             "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
             "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "
-            "a CTA dealt by ticket)");
+            "a CTA dealt by ticket) / shares (auto with calibrated per-SM shares of the rows)");
       }
       chains.push_back(row);
     }
