@@ -237,8 +237,8 @@ __device__ __forceinline__ void CtaRows(const ChainArgs& a, const ChainPhaseArgs
     asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
     const uint32_t b = smid < kDecodeChainMaxSmIds ? a.shares[smid] : kDecodeChainNoShare;
     if (b == kDecodeChainNoShare) __trap();  // an SM the shares do not know: rows would be lost
-    r0 = static_cast<int>(static_cast<int64_t>(ph.n) * (b & 0xffffu) / kDecodeChainShareOne);
-    r1 = static_cast<int>(static_cast<int64_t>(ph.n) * (b >> 16) / kDecodeChainShareOne);
+    r0 = static_cast<int>(DecodeChainShareRow(b, ph.n, false));
+    r1 = static_cast<int>(DecodeChainShareRow(b, ph.n, true));
   } else {
     r0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * ph.n / gridDim.x);
     r1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * ph.n / gridDim.x);
@@ -1680,8 +1680,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     int64_t most = 0;
     for (uint32_t b : shares->bounds) {
       if (b == kDecodeChainNoShare) continue;
-      most = std::max(
-          most, n * (b >> 16) / kDecodeChainShareOne - n * (b & 0xffffu) / kDecodeChainShareOne);
+      most = std::max(most, DecodeChainShareRow(b, n, true) - DecodeChainShareRow(b, n, false));
     }
     return most;
   };

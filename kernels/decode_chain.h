@@ -158,6 +158,11 @@ struct DecodeChainSmShares {
   uint32_t bounds[kDecodeChainMaxSmIds];
   int sms = 0;  // SMs with a share
 };
+// The first row of a phase of n rows that the SM with share word `bounds` takes (`end`: one past
+// its last). The kernel, the launch's sizing and the tests all read a share through this.
+constexpr int64_t DecodeChainShareRow(uint32_t bounds, int64_t n, bool end) {
+  return n * (end ? bounds >> 16 : bounds & 0xffffu) / kDecodeChainShareOne;
+}
 
 // Shares proportional to `rates` (SM id -> relative streaming rate, each > 0; ids distinct and
 // below kDecodeChainMaxSmIds). InvalidArgument otherwise.

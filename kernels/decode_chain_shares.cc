@@ -118,10 +118,10 @@ absl::Status DecodeChainShareCalibrator::AddLaunch(const unsigned long long* wor
   for (int g = 0; g < phases && g <= kMaxDecodeChainPhases; ++g) {
     const int64_t n = phase_rows_[g];
     if (n < grid_) continue;  // CTAs without rows
+    const int base = kChainPhaseEvents + g * kChainPhaseEventCount;
     std::vector<double> x(grid_), t(grid_);
     bool complete = true;
     for (int b = 0; b < grid_ && complete; ++b) {
-      const int base = kChainPhaseEvents + g * kChainPhaseEventCount;
       const unsigned long long first = word(b, base + kChainFirstFull);
       const unsigned long long last = word(b, base + kChainLastRelease);
       const int64_t rows = (b + 1) * n / grid_ - b * n / grid_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device_info.h"
 #include "runtime/status.h"
 
 #ifdef MQA_WITH_CUDA
@@ -222,6 +223,30 @@ absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
   return std::move(step.tokens);
 }
 
+namespace {
+
+// A decode step of n sequences at `context` tokens that reads and writes only KV block 0 (every
+// block-table entry is 0): the warm-up's and the calibration's steps, before any sequence holds
+// blocks.
+StepInput BlockZeroDecodeStep(int n, int context, int block_size) {
+  StepInput in;
+  in.max_blocks_per_seq = (context + block_size - 1) / block_size;
+  in.query_start.push_back(0);
+  for (int s = 0; s < n; ++s) {
+    in.seq_ids.push_back(s);
+    in.token_ids.push_back(0);
+    in.positions.push_back(context - 1);
+    in.slot_mapping.push_back((context - 1) % block_size);
+    in.query_start.push_back(s + 1);
+    in.context_lens.push_back(context);
+    in.logits_rows.push_back(s);
+  }
+  in.block_tables.assign(static_cast<size_t>(n) * in.max_blocks_per_seq, 0);
+  return in;
+}
+
+}  // namespace
+
 absl::StatusOr<int> GptBigCodeRunner::WarmUpDecodeGraphs(int max_batch, int max_context) {
   const int before = model_->num_cuda_graphs();
   const int bs = cache_.block_size();
@@ -231,19 +256,7 @@ absl::StatusOr<int> GptBigCodeRunner::WarmUpDecodeGraphs(int max_batch, int max_
   // before it.
   std::reverse(shapes.begin(), shapes.end());
   for (const auto& [n, context] : shapes) {
-    StepInput in;
-    in.max_blocks_per_seq = (context + bs - 1) / bs;
-    in.query_start.push_back(0);
-    for (int s = 0; s < n; ++s) {
-      in.seq_ids.push_back(s);
-      in.token_ids.push_back(0);
-      in.positions.push_back(context - 1);
-      in.slot_mapping.push_back((context - 1) % bs);  // block 0 (every table entry is 0)
-      in.query_start.push_back(s + 1);
-      in.context_lens.push_back(context);
-      in.logits_rows.push_back(s);
-    }
-    in.block_tables.assign(static_cast<size_t>(n) * in.max_blocks_per_seq, 0);
+    const StepInput in = BlockZeroDecodeStep(n, context, bs);
     const std::vector<RowSamplingParams> greedy(n);
     for (int pass = 0; pass < 2; ++pass) {
       auto tokens = ExecuteAndSample(in, greedy);
@@ -263,21 +276,11 @@ absl::StatusOr<DecodeChainShareCalibration> GptBigCodeRunner::CalibrateDecodeCha
   model_->set_decode_chain_sm_shares(nullptr);
   RETURN_IF_ERROR(model_->set_decode_chain_timeline(true));
   const ModelConfig& c = weights_.config;
-  ASSIGN_OR_RETURN(const std::vector<unsigned long long> zero, model_->decode_chain_timeline());
-  const int grid = static_cast<int>(zero.size() / c.n_layer / kDecodeChainTimelineWords);
+  // The timeline's grid: a CTA on every SM (set_decode_chain_timeline sizes it so).
+  ASSIGN_OR_RETURN(const int grid, CurrentDeviceSms());
   DecodeChainShareCalibrator calibrator(grid, {c.n_embd, c.n_inner, c.n_embd, c.qkv_rows()});
-  const int bs = cache_.block_size();
-  context = std::clamp<int>(context, 1, static_cast<int>(c.n_positions));
-  StepInput in;
-  in.max_blocks_per_seq = (context + bs - 1) / bs;
-  in.query_start = {0, 1};
-  in.seq_ids = {0};
-  in.token_ids = {0};
-  in.positions = {context - 1};
-  in.slot_mapping = {(context - 1) % bs};  // block 0 (every table entry is 0)
-  in.context_lens = {context};
-  in.logits_rows = {0};
-  in.block_tables.assign(in.max_blocks_per_seq, 0);
+  const StepInput in = BlockZeroDecodeStep(
+      1, std::clamp<int>(context, 1, static_cast<int>(c.n_positions)), cache_.block_size());
   const std::vector<RowSamplingParams> greedy(1);
   absl::Status st;
   for (int step = 0; step < steps && st.ok(); ++step) {

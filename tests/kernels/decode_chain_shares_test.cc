@@ -17,8 +17,7 @@ namespace {
 
 // Rows [r0, r1) of the CTA on SM `sm` of a phase of n rows, as the kernel computes them.
 std::pair<int64_t, int64_t> Rows(const DecodeChainSmShares& s, int sm, int64_t n) {
-  const uint32_t b = s.bounds[sm];
-  return {n * (b & 0xffffu) / kDecodeChainShareOne, n * (b >> 16) / kDecodeChainShareOne};
+  return {DecodeChainShareRow(s.bounds[sm], n, false), DecodeChainShareRow(s.bounds[sm], n, true)};
 }
 
 TEST(DecodeChainShares, FromRatesPartitionsEveryNInSmOrder) {
