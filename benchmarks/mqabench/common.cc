@@ -9,13 +9,6 @@
 
 namespace mqa::bench {
 
-bool ParseRingForm(const std::string& row, int* kib, int* inflight) {
-  const size_t f = row.find('f');
-  if (row.size() < 4 || row[0] != 'k' || f == std::string::npos) return false;
-  return absl::SimpleAtoi(row.substr(1, f - 1), kib) && *kib > 0 && *kib % 8 == 0 &&
-         absl::SimpleAtoi(row.substr(f + 1), inflight) && *inflight >= 0;
-}
-
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }

@@ -150,43 +150,10 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
   return absl::OkStatus();
 }
 
-// --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
-// wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
-int SkinnyStageKib(absl::string_view v) {
-  int kib = -1;
-  if (!absl::ConsumePrefix(&v, "skinnyds") || !absl::SimpleAtoi(v, &kib) || kib < 0 || kib > 64) {
-    return -1;
-  }
-  return kib;
-}
-
-// --gemm tma[B][hH]: skinnyd with the stream-TC kernel's TMA form for 8 < m <= 64, B its boxes a
-// stage (1, 2, 4; none: the default), H its L2 hints (0, 1). Sets *boxes / *hints (0 / -1 when
-// absent); false for any other variant.
-bool ParseTmaVariant(absl::string_view v, int* boxes, int* hints) {
-  *boxes = 0;
-  *hints = -1;
-  if (!absl::ConsumePrefix(&v, "tma")) return false;
-  if (!v.empty() && v[0] >= '1' && v[0] <= '4') {
-    *boxes = v[0] - '0';
-    v.remove_prefix(1);
-    if (*boxes == 3) return false;
-  }
-  if (absl::ConsumePrefix(&v, "h")) {
-    if (v != "0" && v != "1") return false;
-    *hints = v[0] - '0';
-    v.remove_prefix(1);
-  }
-  return v.empty();
-}
-bool IsTmaVariant(absl::string_view v) {
-  int boxes = 0, hints = 0;
-  return ParseTmaVariant(v, &boxes, &hints);
-}
-
 }  // namespace
 
 absl::Status Latency(const Flags& f) {
+  ASSIGN_OR_RETURN(const LatencyPlan plan, PlanLatency(f, kNumPagedAttentionVariants));
   const int bs = f.block_size;
   const int per_seq = (f.input_len + f.output_len + f.verify_tokens + bs - 1) / bs;
   ASSIGN_OR_RETURN(Setup s, MakeSetup(f, f.batch_size * per_seq + 8,
@@ -194,187 +161,18 @@ absl::Status Latency(const Flags& f) {
                                       std::max(256, f.batch_size * (1 + f.verify_tokens))));
   GptBigCodeRunner& r = *s.runner;
   const double floor_ms = s.weight_bytes / s.copy_bw * 1e3;
-  // skinny = skinny2 (two weight rows per warp); "both": skinny2 and cuBLASLt; "all": every one.
-  std::vector<std::string> variants;
-  if (f.gemm == "both") {
-    variants = {"skinny2", "cublaslt"};
-  } else if (f.gemm == "all") {
-    variants = {"skinny1", "skinny2", "skinny4", "cublaslt"};
-  } else {
-    // A comma-separated list: skinny (= skinny2), skinny1, skinny4, cublaslt, splitk (the split-K
-    // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
-    // with CudaGemm::Options::skinny_deep_unroll), skinnydh / skinnydf (skinnyd with
-    // skinny_half_fold on / off; skinnyd leaves it at the model's default, on), skinnydsN,
-    // skinnydo, skinnyde (skinnyd with the epilogue's loads before the fold).
-    for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
-      variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
+  for (int l : plan.timeline_layers) {
+    if (l >= s.config.n_layer) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--chain-timeline ", f.chain_timeline, ": layers 1 .. n_layer - 1"));
     }
   }
-  for (const std::string& v : variants) {
-    if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
-        v != "tc" && !IsTmaVariant(v) && v != "splitk+tc" && v != "skinnyd" && v != "skinnydh" &&
-        v != "skinnydf" && v != "skinnydo" && v != "skinnyde" && SkinnyStageKib(v) < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
-    }
-  }
-  std::vector<std::string> fasts;
-  if (f.fast == "all") {
-    fasts = {"off", "fuse", "pdl", "pdl+fuse"};  // PDL last: fuse measured even if it fails
-  } else {
-    for (absl::string_view v : absl::StrSplit(f.fast, ',')) {
-      if (v != "off" && v != "pdl" && v != "fuse" && v != "pdl+fuse" && v != "pdl+ln") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--fast ", v, ": off|pdl|fuse|pdl+fuse|pdl+ln (a list) or all"));
-      }
-      fasts.emplace_back(v);
-    }
-  }
-  // An off|on|both flag as the rows it asks for.
-  auto rows_of = [](const std::string& flag) {
-    return flag == "both" ? std::vector<std::string>{"off", "on"} : std::vector<std::string>{flag};
-  };
-  std::vector<std::string> tunes;
-  for (absl::string_view v : absl::StrSplit(f.autotune, ',')) {
-    for (const std::string& row : rows_of(std::string(v))) tunes.push_back(row);
-  }
-  const std::vector<std::string> smalls = rows_of(f.small), asyncs = rows_of(f.async);
-  std::vector<std::string> chains;
-  for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
-    for (const std::string& row : rows_of(std::string(v))) {
-      int number = 0, kib = 0, inflight = 0;
-      if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          row != "rel" && row != "tail" && row != "notail" && row != "ll" && row != "nl" &&
-          row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
-          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" && row != "shares" &&
-          !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
-            number >= 0) &&
-          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
-            absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
-          !ParseRingForm(row, &kib, &inflight)) {
-        return absl::InvalidArgumentError(
-            "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
-            "inside the chain) / sN (on, N spare SMs) / fN (on, at most N ring stages in flight) "
-            "/ late (auto, released by the attention only once it is done) / rel (auto, and "
-            "every attention releases the next kernel early, chain or not) / tail, notail (auto "
-            "with the QKV GEMM's tail attention on, off) / wN (auto, each "
-            "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
-            "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
-            "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
-            "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
-            "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "
-            "a CTA dealt by ticket) / shares (auto with calibrated per-SM shares of the rows)");
-      }
-      chains.push_back(row);
-    }
-  }
-  // A comma list of integers as rows; `ok` says which values the flag takes.
-  auto int_rows = [](const std::string& list, const char* flag, const char* allowed,
-                     auto ok) -> absl::StatusOr<std::vector<int>> {
-    std::vector<int> rows;
-    for (absl::string_view v : absl::StrSplit(list, ',')) {
-      int x = 0;
-      if (!absl::SimpleAtoi(v, &x) || !ok(x)) {
-        return absl::InvalidArgumentError(absl::StrCat(flag, " ", list, ": ", allowed));
-      }
-      rows.push_back(x);
-    }
-    return rows;
-  };
-  ASSIGN_OR_RETURN(const std::vector<int> attns,
-                   int_rows(f.attn, "--attn",
-                            absl::StrCat("variants 0..", kNumPagedAttentionVariants - 1).c_str(),
-                            [](int a) { return a >= 0 && a < kNumPagedAttentionVariants; }));
-  std::vector<std::pair<std::string, uint32_t>> skips;
-  for (absl::string_view row : absl::StrSplit(f.skip, ',')) {
-    uint32_t bits = 0;
-    if (row != "none") {
-      for (absl::string_view op : absl::StrSplit(row, '+')) {
-        if (op == "ln") {
-          bits |= kSkipLayerNorm;
-        } else if (op == "kvw") {
-          bits |= kSkipKvWrite;
-        } else if (op == "attn") {
-          bits |= kSkipAttention;
-        } else if (op == "gemm") {
-          bits |= kSkipGemm;
-        } else if (op == "act") {
-          bits |= kSkipActivation;
-        } else {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--skip ", f.skip, ": none or ln, kvw, attn, gemm, act joined by +"));
-        }
-      }
-    }
-    skips.emplace_back(std::string(row), bits);
-  }
-  if (f.skip != "none" && f.async != "off") {
-    return absl::InvalidArgumentError("--skip runs with --async off only");
-  }
-  if (f.verify_tokens < 0 || f.verify_tokens > 15) {
-    return absl::InvalidArgumentError("--verify-tokens must be in 0..15");
-  }
-  if (f.verify_tokens > 0 && (f.async != "off" || f.engine != "off")) {
-    return absl::InvalidArgumentError(
-        "--verify-tokens runs with --async off and --engine off only");
-  }
-  if (!f.kernel_trace.empty() && (f.async != "off" || f.engine != "off")) {
-    return absl::InvalidArgumentError("--kernel-trace runs with --async off and --engine off only");
-  }
-  std::vector<int> timeline_layers;
-  if (!f.chain_timeline.empty()) {
-    ASSIGN_OR_RETURN(timeline_layers,
-                     int_rows(f.chain_timeline, "--chain-timeline", "layers 1 .. n_layer - 1",
-                              [&](int l) { return l >= 1 && l < s.config.n_layer; }));
-  }
-  ASSIGN_OR_RETURN(const std::vector<int> wms,
-                   int_rows(f.attn_wm, "--attn-wm", "0, 1, 2, 3, 4, 8", [](int w) {
-                     return w == 0 || w == 1 || w == 2 || w == 3 || w == 4 || w == 8;
-                   }));
-  ASSIGN_OR_RETURN(
-      const std::vector<int> split_rows,
-      int_rows(f.attn_splits, "--attn-splits", "counts >= 0", [](int n) { return n >= 0; }));
-  ASSIGN_OR_RETURN(const std::vector<int> tn_rows,
-                   int_rows(f.attn_tn, "--attn-tn", "0, 32, 64",
-                            [](int n) { return n == 0 || n == 32 || n == 64; }));
-  struct Run {
-    std::string variant, fast, autotune, small, async, chain, engine;
-    int attn = 3;
-    std::pair<std::string, uint32_t> skip;
-    int wm = 0;
-    int splits = 0;
-    int tn = 0;
-  };
-  std::vector<Run> runs;
-  for (const std::string& v : variants) {
-    for (const std::string& k : fasts) {
-      for (const std::string& a : tunes) {
-        for (const std::string& m : smalls) {
-          for (const std::string& y : asyncs) {
-            for (int t : attns) {
-              for (const auto& x : skips) {
-                for (int w : wms) {
-                  for (int n : split_rows) {
-                    for (int tn : tn_rows) {
-                      for (const std::string& c : chains) {
-                        for (const std::string& e : rows_of(f.engine)) {
-                          runs.push_back({v, k, a, m, y, c, e, t, x, w, n, tn});
-                        }
-                      }
-                    }
-                  }
-                }
-              }
-            }
-          }
-        }
-      }
-    }
-  }
+  const std::vector<int>& timeline_layers = plan.timeline_layers;
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
   int row_index = -1;
   for (const auto& [variant, fast, autotune, small, async, chain, engine, attn, skip, wm, splits,
-                    tn] : runs) {
+                    tn] : plan.runs) {
     ++row_index;
     r.model().set_attention(attn, wm, splits, tn);
     const bool attention_row = chain == "at";

@@ -117,132 +117,15 @@
 #include "benchmarks/mqabench/common.h"
 #include "runtime/status.h"
 
-namespace mqa::bench {
-namespace {
-
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  Flags f;
-  if (argc < 2) return absl::InvalidArgumentError("usage: mqabench latency|throughput [flags]");
-  f.mode = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    auto as_int = [&](int* out) -> absl::Status {
-      ASSIGN_OR_RETURN(std::string v, value());
-      *out = std::atoi(v.c_str());
-      return absl::OkStatus();
-    };
-    if (a == "--model") {
-      ASSIGN_OR_RETURN(f.model, value());
-    } else if (a == "--batch-size") {
-      RETURN_IF_ERROR(as_int(&f.batch_size));
-    } else if (a == "--input-len") {
-      RETURN_IF_ERROR(as_int(&f.input_len));
-    } else if (a == "--output-len") {
-      RETURN_IF_ERROR(as_int(&f.output_len));
-    } else if (a == "--num-iters") {
-      RETURN_IF_ERROR(as_int(&f.num_iters));
-    } else if (a == "--num-iters-warmup") {
-      RETURN_IF_ERROR(as_int(&f.num_iters_warmup));
-    } else if (a == "--load-format") {
-      ASSIGN_OR_RETURN(f.load_format, value());
-    } else if (a == "--dtype") {
-      ASSIGN_OR_RETURN(f.dtype, value());
-    } else if (a == "--gemm") {
-      ASSIGN_OR_RETURN(f.gemm, value());
-    } else if (a == "--fast") {
-      ASSIGN_OR_RETURN(f.fast, value());
-    } else if (a == "--autotune") {
-      ASSIGN_OR_RETURN(f.autotune, value());
-    } else if (a == "--small") {
-      ASSIGN_OR_RETURN(f.small, value());
-    } else if (a == "--async") {
-      ASSIGN_OR_RETURN(f.async, value());
-    } else if (a == "--engine") {
-      ASSIGN_OR_RETURN(f.engine, value());
-    } else if (a == "--chain") {
-      ASSIGN_OR_RETURN(f.chain, value());
-    } else if (a == "--chain-timeline") {
-      ASSIGN_OR_RETURN(f.chain_timeline, value());
-    } else if (a == "--verify-tokens") {
-      RETURN_IF_ERROR(as_int(&f.verify_tokens));
-    } else if (a == "--graph-query") {
-      RETURN_IF_ERROR(as_int(&f.graph_query));
-    } else if (a == "--speculative") {
-      RETURN_IF_ERROR(as_int(&f.speculative));
-    } else if (a == "--kernel-trace") {
-      ASSIGN_OR_RETURN(f.kernel_trace, value());
-    } else if (a == "--attn") {
-      ASSIGN_OR_RETURN(f.attn, value());
-    } else if (a == "--attn-splits") {
-      ASSIGN_OR_RETURN(f.attn_splits, value());
-    } else if (a == "--attn-tn") {
-      ASSIGN_OR_RETURN(f.attn_tn, value());
-    } else if (a == "--attn-wm") {
-      ASSIGN_OR_RETURN(f.attn_wm, value());
-    } else if (a == "--skip") {
-      ASSIGN_OR_RETURN(f.skip, value());
-    } else if (a == "--block-size") {
-      RETURN_IF_ERROR(as_int(&f.block_size));
-    } else if (a == "--no-cuda-graphs") {
-      f.cuda_graphs = false;
-    } else if (a == "--num-prompts") {
-      RETURN_IF_ERROR(as_int(&f.num_prompts));
-    } else if (a == "--max-num-seqs") {
-      RETURN_IF_ERROR(as_int(&f.max_num_seqs));
-    } else if (a == "--max-num-batched-tokens") {
-      RETURN_IF_ERROR(as_int(&f.max_num_batched_tokens));
-    } else if (a == "--seed") {
-      int s = 0;
-      RETURN_IF_ERROR(as_int(&s));
-      f.seed = s;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
-    }
-  }
-  for (absl::string_view v : absl::StrSplit(f.autotune, ',')) {
-    if (v != "off" && v != "on" && v != "decode" && v != "both") {
-      return absl::InvalidArgumentError("--autotune off|on|decode|both or a comma list of them");
-    }
-  }
-  if (f.small != "off" && f.small != "on" && f.small != "both") {
-    return absl::InvalidArgumentError("--small off|on|both");
-  }
-  if (f.async != "off" && f.async != "on" && f.async != "both") {
-    return absl::InvalidArgumentError("--async off|on|both");
-  }
-  if (f.engine != "off" && f.engine != "on" && f.engine != "both") {
-    return absl::InvalidArgumentError("--engine off|on|both");
-  }
-  if (f.load_format != "dummy") {
-    return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
-  }
-  if (f.dtype != "float16" && f.dtype != "bfloat16" && f.dtype != "auto") {
-    return absl::InvalidArgumentError("--dtype auto|float16|bfloat16");
-  }
-  return f;
-}
-
-}  // namespace
-}  // namespace mqa::bench
-
 int main(int argc, char** argv) {
-  auto flags = mqa::bench::ParseFlags(argc, argv);
+  auto flags = mqa::bench::ParseFlags(argc, const_cast<const char* const*>(argv));
   if (!flags.ok()) {
     std::fprintf(stderr, "mqabench: %s\n", flags.status().ToString().c_str());
     return 2;
   }
-  absl::Status st;
-  if (flags->mode == "latency") {
-    st = mqa::bench::Latency(*flags);
-  } else if (flags->mode == "throughput") {
-    st = mqa::bench::Throughput(*flags);
-  } else {
-    st = absl::InvalidArgumentError("mode must be latency or throughput");
-  }
+  // ParseFlags took latency or throughput only.
+  const absl::Status st =
+      flags->mode == "latency" ? mqa::bench::Latency(*flags) : mqa::bench::Throughput(*flags);
   if (!st.ok()) {
     std::fprintf(stderr, "mqabench: %s\n", st.ToString().c_str());
     return 1;
