@@ -538,7 +538,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     with_kv.kv_width = kv_heads_ * D;
     LinearParams fused = qkv_lin;
     fused.gemm.a = hidden_.raw();
-    if (tail_attention_ && n == 1 && !chain_step && ctx_.tail_workspace != nullptr &&
+    if (tail_attention_ && n == 1 && !chain_step && w_.shard.world_size == 1 &&
+        ctx_.tail_workspace != nullptr &&
         (ctx_.skip & (kSkipGemm | kSkipAttention | kSkipKvWrite)) == 0) {
       LinearFusion f = with_kv;
       f.tail = {.output = attn_.raw(),

@@ -243,7 +243,8 @@ struct GptBigCodeOptions {
   // (GemmTailAttention, kernels/gemm.h): extra CTAs a (head, 64-token split) load their cached
   // rows while the GEMM runs and attend once it is done, the last split of a head merging; no
   // attention or merge launch. Head_dim 128, contexts of at most 128 / heads x 64 tokens (512 for
-  // SantaCoder), elsewhere the attention kernels. On the H200 (2026-12-06 02:17 UTC, mqabench
+  // SantaCoder), elsewhere the attention kernels; one rank only (not measured with tensor
+  // parallelism, where the heads are shards). On the H200 (2026-12-06 02:17 UTC, mqabench
   // --chain notail,tail,notail,tail; BENCHMARKS.md) a SantaCoder b1 step 0.940 / 0.931 ms without,
   // 0.902 / 0.895 with (-4%).
   bool tail_attention = true;
