@@ -161,21 +161,39 @@ __device__ __forceinline__ void CpAsyncWait() {
 
 // cudaLaunchKernelEx with the programmatic-stream-serialization attribute when `pdl` (works
 // inside CUDA graph capture: the edge becomes a programmatic one), with `smem` bytes of dynamic
-// shared memory.
+// shared memory, as a grid of thread-block clusters of cluster_x CTAs along x where cluster_x > 1
+// (grid.x a multiple of it).
 template <typename... KArgs, typename... Args>
-cudaError_t LaunchMaybePdlSmem(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                               size_t smem, cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchMaybePdlCluster(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid,
+                                  dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The same without clusters.
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchMaybePdlSmem(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                               size_t smem, cudaStream_t stream, Args&&... args) {
+  return LaunchMaybePdlCluster(pdl, 1, kernel, grid, block, smem, stream,
+                               std::forward<Args>(args)...);
 }
 
 // The same without dynamic shared memory.

@@ -50,7 +50,15 @@ struct GemmTailAttention {
   // each launch leaves them zeroed.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // The splits of a head (2 to kGemmTailMaxClusterSplits of them) as one thread-block cluster:
+  // each keeps its partial in shared memory and, after a cluster barrier, the first merges them
+  // through distributed shared memory, instead of the partials going through L2 and the last
+  // split to count in (an atomic round trip) merging. The launch's GEMM CTAs are padded to a
+  // multiple of the splits (the clusters tile the grid). Elsewhere (one split, more than 8) the
+  // L2 merge.
+  bool cluster_merge = false;
 };
+inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
 // 2 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.

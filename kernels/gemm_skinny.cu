@@ -2,6 +2,8 @@
 // and its split-K form (SkinnySplitKGemmCuda), with their fused epilogues (bias, GELU-tanh,
 // residual, the layer norm of A's rows, the KV-cache write). CudaGemm (gemm_cuda.cu) routes decode
 // shapes here; see gemm_cuda.h for what each option does.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -45,6 +47,7 @@ struct SkinnyTailArgs {
   const int32_t* context_len = nullptr;
   int heads = 0, group = 1, kv_width = 0, block_shift = 0, splits = 0;
   int gemm_ctas = 0;        // CTAs [0, gemm_ctas) run the GEMM, the rest the attention
+  int cluster = 0;  // > 0: the launch's cluster size (= splits; GemmTailAttention::cluster_merge)
   float scale_log2 = 0.0f;  // softmax scale x log2(e)
   // counters[0]: GEMM CTAs done; [1]: attention CTAs past their wait for [0]; [2 + h]: head h's
   // splits done. Each is zero again when the launch ends.
@@ -402,6 +405,45 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   T* out = t.out + h * D + d;
   if (t.splits == 1) {
     *out = fwd::FromFloat<T>(os / ls);
+  } else if (t.cluster > 0) {
+    // The head's splits are one cluster (gemm_ctas is a multiple of the cluster size, so split s
+    // is the cluster's rank s): partials in shared memory, rank 0 merges them through DSMEM; the
+    // second barrier keeps every rank's shared memory alive until rank 0 has read it.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float tail_part[D + 2];
+    tail_part[d] = os;
+    if (d == 0) {
+      tail_part[D] = ms;
+      tail_part[D + 1] = ls;
+    }
+    asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");  // release: tail_part
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");    // acquire: the peers'
+    if (s == 0) {
+      float mi[kGemmTailMaxClusterSplits], li[kGemmTailMaxClusterSplits];
+      float oi[kGemmTailMaxClusterSplits];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kGemmTailMaxClusterSplits; ++j) {
+        const bool in = j < t.splits;
+        const float* peer = cluster.map_shared_rank(tail_part, in ? j : 0);
+        mi[j] = in ? peer[D] : -INFINITY;  // -inf also for a split past the context
+        li[j] = peer[D + 1];
+        oi[j] = peer[d];
+        mx = fmaxf(mx, mi[j]);
+      }
+      float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kGemmTailMaxClusterSplits; ++j) {
+        if (mi[j] == -INFINITY) continue;
+        const float f = exp2f(mi[j] - mx);
+        sum = fmaf(f, li[j], sum);
+        acc = fmaf(f, oi[j], acc);
+      }
+      *out = fwd::FromFloat<T>(acc / sum);
+    }
+    asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   } else {
     constexpr int kSlot = D + 2;
     const float* head = t.partials + static_cast<int64_t>(h * t.splits) * kSlot;
@@ -676,11 +718,15 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
       CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 static_cast<int>(smem)));
     }
-    CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(pdl, kernel, grid, block, smem, stream, b));
+    // kTail with the cluster merge: the head's splits as one cluster (0 elsewhere: none).
+    CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlCluster(pdl, static_cast<unsigned>(b.tail.cluster),
+                                                    kernel, grid, block, smem, stream, b));
     return absl::OkStatus();
   };
   if constexpr (kTail) {
-    grid.x += static_cast<unsigned>(a.tail.heads * a.tail.splits);
+    // The GEMM's CTAs (padded to a multiple of the cluster size with the cluster merge), then the
+    // tail's.
+    grid.x = static_cast<unsigned>(a.tail.gemm_ctas + a.tail.heads * a.tail.splits);
     return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
   }
   switch (act) {
@@ -735,7 +781,10 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->kv_width = static_cast<int>(e.kv_width);
   t->block_shift = __builtin_ctz(static_cast<unsigned>(g.block_size));
   t->splits = splits;
-  t->gemm_ctas = gemm_ctas;
+  t->cluster = g.cluster_merge && splits > 1 && splits <= kGemmTailMaxClusterSplits ? splits : 0;
+  // With the cluster merge the clusters tile the grid: GEMM CTAs past n (no rows) are added so
+  // that the tail's CTAs start on a cluster boundary; they count in like the others.
+  t->gemm_ctas = t->cluster > 0 ? (gemm_ctas + splits - 1) / splits * splits : gemm_ctas;
   t->scale_log2 = g.scale * 1.4426950408889634f;
   t->counters = static_cast<int*>(g.workspace);
   t->partials =

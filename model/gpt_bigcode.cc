@@ -552,7 +552,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .max_context = idx.max_context_len,
                 .scale = scale,
                 .workspace = ctx_.tail_workspace,
-                .workspace_bytes = ctx_.tail_workspace_bytes};
+                .workspace_bytes = ctx_.tail_workspace_bytes,
+                .cluster_merge = tail_cluster_merge_};
       const absl::Status st = FusedLinear(ctx_, fused, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();

@@ -248,6 +248,10 @@ struct GptBigCodeOptions {
   // --chain notail,tail,notail,tail; BENCHMARKS.md) a SantaCoder b1 step 0.940 / 0.931 ms without,
   // 0.902 / 0.895 with (-4%).
   bool tail_attention = true;
+  // With tail_attention: GemmTailAttention::cluster_merge (a head's splits merged through
+  // distributed shared memory in one thread-block cluster). Off until measured (mqabench --chain
+  // tailc).
+  bool tail_cluster_merge = false;
 };
 
 class GptBigCode {
@@ -370,6 +374,8 @@ class GptBigCode {
   void set_decode_chain_steal_chunks(int chunks);
   // Tests and benchmarks: GptBigCodeOptions::tail_attention. Drops captured graphs.
   void set_tail_attention(bool on);
+  // GptBigCodeOptions::tail_cluster_merge. Drops captured graphs.
+  void set_tail_cluster_merge(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -471,6 +477,7 @@ class GptBigCode {
   bool chain_early_release_ = true;         // ... _early_release
   bool attention_release_early_ = false;    // set_attention_release_early
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
+  bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

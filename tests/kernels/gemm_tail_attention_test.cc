@@ -37,11 +37,11 @@ struct TailCase {
   int heads, kv_heads, k, block_size, ctx, max_context;
 };
 
-// (dtype, fp16 pair fold, PDL)
-class GemmTailAttentionTest : public testing::CudaStreamTest<std::tuple<DType, bool, bool>> {
+// (dtype, fp16 pair fold, PDL, GemmTailAttention::cluster_merge)
+class GemmTailAttentionTest : public testing::CudaStreamTest<std::tuple<DType, bool, bool, bool>> {
  protected:
   std::unique_ptr<CudaGemm> MakeGemm(bool deep = true) {
-    const auto [t, half, pdl] = GetParam();
+    const auto [t, half, pdl, cluster] = GetParam();
     CudaGemm::Options o;
     o.skinny_deep_unroll = deep;
     o.skinny_half_fold = half;
@@ -58,6 +58,7 @@ class GemmTailAttentionTest : public testing::CudaStreamTest<std::tuple<DType, b
 struct TailOperands {
   TailCase c;
   DType t;
+  bool cluster = false;  // GemmTailAttention::cluster_merge
   int64_t n = 0, kv_width = 0, num_blocks = 0;
   std::vector<uint16_t> kc, vc;  // the caches before the step
   std::vector<int32_t> table;
@@ -66,8 +67,9 @@ struct TailOperands {
   GemmParams p;
   GemmEpilogue e;
 
-  TailOperands(const TailCase& tc, DType dt, std::mt19937& rng, cudaStream_t stream)
-      : c(tc), t(dt) {
+  TailOperands(const TailCase& tc, DType dt, bool cluster_merge, std::mt19937& rng,
+               cudaStream_t stream)
+      : c(tc), t(dt), cluster(cluster_merge) {
     constexpr int D = kGemmTailHeadDim;
     kv_width = int64_t{c.kv_heads} * D;
     n = int64_t{c.heads} * D + 2 * kv_width;
@@ -131,8 +133,26 @@ struct TailOperands {
                  .max_context = c.max_context,
                  .scale = 1.0f / std::sqrt(float(kGemmTailHeadDim)),
                  .workspace = work->get(),
-                 .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads)};
+                 .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads),
+                 .cluster_merge = cluster};
     return with;
+  }
+
+  int splits() const { return (c.max_context + kGemmTailTokens - 1) / kGemmTailTokens; }
+  // The workspace's partials (past the counters), which only the L2 merge writes: filled with a
+  // byte pattern before a run, compared after it.
+  size_t PartialsBytes() const {
+    return GemmTailAttentionWorkspaceBytes(c.heads) - GemmTailCounterBytes(c.heads);
+  }
+  void MarkPartials() const {
+    EXPECT_EQ(cudaMemset(static_cast<char*>(work->get()) + GemmTailCounterBytes(c.heads), 0x5a,
+                         PartialsBytes()),
+              cudaSuccess);
+  }
+  bool PartialsUntouched() const {
+    const auto bytes = work->Download<uint8_t>();
+    return std::all_of(bytes.begin() + GemmTailCounterBytes(c.heads), bytes.end(),
+                       [](uint8_t b) { return b == 0x5a; });
   }
 
   // The checks of one tail run that wrote C = `qkv` and `out`: C against `want_qkv` (the same
@@ -192,12 +212,16 @@ constexpr TailCase kCases[] = {
     {2, 1, 256, 16, 700, 1024},  // 16 splits: the merge folds two batches of 8
 };
 
+// With cluster_merge, the heads of 2-8 splits merge in a cluster (the partials in the workspace
+// are never written; GEMM CTAs padded where their count is not a multiple of the splits: the
+// 1280-column case at three splits); one split or sixteen take the other paths.
 TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
   const DType t = std::get<0>(GetParam());
+  const bool cluster = std::get<3>(GetParam());
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
   for (const TailCase& c : kCases) {
-    TailOperands op(c, t, rng_, stream_);
+    TailOperands op(c, t, cluster, rng_, stream_);
     DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(int64_t{c.heads} * kGemmTailHeadDim * 2);
     // The GEMM without the tail first (it writes the same cache row: the tail run rewrites it).
     GemmParams p = op.p;
@@ -207,11 +231,18 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
     const auto want_qkv = want_c.Download<uint16_t>();
     got_c.Poison();
     out.Poison();
+    op.MarkPartials();
     p.c = got_c.get();
     const absl::Status st = gemm->Run(p, op.WithTail(out.get()), stream_);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, "eager"));
+    const bool in_cluster = cluster && op.splits() > 1 && op.splits() <= kGemmTailMaxClusterSplits;
+    if (op.splits() > 1) {
+      EXPECT_EQ(op.PartialsUntouched(), in_cluster)
+          << op.splits() << " splits: " << (in_cluster ? "the cluster merge" : "the L2 merge")
+          << " expected";
+    }
   }
 }
 
@@ -221,7 +252,7 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
   const DType t = std::get<0>(GetParam());
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
-  TailOperands op({16, 1, 2048, 16, 150, 256}, t, rng_, stream_);
+  TailOperands op({16, 1, 2048, 16, 150, 256}, t, std::get<3>(GetParam()), rng_, stream_);
   DeviceMem want_c(op.n * 2), c1(op.n * 2), c2(op.n * 2);
   const int64_t out_elems = 16 * kGemmTailHeadDim;
   DeviceMem out1(out_elems * 2), out2(out_elems * 2);
@@ -262,7 +293,7 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
   const DType t = std::get<0>(GetParam());
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
-  TailOperands op({16, 1, 2048, 16, 100, 256}, t, rng_, stream_);
+  TailOperands op({16, 1, 2048, 16, 100, 256}, t, std::get<3>(GetParam()), rng_, stream_);
   DeviceMem c(op.n * 2), out(16 * kGemmTailHeadDim * 2);
   GemmParams p = op.p;
   p.c = c.get();
@@ -299,10 +330,12 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GemmTailAttentionTest,
-                         ::testing::Values(std::make_tuple(DType::kF16, true, true),
-                                           std::make_tuple(DType::kF16, false, false),
-                                           std::make_tuple(DType::kF16, true, false),
-                                           std::make_tuple(DType::kBF16, false, true)));
+                         ::testing::Values(std::make_tuple(DType::kF16, true, true, false),
+                                           std::make_tuple(DType::kF16, false, false, false),
+                                           std::make_tuple(DType::kF16, true, false, false),
+                                           std::make_tuple(DType::kBF16, false, true, false),
+                                           std::make_tuple(DType::kF16, true, true, true),
+                                           std::make_tuple(DType::kBF16, false, false, true)));
 
 }  // namespace
 }  // namespace mqa

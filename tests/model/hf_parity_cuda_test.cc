@@ -116,7 +116,8 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // 18: the QKV GEMM's tail attention (tail_attention), every prompt prefilled and decoded alone
 // (it takes one-token steps; head_dim 128 only: tiny-mqa-d128 must run it, the others fall back
 // to the attention kernels); bit 19: with bit 12, the chain's per-SM shares calibrated first
-// (GptBigCodeRunner::CalibrateDecodeChainShares). 101: the runner's defaults).
+// (GptBigCodeRunner::CalibrateDecodeChainShares); bit 20: with bit 18, the tail's splits merged
+// in a thread-block cluster (tail_cluster_merge). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -152,6 +153,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   const bool tuned_x3 = knobs & 131072;
   const bool tail = knobs & 262144;
   opts.tail_attention = tail;
+  opts.tail_cluster_merge = knobs & 1048576;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
@@ -287,32 +289,34 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("tiny-mqa-d64", "tiny-mqa-d128", "tiny-mha-d64"),
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
-                                         12389, 20581, 36965, 528485, 103, 65637, 196709, 327781)),
+                                         12389, 20581, 36965, 528485, 103, 65637, 196709, 327781,
+                                         1376357)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
                          std::to_string(std::get<2>(info.param)) +
-                         (std::get<3>(info.param) == 3        ? "_pdl_fuse"
-                          : std::get<3>(info.param) == 5      ? "_pdl_small"
-                          : std::get<3>(info.param) == 9      ? "_pdl_gemms"
-                          : std::get<3>(info.param) == 21     ? "_pdl_small_attn5"
-                          : std::get<3>(info.param) == 37     ? "_pdl_small_deep"
-                          : std::get<3>(info.param) == 165    ? "_pdl_small_deep_attn8"
-                          : std::get<3>(info.param) == 293    ? "_pdl_small_deep_attn7"
-                          : std::get<3>(info.param) == 549    ? "_pdl_small_deep_attn11"
-                          : std::get<3>(info.param) == 1061   ? "_pdl_small_deep_attn14"
-                          : std::get<3>(info.param) == 2085   ? "_pdl_small_deep_attn15"
-                          : std::get<3>(info.param) == 4197   ? "_defaults_chain"
-                          : std::get<3>(info.param) == 12389  ? "_defaults_chain_attn"
-                          : std::get<3>(info.param) == 20581  ? "_defaults_chain_fp32fold"
-                          : std::get<3>(info.param) == 36965  ? "_defaults_chain_fusedmlp"
-                          : std::get<3>(info.param) == 528485 ? "_defaults_chain_shares"
-                          : std::get<3>(info.param) == 103    ? "_defaults_fuse"
-                          : std::get<3>(info.param) == 65637  ? "_defaults_ln"
-                          : std::get<3>(info.param) == 196709 ? "_defaults_ln_tuned_x3"
-                          : std::get<3>(info.param) == 327781 ? "_defaults_ln_tail"
-                          : std::get<3>(info.param) == 101    ? "_defaults"
-                                                              : "");
+                         (std::get<3>(info.param) == 3         ? "_pdl_fuse"
+                          : std::get<3>(info.param) == 5       ? "_pdl_small"
+                          : std::get<3>(info.param) == 9       ? "_pdl_gemms"
+                          : std::get<3>(info.param) == 21      ? "_pdl_small_attn5"
+                          : std::get<3>(info.param) == 37      ? "_pdl_small_deep"
+                          : std::get<3>(info.param) == 165     ? "_pdl_small_deep_attn8"
+                          : std::get<3>(info.param) == 293     ? "_pdl_small_deep_attn7"
+                          : std::get<3>(info.param) == 549     ? "_pdl_small_deep_attn11"
+                          : std::get<3>(info.param) == 1061    ? "_pdl_small_deep_attn14"
+                          : std::get<3>(info.param) == 2085    ? "_pdl_small_deep_attn15"
+                          : std::get<3>(info.param) == 4197    ? "_defaults_chain"
+                          : std::get<3>(info.param) == 12389   ? "_defaults_chain_attn"
+                          : std::get<3>(info.param) == 20581   ? "_defaults_chain_fp32fold"
+                          : std::get<3>(info.param) == 36965   ? "_defaults_chain_fusedmlp"
+                          : std::get<3>(info.param) == 528485  ? "_defaults_chain_shares"
+                          : std::get<3>(info.param) == 103     ? "_defaults_fuse"
+                          : std::get<3>(info.param) == 65637   ? "_defaults_ln"
+                          : std::get<3>(info.param) == 196709  ? "_defaults_ln_tuned_x3"
+                          : std::get<3>(info.param) == 327781  ? "_defaults_ln_tail"
+                          : std::get<3>(info.param) == 1376357 ? "_defaults_ln_tail_cluster"
+                          : std::get<3>(info.param) == 101     ? "_defaults"
+                                                               : "");
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
