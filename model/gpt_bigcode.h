@@ -249,9 +249,11 @@ struct GptBigCodeOptions {
   // 0.902 / 0.895 with (-4%).
   bool tail_attention = true;
   // With tail_attention: GemmTailAttention::cluster_merge (a head's splits merged through
-  // distributed shared memory in one thread-block cluster). Off until measured (mqabench --chain
-  // tailc).
-  bool tail_cluster_merge = false;
+  // distributed shared memory in one thread-block cluster, not through L2 after an atomic
+  // count-in). On an H100 (2026-12-06 03:21 UTC, mqabench --chain auto,tailc x3, BENCHMARKS.md) a
+  // SantaCoder b1 step 1.085 / 1.086 / 1.086 ms with the L2 merge, 1.069 / 1.068 / 1.067 with
+  // the cluster's (-1.6%).
+  bool tail_cluster_merge = true;
 };
 
 class GptBigCode {

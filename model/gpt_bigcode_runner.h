@@ -57,7 +57,8 @@ struct GptBigCodeRunnerOptions {
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention
-  bool tail_cluster_merge = false;  // GptBigCodeOptions::tail_cluster_merge
+  // GptBigCodeOptions::tail_cluster_merge
+  bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -200,7 +200,9 @@ absl::Status Latency(const Flags& f) {
     r.model().set_tail_attention(chain == "tail" || chain == "tailc" ? true
                                  : chain == "notail"                 ? false
                                                      : GptBigCodeOptions().tail_attention);
-    r.model().set_tail_cluster_merge(chain == "tailc" || GptBigCodeOptions().tail_cluster_merge);
+    r.model().set_tail_cluster_merge(chain == "tailc"  ? true
+                                     : chain == "tail" ? false
+                                                       : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

@@ -64,8 +64,9 @@
 //     (decode_chain_max_inflight); late is auto with the chain released by the attention only once
 //     it is done (decode_chain_early_release off); rel is auto with every attention releasing the
 //     next kernel early, chain or not (GptBigCode::set_attention_release_early); tail and notail
-//     are auto with the QKV GEMM's tail attention (GptBigCodeOptions::tail_attention) on and
-//     off, tailc the tail with its splits merged in a cluster (tail_cluster_merge); wN is auto with
+//     are auto with the QKV GEMM's tail attention (GptBigCodeOptions::tail_attention) on (its
+//     splits merged through L2) and off, tailc the tail with its splits merged in a cluster
+//     (tail_cluster_merge, the default); wN is auto with
 //     each CTA's last N ring-stage chunks of a phase dealt at run time (work stealing,
 //     decode_chain_steal_chunks; w0: every row fixed in advance, the default; only phases of at
 //     least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB (decode_chain_stage_bytes,
