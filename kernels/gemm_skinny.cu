@@ -278,21 +278,22 @@ __device__ __forceinline__ bool TailCountIn(int* counter, int of, int* last) {
   return fwd::ArrivedLast(counter, 0, of - 1, threadIdx.x == 0, last, [] { __syncthreads(); });
 }
 
-// Dim d of head `head`'s attention from its splits' partials (max, sum, O unnormalised), kBatch
-// splits' loads at a time in one round trip, folded online; a split past the context has max
-// -inf and adds nothing.
-__device__ __forceinline__ float TailMergeSplits(const float* head, int splits, int d) {
-  constexpr int D = kGemmTailHeadDim, kSlot = D + 2, kBatch = 8;
+// Dim d of a head's attention from its splits' partials (O unnormalised at [0, D), max at D, sum
+// at D + 1; `at(j, i)` loads split j's value i), kBatch splits' loads at a time in one round trip,
+// folded online; a split past the context has max -inf and adds nothing.
+template <typename At>
+__device__ __forceinline__ float TailMergeSplits(const At& at, int splits, int d) {
+  constexpr int D = kGemmTailHeadDim, kBatch = 8;
   float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
   for (int i0 = 0; i0 < splits; i0 += kBatch) {
     float mi[kBatch], li[kBatch], oi[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const bool in = i0 + j < splits;
-      const float* slot = head + (in ? i0 + j : 0) * kSlot;
-      mi[j] = in ? __ldcg(slot + D) : -INFINITY;
-      li[j] = __ldcg(slot + D + 1);
-      oi[j] = __ldcg(slot + d);
+      const int split = in ? i0 + j : 0;
+      mi[j] = in ? at(split, D) : -INFINITY;
+      li[j] = at(split, D + 1);
+      oi[j] = at(split, d);
     }
     float bx = mx;
 #pragma unroll
@@ -420,27 +421,8 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");  // release: tail_part
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");    // acquire: the peers'
     if (s == 0) {
-      float mi[kGemmTailMaxClusterSplits], li[kGemmTailMaxClusterSplits];
-      float oi[kGemmTailMaxClusterSplits];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kGemmTailMaxClusterSplits; ++j) {
-        const bool in = j < t.splits;
-        const float* peer = cluster.map_shared_rank(tail_part, in ? j : 0);
-        mi[j] = in ? peer[D] : -INFINITY;  // -inf also for a split past the context
-        li[j] = peer[D + 1];
-        oi[j] = peer[d];
-        mx = fmaxf(mx, mi[j]);
-      }
-      float sum = 0.0f, acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kGemmTailMaxClusterSplits; ++j) {
-        if (mi[j] == -INFINITY) continue;
-        const float f = exp2f(mi[j] - mx);
-        sum = fmaf(f, li[j], sum);
-        acc = fmaf(f, oi[j], acc);
-      }
-      *out = fwd::FromFloat<T>(acc / sum);
+      const auto at = [&](int j, int i) { return cluster.map_shared_rank(tail_part, j)[i]; };
+      *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
     }
     asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
@@ -454,7 +436,8 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       part[D + 1] = ls;
     }
     if (TailCountIn(t.counters + 2 + h, t.splits, &tail_last)) {
-      *out = fwd::FromFloat<T>(TailMergeSplits(head, t.splits, d));
+      const auto at = [&](int j, int i) { return __ldcg(head + j * kSlot + i); };
+      *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
       if (threadIdx.x == 0) t.counters[2 + h] = 0;  // every split of the head has counted in
     }
   }
