@@ -1579,30 +1579,15 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
           }
         }
         {
-          cudaLaunchConfig_t config = {};
-          config.gridDim = grid;
-          config.blockDim = dim3(threads);
-          config.dynamicSmemBytes = smem_bytes;
-          config.stream = stream;
-          cudaLaunchAttribute attr[2];
-          unsigned n = 0;
-          if (tuning.pdl) {
-            attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr[n++].val.programmaticStreamSerializationAllowed = 1;
-          }
-          if (a.cluster_merge) {  // the splits of a row tile are consecutive in x
-            attr[n].id = cudaLaunchAttributeClusterDimension;
-            attr[n].val.clusterDim.x = static_cast<unsigned>(plan.num_splits);
-            attr[n].val.clusterDim.y = 1;
-            attr[n++].val.clusterDim.z = 1;
-          }
-          config.attrs = attr;
-          config.numAttrs = n;
+          // With the cluster merge the splits of a row tile (consecutive in x) are one cluster.
+          const unsigned cluster = a.cluster_merge ? static_cast<unsigned>(plan.num_splits) : 1;
           if (hopper && hcfg.tma_kernel != nullptr) {
-            CUDA_RETURN_IF_ERROR(
-                cudaLaunchKernelEx(&config, hcfg.tma_kernel, a, maps[0], maps[1]));
+            CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlCluster(tuning.pdl, cluster, hcfg.tma_kernel,
+                                                            grid, dim3(threads), smem_bytes, stream,
+                                                            a, maps[0], maps[1]));
           } else {
-            CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+            CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlCluster(tuning.pdl, cluster, kernel, grid,
+                                                            dim3(threads), smem_bytes, stream, a));
           }
           CUDA_RETURN_IF_LAUNCH_ERROR();
         }
@@ -1624,24 +1609,10 @@ absl::Status PagedAttentionCuda(const PagedAttentionParams& p, cudaStream_t stre
             merge_smem = 0;
           }
         }
-        if (a.pdl) {
-          // Programmatic dependent launch: the merge launches while the attention kernel runs.
-          cudaLaunchConfig_t config = {};
-          config.gridDim = merge_grid;
-          config.blockDim = dim3(merge_threads);
-          config.dynamicSmemBytes = merge_smem;
-          config.stream = stream;
-          cudaLaunchAttribute attr[1];
-          attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          attr[0].val.programmaticStreamSerializationAllowed = 1;
-          config.attrs = attr;
-          config.numAttrs = 1;
-          CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, merge, a));
-          CUDA_RETURN_IF_LAUNCH_ERROR();
-        } else {
-          merge<<<merge_grid, merge_threads, merge_smem, stream>>>(a);
-          CUDA_RETURN_IF_LAUNCH_ERROR();
-        }
+        // With PDL the merge launches while the attention kernel runs.
+        CUDA_RETURN_IF_ERROR(fwd::LaunchMaybePdlSmem(a.pdl, merge, merge_grid, dim3(merge_threads),
+                                                     merge_smem, stream, a));
+        CUDA_RETURN_IF_LAUNCH_ERROR();
         return absl::OkStatus();
       });
 }
