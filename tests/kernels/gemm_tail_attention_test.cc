@@ -9,7 +9,8 @@
 // block size or of the 64-token split, a graph bucket longer than the context, one and several
 // splits, MQA and grouped heads, fp16 (pair fold on and off) and bf16, with and without PDL,
 // eagerly and captured in a CUDA graph; two launches back to back (each must leave its counters
-// zeroed for the next). Skips without a GPU.
+// zeroed for the next); the next GEMM started by the tail's published head count. Skips without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -327,6 +328,148 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
   c.Poison();
   EXPECT_TRUE(absl::IsUnimplemented(shallow->Run(p, op.WithTail(out.get()), stream_)))
       << "without the deep unroll";
+}
+
+// GemmTailAttention::publish_heads_done with the next GEMM started on the count (GemmEpilogue::
+// start, the model's attn.c_proj: C += out W^T + bias): two layers' tail + projection back to back
+// on one workspace, eagerly and captured in graphs. Each projection bit-equal to the same GEMM run
+// alone afterwards, and every counter zero again at the end (the projection resets the count; a
+// tail that published without being answered would leave it at `heads`, and the next projection
+// would start too early).
+TEST_P(GemmTailAttentionTest, ProjectionStartedByTheHeadCount) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  for (const TailCase& c : {TailCase{16, 1, 2048, 16, 150, 256}, TailCase{2, 1, 256, 16, 40, 40},
+                            TailCase{4, 2, 512, 8, 77, 128}}) {
+    TailOperands op(c, t, std::get<3>(GetParam()), rng_, stream_);
+    const int64_t width = int64_t{c.heads} * kGemmTailHeadDim, embd = 512;
+    std::vector<float> fw, fbias, fres;
+    auto w = DeviceMem::From(RandomRounded(fw, embd * width, t, rng_, 0.05f));
+    auto wbias = DeviceMem::From(RandomRounded(fbias, embd, t, rng_));
+    const std::vector<uint16_t> res0 = RandomRounded(fres, embd, t, rng_);
+    DeviceMem qkv(op.n * 2), out1(width * 2), out2(width * 2), h1(embd * 2), h2(embd * 2);
+    auto proj = [&](const DeviceMem& a, DeviceMem* h) {
+      GemmParams q;
+      q.a = a.get();
+      q.b = w->get();
+      q.c = h->get();
+      q.lda = q.ldb = width;
+      q.ldc = embd;
+      q.m = 1;
+      q.n = embd;
+      q.k = width;
+      q.dtype = t;
+      return q;
+    };
+    GemmEpilogue pe;
+    pe.bias = wbias->get();
+    pe.accumulate = true;
+    GemmEpilogue started = pe;
+    started.start = GemmTailStartCount(op.work->get(), c.heads);
+    GemmEpilogue tail1 = op.WithTail(out1.get()), tail2 = op.WithTail(out2.get());
+    tail1.tail.publish_heads_done = tail2.tail.publish_heads_done = true;
+    auto enqueue = [&](cudaStream_t s) -> absl::Status {
+      GemmParams q = op.p;
+      q.c = qkv.get();
+      RETURN_IF_ERROR(gemm->Run(q, tail1, s));
+      RETURN_IF_ERROR(gemm->Run(proj(out1, &h1), started, s));
+      RETURN_IF_ERROR(gemm->Run(q, tail2, s));
+      return gemm->Run(proj(out2, &h2), started, s);
+    };
+    for (int round = 0; round < 3; ++round) {
+      h1.Upload(res0);
+      h2.Upload(res0);
+      out1.Poison();
+      out2.Poison();
+      if (round == 0) {
+        const absl::Status st = enqueue(stream_);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      } else {
+        ASSERT_NO_FATAL_FAILURE(testing::RunInGraph(stream_, enqueue));
+      }
+      const char* how = round == 0 ? "eager" : "graph";
+      const auto got1 = h1.Download<uint16_t>(), got2 = h2.Download<uint16_t>();
+      // The same projections alone, on the attention rows the tails left.
+      for (auto [out, got] : {std::pair{&out1, &got1}, std::pair{&out2, &got2}}) {
+        DeviceMem alone(embd * 2);
+        alone.Upload(res0);
+        ASSERT_TRUE(gemm->Run(proj(*out, &alone), pe, stream_).ok());
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        EXPECT_EQ(*got, alone.Download<uint16_t>())
+            << how << ": heads " << c.heads << " ctx " << c.ctx << ": the started projection";
+      }
+      const auto counters = op.work->Download<int32_t>();
+      for (int i = 0; i < 4 + c.heads; ++i) {
+        EXPECT_EQ(counters[i], 0) << how << ": counter " << i << " left set";
+      }
+    }
+  }
+}
+
+// A call the start form does not take (no deep unroll here) resets the count in stream order and
+// runs as without it; the skinny kernel alone refuses it (Unimplemented, nothing run). A count
+// already at its target (a producer that published) starts the form at once, and it resets both
+// counters.
+TEST_P(GemmTailAttentionTest, StartCountAnsweredOnEveryPath) {
+  const DType t = std::get<0>(GetParam());
+  const bool half = std::get<1>(GetParam());
+  const int64_t k = 2048, n = 256;
+  std::vector<float> fa, fb, fres;
+  auto a = DeviceMem::From(RandomRounded(fa, k, t, rng_));
+  auto b = DeviceMem::From(RandomRounded(fb, n * k, t, rng_, 0.05f));
+  const std::vector<uint16_t> res0 = RandomRounded(fres, n, t, rng_);
+  DeviceMem counters(2 * sizeof(int32_t)), want(n * 2), got(n * 2);
+  GemmParams p;
+  p.a = a->get();
+  p.b = b->get();
+  p.lda = p.ldb = k;
+  p.ldc = n;
+  p.m = 1;
+  p.n = n;
+  p.k = k;
+  p.dtype = t;
+  GemmEpilogue e;
+  e.accumulate = true;
+  GemmEpilogue started = e;
+  started.start = {.counters = counters.get<int32_t>(), .target = 7};
+  want.Upload(res0);
+  auto plain = MakeGemm();
+  ASSERT_NE(plain, nullptr);
+  ASSERT_TRUE(plain
+                  ->Run(
+                      [&] {
+                        GemmParams q = p;
+                        q.c = want.get();
+                        return q;
+                      }(),
+                      e, stream_)
+                  .ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const auto want_bits = want.Download<uint16_t>();
+  const std::vector<int32_t> published = {7, 0};
+  for (bool deep : {true, false}) {
+    auto g = MakeGemm(deep);
+    ASSERT_NE(g, nullptr);
+    counters.Upload(published);
+    got.Upload(res0);
+    p.c = got.get();
+    const absl::Status st = g->Run(p, started, stream_);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(got.Download<uint16_t>(), want_bits)
+        << (deep ? "start form" : "reset, then as usual");
+    EXPECT_EQ(counters.Download<int32_t>(), (std::vector<int32_t>{0, 0}))
+        << (deep ? "start form" : "reset, then as usual");
+  }
+  SkinnyOptions o;
+  o.half_fold = half;  // no deep unroll: not the start form
+  counters.Upload(published);
+  got.Poison();
+  EXPECT_TRUE(absl::IsUnimplemented(SkinnyGemmCuda(p, started, stream_, o)));
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(counters.Download<int32_t>(), published) << "the refusal ran something";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GemmTailAttentionTest,
