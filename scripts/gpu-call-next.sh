@@ -6,10 +6,11 @@
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit); the logs
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call).
-# 2026-12-06 (benchmarks/mqabench/NOTES.md version 31): every GPU test (gemm_cuda_test beside the
-# others), the script test, then the three latency targets at the defaults (SantaCoder b1 beside
-# the tail's L2 merge and no tail: the cluster merge, on by default, has run on H100s only) and
-# the SantaCoder b1 kernel trace: a baseline for whatever the next session changes.
+# 2026-12-06 (benchmarks/mqabench/NOTES.md version 32): every GPU test (gemm_cuda_test beside the
+# others; gemm_tail_attention_test now with attn.c_proj started by the tail's head count, HF
+# parity with its row), the script test, then SantaCoder b1 with the tail's cluster merge (the
+# default: H100s only so far) beside the start count (tails) and the L2 merge, StarCoder b1 and
+# b32 at the defaults, and SantaCoder b1 kernel traces at the default and with tails.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -37,9 +38,10 @@ while read -r name cmd; do
 done < $b/scripts.txt
 wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
 date -u
-timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tail,notail,auto,tail,notail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tails,tail,auto,tails,tail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/kernel trace/,$p' $logs/sct.log | head -30 | cut -c1-170
+timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --chain tails --kernel-trace $logs/scts > $logs/scts.log 2>&1; echo "sc tails trace rc=$?"; sed -n '/kernel trace/,$p' $logs/scts.log | head -30 | cut -c1-170
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs
