@@ -57,34 +57,13 @@ struct GemmTailAttention {
   // multiple of the splits (the clusters tile the grid). Elsewhere (one split, more than 8) the
   // L2 merge.
   bool cluster_merge = false;
-  // Each head, once its output is stored, counted at the workspace's heads-done counter
-  // (GemmTailStartCount): the next GEMM (attn.c_proj, GemmEpilogue::start) may then start on
-  // the count instead of this launch's end. The consumer resets the count; a launch that
-  // publishes must be followed by a GEMM given that GemmStartCount (CudaGemm resets the count
-  // itself where its path cannot start on it).
-  bool publish_heads_done = false;
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
 
-// A GEMM started by a count that the previous kernel publishes (GemmEpilogue::start): its CTAs
-// load their weights, wait until counters[0] >= target (a GPU-scope acquire) instead of the PDL
-// wait, fold, store, and only then wait for the previous grid's end (so that the next kernel's
-// PDL wait still implies it). counters[1] counts the CTAs past the count; the last of them
-// resets both to zero, which is what lets the producer publish again (four grid ends later in a
-// decode step). counters null: none.
-struct GemmStartCount {
-  int* counters = nullptr;  // device: [0] the published count, [1] the consumer's CTAs past it
-  int target = 0;
-};
-
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
-// 4 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.
+// 2 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.
 inline size_t GemmTailCounterBytes(int heads) {
-  return (static_cast<size_t>(4 + heads) * 4 + 255) / 256 * 256;
-}
-// The heads-done count a tail with publish_heads_done leaves in `workspace` for the next GEMM.
-inline GemmStartCount GemmTailStartCount(void* workspace, int heads) {
-  return {.counters = static_cast<int*>(workspace) + 2 + heads, .target = heads};
+  return (static_cast<size_t>(2 + heads) * 4 + 255) / 256 * 256;
 }
 inline size_t GemmTailAttentionWorkspaceBytes(int heads) {
   return GemmTailCounterBytes(heads) +

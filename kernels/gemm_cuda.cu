@@ -157,19 +157,6 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   if (e.activation == Activation::kGeluErf) {
     return absl::UnimplementedError("CudaGemm: GELU (erf) is not fused; use BiasActivationCuda");
   }
-  if (e.start.counters != nullptr) {
-    // The skinny kernel's start-count form, or (anything else: nothing ran) the count reset in
-    // stream order after the producer and the call run as without it.
-    if (options_.skinny && p.m > 0 && p.n > 0 &&
-        p.m <= std::min(options_.skinny_max_m, kSkinnyMaxM)) {
-      const absl::Status s = SkinnyGemmCuda(p, e, stream, SkinnyOptionsFor());
-      if (!absl::IsUnimplemented(s)) return s;
-    }
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(e.start.counters, 0, 2 * sizeof(int), stream));
-    GemmEpilogue rest = e;
-    rest.start = {};
-    return Run(p, rest, stream);
-  }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
   if (options_.skinny && (fused || p.m <= options_.skinny_max_m)) {
@@ -187,7 +174,15 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
             SkinnySplitKGemmCuda(p, e, stream, split_workspace_, split_workspace_bytes_, o);
         if (!absl::IsUnimplemented(st)) return st;
       }
-      return SkinnyGemmCuda(p, e, stream, SkinnyOptionsFor());
+      SkinnyOptions o;
+      o.rows_per_warp = options_.skinny_rows_per_warp;
+      o.pdl = options_.pdl;
+      o.deep_max_warps = options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
+      o.half_fold = options_.skinny_half_fold;
+      o.stage_bytes = options_.skinny_stage_bytes;
+      o.occupancy = options_.skinny_occupancy;
+      o.early_epilogue = options_.skinny_early_epilogue;
+      return SkinnyGemmCuda(p, e, stream, o);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {
@@ -207,18 +202,6 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
     }
   }
   return RunLt(p, e, stream);
-}
-
-SkinnyOptions CudaGemm::SkinnyOptionsFor() const {
-  SkinnyOptions o;
-  o.rows_per_warp = options_.skinny_rows_per_warp;
-  o.pdl = options_.pdl;
-  o.deep_max_warps = options_.skinny_deep_unroll ? int64_t{sms_} * kSkinnyDeepMaxWarpsPerSm : 0;
-  o.half_fold = options_.skinny_half_fold;
-  o.stage_bytes = options_.skinny_stage_bytes;
-  o.occupancy = options_.skinny_occupancy;
-  o.early_epilogue = options_.skinny_early_epilogue;
-  return o;
 }
 
 absl::StatusOr<int> CudaGemm::DeviceSms() { return CurrentDeviceSms(); }

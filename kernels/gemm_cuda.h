@@ -38,8 +38,6 @@
 
 namespace mqa {
 
-struct SkinnyOptions;
-
 struct GemmEpilogue {
   const void* bias = nullptr;  // [n], the dtype of C; null: none
   Activation activation = Activation::kIdentity;
@@ -68,12 +66,6 @@ struct GemmEpilogue {
   // kGemmTailMaxCtas heads x splits (kernels/gemm.h): the step's attention in the same launch.
   // Unimplemented where the kernel does not take it (nothing has run then).
   GemmTailAttention tail;
-  // Started by a count instead of the previous kernel's end (GemmStartCount, kernels/gemm.h): the
-  // attn.c_proj after a tail that publishes its heads. Skinny kernel only, m = 1, two rows a warp
-  // with the deep unroll, no layer norm, KV write or tail; any other path this call takes resets
-  // the count first (a stream-ordered memset) and runs as without it, so a publishing tail is
-  // always answered.
-  GemmStartCount start;
 };
 
 class CudaGemm {
@@ -220,7 +212,6 @@ class CudaGemm {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
   CudaGemm() = default;
   absl::Status RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
-  SkinnyOptions SkinnyOptionsFor() const;  // options_ as the skinny kernel takes them
   // Times the candidates of `plan` on p's operands and sets plan.tuned_algo (plan.tuned = true).
   // Leaves the plan untuned while `stream` is capturing.
   absl::Status Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);

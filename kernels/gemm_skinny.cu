@@ -52,9 +52,6 @@ struct SkinnyTailArgs {
   // counters[0]: GEMM CTAs done; [1]: attention CTAs past their wait for [0]; [2 + h]: head h's
   // splits done. Each is zero again when the launch ends.
   int* counters = nullptr;
-  // GemmTailAttention::publish_heads_done: counters + 2 + heads (GemmTailStartCount), each head
-  // counted once its output is stored; null: not published.
-  int* done = nullptr;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
 };
 
@@ -90,7 +87,6 @@ struct SkinnyArgs {
   // the fold.
   bool early_epilogue = false;
   SkinnyTailArgs<T> tail;  // kTail instantiations only
-  GemmStartCount start;    // kStartCount instantiations only (GemmEpilogue::start)
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
@@ -109,30 +105,9 @@ __device__ __forceinline__ float SkinnyLoadBias(const SkinnyArgs<T>& p, int col)
   return p.bias != nullptr ? fwd::ToFloat(p.bias[col]) : 0.0f;
 }
 
-// kL2: from L2 (ld.cg), for a kernel started by a count rather than the previous grid's end.
-template <bool kL2 = false, typename T>
+template <typename T>
 __device__ __forceinline__ float SkinnyLoadResid(const SkinnyArgs<T>& p, int i, int col) {
-  if (!p.accumulate) return 0.0f;
-  const T* c = p.c + static_cast<int64_t>(i) * p.ldc + col;
-  if constexpr (kL2) {
-    return fwd::ToFloat(__ldcg(c));
-  } else {
-    return fwd::ToFloat(*c);
-  }
-}
-
-// A 16-byte vector of A's row; kL2 as for SkinnyLoadResid.
-template <bool kL2, typename V, typename T>
-__device__ __forceinline__ V SkinnyLoadA(const T* a) {
-  if constexpr (kL2) {
-    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(a));
-    V v;
-    static_assert(sizeof(v) == sizeof(u));
-    memcpy(&v, &u, sizeof(u));
-    return v;
-  } else {
-    return *reinterpret_cast<const V*>(a);
-  }
+  return p.accumulate ? fwd::ToFloat(p.c[static_cast<int64_t>(i) * p.ldc + col]) : 0.0f;
 }
 
 // The fused epilogue of one output element (i, col) whose dot product is `v`: bias, activation,
@@ -288,17 +263,6 @@ __device__ __forceinline__ void SkinnyTailArrive(int* counter) {
   }
 }
 
-// The head's output stored by this CTA's threads: counted at t.done (release) where published.
-template <typename T>
-__device__ __forceinline__ void TailPublishHead(const SkinnyTailArgs<T>& t) {
-  if (t.done == nullptr) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(t.done, 1);
-  }
-}
-
 // Thread 0 waits until *counter >= target (acquire), then the CTA goes on together.
 __device__ __forceinline__ void TailWaitFor(const int* counter, int target) {
   if (threadIdx.x == 0) {
@@ -442,7 +406,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   T* out = t.out + h * D + d;
   if (t.splits == 1) {
     *out = fwd::FromFloat<T>(os / ls);
-    TailPublishHead(t);
   } else if (t.cluster > 0) {
     // The head's splits are one cluster (gemm_ctas is a multiple of the cluster size, so split s
     // is the cluster's rank s): partials in shared memory, rank 0 merges them through DSMEM; the
@@ -460,7 +423,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     if (s == 0) {
       const auto at = [&](int j, int i) { return cluster.map_shared_rank(tail_part, j)[i]; };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
-      TailPublishHead(t);  // before the second barrier: the peers' wait is off its path
     }
     asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
@@ -477,7 +439,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       const auto at = [&](int j, int i) { return __ldcg(head + j * kSlot + i); };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
       if (threadIdx.x == 0) t.counters[2 + h] = 0;  // every split of the head has counted in
-      TailPublishHead(t);
     }
   }
   // The last tail CTA past the GEMM wait resets the launch's two counters; its count-in was
@@ -505,15 +466,12 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
 // rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
 // kTail: CTAs from p.tail.gemm_ctas on run the tail attention (GemmEpilogue::tail) instead.
-// kStartCount (GemmEpilogue::start): the fold starts once p.start's count is reached instead of at
-// the PDL wait, A and the residual come from L2, and the PDL wait comes last, before the exit.
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
-          int kMinCtas = 1, bool kTail = false, bool kStartCount = false>
+          int kMinCtas = 1, bool kTail = false>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   static_assert(!kTail || M == 1);
-  static_assert(!kStartCount || (M == 1 && !kTail && !kLn));
   if constexpr (kTail) {
     if (static_cast<int>(blockIdx.x) >= p.tail.gemm_ctas) {
       SkinnyTailAttention<T>(p.tail);
@@ -577,19 +535,11 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
   };
   if (stores && p.early_epilogue) load_consts();
-  int past_count = -1;  // kStartCount, thread 0: this CTA's place among those past the count
-  if constexpr (kStartCount) {
-    TailWaitFor(p.start.counters, p.start.target);
-    // Counted at once; the result is needed only at the end (the last CTA resets the counters).
-    if (threadIdx.x == 0) past_count = atomicAdd(p.start.counters + 1, 1);
-  } else {
-    fwd::PdlWait();
-  }
+  fwd::PdlWait();
   fwd::PdlTrigger();
-  // With kLn every warp takes its part of the statistics; with kTail and kStartCount every warp
-  // reaches the CTA's end.
-  if (!kLn && !kTail && !kStartCount && !live) return;
-  if (stores && p.early_epilogue) out.resid = SkinnyLoadResid<kStartCount>(p, out_i, out_col);
+  // With kLn every warp takes its part of the statistics; with kTail every warp counts in.
+  if (!kLn && !kTail && !live) return;
+  if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
 
   const T* arow[M];
 #pragma unroll
@@ -608,7 +558,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     V gv;  // the layer norm's weights of these k
     if constexpr (kLn) gv = *reinterpret_cast<const V*>(p.ln_w + kk);
     if constexpr (kHalf) {
-      V xv = SkinnyLoadA<kStartCount, V>(arow[0] + kk);
+      V xv = *reinterpret_cast<const V*>(arow[0] + kk);
       if constexpr (kLn) {
 #pragma unroll
         for (int e = 0; e < kV; ++e) xv.v[e] = __hmul(xv.v[e], gv.v[e]);
@@ -618,7 +568,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     } else {
 #pragma unroll
       for (int i = 0; i < M; ++i) {
-        const V av = SkinnyLoadA<kStartCount, V>(arow[i] + kk);
+        const V av = *reinterpret_cast<const V*>(arow[i] + kk);
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
           float x = fwd::ToFloat(av.v[e]);
@@ -674,7 +624,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   if (stores) {
     if (!p.early_epilogue) {
       load_consts();
-      out.resid = SkinnyLoadResid<kStartCount>(p, out_i, out_col);
+      out.resid = SkinnyLoadResid(p, out_i, out_col);
     }
     float v = 0.0f;  // this lane's output: acc[out_i][lane % R]
 #pragma unroll
@@ -689,15 +639,6 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
   }
   if constexpr (kTail) SkinnyTailArrive(p.tail.counters);
-  if constexpr (kStartCount) {
-    // Every CTA is past the count: the last to have passed it resets the counters for the
-    // producer's next launch, which runs after this grid's end.
-    if (threadIdx.x == 0 && past_count == static_cast<int>(gridDim.x) - 1) {
-      p.start.counters[0] = 0;
-      p.start.counters[1] = 0;
-    }
-    fwd::PdlWait();  // this grid ends after the previous one: the next kernel's wait implies it
-  }
 }
 
 template <typename T>
@@ -728,10 +669,8 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
 }
 
 // kTail: a.tail is filled (LaunchSkinny), the layer norm fused, the identity activation; the grid
-// is the GEMM's, and a.tail's CTAs are added to it. kStartCount: a.start is set, no layer norm, the
-// identity activation (LaunchSkinny checks).
-template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1, bool kTail = false,
-          bool kStartCount = false>
+// is the GEMM's, and a.tail's CTAs are added to it.
+template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1, bool kTail = false>
 absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
                                   cudaStream_t stream, bool pdl) {
   const dim3 block(kSkinnyWarps * 32);
@@ -773,8 +712,6 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     grid.x = static_cast<unsigned>(a.tail.gemm_ctas + a.tail.heads * a.tail.splits);
     return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
   }
-  if constexpr (kStartCount)
-    return launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf, 1, false, true>);
   switch (act) {
     case Activation::kIdentity:
       return ln ? launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, kMinCtas>)
@@ -833,7 +770,6 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->gemm_ctas = t->cluster > 0 ? (gemm_ctas + splits - 1) / splits * splits : gemm_ctas;
   t->scale_log2 = g.scale * 1.4426950408889634f;
   t->counters = static_cast<int*>(g.workspace);
-  t->done = g.publish_heads_done ? GemmTailStartCount(g.workspace, g.heads).counters : nullptr;
   t->partials =
       reinterpret_cast<float*>(static_cast<char*>(g.workspace) + GemmTailCounterBytes(g.heads));
   return absl::OkStatus();
@@ -856,27 +792,6 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   // m = 1, 2 rows a warp: narrow enough for kSkinnyDeepUnroll (o.deep_max_warps).
   [[maybe_unused]] const bool deep =
       o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
-  if (e.start.counters != nullptr) {
-    // The one form that starts on a count: attn.c_proj after a publishing tail (m = 1, two rows a
-    // warp, the deep unroll, plain epilogue with the residual).
-    if constexpr (M == 1 && R == 2) {
-      if (!deep || ln || e.key_cache != nullptr || e.tail.output != nullptr ||
-          e.activation != Activation::kIdentity || e.start.target < 0) {
-        return absl::UnimplementedError("SkinnyGemmCuda: no start count for this call");
-      }
-      a.start = e.start;
-      if constexpr (std::is_same_v<T, __half>) {
-        if (o.half_fold) {
-          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true, 1, false, true>(
-              a, ln, e.activation, grid, stream, pdl);
-        }
-      }
-      return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, false, 1, false, true>(
-          a, ln, e.activation, grid, stream, pdl);
-    } else {
-      return absl::UnimplementedError("SkinnyGemmCuda: a start count needs m = 1, 2 rows a warp");
-    }
-  }
   if (e.tail.output != nullptr) {
     if constexpr (M == 1 && R == 2) {
       if (!deep) return absl::UnimplementedError("SkinnyGemmCuda: the tail needs the deep unroll");
@@ -1417,8 +1332,8 @@ size_t SkinnySplitKWorkspaceBytes(int num_sms) {
 absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
                                   void* workspace, size_t workspace_bytes,
                                   const SkinnySplitKOptions& options) {
-  if (e.tail.output != nullptr || e.start.counters != nullptr) {
-    return absl::UnimplementedError("SkinnySplitKGemmCuda: no tail attention, no start count");
+  if (e.tail.output != nullptr) {
+    return absl::UnimplementedError("SkinnySplitKGemmCuda: no tail attention");
   }
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnySplitKGemmCuda", &empty));

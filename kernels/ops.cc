@@ -123,7 +123,6 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
       GemmEpilogue e;
       e.bias = p.bias;
       e.activation = p.activation;
-      e.start = p.start;
       GemmParams g = p.gemm;
       if (p.residual != nullptr && p.activation == Activation::kIdentity) {
         g.c = p.residual;  // residual += A B^T + bias, in the epilogue (beta = 1)
@@ -133,9 +132,7 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
       if (p.residual == nullptr && p.activation != Activation::kGeluErf) {
         return gemm->Run(g, e, Stream(ctx));
       }
-      GemmEpilogue plain;
-      plain.start = p.start;
-      RETURN_IF_ERROR(gemm->Run(g, plain, Stream(ctx)));
+      RETURN_IF_ERROR(gemm->Run(g, GemmEpilogue{}, Stream(ctx)));
       return BiasActivationCuda(post, Stream(ctx), ctx.pdl);
 #else
       return NoCuda("Linear");

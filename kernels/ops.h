@@ -91,9 +91,6 @@ struct LinearParams {
   const void* bias = nullptr;
   Activation activation = Activation::kIdentity;
   void* residual = nullptr;
-  // CUDA: GemmEpilogue::start (after a tail that publishes its heads; the CPU has none to wait
-  // for and ignores it).
-  GemmStartCount start;
 };
 
 // What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),

@@ -447,11 +447,10 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
 }
 
 absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                             Collectives& collectives, GemmStartCount start) {
+                                             Collectives& collectives) {
   LinearParams lin;
   lin.gemm = gemm;
   lin.bias = bias.raw();
-  lin.start = start;
   if (w_.shard.world_size == 1) {
     lin.residual = hidden_.raw();
     return Linear(ctx_, lin);
@@ -554,8 +553,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .scale = scale,
                 .workspace = ctx_.tail_workspace,
                 .workspace_bytes = ctx_.tail_workspace_bytes,
-                .cluster_merge = tail_cluster_merge_,
-                .publish_heads_done = tail_start_count_};
+                .cluster_merge = tail_cluster_merge_};
       const absl::Status st = FusedLinear(ctx_, fused, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();
@@ -709,12 +707,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = heads_ * D;
-  // After a tail that published its heads, attn.c_proj starts on their count.
-  const GemmStartCount start =
-      tail_done && tail_start_count_
-          ? GemmTailStartCount(ctx_.tail_workspace, static_cast<int>(heads_))
-          : GemmStartCount{};
-  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives, start));
+  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

@@ -254,12 +254,6 @@ struct GptBigCodeOptions {
   // SantaCoder b1 step 1.085 / 1.086 / 1.086 ms with the L2 merge, 1.069 / 1.068 / 1.067 with
   // the cluster's (-1.6%).
   bool tail_cluster_merge = true;
-  // With tail_attention: the tail publishes each head as done (GemmTailAttention::
-  // publish_heads_done) and attn.c_proj starts on that count (GemmEpilogue::start: its weights are
-  // in registers by then) instead of on the QKV launch's end and the PDL release; it waits for
-  // that end only before it exits. Off until measured on a GPU (benchmarks/mqabench/NOTES.md
-  // version 32; mqabench --chain tails).
-  bool tail_start_count = false;
 };
 
 class GptBigCode {
@@ -384,8 +378,6 @@ class GptBigCode {
   void set_tail_attention(bool on);
   // GptBigCodeOptions::tail_cluster_merge. Drops captured graphs.
   void set_tail_cluster_merge(bool on);
-  // GptBigCodeOptions::tail_start_count. Drops captured graphs.
-  void set_tail_start_count(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -435,9 +427,9 @@ class GptBigCode {
   absl::Status Layer(int64_t layer, const StepIndices& idx, PagedKvCache& cache,
                      Collectives& collectives);
   // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
-  // (gemm.c = proj_ is the scratch). start: LinearParams::start.
+  // (gemm.c = proj_ is the scratch).
   absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                   Collectives& collectives, GemmStartCount start = {});
+                                   Collectives& collectives);
   // Embedding and every layer: the residual stream in hidden_.
   absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
   // ln_f and lm_head over the gathered logits rows into local_logits_.
@@ -488,7 +480,6 @@ class GptBigCode {
   bool attention_release_early_ = false;    // set_attention_release_early
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
-  bool tail_start_count_ = false;           // GptBigCodeOptions::tail_start_count
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

@@ -70,7 +70,6 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.decode_chain_fused_mlp = options.decode_chain_fused_mlp;
   model_options.tail_attention = options.tail_attention;
   model_options.tail_cluster_merge = options.tail_cluster_merge;
-  model_options.tail_start_count = options.tail_start_count;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

@@ -59,7 +59,6 @@ struct GptBigCodeRunnerOptions {
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
-  bool tail_start_count = GptBigCodeOptions().tail_start_count;  // ... ::tail_start_count
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -34,11 +34,6 @@ class DeviceMem {
   }
   void Poison() { EXPECT_EQ(cudaMemset(ptr_, 0xff, bytes_), cudaSuccess); }  // NaN for floats
   template <typename T>
-  void Upload(const std::vector<T>& v) {  // v must fill the allocation exactly
-    ASSERT_EQ(v.size() * sizeof(T), bytes_);
-    EXPECT_EQ(cudaMemcpy(ptr_, v.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  template <typename T>
   std::vector<T> Download() const {
     std::vector<T> v(bytes_ / sizeof(T));
     EXPECT_EQ(cudaMemcpy(v.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
