@@ -66,6 +66,12 @@ struct GemmEpilogue {
   // kGemmTailMaxCtas heads x splits (kernels/gemm.h): the step's attention in the same launch.
   // Unimplemented where the kernel does not take it (nothing has run then).
   GemmTailAttention tail;
+  // Skinny kernel with PDL (ignored elsewhere): each CTA releases the next kernel
+  // (griddepcontrol.launch_dependents) as it starts rather than after its own PDL wait, so that
+  // the next kernel's CTAs can launch and load their weights while this one still waits for its
+  // input (the model's attn.c_proj behind the QKV GEMM's tail attention). Correctness does not
+  // depend on it: the next kernel's wait is on this grid's end either way.
+  bool release_dependents_early = false;
 };
 
 class CudaGemm {

@@ -86,7 +86,8 @@ struct SkinnyArgs {
   // (and layer-norm sums) before the PDL wait and its residual right after it, instead of after
   // the fold.
   bool early_epilogue = false;
-  SkinnyTailArgs<T> tail;  // kTail instantiations only
+  bool release_early = false;  // GemmEpilogue::release_dependents_early
+  SkinnyTailArgs<T> tail;      // kTail instantiations only
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
@@ -535,8 +536,9 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
   };
   if (stores && p.early_epilogue) load_consts();
+  if (p.release_early) fwd::PdlTrigger();
   fwd::PdlWait();
-  fwd::PdlTrigger();
+  if (!p.release_early) fwd::PdlTrigger();
   // With kLn every warp takes its part of the statistics; with kTail every warp counts in.
   if (!kLn && !kTail && !live) return;
   if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
@@ -665,6 +667,7 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   a.slots = e.slot_mapping;
   a.kv_col0 = static_cast<int>(e.kv_col0);
   a.kv_width = static_cast<int>(e.kv_width);
+  a.release_early = e.release_dependents_early;
   return a;
 }
 

@@ -91,6 +91,8 @@ struct LinearParams {
   const void* bias = nullptr;
   Activation activation = Activation::kIdentity;
   void* residual = nullptr;
+  // CUDA: GemmEpilogue::release_dependents_early (the CPU ignores it).
+  bool release_dependents_early = false;
 };
 
 // What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),

@@ -447,10 +447,11 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
 }
 
 absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                             Collectives& collectives) {
+                                             Collectives& collectives, bool release_early) {
   LinearParams lin;
   lin.gemm = gemm;
   lin.bias = bias.raw();
+  lin.release_dependents_early = release_early;
   if (w_.shard.world_size == 1) {
     lin.residual = hidden_.raw();
     return Linear(ctx_, lin);
@@ -707,7 +708,9 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = heads_ * D;
-  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives));
+  // Behind the tail, attn.c_proj may release c_fc as it starts (tail_release_early_).
+  RETURN_IF_ERROR(
+      RowParallelResidual(gemm, L.c_proj_b, collectives, tail_done && tail_release_early_));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

@@ -254,6 +254,11 @@ struct GptBigCodeOptions {
   // SantaCoder b1 step 1.085 / 1.086 / 1.086 ms with the L2 merge, 1.069 / 1.068 / 1.067 with
   // the cluster's (-1.6%).
   bool tail_cluster_merge = true;
+  // With tail_attention: attn.c_proj behind the tail releases c_fc as its CTAs start
+  // (GemmEpilogue::release_dependents_early), so that c_fc's CTAs stage their weight rows during
+  // the tail's attention instead of after the QKV launch's end. Off until measured
+  // (benchmarks/mqabench/NOTES.md version 33; mqabench --chain tailr).
+  bool tail_release_early = false;
 };
 
 class GptBigCode {
@@ -378,6 +383,8 @@ class GptBigCode {
   void set_tail_attention(bool on);
   // GptBigCodeOptions::tail_cluster_merge. Drops captured graphs.
   void set_tail_cluster_merge(bool on);
+  // GptBigCodeOptions::tail_release_early. Drops captured graphs.
+  void set_tail_release_early(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -427,9 +434,9 @@ class GptBigCode {
   absl::Status Layer(int64_t layer, const StepIndices& idx, PagedKvCache& cache,
                      Collectives& collectives);
   // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
-  // (gemm.c = proj_ is the scratch).
+  // (gemm.c = proj_ is the scratch). release_early: LinearParams::release_dependents_early.
   absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                   Collectives& collectives);
+                                   Collectives& collectives, bool release_early = false);
   // Embedding and every layer: the residual stream in hidden_.
   absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
   // ln_f and lm_head over the gathered logits rows into local_logits_.
@@ -480,6 +487,7 @@ class GptBigCode {
   bool attention_release_early_ = false;    // set_attention_release_early
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
+  bool tail_release_early_ = false;         // GptBigCodeOptions::tail_release_early
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

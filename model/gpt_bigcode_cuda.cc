@@ -267,6 +267,11 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_tail_release_early(bool on) {
+  tail_release_early_ = on;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
   ctx_.chain_steal_chunks = chunks;
   ClearCudaGraphs();
@@ -458,6 +463,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   chain_early_release_ = options.decode_chain_early_release;
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
+  tail_release_early_ = options.tail_release_early;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -819,6 +825,7 @@ void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
+void GptBigCode::set_tail_release_early(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

@@ -6,11 +6,11 @@
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit); the logs
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call).
-# 2026-12-06 (benchmarks/mqabench/NOTES.md version 32): every GPU test (gemm_cuda_test beside the
-# others; gemm_tail_attention_test now with attn.c_proj started by the tail's head count, HF
-# parity with its row), the script test, then SantaCoder b1 with the tail's cluster merge (the
-# default: H100s only so far) beside the start count (tails) and the L2 merge, StarCoder b1 and
-# b32 at the defaults, and SantaCoder b1 kernel traces at the default and with tails.
+# 2026-12-06 (benchmarks/mqabench/NOTES.md version 33): the tests the change touches (gemm_cuda_test's
+# PDL chain, every HF parity row with the tail or the defaults), then SantaCoder b1 with the
+# defaults (the tail's cluster merge: H100s only so far) beside attn.c_proj releasing c_fc early
+# (tailr) and the tail's L2 merge, StarCoder b1 and b32 at the defaults, and a SantaCoder b1 kernel
+# trace with tailr. About 4 minutes; give it 420 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -24,24 +24,13 @@ export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFI
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
 g='^latency|Avg latency|decode step|QKV GEMMs'
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
-(timeout 330 $b/tests/gemm_cuda_test > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test rc=$?" > $logs/gemm.rc) &
-gp=$!
-while read -r name ranks; do
-  [[ -z "$name" || "$name" == gemm_cuda_test ]] && continue
-  if [[ "$ranks" == 1 ]]; then timeout 240 $b/tests/$name > $logs/$name.log 2>&1
-  else timeout 120 mpirun --oversubscribe -np $ranks -x LD_LIBRARY_PATH -x MQA_SOURCE_DIR $b/tests/$name > $logs/$name.log 2>&1; fi
-  echo "$name rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|tests? (passed|failed)' $logs/$name.log | tr '\n' ' ')"
-done < $b/tests.txt
-while read -r name cmd; do
-  cmd=${cmd//@BIN@/$b/bin}; cmd=${cmd//@SRC@/$PWD}
-  eval "timeout 120 $cmd" > $logs/$name.log 2>&1; echo "$name rc=$?"
-done < $b/scripts.txt
-wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
+timeout 200 $b/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test (PdlChain) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/gemm_cuda_test.log | tr '\n' ' ')"
+timeout 240 $b/tests/model_hf_parity_cuda_test --gtest_filter='*tail*:*_defaults*' > $logs/hf.log 2>&1; echo "hf parity (tail, defaults) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/hf.log | tr '\n' ' ')"
 date -u
-timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tails,tail,auto,tails,tail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr,tail,auto,tailr,tail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/kernel trace/,$p' $logs/sct.log | head -30 | cut -c1-170
-timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --chain tails --kernel-trace $logs/scts > $logs/scts.log 2>&1; echo "sc tails trace rc=$?"; sed -n '/kernel trace/,$p' $logs/scts.log | head -30 | cut -c1-170
+timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --chain tailr --kernel-trace $logs/sctr > $logs/sctr.log 2>&1; echo "sc tailr trace rc=$?"; sed -n '/kernel trace/,$p' $logs/sctr.log | head -30 | cut -c1-170
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs

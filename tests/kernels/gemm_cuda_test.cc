@@ -494,7 +494,8 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
 // the previous one's output; GELU and a residual among them) launched with PDL into one CUDA graph,
 // with and without the deep unroll (which loads a whole 4 KiB weight row before the wait), with and
 // without the rows staged in shared memory before the wait (Options::skinny_stage_bytes), and with
-// the half fold on the occupancy instantiations (Options::skinny_occupancy). Each
+// the half fold on the occupancy instantiations (Options::skinny_occupancy), and with every link
+// releasing the next as it starts (GemmEpilogue::release_dependents_early). Each
 // link's output is checked against the CPU on the device's own input, so a link that read its
 // input before the previous link had written it shows as that link's error (the outputs are
 // poisoned first).
@@ -538,11 +539,12 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
     p.ldc = p.n;
     p.dtype = t;
   }
-  for (const int form : {0, 1, 2, 3}) {
+  for (const int form : {0, 1, 2, 3, 4}) {
     SCOPED_TRACE(form == 0   ? "default unroll"
                  : form == 1 ? "deep unroll"
                  : form == 2 ? "deep, no staging"
-                             : "deep, half fold, occupancy (the model's fp16 form with it)");
+                 : form == 3 ? "deep, half fold, occupancy (the model's fp16 form with it)"
+                             : "deep, each link releasing the next as it starts");
     CudaGemm::Options options;
     options.skinny_deep_unroll = form >= 1;
     if (form == 2) options.skinny_stage_bytes = 0;
@@ -566,6 +568,7 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
         e.bias = dbias[i]->get();
         e.activation = links[i].act;
         e.accumulate = links[i].residual;
+        e.release_dependents_early = form == 4;
         RETURN_IF_ERROR((*gemm)->Run(params[i], e, stream));
       }
       return absl::OkStatus();

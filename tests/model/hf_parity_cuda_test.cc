@@ -117,7 +117,8 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (it takes one-token steps; head_dim 128 only: tiny-mqa-d128 must run it, the others fall back
 // to the attention kernels); bit 19: with bit 12, the chain's per-SM shares calibrated first
 // (GptBigCodeRunner::CalibrateDecodeChainShares); bit 20: with bit 18, the tail's splits merged
-// in a thread-block cluster (tail_cluster_merge). 101: the runner's defaults).
+// in a thread-block cluster (tail_cluster_merge); bit 21: with bit 18, attn.c_proj releasing c_fc
+// as it starts (tail_release_early). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -154,6 +155,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   const bool tail = knobs & 262144;
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
+  opts.tail_release_early = knobs & 2097152;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
@@ -290,7 +292,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
                                          12389, 20581, 36965, 528485, 103, 65637, 196709, 327781,
-                                         1376357)),
+                                         1376357, 3473509)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -315,6 +317,7 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 196709  ? "_defaults_ln_tuned_x3"
                           : std::get<3>(info.param) == 327781  ? "_defaults_ln_tail"
                           : std::get<3>(info.param) == 1376357 ? "_defaults_ln_tail_cluster"
+                          : std::get<3>(info.param) == 3473509 ? "_defaults_ln_tail_release"
                           : std::get<3>(info.param) == 101     ? "_defaults"
                                                                : "");
       std::replace(name.begin(), name.end(), '-', '_');
