@@ -710,7 +710,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.k = heads_ * D;
   // Behind the tail, attn.c_proj may release c_fc as it starts (tail_release_early_).
   RETURN_IF_ERROR(
-      RowParallelResidual(gemm, L.c_proj_b, collectives, tail_done && tail_release_early_));
+      RowParallelResidual(gemm, L.c_proj_b, collectives, tail_done && tail_release_early_ >= 1));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();
@@ -749,7 +749,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = inner_;
-  return RowParallelResidual(gemm, L.mlp_proj_b, collectives);
+  return RowParallelResidual(gemm, L.mlp_proj_b, collectives,
+                             tail_done && tail_release_early_ >= 2);
 }
 
 // The rows whose logits are needed go through ln_f and lm_head into local_logits_ (this rank's

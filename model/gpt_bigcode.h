@@ -254,11 +254,12 @@ struct GptBigCodeOptions {
   // SantaCoder b1 step 1.085 / 1.086 / 1.086 ms with the L2 merge, 1.069 / 1.068 / 1.067 with
   // the cluster's (-1.6%).
   bool tail_cluster_merge = true;
-  // With tail_attention: attn.c_proj behind the tail releases c_fc as its CTAs start
+  // With tail_attention: 1: attn.c_proj behind the tail releases c_fc as its CTAs start
   // (GemmEpilogue::release_dependents_early), so that c_fc's CTAs stage their weight rows during
-  // the tail's attention instead of after the QKV launch's end. Off until measured
-  // (benchmarks/mqabench/NOTES.md version 33; mqabench --chain tailr).
-  bool tail_release_early = false;
+  // the tail's attention instead of after the QKV launch's end; 2: mlp.c_proj releases the next
+  // layer's QKV launch likewise. 0: off, until measured (benchmarks/mqabench/NOTES.md version 33;
+  // mqabench --chain tailr, tailr2).
+  int tail_release_early = 0;
 };
 
 class GptBigCode {
@@ -384,7 +385,7 @@ class GptBigCode {
   // GptBigCodeOptions::tail_cluster_merge. Drops captured graphs.
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
-  void set_tail_release_early(bool on);
+  void set_tail_release_early(int level);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -487,7 +488,7 @@ class GptBigCode {
   bool attention_release_early_ = false;    // set_attention_release_early
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
-  bool tail_release_early_ = false;         // GptBigCodeOptions::tail_release_early
+  int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

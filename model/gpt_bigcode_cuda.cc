@@ -267,8 +267,8 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_tail_release_early(bool on) {
-  tail_release_early_ = on;
+void GptBigCode::set_tail_release_early(int level) {
+  tail_release_early_ = level;
   ClearCudaGraphs();
 }
 
@@ -825,7 +825,7 @@ void GptBigCode::set_decode_chain_early_release(bool) {}
 void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
-void GptBigCode::set_tail_release_early(bool) {}
+void GptBigCode::set_tail_release_early(int) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

@@ -59,7 +59,7 @@ struct GptBigCodeRunnerOptions {
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
-  bool tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
+  int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -27,7 +27,7 @@ m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 timeout 200 $b/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test (PdlChain) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/gemm_cuda_test.log | tr '\n' ' ')"
 timeout 240 $b/tests/model_hf_parity_cuda_test --gtest_filter='*tail*:*_defaults*' > $logs/hf.log 2>&1; echo "hf parity (tail, defaults) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/hf.log | tr '\n' ' ')"
 date -u
-timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr,tail,auto,tailr,tail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr,tailr2,auto,tailr,tailr2,tail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/kernel trace/,$p' $logs/sct.log | head -30 | cut -c1-170

@@ -188,24 +188,27 @@ absl::Status Latency(const Flags& f) {
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
-                chain == "tailc" || chain == "tailr" || chain == "notail" || chain[0] == 'w' ||
-                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
-                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
+                chain == "tailc" || chain == "tailr" || chain == "tailr2" || chain == "notail" ||
+                chain[0] == 'w' || chain == "ll" || chain == "nl" || chain == "tc" ||
+                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
+                shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_attention_release_early(chain == "rel");
-    r.model().set_tail_attention(chain == "tail" || chain == "tailc" || chain == "tailr" ? true
-                                 : chain == "notail"                                     ? false
+    const bool tailr = chain == "tailr" || chain == "tailr2";
+    r.model().set_tail_attention(chain == "tail" || chain == "tailc" || tailr ? true
+                                 : chain == "notail"                          ? false
                                                      : GptBigCodeOptions().tail_attention);
-    r.model().set_tail_cluster_merge(chain == "tailc" || chain == "tailr" ? true
-                                     : chain == "tail"                    ? false
+    r.model().set_tail_cluster_merge(chain == "tailc" || tailr ? true
+                                     : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
-    r.model().set_tail_release_early(chain == "tailr"   ? true
-                                     : chain == "tailc" ? false
-                                                        : GptBigCodeOptions().tail_release_early);
+    r.model().set_tail_release_early(chain == "tailr"    ? 1
+                                     : chain == "tailr2" ? 2
+                                     : chain == "tailc"  ? 0
+                                                         : GptBigCodeOptions().tail_release_early);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

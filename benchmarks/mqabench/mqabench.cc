@@ -67,7 +67,8 @@
 //     are auto with the QKV GEMM's tail attention (GptBigCodeOptions::tail_attention) on (its
 //     splits merged through L2) and off, tailc the tail with its splits merged in a cluster
 //     (tail_cluster_merge, the default), tailr tailc with attn.c_proj releasing c_fc as it
-//     starts (tail_release_early); wN is auto with
+//     starts (tail_release_early 1), tailr2 with mlp.c_proj releasing the next QKV too (2); wN is
+//     auto with
 //     each CTA's last N ring-stage chunks of a phase dealt at run time (work stealing,
 //     decode_chain_steal_chunks; w0: every row fixed in advance, the default; only phases of at
 //     least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB (decode_chain_stage_bytes,

@@ -72,7 +72,7 @@ TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
   const std::vector<std::string> rows = {
       "off", "on", "auto", "at",  "late", "rel",   "tail", "notail", "tailc", "ll",
       "nl",  "tc", "cc",   "otc", "occ",  "hf",    "ohf",  "hf0",    "ohf0",  "fm",
-      "fm3", "s4", "f2",   "w2",  "w0",   "k16f3", "k8f0", "shares", "tailr"};
+      "fm3", "s4", "f2",   "w2",  "w0",   "k16f3", "k8f0", "shares", "tailr", "tailr2"};
   std::string list;
   for (const std::string& r : rows) list += (list.empty() ? "" : ",") + r;
   absl::StatusOr<LatencyPlan> p = Plan({"latency", "--chain", list});
