@@ -171,6 +171,7 @@ absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const Line
       e.kv_col0 = f.kv_col0;
       e.kv_width = f.kv_width;
       e.tail = f.tail;
+      e.release_dependents_early = p.release_dependents_early;
       return gemm->Run(p.gemm, e, Stream(ctx));
 #else
       return NoCuda("FusedLinear");

@@ -91,7 +91,7 @@ struct LinearParams {
   const void* bias = nullptr;
   Activation activation = Activation::kIdentity;
   void* residual = nullptr;
-  // CUDA: GemmEpilogue::release_dependents_early (the CPU ignores it).
+  // CUDA: GemmEpilogue::release_dependents_early (Linear, FusedLinear; the CPU ignores it).
   bool release_dependents_early = false;
 };
 

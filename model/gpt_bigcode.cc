@@ -543,6 +543,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
         ctx_.tail_workspace != nullptr &&
         (ctx_.skip & (kSkipGemm | kSkipAttention | kSkipKvWrite)) == 0) {
       LinearFusion f = with_kv;
+      LinearParams with_tail = fused;
+      with_tail.release_dependents_early = (tail_release_early_ & 8) != 0;
       f.tail = {.output = attn_.raw(),
                 .block_table = idx.block_tables,
                 .context_len = idx.context_lens,
@@ -555,7 +557,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .workspace = ctx_.tail_workspace,
                 .workspace_bytes = ctx_.tail_workspace_bytes,
                 .cluster_merge = tail_cluster_merge_};
-      const absl::Status st = FusedLinear(ctx_, fused, f);
+      const absl::Status st = FusedLinear(ctx_, with_tail, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();
       tail_runs_ += tail_done;
@@ -708,9 +710,10 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = heads_ * D;
-  // Behind the tail, attn.c_proj may release c_fc as it starts (tail_release_early_).
-  RETURN_IF_ERROR(
-      RowParallelResidual(gemm, L.c_proj_b, collectives, tail_done && tail_release_early_ >= 1));
+  // Behind the tail, attn.c_proj (and with its other bits c_fc, mlp.c_proj) may release the next
+  // kernel as it starts (tail_release_early_).
+  const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
+  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(1)));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();
@@ -732,6 +735,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     LinearFusion f = FusedLayerNorm(ln, 2 * l + 1, inner_);
     LinearParams fused = fc;
     fused.gemm.a = hidden_.raw();
+    fused.release_dependents_early = release_early(4);
     const absl::Status st = FusedLinear(ctx_, fused, f);
     if (!st.ok() && !absl::IsUnimplemented(st)) return st;
     fc_fused = st.ok();
@@ -749,8 +753,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = inner_;
-  return RowParallelResidual(gemm, L.mlp_proj_b, collectives,
-                             tail_done && tail_release_early_ >= 2);
+  return RowParallelResidual(gemm, L.mlp_proj_b, collectives, release_early(2));
 }
 
 // The rows whose logits are needed go through ln_f and lm_head into local_logits_ (this rank's

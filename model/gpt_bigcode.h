@@ -254,12 +254,14 @@ struct GptBigCodeOptions {
   // SantaCoder b1 step 1.085 / 1.086 / 1.086 ms with the L2 merge, 1.069 / 1.068 / 1.067 with
   // the cluster's (-1.6%).
   bool tail_cluster_merge = true;
-  // With tail_attention: 1: attn.c_proj behind the tail releases c_fc as its CTAs start
-  // (GemmEpilogue::release_dependents_early), so that c_fc's CTAs stage their weight rows during
-  // the tail's attention instead of after the QKV launch's end; 2: mlp.c_proj releases the next
-  // layer's QKV launch likewise. 0: off, until measured (benchmarks/mqabench/NOTES.md version 33;
-  // mqabench --chain tailr, tailr2).
-  int tail_release_early = 0;
+  // With tail_attention, in a layer whose QKV launch ran the tail: the GEMMs that release the
+  // next kernel as their CTAs start (GemmEpilogue::release_dependents_early) rather than after
+  // their PDL wait, a mask: 1 attn.c_proj (c_fc's CTAs then stage their weight rows during the
+  // tail's attention instead of after the QKV launch's end), 2 mlp.c_proj, 4 c_fc, 8 the QKV
+  // GEMM's CTAs. 1 since an H100 run (2026-12-06 05:05 UTC, mqabench --chain auto,tailr,tailr2 x2;
+  // benchmarks/mqabench/NOTES.md version 33): SantaCoder b1 decode step 1.057 / 1.056 ms without,
+  // 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025.
+  int tail_release_early = 1;
 };
 
 class GptBigCode {
@@ -385,7 +387,7 @@ class GptBigCode {
   // GptBigCodeOptions::tail_cluster_merge. Drops captured graphs.
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
-  void set_tail_release_early(int level);
+  void set_tail_release_early(int mask);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).

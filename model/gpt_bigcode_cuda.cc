@@ -267,8 +267,8 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_tail_release_early(int level) {
-  tail_release_early_ = level;
+void GptBigCode::set_tail_release_early(int mask) {
+  tail_release_early_ = mask;
   ClearCudaGraphs();
 }
 

@@ -6,11 +6,10 @@
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit); the logs
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call).
-# 2026-12-06 (benchmarks/mqabench/NOTES.md version 33): the tests the change touches (gemm_cuda_test's
-# PDL chain, every HF parity row with the tail or the defaults), then SantaCoder b1 with the
-# defaults (the tail's cluster merge: H100s only so far) beside attn.c_proj releasing c_fc early
-# (tailr) and the tail's L2 merge, StarCoder b1 and b32 at the defaults, and a SantaCoder b1 kernel
-# trace with tailr. About 4 minutes; give it 420 s.
+# 2026-12-06 (benchmarks/mqabench/NOTES.md version 33): tail_release_early 1 the default. The
+# tests it touches (gemm_cuda_test's PDL chain; the HF parity rows with the tail or the defaults;
+# the CUDA generate test), then SantaCoder b1 across the release masks (0 the old default, 3, 5,
+# 9, 15), StarCoder b1 and b32 at the defaults. About 3 minutes; give it 360 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -25,12 +24,11 @@ nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
 g='^latency|Avg latency|decode step|QKV GEMMs'
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 timeout 200 $b/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test (PdlChain) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/gemm_cuda_test.log | tr '\n' ' ')"
+timeout 120 python3 tests/launcher/cuda_generate_test.py $b/bin/mqaserve models/demo > $logs/gen.log 2>&1; echo "launcher_cuda_generate_test rc=$?"; tail -2 $logs/gen.log
 timeout 240 $b/tests/model_hf_parity_cuda_test --gtest_filter='*tail*:*_defaults*' > $logs/hf.log 2>&1; echo "hf parity (tail, defaults) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/hf.log | tr '\n' ' ')"
 date -u
-timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr,tailr2,auto,tailr,tailr2,tail > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr0,tailr3,tailr5,tailr9,tailr15,auto,tailr0 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
-timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/kernel trace/,$p' $logs/sct.log | head -30 | cut -c1-170
-timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --chain tailr --kernel-trace $logs/sctr > $logs/sctr.log 2>&1; echo "sc tailr trace rc=$?"; sed -n '/kernel trace/,$p' $logs/sctr.log | head -30 | cut -c1-170
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs

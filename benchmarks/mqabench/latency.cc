@@ -179,6 +179,10 @@ absl::Status Latency(const Flags& f) {
     const bool shares_row = chain == "shares";  // auto with calibrated per-SM shares
     int ring_kib = 0, ring_inflight = -1;
     const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
+    int tailr_mask = -1;  // tailr: 1, tailrN: N (GptBigCodeOptions::tail_release_early)
+    if (chain == "tailr") tailr_mask = 1;
+    if (chain.size() > 5 && chain.rfind("tailr", 0) == 0) tailr_mask = std::atoi(chain.c_str() + 5);
+    const bool tailr = tailr_mask >= 0;
     r.model().set_decode_chain(
         chain != "off",
         chain[0] == 's' && !shares_row ? std::atoi(chain.c_str() + 1)
@@ -188,27 +192,22 @@ absl::Status Latency(const Flags& f) {
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
-                chain == "tailc" || chain == "tailr" || chain == "tailr2" || chain == "notail" ||
-                chain[0] == 'w' || chain == "ll" || chain == "nl" || chain == "tc" ||
-                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
-                shares_row
+                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
+                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_attention_release_early(chain == "rel");
-    const bool tailr = chain == "tailr" || chain == "tailr2";
     r.model().set_tail_attention(chain == "tail" || chain == "tailc" || tailr ? true
                                  : chain == "notail"                          ? false
                                                      : GptBigCodeOptions().tail_attention);
     r.model().set_tail_cluster_merge(chain == "tailc" || tailr ? true
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
-    r.model().set_tail_release_early(chain == "tailr"    ? 1
-                                     : chain == "tailr2" ? 2
-                                     : chain == "tailc"  ? 0
-                                                         : GptBigCodeOptions().tail_release_early);
+    r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

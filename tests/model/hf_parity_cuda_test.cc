@@ -117,8 +117,9 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (it takes one-token steps; head_dim 128 only: tiny-mqa-d128 must run it, the others fall back
 // to the attention kernels); bit 19: with bit 12, the chain's per-SM shares calibrated first
 // (GptBigCodeRunner::CalibrateDecodeChainShares); bit 20: with bit 18, the tail's splits merged
-// in a thread-block cluster (tail_cluster_merge); bit 21: with bit 18, attn.c_proj and mlp.c_proj
-// releasing the next kernel as they start (tail_release_early 2). 101: the runner's defaults).
+// in a thread-block cluster (tail_cluster_merge); bit 21: with bit 18, every GEMM of a tail layer
+// releasing the next kernel as it starts (tail_release_early 15; without bit 21 the runner's
+// default). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -155,7 +156,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   const bool tail = knobs & 262144;
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
-  opts.tail_release_early = knobs & 2097152 ? 2 : 0;
+  if (knobs & 2097152) opts.tail_release_early = 15;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
