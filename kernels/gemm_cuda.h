@@ -72,9 +72,6 @@ struct GemmEpilogue {
   // input (the model's attn.c_proj behind the QKV GEMM's tail attention). Correctness does not
   // depend on it: the next kernel's wait is on this grid's end either way.
   bool release_dependents_early = false;
-  // Skinny kernel, m = 1: the default unroll even where Options::skinny_deep_unroll would take
-  // the deep one (fewer registers a CTA, the rest of each row staged in shared memory instead).
-  bool skinny_shallow = false;
 };
 
 class CudaGemm {

@@ -794,7 +794,7 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   const dim3 grid(static_cast<unsigned>(blocks));
   // m = 1, 2 rows a warp: narrow enough for kSkinnyDeepUnroll (o.deep_max_warps).
   [[maybe_unused]] const bool deep =
-      !e.skinny_shallow && o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
+      o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
   if (e.tail.output != nullptr) {
     if constexpr (M == 1 && R == 2) {
       if (!deep) return absl::UnimplementedError("SkinnyGemmCuda: the tail needs the deep unroll");

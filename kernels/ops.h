@@ -93,7 +93,6 @@ struct LinearParams {
   void* residual = nullptr;
   // CUDA: GemmEpilogue::release_dependents_early (Linear, FusedLinear; the CPU ignores it).
   bool release_dependents_early = false;
-  bool skinny_shallow = false;  // CUDA: GemmEpilogue::skinny_shallow
 };
 
 // What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),

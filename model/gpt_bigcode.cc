@@ -447,13 +447,11 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
 }
 
 absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                             Collectives& collectives, bool release_early,
-                                             bool shallow) {
+                                             Collectives& collectives, bool release_early) {
   LinearParams lin;
   lin.gemm = gemm;
   lin.bias = bias.raw();
   lin.release_dependents_early = release_early;
-  lin.skinny_shallow = shallow;
   if (w_.shard.world_size == 1) {
     lin.residual = hidden_.raw();
     return Linear(ctx_, lin);
@@ -715,8 +713,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // Behind the tail, attn.c_proj (and with its other bits c_fc, mlp.c_proj) may release the next
   // kernel as it starts (tail_release_early_).
   const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
-  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(1),
-                                      tail_done && tail_cproj_shallow_));
+  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(1)));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

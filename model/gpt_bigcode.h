@@ -262,11 +262,6 @@ struct GptBigCodeOptions {
   // benchmarks/mqabench/NOTES.md version 33): SantaCoder b1 decode step 1.057 / 1.056 ms without,
   // 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025.
   int tail_release_early = 1;
-  // With tail_attention, in a layer whose QKV launch ran the tail: attn.c_proj without the deep
-  // unroll (GemmEpilogue::skinny_shallow: 80 registers instead of 128, the rest of each row in
-  // shared memory), so that more of c_fc's early-released CTAs fit beside it. Off until measured
-  // (NOTES version 33; mqabench --chain tailrs).
-  bool tail_cproj_shallow = false;
 };
 
 class GptBigCode {
@@ -393,8 +388,6 @@ class GptBigCode {
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
   void set_tail_release_early(int mask);
-  // GptBigCodeOptions::tail_cproj_shallow. Drops captured graphs.
-  void set_tail_cproj_shallow(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -444,11 +437,9 @@ class GptBigCode {
   absl::Status Layer(int64_t layer, const StepIndices& idx, PagedKvCache& cache,
                      Collectives& collectives);
   // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
-  // (gemm.c = proj_ is the scratch). release_early, shallow: LinearParams::
-  // release_dependents_early, skinny_shallow.
+  // (gemm.c = proj_ is the scratch). release_early: LinearParams::release_dependents_early.
   absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                   Collectives& collectives, bool release_early = false,
-                                   bool shallow = false);
+                                   Collectives& collectives, bool release_early = false);
   // Embedding and every layer: the residual stream in hidden_.
   absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
   // ln_f and lm_head over the gathered logits rows into local_logits_.
@@ -500,7 +491,6 @@ class GptBigCode {
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
   int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
-  bool tail_cproj_shallow_ = false;         // GptBigCodeOptions::tail_cproj_shallow
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

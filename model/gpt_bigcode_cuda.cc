@@ -267,11 +267,6 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_tail_cproj_shallow(bool on) {
-  tail_cproj_shallow_ = on;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_tail_release_early(int mask) {
   tail_release_early_ = mask;
   ClearCudaGraphs();
@@ -469,7 +464,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
   tail_release_early_ = options.tail_release_early;
-  tail_cproj_shallow_ = options.tail_cproj_shallow;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -832,7 +826,6 @@ void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
-void GptBigCode::set_tail_cproj_shallow(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

@@ -60,7 +60,6 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
   int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
-  bool tail_cproj_shallow = GptBigCodeOptions().tail_cproj_shallow;  // ... ::tail_cproj_shallow
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -228,10 +228,10 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          row != "rel" && row != "tail" && row != "tailc" && row != "tailr" && row != "tailrs" &&
-          row != "notail" && row != "ll" && row != "nl" && row != "tc" && row != "cc" &&
-          row != "otc" && row != "occ" && row != "hf" && row != "ohf" && row != "hf0" &&
-          row != "ohf0" && row != "fm" && row != "shares" &&
+          row != "rel" && row != "tail" && row != "tailc" && row != "tailr" && row != "notail" &&
+          row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
+          row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
+          row != "fm" && row != "shares" &&
           !(row.size() > 5 && row.rfind("tailr", 0) == 0 &&
             absl::SimpleAtoi(row.substr(5), &number) && number >= 0 && number < 16) &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
@@ -246,8 +246,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "every attention releases the next kernel early, chain or not) / tail, notail (auto "
             "with the QKV GEMM's tail attention on with the L2 merge, off) / tailc (on with the "
             "cluster merge) / tailrN (tailc, the GEMMs of mask N releasing the next kernel as "
-            "they start: 1 attn.c_proj, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM; tailr: 1) / tailrs "
-            "(tailr, attn.c_proj without the deep unroll) / "
+            "they start: 1 attn.c_proj, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM; tailr: 1) / "
             "wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "

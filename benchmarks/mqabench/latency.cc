@@ -180,9 +180,8 @@ absl::Status Latency(const Flags& f) {
     int ring_kib = 0, ring_inflight = -1;
     const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
     int tailr_mask = -1;  // tailr: 1, tailrN: N (GptBigCodeOptions::tail_release_early)
-    const bool tailrs = chain == "tailrs";  // tailr with attn.c_proj shallow
+    if (chain == "tailr") tailr_mask = 1;
     if (chain.size() > 5 && chain.rfind("tailr", 0) == 0) tailr_mask = std::atoi(chain.c_str() + 5);
-    if (chain == "tailr" || tailrs) tailr_mask = 1;
     const bool tailr = tailr_mask >= 0;
     r.model().set_decode_chain(
         chain != "off",
@@ -209,7 +208,6 @@ absl::Status Latency(const Flags& f) {
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
-    r.model().set_tail_cproj_shallow(tailrs || GptBigCodeOptions().tail_cproj_shallow);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

@@ -544,8 +544,7 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
                  : form == 1 ? "deep unroll"
                  : form == 2 ? "deep, no staging"
                  : form == 3 ? "deep, half fold, occupancy (the model's fp16 form with it)"
-                             : "deep, each link releasing the next as it starts, the "
-                               "residual links shallow");
+                             : "deep, each link releasing the next as it starts");
     CudaGemm::Options options;
     options.skinny_deep_unroll = form >= 1;
     if (form == 2) options.skinny_stage_bytes = 0;
@@ -570,7 +569,6 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
         e.activation = links[i].act;
         e.accumulate = links[i].residual;
         e.release_dependents_early = form == 4;
-        e.skinny_shallow = form == 4 && links[i].residual;  // the c_proj-shaped links
         RETURN_IF_ERROR((*gemm)->Run(params[i], e, stream));
       }
       return absl::OkStatus();
