@@ -6,12 +6,12 @@
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit); the logs
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call).
-# 2026-12-06 (benchmarks/mqabench/NOTES.md version 33, addendum): gemm_cuda_test's PDL chain and
-# the HF parity tail / defaults rows (the shallow attn.c_proj is new), then the targets on the H200
-# with attn.c_proj releasing c_fc early (the default since 05:08 UTC; H100s only so far), beside
-# no early release (tailr0), a shallow attn.c_proj (tailrs) and c_fc's occupancy instantiation
-# (skinnydo); StarCoder b1 and b32; a SantaCoder b1 kernel trace at the defaults. About 3 minutes;
-# give it 300 s.
+# 2026-12-06 (benchmarks/mqabench/NOTES.md versions 33-34): every GPU test (gemm_cuda_test beside
+# the others), the script test, then SantaCoder b1 at the defaults (the tail's cluster merge and
+# attn.c_proj releasing c_fc early: H100s only so far) beside no early release (tailr0) and the
+# tail's occupancy instantiation (skinnydt, not yet run on a GPU), StarCoder b1 and b32, and
+# SantaCoder b1 kernel traces at the defaults and with skinnydt: a baseline on the H200 for
+# whatever the next session changes. About 6 minutes; give it 480 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -25,12 +25,24 @@ export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFI
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
 g='^latency|Avg latency|decode step|QKV GEMMs'
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
-timeout 200 $b/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test (PdlChain) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/gemm_cuda_test.log | tr '\n' ' ')"
-timeout 240 $b/tests/model_hf_parity_cuda_test --gtest_filter='*tail*:*_defaults*' > $logs/hf.log 2>&1; echo "hf parity (tail, defaults) rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/hf.log | tr '\n' ' ')"
+(timeout 330 $b/tests/gemm_cuda_test > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test rc=$?" > $logs/gemm.rc) &
+gp=$!
+while read -r name ranks; do
+  [[ -z "$name" || "$name" == gemm_cuda_test ]] && continue
+  if [[ "$ranks" == 1 ]]; then timeout 240 $b/tests/$name > $logs/$name.log 2>&1
+  else timeout 120 mpirun --oversubscribe -np $ranks -x LD_LIBRARY_PATH -x MQA_SOURCE_DIR $b/tests/$name > $logs/$name.log 2>&1; fi
+  echo "$name rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|tests? (passed|failed)' $logs/$name.log | tr '\n' ' ')"
+done < $b/tests.txt
+while read -r name cmd; do
+  cmd=${cmd//@BIN@/$b/bin}; cmd=${cmd//@SRC@/$PWD}
+  eval "timeout 120 $cmd" > $logs/$name.log 2>&1; echo "$name rc=$?"
+done < $b/scripts.txt
+wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
 date -u
-timeout 120 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --gemm skinnyd,skinnydo,skinnyd --chain auto,tailrs,tailr0 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --gemm skinnyd,skinnydt,skinnyd,skinnydt --chain auto,tailr0 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/decode step: /,$p' $logs/sct.log | head -12 | cut -c1-170
+timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --gemm skinnydt --kernel-trace $logs/sctt > $logs/sctt.log 2>&1; echo "sc skinnydt trace rc=$?"; sed -n '/decode step: /,$p' $logs/sctt.log | head -12 | cut -c1-170
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs
