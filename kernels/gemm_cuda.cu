@@ -181,7 +181,6 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
       o.half_fold = options_.skinny_half_fold;
       o.stage_bytes = options_.skinny_stage_bytes;
       o.occupancy = options_.skinny_occupancy;
-      o.tail_occupancy = options_.skinny_tail_occupancy;
       o.early_epilogue = options_.skinny_early_epilogue;
       return SkinnyGemmCuda(p, e, stream, o);
     }();

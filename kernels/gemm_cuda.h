@@ -108,12 +108,6 @@ class CudaGemm {
     // CTAs, two an SM beside mlp.c_proj's two instead of one. Off until measured (mqabench
     // --gemm skinnydo).
     bool skinny_occupancy = false;
-    // m = 1, fp16, the half fold: the tail attention's launch (GemmEpilogue::tail) on an
-    // instantiation built for kSkinnyDeepOccupancyCtas CTAs an SM (128 registers instead of 168),
-    // so that two of its CTAs fit beside mlp.c_proj's two (32 K registers, 192 KiB of staging)
-    // instead of one, and more of them load their weights before their PDL wait. Off until
-    // measured (mqabench --gemm skinnydt).
-    bool skinny_tail_occupancy = false;
     // The skinny kernel's storing lanes load their bias (and layer-norm sums) before the PDL wait
     // and their residual right after it, so that the fold's end is not followed by a round trip
     // to memory; off: after the fold. Not yet run on a GPU: off until measured (mqabench --gemm
@@ -204,7 +198,6 @@ class CudaGemm {
   void set_skinny_half_fold(bool on) { options_.skinny_half_fold = on; }
   void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
   void set_skinny_occupancy(bool on) { options_.skinny_occupancy = on; }
-  void set_skinny_tail_occupancy(bool on) { options_.skinny_tail_occupancy = on; }
   void set_skinny_early_epilogue(bool on) { options_.skinny_early_epilogue = on; }
   bool stream_tc() const { return options_.stream_tc; }
   bool stream_tc_tma() const { return options_.stream_tc_tma; }
@@ -261,7 +254,6 @@ struct SkinnyOptions {
   bool half_fold = false;    // Options::skinny_half_fold (m = 1, fp16, two rows a warp)
   int stage_bytes = 0;       // Options::skinny_stage_bytes (m = 1)
   bool occupancy = false;    // Options::skinny_occupancy (m = 1 with half_fold)
-  bool tail_occupancy = false;  // Options::skinny_tail_occupancy (the tail, with half_fold)
   bool early_epilogue = false;  // Options::skinny_early_epilogue
 };
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,

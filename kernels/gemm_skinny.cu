@@ -713,7 +713,7 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     // The GEMM's CTAs (padded to a multiple of the cluster size with the cluster merge), then the
     // tail's.
     grid.x = static_cast<unsigned>(a.tail.gemm_ctas + a.tail.heads * a.tail.splits);
-    return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, kMinCtas, true>);
+    return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
   }
   switch (act) {
     case Activation::kIdentity:
@@ -801,11 +801,8 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
       RETURN_IF_ERROR(FillSkinnyTail(p, e, static_cast<int>(blocks), &a.tail));
       if constexpr (std::is_same_v<T, __half>) {
         if (o.half_fold) {
-          return o.tail_occupancy ? LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true,
-                                                         kSkinnyDeepOccupancyCtas, true>(
-                                        a, ln, e.activation, grid, stream, pdl)
-                                  : LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true, 1, true>(
-                                        a, ln, e.activation, grid, stream, pdl);
+          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true, 1, true>(
+              a, ln, e.activation, grid, stream, pdl);
         }
       }
       return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, false, 1, true>(a, ln, e.activation,

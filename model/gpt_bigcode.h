@@ -192,10 +192,6 @@ struct GptBigCodeOptions {
   // instantiations built for more resident CTAs an SM (SantaCoder's c_fc in one wave, its QKV
   // beside mlp.c_proj). Off until measured.
   bool gemm_occupancy = false;
-  // CudaGemm::Options::skinny_tail_occupancy (mqabench --gemm skinnydt): the QKV launch with the
-  // tail attention (fp16, the half fold) on 128 registers instead of 168, two CTAs an SM beside
-  // mlp.c_proj's two. Off until measured (benchmarks/mqabench/NOTES.md version 34).
-  bool gemm_tail_occupancy = false;
   // Batch-1 decode steps (one token, one rank) run each layer's c_proj, ln_2 + c_fc, MLP c_proj
   // and the next layer's ln_1 + QKV as one persistent kernel that streams their weights through
   // shared memory across the phase boundaries (kernels/decode_chain.h; mqabench --chain): two
@@ -340,8 +336,6 @@ class GptBigCode {
   void set_gemm_stage_bytes(int bytes);
   // Benchmarks: GptBigCodeOptions::gemm_occupancy. Drops captured graphs.
   void set_gemm_occupancy(bool on);
-  // Benchmarks: GptBigCodeOptions::gemm_tail_occupancy. Drops captured graphs.
-  void set_gemm_tail_occupancy(bool on);
   // Benchmarks: CudaGemm::Options::skinny_early_epilogue. Drops captured graphs.
   void set_gemm_early_epilogue(bool on);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed

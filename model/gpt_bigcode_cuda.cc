@@ -342,12 +342,6 @@ void GptBigCode::set_gemm_occupancy(bool on) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_gemm_tail_occupancy(bool on) {
-  if (!cuda_ || !cuda_->gemm) return;
-  cuda_->gemm->set_skinny_tail_occupancy(on);
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_gemm_early_epilogue(bool on) {
   if (!cuda_ || !cuda_->gemm) return;
   cuda_->gemm->set_skinny_early_epilogue(on);
@@ -443,7 +437,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   gemm_options.skinny_half_fold = options.gemm_half_fold;
   gemm_options.skinny_stage_bytes = options.gemm_stage_bytes;
   gemm_options.skinny_occupancy = options.gemm_occupancy;
-  gemm_options.skinny_tail_occupancy = options.gemm_tail_occupancy;
   gemm_options.stream_tc = options.gemm_stream_tc;
   gemm_options.stream_tc_tma = options.gemm_stream_tc_tma;
   ASSIGN_OR_RETURN(cuda_->gemm, CudaGemm::Create(gemm_options));
@@ -869,7 +862,6 @@ void GptBigCode::set_gemm_kernels(bool, int, bool, int) {}
 void GptBigCode::set_gemm_stream_tma_knobs(int, int) {}
 void GptBigCode::set_gemm_stage_bytes(int) {}
 void GptBigCode::set_gemm_occupancy(bool) {}
-void GptBigCode::set_gemm_tail_occupancy(bool) {}
 void GptBigCode::set_gemm_early_epilogue(bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {

@@ -60,7 +60,6 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
   int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
-  bool gemm_tail_occupancy = false;  // GptBigCodeOptions::gemm_tail_occupancy
 };
 
 class GptBigCodeRunner final : public ModelRunner {

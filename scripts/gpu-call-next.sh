@@ -8,10 +8,9 @@
 # files a call).
 # 2026-12-06 (benchmarks/mqabench/NOTES.md versions 33-34): every GPU test (gemm_cuda_test beside
 # the others), the script test, then SantaCoder b1 at the defaults (the tail's cluster merge and
-# attn.c_proj releasing c_fc early: H100s only so far) beside no early release (tailr0) and the
-# tail's occupancy instantiation (skinnydt, not yet run on a GPU), StarCoder b1 and b32, and
-# SantaCoder b1 kernel traces at the defaults and with skinnydt: a baseline on the H200 for
-# whatever the next session changes. About 6 minutes; give it 480 s.
+# attn.c_proj releasing c_fc early: H100s only so far) beside no early release (tailr0),
+# StarCoder b1 and b32, and a SantaCoder b1 kernel trace at the defaults: a baseline on the H200
+# for whatever the next session changes. About 5 minutes; give it 420 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -39,10 +38,9 @@ while read -r name cmd; do
 done < $b/scripts.txt
 wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
 date -u
-timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --gemm skinnyd,skinnydt,skinnyd,skinnydt --chain auto,tailr0 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr0,auto,tailr0 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/decode step: /,$p' $logs/sct.log | head -12 | cut -c1-170
-timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --gemm skinnydt --kernel-trace $logs/sctt > $logs/sctt.log 2>&1; echo "sc skinnydt trace rc=$?"; sed -n '/decode step: /,$p' $logs/sctt.log | head -12 | cut -c1-170
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs

@@ -258,8 +258,7 @@ absl::Status Latency(const Flags& f) {
                                                                            : 0,
                                variant == "skinnyd" || variant == "skinnydh" ||
                                    variant == "skinnydf" || variant == "skinnydo" ||
-                                   variant == "skinnydt" || variant == "skinnyde" || tma ||
-                                   stage_kib >= 0,
+                                   variant == "skinnyde" || tma || stage_kib >= 0,
                                variant == "skinnydh"   ? 1
                                : variant == "skinnydf" ? 0
                                                        : -1);
@@ -267,8 +266,6 @@ absl::Status Latency(const Flags& f) {
     r.model().set_gemm_stage_bytes(stage_kib >= 0 ? stage_kib * 1024
                                                   : GptBigCodeOptions().gemm_stage_bytes);
     r.model().set_gemm_occupancy(variant == "skinnydo" || GptBigCodeOptions().gemm_occupancy);
-    r.model().set_gemm_tail_occupancy(variant == "skinnydt" ||
-                                      GptBigCodeOptions().gemm_tail_occupancy);
     r.model().set_gemm_early_epilogue(variant == "skinnyde");
     RETURN_IF_ERROR(r.model().set_fast_paths(
         fast != "off" && fast != "fuse", fast == "fuse" || fast == "pdl+fuse", fast == "pdl+ln"));

@@ -17,9 +17,7 @@
 //     skinnyd (skinny with the deep unroll for narrow m = 1 GEMMs: the default, as in the runner;
 //     "skinny" is without it), skinnydsN (skinnyd with N KiB of each weight row staged in shared
 //     memory before the PDL wait; skinnyd stages the model's default, 16), skinnydo (skinnyd with
-//     more resident CTAs an SM: GptBigCodeOptions::gemm_occupancy), skinnydt (skinnyd with the
-//     tail attention's launch on its occupancy instantiation: gemm_tail_occupancy), skinnyde
-//     (skinnyd with the
+//     more resident CTAs an SM: GptBigCodeOptions::gemm_occupancy), skinnyde (skinnyd with the
 //     epilogue's bias / residual loads before the fold: CudaGemm::Options::skinny_early_epilogue).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels; pdl+ln: pdl
 //     with fuse_layer_norms), a comma list one row each on the same runner; "all" runs off,

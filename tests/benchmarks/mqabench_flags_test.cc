@@ -125,7 +125,7 @@ TEST(MqabenchFlags, SkipRowsBecomeOpBits) {
 TEST(MqabenchFlags, GemmVariants) {
   EXPECT_TRUE(Plan({"latency", "--gemm",
                     "skinny,skinny1,skinny4,cublaslt,splitk,tc,splitk+tc,skinnyd,"
-                    "skinnydh,skinnydf,skinnydo,skinnydt,skinnyde,skinnyds0,skinnyds64,tma,"
+                    "skinnydh,skinnydf,skinnydo,skinnyde,skinnyds0,skinnyds64,tma,"
                     "tma2,tma4h1,tmah0"})
                   .ok());
   absl::StatusOr<LatencyPlan> both = Plan({"latency", "--gemm", "both"});

@@ -7,9 +7,9 @@
 //     every output element written (poisoned first).
 // Random caches and block tables (blocks in random order), contexts that are not multiples of the
 // block size or of the 64-token split, a graph bucket longer than the context, one and several
-// splits, MQA and grouped heads, fp16 (pair fold on and off, the occupancy instantiation) and bf16,
-// with and without PDL, eagerly and captured in a CUDA graph; two launches back to back (each must
-// leave its counters zeroed for the next). Skips without a GPU.
+// splits, MQA and grouped heads, fp16 (pair fold on and off) and bf16, with and without PDL,
+// eagerly and captured in a CUDA graph; two launches back to back (each must leave its counters
+// zeroed for the next). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,16 +37,14 @@ struct TailCase {
   int heads, kv_heads, k, block_size, ctx, max_context;
 };
 
-// (dtype, fp16 pair fold, PDL, GemmTailAttention::cluster_merge, Options::skinny_tail_occupancy)
-class GemmTailAttentionTest
-    : public testing::CudaStreamTest<std::tuple<DType, bool, bool, bool, bool>> {
+// (dtype, fp16 pair fold, PDL, GemmTailAttention::cluster_merge)
+class GemmTailAttentionTest : public testing::CudaStreamTest<std::tuple<DType, bool, bool, bool>> {
  protected:
   std::unique_ptr<CudaGemm> MakeGemm(bool deep = true) {
-    const auto [t, half, pdl, cluster, occupancy] = GetParam();
+    const auto [t, half, pdl, cluster] = GetParam();
     CudaGemm::Options o;
     o.skinny_deep_unroll = deep;
     o.skinny_half_fold = half;
-    o.skinny_tail_occupancy = occupancy;
     auto gemm = CudaGemm::Create(o);
     EXPECT_TRUE(gemm.ok()) << gemm.status();
     if (!gemm.ok()) return nullptr;
@@ -332,15 +330,12 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GemmTailAttentionTest,
-                         ::testing::Values(std::make_tuple(DType::kF16, true, true, false, false),
-                                           std::make_tuple(DType::kF16, false, false, false, false),
-                                           std::make_tuple(DType::kF16, true, false, false, false),
-                                           std::make_tuple(DType::kBF16, false, true, false, false),
-                                           std::make_tuple(DType::kF16, true, true, true, false),
-                                           std::make_tuple(DType::kBF16, false, false, true, false),
-                                           // the occupancy instantiation (fp16, the half fold)
-                                           std::make_tuple(DType::kF16, true, true, true, true),
-                                           std::make_tuple(DType::kF16, true, false, false, true)));
+                         ::testing::Values(std::make_tuple(DType::kF16, true, true, false),
+                                           std::make_tuple(DType::kF16, false, false, false),
+                                           std::make_tuple(DType::kF16, true, false, false),
+                                           std::make_tuple(DType::kBF16, false, true, false),
+                                           std::make_tuple(DType::kF16, true, true, true),
+                                           std::make_tuple(DType::kBF16, false, false, true)));
 
 }  // namespace
 }  // namespace mqa

@@ -119,8 +119,7 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (GptBigCodeRunner::CalibrateDecodeChainShares); bit 20: with bit 18, the tail's splits merged
 // in a thread-block cluster (tail_cluster_merge); bit 21: with bit 18, every GEMM of a tail layer
 // releasing the next kernel as it starts (tail_release_early 15; without bit 21 the runner's
-// default) and the tail's launch on its occupancy instantiation (gemm_tail_occupancy). 101: the
-// runner's defaults).
+// default). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -158,7 +157,6 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
   if (knobs & 2097152) opts.tail_release_early = 15;
-  opts.gemm_tail_occupancy = knobs & 2097152;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
