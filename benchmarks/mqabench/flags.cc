@@ -147,6 +147,14 @@ bool ParseRingForm(const std::string& row, int* kib, int* inflight) {
          absl::SimpleAtoi(row.substr(f + 1), inflight) && *inflight >= 0;
 }
 
+int TailReleaseMask(absl::string_view row) {
+  int mask = -1;
+  if (!absl::ConsumePrefix(&row, "tailr")) return -1;
+  if (row.empty()) return 1;
+  if (!absl::SimpleAtoi(row, &mask) || mask < 0 || mask > 15) return -1;
+  return mask;
+}
+
 // --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
 // wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
 int SkinnyStageKib(absl::string_view v) {
@@ -228,12 +236,10 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
-          row != "rel" && row != "tail" && row != "tailc" && row != "tailr" && row != "notail" &&
-          row != "ll" && row != "nl" && row != "tc" && row != "cc" && row != "otc" &&
-          row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
-          row != "fm" && row != "shares" &&
-          !(row.size() > 5 && row.rfind("tailr", 0) == 0 &&
-            absl::SimpleAtoi(row.substr(5), &number) && number >= 0 && number < 16) &&
+          row != "rel" && row != "tail" && row != "tailc" && TailReleaseMask(row) < 0 &&
+          row != "notail" && row != "ll" && row != "nl" && row != "tc" && row != "cc" &&
+          row != "otc" && row != "occ" && row != "hf" && row != "ohf" && row != "hf0" &&
+          row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&

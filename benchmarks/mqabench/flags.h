@@ -51,6 +51,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, const char* const* argv);
 
 // The --chain form kKfN: K KiB ring stages (a positive multiple of 8), at most N requested ahead.
 bool ParseRingForm(const std::string& row, int* kib, int* inflight);
+// The --chain forms tailr / tailrN: the release mask (GptBigCodeOptions::tail_release_early; tailr
+// is 1, N in 0..15); -1 for any other row.
+int TailReleaseMask(absl::string_view row);
 // --gemm skinnydsN: N (0..64) KiB of each weight row staged before the wait; -1 for any other.
 int SkinnyStageKib(absl::string_view v);
 // --gemm tma[B][hH]: sets *boxes (1, 2, 4; 0 when absent) and *hints (0, 1; -1 when absent);

@@ -179,9 +179,7 @@ absl::Status Latency(const Flags& f) {
     const bool shares_row = chain == "shares";  // auto with calibrated per-SM shares
     int ring_kib = 0, ring_inflight = -1;
     const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
-    int tailr_mask = -1;  // tailr: 1, tailrN: N (GptBigCodeOptions::tail_release_early)
-    if (chain == "tailr") tailr_mask = 1;
-    if (chain.size() > 5 && chain.rfind("tailr", 0) == 0) tailr_mask = std::atoi(chain.c_str() + 5);
+    const int tailr_mask = TailReleaseMask(chain);  // GptBigCodeOptions::tail_release_early
     const bool tailr = tailr_mask >= 0;
     r.model().set_decode_chain(
         chain != "off",

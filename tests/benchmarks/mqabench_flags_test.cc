@@ -87,9 +87,21 @@ TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
 }
 
 TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
-  for (const char* row : {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2"}) {
+  for (const char* row : {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2", "tailr16",
+                          "tailr-1", "tailrx"}) {
     SCOPED_TRACE(row);
     ExpectRefused(Plan({"latency", "--chain", row}).status(), "--chain");
+  }
+}
+
+// The release mask the tailr rows give latency.cc (GptBigCodeOptions::tail_release_early).
+TEST(MqabenchFlags, TailReleaseMask) {
+  EXPECT_EQ(TailReleaseMask("tailr"), 1);
+  EXPECT_EQ(TailReleaseMask("tailr0"), 0);
+  EXPECT_EQ(TailReleaseMask("tailr15"), 15);
+  for (const char* row : {"tailr16", "tailrx", "tail", "tailc", "auto"}) {
+    SCOPED_TRACE(row);
+    EXPECT_EQ(TailReleaseMask(row), -1);
   }
 }
 
