@@ -272,6 +272,12 @@ void GptBigCode::set_tail_release_early(int mask) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_tail_l2_prefetch(int kib, bool evict_last) {
+  tail_l2_prefetch_kib_ = kib;
+  tail_l2_prefetch_evict_last_ = evict_last;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
   ctx_.chain_steal_chunks = chunks;
   ClearCudaGraphs();
@@ -464,6 +470,8 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
   tail_release_early_ = options.tail_release_early;
+  tail_l2_prefetch_kib_ = options.tail_l2_prefetch_kib;
+  tail_l2_prefetch_evict_last_ = options.tail_l2_prefetch_evict_last;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -826,6 +834,7 @@ void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
+void GptBigCode::set_tail_l2_prefetch(int, bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
