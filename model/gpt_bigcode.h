@@ -216,6 +216,10 @@ struct GptBigCodeOptions {
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
+  // With decode_chain: KiB of attn.c_proj's rows past a CTA's ring that its producer prefetches
+  // into L2 while the chain waits for the attention (DecodeChainTuning::l2_ahead_bytes). 0: none;
+  // off until measured (benchmarks/mqabench/NOTES.md version 36; mqabench --chain pfN).
+  int decode_chain_l2_ahead_kib = 0;
   // With decode_chain: bytes a ring stage (DecodeChainTuning::stage_bytes, a multiple of 8192; 0:
   // the kernel's automatic choice).
   int decode_chain_stage_bytes = 0;
@@ -360,6 +364,8 @@ class GptBigCode {
                         int64_t min_layer_bytes = -1);
   // Benchmarks: GptBigCodeOptions::decode_chain_stage_bytes. Drops captured graphs.
   void set_decode_chain_stage_bytes(int bytes);
+  // Benchmarks: GptBigCodeOptions::decode_chain_l2_ahead_kib. Drops captured graphs.
+  void set_decode_chain_l2_ahead_kib(int kib);
   // Benchmarks: GptBigCodeOptions::decode_chain_ll_inputs. Drops captured graphs.
   void set_decode_chain_ll_inputs(int ll);
   // Benchmarks: GptBigCodeOptions::decode_chain_mma_fold. Drops captured graphs.

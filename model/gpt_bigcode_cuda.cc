@@ -210,6 +210,11 @@ void GptBigCode::set_decode_chain_stage_bytes(int bytes) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain_l2_ahead_kib(int kib) {
+  ctx_.chain_l2_ahead_bytes = kib * 1024;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_ll_inputs(int ll) {
   ctx_.chain_ll_inputs = ll;
   ClearCudaGraphs();
@@ -457,6 +462,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
   ctx_.chain_stage_bytes = options.decode_chain_stage_bytes;
+  ctx_.chain_l2_ahead_bytes = options.decode_chain_l2_ahead_kib * 1024;
   ctx_.chain_ll_inputs = options.decode_chain_ll_inputs;
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
@@ -836,6 +842,7 @@ void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
 void GptBigCode::set_tail_l2_prefetch(int, bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
+void GptBigCode::set_decode_chain_l2_ahead_kib(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}

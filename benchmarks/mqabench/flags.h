@@ -59,6 +59,10 @@ int TailReleaseMask(absl::string_view row);
 // at the evict_last priority (tail_l2_prefetch_evict_last; *evict_last set when given); -1 for
 // any other row.
 int TailPrefetchMib(absl::string_view row, bool* evict_last = nullptr);
+// The --chain form pfN: auto with each chain CTA prefetching N (0..4096) KiB of attn.c_proj's rows
+// past its ring into L2 while it waits (GptBigCodeOptions::decode_chain_l2_ahead_kib); -1 for any
+// other row.
+int ChainL2AheadKib(absl::string_view row);
 // --gemm skinnydsN: N (0..64) KiB of each weight row staged before the wait; -1 for any other.
 int SkinnyStageKib(absl::string_view v);
 // --gemm tma[B][hH]: sets *boxes (1, 2, 4; 0 when absent) and *hints (0, 1; -1 when absent);

@@ -87,8 +87,9 @@ TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
 }
 
 TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
-  for (const char* row : {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2", "tailr16",
-                          "tailr-1", "tailrx", "tailp", "tailp65", "tailpx"}) {
+  for (const char* row :
+       {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2", "tailr16", "tailr-1",
+        "tailrx", "tailp", "tailp65", "tailpx", "pf", "pf-1", "pf4097", "pfx"}) {
     SCOPED_TRACE(row);
     ExpectRefused(Plan({"latency", "--chain", row}).status(), "--chain");
   }
@@ -124,6 +125,17 @@ TEST(MqabenchFlags, TailPrefetchMib) {
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->runs.size(), 2u);
   EXPECT_EQ(p->runs[1].chain, "tailp8");
+}
+
+// The L2 look-ahead the pf rows give latency.cc (GptBigCodeOptions::decode_chain_l2_ahead_kib).
+TEST(MqabenchFlags, ChainL2AheadKib) {
+  EXPECT_EQ(ChainL2AheadKib("pf0"), 0);
+  EXPECT_EQ(ChainL2AheadKib("pf128"), 128);
+  EXPECT_EQ(ChainL2AheadKib("pf4096"), 4096);
+  for (const char* row : {"pf", "pf4097", "pf-1", "pfx", "pf1k", "auto", "tailp8"}) {
+    SCOPED_TRACE(row);
+    EXPECT_EQ(ChainL2AheadKib(row), -1);
+  }
 }
 
 // Rows are every combination, the --gemm list outermost and the --chain list innermost.
