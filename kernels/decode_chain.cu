@@ -196,7 +196,6 @@ struct ChainArgs {
   int ll;            // some phase has an LL boundary (ChainPhaseArgs::ll_out): read the epoch
   int side_offset;  // bytes from the shared-memory base to the bias side buffers (work stealing)
   int inflight;     // DecodeChainTuning::max_inflight (<= stages; 0: no limit)
-  int l2_ahead;     // DecodeChainTuning::l2_ahead_bytes
   unsigned* counter;  // the grid barrier's; phase i's steal counter kStealCounterStride x (i + 1)
                       // bytes further
   unsigned long long* stamps;  // DecodeChainTuning::timeline (the kStamps instantiation)
@@ -1119,14 +1118,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           const uint32_t len =
               static_cast<uint32_t>(bytes - off < stage_bytes ? bytes - off : stage_bytes);
-          if (i == 0 && streamed == stages && a.l2_ahead > 0) {
-            // The ring is full and the consumers wait for the previous kernel: the next rows
-            // into L2 meanwhile (DecodeChainTuning::l2_ahead_bytes).
-            const int64_t end = min(bytes, off + a.l2_ahead);
-            for (int64_t pos = off; pos < end; pos += 128) {
-              asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + pos));
-            }
-          }
           issue(len,
                 [&](uint32_t dst, uint32_t bar) { BulkLoad(dst, src + off, len, bar, policy); });
         }
@@ -1874,11 +1865,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
         absl::StrCat("DecodeChain: max_inflight ", tuning.max_inflight, " (>= 0)"));
   }
   a.inflight = tuning.max_inflight >= stages ? 0 : tuning.max_inflight;
-  if (tuning.l2_ahead_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DecodeChain: l2_ahead_bytes ", tuning.l2_ahead_bytes, " (>= 0)"));
-  }
-  a.l2_ahead = tuning.l2_ahead_bytes;
   a.stamps = tuning.timeline;
   a.side_offset = static_cast<int>(static_cast<size_t>(stages) * slot_bytes + fixed);
   const size_t smem = static_cast<size_t>(stages) * (slot_bytes + side_bytes) + fixed;

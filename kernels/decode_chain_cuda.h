@@ -41,12 +41,6 @@ struct DecodeChainTuning {
   // the same SM memory queue as the producer's bulk loads; a full ring of requests ahead of them
   // (192 KiB) delayed each such load by several microseconds on the H200 (the timeline).
   int max_inflight = 0;
-  // Bytes of its first phase's rows, past what its ring holds, that each CTA's producer prefetches
-  // into L2 (prefetch.global.L2, 128-byte lines) when its ring is first full, i.e. while the
-  // chain still waits for the kernel before it (the attention between two chains), so that HBM
-  // streams the first phase's next rows while the ring cannot take them. 0: none; row-run phases
-  // only.
-  int l2_ahead_bytes = 0;
   // Work stealing: each CTA keeps all but about this many ring-stage-sized chunks of its equal
   // share of a phase's rows, and the rest are dealt at run time (an atomic counter a phase) to the
   // CTAs that ask first, so that the CTAs the memory system serves more slowly do not hold up the

@@ -57,14 +57,6 @@ struct GemmTailAttention {
   // multiple of the splits (the clusters tile the grid). Elsewhere (one split, more than 8) the
   // L2 merge.
   bool cluster_merge = false;
-  // Bytes [l2_prefetch, l2_prefetch + l2_prefetch_bytes) that the launch's GEMM CTAs prefetch
-  // into L2 (one 128-byte line a thread at a time) once their rows are stored and
-  // counted in, while the tail attends and HBM would otherwise idle: weights that a later kernel
-  // reads (the model: the end of the layer's c_fc weight). Null / 0: none. A prefetch changes no
-  // result; the range must be readable device memory.
-  const void* l2_prefetch = nullptr;
-  size_t l2_prefetch_bytes = 0;
-  bool l2_prefetch_evict_last = false;  // the lines' L2 eviction priority: last, else normal
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
 

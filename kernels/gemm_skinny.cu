@@ -53,10 +53,6 @@ struct SkinnyTailArgs {
   // splits done. Each is zero again when the launch ends.
   int* counters = nullptr;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
-  // GemmTailAttention::l2_prefetch: 128-byte lines from `prefetch` that the GEMM CTAs prefetch.
-  const char* prefetch = nullptr;
-  int64_t prefetch_lines = 0;
-  bool prefetch_last = false;  // GemmTailAttention::l2_prefetch_evict_last
 };
 
 template <typename T>
@@ -265,21 +261,6 @@ __device__ __forceinline__ void SkinnyTailArrive(int* counter) {
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(counter, 1);
-  }
-}
-
-// A GEMM CTA of the tail launch, its rows counted in: its share of the GemmTailAttention::
-// l2_prefetch lines into L2 (the lines dealt over the GEMM CTAs' threads), issued and left.
-template <typename T>
-__device__ __forceinline__ void SkinnyTailPrefetch(const SkinnyTailArgs<T>& t) {
-  const int64_t stride = int64_t{t.gemm_ctas} * blockDim.x;
-  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (t.prefetch_last) {
-    for (int64_t i = first; i < t.prefetch_lines; i += stride) {
-      asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(t.prefetch + i * 128));
-    }
-  } else {
-    for (int64_t i = first; i < t.prefetch_lines; i += stride) PrefetchL2(t.prefetch + i * 128);
   }
 }
 
@@ -659,10 +640,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
     SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
   }
-  if constexpr (kTail) {
-    SkinnyTailArrive(p.tail.counters);
-    SkinnyTailPrefetch(p.tail);
-  }
+  if constexpr (kTail) SkinnyTailArrive(p.tail.counters);
 }
 
 template <typename T>
@@ -767,8 +745,7 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   if (g.heads <= 0 || g.kv_heads <= 0 || g.heads % g.kv_heads != 0 ||
       e.kv_width != int64_t{g.kv_heads} * g.head_dim || int64_t{g.heads} * g.head_dim > e.kv_col0 ||
       g.block_size <= 0 || (g.block_size & (g.block_size - 1)) != 0 || g.max_context <= 0 ||
-      g.block_table == nullptr || g.context_len == nullptr || g.workspace == nullptr ||
-      (g.l2_prefetch_bytes > 0 && g.l2_prefetch == nullptr)) {
+      g.block_table == nullptr || g.context_len == nullptr || g.workspace == nullptr) {
     return absl::InvalidArgumentError("SkinnyGemmCuda: bad tail attention");
   }
   const int splits = (g.max_context + kGemmTailTokens - 1) / kGemmTailTokens;
@@ -798,10 +775,6 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->counters = static_cast<int*>(g.workspace);
   t->partials =
       reinterpret_cast<float*>(static_cast<char*>(g.workspace) + GemmTailCounterBytes(g.heads));
-  t->prefetch = static_cast<const char*>(g.l2_prefetch);
-  t->prefetch_last = g.l2_prefetch_evict_last;
-  t->prefetch_lines =
-      g.l2_prefetch_bytes > 0 ? static_cast<int64_t>((g.l2_prefetch_bytes + 127) / 128) : 0;
   return absl::OkStatus();
 }
 

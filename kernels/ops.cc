@@ -239,7 +239,6 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       DecodeChainTuning tuning;
       tuning.spare_sms = ctx.chain_spare_sms;
       tuning.max_inflight = ctx.chain_max_inflight;
-      tuning.l2_ahead_bytes = ctx.chain_l2_ahead_bytes;
       tuning.stage_bytes = ctx.chain_stage_bytes;
       tuning.ll_inputs = ctx.chain_ll_inputs;
       tuning.mma_fold = ctx.chain_mma_fold;

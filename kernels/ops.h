@@ -53,7 +53,6 @@ struct OpContext {
   int chain_slots = 0;
   int chain_spare_sms = 0;  // DecodeChainTuning::spare_sms
   int chain_max_inflight = 0;  // DecodeChainTuning::max_inflight
-  int chain_l2_ahead_bytes = 0;  // DecodeChainTuning::l2_ahead_bytes
   int chain_stage_bytes = 0;   // DecodeChainTuning::stage_bytes (0: automatic)
   int chain_ll_inputs = -1;    // DecodeChainTuning::ll_inputs
   int chain_mma_fold = -1;     // DecodeChainTuning::mma_fold

@@ -557,13 +557,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .workspace = ctx_.tail_workspace,
                 .workspace_bytes = ctx_.tail_workspace_bytes,
                 .cluster_merge = tail_cluster_merge_};
-      if (tail_l2_prefetch_kib_ > 0) {  // the end of this layer's c_fc weight
-        const size_t fc_bytes = static_cast<size_t>(inner_ * embd_) * DTypeSize(dtype_);
-        const size_t bytes = std::min(fc_bytes, static_cast<size_t>(tail_l2_prefetch_kib_) << 10);
-        f.tail.l2_prefetch = static_cast<const char*>(L.c_fc_w.raw()) + (fc_bytes - bytes);
-        f.tail.l2_prefetch_bytes = bytes;
-        f.tail.l2_prefetch_evict_last = tail_l2_prefetch_evict_last_;
-      }
       const absl::Status st = FusedLinear(ctx_, with_tail, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();

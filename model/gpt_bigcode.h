@@ -216,10 +216,6 @@ struct GptBigCodeOptions {
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
-  // With decode_chain: KiB of attn.c_proj's rows past a CTA's ring that its producer prefetches
-  // into L2 while the chain waits for the attention (DecodeChainTuning::l2_ahead_bytes). 0: none;
-  // off until measured (benchmarks/mqabench/NOTES.md version 36; mqabench --chain pfN).
-  int decode_chain_l2_ahead_kib = 0;
   // With decode_chain: bytes a ring stage (DecodeChainTuning::stage_bytes, a multiple of 8192; 0:
   // the kernel's automatic choice).
   int decode_chain_stage_bytes = 0;
@@ -267,13 +263,6 @@ struct GptBigCodeOptions {
   // 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100 calls -1.3 to -3.6%; the other
   // bits nothing.
   int tail_release_early = 1;
-  // With tail_attention: KiB at the end of the layer's c_fc weight that the QKV launch's GEMM CTAs
-  // prefetch into L2 once their rows are done (GemmTailAttention::l2_prefetch), so that c_fc's
-  // CTAs that cannot stage their rows during the tail (only about a quarter fit beside
-  // attn.c_proj's) read them from L2 while HBM would otherwise idle during the tail's attention.
-  // 0: none. Off until measured (benchmarks/mqabench/NOTES.md version 35; mqabench --chain tailpN).
-  int tail_l2_prefetch_kib = 0;
-  bool tail_l2_prefetch_evict_last = false;  // GemmTailAttention::l2_prefetch_evict_last
 };
 
 class GptBigCode {
@@ -364,8 +353,6 @@ class GptBigCode {
                         int64_t min_layer_bytes = -1);
   // Benchmarks: GptBigCodeOptions::decode_chain_stage_bytes. Drops captured graphs.
   void set_decode_chain_stage_bytes(int bytes);
-  // Benchmarks: GptBigCodeOptions::decode_chain_l2_ahead_kib. Drops captured graphs.
-  void set_decode_chain_l2_ahead_kib(int kib);
   // Benchmarks: GptBigCodeOptions::decode_chain_ll_inputs. Drops captured graphs.
   void set_decode_chain_ll_inputs(int ll);
   // Benchmarks: GptBigCodeOptions::decode_chain_mma_fold. Drops captured graphs.
@@ -402,9 +389,6 @@ class GptBigCode {
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
   void set_tail_release_early(int mask);
-  // GptBigCodeOptions::tail_l2_prefetch_kib and ::tail_l2_prefetch_evict_last. Drops captured
-  // graphs.
-  void set_tail_l2_prefetch(int kib, bool evict_last);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
@@ -508,8 +492,6 @@ class GptBigCode {
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
   int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
-  int tail_l2_prefetch_kib_ = 0;            // GptBigCodeOptions::tail_l2_prefetch_kib
-  bool tail_l2_prefetch_evict_last_ = false;  // ... ::tail_l2_prefetch_evict_last
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

@@ -210,11 +210,6 @@ void GptBigCode::set_decode_chain_stage_bytes(int bytes) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain_l2_ahead_kib(int kib) {
-  ctx_.chain_l2_ahead_bytes = kib * 1024;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_decode_chain_ll_inputs(int ll) {
   ctx_.chain_ll_inputs = ll;
   ClearCudaGraphs();
@@ -274,12 +269,6 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
 
 void GptBigCode::set_tail_release_early(int mask) {
   tail_release_early_ = mask;
-  ClearCudaGraphs();
-}
-
-void GptBigCode::set_tail_l2_prefetch(int kib, bool evict_last) {
-  tail_l2_prefetch_kib_ = kib;
-  tail_l2_prefetch_evict_last_ = evict_last;
   ClearCudaGraphs();
 }
 
@@ -462,7 +451,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_spare_sms = options.decode_chain_spare_sms;
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
   ctx_.chain_stage_bytes = options.decode_chain_stage_bytes;
-  ctx_.chain_l2_ahead_bytes = options.decode_chain_l2_ahead_kib * 1024;
   ctx_.chain_ll_inputs = options.decode_chain_ll_inputs;
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
@@ -476,8 +464,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
   tail_release_early_ = options.tail_release_early;
-  tail_l2_prefetch_kib_ = options.tail_l2_prefetch_kib;
-  tail_l2_prefetch_evict_last_ = options.tail_l2_prefetch_evict_last;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -840,9 +826,7 @@ void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
-void GptBigCode::set_tail_l2_prefetch(int, bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
-void GptBigCode::set_decode_chain_l2_ahead_kib(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}

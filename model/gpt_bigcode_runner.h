@@ -60,9 +60,6 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
   int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
-  int tail_l2_prefetch_kib =
-      GptBigCodeOptions().tail_l2_prefetch_kib;  // ... ::tail_l2_prefetch_kib
-  bool tail_l2_prefetch_evict_last = GptBigCodeOptions().tail_l2_prefetch_evict_last;
 };
 
 class GptBigCodeRunner final : public ModelRunner {

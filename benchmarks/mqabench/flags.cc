@@ -155,23 +155,6 @@ int TailReleaseMask(absl::string_view row) {
   return mask;
 }
 
-int TailPrefetchMib(absl::string_view row, bool* evict_last) {
-  int mib = -1;
-  if (!absl::ConsumePrefix(&row, "tailp")) return -1;
-  const bool last = absl::ConsumeSuffix(&row, "l");
-  if (!absl::SimpleAtoi(row, &mib) || mib < 0 || mib > 64) return -1;
-  if (evict_last != nullptr) *evict_last = last;
-  return mib;
-}
-
-int ChainL2AheadKib(absl::string_view row) {
-  int kib = -1;
-  if (!absl::ConsumePrefix(&row, "pf") || !absl::SimpleAtoi(row, &kib) || kib < 0 || kib > 4096) {
-    return -1;
-  }
-  return kib;
-}
-
 // --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
 // wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
 int SkinnyStageKib(absl::string_view v) {
@@ -254,10 +237,9 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
           row != "rel" && row != "tail" && row != "tailc" && TailReleaseMask(row) < 0 &&
-          TailPrefetchMib(row) < 0 && ChainL2AheadKib(row) < 0 && row != "notail" && row != "ll" &&
-          row != "nl" && row != "tc" && row != "cc" && row != "otc" && row != "occ" &&
-          row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" &&
-          row != "shares" &&
+          row != "notail" && row != "ll" && row != "nl" && row != "tc" && row != "cc" &&
+          row != "otc" && row != "occ" && row != "hf" && row != "ohf" && row != "hf0" &&
+          row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -271,10 +253,6 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "with the QKV GEMM's tail attention on with the L2 merge, off) / tailc (on with the "
             "cluster merge) / tailrN (tailc, the GEMMs of mask N releasing the next kernel as "
             "they start: 1 attn.c_proj, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM; tailr: 1) / "
-            "tailpN (the defaults with N MiB, 0..64, of c_fc's weight prefetched into L2 by the "
-            "QKV launch's GEMM CTAs; tailpNl at the evict_last priority) / pfN (auto, each chain "
-            "CTA prefetching N KiB, 0..4096, of attn.c_proj's rows past its ring into L2 while "
-            "it waits) / "
             "wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "

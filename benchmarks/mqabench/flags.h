@@ -54,15 +54,6 @@ bool ParseRingForm(const std::string& row, int* kib, int* inflight);
 // The --chain forms tailr / tailrN: the release mask (GptBigCodeOptions::tail_release_early; tailr
 // is 1, N in 0..15); -1 for any other row.
 int TailReleaseMask(absl::string_view row);
-// The --chain forms tailpN / tailpNl: N (0..64) MiB at the end of c_fc's weight prefetched into L2
-// by the QKV launch's GEMM CTAs (GptBigCodeOptions::tail_l2_prefetch_kib / 1024), with the l
-// at the evict_last priority (tail_l2_prefetch_evict_last; *evict_last set when given); -1 for
-// any other row.
-int TailPrefetchMib(absl::string_view row, bool* evict_last = nullptr);
-// The --chain form pfN: auto with each chain CTA prefetching N (0..4096) KiB of attn.c_proj's rows
-// past its ring into L2 while it waits (GptBigCodeOptions::decode_chain_l2_ahead_kib); -1 for any
-// other row.
-int ChainL2AheadKib(absl::string_view row);
 // --gemm skinnydsN: N (0..64) KiB of each weight row staged before the wait; -1 for any other.
 int SkinnyStageKib(absl::string_view v);
 // --gemm tma[B][hH]: sets *boxes (1, 2, 4; 0 when absent) and *hints (0, 1; -1 when absent);

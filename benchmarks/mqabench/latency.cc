@@ -181,9 +181,6 @@ absl::Status Latency(const Flags& f) {
     const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
     const int tailr_mask = TailReleaseMask(chain);  // GptBigCodeOptions::tail_release_early
     const bool tailr = tailr_mask >= 0;
-    bool tailp_last = GptBigCodeOptions().tail_l2_prefetch_evict_last;
-    const int tailp_mib = TailPrefetchMib(chain, &tailp_last);  // ::tail_l2_prefetch_kib
-    const int pf_kib = ChainL2AheadKib(chain);  // GptBigCodeOptions::decode_chain_l2_ahead_kib
     r.model().set_decode_chain(
         chain != "off",
         chain[0] == 's' && !shares_row ? std::atoi(chain.c_str() + 1)
@@ -193,16 +190,13 @@ absl::Status Latency(const Flags& f) {
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
-                chain == "tailc" || tailr || tailp_mib >= 0 || pf_kib >= 0 || chain == "notail" ||
-                chain[0] == 'w' || chain == "ll" || chain == "nl" || chain == "tc" ||
-                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
-                shares_row
+                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
+                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
-    r.model().set_decode_chain_l2_ahead_kib(
-        pf_kib >= 0 ? pf_kib : GptBigCodeOptions().decode_chain_l2_ahead_kib);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_attention_release_early(chain == "rel");
     r.model().set_tail_attention(chain == "tail" || chain == "tailc" || tailr ? true
@@ -212,8 +206,6 @@ absl::Status Latency(const Flags& f) {
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
-    r.model().set_tail_l2_prefetch(
-        tailp_mib >= 0 ? tailp_mib * 1024 : GptBigCodeOptions().tail_l2_prefetch_kib, tailp_last);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

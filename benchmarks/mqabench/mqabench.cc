@@ -68,12 +68,7 @@
 //     splits merged through L2) and off, tailc the tail with its splits merged in a cluster
 //     (tail_cluster_merge, the default), tailrN tailc with the GEMMs of mask N releasing the
 //     next kernel as they start (tail_release_early: 1 attn.c_proj, the default, 2 mlp.c_proj, 4
-//     c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1, tailr0 none); tailpN is the defaults with
-//     the last N MiB of each layer's c_fc weight prefetched into L2 by the QKV launch's GEMM CTAs
-//     (tail_l2_prefetch_kib, N in 0..64; tailp0 none; tailpNl at the evict_last priority,
-//     tail_l2_prefetch_evict_last); pfN is auto with each chain CTA's producer prefetching N KiB
-//     (0..4096) of attn.c_proj's rows past its ring into L2 while the chain waits for the
-//     attention (decode_chain_l2_ahead_kib); wN is auto with
+//     c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1, tailr0 none); wN is auto with
 //     each CTA's last N ring-stage chunks of a phase dealt at run time (work stealing,
 //     decode_chain_steal_chunks; w0: every row fixed in advance, the default; only phases of at
 //     least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB (decode_chain_stage_bytes,

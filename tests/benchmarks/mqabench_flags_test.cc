@@ -87,9 +87,8 @@ TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
 }
 
 TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
-  for (const char* row :
-       {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2", "tailr16", "tailr-1",
-        "tailrx", "tailp", "tailp65", "tailpx", "pf", "pf-1", "pf4097", "pfx"}) {
+  for (const char* row : {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2", "tailr16",
+                          "tailr-1", "tailrx"}) {
     SCOPED_TRACE(row);
     ExpectRefused(Plan({"latency", "--chain", row}).status(), "--chain");
   }
@@ -103,38 +102,6 @@ TEST(MqabenchFlags, TailReleaseMask) {
   for (const char* row : {"tailr16", "tailrx", "tail", "tailc", "auto"}) {
     SCOPED_TRACE(row);
     EXPECT_EQ(TailReleaseMask(row), -1);
-  }
-}
-
-// The prefetch the tailp rows give latency.cc (GptBigCodeOptions::tail_l2_prefetch_kib / 1024).
-TEST(MqabenchFlags, TailPrefetchMib) {
-  EXPECT_EQ(TailPrefetchMib("tailp0"), 0);
-  EXPECT_EQ(TailPrefetchMib("tailp12"), 12);
-  EXPECT_EQ(TailPrefetchMib("tailp64"), 64);
-  bool last = false;
-  EXPECT_EQ(TailPrefetchMib("tailp16l", &last), 16);
-  EXPECT_TRUE(last);
-  EXPECT_EQ(TailPrefetchMib("tailp16", &last), 16);
-  EXPECT_FALSE(last);
-  for (const char* row :
-       {"tailp", "tailpl", "tailp65", "tailp-1", "tailpx", "tailp8ll", "tailr", "auto"}) {
-    SCOPED_TRACE(row);
-    EXPECT_EQ(TailPrefetchMib(row), -1);
-  }
-  absl::StatusOr<LatencyPlan> p = Plan({"latency", "--chain", "auto,tailp8"});
-  ASSERT_TRUE(p.ok()) << p.status();
-  ASSERT_EQ(p->runs.size(), 2u);
-  EXPECT_EQ(p->runs[1].chain, "tailp8");
-}
-
-// The L2 look-ahead the pf rows give latency.cc (GptBigCodeOptions::decode_chain_l2_ahead_kib).
-TEST(MqabenchFlags, ChainL2AheadKib) {
-  EXPECT_EQ(ChainL2AheadKib("pf0"), 0);
-  EXPECT_EQ(ChainL2AheadKib("pf128"), 128);
-  EXPECT_EQ(ChainL2AheadKib("pf4096"), 4096);
-  for (const char* row : {"pf", "pf4097", "pf-1", "pfx", "pf1k", "auto", "tailp8"}) {
-    SCOPED_TRACE(row);
-    EXPECT_EQ(ChainL2AheadKib(row), -1);
   }
 }
 

@@ -411,35 +411,6 @@ TEST_P(DecodeChainTest, WorkStealingMatchesHost) {
   }
 }
 
-// The L2 look-ahead (DecodeChainTuning::l2_ahead_bytes) on a SantaCoder-sized layer with a ring
-// of two 8 KiB stages, so that every CTA's first phase (~62 KiB of rows) fills its ring and
-// prefetches: 16 KiB (short of the run's end) and 1 MiB (past it: clamped to the run) give the
-// host's outputs, once, twice back to back under PDL and as graph replays.
-TEST_P(DecodeChainTest, L2AheadMatchesHost) {
-  const DType t = GetParam();
-  LayerCase c;
-  c.E = 2048;
-  c.I = 8192;
-  c.Q = 2304;
-  c.Make(t, rng_);
-  ASSERT_FALSE(HasFatalFailure());
-  const auto ws = ZeroedChainWorkspace(1);
-  for (int ahead : {16 << 10, 1 << 20}) {
-    DecodeChainTuning tuning;
-    tuning.stage_bytes = 8192;
-    tuning.max_stages = 2;
-    tuning.l2_ahead_bytes = ahead;
-    const std::string what = "l2 ahead " + std::to_string(ahead);
-    CheckOneLaunch(c, t, stream_, ws->get(), 0, /*pdl=*/true, tuning, what);
-    ASSERT_FALSE(HasFatalFailure());
-    CheckBackToBack(c, t, stream_, ws->get(), 0, 2, tuning, what + ", two back to back");
-    ASSERT_FALSE(HasFatalFailure());
-    CheckGraphReplays(c, t, stream_, ws->get(), 0, tuning, what + ", graph");
-    ASSERT_FALSE(HasFatalFailure());
-  }
-  ExpectCountersZero(*ws, 1, "l2 ahead");
-}
-
 // The largest k (the fewest stages), n below the SM count (CTAs with no rows), one phase, no
 // bias, no workspace; and a two-phase chain whose second phase has a single row.
 TEST_P(DecodeChainTest, LargestKFewRowsAndOneRow) {
@@ -813,9 +784,6 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
   DecodeChainTuning rows12;
   rows12.mma_fold = 12;  // tiles of a multiple of 8 rows only
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, rows12)));
-  DecodeChainTuning behind;
-  behind.l2_ahead_bytes = -1;
-  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, behind)));
   p.num_phases = 2;
   p.phases[1] = p.phases[0];
   p.phases[1].output = x.get();

@@ -64,10 +64,6 @@ struct TailOperands {
   std::vector<int32_t> table;
   int32_t slot = 0;
   std::unique_ptr<DeviceMem> a, b, bias, lw, lb, sums, dk, dv, dtable, dslot, dctx, work;
-  // What WithTail(out, true) has the GEMM CTAs prefetch into L2 (GemmTailAttention::l2_prefetch):
-  // a range that does not end on a 128-byte line.
-  static constexpr size_t kPrefetchBytes = (size_t{3} << 20) + 100;
-  std::unique_ptr<DeviceMem> prefetch = std::make_unique<DeviceMem>(kPrefetchBytes);
   GemmParams p;
   GemmEpilogue e;
 
@@ -124,9 +120,8 @@ struct TailOperands {
     e.kv_width = kv_width;
   }
 
-  // e with the tail writing `out` (c.max_context as the bound); with `l2_prefetch`, the GEMM CTAs
-  // prefetching `prefetch` into L2 as well.
-  GemmEpilogue WithTail(void* out, bool l2_prefetch = false) const {
+  // e with the tail writing `out` (c.max_context as the bound).
+  GemmEpilogue WithTail(void* out) const {
     GemmEpilogue with = e;
     with.tail = {.output = out,
                  .block_table = dtable->get<int32_t>(),
@@ -140,11 +135,6 @@ struct TailOperands {
                  .workspace = work->get(),
                  .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads),
                  .cluster_merge = cluster};
-    if (l2_prefetch) {
-      with.tail.l2_prefetch = prefetch->get();
-      with.tail.l2_prefetch_bytes = kPrefetchBytes;
-      with.tail.l2_prefetch_evict_last = c.ctx % 2 == 0;  // both priorities over the cases
-    }
     return with;
   }
 
@@ -224,16 +214,13 @@ constexpr TailCase kCases[] = {
 
 // With cluster_merge, the heads of 2-8 splits merge in a cluster (the partials in the workspace
 // are never written; GEMM CTAs padded where their count is not a multiple of the splits: the
-// 1280-column case at three splits); one split or sixteen take the other paths. Every other case
-// has the GEMM CTAs prefetch a range into L2 too, which changes nothing.
+// 1280-column case at three splits); one split or sixteen take the other paths.
 TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
   const DType t = std::get<0>(GetParam());
   const bool cluster = std::get<3>(GetParam());
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
-  bool l2_prefetch = false;
   for (const TailCase& c : kCases) {
-    l2_prefetch = !l2_prefetch;
     TailOperands op(c, t, cluster, rng_, stream_);
     DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(int64_t{c.heads} * kGemmTailHeadDim * 2);
     // The GEMM without the tail first (it writes the same cache row: the tail run rewrites it).
@@ -246,11 +233,10 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
     out.Poison();
     op.MarkPartials();
     p.c = got_c.get();
-    const absl::Status st = gemm->Run(p, op.WithTail(out.get(), l2_prefetch), stream_);
+    const absl::Status st = gemm->Run(p, op.WithTail(out.get()), stream_);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    ASSERT_NO_FATAL_FAILURE(
-        op.Check(got_c, out, want_qkv, l2_prefetch ? "eager, with the L2 prefetch" : "eager"));
+    ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, "eager"));
     const bool in_cluster = cluster && op.splits() > 1 && op.splits() <= kGemmTailMaxClusterSplits;
     if (op.splits() > 1) {
       EXPECT_EQ(op.PartialsUntouched(), in_cluster)
@@ -260,9 +246,8 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
   }
 }
 
-// Two launches back to back on one workspace (no synchronisation between them), the second with the
-// L2 prefetch, then the same two captured in a CUDA graph, twice: every launch must find its
-// counters zeroed.
+// Two launches back to back on one workspace (no synchronisation between them), then the same
+// two captured in a CUDA graph, twice: every launch must find its counters zeroed.
 TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
   const DType t = std::get<0>(GetParam());
   auto gemm = MakeGemm();
@@ -281,7 +266,7 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
     q.c = c1.get();
     RETURN_IF_ERROR(gemm->Run(q, op.WithTail(out1.get()), s));
     q.c = c2.get();
-    return gemm->Run(q, op.WithTail(out2.get(), /*l2_prefetch=*/true), s);
+    return gemm->Run(q, op.WithTail(out2.get()), s);
   };
   for (int round = 0; round < 3; ++round) {
     c1.Poison();
@@ -337,9 +322,6 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
   e = op.WithTail(out.get());
   e.tail.workspace = nullptr;
   refused(p, e, true, "no workspace");
-  e = op.WithTail(out.get(), /*l2_prefetch=*/true);
-  e.tail.l2_prefetch = nullptr;
-  refused(p, e, true, "L2 prefetch bytes without an address");
   auto shallow = MakeGemm(/*deep=*/false);
   ASSERT_NE(shallow, nullptr);
   c.Poison();

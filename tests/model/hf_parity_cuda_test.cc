@@ -119,8 +119,7 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (GptBigCodeRunner::CalibrateDecodeChainShares); bit 20: with bit 18, the tail's splits merged
 // in a thread-block cluster (tail_cluster_merge); bit 21: with bit 18, every GEMM of a tail layer
 // releasing the next kernel as it starts (tail_release_early 15; without bit 21 the runner's
-// default) and the QKV launch's GEMM CTAs prefetching the whole of c_fc's weight into L2
-// (tail_l2_prefetch_kib). 101: the runner's defaults).
+// default). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -157,10 +156,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   const bool tail = knobs & 262144;
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
-  if (knobs & 2097152) {
-    opts.tail_release_early = 15;
-    opts.tail_l2_prefetch_kib = 64 << 10;  // more than any fixture's c_fc: all of it
-  }
+  if (knobs & 2097152) opts.tail_release_early = 15;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
