@@ -544,7 +544,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
         (ctx_.skip & (kSkipGemm | kSkipAttention | kSkipKvWrite)) == 0) {
       LinearFusion f = with_kv;
       LinearParams with_tail = fused;
-      with_tail.release_dependents_early = (tail_release_early_ & 8) != 0;
+      with_tail.release_dependents_early = (tail_release_early_ & kTailReleaseQkv) != 0;
       f.tail = {.output = attn_.raw(),
                 .block_table = idx.block_tables,
                 .context_len = idx.context_lens,
@@ -713,7 +713,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // Behind the tail, attn.c_proj (and with its other bits c_fc, mlp.c_proj) may release the next
   // kernel as it starts (tail_release_early_).
   const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
-  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(1)));
+  RETURN_IF_ERROR(
+      RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();
@@ -735,7 +736,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     LinearFusion f = FusedLayerNorm(ln, 2 * l + 1, inner_);
     LinearParams fused = fc;
     fused.gemm.a = hidden_.raw();
-    fused.release_dependents_early = release_early(4);
+    fused.release_dependents_early = release_early(kTailReleaseFc);
     const absl::Status st = FusedLinear(ctx_, fused, f);
     if (!st.ok() && !absl::IsUnimplemented(st)) return st;
     fc_fused = st.ok();
@@ -753,7 +754,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = inner_;
-  return RowParallelResidual(gemm, L.mlp_proj_b, collectives, release_early(2));
+  return RowParallelResidual(gemm, L.mlp_proj_b, collectives, release_early(kTailReleaseMlpProj));
 }
 
 // The rows whose logits are needed go through ln_f and lm_head into local_logits_ (this rank's

@@ -95,6 +95,16 @@ class PagedKvCache {
 absl::Status ValidateStepInput(const StepInput& input, const ModelConfig& config, int num_blocks,
                                int block_size);
 
+// The bits of GptBigCodeOptions::tail_release_early: the GEMMs of a tail layer that release the
+// next kernel as their CTAs start.
+enum TailReleaseBit : int {
+  kTailReleaseAttnProj = 1,  // attn.c_proj (c_fc's CTAs stage their rows during the tail)
+  kTailReleaseMlpProj = 2,   // mlp.c_proj (the next layer's QKV launch)
+  kTailReleaseFc = 4,        // c_fc (mlp.c_proj)
+  kTailReleaseQkv = 8,       // the QKV launch's GEMM CTAs (attn.c_proj)
+  kTailReleaseAll = 15,
+};
+
 struct GptBigCodeOptions {
   int64_t max_batched_tokens = 2048;  // workspace rows preallocated for token activations
   int64_t max_logits_rows = 256;      // workspace rows preallocated for logits
@@ -262,7 +272,7 @@ struct GptBigCodeOptions {
   // benchmarks/mqabench/NOTES.md version 33): SantaCoder b1 decode step 1.057 / 1.056 ms without,
   // 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100 calls -1.3 to -3.6%; the other
   // bits nothing.
-  int tail_release_early = 1;
+  int tail_release_early = kTailReleaseAttnProj;
 };
 
 class GptBigCode {

@@ -10,7 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "kernels/ops.h"  // OpContext::skip's bits
+#include "kernels/ops.h"        // OpContext::skip's bits
+#include "model/gpt_bigcode.h"  // TailReleaseBit
 #include "runtime/status.h"
 
 namespace mqa::bench {
@@ -150,8 +151,8 @@ bool ParseRingForm(const std::string& row, int* kib, int* inflight) {
 int TailReleaseMask(absl::string_view row) {
   int mask = -1;
   if (!absl::ConsumePrefix(&row, "tailr")) return -1;
-  if (row.empty()) return 1;
-  if (!absl::SimpleAtoi(row, &mask) || mask < 0 || mask > 15) return -1;
+  if (row.empty()) return kTailReleaseAttnProj;
+  if (!absl::SimpleAtoi(row, &mask) || mask < 0 || mask > kTailReleaseAll) return -1;
   return mask;
 }
 

@@ -156,7 +156,7 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   const bool tail = knobs & 262144;
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
-  if (knobs & 2097152) opts.tail_release_early = 15;
+  if (knobs & 2097152) opts.tail_release_early = kTailReleaseAll;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
