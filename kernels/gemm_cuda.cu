@@ -143,7 +143,6 @@ absl::StatusOr<std::unique_ptr<CudaGemm>> CudaGemm::Create(const Options& option
 
 CudaGemm::~CudaGemm() {
   plans_.clear();
-  slice_plans_.clear();
   if (workspace_) cudaFree(workspace_);
   if (split_workspace_) cudaFree(split_workspace_);
   if (stream_tc_workspace_) cudaFree(stream_tc_workspace_);
@@ -158,7 +157,6 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
   if (e.activation == Activation::kGeluErf) {
     return absl::UnimplementedError("CudaGemm: GELU (erf) is not fused; use BiasActivationCuda");
   }
-  if (e.k_slices > 0) return RunLtSlices(p, e, stream);
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
   if (options_.skinny && (fused || p.m <= options_.skinny_max_m)) {
@@ -292,66 +290,6 @@ absl::Status CudaGemm::RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStr
   LT_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, p.b,
                                     plan.a, p.a, plan.b, &beta, p.c, plan.c, p.c, plan.c, algo,
                                     workspace_, options_.workspace_bytes, stream));
-  return absl::OkStatus();
-}
-
-absl::Status CudaGemm::RunLtSlices(const GemmParams& p, const GemmEpilogue& e,
-                                   cudaStream_t stream) {
-  const int s = e.k_slices;
-  if (e.slice_out == nullptr || e.bias != nullptr || e.activation != Activation::kIdentity ||
-      e.accumulate || e.ln_weight != nullptr || e.key_cache != nullptr ||
-      e.tail.output != nullptr || p.k % (int64_t{8} * s) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaGemm: k slices (", s, ") take no epilogue and k (", p.k, ") a multiple of 8 x them"));
-  }
-  if (p.m == 0 || p.n == 0) return absl::OkStatus();
-  const int64_t ks = p.k / s;
-  const Key key{p.m, p.n, p.k, p.lda, p.ldb, p.n, static_cast<int>(p.dtype), s, false};
-  auto it = slice_plans_.find(key);
-  if (it == slice_plans_.end()) {
-    auto plan = std::make_unique<Plan>();
-    const cudaDataType_t type = p.dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
-    LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, type, ks, p.n, p.ldb));
-    LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, type, ks, p.m, p.lda));
-    LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, p.n, p.m, p.n));
-    const int32_t batch = s;
-    const int64_t ab_stride = ks, c_stride = p.m * p.n;
-    for (cublasLtMatrixLayout_t l : {plan->a, plan->b, plan->c}) {
-      LT_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                          &batch, sizeof(batch)));
-      const int64_t* stride = l == plan->c ? &c_stride : &ab_stride;
-      LT_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
-          l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride, sizeof(*stride)));
-    }
-    cublasLtMatmulPreference_t pref = nullptr;
-    LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = options_.workspace_bytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
-    cublasLtMatmulHeuristicResult_t result{};
-    int returned = 0;
-    const cublasStatus_t hs =
-        cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a,
-                                       plan->b, plan->c, plan->c, pref, 1, &result, &returned);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (hs != CUBLAS_STATUS_SUCCESS || returned == 0) {
-      return absl::UnimplementedError("CudaGemm: no cuBLASLt algorithm for the k slices");
-    }
-    plan->algo = result.algo;
-    it = slice_plans_.emplace(key, std::move(plan)).first;
-  }
-  Plan& plan = *it->second;
-  const float alpha = 1.0f, beta = 0.0f;
-  LT_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.desc, &alpha, p.b,
-                                    plan.a, p.a, plan.b, &beta, e.slice_out, plan.c, e.slice_out,
-                                    plan.c, &plan.algo, workspace_, options_.workspace_bytes,
-                                    stream));
   return absl::OkStatus();
 }
 

@@ -72,13 +72,6 @@ struct GemmEpilogue {
   // input (the model's attn.c_proj behind the QKV GEMM's tail attention). Correctness does not
   // depend on it: the next kernel's wait is on this grid's end either way.
   bool release_dependents_early = false;
-  // cuBLASLt only, k_slices > 0: the product's k cut into k_slices equal slices (one strided
-  // batch), slice s's fp32 product written to slice_out + s m n ([m, n] row-major) and C left
-  // untouched (SliceSumLayerNormCuda adds them up). No bias, activation, accumulate or fused work
-  // with it, and k a multiple of 8 k_slices (InvalidArgument otherwise). The heuristic's
-  // algorithm, never tuned.
-  float* slice_out = nullptr;
-  int k_slices = 0;
 };
 
 class CudaGemm {
@@ -225,7 +218,6 @@ class CudaGemm {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool>;
   CudaGemm() = default;
   absl::Status RunLt(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
-  absl::Status RunLtSlices(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
   // Times the candidates of `plan` on p's operands and sets plan.tuned_algo (plan.tuned = true).
   // Leaves the plan untuned while `stream` is capturing.
   absl::Status Tune(Plan& plan, const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream);
@@ -244,7 +236,6 @@ class CudaGemm {
   void* stream_tc_workspace_ = nullptr;  // StreamTcGemmWorkspaceBytes(SMs of the device)
   size_t stream_tc_workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::map<Key, std::unique_ptr<Plan>> slice_plans_;  // RunLtSlices' (the epilogue slot: slices)
   AutotuneStats stats_;
 };
 

@@ -7,8 +7,6 @@
 //     exchange. Rows it does not cover (width not a multiple of 16 bytes, unaligned pointers,
 //     wider than kMaxRegThreads * kMaxVecsPerThread vectors) run kThreePass.
 // In place (output == input) is safe in both: each element is read and written by the same thread.
-#include <type_traits>
-
 #include "absl/strings/str_cat.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/layer_norm_cuda.h"
@@ -190,76 +188,6 @@ RegistersShape ChooseRegistersShape(int64_t groups) {
   return {};
 }
 
-// SliceSumLayerNormCuda: thread t of row r's CTA owns the row's 16-byte group t (kN values):
-// the residual, the bias and the slices' partials summed in fp32, rounded to T and stored, then
-// the row's mean and centred variance by two block sums over the rounded values, then the
-// normalised group. The weights (LN weight, LN bias, bias) are loaded before the PDL wait.
-template <typename T>
-__global__ void __launch_bounds__(1024)
-    SliceSumLayerNormKernel(const float* __restrict__ partials, int slices, const T* bias,
-                            T* residual, T* __restrict__ out, const T* __restrict__ weight,
-                            const T* __restrict__ ln_bias, int rows, int cols, float epsilon) {
-  using V = fwd::Vec16<T>;
-  constexpr int kN = V::kN;
-  __shared__ float scratch[33];
-  const int g = threadIdx.x, groups = cols / kN;
-  const bool live = g < groups;
-  const int64_t at = static_cast<int64_t>(blockIdx.x) * cols + int64_t{g} * kN;
-  V w{}, lb{}, bv{};
-  if (live) {
-    w = reinterpret_cast<const V*>(weight)[g];
-    lb = reinterpret_cast<const V*>(ln_bias)[g];
-    if (bias != nullptr) bv = reinterpret_cast<const V*>(bias)[g];
-  }
-  fwd::PdlWait();
-  fwd::PdlTrigger();
-  float f[kN];
-  float sum = 0.0f;
-  if (live) {
-    const V h = *reinterpret_cast<const V*>(residual + at);
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      f[j] = fwd::ToFloat(h.v[j]) + (bias != nullptr ? fwd::ToFloat(bv.v[j]) : 0.0f);
-    }
-    for (int s = 0; s < slices; ++s) {
-      const float4* ps =
-          reinterpret_cast<const float4*>(partials + static_cast<int64_t>(s) * rows * cols + at);
-#pragma unroll
-      for (int q = 0; q < kN / 4; ++q) {
-        const float4 v = ps[q];
-        f[4 * q] += v.x;
-        f[4 * q + 1] += v.y;
-        f[4 * q + 2] += v.z;
-        f[4 * q + 3] += v.w;
-      }
-    }
-    V o;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      o.v[j] = fwd::FromFloat<T>(f[j]);
-      f[j] = fwd::ToFloat(o.v[j]);  // the statistics of the rounded row
-      sum += f[j];
-    }
-    *reinterpret_cast<V*>(residual + at) = o;
-  }
-  const float mean = fwd::BlockSum(sum, scratch) / cols;
-  float sq = 0.0f;
-  if (live) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) sq += (f[j] - mean) * (f[j] - mean);
-  }
-  const float rstd = rsqrtf(fwd::BlockSum(sq, scratch) / cols + epsilon);
-  if (live) {
-    V o;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      o.v[j] =
-          fwd::FromFloat<T>((f[j] - mean) * rstd * fwd::ToFloat(w.v[j]) + fwd::ToFloat(lb.v[j]));
-    }
-    *reinterpret_cast<V*>(out + at) = o;
-  }
-}
-
 }  // namespace
 
 absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream, bool pdl,
@@ -294,44 +222,6 @@ absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream, bool p
         pdl, vec ? LayerNormKernel<T, kVec> : LayerNormKernel<T, 1>, grid, dim3(kThreads), stream,
         in, out, w, b, cols, p.epsilon));
     return absl::OkStatus();
-  });
-}
-
-absl::Status SliceSumLayerNormCuda(const SliceSumLayerNormParams& p, cudaStream_t stream,
-                                   bool pdl) {
-  if (p.partials == nullptr || p.residual == nullptr || p.output == nullptr ||
-      p.weight == nullptr || p.ln_bias == nullptr || p.cols <= 0 || p.rows < 0 || p.slices < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("SliceSumLayerNormCuda: bad params (rows ",
-                                                   p.rows, ", cols ", p.cols, ", slices ", p.slices,
-                                                   ")"));
-  }
-  if (p.rows == 0) return absl::OkStatus();
-  if (p.rows > INT32_MAX) return absl::InvalidArgumentError("SliceSumLayerNormCuda: too many rows");
-  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("SliceSumLayerNormCuda: float16 or bfloat16 only");
-  }
-  const bool aligned = fwd::Aligned16(p.partials) && fwd::Aligned16(p.residual) &&
-                       fwd::Aligned16(p.output) && fwd::Aligned16(p.weight) &&
-                       fwd::Aligned16(p.ln_bias) && (p.bias == nullptr || fwd::Aligned16(p.bias));
-  if (p.cols % 8 != 0 || p.cols > kSliceSumLayerNormMaxCols || !aligned) {
-    return absl::UnimplementedError(absl::StrCat("SliceSumLayerNormCuda: cols ", p.cols,
-                                                 " (a multiple of 8 up to ",
-                                                 kSliceSumLayerNormMaxCols, ", aligned)"));
-  }
-  return fwd::DispatchFloat(p.dtype, "SliceSumLayerNormCuda", [&]<typename T>() -> absl::Status {
-    if constexpr (std::is_same_v<T, float>) {
-      return absl::InvalidArgumentError("SliceSumLayerNormCuda: float32");
-    } else {
-      const int groups = static_cast<int>(p.cols / 8);
-      const dim3 block(static_cast<unsigned>((groups + 31) / 32 * 32));
-      CUDA_RETURN_IF_ERROR(
-          fwd::LaunchMaybePdl(pdl, SliceSumLayerNormKernel<T>, dim3(static_cast<unsigned>(p.rows)),
-                              block, stream, p.partials, p.slices, static_cast<const T*>(p.bias),
-                              static_cast<T*>(p.residual), static_cast<T*>(p.output),
-                              static_cast<const T*>(p.weight), static_cast<const T*>(p.ln_bias),
-                              static_cast<int>(p.rows), static_cast<int>(p.cols), p.epsilon));
-      return absl::OkStatus();
-    }
   });
 }
 

@@ -44,38 +44,4 @@ absl::Status LayerNormCpu(const LayerNormParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status SliceSumLayerNormCpu(const SliceSumLayerNormParams& p) {
-  if (p.dtype != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SliceSumLayerNormCpu: dtype ", std::string(DTypeName(p.dtype)), " (only float32)"));
-  }
-  if (p.rows < 0 || p.cols <= 0 || p.slices < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("SliceSumLayerNormCpu: rows ", p.rows, ", cols ",
-                                                   p.cols, ", slices ", p.slices));
-  }
-  if (p.rows == 0) return absl::OkStatus();
-  if (!p.partials || !p.residual || !p.output || !p.weight || !p.ln_bias) {
-    return absl::InvalidArgumentError("SliceSumLayerNormCpu: null pointer");
-  }
-  float* h = static_cast<float*>(p.residual);
-  const float* b = static_cast<const float*>(p.bias);
-  for (int64_t r = 0; r < p.rows; ++r) {
-    for (int64_t c = 0; c < p.cols; ++c) {
-      float v = h[r * p.cols + c] + (b != nullptr ? b[c] : 0.0f);
-      for (int s = 0; s < p.slices; ++s) v += p.partials[(s * p.rows + r) * p.cols + c];
-      h[r * p.cols + c] = v;
-    }
-  }
-  LayerNormParams ln;
-  ln.input = p.residual;
-  ln.output = p.output;
-  ln.weight = p.weight;
-  ln.bias = p.ln_bias;
-  ln.rows = p.rows;
-  ln.cols = p.cols;
-  ln.epsilon = p.epsilon;
-  ln.dtype = DType::kF32;
-  return LayerNormCpu(ln);
-}
-
 }  // namespace mqa

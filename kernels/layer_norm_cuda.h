@@ -24,13 +24,4 @@ enum class LayerNormCudaKernel {
 absl::Status LayerNormCuda(const LayerNormParams& p, cudaStream_t stream, bool pdl = false,
                            LayerNormCudaKernel kernel = LayerNormCudaKernel::kThreePass);
 
-// SliceSumLayerNormParams on the device: one CTA a row, each thread 16 bytes of the row (cols / 8
-// threads for fp16 / bf16) held in registers, the weights loaded before the PDL wait. float16 and
-// bfloat16; Unimplemented where cols is not a multiple of 8 or above kSliceSumLayerNormMaxCols or
-// a pointer is not 16-byte aligned (the caller then sums and normalises separately);
-// InvalidArgument as the CPU reference.
-inline constexpr int64_t kSliceSumLayerNormMaxCols = 8192;
-absl::Status SliceSumLayerNormCuda(const SliceSumLayerNormParams& p, cudaStream_t stream,
-                                   bool pdl = false);
-
 }  // namespace mqa

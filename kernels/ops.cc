@@ -49,53 +49,6 @@ absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p) {
   return absl::InternalError("LayerNorm: unknown device");
 }
 
-absl::Status SlicedLinearLayerNorm(const OpContext& ctx, const LinearParams& lin, int slices,
-                                   float* workspace, int64_t workspace_floats,
-                                   const LayerNormParams& ln) {
-  const GemmParams& g = lin.gemm;
-  if (lin.residual == nullptr || ln.input != lin.residual || ln.rows != g.m || ln.cols != g.n ||
-      ln.dtype != g.dtype || lin.activation != Activation::kIdentity || slices < 1) {
-    return absl::InvalidArgumentError(
-        "SlicedLinearLayerNorm: the layer norm must be of the residual");
-  }
-  if (ctx.device != Device::kCuda)
-    return absl::UnimplementedError("SlicedLinearLayerNorm: CUDA only");
-#ifdef MQA_WITH_CUDA
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!aligned(workspace) || !aligned(lin.residual) || !aligned(ln.output) || !aligned(ln.weight) ||
-      !aligned(ln.bias) || !aligned(lin.bias) || ln.output == nullptr || ln.weight == nullptr ||
-      ln.bias == nullptr) {
-    return absl::UnimplementedError("SlicedLinearLayerNorm: unaligned or missing operands");
-  }
-  if (workspace == nullptr || workspace_floats < int64_t{slices} * g.m * g.n ||
-      g.k % (int64_t{8} * slices) != 0 || g.n % 8 != 0 || g.n > kSliceSumLayerNormMaxCols ||
-      (g.dtype != DType::kF16 && g.dtype != DType::kBF16)) {
-    return absl::UnimplementedError("SlicedLinearLayerNorm: shape or workspace");
-  }
-  if (ctx.skip & kSkipGemm) return absl::OkStatus();
-  ASSIGN_OR_RETURN(CudaGemm * gemm, GemmOf(ctx));
-  GemmEpilogue e;
-  e.k_slices = slices;
-  e.slice_out = workspace;
-  RETURN_IF_ERROR(gemm->Run(g, e, Stream(ctx)));
-  SliceSumLayerNormParams p;
-  p.partials = workspace;
-  p.slices = slices;
-  p.bias = lin.bias;
-  p.residual = lin.residual;
-  p.output = ln.output;
-  p.weight = ln.weight;
-  p.ln_bias = ln.bias;
-  p.rows = g.m;
-  p.cols = g.n;
-  p.epsilon = ln.epsilon;
-  p.dtype = g.dtype;
-  return SliceSumLayerNormCuda(p, Stream(ctx), ctx.pdl);
-#else
-  return NoCuda("SlicedLinearLayerNorm");
-#endif
-}
-
 absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p) {
   if (ctx.skip & kSkipActivation) return absl::OkStatus();
   switch (ctx.device) {

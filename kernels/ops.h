@@ -119,16 +119,6 @@ struct LinearFusion {
 absl::Status FusedLinear(const OpContext& ctx, const LinearParams& p, const LinearFusion& f);
 
 absl::Status LayerNorm(const OpContext& ctx, const LayerNormParams& p);
-
-// residual += A B^T + bias (lin.residual, lin.bias; lin.gemm.c unused), then ln.output =
-// LayerNorm(residual) (ln.input must be lin.residual): the GEMM's k cut into `slices` whose fp32
-// products go to `workspace` (at least slices m n floats; GemmEpilogue::k_slices), then one
-// SliceSumLayerNormCuda pass that adds them to the residual and normalises the row, instead of
-// the GEMM's residual epilogue and a separate layer norm. CUDA only; Unimplemented (nothing run)
-// on the CPU or where either part is (the caller then runs Linear and LayerNorm).
-absl::Status SlicedLinearLayerNorm(const OpContext& ctx, const LinearParams& lin, int slices,
-                                   float* workspace, int64_t workspace_floats,
-                                   const LayerNormParams& ln);
 absl::Status BiasActivation(const OpContext& ctx, const BiasActivationParams& p);
 absl::Status Embedding(const OpContext& ctx, const EmbeddingParams& p);
 absl::Status Gemm(const OpContext& ctx, const GemmParams& p);

@@ -440,7 +440,6 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
     RETURN_IF_ERROR(collectives.AllReduceSum(h));
   }
   qkv_ready_ = false;
-  ln1_ready_ = false;
   for (int64_t l = 0; l < w_.config.n_layer; ++l) {
     RETURN_IF_ERROR(Layer(l, idx, cache, collectives));
   }
@@ -530,9 +529,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   bool qkv_fused = false, kv_written = false, tail_done = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
-  const bool ln1_ready = ln1_ready_;  // normed_ holds ln_1 (the previous layer's mlp.c_proj)
-  ln1_ready_ = false;
-  if (fuse_ && !qkv_ready && !ln1_ready) {
+  if (fuse_ && !qkv_ready) {
     const LinearFusion ln_only = FusedLayerNorm(ln, 2 * l, qkv_cols_);  // ln holds ln_1 here
     LinearFusion with_kv = ln_only;
     with_kv.key_cache = cache.key(l).raw();
@@ -573,7 +570,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     }
   }
   if (!qkv_fused && !qkv_ready) {
-    if (!ln1_ready) RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+    RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, qkv_lin));
   }
 
@@ -716,35 +713,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // Behind the tail, attn.c_proj (and with its other bits c_fc, mlp.c_proj) may release the next
   // kernel as it starts (tail_release_early_).
   const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
-  // A projection whose k slices' products one pass adds to the residual while it computes the
-  // next layer norm (slice_ln_*_); false: nothing ran.
-  const bool sliceable = n >= kSliceLayerNormMinRows && n <= kSliceLayerNormMaxRows &&
-                         w_.shard.world_size == 1 && slice_ws_ != nullptr;
-  auto sliced = [&](const GemmParams& g, const Tensor& bias, int slices, const Tensor& ln_w,
-                    const Tensor& ln_b) -> absl::StatusOr<bool> {
-    if (!sliceable || slices <= 0) return false;
-    LinearParams lin;
-    lin.gemm = g;
-    lin.bias = bias.raw();
-    lin.residual = hidden_.raw();
-    LayerNormParams norm = ln;
-    norm.input = hidden_.raw();
-    norm.output = normed_.raw();
-    norm.weight = ln_w.raw();
-    norm.bias = ln_b.raw();
-    const absl::Status st =
-        SlicedLinearLayerNorm(ctx_, lin, slices, slice_ws_, slice_ws_floats_, norm);
-    if (absl::IsUnimplemented(st)) return false;
-    RETURN_IF_ERROR(st);
-    ++slice_ln_runs_;
-    return true;
-  };
-  ASSIGN_OR_RETURN(const bool ln2_done,
-                   sliced(gemm, L.c_proj_b, slice_ln_attn_, L.ln_2_w, L.ln_2_b));
-  if (!ln2_done) {
-    RETURN_IF_ERROR(
-        RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
-  }
+  RETURN_IF_ERROR(
+      RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();
@@ -762,7 +732,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   fc.bias = L.c_fc_b.raw();
   fc.activation = activation_;
   bool fc_fused = false;
-  if (fuse_ && !ln2_done) {
+  if (fuse_) {
     LinearFusion f = FusedLayerNorm(ln, 2 * l + 1, inner_);
     LinearParams fused = fc;
     fused.gemm.a = hidden_.raw();
@@ -772,7 +742,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     fc_fused = st.ok();
   }
   if (!fc_fused) {
-    if (!ln2_done) RETURN_IF_ERROR(LayerNorm(ctx_, ln));
+    RETURN_IF_ERROR(LayerNorm(ctx_, ln));
     RETURN_IF_ERROR(Linear(ctx_, fc));
   }
 
@@ -784,12 +754,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   gemm.ldc = embd_;
   gemm.n = embd_;
   gemm.k = inner_;
-  if (l + 1 < w_.config.n_layer) {  // the next layer's ln_1 with the residual update
-    const LayerWeights& next = w_.layers[l + 1];
-    ASSIGN_OR_RETURN(ln1_ready_,
-                     sliced(gemm, L.mlp_proj_b, slice_ln_mlp_, next.ln_1_w, next.ln_1_b));
-    if (ln1_ready_) return absl::OkStatus();
-  }
   return RowParallelResidual(gemm, L.mlp_proj_b, collectives, release_early(kTailReleaseMlpProj));
 }
 

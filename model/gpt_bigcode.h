@@ -105,11 +105,6 @@ enum TailReleaseBit : int {
   kTailReleaseAll = 15,
 };
 
-// Decode steps of this many tokens (kSliceLayerNormMinRows .. kSliceLayerNormMaxRows: past the
-// skinny GEMMs, within the k slices' workspace) may take GptBigCodeOptions::slice_layer_norm_*.
-inline constexpr int64_t kSliceLayerNormMinRows = 9;
-inline constexpr int64_t kSliceLayerNormMaxRows = 256;
-
 struct GptBigCodeOptions {
   int64_t max_batched_tokens = 2048;  // workspace rows preallocated for token activations
   int64_t max_logits_rows = 256;      // workspace rows preallocated for logits
@@ -278,15 +273,6 @@ struct GptBigCodeOptions {
   // 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100 calls -1.3 to -3.6%; the other
   // bits nothing.
   int tail_release_early = kTailReleaseAttnProj;
-  // Steps of kSliceLayerNormMinRows .. kSliceLayerNormMaxRows tokens on one rank (cuBLASLt's
-  // GEMMs): attn.c_proj with its k cut into this many slices, whose fp32 products one
-  // SliceSumLayerNorm pass adds to the residual stream while it computes ln_2 (ops.h:
-  // SlicedLinearLayerNorm) — one kernel for the projection's residual epilogue and the layer norm,
-  // and more CTAs for a projection that fills 96 of 132 SMs at batch 32. mlp_proj: the same for
-  // mlp.c_proj and the next layer's ln_1. 0: off. Off until measured (benchmarks/mqabench/NOTES.md
-  // version 37; mqabench --chain slAmM).
-  int slice_layer_norm_attn_proj = 0;
-  int slice_layer_norm_mlp_proj = 0;
 };
 
 class GptBigCode {
@@ -413,15 +399,10 @@ class GptBigCode {
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
   void set_tail_release_early(int mask);
-  // GptBigCodeOptions::slice_layer_norm_attn_proj / _mlp_proj (allocates their workspace once).
-  // Drops captured graphs.
-  absl::Status set_slice_layer_norms(int attn_proj, int mlp_proj);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
-  // Projections run as SlicedLinearLayerNorm so far (tests, benchmarks).
-  int64_t slice_layer_norm_runs() const { return slice_ln_runs_; }
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
   // One decode step shape, {sequences, longest context}, for each (batch bucket, context bucket)
@@ -521,11 +502,6 @@ class GptBigCode {
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
   int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
-  int slice_ln_attn_ = 0, slice_ln_mlp_ = 0;  // GptBigCodeOptions::slice_layer_norm_*
-  float* slice_ws_ = nullptr;                 // their fp32 partials (CudaState::slice_workspace)
-  int64_t slice_ws_floats_ = 0;
-  bool ln1_ready_ = false;     // the previous layer's mlp.c_proj wrote this layer's ln_1 to normed_
-  int64_t slice_ln_runs_ = 0;  // slice_layer_norm_runs
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

@@ -79,7 +79,6 @@ struct GptBigCode::CudaState {
   std::unique_ptr<CudaGemm> gemm;
   Tensor attention_workspace;
   Tensor tail_workspace;   // GemmTailAttention's counters and partials
-  Tensor slice_workspace;  // SlicedLinearLayerNorm's fp32 partials (set_slice_layer_norms)
   Tensor chain_workspace;  // DecodeChainCuda's counters (two slots: consecutive layers)
   Tensor chain_timeline;   // set_decode_chain_timeline's buffer (empty: off)
   std::unique_ptr<DecodeChainSmShares> chain_shares;  // set_decode_chain_sm_shares' copy
@@ -271,22 +270,6 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
 void GptBigCode::set_tail_release_early(int mask) {
   tail_release_early_ = mask;
   ClearCudaGraphs();
-}
-
-absl::Status GptBigCode::set_slice_layer_norms(int attn_proj, int mlp_proj) {
-  if (attn_proj < 0 || mlp_proj < 0) {
-    return absl::InvalidArgumentError("set_slice_layer_norms: slices must be >= 0");
-  }
-  const int64_t floats = int64_t{std::max(attn_proj, mlp_proj)} * kSliceLayerNormMaxRows * embd_;
-  if (floats > slice_ws_floats_) {
-    ASSIGN_OR_RETURN(cuda_->slice_workspace, Tensor::Empty({floats}, DType::kF32, Device::kCuda));
-    slice_ws_ = static_cast<float*>(cuda_->slice_workspace.raw());
-    slice_ws_floats_ = floats;
-  }
-  slice_ln_attn_ = attn_proj;
-  slice_ln_mlp_ = mlp_proj;
-  ClearCudaGraphs();
-  return absl::OkStatus();
 }
 
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
@@ -481,10 +464,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
   tail_release_early_ = options.tail_release_early;
-  if (options.slice_layer_norm_attn_proj > 0 || options.slice_layer_norm_mlp_proj > 0) {
-    RETURN_IF_ERROR(set_slice_layer_norms(options.slice_layer_norm_attn_proj,
-                                          options.slice_layer_norm_mlp_proj));
-  }
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -847,9 +826,6 @@ void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
-absl::Status GptBigCode::set_slice_layer_norms(int, int) {
-  return absl::UnimplementedError("set_slice_layer_norms: built without CUDA");
-}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}

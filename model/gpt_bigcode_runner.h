@@ -60,9 +60,6 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
   int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
-  // GptBigCodeOptions::slice_layer_norm_attn_proj / _mlp_proj
-  int slice_layer_norm_attn_proj = GptBigCodeOptions().slice_layer_norm_attn_proj;
-  int slice_layer_norm_mlp_proj = GptBigCodeOptions().slice_layer_norm_mlp_proj;
 };
 
 class GptBigCodeRunner final : public ModelRunner {

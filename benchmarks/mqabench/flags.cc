@@ -156,20 +156,6 @@ int TailReleaseMask(absl::string_view row) {
   return mask;
 }
 
-bool SliceLayerNormRow(absl::string_view row, int* attn_proj, int* mlp_proj) {
-  if (!absl::ConsumePrefix(&row, "sl")) return false;
-  const size_t m = row.find('m');
-  if (m == absl::string_view::npos) return false;
-  int a = -1, b = -1;
-  if (!absl::SimpleAtoi(row.substr(0, m), &a) || !absl::SimpleAtoi(row.substr(m + 1), &b) ||
-      a < 0 || a > 8 || b < 0 || b > 8) {
-    return false;
-  }
-  *attn_proj = a;
-  *mlp_proj = b;
-  return true;
-}
-
 // --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
 // wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
 int SkinnyStageKib(absl::string_view v) {
@@ -252,9 +238,9 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "late" &&
           row != "rel" && row != "tail" && row != "tailc" && TailReleaseMask(row) < 0 &&
-          !SliceLayerNormRow(row, &number, &kib) && row != "notail" && row != "ll" && row != "nl" &&
-          row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
-          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" && row != "shares" &&
+          row != "notail" && row != "ll" && row != "nl" && row != "tc" && row != "cc" &&
+          row != "otc" && row != "occ" && row != "hf" && row != "ohf" && row != "hf0" &&
+          row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -268,8 +254,6 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "with the QKV GEMM's tail attention on with the L2 merge, off) / tailc (on with the "
             "cluster merge) / tailrN (tailc, the GEMMs of mask N releasing the next kernel as "
             "they start: 1 attn.c_proj, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM; tailr: 1) / "
-            "slAmM (auto, attn.c_proj in A k slices and mlp.c_proj in M, 0..8, summed into the "
-            "residual by one pass with the next layer norm) / "
             "wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "

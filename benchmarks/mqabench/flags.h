@@ -54,9 +54,6 @@ bool ParseRingForm(const std::string& row, int* kib, int* inflight);
 // The --chain forms tailr / tailrN: the release mask (GptBigCodeOptions::tail_release_early; tailr
 // is 1, N in 0..15); -1 for any other row.
 int TailReleaseMask(absl::string_view row);
-// The --chain form slAmM: auto with attn.c_proj cut into A k slices and mlp.c_proj into M (0..8
-// each; GptBigCodeOptions::slice_layer_norm_attn_proj / _mlp_proj). False for any other row.
-bool SliceLayerNormRow(absl::string_view row, int* attn_proj, int* mlp_proj);
 // --gemm skinnydsN: N (0..64) KiB of each weight row staged before the wait; -1 for any other.
 int SkinnyStageKib(absl::string_view v);
 // --gemm tma[B][hH]: sets *boxes (1, 2, 4; 0 when absent) and *hints (0, 1; -1 when absent);

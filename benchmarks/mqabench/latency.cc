@@ -181,19 +181,16 @@ absl::Status Latency(const Flags& f) {
     const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
     const int tailr_mask = TailReleaseMask(chain);  // GptBigCodeOptions::tail_release_early
     const bool tailr = tailr_mask >= 0;
-    int slice_attn = GptBigCodeOptions().slice_layer_norm_attn_proj;
-    int slice_mlp = GptBigCodeOptions().slice_layer_norm_mlp_proj;
-    const bool slice_row = SliceLayerNormRow(chain, &slice_attn, &slice_mlp);
     r.model().set_decode_chain(
         chain != "off",
-        chain[0] == 's' && !shares_row && !slice_row ? std::atoi(chain.c_str() + 1)
-                                                     : GptBigCodeOptions().decode_chain_spare_sms,
+        chain[0] == 's' && !shares_row ? std::atoi(chain.c_str() + 1)
+                                       : GptBigCodeOptions().decode_chain_spare_sms,
         attention_row ? 1 : GptBigCodeOptions().decode_chain_attention,
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
-                chain == "tailc" || tailr || slice_row || chain == "notail" || chain[0] == 'w' ||
+                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
                 chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
                 chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
@@ -209,7 +206,6 @@ absl::Status Latency(const Flags& f) {
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
-    RETURN_IF_ERROR(r.model().set_slice_layer_norms(slice_attn, slice_mlp));
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

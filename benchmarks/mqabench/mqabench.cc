@@ -68,10 +68,7 @@
 //     splits merged through L2) and off, tailc the tail with its splits merged in a cluster
 //     (tail_cluster_merge, the default), tailrN tailc with the GEMMs of mask N releasing the
 //     next kernel as they start (tail_release_early: 1 attn.c_proj, the default, 2 mlp.c_proj, 4
-//     c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1, tailr0 none); slAmM is auto with
-//     attn.c_proj in A k slices and mlp.c_proj in M (0..8; slice_layer_norm_attn_proj /
-//     _mlp_proj: one pass adds the slices to the residual and computes the next layer norm, in
-//     steps of 9-256 tokens); wN is auto with
+//     c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1, tailr0 none); wN is auto with
 //     each CTA's last N ring-stage chunks of a phase dealt at run time (work stealing,
 //     decode_chain_steal_chunks; w0: every row fixed in advance, the default; only phases of at
 //     least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB (decode_chain_stage_bytes,

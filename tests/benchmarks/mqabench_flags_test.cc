@@ -88,7 +88,7 @@ TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
 
 TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
   for (const char* row : {"bogus", "k12f3", "k16", "s", "w-1", "fmx", "auto,", "shares2", "tailr16",
-                          "tailr-1", "tailrx", "sl2", "sl2m", "slm2", "sl9m1", "sl1m9", "slxm1"}) {
+                          "tailr-1", "tailrx"}) {
     SCOPED_TRACE(row);
     ExpectRefused(Plan({"latency", "--chain", row}).status(), "--chain");
   }
@@ -103,25 +103,6 @@ TEST(MqabenchFlags, TailReleaseMask) {
     SCOPED_TRACE(row);
     EXPECT_EQ(TailReleaseMask(row), -1);
   }
-}
-
-// The slices the slAmM rows give latency.cc (GptBigCodeOptions::slice_layer_norm_*).
-TEST(MqabenchFlags, SliceLayerNormRow) {
-  int a = -1, m = -1;
-  EXPECT_TRUE(SliceLayerNormRow("sl2m4", &a, &m));
-  EXPECT_EQ(a, 2);
-  EXPECT_EQ(m, 4);
-  EXPECT_TRUE(SliceLayerNormRow("sl0m8", &a, &m));
-  EXPECT_EQ(a, 0);
-  EXPECT_EQ(m, 8);
-  for (const char* row : {"sl", "sl2", "sl2m", "slm2", "sl9m1", "sl1m9", "sl-1m2", "auto"}) {
-    SCOPED_TRACE(row);
-    EXPECT_FALSE(SliceLayerNormRow(row, &a, &m));
-  }
-  absl::StatusOr<LatencyPlan> p = Plan({"latency", "--chain", "auto,sl2m3"});
-  ASSERT_TRUE(p.ok()) << p.status();
-  ASSERT_EQ(p->runs.size(), 2u);
-  EXPECT_EQ(p->runs[1].chain, "sl2m3");
 }
 
 // Rows are every combination, the --gemm list outermost and the --chain list innermost.

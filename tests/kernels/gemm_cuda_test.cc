@@ -440,68 +440,6 @@ TEST_P(GemmCudaTest, AutotuneSplitKMatchesCpu) {
                                            << " of " << g.autotune_stats().shapes << " shapes";
 }
 
-// GemmEpilogue::k_slices: the slices' fp32 products (slice_out poisoned first) each equal the CPU
-// product over their k range, and their sum the whole product; at m = 1 too (the skinny kernel's
-// range: slices always go to cuBLASLt), with padded rows. C is never written. An epilogue with
-// them, or k not a multiple of 8 x slices, is InvalidArgument.
-TEST_P(GemmCudaTest, KSlicesMatchCpu) {
-  const auto [t, rows] = GetParam();
-  if (rows != 0) GTEST_SKIP() << "cuBLASLt only";
-  auto gemm = CudaGemm::Create(CudaGemm::Options{});
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  struct SliceCase {
-    Shape s;
-    int slices;
-  };
-  for (const SliceCase& sc : {SliceCase{{32, 6144, 6144, 0}, 2}, SliceCase{{32, 2048, 8192, 0}, 4},
-                              SliceCase{{17, 768, 768, 8}, 3}, SliceCase{{1, 520, 256, 0}, 1}}) {
-    const Shape& s = sc.s;
-    EpilogueCase ec;
-    ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, 0, t, rng_, ec));
-    ec.dc->Poison();
-    DeviceMem out(size_t(sc.slices) * s.m * s.n * sizeof(float));
-    out.Poison();
-    GemmEpilogue e;
-    e.k_slices = sc.slices;
-    e.slice_out = out.get<float>();
-    const absl::Status st = (*gemm)->Run(ec.p, e, stream_);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = out.Download<float>();
-    const int64_t ks = s.k / sc.slices;
-    std::vector<float> sum(s.m * s.n, 0.0f);
-    for (int slice = 0; slice < sc.slices; ++slice) {
-      std::vector<float> want(s.m * s.n);
-      GemmParams c = ec.p;
-      c.a = ec.a.data() + slice * ks;
-      c.b = ec.b.data() + slice * ks;
-      c.c = want.data();
-      c.k = ks;
-      c.dtype = DType::kF32;
-      ASSERT_TRUE(GemmCpu(c).ok());
-      const std::vector<float> part(got.begin() + slice * s.m * s.n,
-                                    got.begin() + (slice + 1) * s.m * s.n);
-      EXPECT_LT(RelError(part, want), 1e-3)
-          << "m " << s.m << " n " << s.n << " k " << s.k << " slice " << slice;
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-    }
-    EXPECT_LT(RelError(sum, ec.want), 1e-3) << "m " << s.m << " n " << s.n << " k " << s.k;
-    const auto c_bits = ec.dc->Download<uint16_t>();
-    EXPECT_TRUE(std::all_of(c_bits.begin(), c_bits.end(), [](uint16_t b) { return b == 0xffff; }))
-        << "C was written";
-  }
-  EpilogueCase ec;
-  ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase({32, 256, 264, 0}, 1, t, rng_, ec));
-  DeviceMem out(size_t(2) * 32 * 256 * sizeof(float));
-  GemmEpilogue e;
-  e.k_slices = 2;
-  e.slice_out = out.get<float>();
-  EXPECT_TRUE(absl::IsInvalidArgument((*gemm)->Run(ec.p, e, stream_))) << "k 264 in 2 slices";
-  ec.p.k = 256;
-  e.bias = ec.dbias->get();
-  EXPECT_TRUE(absl::IsInvalidArgument((*gemm)->Run(ec.p, e, stream_))) << "with a bias";
-}
-
 // CudaGemm::Options::skinny_deep_unroll: narrow m = 1 GEMMs (at most 16 warps an SM) through the
 // 8-deep instantiation, every epilogue, with and without PDL, and the fused layer norm / KV write;
 // then again with skinny_half_fold (fp16 pair sums; bf16 ignores it).

@@ -76,52 +76,5 @@ TEST(LayerNormCpuErrors, RejectsBadParams) {
   EXPECT_EQ(LayerNormCpu(p).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// SliceSumLayerNormCpu: the residual becomes residual + bias + the slices' sum, and the output the
-// double reference's layer norm of that; without a bias the same sum without it.
-TEST(SliceSumLayerNormCpu, SumsSlicesIntoTheResidualThenNormalises) {
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int64_t rows = 3, cols = 40;
-  const int slices = 3;
-  auto fill = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = nd(rng);
-    return v;
-  };
-  const std::vector<float> h0 = fill(rows * cols), parts = fill(slices * rows * cols),
-                           bias = fill(cols), w = fill(cols), b = fill(cols);
-  for (bool with_bias : {true, false}) {
-    std::vector<float> h = h0, out(h0.size()), want_h(h0.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        double v = h0[r * cols + c] + (with_bias ? bias[c] : 0.0);
-        for (int s = 0; s < slices; ++s) v += parts[(s * rows + r) * cols + c];
-        want_h[r * cols + c] = static_cast<float>(v);
-      }
-    }
-    SliceSumLayerNormParams p;
-    p.partials = parts.data();
-    p.slices = slices;
-    p.bias = with_bias ? bias.data() : nullptr;
-    p.residual = h.data();
-    p.output = out.data();
-    p.weight = w.data();
-    p.ln_bias = b.data();
-    p.rows = rows;
-    p.cols = cols;
-    ASSERT_TRUE(SliceSumLayerNormCpu(p).ok());
-    const std::vector<double> want = Reference(want_h, w, b, rows, cols, p.epsilon);
-    for (size_t i = 0; i < h.size(); ++i) {
-      EXPECT_NEAR(h[i], want_h[i], 1e-5) << i << " bias " << with_bias;
-      EXPECT_NEAR(out[i], want[i], 1e-4) << i << " bias " << with_bias;
-    }
-  }
-  std::vector<float> scratch(4);
-  SliceSumLayerNormParams bad;
-  bad.partials = parts.data();
-  bad.residual = bad.output = scratch.data();
-  EXPECT_EQ(SliceSumLayerNormCpu(bad).code(), absl::StatusCode::kInvalidArgument);  // cols 0
-}
-
 }  // namespace
 }  // namespace mqa
