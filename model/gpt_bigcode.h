@@ -266,12 +266,12 @@ struct GptBigCodeOptions {
   bool tail_cluster_merge = true;
   // With tail_attention, in a layer whose QKV launch ran the tail: the GEMMs that release the
   // next kernel as their CTAs start (GemmEpilogue::release_dependents_early) rather than after
-  // their PDL wait, a mask: 1 attn.c_proj (c_fc's CTAs then stage their weight rows during the
-  // tail's attention instead of after the QKV launch's end), 2 mlp.c_proj, 4 c_fc, 8 the QKV
-  // GEMM's CTAs. 1 since an H100 run (2026-12-06 05:05 UTC, mqabench --chain auto,tailr,tailr2 x2;
-  // benchmarks/mqabench/NOTES.md version 33): SantaCoder b1 decode step 1.057 / 1.056 ms without,
-  // 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100 calls -1.3 to -3.6%; the other
-  // bits nothing.
+  // their PDL wait, a mask of TailReleaseBit (kTailReleaseAttnProj: c_fc's CTAs then stage their
+  // weight rows during the tail's attention instead of after the QKV launch's end).
+  // kTailReleaseAttnProj since an H100 run (2026-12-06 05:05 UTC, mqabench --chain
+  // auto,tailr,tailr2 x2; benchmarks/mqabench/NOTES.md version 33): SantaCoder b1 decode step
+  // 1.057 / 1.056 ms without, 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100
+  // calls -1.3 to -3.6%; the other bits nothing.
   int tail_release_early = kTailReleaseAttnProj;
 };
 
