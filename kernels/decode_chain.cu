@@ -1732,8 +1732,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     a.at = {at.qkv,    at.key_cache, at.value_cache, at.block_table, at.context_len, at.slot,
             at.output, at.heads,     at.kv_heads,    at.head_dim,    at.block_size,  at.scale};
     a.at.max_context = at.max_context;
-    a.at.short_context = at.heads <= grid && (at.head_dim == 64 || at.head_dim == 128) &&
-                         at.max_context <= kConsumers * 64 / at.head_dim;
+    static_assert(DecodeChainShortAttentionMaxContext(128) == kConsumers * 64 / 128);
+    a.at.short_context =
+        at.heads <= grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim);
     // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
     // of the block table.
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;

@@ -78,10 +78,11 @@ struct DecodeChainPhase {
 // kv_heads x D], the older positions from the paged caches [blocks, block_size, kv_heads, D]
 // through `block_table`. The new K / V row is also written to the caches at *slot (< 0: not).
 // Each CTA takes whole heads (a head per CTA while heads <= CTAs): meant for short contexts. With
-// a CTA for every head, D 64 or 128 and max_context <= 512 x 64 / D (256 at D = 128), the short
-// form runs: everything that does not depend on the previous kernel (context length, block table,
-// cached K rows, the slot) is requested before the PDL wait, and a CTA without a head writes the
-// new K / V row.
+// a CTA for every head, D 64 or 128 and max_context <= DecodeChainShortAttentionMaxContext(D)
+// (256 at D = 128), the short form runs: everything that does not depend on the previous kernel
+// (context length, block table, cached K rows, the slot) is requested before the PDL wait, and a
+// CTA without a head writes the new K / V row. Longer contexts run the loop form, which walks a
+// head's context in chunks.
 struct DecodeChainAttention {
   const void* qkv = nullptr;
   void* key_cache = nullptr;
@@ -96,6 +97,12 @@ struct DecodeChainAttention {
   int max_context = 0;  // an upper bound of *context_len (sizes the score buffer)
   float scale = 1.0f;
 };
+
+// The longest context the attention phase's short form takes at head_dim D (its 512 consumer
+// threads hold 64 elements of K each: 512 x 64 / D positions), 0 where D is neither 64 nor 128.
+constexpr int DecodeChainShortAttentionMaxContext(int head_dim) {
+  return head_dim == 64 || head_dim == 128 ? 512 * 64 / head_dim : 0;
+}
 
 struct DecodeChainParams {
   DecodeChainPhase phases[kMaxDecodeChainPhases];

@@ -620,6 +620,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1), static_cast<int>(l));
     if (st.ok()) {
       ++chain_runs_;
+      chain_attention_runs_ += chain.has_attention ? 1 : 0;
+      last_chain_attention_ = chain.has_attention;
       qkv_ready_ = next;
       return true;
     }
@@ -672,8 +674,11 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                          .n = qkv_cols_,
                          .k = embd_};
     }
+    const int chain_attention_max_context =
+        chain_attention_max_context_ > 0 ? chain_attention_max_context_
+                                         : DecodeChainShortAttentionMaxContext(static_cast<int>(D));
     if (chain_attention_ && !kv_written && idx.num_seqs == 1 &&
-        idx.max_context_len <= chain_attention_max_context_) {
+        idx.max_context_len <= chain_attention_max_context) {
       chain.has_attention = true;
       chain.attention = {.qkv = qkv,
                          .key_cache = cache.key(l).raw(),

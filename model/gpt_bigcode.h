@@ -217,12 +217,15 @@ struct GptBigCodeOptions {
   // 4 and 8 measured, 4 and 8 no better.
   int decode_chain_spare_sms = 0;
   // With decode_chain: the attention runs as the chain's first phase (one CTA a head, the KV write
-  // with it) when the step's context is at most this long, so that a layer is one launch. Off:
-  // correct (HF parity) but slower on the H200 (2026-12-03 ~22:55 UTC, mqabench --chain
-  // off,on,na): StarCoder b1 8.34 ms a step separate, 8.44 chain, 8.58 chain with its attention;
-  // SantaCoder 1.03 / 1.24 / 1.36 ms.
-  bool decode_chain_attention = false;
-  int decode_chain_attention_max_context = 1024;
+  // with it) when the step's context is at most decode_chain_attention_max_context long (0: the
+  // short form's bound, DecodeChainShortAttentionMaxContext: 256 tokens at D = 128), so that a
+  // layer is one launch (no attention or merge kernel between two chains). History: slower on the
+  // H200 of 2026-12-03 (StarCoder b1 8.44 ms a step with the attention separate, 8.58 inside),
+  // before the chain's later changes; on two H100s of 2026-12-06 the short form is 0.25-0.6%
+  // faster (StarCoder b1 128 / 128, `mqabench --chain auto,at`), while the loop form that longer
+  // contexts would take loses 4.5% (512 / 128): hence on, with the short form's bound.
+  bool decode_chain_attention = true;
+  int decode_chain_attention_max_context = 0;
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
@@ -401,6 +404,10 @@ class GptBigCode {
   void set_tail_release_early(int mask);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
+  // Of those, the chains with the attention as their first phase (decode_chain_attention), and
+  // whether the last one launched (or captured) had it.
+  int64_t decode_chain_attention_runs() const { return chain_attention_runs_; }
+  bool last_decode_chain_had_attention() const { return last_chain_attention_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
   // Graphs captured so far (tests, benchmarks).
@@ -505,6 +512,8 @@ class GptBigCode {
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;
+  int64_t chain_attention_runs_ = 0;
+  bool last_chain_attention_ = false;
   int64_t tail_runs_ = 0;
   bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)
   // Workspace (capacities in rows).

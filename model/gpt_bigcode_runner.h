@@ -53,7 +53,9 @@ struct GptBigCodeRunnerOptions {
   bool gemm_deep_unroll = true;         // GptBigCodeOptions::gemm_deep_unroll
   bool decode_chain = true;             // GptBigCodeOptions::decode_chain
   int64_t decode_chain_min_layer_bytes = GptBigCodeOptions().decode_chain_min_layer_bytes;
-  bool decode_chain_attention = false;  // GptBigCodeOptions::decode_chain_attention
+  // GptBigCodeOptions::decode_chain_attention, decode_chain_attention_max_context
+  bool decode_chain_attention = GptBigCodeOptions().decode_chain_attention;
+  int decode_chain_attention_max_context = GptBigCodeOptions().decode_chain_attention_max_context;
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention

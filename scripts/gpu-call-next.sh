@@ -6,12 +6,12 @@
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit); the logs
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call). Never `wait` without a pid here: it would also wait for the console's tee.
-# 2026-12-06 (benchmarks/mqabench/NOTES.md versions 33-36; versions 35-36 were measured and
-# reverted, so this is still the baseline call): every GPU test (gemm_cuda_test beside
-# the others), the script test, then SantaCoder b1 at the defaults (the tail's cluster merge and
-# attn.c_proj releasing c_fc early: H100s only so far) beside no early release (tailr0),
-# StarCoder b1 and b32, and a SantaCoder b1 kernel trace at the defaults: a baseline on the H200
-# for whatever the next session changes. About 5 minutes; give it 420 s.
+# 2026-12-06, later morning (NOTES version 38: the attention inside StarCoder's decode chain by
+# default, short contexts only): every GPU test (gemm_cuda_test beside the others; HF parity with
+# its _defaults_chain_attn128 rows), the script test, then StarCoder b1 at the defaults beside
+# `na` (the attention a kernel of its own, the previous default) at 128 / 128 and at 512 / 128
+# (contexts past the short form's bound: both rows must run the same kernels), b32, SantaCoder
+# b1, and a StarCoder b1 chain timeline of layer 20. About 6 minutes; give it 480 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -39,9 +39,10 @@ while read -r name cmd; do
 done < $b/scripts.txt
 wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
 date -u
-timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 --chain auto,tailr0,auto,tailr0 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
-timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 3 > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g" $logs/st1.log | cut -c1-190
+timeout 120 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --chain auto,na,auto,na > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g|CUDA graphs" $logs/st1.log | cut -c1-190
+timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 1 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 --chain auto,na > $logs/st512.log 2>&1; echo "st512 rc=$?"; grep -E "$g|CUDA graphs" $logs/st512.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
-timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sct > $logs/sct.log 2>&1; echo "sc trace rc=$?"; sed -n '/decode step: /,$p' $logs/sct.log | head -12 | cut -c1-170
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
+timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 20 > $logs/sttl.log 2>&1; echo "st timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/sttl.log | cut -c1-170
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs

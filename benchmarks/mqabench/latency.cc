@@ -185,11 +185,13 @@ absl::Status Latency(const Flags& f) {
         chain != "off",
         chain[0] == 's' && !shares_row ? std::atoi(chain.c_str() + 1)
                                        : GptBigCodeOptions().decode_chain_spare_sms,
-        attention_row ? 1 : GptBigCodeOptions().decode_chain_attention,
+        attention_row   ? 1
+        : chain == "na" ? 0
+                        : GptBigCodeOptions().decode_chain_attention,
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "late" || chain == "rel" || chain == "tail" ||
+        chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
                 chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
                 chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
                 chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
@@ -227,6 +229,7 @@ absl::Status Latency(const Flags& f) {
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);
     const int64_t chains_before = r.model().decode_chain_runs();
+    const int64_t chain_attentions_before = r.model().decode_chain_attention_runs();
     const int64_t tails_before = r.model().tail_attention_runs();
     r.model().set_decode_chain_sm_shares(nullptr);
     if (shares_row) {  // 32 steps at the row's mid context, untimed
@@ -434,13 +437,15 @@ absl::Status Latency(const Flags& f) {
     }
     std::printf(
         "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
-        "captured); %lld QKV GEMMs with the tail attention\n",
+        "captured, %lld with the attention inside); %lld QKV GEMMs with the tail attention\n",
         r.model().num_cuda_graphs(), chain.c_str(),
         static_cast<long long>(r.model().decode_chain_runs() - chains_before),
+        static_cast<long long>(r.model().decode_chain_attention_runs() - chain_attentions_before),
         static_cast<long long>(r.model().tail_attention_runs() - tails_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
     if (!timeline_layers.empty() && chain != "off") {
-      RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers, attention_row));
+      RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers,
+                                               r.model().last_decode_chain_had_attention()));
     }
     if (!f.kernel_trace.empty()) {
       if (tracing) {

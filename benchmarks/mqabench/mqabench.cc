@@ -60,29 +60,30 @@
 //     chains ran. auto (the default) is the model's default: on for layers of at least
 //     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the
 //     attention (GptBigCodeOptions::decode_chain_spare_sms); at is on with the attention as the
-//     chain's first phase (decode_chain_attention); fN is on with at most N ring stages in flight
-//     (decode_chain_max_inflight); late is auto with the chain released by the attention only once
-//     it is done (decode_chain_early_release off); rel is auto with every attention releasing the
-//     next kernel early, chain or not (GptBigCode::set_attention_release_early); tail and notail
-//     are auto with the QKV GEMM's tail attention (GptBigCodeOptions::tail_attention) on (its
-//     splits merged through L2) and off, tailc the tail with its splits merged in a cluster
-//     (tail_cluster_merge, the default), tailrN tailc with the GEMMs of mask N releasing the
-//     next kernel as they start (tail_release_early: 1 attn.c_proj, the default, 2 mlp.c_proj, 4
-//     c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1, tailr0 none); wN is auto with
-//     each CTA's last N ring-stage chunks of a phase dealt at run time (work stealing,
-//     decode_chain_steal_chunks; w0: every row fixed in advance, the default; only phases of at
-//     least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB (decode_chain_stage_bytes,
-//     K a multiple of 8) and at most N of them requested ahead (f0: the whole ring), e.g. k16f3; ll
-//     and nl are auto with the LL boundaries (decode_chain_ll_inputs) on and off; tc and cc are
-//     auto with the tiled tensor-core fold and the row-run fp32 fold on the CUDA cores
-//     (decode_chain_mma_fold 1, 0), otc and occ the same with the chain on every layer; hf and ohf
-//     are auto and on with the fp16-pair fold (decode_chain_half_fold 1, the default), hf0 and ohf0
-//     with the fp32 fold; fm is auto with the fused MLP (decode_chain_fused_mlp: mlp.c_proj
-//     streamed from a transposed copy right after c_fc, no grid barrier between them), fmN the same
-//     with N stages a CTA dealt by ticket (decode_chain_fused_pool; fm: the default); shares is
-//     auto with per-SM shares of the chains' rows (GptBigCode::set_decode_chain_sm_shares) from a
-//     calibration of 32 untimed decode steps (GptBigCodeRunner::CalibrateDecodeChainShares; its
-//     summary is printed).
+//     chain's first phase (decode_chain_attention, the default where the context fits the
+//     phase's short form) and na auto with the attention a kernel of its own; fN is on with at most
+//     N ring stages in flight (decode_chain_max_inflight); late is auto with the chain released by
+//     the attention only once it is done (decode_chain_early_release off); rel is auto with every
+//     attention releasing the next kernel early, chain or not
+//     (GptBigCode::set_attention_release_early); tail and notail are auto with the QKV GEMM's tail
+//     attention (GptBigCodeOptions::tail_attention) on (its splits merged through L2) and off,
+//     tailc the tail with its splits merged in a cluster (tail_cluster_merge, the default), tailrN
+//     tailc with the GEMMs of mask N releasing the next kernel as they start (tail_release_early: 1
+//     attn.c_proj, the default, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1,
+//     tailr0 none); wN is auto with each CTA's last N ring-stage chunks of a phase dealt at run
+//     time (work stealing, decode_chain_steal_chunks; w0: every row fixed in advance, the default;
+//     only phases of at least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB
+//     (decode_chain_stage_bytes, K a multiple of 8) and at most N of them requested ahead (f0: the
+//     whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries (decode_chain_ll_inputs)
+//     on and off; tc and cc are auto with the tiled tensor-core fold and the row-run fp32 fold on
+//     the CUDA cores (decode_chain_mma_fold 1, 0), otc and occ the same with the chain on every
+//     layer; hf and ohf are auto and on with the fp16-pair fold (decode_chain_half_fold 1, the
+//     default), hf0 and ohf0 with the fp32 fold; fm is auto with the fused MLP
+//     (decode_chain_fused_mlp: mlp.c_proj streamed from a transposed copy right after c_fc, no grid
+//     barrier between them), fmN the same with N stages a CTA dealt by ticket
+//     (decode_chain_fused_pool; fm: the default); shares is auto with per-SM shares of the chains'
+//     rows (GptBigCode::set_decode_chain_sm_shares) from a calibration of 32 untimed decode steps
+//     (GptBigCodeRunner::CalibrateDecodeChainShares; its summary is printed).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
