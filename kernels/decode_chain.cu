@@ -74,7 +74,7 @@ constexpr int kMaxPoolRows = 64;  // rows of one donated stage, at most
 // the slowest CTA's epilogue, the c_fc phase's 1.5 us later (its LL stores queue behind the
 // ring's bulk loads of the next phase). Kept as a knob (DecodeChainTuning::ll_inputs, mqabench
 // --chain ll).
-constexpr int kDefaultLlInputs = 2;  // EXPERIMENT: the attention phase's output an LL boundary
+constexpr int kDefaultLlInputs = 0;
 // Work stealing (DecodeChainTuning::steal_chunks): the dynamically dealt chunks a CTA may take in
 // a phase, at most, and the rows they may add to its row sums.
 constexpr int kMaxStealChunks = 64;
@@ -179,9 +179,6 @@ struct ChainAttentionArgs {
   float scale;
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
-  // The short form also writes its output as LL words (kLlMaxN: the slot's area 0, flag epoch x 8
-  // + 1), which phase 0 polls (ll_in) instead of waiting at the grid barrier.
-  int ll_out;
 };
 
 struct ChainArgs {
@@ -310,14 +307,6 @@ __device__ __forceinline__ float ConsumerMax(float v, float* red) {
       v, -INFINITY, [](float x, float y) { return fmaxf(x, y); }, red);
 }
 
-// One LL word: an output element's bits beside its flag, stored at once.
-template <typename T>
-__device__ __forceinline__ void StoreLl(unsigned long long* w, T value, unsigned flag) {
-  const unsigned long long word = (static_cast<unsigned long long>(flag) << 32) |
-                                  *reinterpret_cast<const unsigned short*>(&value);
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(w), "l"(word) : "memory");
-}
-
 // Copies the new token's K / V rows (the QKV row's tail) to the caches at `slot` (*at.slot; one
 // CTA does).
 template <typename T>
@@ -340,8 +329,7 @@ __device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slo
 template <typename T>
 __device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* scratch,
                                            const float (&o)[8], int g, int c, int G, int h,
-                                           float sum, unsigned long long* ll = nullptr,
-                                           unsigned flag = 0) {
+                                           float sum) {
   const int D = at.head_dim, tid = threadIdx.x;
   float* part = scratch + D + g * D + 8 * c;
 #pragma unroll
@@ -350,9 +338,7 @@ __device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* 
   if (tid < D) {
     float t = 0.0f;
     for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
-    const T value = fwd::FromFloat<T>(t / sum);
-    static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = value;
-    if (ll != nullptr) StoreLl(ll + static_cast<int64_t>(h) * D + tid, value, flag);
+    static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
   }
   tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
 }
@@ -471,15 +457,11 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8)), their round trip under the
 // softmax's reductions: two round trips after the wait, where the loop form has one a dependent
 // step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
-// Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here. With
-// at.ll_out the last consumer thread loads the launch epoch into *epoch_s right after the wait
-// (beside the others' q loads: no round trip of its own on the path), and the output also goes
-// out as LL words.
+// Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
-                                    unsigned* epoch_s) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -518,7 +500,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
   fwd::PdlTrigger();
-  if (at.ll_out && tid == kConsumers - 1) *epoch_s = __ldcg(a.counter + kEpochOffset / 4);
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
   if (writer) WriteNewKv<T>(at, new_slot);
   if (active) {
@@ -578,14 +559,10 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
         for (int x = 0; x < 8; ++x) o[x] = fmaf(w, fwd::ToFloat(v.v[x]), o[x]);
       }
     }
-    unsigned long long* ll = at.ll_out ? reinterpret_cast<unsigned long long*>(
-                                             reinterpret_cast<char*>(a.counter) + kCounterStride)
-                                       : nullptr;
-    FinishHead<T>(at, scratch, o, g, c, G, h, sum, ll, at.ll_out ? *epoch_s * 8 + 1 : 0);
+    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
-  if (at.ll_out) tma::NamedBarrier(kConsumerBarrier, kConsumers);  // publishes *epoch_s
 }
 
 // Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
@@ -630,6 +607,14 @@ __device__ __forceinline__ void CopyLnParams(const ChainPhaseArgs& ph, T* lnw, T
     fwd::CpAsync16(fwd::SmemAddr(lnb + 8 * v), static_cast<const T*>(ph.ln_b) + 8 * v, true);
   }
   fwd::CpAsyncCommit();
+}
+
+// One LL word: an output element's bits beside its flag, stored at once.
+template <typename T>
+__device__ __forceinline__ void StoreLl(unsigned long long* w, T value, unsigned flag) {
+  const unsigned long long word = (static_cast<unsigned long long>(flag) << 32) |
+                                  *reinterpret_cast<const unsigned short*>(&value);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(w), "l"(word) : "memory");
 }
 
 // Eight consecutive LL words once every one carries `flag`, as eight elements of T (16 bytes).
@@ -1217,23 +1202,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
-  // The slot's launch epoch: this launch's LL flags (the last CTA out of the previous launch
-  // advanced it; the PDL wait orders that before this load). Only where the launch has an LL
-  // boundary: thread 0 waits for the load after the wait, ahead of its share of the first input,
-  // unless the short attention phase loads it (at.ll_out). (Kept in shared memory, read where
-  // used: a register across the stage loop spills.)
-  __shared__ unsigned epoch_s;
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red, &epoch_s);  // PDL wait in
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
     fwd::PdlTrigger();
   }
-  const bool epoch_loaded = a.has_attention && a.at.short_context && a.at.ll_out;
-  if (threadIdx.x == 0 && (a.ll || kFused) && !epoch_loaded) {
-    epoch_s = __ldcg(a.counter + kEpochOffset / 4);
-  }
+  // The slot's launch epoch: this launch's LL flags (the last CTA out of the previous launch
+  // advanced it; the PDL wait orders that before this load). Only where the launch has an LL
+  // boundary: thread 0 waits for the load here, ahead of its share of the first input.
+  // (Kept in shared memory, read where used: a register across the stage loop spills.)
+  __shared__ unsigned epoch_s;
+  if (threadIdx.x == 0 && (a.ll || kFused)) epoch_s = __ldcg(a.counter + kEpochOffset / 4);
   __shared__ float pool_h[kMaxPoolRows];  // the fused MLP's donated rows' up outputs
   auto ll_area = [&](int gi) {
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
@@ -1864,11 +1845,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // LL boundaries: where a phase's input is the previous phase's output (at most kLlMaxN
   // elements, neither of them stealing rows, and no residual read back in place).
   const int ll = tuning.ll_inputs < 0 ? kDefaultLlInputs : tuning.ll_inputs;
-  if (ll < 0 || ll > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DecodeChain: ll_inputs ", tuning.ll_inputs, " (-1, or a mask of 1 and 2)"));
-  }
-  for (int i = 1; (ll & 1) != 0 && i < p.num_phases; ++i) {
+  for (int i = 1; ll != 0 && i < p.num_phases; ++i) {
     const DecodeChainPhase& prev = p.phases[i - 1];
     const DecodeChainPhase& ph = p.phases[i];
     if (ph.input == prev.output && prev.n <= kLlMaxN && prev.n == ph.k && !ph.accumulate &&
@@ -1878,15 +1855,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       a.ph[i].ll_in = 1;
       a.ll = 1;  // (a chain of several phases has its workspace: checked above)
     }
-  }
-  // The short attention phase's output to phase 0 (its input, at most kLlMaxN elements).
-  if ((ll & 2) != 0 && a.has_attention && a.at.short_context &&
-      p.phases[0].input == p.attention.output &&
-      p.phases[0].k == static_cast<int64_t>(p.attention.heads) * p.attention.head_dim &&
-      p.phases[0].k <= kLlMaxN && a.ph[0].rows_chunk == 0 && a.ph[0].kind == kPhasePlain) {
-    a.at.ll_out = 1;
-    a.ph[0].ll_in = 1;
-    a.ll = 1;
   }
   a.stages = stages;
   a.stage_bytes = stage_bytes;

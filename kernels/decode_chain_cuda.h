@@ -63,9 +63,8 @@ struct DecodeChainTuning {
   bool consume_only = false;
   // LL boundaries (kernels/decode_chain.cu, kLlMaxN): a phase whose input is the previous
   // phase's output (at most 8192 elements, no work stealing, no in-place residual) polls that
-  // output's flagged words instead of a grid barrier and a load. A mask: 1, between linear phases
-  // (measured equal to the barriers end to end); 2, from the attention phase's short form to
-  // phase 0; 0: none; -1: the measured default (kernels/decode_chain.cu, kDefaultLlInputs).
+  // output's flagged words instead of a grid barrier and a load. -1: the measured default; 0: off;
+  // 1: on. Measured equal to the barriers end to end (kernels/decode_chain.cu: off by default).
   int ll_inputs = -1;
   // The fold: 1, the tiled layout on tensor cores (kernels/decode_chain.cu, kTileMaxRows: a stage
   // is a tile of up to 32 rows x C columns, one MMA folds 256 weights, each row's sum stays in

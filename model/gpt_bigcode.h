@@ -232,8 +232,7 @@ struct GptBigCodeOptions {
   // With decode_chain: bytes a ring stage (DecodeChainTuning::stage_bytes, a multiple of 8192; 0:
   // the kernel's automatic choice).
   int decode_chain_stage_bytes = 0;
-  // With decode_chain: DecodeChainTuning::ll_inputs (a mask: 1 between linear phases, 2 after the
-  // attention phase; -1: the kernel's measured default).
+  // With decode_chain: DecodeChainTuning::ll_inputs (-1: the kernel's measured default).
   int decode_chain_ll_inputs = -1;
   // With decode_chain: DecodeChainTuning::mma_fold (-1: the kernel's measured default).
   int decode_chain_mma_fold = -1;

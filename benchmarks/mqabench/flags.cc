@@ -238,10 +238,9 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "na" &&
           row != "late" && row != "rel" && row != "tail" && row != "tailc" &&
-          TailReleaseMask(row) < 0 && row != "notail" && row != "ll" && row != "lla" &&
-          row != "nl" && row != "tc" && row != "cc" && row != "otc" && row != "occ" &&
-          row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" &&
-          row != "shares" &&
+          TailReleaseMask(row) < 0 && row != "notail" && row != "ll" && row != "nl" &&
+          row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
+          row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -259,8 +258,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
-            "with the LL boundaries on, off) / lla (auto with the attention's output an LL "
-            "boundary) / tc, cc (auto with the tensor-core, CUDA-core "
+            "with the LL boundaries on, off) / tc, cc (auto with the tensor-core, CUDA-core "
             "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
             "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "
             "a CTA dealt by ticket) / shares (auto with calibrated per-SM shares of the rows)");

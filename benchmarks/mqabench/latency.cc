@@ -193,9 +193,8 @@ absl::Status Latency(const Flags& f) {
                         : GptBigCodeOptions().decode_chain_max_inflight,
         chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
                 chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
-                chain == "ll" || chain == "lla" || chain == "nl" || chain == "tc" ||
-                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
-                shares_row
+                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -209,8 +208,7 @@ absl::Status Latency(const Flags& f) {
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
-    r.model().set_decode_chain_ll_inputs(chain == "ll"    ? 1
-                                         : chain == "lla" ? 2
+    r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_ll_inputs);
