@@ -108,21 +108,22 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // 11 (wgmma), bit 10: variant 14 (13 with the KV write fused into its TMA kernel), bit 11:
 // variant 15 (14 merging its splits in the kernel); without bits 4, 6-11, variant 3; bit 12: the
 // batch-1 decode chain, every prompt prefilled and decoded alone; bit 13: with the attention as
-// the chain's first phase; bit 14: the chain's fp32 fold (decode_chain_half_fold 0; the default
-// sums fp16 pairs first); bit 15: the chain's fused MLP (decode_chain_fused_mlp); bit 16:
-// fuse_layer_norms (the layer norms folded into the skinny GEMMs' epilogues); bit 17: every
-// prompt three times over (decode batches past the skinny kernel's 8 rows: cuBLASLt's path) with
-// the server's decode GEMM tuning (gemm_autotune, the decode graphs warmed up, then frozen); bit
-// 18: the QKV GEMM's tail attention (tail_attention), every prompt prefilled and decoded alone
-// (it takes one-token steps; head_dim 128 only: tiny-mqa-d128 must run it, the others fall back
-// to the attention kernels); bit 19: with bit 12, the chain's per-SM shares calibrated first
-// (GptBigCodeRunner::CalibrateDecodeChainShares); bit 20: with bit 18, the tail's splits merged
-// in a thread-block cluster (tail_cluster_merge); bit 21: with bit 18, every GEMM of a tail layer
-// releasing the next kernel as it starts (tail_release_early 15; without bit 21 the runner's
-// default); bit 22: with bit 13, the attention inside the chain only where the step's context
-// bound is at most 128 (decode_chain_attention_max_context), which the fixtures' decode steps
-// (context bound 256, their graph bucket) exceed: the attention kernel runs, as for a context
-// past the short form's bound. 101: the runner's defaults).
+// the chain's first phase (the runner's default; without bit 13 the attention kernel); bit 14: the
+// chain's fp32 fold (decode_chain_half_fold 0; the default sums fp16 pairs first); bit 15: the
+// chain's fused MLP (decode_chain_fused_mlp); bit 16: fuse_layer_norms (the layer norms folded into
+// the skinny GEMMs' epilogues); bit 17: every prompt three times over (decode batches past the
+// skinny kernel's 8 rows: cuBLASLt's path) with the server's decode GEMM tuning (gemm_autotune, the
+// decode graphs warmed up, then frozen); bit 18: the QKV GEMM's tail attention (tail_attention),
+// every prompt prefilled and decoded alone (it takes one-token steps; head_dim 128 only:
+// tiny-mqa-d128 must run it, the others fall back to the attention kernels); bit 19: with bit 12,
+// the chain's per-SM shares calibrated first (GptBigCodeRunner::CalibrateDecodeChainShares); bit
+// 20: with bit 18, the tail's splits merged in a thread-block cluster (tail_cluster_merge); bit 21:
+// with bit 18, every GEMM of a tail layer releasing the next kernel as it starts
+// (tail_release_early 15; without bit 21 the runner's default); bit 22: with bit 13, the attention
+// inside the chain only where the step's context bound is at most 128
+// (decode_chain_attention_max_context), which the fixtures' decode steps (context bound 256, their
+// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound.
+// 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
