@@ -75,8 +75,6 @@ constexpr int kMaxPoolRows = 64;  // rows of one donated stage, at most
 // ring's bulk loads of the next phase). Kept as a knob (DecodeChainTuning::ll_inputs, mqabench
 // --chain ll).
 constexpr int kDefaultLlInputs = 0;
-// Measured default (-1) of DecodeChainTuning::attention_share: EXPERIMENT (48: three quarters).
-constexpr int kDefaultAttentionShare = 48;
 // Work stealing (DecodeChainTuning::steal_chunks): the dynamically dealt chunks a CTA may take in
 // a phase, at most, and the rows they may add to its row sums.
 constexpr int kMaxStealChunks = 64;
@@ -156,10 +154,6 @@ struct ChainPhaseArgs {
   // LL boundary (kLlMaxN): ll_out, this phase also writes its output as LL words; ll_in, its
   // input comes from the previous phase's LL words (no grid barrier before it).
   int ll_out, ll_in;
-  // DecodeChainTuning::attention_share on the first phase after the attention phase's short form:
-  // the CTAs that own a head (blockIdx.x < heads) take head_share / 64 of an equal share of its
-  // rows (0: equal shares).
-  int head_share;
   // The tiled layout (kTileMaxRows): rows a tile (0: the row-run layout, one contiguous run of the
   // CTA's rows streamed a stage at a time) and columns a stage (a divisor of k, a multiple of 64).
   int tile_rows, tile_cols;
@@ -210,9 +204,6 @@ struct ChainArgs {
   int y32_n;   // its elements
   // DecodeChainTuning::sm_shares: CtaRows takes the CTA's rows from shares[%smid].
   int sm_shares;
-  // DecodeChainTuning::attention_share: a head-owning CTA's producer streams nothing until its
-  // head is written (head_done_s).
-  int hold_heads;
   uint32_t shares[kDecodeChainMaxSmIds];
 };
 
@@ -241,13 +232,6 @@ __device__ __forceinline__ void CtaRows(const ChainArgs& a, const ChainPhaseArgs
   if (ph.rows_chunk > 0) {
     r0 = static_cast<int>(blockIdx.x) * ph.static_chunks * ph.rows_chunk;
     r1 = r0 + ph.static_chunks * ph.rows_chunk;
-  } else if (ph.head_share > 0) {
-    // Prefix weights: head-owning CTAs head_share, the others 64 (an equal share).
-    const int64_t heads = a.at.heads, w = ph.head_share;
-    auto prefix = [&](int64_t b) { return min(b, heads) * w + max(b - heads, int64_t{0}) * 64; };
-    const int64_t total = prefix(gridDim.x), b = blockIdx.x;
-    r0 = static_cast<int>(ph.n * prefix(b) / total);
-    r1 = static_cast<int>(ph.n * prefix(b + 1) / total);
   } else if (a.sm_shares) {
     unsigned smid;
     asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
@@ -477,8 +461,7 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
-                                    int* head_done) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -577,10 +560,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       }
     }
     FinishHead<T>(at, scratch, o, g, c, G, h, sum);
-    if (tid == 0) {
-      if (a.hold_heads) *reinterpret_cast<volatile int*>(head_done) = 1;  // the producer may go
-      StampPhase<kStamps>(a, 0, kChainLastRelease);
-    }
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
 }
@@ -1026,7 +1006,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
-  __shared__ int head_done_s;  // ChainArgs::hold_heads: this CTA's head is written
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t side_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem + a.side_offset));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
@@ -1039,7 +1018,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
-    head_done_s = 0;
     tma::FenceMbarInit();
   }
   __syncthreads();
@@ -1099,9 +1077,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
-      if (a.hold_heads && blockIdx.x < a.at.heads) {  // until the head is written
-        while (*reinterpret_cast<volatile int*>(&head_done_s) == 0) __nanosleep(64);
-      }
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
         int r0, r1;
@@ -1228,8 +1203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    // The PDL wait inside.
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red, &head_done_s);
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1766,21 +1740,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
     in_bytes = std::max<int64_t>(
         in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers + table) * 4);
-    // The head-owning CTAs' smaller share of phase 0, their producers held until the head is
-    // written (plain rows of phase 0 only: no work stealing, per-SM shares or fused MLP there).
-    const int share = tuning.attention_share < 0 ? kDefaultAttentionShare : tuning.attention_share;
-    if (share < 0 || share > 64) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DecodeChain: attention_share ", share, " (0..64)"));
-    }
-    if (share > 0 && a.at.short_context && at.heads < grid && !may_steal && !a.sm_shares &&
-        fused != 0) {
-      a.ph[0].head_share = share;
-      a.hold_heads = 1;
-      // The other CTAs' shares grow: 64 / (heads x share + (grid - heads) x 64) of the rows.
-      const int64_t total = static_cast<int64_t>(at.heads) * share + (grid - at.heads) * 64;
-      max_rows = std::max<int64_t>(max_rows, p.phases[0].n * 64 / total + 2);
-    }
   }
   in_bytes = (in_bytes + 15) / 16 * 16;
   a.in_bytes = static_cast<int>(in_bytes);

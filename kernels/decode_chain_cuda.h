@@ -61,12 +61,6 @@ struct DecodeChainTuning {
   // Diagnostic: the producer loads nothing and completes each stage at once (outputs are
   // garbage): the rate at which the consumers alone fold stages, boundaries included.
   bool consume_only = false;
-  // With the attention phase's short form: the CTAs that own a head take this many 64ths of an
-  // equal share of the first linear phase's rows, and their producers stream nothing until the
-  // head is written, so that the attention's round trips do not queue behind their own SM's bulk
-  // loads (the other CTAs keep HBM busy and take the rest). 0: off, 1..64; -1: the measured
-  // default (kernels/decode_chain.cu, kDefaultAttentionShare).
-  int attention_share = -1;
   // LL boundaries (kernels/decode_chain.cu, kLlMaxN): a phase whose input is the previous
   // phase's output (at most 8192 elements, no work stealing, no in-place residual) polls that
   // output's flagged words instead of a grid barrier and a load. -1: the measured default; 0: off;

@@ -246,7 +246,6 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       tuning.fused_mlp = ctx.chain_fused_mlp;
       tuning.fused_pool = ctx.chain_fused_pool;
       tuning.steal_chunks = ctx.chain_steal_chunks;
-      tuning.attention_share = ctx.chain_attention_share;
       tuning.sm_shares = ctx.chain_sm_shares;
       if (ctx.chain_timeline != nullptr && timeline_index >= 0 &&
           timeline_index < ctx.chain_timelines) {

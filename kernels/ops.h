@@ -60,7 +60,6 @@ struct OpContext {
   int chain_fused_mlp = -1;    // DecodeChainTuning::fused_mlp
   int chain_fused_pool = -1;   // DecodeChainTuning::fused_pool
   int chain_steal_chunks = -1;  // DecodeChainTuning::steal_chunks
-  int chain_attention_share = -1;                        // DecodeChainTuning::attention_share
   const DecodeChainSmShares* chain_sm_shares = nullptr;  // DecodeChainTuning::sm_shares
   // Benchmarks (mqabench --chain-timeline): the chain launched with timeline index i <
   // chain_timelines records DecodeChainTuning::timeline at chain_timeline + i *

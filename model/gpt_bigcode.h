@@ -227,9 +227,6 @@ struct GptBigCodeOptions {
   // (benchmarks/mqabench/NOTES.md version 38).
   bool decode_chain_attention = true;
   int decode_chain_attention_max_context = 0;
-  // With decode_chain_attention: DecodeChainTuning::attention_share (-1: the kernel's measured
-  // default).
-  int decode_chain_attention_share = -1;
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
@@ -374,8 +371,6 @@ class GptBigCode {
   void set_decode_chain_ll_inputs(int ll);
   // Benchmarks: GptBigCodeOptions::decode_chain_mma_fold. Drops captured graphs.
   void set_decode_chain_mma_fold(int mma);
-  // Benchmarks: GptBigCodeOptions::decode_chain_attention_share. Drops captured graphs.
-  void set_decode_chain_attention_share(int share);
   // Benchmarks: GptBigCodeOptions::decode_chain_half_fold. Drops captured graphs.
   void set_decode_chain_half_fold(int half);
   // Benchmarks: GptBigCodeOptions::decode_chain_fused_mlp; on, the transposed weights are made

@@ -220,11 +220,6 @@ void GptBigCode::set_decode_chain_mma_fold(int mma) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_decode_chain_attention_share(int share) {
-  ctx_.chain_attention_share = share;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_decode_chain_half_fold(int half) {
   ctx_.chain_half_fold = half;
   ClearCudaGraphs();
@@ -460,7 +455,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
-  ctx_.chain_attention_share = options.decode_chain_attention_share;
   if (options.decode_chain_fused_mlp) {
     RETURN_IF_ERROR(set_decode_chain_fused_mlp(true, options.decode_chain_fused_pool));
   }
@@ -835,7 +829,6 @@ void GptBigCode::set_tail_release_early(int) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
-void GptBigCode::set_decode_chain_attention_share(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}
 absl::Status GptBigCode::set_decode_chain_fused_mlp(bool, int) {
   return absl::FailedPreconditionError("decode chain fused MLP: built without CUDA");

@@ -243,16 +243,12 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
           row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
-          !(row.size() > 2 && row.rfind("ah", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
-            number >= 0 && number <= 64) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
           !ParseRingForm(row, &kib, &inflight)) {
         return absl::InvalidArgumentError(
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
-            "inside the chain) / na (auto with the attention a kernel of its own) / ahN (auto, the "
-            "head CTAs taking N / 64 of a share of attn.c_proj, their producers held; ah0: off) / "
-            "sN (on, N "
+            "inside the chain) / na (auto with the attention a kernel of its own) / sN (on, N "
             "spare SMs) / fN (on, at most N ring stages in flight) "
             "/ late (auto, released by the attention only once it is done) / rel (auto, and "
             "every attention releases the next kernel early, chain or not) / tail, notail (auto "

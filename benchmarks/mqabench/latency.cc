@@ -176,9 +176,6 @@ absl::Status Latency(const Flags& f) {
     ++row_index;
     r.model().set_attention(attn, wm, splits, tn);
     const bool attention_row = chain == "at";
-    int attention_share = GptBigCodeOptions().decode_chain_attention_share;  // ahN: N
-    const bool share_row = chain.size() > 2 && chain.rfind("ah", 0) == 0 &&
-                           absl::SimpleAtoi(chain.substr(2), &attention_share);
     const bool shares_row = chain == "shares";  // auto with calibrated per-SM shares
     int ring_kib = 0, ring_inflight = -1;
     const bool ring_row = ParseRingForm(chain, &ring_kib, &ring_inflight);
@@ -194,11 +191,10 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "na" || share_row || chain == "late" || chain == "rel" ||
-                chain == "tail" || chain == "tailc" || tailr || chain == "notail" ||
-                chain[0] == 'w' || chain == "ll" || chain == "nl" || chain == "tc" ||
-                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
-                shares_row
+        chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
+                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
+                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -212,7 +208,6 @@ absl::Status Latency(const Flags& f) {
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
-    r.model().set_decode_chain_attention_share(attention_share);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0
