@@ -863,6 +863,45 @@ __device__ __forceinline__ float Dot8HalfPairs(const int4& w, const int4& x) {
   }
 }
 
+// The head split's fold (kPhaseHeadSplit, k = 256: a segment is a whole row) of this warp's
+// segments [j0, j1) of a stage, at most 8, the first row `row` (of the CTA's, which start at r0;
+// row r's columns are group (r0 + r) / hs_n's of the vector x). The 8 dot products are reduced
+// across the warp together, each shuffle step halving the rows a lane keeps (4 + 2 + 1 + 2
+// shuffles where one row at a time takes 5), and lane 4 u adds row u's sum into acc.
+template <typename T, bool kHalf>
+__device__ __forceinline__ void HeadSplitFold8(const unsigned char* stage, int j0, int j1, int row,
+                                               const T* x, int r0, int hs_n, float* acc, int lane) {
+  const int grp0 = (r0 + row) / hs_n, next = (grp0 + 1) * hs_n - r0;
+  float v[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    v[u] = 0.0f;
+    if (j0 + u < j1) {
+      const int grp = row + u >= next ? grp0 + 1 : grp0;
+      const int4 w = *reinterpret_cast<const int4*>(stage + (j0 + u) * kSegBytes + lane * 16);
+      const int4 xv = *reinterpret_cast<const int4*>(x + grp * kSegElems + 8 * lane);
+      v[u] = kHalf ? Dot8HalfPairs<T>(w, xv) : Dot8<T>(w, xv);
+    }
+  }
+  const bool h16 = lane & 16, h8 = lane & 8, h4 = lane & 4;
+  float v4[4], v2[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // lanes with bit 16 keep rows 4..7, the others 0..3
+    const float send = h16 ? v[i] : v[i + 4];
+    v4[i] = (h16 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float send = h8 ? v4[i] : v4[i + 2];
+    v2[i] = (h8 ? v4[i + 2] : v4[i]) + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  float v1 = (h4 ? v2[1] : v2[0]) + __shfl_xor_sync(0xffffffffu, h4 ? v2[0] : v2[1], 4);
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+  const int u = (h16 ? 4 : 0) + (h8 ? 2 : 0) + (h4 ? 1 : 0);
+  if ((lane & 3) == 0 && j0 + u < j1) atomicAdd(acc + row + u, v1);
+}
+
 // The fused MLP's down projection, one stage: rows [0, nr) of the transposed weight (row_bytes
 // each, from `stage`), row j times h[j], added into this thread's fp32 sums y of output chunks
 // c0 and c0 + per_group (8 outputs each, where < row_chunks). With two groups (rows of at most
@@ -1383,7 +1422,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Folds this warp's segments [j0, j1) of `stage`, the first at row sum `row`, column `col`.
     auto fold = [&](const unsigned char* stage, int j0, int j1, int row, int col) {
-      int xo = 0, xnext = head_split ? -1 : INT_MAX;  // (the head split's group: below)
       for (int j = j0; j < j1; j += 4) {
         int4 w[4], x[4];
         int rows[4];
@@ -1392,15 +1430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (j + u < j1) {
             rows[u] = row;
             w[u] = *reinterpret_cast<const int4*>(stage + (j + u) * kSegBytes + lane * 16);
-            if constexpr (kFused) {
-              // The head split: a row's columns are its group's (row / hs_n) in the vector.
-              if (head_split && row >= xnext) {
-                const int grp = (r0 + row) / ph.hs_n;
-                xo = grp * kSegElems;
-                xnext = (grp + 1) * ph.hs_n - r0;
-              }
-            }
-            x[u] = *reinterpret_cast<const int4*>(xin + xo + col + 8 * lane);
+            x[u] = *reinterpret_cast<const int4*>(xin + col + 8 * lane);
             col += kSegElems;
             if (col == k) {
               col = 0;
@@ -1433,7 +1463,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
       tma::MbarWait(full0 + s * 8, pass & 1);
       if (t0 && off == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
-      if (!a.stream_only && j0 < j1) fold(ring + s * slot_bytes, j0, j1, row_b, col_b);
+      if (!a.stream_only && j0 < j1) {
+        if (head_split) {  // (kFused only; col_b is 0: a segment a row)
+          for (int j = j0; j < j1; j += 8) {
+            HeadSplitFold8<T, kHalf>(ring + s * slot_bytes, j, min(j + 8, j1), row_b + j - j0, xin,
+                                     r0, ph.hs_n, acc, lane);
+          }
+        } else {
+          fold(ring + s * slot_bytes, j0, j1, row_b, col_b);
+        }
+      }
       release();
       col_b += stage_elems;
       while (col_b >= k) {
