@@ -56,16 +56,7 @@ constexpr int kFusedMaxUp = 32768;
 constexpr int kFusedMaxGrid = 1024;
 constexpr size_t kFusedUpOffset = kFusedOffset + size_t{kFusedMaxN} * 4;
 constexpr size_t kFusedFlagOffset = kFusedUpOffset + size_t{kFusedMaxUp} * 4;
-// The head-split attn.c_proj (DecodeChainTuning::head_split): its fp32 output vector (at most
-// kFusedMaxN elements; zero between launches: the phase after the one that reads it zeroes it)
-// and a flag a query head (at most kHsMaxHeads), set to the launch epoch + 1 once the head's
-// attention output is written.
-constexpr int kHsMaxHeads = 256;
-constexpr size_t kHsOffset = kFusedFlagOffset + size_t{kFusedMaxGrid} * 4;
-constexpr size_t kHsFlagOffset = kHsOffset + size_t{kFusedMaxN} * 4;
-constexpr size_t kSlotBytes = kHsFlagOffset + size_t{kHsMaxHeads} * 4;
-// Measured default (-1) of DecodeChainTuning::head_split: off until measured.
-constexpr int kDefaultHeadSplit = 0;
+constexpr size_t kSlotBytes = kFusedFlagOffset + size_t{kFusedMaxGrid} * 4;
 // Measured default (-1) of DecodeChainTuning::fused_pool: none. H200, 2026-12-04 ~16:10 UTC,
 // gemm_bench --chain only, one StarCoder layer: the pool balances the fused phase (its CTAs' last
 // releases within 5.5 us instead of 19) but each donated stage waits for its ticket (an atomic
@@ -136,18 +127,12 @@ constexpr int kDefaultFusedMlp = 0;
 // A phase's part in the fused MLP (DecodeChainTuning::fused_mlp).
 enum ChainPhaseKind : int {
   kPhasePlain = 0,
-  kPhaseUp = 1,       // the up projection: its outputs (after bias, GELU, rounding) stay in the
-                      // CTA's shared memory; its input (the residual) + the down bias go into y32
-  kPhaseDown = 2,     // the down projection's transposed weight: rows [r0, r1) of it, times the
-                      // CTA's up outputs, added into y32 (no barrier, no input, no epilogue)
-  kPhaseFromY32 = 3,  // the phase after: its input is y32 rounded to T, which it also writes to
-                      // the residual stream (each CTA a slice); also the phase after the head
-                      // split
-  // The head-split attn.c_proj (DecodeChainTuning::head_split): rows of the weight laid out as
-  // [k / 256][n][256] (DecodeChainPhase::weight_hs), so row u = p n + o is output o's 256 columns
-  // of column group p; each group's columns of the input are waited for by their heads' flags, not
-  // a grid barrier; the row sums, and each CTA's slice of residual + bias, are added into y32.
-  kPhaseHeadSplit = 4
+  kPhaseUp = 1,      // the up projection: its outputs (after bias, GELU, rounding) stay in the
+                     // CTA's shared memory; its input (the residual) + the down bias go into y32
+  kPhaseDown = 2,    // the down projection's transposed weight: rows [r0, r1) of it, times the
+                     // CTA's up outputs, added into y32 (no barrier, no input, no epilogue)
+  kPhaseFromY32 = 3  // the phase after: its input is y32 rounded to T, which it also writes to
+                     // the residual stream (each CTA a slice)
 };
 
 struct ChainPhaseArgs {
@@ -180,7 +165,6 @@ struct ChainPhaseArgs {
   int pool, pool_rows;
   float* up_g;
   unsigned* flags;
-  int hs_n;  // kPhaseHeadSplit: the output rows (n is column groups x hs_n)
 };
 
 struct ChainAttentionArgs {
@@ -221,11 +205,6 @@ struct ChainArgs {
   // DecodeChainTuning::sm_shares: CtaRows takes the CTA's rows from shares[%smid].
   int sm_shares;
   uint32_t shares[kDecodeChainMaxSmIds];
-  // DecodeChainTuning::head_split: phase 0 is kPhaseHeadSplit, phase 1 kPhaseFromY32 (reading its
-  // vector), and phase 2 zeroes that vector; the short attention phase sets head h's flag
-  // head_flags[h] to the launch epoch + 1 once its output is written.
-  int hs;
-  unsigned* head_flags;
 };
 
 __device__ __forceinline__ unsigned long long GlobalTimer() {
@@ -478,14 +457,11 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8)), their round trip under the
 // softmax's reductions: two round trips after the wait, where the loop form has one a dependent
 // step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
-// Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here. With
-// the head split (ChainArgs::hs) thread 0 reads the launch epoch into *epoch after the wait and
-// sets the head's flag once its output is written.
+// Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
-                                    unsigned* epoch) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -524,7 +500,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
   fwd::PdlTrigger();
-  if (a.hs && threadIdx.x == 0) *epoch = __ldcg(a.counter + kEpochOffset / 4);
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
   if (writer) WriteNewKv<T>(at, new_slot);
   if (active) {
@@ -585,11 +560,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       }
     }
     FinishHead<T>(at, scratch, o, g, c, G, h, sum);
-    // (FinishHead's last barrier orders the head's stores before this release.)
-    if (a.hs && tid == 0) {
-      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a.head_flags + h), "r"(*epoch + 1)
-                   : "memory");
-    }
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
@@ -670,25 +640,6 @@ __device__ __forceinline__ int4 PollLl(const unsigned long long* w, unsigned fla
   r.z = static_cast<int>((x[4] & 0xffff) | ((x[5] & 0xffff) << 16));
   r.w = static_cast<int>((x[6] & 0xffff) | ((x[7] & 0xffff) << 16));
   return r;
-}
-
-// The head split's input (kPhaseHeadSplit): of the attention output, the 256-column groups that
-// this CTA's rows [r0, r1) cover (row u is in group u / hs_n), into x at their places in the whole
-// vector; each 16-byte chunk once its head's flag carries `flag` (this launch's epoch + 1). The
-// caller's barrier publishes x.
-template <typename T>
-__device__ void HeadSplitInput(const ChainArgs& a, const ChainPhaseArgs& ph, int r0, int r1, T* x,
-                               unsigned flag) {
-  if (r0 >= r1) return;
-  const int g0 = r0 / ph.hs_n, g1 = (r1 - 1) / ph.hs_n;
-  const int chunks = (g1 - g0 + 1) * (kSegElems / 8);
-  for (int c = threadIdx.x; c < chunks; c += kConsumers) {
-    const int v = g0 * (kSegElems / 8) + c;  // the 16-byte chunk of the vector
-    const unsigned* f = a.head_flags + 8 * v / a.at.head_dim;
-    while (fwd::LoadAcquireGpu(f) != flag) {
-    }
-    reinterpret_cast<int4*>(x)[v] = __ldcg(static_cast<const int4*>(ph.input) + v);
-  }
 }
 
 // The phase's input vector into `x` (shared memory, in T: every input is a T tensor, and a layer
@@ -861,45 +812,6 @@ __device__ __forceinline__ float Dot8HalfPairs(const int4& w, const int4& x) {
   } else {
     return Dot8<T>(w, x);
   }
-}
-
-// The head split's fold (kPhaseHeadSplit, k = 256: a segment is a whole row) of this warp's
-// segments [j0, j1) of a stage, at most 8, the first row `row` (of the CTA's, which start at r0;
-// row r's columns are group (r0 + r) / hs_n's of the vector x). The 8 dot products are reduced
-// across the warp together, each shuffle step halving the rows a lane keeps (4 + 2 + 1 + 2
-// shuffles where one row at a time takes 5), and lane 4 u adds row u's sum into acc.
-template <typename T, bool kHalf>
-__device__ __forceinline__ void HeadSplitFold8(const unsigned char* stage, int j0, int j1, int row,
-                                               const T* x, int r0, int hs_n, float* acc, int lane) {
-  const int grp0 = (r0 + row) / hs_n, next = (grp0 + 1) * hs_n - r0;
-  float v[8];
-#pragma unroll
-  for (int u = 0; u < 8; ++u) {
-    v[u] = 0.0f;
-    if (j0 + u < j1) {
-      const int grp = row + u >= next ? grp0 + 1 : grp0;
-      const int4 w = *reinterpret_cast<const int4*>(stage + (j0 + u) * kSegBytes + lane * 16);
-      const int4 xv = *reinterpret_cast<const int4*>(x + grp * kSegElems + 8 * lane);
-      v[u] = kHalf ? Dot8HalfPairs<T>(w, xv) : Dot8<T>(w, xv);
-    }
-  }
-  const bool h16 = lane & 16, h8 = lane & 8, h4 = lane & 4;
-  float v4[4], v2[2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // lanes with bit 16 keep rows 4..7, the others 0..3
-    const float send = h16 ? v[i] : v[i + 4];
-    v4[i] = (h16 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, send, 16);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float send = h8 ? v4[i] : v4[i + 2];
-    v2[i] = (h8 ? v4[i + 2] : v4[i]) + __shfl_xor_sync(0xffffffffu, send, 8);
-  }
-  float v1 = (h4 ? v2[1] : v2[0]) + __shfl_xor_sync(0xffffffffu, h4 ? v2[0] : v2[1], 4);
-  v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
-  v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
-  const int u = (h16 ? 4 : 0) + (h8 ? 2 : 0) + (h4 ? 1 : 0);
-  if ((lane & 3) == 0 && j0 + u < j1) atomicAdd(acc + row + u, v1);
 }
 
 // The fused MLP's down projection, one stage: rows [0, nr) of the transposed weight (row_bytes
@@ -1290,21 +1202,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
-  // The slot's launch epoch: this launch's LL and head flags (the last CTA out of the previous
-  // launch advanced it; the PDL wait orders that before this load). Only where the launch has an
-  // LL boundary, the fused MLP or the head split: thread 0 waits for the load, ahead of its share
-  // of the first input (the head split: in the attention phase). (Kept in shared memory, read
-  // where used: a register across the stage loop spills.)
-  __shared__ unsigned epoch_s;
   if (a.has_attention && a.at.short_context) {
-    // the PDL wait inside
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red, &epoch_s);
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
     fwd::PdlTrigger();
   }
-  if (threadIdx.x == 0 && (a.ll || kFused) && !a.hs) epoch_s = __ldcg(a.counter + kEpochOffset / 4);
+  // The slot's launch epoch: this launch's LL flags (the last CTA out of the previous launch
+  // advanced it; the PDL wait orders that before this load). Only where the launch has an LL
+  // boundary: thread 0 waits for the load here, ahead of its share of the first input.
+  // (Kept in shared memory, read where used: a register across the stage loop spills.)
+  __shared__ unsigned epoch_s;
+  if (threadIdx.x == 0 && (a.ll || kFused)) epoch_s = __ldcg(a.counter + kEpochOffset / 4);
   __shared__ float pool_h[kMaxPoolRows];  // the fused MLP's donated rows' up outputs
   auto ll_area = [&](int gi) {
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
@@ -1345,7 +1255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       CopyLnParams<T>(ph, lnw, lnb);  // in flight through the barrier
       bias_reg = bias_of(ph);
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierEnter);
-      if (ph.ll_in || (kFused && ph.kind == kPhaseHeadSplit)) {
+      if (ph.ll_in) {
         // No wait: the input's LL words say when it is there. The arrival keeps the counter's
         // targets (and the last CTA's count) as with a barrier.
         if (t0)
@@ -1355,32 +1265,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierExit);
     }
-    if (kFused && a.hs && i == 2) {
-      // The head split's vector back to zero: every CTA has read it (phase 1's input; the
-      // barrier above), and the next launch adds into it only after its PDL wait.
-      float4* y = reinterpret_cast<float4*>(a.ph[1].y32);
-      for (int v = blockIdx.x * kConsumers + threadIdx.x; v < a.ph[1].k / 4;
-           v += gridDim.x * kConsumers) {
-        y[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-    }
     int r0, r1;
     CtaRows(a, ph, r0, r1);
-    // The head split: this CTA's slice [o0, o1) of the outputs adds residual + bias into y32 in
-    // the epilogue; thread j's output o0 + j has its raw bits loaded here, ahead of the input's
-    // wait (converted where used, so that nothing waits for them here).
-    const bool head_split = kFused && ph.kind == kPhaseHeadSplit;
-    int o0 = 0, o1 = 0;
-    unsigned short hs_res = 0, hs_bias = 0;
-    if (head_split) {
-      o0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * ph.hs_n / gridDim.x);
-      o1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * ph.hs_n / gridDim.x);
-      const int o = o0 + static_cast<int>(threadIdx.x);
-      if (o < o1) {
-        hs_res = __ldcg(static_cast<const unsigned short*>(ph.out) + o);
-        if (ph.y32_bias != nullptr) hs_bias = static_cast<const unsigned short*>(ph.y32_bias)[o];
-      }
-    }
     // The residual this phase adds to row threadIdx.x, loaded beside the input.
     T* out = static_cast<T*>(ph.out);
     float residual = 0.0f;
@@ -1389,15 +1275,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
       residual = fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
     }
-    if (head_split) {
-      // epoch_s: thread 0 read it in the attention phase (a CTA without a head has had no barrier
-      // since).
-      tma::NamedBarrier(kConsumerBarrier, kConsumers);
-      HeadSplitInput<T>(a, ph, r0, r1, xin, epoch_s + 1);
-    } else {
-      LoadInput<T, kFused>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
-                           epoch_s * 8 + static_cast<unsigned>(gi));
-    }
+    LoadInput<T, kFused>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
+                         epoch_s * 8 + static_cast<unsigned>(gi));
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
@@ -1463,16 +1342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int j0 = warp * per_warp, j1 = min(j0 + per_warp, segs);
       tma::MbarWait(full0 + s * 8, pass & 1);
       if (t0 && off == 0) StampPhase<kStamps>(a, gi, kChainFirstFull);
-      if (!a.stream_only && j0 < j1) {
-        if (head_split) {  // (kFused only; col_b is 0: a segment a row)
-          for (int j = j0; j < j1; j += 8) {
-            HeadSplitFold8<T, kHalf>(ring + s * slot_bytes, j, min(j + 8, j1), row_b + j - j0, xin,
-                                     r0, ph.hs_n, acc, lane);
-          }
-        } else {
-          fold(ring + s * slot_bytes, j0, j1, row_b, col_b);
-        }
-      }
+      if (!a.stream_only && j0 < j1) fold(ring + s * slot_bytes, j0, j1, row_b, col_b);
       release();
       col_b += stage_elems;
       while (col_b >= k) {
@@ -1515,25 +1385,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (cur >= 0) flush();
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainLastRelease);
-
-    if (head_split) {  // the row sums and the CTA's slice of residual + bias into y32
-      for (int r = threadIdx.x; r < rows; r += kConsumers) {
-        atomicAdd(ph.y32 + (r0 + r) % ph.hs_n, acc[r]);
-        acc[r] = 0.0f;
-      }
-      for (int o = o0 + threadIdx.x; o < o1; o += kConsumers) {
-        const bool first = o == o0 + static_cast<int>(threadIdx.x);
-        const unsigned short rb =
-            first ? hs_res : __ldcg(static_cast<const unsigned short*>(ph.out) + o);
-        const unsigned short bb = first || ph.y32_bias == nullptr
-                                      ? hs_bias
-                                      : static_cast<const unsigned short*>(ph.y32_bias)[o];
-        atomicAdd(ph.y32 + o, fwd::ToFloat(*reinterpret_cast<const T*>(&rb)) +
-                                  fwd::ToFloat(*reinterpret_cast<const T*>(&bb)));
-      }
-      if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
-      continue;
-    }
 
     // Epilogue: bias, GELU, residual, store; the sums back to zero for the next phase. Row sum
     // threadIdx.x's bias and residual are in registers already; further ones (a CTA with more
@@ -1698,54 +1549,6 @@ absl::Status DecodeChainTransposeCuda(const void* w, void* wt, int64_t n, int64_
   return absl::OkStatus();
 }
 
-absl::Status DecodeChainHeadSplitLayoutCuda(const void* w, void* w_hs, int64_t n, int64_t k,
-                                            cudaStream_t stream) {
-  if (w == nullptr || w_hs == nullptr || n < 1 || k < kSegElems || k % kSegElems != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("DecodeChainHeadSplitLayout: ", n, " x ", k,
-                                                   " (null, or k not a multiple of ", kSegElems,
-                                                   ")"));
-  }
-  constexpr size_t kGroupBytes = kSegElems * 2;
-  for (int64_t g = 0; g < k / kSegElems; ++g) {  // group g: a pitched copy of n rows
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy2DAsync(static_cast<char*>(w_hs) + g * n * kGroupBytes, kGroupBytes,
-                          static_cast<const char*>(w) + g * kGroupBytes, static_cast<size_t>(k) * 2,
-                          kGroupBytes, static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream));
-  }
-  return absl::OkStatus();
-}
-
-// Whether a launch of `p` with `tuning` on a grid of `grid` CTAs runs the head split
-// (DecodeChainTuning::head_split): on (and the fused MLP off: both use the fp32 vector's
-// instantiation), a short-form attention phase whose output is phase 0's input, phase 0 an
-// identity projection into the residual stream with its weight_hs, phase 1 reading that stream
-// (phase 1 writes it from the vector) and a phase 2 (it zeroes the vector).
-static bool UsesHeadSplit(const DecodeChainParams& p, const DecodeChainTuning& tuning, int grid) {
-  const int want = tuning.head_split < 0 ? kDefaultHeadSplit : tuning.head_split;
-  const bool half = (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0;
-  const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
-  const bool fused = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0;
-  if (want == 0 || fused || !p.has_attention || p.num_phases < 3 || mma_fold != 0 ||
-      (p.dtype == DType::kF16 && !half) || tuning.sm_shares != nullptr) {
-    return false;
-  }
-  const DecodeChainAttention& at = p.attention;
-  const DecodeChainPhase& ph = p.phases[0];
-  const DecodeChainPhase& next = p.phases[1];
-  return at.heads <= grid && at.heads <= kHsMaxHeads &&
-         at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim) &&
-         ph.weight_hs != nullptr && fwd::Aligned16(ph.weight_hs) && ph.input == at.output &&
-         ph.k == static_cast<int64_t>(at.heads) * at.head_dim && ph.accumulate &&
-         ph.ln_weight == nullptr && ph.activation == Activation::kIdentity && ph.n <= kFusedMaxN &&
-         ph.n % 8 == 0 && next.input == ph.output && next.output != ph.output && next.k == ph.n;
-}
-
-absl::StatusOr<bool> DecodeChainUsesHeadSplit(const DecodeChainParams& p,
-                                              const DecodeChainTuning& tuning) {
-  ASSIGN_OR_RETURN(const int grid, DecodeChainGrid(tuning));
-  return UsesHeadSplit(p, tuning, grid);
-}
-
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning) {
   ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
   return std::max(1, sms - std::max(0, tuning.spare_sms));
@@ -1860,7 +1663,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       fused = i;
     }
   }
-  const bool hs = UsesHeadSplit(p, tuning, grid);  // (never with the fused MLP)
   const DecodeChainSmShares* shares = tuning.sm_shares;
   if (shares != nullptr) {
     if (shares->sms != grid || fused >= 0 || mma_fold != 0) {
@@ -1911,21 +1713,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
         a.y32_n = static_cast<int>(ph.n);
       }
     }
-    if (hs && i == 0) {  // rows of the [k / 256][n][256] layout, 256 columns each
-      d.kind = kPhaseHeadSplit;
-      d.w = ph.weight_hs;
-      d.bias = nullptr;
-      d.accumulate = 0;
-      d.y32_bias = ph.bias;
-      d.hs_n = static_cast<int>(ph.n);
-      d.n = static_cast<int>(ph.n * (ph.k / kSegElems));
-      d.k = kSegElems;
-      a.hs = 1;
-      a.head_flags = reinterpret_cast<unsigned*>(slot_base + kHsFlagOffset);
-    }
-    if (hs && i <= 1) d.y32 = reinterpret_cast<float*>(slot_base + kHsOffset);
-    if (hs && i == 1) d.kind = kPhaseFromY32;
-    max_k = std::max<int64_t>(max_k, std::max<int64_t>(d.k, ph.k));  // (x holds the whole input)
+    max_k = std::max<int64_t>(max_k, d.k);
     if (ph.ln_weight != nullptr) ln_k = std::max(ln_k, ph.k);
     max_rows = std::max<int64_t>(max_rows, most_rows(d.n));
   }
@@ -2090,8 +1878,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
       for (int i = 0; i < a.num_phases; ++i) any_tiled |= a.ph[i].tile_rows > 0;
       // The fused MLP has one instantiation a dtype: with its default fold (checked above).
       constexpr int kFusedFold = std::is_same_v<T, __half> ? kFoldHalfPairsFused : kFoldRowsFused;
-      const int fold = fused >= 0 || hs                    ? kFusedFold
-                       : any_tiled                         ? kFoldTiles
+      const int fold = fused >= 0  ? kFusedFold
+                       : any_tiled ? kFoldTiles
                        : half && std::is_same_v<T, __half> ? kFoldHalfPairs
                                                            : kFoldRows;
       auto with_stamps = [&]<bool kS>() {

@@ -70,14 +70,6 @@ struct DecodeChainPhase {
   // never leaves the CTA. The math is the same (weight is what the CPU reference uses); the
   // fused form rounds residual + bias + W x to the dtype once, the separate one twice.
   const void* weight_t = nullptr;
-  // Optional: the same weight with its columns in groups of 256, [k / 256][n][256] (row u = g n + o
-  // is output o's columns 256 g ..; 16-byte aligned; DecodeChainHeadSplitLayoutCuda). With it,
-  // where this is the first phase after a short-form attention phase and projects the attention
-  // output into the residual stream, the CUDA kernel may run the head split
-  // (DecodeChainTuning::head_split): each CTA's rows wait for the heads of their column groups
-  // instead of a grid barrier. The math is the weight's; the sum is rounded to the dtype once
-  // with the residual and the bias (the separate phase rounds twice).
-  const void* weight_hs = nullptr;
 };
 
 // An attention phase ahead of the linear phases (batch-1 decode: one sequence, one query token):

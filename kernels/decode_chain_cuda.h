@@ -102,27 +102,7 @@ struct DecodeChainTuning {
   // Needs a grid of exactly sm_shares->sms CTAs (no spare SMs), and neither the fused MLP nor the
   // tiled layout (InvalidArgument otherwise). Phases that steal rows keep their chunks.
   const DecodeChainSmShares* sm_shares = nullptr;
-  // The head split (DecodeChainPhase::weight_hs): phase 0's rows are output rows x 256-column
-  // groups of the input (the attention output), each CTA's run one or two groups; a CTA starts
-  // folding once the heads of its groups are written (a flag a head, set by the attention phase)
-  // instead of waiting at a grid barrier for every head, and adds its row sums (and its slice of
-  // residual + bias) into an fp32 vector in the workspace that phase 1 reads after its barrier,
-  // rounds and writes to the residual stream (as the fused MLP's). Needs the short-form attention
-  // phase, phase 0's weight_hs, at least three phases, the row-run fold (fp16: the pair fold),
-  // no fused MLP and no per-SM shares. 1: on where it applies, 0: off, -1: the measured default
-  // (kernels/decode_chain.cu).
-  int head_split = -1;
 };
-
-// Whether DecodeChainCuda(p, ..., tuning) runs the head split (the conditions above).
-absl::StatusOr<bool> DecodeChainUsesHeadSplit(const DecodeChainParams& p,
-                                              const DecodeChainTuning& tuning = {});
-
-// w_hs = w with its columns in groups of 256 for a 2-byte dtype: w [n, k] row-major into
-// [k / 256][n][256] (DecodeChainPhase::weight_hs), on `stream`. InvalidArgument for a null pointer,
-// a non-positive n or a k that is not a positive multiple of 256.
-absl::Status DecodeChainHeadSplitLayoutCuda(const void* w, void* w_hs, int64_t n, int64_t k,
-                                            cudaStream_t stream);
 
 // wt = w^T for a 2-byte dtype: w [n, k] row-major into wt [k, n] (DecodeChainPhase::weight_t),
 // on `stream`. InvalidArgument for a null pointer or a non-positive size.

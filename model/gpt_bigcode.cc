@@ -621,8 +621,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     if (st.ok()) {
       ++chain_runs_;
       chain_attention_runs_ += chain.has_attention ? 1 : 0;
-      ASSIGN_OR_RETURN(const bool head_split, DecodeChainRunsHeadSplit(ctx_, chain));
-      chain_head_split_runs_ += head_split ? 1 : 0;
       last_chain_attention_ = chain.has_attention;
       qkv_ready_ = next;
       return true;
@@ -645,8 +643,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                        .output = hidden_.raw(),
                        .accumulate = true,
                        .n = embd_,
-                       .k = heads_ * D,
-                       .weight_hs = c_proj_hs_.empty() ? nullptr : c_proj_hs_[l].raw()};
+                       .k = heads_ * D};
     chain.phases[1] = {.weight = L.c_fc_w.raw(),
                        .bias = L.c_fc_b.raw(),
                        .input = hidden_.raw(),

@@ -249,11 +249,6 @@ struct GptBigCodeOptions {
   bool decode_chain_fused_mlp = false;
   // With it: DecodeChainTuning::fused_pool (-1: the kernel's default).
   int decode_chain_fused_pool = -1;
-  // With decode_chain and the attention inside it: the head split (DecodeChainTuning::head_split):
-  // each layer's attn.c_proj weight is also kept with its columns in groups of 256
-  // (DecodeChainPhase::weight_hs; E x E more elements a layer: 3 GB for StarCoder in fp16), so
-  // that a chain's CTAs start attn.c_proj on the heads already written instead of waiting for all.
-  bool decode_chain_head_split = false;
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
@@ -381,9 +376,6 @@ class GptBigCode {
   // Benchmarks: GptBigCodeOptions::decode_chain_fused_mlp; on, the transposed weights are made
   // (once; off frees them). Drops captured graphs. An allocation failure is returned as is.
   absl::Status set_decode_chain_fused_mlp(bool on, int pool = -1);
-  // Benchmarks: GptBigCodeOptions::decode_chain_head_split; on, the grouped weights are made
-  // (once; off frees them). Drops captured graphs. An allocation failure is returned as is.
-  absl::Status set_decode_chain_head_split(bool on);
   // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
   // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
   // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.
@@ -416,8 +408,6 @@ class GptBigCode {
   // Of those, the chains with the attention as their first phase (decode_chain_attention), and
   // whether the last one launched (or captured) had it.
   int64_t decode_chain_attention_runs() const { return chain_attention_runs_; }
-  // Of those, the chains that ran the head split (decode_chain_head_split).
-  int64_t decode_chain_head_split_runs() const { return chain_head_split_runs_; }
   bool last_decode_chain_had_attention() const { return last_chain_attention_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
@@ -524,7 +514,6 @@ class GptBigCode {
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;
   int64_t chain_attention_runs_ = 0;
-  int64_t chain_head_split_runs_ = 0;
   bool last_chain_attention_ = false;
   int64_t tail_runs_ = 0;
   bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)
@@ -538,8 +527,6 @@ class GptBigCode {
   Tensor mlp_;     // [tokens, inner_shard]
   // CUDA, decode_chain_fused_mlp: each layer's mlp_proj_w transposed ([inner_shard, E]).
   std::vector<Tensor> mlp_proj_wt_;
-  // CUDA, decode_chain_head_split: each layer's c_proj_w in 256-column groups ([E / 256, E, 256]).
-  std::vector<Tensor> c_proj_hs_;
   // CUDA, fuse_: [2, n] fp32 sums (GemmEpilogue::ln_wsum, then ln_bsum) of layer l's QKV (2 l)
   // and c_fc (2 l + 1) against ln_1 / ln_2, then lm_head's against ln_f (2 n_layer).
   std::vector<Tensor> ln_sums_;

@@ -247,28 +247,6 @@ absl::Status GptBigCode::set_decode_chain_fused_mlp(bool on, int pool) {
   return absl::OkStatus();
 }
 
-absl::Status GptBigCode::set_decode_chain_head_split(bool on) {
-  if (!cuda_) return absl::FailedPreconditionError("decode chain head split: no CUDA model");
-  ClearCudaGraphs();
-  ctx_.chain_head_split = on ? 1 : 0;
-  if (!on) {
-    c_proj_hs_.clear();
-    return absl::OkStatus();
-  }
-  if (!c_proj_hs_.empty() || (heads_ * head_dim_) % 256 != 0) return absl::OkStatus();
-  std::vector<Tensor> hs;
-  for (const LayerWeights& L : w_.layers) {
-    ASSIGN_OR_RETURN(Tensor t,
-                     Tensor::Empty({heads_ * head_dim_ / 256, embd_, 256}, dtype_, Device::kCuda));
-    RETURN_IF_ERROR(DecodeChainHeadSplitLayoutCuda(L.c_proj_w.raw(), t.raw(), embd_,
-                                                   heads_ * head_dim_, cuda_->stream));
-    hs.push_back(std::move(t));
-  }
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
-  c_proj_hs_ = std::move(hs);
-  return absl::OkStatus();
-}
-
 void GptBigCode::set_decode_chain_early_release(bool on) {
   chain_early_release_ = on;
   ClearCudaGraphs();
@@ -477,7 +455,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
-  if (options.decode_chain_head_split) RETURN_IF_ERROR(set_decode_chain_head_split(true));
   if (options.decode_chain_fused_mlp) {
     RETURN_IF_ERROR(set_decode_chain_fused_mlp(true, options.decode_chain_fused_pool));
   }
@@ -855,9 +832,6 @@ void GptBigCode::set_decode_chain_mma_fold(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}
 absl::Status GptBigCode::set_decode_chain_fused_mlp(bool, int) {
   return absl::FailedPreconditionError("decode chain fused MLP: built without CUDA");
-}
-absl::Status GptBigCode::set_decode_chain_head_split(bool) {
-  return absl::FailedPreconditionError("decode chain head split: built without CUDA");
 }
 void GptBigCode::set_decode_chain_steal_chunks(int) {}
 void GptBigCode::set_decode_chain_sm_shares(const DecodeChainSmShares*) {}

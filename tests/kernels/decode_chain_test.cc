@@ -5,8 +5,7 @@
 // with fewer rows than SMs (CTAs without rows); a one-phase chain without a workspace; what the
 // launcher refuses; the attention phase (MQA and MHA, short and longer contexts) ahead of a linear
 // phase; both folds (tensor cores on tiles, fp32 on row runs); the fused MLP (the down projection
-// from its transposed weight, summed in the workspace); the head split (attn.c_proj begun per head
-// from its grouped weight). Skips without a GPU.
+// from its transposed weight, summed in the workspace). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,39 +87,6 @@ struct Buf {
 };
 
 class DecodeChainTest : public testing::CudaStreamTest<DType> {};
-
-// The attention phase on the host: for each of H heads (KV head h / (H / KVH)), softmax(q K^T
-// scale) V over positions 0 .. ctx - 1 of the paged caches [slot][KVH][D] through `table` (blocks
-// of BS), the last position's K / V from the QKV row [H | KVH | KVH] x D; rounded to t.
-std::vector<float> HostAttention(const std::vector<float>& qkv, const std::vector<float>& kc,
-                                 const std::vector<float>& vc, const std::vector<int32_t>& table,
-                                 int H, int KVH, int D, int BS, int ctx, float scale, DType t) {
-  std::vector<float> out(static_cast<size_t>(H) * D);
-  for (int h = 0; h < H; ++h) {
-    const int kvh = h / (H / KVH);
-    auto at = [&](const std::vector<float>& cache, int first, int pos, int d) {
-      if (pos == ctx - 1) return qkv[(first + kvh) * D + d];
-      const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-      return cache[(s * KVH + kvh) * D + d];
-    };
-    std::vector<double> sc(ctx);
-    double m = -1e300;
-    for (int pos = 0; pos < ctx; ++pos) {
-      double dot = 0;
-      for (int d = 0; d < D; ++d) dot += double(qkv[h * D + d]) * at(kc, H, pos, d);
-      sc[pos] = dot * scale;
-      m = std::max(m, sc[pos]);
-    }
-    double sum = 0;
-    for (double& v : sc) sum += (v = std::exp(v - m));
-    for (int d = 0; d < D; ++d) {
-      double o = 0;
-      for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * at(vc, H + KVH, pos, d);
-      out[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
-    }
-  }
-  return out;
-}
 
 // A layer of hidden size E, MLP width I, QKV width Q.
 struct LayerCase {
@@ -626,8 +592,36 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
         ASSERT_TRUE(st.ok()) << st;
         ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 
-        const std::vector<float> want_attn =
-            HostAttention(qkv.v, kc.v, vc.v, table, H, KVH, D, BS, ctx, scale, t);
+        // Host reference.
+        std::vector<float> want_attn(E);
+        for (int h = 0; h < H; ++h) {
+          const int kvh = h / (H / KVH);
+          auto k_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return kc.v[(s * KVH + kvh) * D + d];
+          };
+          auto v_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return vc.v[(s * KVH + kvh) * D + d];
+          };
+          std::vector<double> sc(ctx);
+          double m = -1e300;
+          for (int pos = 0; pos < ctx; ++pos) {
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
+            sc[pos] = dot * scale;
+            m = std::max(m, sc[pos]);
+          }
+          double sum = 0;
+          for (double& v : sc) sum += (v = std::exp(v - m));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
+            want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+          }
+        }
         const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
         EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
         std::vector<float> want_y(N);
@@ -687,91 +681,6 @@ TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
     CheckGraphReplays(c, t, stream_, ws->get(), 0, fused, absl::StrCat("E ", E, ": fused graph"));
     ASSERT_FALSE(HasFatalFailure());
     ExpectCountersZero(*ws, 1, "fused");
-  }
-}
-
-// The head split (DecodeChainTuning::head_split) against the host: the attention phase (one KV
-// head, contexts 1 and 200) ahead of a layer's four phases, attn.c_proj streamed from its
-// 256-column-group layout (DecodeChainHeadSplitLayoutCuda, checked against the host's) and begun
-// as each CTA's heads are written; a small layer (4 heads of 128: two groups, a few rows a CTA)
-// and StarCoder's width (48 heads: 24 groups, ~1118 rows a CTA over one or two of them, 48 KiB
-// stages), alternating with the separate form on one slot (the fp32 vector must be zero again for
-// each head-split launch), three head-split launches back to back under PDL (each reads the
-// residual the one before wrote, and the head flags must not see an earlier launch's), and graph
-// replays.
-TEST_P(DecodeChainTest, HeadSplitMatchesHost) {
-  const DType t = GetParam();
-  for (const int H : {4, 48}) {
-    constexpr int D = 128, KVH = 1, BS = 16, kBlocks = 32;
-    LayerCase c;
-    c.E = H * D;
-    c.I = H == 4 ? 2048 : 4096;
-    c.Q = c.E + 2 * KVH * D;
-    c.Make(t, rng_);
-    ASSERT_FALSE(HasFatalFailure());
-    const int64_t E = c.E;
-    DeviceMem w_hs(E * E * 2);
-    ASSERT_TRUE(DecodeChainHeadSplitLayoutCuda(c.w_proj.d->get(), w_hs.get(), E, E, stream_).ok());
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    const std::vector<uint16_t> grouped = w_hs.Download<uint16_t>();
-    for (int64_t g = 0; g < E / 256; ++g) {
-      for (int64_t o = 0; o < E; ++o) {
-        for (int j = 0; j < 256; ++j) {
-          ASSERT_EQ(grouped[(g * E + o) * 256 + j], c.w_proj.bits[o * E + g * 256 + j])
-              << "group " << g << " row " << o << " column " << j;
-        }
-      }
-    }
-    c.p.phases[0].weight_hs = w_hs.get();
-    for (const int ctx : {1, 200}) {
-      SCOPED_TRACE(::testing::Message() << "heads " << H << " ctx " << ctx);
-      Buf qkv, kc, vc;
-      qkv.Random((H + 2 * KVH) * D, t, rng_);
-      kc.Random(static_cast<int64_t>(kBlocks) * BS * KVH * D, t, rng_);
-      vc.Random(static_cast<int64_t>(kBlocks) * BS * KVH * D, t, rng_);
-      std::vector<int32_t> table(kBlocks);
-      for (int i = 0; i < kBlocks; ++i) table[i] = (i * 13 + 5) % kBlocks;
-      const int32_t slot = table[(ctx - 1) / BS] * BS + (ctx - 1) % BS;
-      auto dtable = DeviceMem::From(table);
-      auto dscalars = DeviceMem::From(std::vector<int32_t>{ctx, slot});
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      c.p.has_attention = true;
-      c.p.attention = {.qkv = qkv.d->get(),
-                       .key_cache = kc.d->get(),
-                       .value_cache = vc.d->get(),
-                       .block_table = dtable->get<int32_t>(),
-                       .context_len = dscalars->get<int32_t>(),
-                       .slot = dscalars->get<int32_t>() + 1,
-                       .output = c.attn.d->get(),
-                       .heads = H,
-                       .kv_heads = KVH,
-                       .head_dim = D,
-                       .block_size = BS,
-                       .max_context = 256,
-                       .scale = scale};
-      c.attn.v = HostAttention(qkv.v, kc.v, vc.v, table, H, KVH, D, BS, ctx, scale, t);
-      c.Expect(t, 1);
-      DecodeChainTuning hs;
-      hs.head_split = 1;
-      if (H == 48) hs.stage_bytes = 49152;
-      DecodeChainTuning separate = hs;
-      separate.head_split = 0;
-      const absl::StatusOr<bool> runs = DecodeChainUsesHeadSplit(c.p, hs);
-      ASSERT_TRUE(runs.ok()) << runs.status();
-      ASSERT_TRUE(*runs) << "the head split does not apply";
-      EXPECT_FALSE(*DecodeChainUsesHeadSplit(c.p, separate));
-      const auto ws = ZeroedChainWorkspace(1);
-      for (int run = 0; run < 4; ++run) {
-        CheckOneLaunch(c, t, stream_, ws->get(), 0, run > 0, run % 2 == 0 ? hs : separate,
-                       run % 2 == 0 ? "head split" : "separate");
-        ASSERT_FALSE(HasFatalFailure());
-      }
-      CheckBackToBack(c, t, stream_, ws->get(), 0, 3, hs, "three head-split launches");
-      ASSERT_FALSE(HasFatalFailure());
-      CheckGraphReplays(c, t, stream_, ws->get(), 0, hs, "head-split graph");
-      ASSERT_FALSE(HasFatalFailure());
-      ExpectCountersZero(*ws, 1, "head split");
-    }
   }
 }
 
@@ -883,16 +792,6 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
       << "several phases without a workspace";
   p.dtype = DType::kF32;
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainSupported(p)));
-  // The head split's layout takes 256-column groups only; without an attention phase (and a
-  // grouped weight) the head split does not apply.
-  EXPECT_TRUE(
-      absl::IsInvalidArgument(DecodeChainHeadSplitLayoutCuda(x.get(), y.get(), 16, 384, stream_)));
-  EXPECT_TRUE(
-      absl::IsInvalidArgument(DecodeChainHeadSplitLayoutCuda(nullptr, y.get(), 16, 256, stream_)));
-  p.dtype = DType::kF16;
-  DecodeChainTuning hs;
-  hs.head_split = 1;
-  EXPECT_FALSE(*DecodeChainUsesHeadSplit(p, hs));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeChainTest, ::testing::Values(DType::kF16, DType::kBF16),
