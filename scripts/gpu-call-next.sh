@@ -6,12 +6,12 @@
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit); the logs
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call). Never `wait` without a pid here: it would also wait for the console's tee.
-# 2026-12-06, later morning (NOTES version 38: the attention inside StarCoder's decode chain by
-# default, short contexts only): every GPU test (gemm_cuda_test beside the others; HF parity with
-# its _defaults_chain_attn128 rows), the script test, then StarCoder b1 at the defaults beside
-# `na` (the attention a kernel of its own, the previous default) at 128 / 128 and at 512 / 128
-# (contexts past the short form's bound: both rows must run the same kernels), b32, SantaCoder
-# b1, and a StarCoder b1 chain timeline of layer 20. About 6 minutes; give it 480 s.
+# 2026-12-06 (NOTES versions 38-42): every GPU test (gemm_cuda_test beside the others), the script
+# test, then StarCoder b1 at the defaults beside `na` (the attention a kernel of its own) at 128 /
+# 128 and at 512 / 128 (contexts past the short form's bound: both rows must run the same kernels),
+# b32, SantaCoder b1, a StarCoder b1 chain timeline of layer 20 and mqa_block_bench. On an H200 the
+# first two rows decide whether the attention stays inside the chain there. About 5 minutes; give
+# it 480 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -44,5 +44,6 @@ timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 1 --i
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 20 > $logs/sttl.log 2>&1; echo "st timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/sttl.log | cut -c1-170
+timeout 60 $b/bin/mqa_block_bench 2>&1 | tee $logs/mqa_block_bench.log
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs
