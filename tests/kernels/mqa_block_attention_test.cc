@@ -21,10 +21,8 @@ namespace mqa {
 namespace {
 
 using testing::DeviceMem;
-using testing::FromBits;
 using testing::RandomRounded;
 using testing::RelError;
-using testing::ToBits;
 using testing::Widen;
 
 class MqaBlockAttentionTest : public testing::CudaStreamTest<DType> {};
