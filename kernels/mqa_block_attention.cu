@@ -18,37 +18,31 @@ using namespace mqa_block;  // NOLINT: the kernel's constants
 template <typename T, int kMt>
 __global__ void __launch_bounds__(kThreads, 1) MqaBlockAttentionKernel(MqaBlockAttentionParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t q_s = fwd::SmemAddr(smem);
-  const uint32_t k_s = q_s + QBytes(kMt);
-  const uint32_t v_s = k_s + KvBytes();
-  const uint32_t p_s = v_s + KvBytes();
-  float* red = reinterpret_cast<float*>(smem + QBytes(kMt) + 2 * KvBytes() + PBytes(kMt));
+  const uint32_t v_s = fwd::SmemAddr(smem);
+  const uint32_t q_s = v_s + VBytes();
+  float* red = reinterpret_cast<float*>(smem + VBytes() + QBytes(kMt));
   const long long c0 = clock64();
-  constexpr int kChunks = kD / 8;  // 16-byte chunks a row
   const T* q = static_cast<const T*>(p.query);
-  for (int i = threadIdx.x; i < kMt * 16 * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    fwd::CpAsync16(q_s + Swz(r, c, kQRowBytes), q + r * kD + 8 * c, r < p.heads);
-  }
   const T* kc = static_cast<const T*>(p.key_cache);
   const T* vc = static_cast<const T*>(p.value_cache);
-  for (int i = threadIdx.x; i < kMaxContext * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = r < p.context;
-    const int64_t slot =
-        valid ? static_cast<int64_t>(p.block_table[r / p.block_size]) * p.block_size +
-                    r % p.block_size
-              : 0;
-    fwd::CpAsync16(k_s + Swz(r, c, kQRowBytes), kc + slot * kD + 8 * c, valid);
-    fwd::CpAsync16(v_s + Swz(r, c, kQRowBytes), vc + slot * kD + 8 * c, valid);
-  }
+  auto row = [&](const T* cache) {
+    return [=](int pos) {
+      return cache + (static_cast<int64_t>(p.block_table[pos / p.block_size]) * p.block_size +
+                      pos % p.block_size) *
+                         kD;
+    };
+  };
+  KFragments kf;
+  LoadKFragments<T>(kf, row(kc), 0, p.context);
+  IssueVRows<T>(v_s, row(vc), 0, (p.context + 15) / 16 * 16, p.context, vc);
   fwd::CpAsyncCommit();
+  LoadQ<T, kMt>(q_s, q, p.heads);
   fwd::CpAsyncWait<0>();
   __syncthreads();
   const long long c1 = clock64();
   T* out = static_cast<T*>(p.output) + static_cast<int64_t>(blockIdx.x) * p.heads * kD;
-  BlockMqaAttention<T, kMt>(q_s, k_s, v_s, p_s, red, p.heads, p.context,
-                            p.scale * 1.4426950408889634f, out, 1);
+  BlockMqaAttention<T, kMt>(kf, v_s, q_s, red, p.heads, p.context, p.scale * 1.4426950408889634f,
+                            out, 1);
   __syncthreads();
   if (threadIdx.x == 0 && p.clocks != nullptr) {
     p.clocks[2 * blockIdx.x] = c1 - c0;
@@ -58,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1) MqaBlockAttentionKernel(MqaBlockA
 
 template <typename T, int kMt>
 absl::Status Launch(const MqaBlockAttentionParams& p, cudaStream_t stream) {
-  const int smem = QBytes(kMt) + 2 * KvBytes() + PBytes(kMt) + RedBytes(kMt);
+  const int smem = BlockSmemBytes(kMt);
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MqaBlockAttentionKernel<T, kMt>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   MqaBlockAttentionKernel<T, kMt><<<p.grid, kThreads, smem, stream>>>(p);

@@ -1,25 +1,23 @@
 // One CTA computes a batch-1 decode step's attention for every query head of one KV head (MQA) on
-// tensor cores: O[h] = softmax(scale q_h K^T) V over a context of at most 256 positions, with Q,
-// K and V already in shared memory. Written to measure whether a kernel in which every CTA needs
-// every head's output (a decode chain's attn.c_proj phase, whose rows each read all heads) could
-// attend for itself instead of waiting at a grid barrier for the CTAs that own heads: with one
-// KV head a CTA's K and V are 64 KiB at 256 positions whatever the head count. Not used by the
-// model: on an H100 (mqa_block_bench, 2026-12-06) it takes 3.5 us of a CTA at 48 heads x 128
-// positions and 4.9 us at 256 (16 heads: 1.7 / 2.4 us) after 1.7-2.4 us of loads, bounded by
-// shared-memory reads (every warp re-reads Q and P: ~0.7 MB of ldmatrix at 256 positions), and a
-// chain CTA has no room for K and V beside its weight ring (benchmarks/mqabench/NOTES.md, version
-// 42).
+// tensor cores: O[h] = softmax(scale q_h K^T) V over a context of at most 256 positions. For a
+// kernel in which every CTA needs every head's output (a decode chain's attn.c_proj phase, whose
+// rows each read all heads): each CTA attends for itself instead of waiting at a grid barrier for
+// the CTAs that own heads. With one KV head a CTA's K and V are 64 KiB each at 256 positions
+// whatever the head count (benchmarks/mqabench/NOTES.md, versions 42-43).
 //
-// 512 threads (16 warps). Warp w takes positions [16 w, 16 w + 16) for the scores (Q from
-// ldmatrix, K^T from ldmatrix of K's rows), the row maxima and sums meet in `red` across the warps,
-// P = exp(S - max) goes to shared memory in T, and warp w then takes output dimensions
-// [8 w, 8 w + 8) of P V (V^T from ldmatrix.trans of V's rows). Head dimension 128.
+// 512 threads (16 warps). K lives in registers as the B fragments of S = Q K^T (warp w holds
+// positions [16 w, 16 w + 16): 32 registers a thread, loadable before a programmatic-dependent
+// wait), V and Q in shared memory. Warp w computes the scores of its positions (Q from ldmatrix),
+// the row maxima and sums meet across the warps in `red`, P = exp(S - max) goes to shared memory
+// in T in two halves of 128 positions (each over Q's space, dead once the scores are taken), and
+// after each half warp w adds that half's P V for output dimensions [8 w, 8 w + 8) (V^T from
+// ldmatrix.trans). Head dimension 128.
 //
-// Shared-memory layouts: every row is a whole number of 16-byte chunks, chunk c of row r stored at
-// chunk c ^ (r & 7) (the 8 rows an ldmatrix reads fall in 8 different bank groups):
-//   q_s [kMt * 16][128] (rows >= heads zero), k_s and v_s [256][128] (rows >= ctx zero: a masked
-//   score is set to -inf, but a garbage V row times P = 0 could be NaN), p_s [kMt * 16][256],
-//   red: (2 x 16 + 2) x kMt * 16 floats (each warp's row maxima and sums, then the rows' totals).
+// Shared memory (BlockSmemBytes): v_s [256][128] T, then q_s [kMt * 16][128] T (rows >= heads
+// zero), then red (18 x kMt * 16 floats). Every row is a whole number of 16-byte chunks, chunk c of
+// row r stored at chunk c ^ (r & 7), so that the 8 rows an ldmatrix reads fall in 8 bank groups.
+// V rows in [ctx, 16 ceil(ctx / 16)) must be zero (a masked score is -inf and its P 0, but
+// garbage V could be NaN); rows past them are not read.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,17 +34,85 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kD = 128;           // head dimension
 constexpr int kMaxContext = 256;  // 16 positions a warp
-constexpr int kQRowBytes = kD * 2, kPRowBytes = kMaxContext * 2;
+constexpr int kRowBytes = kD * 2;  // a Q, K or V row, and a P row of half the positions
+constexpr int kHalf = kMaxContext / 2;
 
-// Bytes of each region for kMt 16-row tiles of heads.
-constexpr int QBytes(int mt) { return mt * 16 * kQRowBytes; }
-constexpr int KvBytes() { return kMaxContext * kQRowBytes; }  // K or V
-constexpr int PBytes(int mt) { return mt * 16 * kPRowBytes; }
-constexpr int RedBytes(int mt) { return (2 * kWarps + 2) * mt * 16 * 4; }
+// Bytes of the regions for kMt 16-row tiles of heads, in this order.
+constexpr int VBytes() { return kMaxContext * kRowBytes; }
+constexpr int QBytes(int mt) { return mt * 16 * kRowBytes; }
+constexpr int RedBytes(int mt) { return (kWarps + 2) * mt * 16 * 4; }
+constexpr int BlockSmemBytes(int mt) { return VBytes() + QBytes(mt) + RedBytes(mt); }
 
-// Byte offset of 16-byte chunk c of row r in rows of `row_bytes`.
-__device__ __forceinline__ uint32_t Swz(int r, int c, int row_bytes) {
-  return static_cast<uint32_t>(r * row_bytes + ((c ^ (r & 7)) << 4));
+// K's B fragments as loaded: [nt][j] the 16 bytes j of lane t's 64 (memory dimensions 32 t + 8 j
+// ..) of position 16 w + 8 nt + g; KWord picks k-step kk's register i (0..1: the n8 tile of
+// positions 16 w + 0..7, 2..3: + 8..15) out of them. Kept as loaded, so that nothing waits for
+// the loads until the scores (a move out of them before a PDL wait would stall there).
+struct KFragments {
+  uint4 raw[2][4];
+};
+__device__ __forceinline__ uint32_t KWord(const KFragments& kf, int kk, int i) {
+  const int nt = i >> 1, f = 2 * kk + (i & 1);  // fragment word f = 2 kk + h
+  const uint4& v = kf.raw[nt][f >> 2];
+  return (f & 3) == 0 ? v.x : (f & 3) == 1 ? v.y : (f & 3) == 2 ? v.z : v.w;
+}
+
+// Byte offset of 16-byte chunk c of row r.
+__device__ __forceinline__ uint32_t Swz(int r, int c) {
+  return static_cast<uint32_t>(r * kRowBytes + ((c ^ (r & 7)) << 4));
+}
+
+// The head dimensions in an order of our own (S = Q K^T sums over them, so any order both Q and K
+// share gives the same scores): logical dimension 16 kk + 8 h + 2 t + e, the element e of lane
+// quad position t in half h of k-step kk's fragment, is memory dimension 32 t + 2 (2 kk + h) + e.
+// Lane t's K fragments are then the 64 contiguous bytes of memory dimensions 32 t .. 32 t + 31 of
+// each of its two positions (four 16-byte loads a position, not sixteen 4-byte ones); Q is stored
+// in shared memory in the logical order (LoadQ).
+// This thread's K fragments for positions p in [lo, hi) (of its warp's 16), row(p) the position's
+// 128 elements (16-byte aligned); the others untouched. Plain loads: callable before a PDL wait.
+template <typename T, typename RowFn>
+__device__ __forceinline__ void LoadKFragments(KFragments& kf, RowFn row, int lo, int hi) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & (kWarps - 1);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int p = 16 * warp + 8 * nt + g;
+    if (p < lo || p >= hi) continue;
+    const uint4* r = reinterpret_cast<const uint4*>(row(p)) + 4 * t;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) kf.raw[nt][j] = __ldcg(r + j);
+  }
+}
+
+// Q's rows [0, kMt * 16) into q_s in the logical dimension order (above), rows >= heads zero; q:
+// row r's 128 elements at q + r * kD (4-byte aligned). Plain loads and shared stores.
+template <typename T, int kMt>
+__device__ __forceinline__ void LoadQ(uint32_t q_s, const T* q, int heads) {
+  constexpr int kWords = kD / 2;
+  for (int i = threadIdx.x; i < kMt * 16 * kWords; i += kThreads) {
+    const int r = i / kWords, wm = i % kWords;  // memory word wm = 16 t + f
+    const int t = wm / 16, f = wm % 16;
+    const int wl = 4 * f + t;  // logical word (16 kk + 8 h + 2 t) / 2 = 8 kk + 4 h + t = 4 f + t
+    const uint32_t v = r < heads ? __ldcg(reinterpret_cast<const uint32_t*>(q + r * kD) + wm) : 0u;
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(q_s + Swz(r, wl / 4) + 4 * (wl % 4)), "r"(v)
+                 : "memory");
+  }
+}
+
+// Positions p in [lo, hi) of V into v_s with cp.async: row(p) (128 elements, 16-byte aligned) for
+// p < valid_hi, zeros past it (`any`: a valid global address, not read). The caller commits and
+// waits. (Two copies to one row must not be in flight at once: their order is not kept.)
+template <typename T, typename RowFn>
+__device__ __forceinline__ void IssueVRows(uint32_t v_s, RowFn row, int lo, int hi, int valid_hi,
+                                           const T* any) {
+  constexpr int kChunks = kD / 8;
+  for (int i = lo * kChunks + static_cast<int>(threadIdx.x); i < hi * kChunks; i += kThreads) {
+    const int p = i / kChunks, c = i % kChunks;
+    const bool valid = p < valid_hi;
+    const T* src = valid ? row(p) + 8 * c : any;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(v_s + Swz(p, c)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  }
 }
 
 __device__ __forceinline__ void Ldmatrix2Trans(uint32_t (&r)[2], uint32_t addr) {
@@ -72,27 +138,27 @@ __device__ __forceinline__ uint32_t PackPair(float x, float y) {
   }
 }
 
-// The 512 threads' barrier: named barrier `bar` (the caller's other threads, such as a producer
-// warp, do not take part).
+// The 512 threads' named barrier `bar` (a caller's other threads, a producer warp, stay out).
 __device__ __forceinline__ void Sync(int bar) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(bar), "n"(kThreads) : "memory");
 }
 
-// out[h][d] (h < heads, T, row stride kD elements; shared or global memory) = the attention of
-// head h. Every thread of the 512 calls it (warp = threadIdx.x / 32 of them) once Q, K and V are
-// in shared memory and visible to all of them; `red` is shared memory. heads <= kMt * 16,
-// 1 <= ctx <= kMaxContext. scale_log2 = scale x log2(e). Leaves q_s, p_s and red as scratch.
-template <typename T, int kMt>
-__device__ __forceinline__ void BlockMqaAttention(uint32_t q_s, uint32_t k_s, uint32_t v_s,
-                                                  uint32_t p_s, float* red, int heads, int ctx,
-                                                  float scale_log2, T* out, int bar) {
+// out[h][d] (h < heads, T, rows of kD elements; shared or global memory, which may overlap v_s:
+// written after the last read of V) = the attention of head h. Every thread of the 512 calls it
+// once kf holds K (positions >= ctx any value: their scores are masked) and Q and V are in shared
+// memory and visible to all of them (kVInFlight: V's cp.async copies may still be in flight; they
+// are waited for before P V). heads <= kMt * 16, 1 <= ctx <= kMaxContext, scale_log2 = scale x
+// log2(e).
+template <typename T, int kMt, bool kVInFlight = false>
+__device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t v_s, uint32_t q_s,
+                                                  float* red, int heads, int ctx, float scale_log2,
+                                                  T* out, int bar) {
   constexpr int R = kMt * 16;  // score rows (heads, padded)
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & (kWarps - 1);
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = 16 * warp;
-  float* red_max = red;                   // [warp][row]
-  float* red_sum = red + kWarps * R;      // [warp][row]
-  float* row_max = red + 2 * kWarps * R;  // [row]: over the warps
+  float* red_w = red;  // [warp][row]: the warps' maxima, then their sums
+  float* row_max = red + kWarps * R;
   float* row_sum = row_max + R;
 
   // S = Q K^T for this warp's 16 positions (two n8 tiles), every row tile.
@@ -108,19 +174,16 @@ __device__ __forceinline__ void BlockMqaAttention(uint32_t q_s, uint32_t k_s, ui
   if (tok0 < ctx) {
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t b[4];  // matrix j = lane / 8: positions + 8 (j / 2), dimensions 16 kk + 8 (j % 2)
-      const int j = lane >> 3;
-      mma::Ldmatrix4(b, k_s + Swz(tok0 + 8 * (j >> 1) + (lane & 7), 2 * kk + (j & 1), kQRowBytes));
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt) {
         uint32_t a[4];
-        mma::Ldmatrix4(a, q_s + Swz(16 * mt + (lane & 15), 2 * kk + (lane >> 4), kQRowBytes));
-        mma::Mma16816<T>(s[mt][0], a, b[0], b[1]);
-        mma::Mma16816<T>(s[mt][1], a, b[2], b[3]);
+        mma::Ldmatrix4(a, q_s + Swz(16 * mt + (lane & 15), 2 * kk + (lane >> 4)));
+        mma::Mma16816<T>(s[mt][0], a, KWord(kf, kk, 0), KWord(kf, kk, 1));
+        mma::Mma16816<T>(s[mt][1], a, KWord(kf, kk, 2), KWord(kf, kk, 3));
       }
     }
   }
-  // Row maxima over the warp's positions (positions >= ctx masked), then over the warps.
+  // Row maxima over the warp's positions (>= ctx masked), then over the warps (a thread a row).
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
@@ -136,19 +199,19 @@ __device__ __forceinline__ void BlockMqaAttention(uint32_t q_s, uint32_t k_s, ui
       }
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      if (t == 0) red_max[warp * R + 16 * mt + g + 8 * h] = m;
+      if (t == 0) red_w[warp * R + 16 * mt + g + 8 * h] = m;
     }
   }
   Sync(bar);
-  // (One thread a row reduces over the warps: 16 x R shared loads in all, not 16 a row a thread.)
   if (threadIdx.x < R) {
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_max[w * R + threadIdx.x]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_w[w * R + threadIdx.x]);
     row_max[threadIdx.x] = m;
   }
-  Sync(bar);
-  // P = exp(S - max) in T into p_s, and each warp's row sums.
+  Sync(bar);  // (also: every warp is past its scores, so Q's space is free for P)
+  // P = exp(S - max), kept in registers as T pairs; each warp's row sums.
+  uint32_t pp[kMt][2][2];
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
@@ -161,25 +224,15 @@ __device__ __forceinline__ void BlockMqaAttention(uint32_t q_s, uint32_t k_s, ui
         const float p0 = FastExp2(fmaf(s[mt][nt][2 * h], scale_log2, -ms));
         const float p1 = FastExp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -ms));
         sum += p0 + p1;
-        const int tok = tok0 + 8 * nt + 2 * t;
-        asm volatile(
-            "st.shared.b32 [%0], %1;\n" ::"r"(p_s + Swz(row, tok >> 3, kPRowBytes) + 4 * t),
-            "r"(PackPair<T>(p0, p1))
-            : "memory");
+        pp[mt][nt][h] = PackPair<T>(p0, p1);
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (t == 0) red_sum[warp * R + row] = sum;
+      if (t == 0) red_w[warp * R + row] = sum;  // (every max was read before the barrier above)
     }
   }
-  Sync(bar);
-  if (threadIdx.x < R) {  // the rows' sums (read after P V's barrier-free loop: see below)
-    float l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) l += red_sum[w * R + threadIdx.x];
-    row_sum[threadIdx.x] = l;
-  }
-  // O = P V for dimensions [8 warp, 8 warp + 8), over the positions' 16-row tiles.
+  // O = P V for dimensions [8 warp, 8 warp + 8), a half of the positions at a time: the half's
+  // warps store their P in Q's space, then every warp folds the half's 16-position tiles.
   float o[kMt][4];
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
@@ -187,19 +240,52 @@ __device__ __forceinline__ void BlockMqaAttention(uint32_t q_s, uint32_t k_s, ui
     for (int e = 0; e < 4; ++e) o[mt][e] = 0.0f;
   }
   const int tiles = (ctx + 15) / 16;
-#pragma unroll 4
-  for (int kk = 0; kk < tiles; ++kk) {
-    uint32_t b[2];  // lanes 0..7: positions 16 kk + 0..7, lanes 8..15: + 8 (16..31: the same)
-    Ldmatrix2Trans(b, v_s + Swz(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7), warp, kQRowBytes));
+  const uint32_t p_s = q_s;  // [R][128 positions] T
+  for (int half = 0; half * (kHalf / 16) < tiles; ++half) {
+    if (half > 0) Sync(bar);  // every warp is done with the previous half's P
+    if (warp / (kWarps / 2) == half) {
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt) {
-      uint32_t a[4];
-      mma::Ldmatrix4(a, p_s + Swz(16 * mt + (lane & 15), 2 * kk + (lane >> 4), kPRowBytes));
-      mma::Mma16816<T>(o[mt], a, b[0], b[1]);
+      for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = 16 * mt + g + 8 * h;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const int tok = tok0 - half * kHalf + 8 * nt + 2 * t;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_s + Swz(row, tok >> 3) + 4 * t),
+                         "r"(pp[mt][nt][h])
+                         : "memory");
+          }
+        }
+      }
+    }
+    // kVInFlight: V's rows were requested (cp.async, this thread's copies in its last groups)
+    // after Q and K; each thread waits for its own here, and the barrier publishes them all.
+    if constexpr (kVInFlight) {
+      if (half == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    }
+    Sync(bar);
+    if (half == 0 && threadIdx.x < R) {  // the rows' sums, needed at the end
+      float l = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) l += red_w[w * R + threadIdx.x];
+      row_sum[threadIdx.x] = l;
+    }
+    const int end = min(tiles, (half + 1) * (kHalf / 16));
+#pragma unroll 4
+    for (int kk = half * (kHalf / 16); kk < end; ++kk) {
+      uint32_t b[2];  // lanes 0..7: positions 16 kk + 0..7, lanes 8..15: + 8 (16..31: the same)
+      Ldmatrix2Trans(b, v_s + Swz(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7), warp));
+      const int kh = kk - half * (kHalf / 16);
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        uint32_t a[4];
+        mma::Ldmatrix4(a, p_s + Swz(16 * mt + (lane & 15), 2 * kh + (lane >> 4)));
+        mma::Mma16816<T>(o[mt], a, b[0], b[1]);
+      }
     }
   }
-  Sync(bar);  // row_sum
-  // Normalised by the rows' sums over every warp.
+  Sync(bar);  // row_sum; and V is no longer read (out may overlap it)
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
