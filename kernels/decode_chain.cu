@@ -13,7 +13,6 @@
 #include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/mma.cuh"
-#include "kernels/mqa_block_attention.cuh"
 #include "kernels/tma.cuh"
 #include "runtime/cuda_check.h"
 
@@ -124,8 +123,6 @@ constexpr int kDefaultMmaFold = 0;
 // additions take ~2-3 us at the phase's end. And it costs a transposed copy of mlp.c_proj (12 GB
 // for StarCoder). Kept as a knob (mqabench --chain fm).
 constexpr int kDefaultFusedMlp = 0;
-// Measured default (-1) of DecodeChainTuning::block_attention: off until measured.
-constexpr int kDefaultBlockAttention = 0;
 
 // A phase's part in the fused MLP (DecodeChainTuning::fused_mlp).
 enum ChainPhaseKind : int {
@@ -182,7 +179,6 @@ struct ChainAttentionArgs {
   float scale;
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
-  int block_form;     // BlockAttentionPhase (DecodeChainTuning::block_attention)
 };
 
 struct ChainArgs {
@@ -567,84 +563,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
-}
-
-// The block form of the attention phase (ChainAttentionArgs::block_form; one KV head, head_dim
-// 128, at most 48 heads and 256 positions): every CTA computes every head itself
-// (kernels/mqa_block_attention.cuh) into x (phase 0's input buffer, in T), so phase 0 needs no grid
-// barrier and no input load. Before the PDL wait: the context length and block table, K's
-// fragments and V's rows of the cached positions (the rest of V's last 16-position tile zeroed);
-// after it, q and the new position's K and V from the QKV row. x's space (with the LN parameters'
-// and the row sums' after it: DecodeChainCuda sizes it) holds V, then Q (and P), then the
-// reductions and the table. CTA 0 also stores the heads into at.out; the last CTA writes the new K
-// / V to the caches.
-constexpr int kBlockTableCap = 256;  // block-table entries (max_context / block_size)
-constexpr int kBlockMt = 3;          // row tiles: up to 48 heads
-constexpr int kBlockRegionBytes = mqa_block::BlockSmemBytes(kBlockMt) + kBlockTableCap * 4;
-// *residual: the raw bits of phase 0's residual for row sum threadIdx.x (loaded after the PDL
-// wait, beside q; phase 0 has no input load for it to hide behind).
-template <typename T, bool kStamps>
-__device__ void BlockAttentionPhase(const ChainArgs& a, T* x, unsigned short* residual) {
-  namespace mb = mqa_block;
-  static_assert(mb::kThreads == kConsumers);
-  const ChainAttentionArgs& at = a.at;
-  const int H = at.heads, D = mb::kD;
-  unsigned char* base = reinterpret_cast<unsigned char*>(x);
-  const uint32_t v_s = fwd::SmemAddr(base);
-  const uint32_t q_s = v_s + mb::VBytes();
-  float* red = reinterpret_cast<float*>(base + mb::VBytes() + mb::QBytes(kBlockMt));
-  int* table = reinterpret_cast<int*>(base + mb::BlockSmemBytes(kBlockMt));
-  const int entries = (at.max_context + at.block_size - 1) / at.block_size;
-  for (int i = threadIdx.x; i < entries; i += kConsumers) table[i] = at.block_table[i];
-  const int ctx = *at.context_len;
-  const bool writer = blockIdx.x == gridDim.x - 1;
-  const int new_slot = writer ? *at.slot : -1;
-  tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
-  if (ctx < 1 || ctx > mb::kMaxContext) __trap();   // the caller's max_context was not a bound
-  const T* kc = static_cast<const T*>(at.key_cache);
-  const T* vc = static_cast<const T*>(at.value_cache);
-  auto cached = [&](const T* cache) {
-    return [=](int p) {
-      return cache +
-             (static_cast<int64_t>(table[p / at.block_size]) * at.block_size + p % at.block_size) *
-                 D;
-    };
-  };
-  mb::KFragments kf;
-  mb::LoadKFragments<T>(kf, cached(kc), 0, ctx - 1);
-  fwd::PdlWait();
-  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  fwd::PdlTrigger();
-  const T* qkv = static_cast<const T*>(at.qkv);
-  const T* knew = qkv + static_cast<int64_t>(H) * D;
-  const T* vnew = knew + D;
-  // V after the wait (its copies are waited for only before P V): before it, they would hold up
-  // the wait's instruction behind thousands of requests.
-  mb::IssueVRows<T>(v_s, cached(vc), 0, ctx - 1, ctx - 1, vc);
-  mb::IssueVRows<T>(v_s, cached(vc), ctx, (ctx + 15) / 16 * 16, 0, vc);  // the last tile's rest: 0
-  mb::IssueVRows<T>(
-      v_s, [=](int) { return vnew; }, ctx - 1, ctx, ctx, vnew);
-  fwd::CpAsyncCommit();
-  mb::LoadQ<T, kBlockMt>(q_s, qkv, H);
-  mb::LoadKFragments<T>(
-      kf, [=](int) { return knew; }, ctx - 1, ctx);
-  int r0, r1;
-  CtaRows(a, a.ph[0], r0, r1);
-  if (a.ph[0].accumulate && static_cast<int>(threadIdx.x) < r1 - r0) {
-    *residual = __ldcg(static_cast<const unsigned short*>(a.ph[0].out) + r0 + threadIdx.x);
-  }
-  if (writer) WriteNewKv<T>(at, new_slot);
-  tma::NamedBarrier(kConsumerBarrier, kConsumers);  // Q (V: inside, before P V)
-  if (threadIdx.x == 0) StampPhase<kStamps>(a, 0, kChainInputReady);
-  mb::BlockMqaAttention<T, kBlockMt, true>(kf, v_s, q_s, red, H, ctx,
-                                           at.scale * 1.4426950408889634f, x, kConsumerBarrier);
-  tma::NamedBarrier(kConsumerBarrier, kConsumers);  // x holds the heads
-  if (threadIdx.x == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
-  if (blockIdx.x == 0) {
-    for (int i = threadIdx.x; i < H * D / 8; i += kConsumers) {
-      reinterpret_cast<int4*>(at.out)[i] = reinterpret_cast<const int4*>(x)[i];
-    }
-  }
 }
 
 // Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
@@ -1284,10 +1202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
-  unsigned short block_residual = 0;    // BlockAttentionPhase's residual bits for phase 0
-  if (a.has_attention && a.at.block_form) {
-    BlockAttentionPhase<T, kStamps>(a, xin, &block_residual);  // the PDL wait inside
-  } else if (a.has_attention && a.at.short_context) {
+  if (a.has_attention && a.at.short_context) {
     ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
   } else {
     fwd::PdlWait();
@@ -1317,7 +1232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (a.has_attention) {
-    if (!a.at.short_context && !a.at.block_form)
+    if (!a.at.short_context)
       AttentionPhase<T, kStamps>(a, scores, capacity, scores + capacity, red);
     if (threadIdx.x == 0) StampPhase<kStamps>(a, 0, kChainEpilogueDone);
   }
@@ -1340,9 +1255,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       CopyLnParams<T>(ph, lnw, lnb);  // in flight through the barrier
       bias_reg = bias_of(ph);
       if (t0) StampPhase<kStamps>(a, gi, kChainBarrierEnter);
-      if (ph.ll_in || (i == 0 && a.at.block_form)) {
-        // No wait: the input's LL words say when it is there (the block attention: it is in x). The
-        // arrival keeps the counter's targets (and the last CTA's count) as with a barrier.
+      if (ph.ll_in) {
+        // No wait: the input's LL words say when it is there. The arrival keeps the counter's
+        // targets (and the last CTA's count) as with a barrier.
         if (t0)
           GridArrive(a.counter);
       } else {
@@ -1357,15 +1272,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     float residual = 0.0f;
     if (ph.accumulate && threadIdx.x < r1 - r0) {
       const unsigned short bits =
-          i == 0 && a.at.block_form
-              ? block_residual
-              : __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
+          __ldcg(reinterpret_cast<const unsigned short*>(out + r0 + threadIdx.x));
       residual = fwd::ToFloat(*reinterpret_cast<const T*>(&bits));
     }
-    if (i > 0 || !a.at.block_form) {
-      LoadInput<T, kFused>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
-                           epoch_s * 8 + static_cast<unsigned>(gi));
-    }
+    LoadInput<T, kFused>(ph, xin, lnw, lnb, red, ph.ll_in ? ll_area(gi - 1) : nullptr,
+                         epoch_s * 8 + static_cast<unsigned>(gi));
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0) StampPhase<kStamps>(a, gi, kChainInputReady);
 
@@ -1638,24 +1549,6 @@ absl::Status DecodeChainTransposeCuda(const void* w, void* wt, int64_t n, int64_
   return absl::OkStatus();
 }
 
-// Whether a launch of `p` with `tuning` runs the attention phase's block form
-// (DecodeChainTuning::block_attention): on, one KV head of 128 dimensions, at most 48 heads and
-// 256 positions, block tables of at most kBlockTableCap entries, and phase 0 reading the
-// attention's output without a layer norm.
-static bool UsesBlockAttention(const DecodeChainParams& p, const DecodeChainTuning& tuning) {
-  const int want = tuning.block_attention < 0 ? kDefaultBlockAttention : tuning.block_attention;
-  const DecodeChainAttention& at = p.attention;
-  return want != 0 && p.has_attention && at.kv_heads == 1 && at.head_dim == mqa_block::kD &&
-         at.heads <= kBlockMt * 16 && at.max_context <= mqa_block::kMaxContext &&
-         (at.max_context + at.block_size - 1) / at.block_size <= kBlockTableCap &&
-         p.phases[0].input == at.output && p.phases[0].ln_weight == nullptr;
-}
-
-absl::StatusOr<bool> DecodeChainUsesBlockAttention(const DecodeChainParams& p,
-                                                   const DecodeChainTuning& tuning) {
-  return UsesBlockAttention(p, tuning);
-}
-
 absl::StatusOr<int> DecodeChainGrid(const DecodeChainTuning& tuning) {
   ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
   return std::max(1, sms - std::max(0, tuning.spare_sms));
@@ -1842,7 +1735,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     static_assert(DecodeChainShortAttentionMaxContext(128) == kConsumers * 64 / 128);
     a.at.short_context =
         at.heads <= grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim);
-    a.at.block_form = UsesBlockAttention(p, tuning);
     // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
     // of the block table.
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
@@ -1854,13 +1746,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.ln_k = static_cast<int>(ln_k);
   a.counter = reinterpret_cast<unsigned*>(slot_base);
   a.acc_floats = static_cast<int>((max_rows + 3) / 4 * 4);
-  if (a.at.block_form) {  // x, the LN parameters and the row sums hold the block attention's space
-    const int64_t others = ln_k * 2 * 2 + static_cast<int64_t>(a.acc_floats) * 4;
-    if (in_bytes + others < kBlockRegionBytes) {
-      in_bytes = (kBlockRegionBytes - others + 15) / 16 * 16;
-      a.in_bytes = static_cast<int>(in_bytes);
-    }
-  }
   const size_t fixed = static_cast<size_t>(in_bytes) + static_cast<size_t>(ln_k) * 2 * 2 +
                        static_cast<size_t>(a.acc_floats) * sizeof(float) * (fused >= 0 ? 2 : 1);
   const int64_t room =

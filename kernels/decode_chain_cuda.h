@@ -102,18 +102,7 @@ struct DecodeChainTuning {
   // Needs a grid of exactly sm_shares->sms CTAs (no spare SMs), and neither the fused MLP nor the
   // tiled layout (InvalidArgument otherwise). Phases that steal rows keep their chunks.
   const DecodeChainSmShares* sm_shares = nullptr;
-  // The attention phase's block form (kernels/mqa_block_attention.cuh): every CTA computes every
-  // head itself on tensor cores (K in registers, V and Q in phase 0's input buffer, which it
-  // enlarges), so phase 0 (attn.c_proj) starts without a grid barrier or an input load. Needs one
-  // KV head of 128 dimensions, at most 48 heads and 256 positions, and phase 0 reading the
-  // attention's output without a layer norm; elsewhere the other forms run. 1: on, 0: off, -1:
-  // the measured default (kernels/decode_chain.cu).
-  int block_attention = -1;
 };
-
-// Whether DecodeChainCuda(p, ..., tuning) runs the attention phase's block form.
-absl::StatusOr<bool> DecodeChainUsesBlockAttention(const DecodeChainParams& p,
-                                                   const DecodeChainTuning& tuning = {});
 
 // wt = w^T for a 2-byte dtype: w [n, k] row-major into wt [k, n] (DecodeChainPhase::weight_t),
 // on `stream`. InvalidArgument for a null pointer or a non-positive size.

@@ -1,9 +1,12 @@
 // One CTA computes a batch-1 decode step's attention for every query head of one KV head (MQA) on
-// tensor cores: O[h] = softmax(scale q_h K^T) V over a context of at most 256 positions. For a
-// kernel in which every CTA needs every head's output (a decode chain's attn.c_proj phase, whose
-// rows each read all heads): each CTA attends for itself instead of waiting at a grid barrier for
-// the CTAs that own heads. With one KV head a CTA's K and V are 64 KiB each at 256 positions
-// whatever the head count (benchmarks/mqabench/NOTES.md, versions 42-43).
+// tensor cores: O[h] = softmax(scale q_h K^T) V over a context of at most 256 positions. Written
+// for a kernel in which every CTA needs every head's output (a decode chain's attn.c_proj phase,
+// whose rows each read all heads), so that each CTA attends for itself instead of waiting at a
+// grid barrier for the CTAs that own heads: with one KV head a CTA's K and V are 64 KiB each at 256
+// positions whatever the head count. Not used by the model: inside the decode chain it measured
+// equal to the short form on H100s and 0.9% slower on an H200 (benchmarks/mqabench/NOTES.md,
+// versions 42-43; the chain's form is in the history, 5b781a2); its own kernel
+// (mqa_block_attention.h) keeps it tested and measured.
 //
 // 512 threads (16 warps). K lives in registers as the B fragments of S = Q K^T (warp w holds
 // positions [16 w, 16 w + 16): 32 registers a thread, loadable before a programmatic-dependent
@@ -146,10 +149,9 @@ __device__ __forceinline__ void Sync(int bar) {
 // out[h][d] (h < heads, T, rows of kD elements; shared or global memory, which may overlap v_s:
 // written after the last read of V) = the attention of head h. Every thread of the 512 calls it
 // once kf holds K (positions >= ctx any value: their scores are masked) and Q and V are in shared
-// memory and visible to all of them (kVInFlight: V's cp.async copies may still be in flight; they
-// are waited for before P V). heads <= kMt * 16, 1 <= ctx <= kMaxContext, scale_log2 = scale x
-// log2(e).
-template <typename T, int kMt, bool kVInFlight = false>
+// memory and visible to all of them. heads <= kMt * 16, 1 <= ctx <= kMaxContext, scale_log2 = scale
+// x log2(e).
+template <typename T, int kMt>
 __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t v_s, uint32_t q_s,
                                                   float* red, int heads, int ctx, float scale_log2,
                                                   T* out, int bar) {
@@ -258,11 +260,6 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
           }
         }
       }
-    }
-    // kVInFlight: V's rows were requested (cp.async, this thread's copies in its last groups)
-    // after Q and K; each thread waits for its own here, and the barrier publishes them all.
-    if constexpr (kVInFlight) {
-      if (half == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
     }
     Sync(bar);
     if (half == 0 && threadIdx.x < R) {  // the rows' sums, needed at the end

@@ -225,38 +225,6 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
   return absl::InternalError("PagedAttention: unknown device");
 }
 
-#ifdef MQA_WITH_CUDA
-namespace {
-// The decode chain's tuning from the context's knobs (no timeline).
-DecodeChainTuning ChainTuning(const OpContext& ctx) {
-  DecodeChainTuning tuning;
-  tuning.spare_sms = ctx.chain_spare_sms;
-  tuning.max_inflight = ctx.chain_max_inflight;
-  tuning.stage_bytes = ctx.chain_stage_bytes;
-  tuning.ll_inputs = ctx.chain_ll_inputs;
-  tuning.mma_fold = ctx.chain_mma_fold;
-  tuning.half_fold = ctx.chain_half_fold;
-  tuning.fused_mlp = ctx.chain_fused_mlp;
-  tuning.fused_pool = ctx.chain_fused_pool;
-  tuning.block_attention = ctx.chain_block_attention;
-  tuning.steal_chunks = ctx.chain_steal_chunks;
-  tuning.sm_shares = ctx.chain_sm_shares;
-  return tuning;
-}
-}  // namespace
-#endif
-
-absl::StatusOr<bool> DecodeChainRunsBlockAttention(const OpContext& ctx,
-                                                   const DecodeChainParams& p) {
-  if (ctx.device != Device::kCuda || (ctx.skip & (kSkipGemm | kSkipAttention))) return false;
-#ifdef MQA_WITH_CUDA
-  return DecodeChainUsesBlockAttention(p, ChainTuning(ctx));
-#else
-  (void)p;
-  return false;
-#endif
-}
-
 absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot,
                          int timeline_index) {
   if (ctx.skip & kSkipGemm) return absl::OkStatus();
@@ -268,7 +236,17 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       if (ctx.chain_workspace == nullptr || slot < 0 || slot >= ctx.chain_slots) {
         return absl::UnimplementedError("DecodeChain: no workspace slot in the OpContext");
       }
-      DecodeChainTuning tuning = ChainTuning(ctx);
+      DecodeChainTuning tuning;
+      tuning.spare_sms = ctx.chain_spare_sms;
+      tuning.max_inflight = ctx.chain_max_inflight;
+      tuning.stage_bytes = ctx.chain_stage_bytes;
+      tuning.ll_inputs = ctx.chain_ll_inputs;
+      tuning.mma_fold = ctx.chain_mma_fold;
+      tuning.half_fold = ctx.chain_half_fold;
+      tuning.fused_mlp = ctx.chain_fused_mlp;
+      tuning.fused_pool = ctx.chain_fused_pool;
+      tuning.steal_chunks = ctx.chain_steal_chunks;
+      tuning.sm_shares = ctx.chain_sm_shares;
       if (ctx.chain_timeline != nullptr && timeline_index >= 0 &&
           timeline_index < ctx.chain_timelines) {
         tuning.timeline = ctx.chain_timeline + timeline_index * ctx.chain_timeline_stride;

@@ -59,7 +59,6 @@ struct OpContext {
   int chain_half_fold = -1;    // DecodeChainTuning::half_fold
   int chain_fused_mlp = -1;    // DecodeChainTuning::fused_mlp
   int chain_fused_pool = -1;   // DecodeChainTuning::fused_pool
-  int chain_block_attention = -1;  // DecodeChainTuning::block_attention
   int chain_steal_chunks = -1;  // DecodeChainTuning::steal_chunks
   const DecodeChainSmShares* chain_sm_shares = nullptr;  // DecodeChainTuning::sm_shares
   // Benchmarks (mqabench --chain-timeline): the chain launched with timeline index i <
@@ -134,10 +133,6 @@ absl::Status PagedAttention(const OpContext& ctx, const PagedAttentionParams& p,
 // DecodeChainCuda on the GPU with ctx.chain_workspace's counter `slot` (Unimplemented without a
 // workspace or where the device cannot hold the grid: nothing has run then). kSkipGemm skips it.
 // timeline_index: where it records its timeline (OpContext::chain_timeline), if anywhere.
-// Whether DecodeChain(ctx, p, ...) runs the block attention (DecodeChainUsesBlockAttention with the
-// context's knobs); false on the CPU.
-absl::StatusOr<bool> DecodeChainRunsBlockAttention(const OpContext& ctx,
-                                                   const DecodeChainParams& p);
 absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int slot,
                          int timeline_index = -1);
 

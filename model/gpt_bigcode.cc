@@ -621,8 +621,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     if (st.ok()) {
       ++chain_runs_;
       chain_attention_runs_ += chain.has_attention ? 1 : 0;
-      ASSIGN_OR_RETURN(const bool block_attention, DecodeChainRunsBlockAttention(ctx_, chain));
-      chain_block_attention_runs_ += block_attention ? 1 : 0;
       last_chain_attention_ = chain.has_attention;
       qkv_ready_ = next;
       return true;

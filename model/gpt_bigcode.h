@@ -249,11 +249,6 @@ struct GptBigCodeOptions {
   bool decode_chain_fused_mlp = false;
   // With it: DecodeChainTuning::fused_pool (-1: the kernel's default).
   int decode_chain_fused_pool = -1;
-  // With decode_chain and the attention inside it: the attention's block form
-  // (DecodeChainTuning::block_attention): every chain CTA computes every head itself, so that
-  // attn.c_proj starts without a grid barrier (one KV head of 128 dimensions, contexts of at most
-  // 256 tokens).
-  bool decode_chain_block_attention = false;
   // With decode_chain: the attention before a chain releases it before the attention is done
   // (PagedAttentionParams::release_dependents_early), so that its weights stream meanwhile.
   bool decode_chain_early_release = true;
@@ -381,8 +376,6 @@ class GptBigCode {
   // Benchmarks: GptBigCodeOptions::decode_chain_fused_mlp; on, the transposed weights are made
   // (once; off frees them). Drops captured graphs. An allocation failure is returned as is.
   absl::Status set_decode_chain_fused_mlp(bool on, int pool = -1);
-  // Benchmarks: GptBigCodeOptions::decode_chain_block_attention. Drops captured graphs.
-  void set_decode_chain_block_attention(bool on);
   // Benchmarks (mqabench --chain-timeline): every decode chain records its timeline
   // (DecodeChainTuning::timeline) into a device buffer, layer l's chain at l x
   // DecodeChainTimelineWords(SM count) words; each step overwrites the last. Drops captured graphs.
@@ -415,8 +408,6 @@ class GptBigCode {
   // Of those, the chains with the attention as their first phase (decode_chain_attention), and
   // whether the last one launched (or captured) had it.
   int64_t decode_chain_attention_runs() const { return chain_attention_runs_; }
-  // Of those, the chains that ran the block attention (decode_chain_block_attention).
-  int64_t decode_chain_block_attention_runs() const { return chain_block_attention_runs_; }
   bool last_decode_chain_had_attention() const { return last_chain_attention_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
@@ -523,7 +514,6 @@ class GptBigCode {
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;
   int64_t chain_attention_runs_ = 0;
-  int64_t chain_block_attention_runs_ = 0;
   bool last_chain_attention_ = false;
   int64_t tail_runs_ = 0;
   bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)

@@ -247,11 +247,6 @@ absl::Status GptBigCode::set_decode_chain_fused_mlp(bool on, int pool) {
   return absl::OkStatus();
 }
 
-void GptBigCode::set_decode_chain_block_attention(bool on) {
-  ctx_.chain_block_attention = on ? 1 : 0;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_decode_chain_early_release(bool on) {
   chain_early_release_ = on;
   ClearCudaGraphs();
@@ -460,7 +455,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
-  ctx_.chain_block_attention = options.decode_chain_block_attention ? 1 : 0;
   if (options.decode_chain_fused_mlp) {
     RETURN_IF_ERROR(set_decode_chain_fused_mlp(true, options.decode_chain_fused_pool));
   }
@@ -839,7 +833,6 @@ void GptBigCode::set_decode_chain_half_fold(int) {}
 absl::Status GptBigCode::set_decode_chain_fused_mlp(bool, int) {
   return absl::FailedPreconditionError("decode chain fused MLP: built without CUDA");
 }
-void GptBigCode::set_decode_chain_block_attention(bool) {}
 void GptBigCode::set_decode_chain_steal_chunks(int) {}
 void GptBigCode::set_decode_chain_sm_shares(const DecodeChainSmShares*) {}
 absl::Status GptBigCode::set_decode_chain_timeline(bool) {

@@ -69,7 +69,6 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.decode_chain_attention_max_context = options.decode_chain_attention_max_context;
   model_options.decode_chain_half_fold = options.decode_chain_half_fold;
   model_options.decode_chain_fused_mlp = options.decode_chain_fused_mlp;
-  model_options.decode_chain_block_attention = options.decode_chain_block_attention;
   model_options.tail_attention = options.tail_attention;
   model_options.tail_cluster_merge = options.tail_cluster_merge;
   model_options.tail_release_early = options.tail_release_early;

@@ -58,7 +58,6 @@ struct GptBigCodeRunnerOptions {
   int decode_chain_attention_max_context = GptBigCodeOptions().decode_chain_attention_max_context;
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
-  bool decode_chain_block_attention = false;  // GptBigCodeOptions::decode_chain_block_attention
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;

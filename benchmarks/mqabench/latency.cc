@@ -191,11 +191,10 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "na" || chain == "ba" || chain == "late" || chain == "rel" ||
-                chain == "tail" || chain == "tailc" || tailr || chain == "notail" ||
-                chain[0] == 'w' || chain == "ll" || chain == "nl" || chain == "tc" ||
-                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
-                shares_row
+        chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
+                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
+                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -226,14 +225,11 @@ absl::Status Latency(const Flags& f) {
         fm ? true : GptBigCodeOptions().decode_chain_fused_mlp,
         fm && chain.size() > 2 ? std::atoi(chain.c_str() + 2)
                                : GptBigCodeOptions().decode_chain_fused_pool));
-    r.model().set_decode_chain_block_attention(
-        chain == "ba" ? true : GptBigCodeOptions().decode_chain_block_attention);
     r.model().set_decode_chain_steal_chunks(chain[0] == 'w'
                                                 ? std::atoi(chain.c_str() + 1)
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);
     const int64_t chains_before = r.model().decode_chain_runs();
     const int64_t chain_attentions_before = r.model().decode_chain_attention_runs();
-    const int64_t block_attentions_before = r.model().decode_chain_block_attention_runs();
     const int64_t tails_before = r.model().tail_attention_runs();
     r.model().set_decode_chain_sm_shares(nullptr);
     if (shares_row) {  // 32 steps at the row's mid context, untimed
@@ -441,13 +437,10 @@ absl::Status Latency(const Flags& f) {
     }
     std::printf(
         "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
-        "captured, %lld with the attention inside, %lld in its block form); %lld QKV GEMMs with "
-        "the tail attention\n",
+        "captured, %lld with the attention inside); %lld QKV GEMMs with the tail attention\n",
         r.model().num_cuda_graphs(), chain.c_str(),
         static_cast<long long>(r.model().decode_chain_runs() - chains_before),
         static_cast<long long>(r.model().decode_chain_attention_runs() - chain_attentions_before),
-        static_cast<long long>(r.model().decode_chain_block_attention_runs() -
-                               block_attentions_before),
         static_cast<long long>(r.model().tail_attention_runs() - tails_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
     if (!timeline_layers.empty() && chain != "off") {

@@ -61,9 +61,7 @@
 //     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the
 //     attention (GptBigCodeOptions::decode_chain_spare_sms); at is on with the attention as the
 //     chain's first phase (decode_chain_attention, the default where the context fits the
-//     phase's short form) and na auto with the attention a kernel of its own; ba is auto with the
-//     attention's block form (decode_chain_block_attention: every chain CTA computing every head
-//     itself, so that attn.c_proj needs no grid barrier); fN is on with at most
+//     phase's short form) and na auto with the attention a kernel of its own; fN is on with at most
 //     N ring stages in flight (decode_chain_max_inflight); late is auto with the chain released by
 //     the attention only once it is done (decode_chain_early_release off); rel is auto with every
 //     attention releasing the next kernel early, chain or not

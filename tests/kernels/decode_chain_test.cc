@@ -5,8 +5,7 @@
 // with fewer rows than SMs (CTAs without rows); a one-phase chain without a workspace; what the
 // launcher refuses; the attention phase (MQA and MHA, short and longer contexts) ahead of a linear
 // phase; both folds (tensor cores on tiles, fp32 on row runs); the fused MLP (the down projection
-// from its transposed weight, summed in the workspace); the attention's block form (every CTA
-// computing every head). Skips without a GPU.
+// from its transposed weight, summed in the workspace). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -88,39 +87,6 @@ struct Buf {
 };
 
 class DecodeChainTest : public testing::CudaStreamTest<DType> {};
-
-// The attention phase on the host: for each of H heads (KV head h / (H / KVH)), softmax(q K^T
-// scale) V over positions 0 .. ctx - 1 of the paged caches [slot][KVH][D] through `table` (blocks
-// of BS), the last position's K / V from the QKV row [H | KVH | KVH] x D; rounded to t.
-std::vector<float> HostAttention(const std::vector<float>& qkv, const std::vector<float>& kc,
-                                 const std::vector<float>& vc, const std::vector<int32_t>& table,
-                                 int H, int KVH, int D, int BS, int ctx, float scale, DType t) {
-  std::vector<float> out(static_cast<size_t>(H) * D);
-  for (int h = 0; h < H; ++h) {
-    const int kvh = h / (H / KVH);
-    auto at = [&](const std::vector<float>& cache, int first, int pos, int d) {
-      if (pos == ctx - 1) return qkv[(first + kvh) * D + d];
-      const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-      return cache[(s * KVH + kvh) * D + d];
-    };
-    std::vector<double> sc(ctx);
-    double m = -1e300;
-    for (int pos = 0; pos < ctx; ++pos) {
-      double dot = 0;
-      for (int d = 0; d < D; ++d) dot += double(qkv[h * D + d]) * at(kc, H, pos, d);
-      sc[pos] = dot * scale;
-      m = std::max(m, sc[pos]);
-    }
-    double sum = 0;
-    for (double& v : sc) sum += (v = std::exp(v - m));
-    for (int d = 0; d < D; ++d) {
-      double o = 0;
-      for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * at(vc, H + KVH, pos, d);
-      out[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
-    }
-  }
-  return out;
-}
 
 // A layer of hidden size E, MLP width I, QKV width Q.
 struct LayerCase {
@@ -563,8 +529,7 @@ TEST_P(DecodeChainTest, BothFoldsMatchHost) {
 
 // The attention phase ahead of one linear phase: y = W attn + b, attn = softmax(q K^T scale) V
 // per head over a paged context whose last position is the new token (read from the QKV row and
-// written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300; with one KV
-// head of 128 and a bound of 256 also the block form (DecodeChainTuning::block_attention).
+// written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300.
 TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
   const DType t = GetParam();
   struct Shape {
@@ -623,36 +588,50 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
                        .block_size = BS,
                        .max_context = max_context,
                        .scale = scale};
-        // Each form that takes the shape: the default, then (one KV head of 128, max_context
-        // <= 256) the block form, every CTA attending itself, CTA 0 storing the heads.
-        DecodeChainTuning block;
-        block.block_attention = 1;
-        const bool block_applies = *DecodeChainUsesBlockAttention(p, block);
-        EXPECT_EQ(block_applies, KVH == 1 && D == 128 && max_context <= 256);
-        for (const int form : {0, 1}) {
-          if (form == 1 && !block_applies) continue;
-          SCOPED_TRACE(form == 1 ? "block form" : "default form");
-          attn.d->Poison();
-          y.d->Poison();
-          const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0,
-                                                  form == 1 ? block : DecodeChainTuning{});
-          ASSERT_TRUE(st.ok()) << st;
-          ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 
-          const std::vector<float> want_attn =
-              HostAttention(qkv.v, kc.v, vc.v, table, H, KVH, D, BS, ctx, scale, t);
-          const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
-          EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
-          std::vector<float> want_y(N);
-          RunHostPhase({&w.v, &b.v, nullptr, nullptr, false, false, N, E}, attn.Get(t), want_y, t);
-          EXPECT_LT(RelError(y.Get(t), want_y), tol) << "the linear phase after it";
-          // The new token's K / V row went to the caches at its slot.
-          const std::vector<float> kgot = kc.Get(t), vgot = vc.Get(t);
-          for (int i = 0; i < KVH * D; ++i) {
-            ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
-            ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i])
-                << i;
+        // Host reference.
+        std::vector<float> want_attn(E);
+        for (int h = 0; h < H; ++h) {
+          const int kvh = h / (H / KVH);
+          auto k_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return kc.v[(s * KVH + kvh) * D + d];
+          };
+          auto v_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return vc.v[(s * KVH + kvh) * D + d];
+          };
+          std::vector<double> sc(ctx);
+          double m = -1e300;
+          for (int pos = 0; pos < ctx; ++pos) {
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
+            sc[pos] = dot * scale;
+            m = std::max(m, sc[pos]);
           }
+          double sum = 0;
+          for (double& v : sc) sum += (v = std::exp(v - m));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
+            want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+          }
+        }
+        const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
+        EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
+        std::vector<float> want_y(N);
+        RunHostPhase({&w.v, &b.v, nullptr, nullptr, false, false, N, E}, attn.Get(t), want_y, t);
+        EXPECT_LT(RelError(y.Get(t), want_y), tol) << "the linear phase after it";
+        // The new token's K / V row went to the caches at its slot.
+        const std::vector<float> kgot = kc.Get(t), vgot = vc.Get(t);
+        for (int i = 0; i < KVH * D; ++i) {
+          ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
+          ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i]) << i;
         }
         EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
       }
@@ -702,79 +681,6 @@ TEST_P(DecodeChainTest, FusedMlpMatchesHost) {
     CheckGraphReplays(c, t, stream_, ws->get(), 0, fused, absl::StrCat("E ", E, ": fused graph"));
     ASSERT_FALSE(HasFatalFailure());
     ExpectCountersZero(*ws, 1, "fused");
-  }
-}
-
-// The attention's block form (DecodeChainTuning::block_attention: every CTA computes every head
-// itself, and attn.c_proj starts without a grid barrier) against the host: the attention phase (one
-// KV head of 128 dimensions) ahead of a layer's four phases; 4 heads (one 16-row tile, 12 padding
-// rows) and StarCoder's 48 (48 KiB stages: the ring must keep three beside the enlarged input
-// buffer), contexts 1, 17, 200 and 256 (both halves of P, partial tiles, the new position in each
-// warp's range); alternating with the short form on one slot, three block-form launches back to
-// back under PDL (each reads the residual the one before wrote), and graph replays. CTA 0's copy
-// of the heads is checked too.
-TEST_P(DecodeChainTest, BlockAttentionMatchesHost) {
-  const DType t = GetParam();
-  for (const int H : {4, 48}) {
-    constexpr int D = 128, KVH = 1, BS = 16, kBlocks = 32;
-    LayerCase c;
-    c.E = H * D;
-    c.I = H == 4 ? 2048 : 4096;
-    c.Q = c.E + 2 * KVH * D;
-    c.Make(t, rng_);
-    ASSERT_FALSE(HasFatalFailure());
-    for (const int ctx : {1, 17, 200, 256}) {
-      SCOPED_TRACE(::testing::Message() << "heads " << H << " ctx " << ctx);
-      Buf qkv, kc, vc;
-      qkv.Random((H + 2 * KVH) * D, t, rng_);
-      kc.Random(static_cast<int64_t>(kBlocks) * BS * KVH * D, t, rng_);
-      vc.Random(static_cast<int64_t>(kBlocks) * BS * KVH * D, t, rng_);
-      std::vector<int32_t> table(kBlocks);
-      for (int i = 0; i < kBlocks; ++i) table[i] = (i * 13 + 5) % kBlocks;
-      const int32_t slot = table[(ctx - 1) / BS] * BS + (ctx - 1) % BS;
-      auto dtable = DeviceMem::From(table);
-      auto dscalars = DeviceMem::From(std::vector<int32_t>{ctx, slot});
-      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-      c.p.has_attention = true;
-      c.p.attention = {.qkv = qkv.d->get(),
-                       .key_cache = kc.d->get(),
-                       .value_cache = vc.d->get(),
-                       .block_table = dtable->get<int32_t>(),
-                       .context_len = dscalars->get<int32_t>(),
-                       .slot = dscalars->get<int32_t>() + 1,
-                       .output = c.attn.d->get(),
-                       .heads = H,
-                       .kv_heads = KVH,
-                       .head_dim = D,
-                       .block_size = BS,
-                       .max_context = 256,
-                       .scale = scale};
-      c.attn.v = HostAttention(qkv.v, kc.v, vc.v, table, H, KVH, D, BS, ctx, scale, t);
-      c.Expect(t, 1);
-      DecodeChainTuning block;
-      block.block_attention = 1;
-      if (H == 48) block.stage_bytes = 49152;
-      DecodeChainTuning short_form = block;
-      short_form.block_attention = 0;
-      const absl::StatusOr<bool> runs = DecodeChainUsesBlockAttention(c.p, block);
-      ASSERT_TRUE(runs.ok()) << runs.status();
-      ASSERT_TRUE(*runs) << "the block form does not apply";
-      EXPECT_FALSE(*DecodeChainUsesBlockAttention(c.p, short_form));
-      const auto ws = ZeroedChainWorkspace(1);
-      const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
-      for (int run = 0; run < 4; ++run) {
-        c.attn.d->Poison();
-        CheckOneLaunch(c, t, stream_, ws->get(), 0, run > 0, run % 2 == 0 ? block : short_form,
-                       run % 2 == 0 ? "block form" : "short form");
-        ASSERT_FALSE(HasFatalFailure());
-        EXPECT_LT(RelError(c.attn.Get(t), c.attn.v), tol) << "the heads, run " << run;
-      }
-      CheckBackToBack(c, t, stream_, ws->get(), 0, 3, block, "three block-form launches");
-      ASSERT_FALSE(HasFatalFailure());
-      CheckGraphReplays(c, t, stream_, ws->get(), 0, block, "block-form graph");
-      ASSERT_FALSE(HasFatalFailure());
-      ExpectCountersZero(*ws, 1, "block form");
-    }
   }
 }
 
@@ -886,10 +792,6 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
       << "several phases without a workspace";
   p.dtype = DType::kF32;
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainSupported(p)));
-  // Without an attention phase the block form does not apply.
-  DecodeChainTuning block;
-  block.block_attention = 1;
-  EXPECT_FALSE(*DecodeChainUsesBlockAttention(p, block));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeChainTest, ::testing::Values(DType::kF16, DType::kBF16),
