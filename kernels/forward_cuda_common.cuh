@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -138,6 +139,27 @@ __device__ __forceinline__ bool ArrivedLast(int* counters, int index, int others
   if (!*s_last) return false;
   __threadfence();
   return true;
+}
+
+// 2^x by the SFU (ex2.approx: flush-to-zero, ~2 ulp): the softmaxes' exponentials in the log2
+// domain.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats rounded to T (fp16 or bf16) in one 32-bit word, x in the low half (an MMA fragment's
+// or a row's element pair).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float x, float y) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
 }
 
 // Asynchronous global -> shared copies (cp.async, sm_80+), completed in commit groups.

@@ -25,6 +25,14 @@ __device__ __forceinline__ void Ldmatrix2(uint32_t (&r)[2], uint32_t addr) {
                : "r"(addr));
 }
 
+// Two matrices transposed (lane i receives matrix j's elements (2 (lane % 4) .. + 1, lane / 4)):
+// a B fragment from a row-major [k][n] tile. Addresses from lanes 0..15.
+__device__ __forceinline__ void Ldmatrix2Trans(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
 // d += a (16x16, row-major) * b (16x8, column-major), fp32 accumulators.
 template <typename T>
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

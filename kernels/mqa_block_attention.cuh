@@ -29,7 +29,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/forward_cuda_common.cuh"
 #include "kernels/mma.cuh"
+#include "kernels/tma.cuh"
 
 namespace mqa::mqa_block {
 
@@ -111,46 +113,15 @@ __device__ __forceinline__ void IssueVRows(uint32_t v_s, RowFn row, int lo, int 
   for (int i = lo * kChunks + static_cast<int>(threadIdx.x); i < hi * kChunks; i += kThreads) {
     const int p = i / kChunks, c = i % kChunks;
     const bool valid = p < valid_hi;
-    const T* src = valid ? row(p) + 8 * c : any;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(v_s + Swz(p, c)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
+    fwd::CpAsync16(v_s + Swz(p, c), valid ? row(p) + 8 * c : any, valid);
   }
-}
-
-__device__ __forceinline__ void Ldmatrix2Trans(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t PackPair(float x, float y) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-// The 512 threads' named barrier `bar` (a caller's other threads, a producer warp, stay out).
-__device__ __forceinline__ void Sync(int bar) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(bar), "n"(kThreads) : "memory");
 }
 
 // out[h][d] (h < heads, T, rows of kD elements; shared or global memory, which may overlap v_s:
 // written after the last read of V) = the attention of head h. Every thread of the 512 calls it
 // once kf holds K (positions >= ctx any value: their scores are masked) and Q and V are in shared
 // memory and visible to all of them. heads <= kMt * 16, 1 <= ctx <= kMaxContext, scale_log2 = scale
-// x log2(e).
+// x log2(e); `bar`: a named barrier id the 512 threads, and no other thread of the CTA, wait on.
 template <typename T, int kMt>
 __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t v_s, uint32_t q_s,
                                                   float* red, int heads, int ctx, float scale_log2,
@@ -204,14 +175,15 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
       if (t == 0) red_w[warp * R + 16 * mt + g + 8 * h] = m;
     }
   }
-  Sync(bar);
+  tma::NamedBarrier(bar, kThreads);
   if (threadIdx.x < R) {
     float m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_w[w * R + threadIdx.x]);
     row_max[threadIdx.x] = m;
   }
-  Sync(bar);  // (also: every warp is past its scores, so Q's space is free for P)
+  tma::NamedBarrier(bar,
+                    kThreads);  // (also: every warp is past its scores, so Q's space is free for P)
   // P = exp(S - max), kept in registers as T pairs; each warp's row sums.
   uint32_t pp[kMt][2][2];
 #pragma unroll
@@ -223,10 +195,10 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const float p0 = FastExp2(fmaf(s[mt][nt][2 * h], scale_log2, -ms));
-        const float p1 = FastExp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -ms));
+        const float p0 = fwd::Exp2(fmaf(s[mt][nt][2 * h], scale_log2, -ms));
+        const float p1 = fwd::Exp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -ms));
         sum += p0 + p1;
-        pp[mt][nt][h] = PackPair<T>(p0, p1);
+        pp[mt][nt][h] = fwd::Pack2<T>(p0, p1);
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -244,7 +216,8 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
   const int tiles = (ctx + 15) / 16;
   const uint32_t p_s = q_s;  // [R][128 positions] T
   for (int half = 0; half * (kHalf / 16) < tiles; ++half) {
-    if (half > 0) Sync(bar);  // every warp is done with the previous half's P
+    if (half > 0)
+      tma::NamedBarrier(bar, kThreads);  // every warp is done with the previous half's P
     if (warp / (kWarps / 2) == half) {
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt) {
@@ -261,7 +234,7 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
         }
       }
     }
-    Sync(bar);
+    tma::NamedBarrier(bar, kThreads);
     if (half == 0 && threadIdx.x < R) {  // the rows' sums, needed at the end
       float l = 0.0f;
 #pragma unroll
@@ -272,7 +245,7 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
 #pragma unroll 4
     for (int kk = half * (kHalf / 16); kk < end; ++kk) {
       uint32_t b[2];  // lanes 0..7: positions 16 kk + 0..7, lanes 8..15: + 8 (16..31: the same)
-      Ldmatrix2Trans(b, v_s + Swz(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7), warp));
+      mma::Ldmatrix2Trans(b, v_s + Swz(16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7), warp));
       const int kh = kk - half * (kHalf / 16);
 #pragma unroll
       for (int mt = 0; mt < kMt; ++mt) {
@@ -282,7 +255,7 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
       }
     }
   }
-  Sync(bar);  // row_sum; and V is no longer read (out may overlap it)
+  tma::NamedBarrier(bar, kThreads);  // row_sum; and V is no longer read (out may overlap it)
 #pragma unroll
   for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
@@ -291,7 +264,7 @@ __device__ __forceinline__ void BlockMqaAttention(const KFragments& kf, uint32_t
       if (row >= heads) continue;
       const float inv = 1.0f / row_sum[row];
       *reinterpret_cast<uint32_t*>(out + row * kD + 8 * warp + 2 * t) =
-          PackPair<T>(o[mt][2 * h] * inv, o[mt][2 * h + 1] * inv);
+          fwd::Pack2<T>(o[mt][2 * h] * inv, o[mt][2 * h + 1] * inv);
     }
   }
 }

@@ -166,11 +166,7 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using fwd::Exp2;
 
 template <typename T>
 __device__ __forceinline__ float2 Unpack2(uint32_t u) {
@@ -181,16 +177,7 @@ __device__ __forceinline__ float2 Unpack2(uint32_t u) {
   }
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(float x, float y) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
+using fwd::Pack2;
 
 // 16 bytes of output: v[0..7] * inv rounded to T (one uint4 store), or kept in fp32 (two float4).
 template <typename T>
