@@ -186,9 +186,6 @@ struct ChainArgs {
   int num_phases;
   int has_attention;
   ChainAttentionArgs at;
-  // DecodeChainParams::next_attention: after the last phase, read from its LL words (short form).
-  int next_attention;
-  ChainAttentionArgs nat;
   int stages;
   int in_bytes;  // the input buffer: max k elements of T, or the attention's float scratch
   int ln_k;      // elements of each LN weight / bias buffer (the largest k with a layer norm)
@@ -310,24 +307,10 @@ __device__ __forceinline__ float ConsumerMax(float v, float* red) {
       v, -INFINITY, [](float x, float y) { return fmaxf(x, y); }, red);
 }
 
-// One LL word's element bits once the word carries `flag`.
-__device__ __forceinline__ unsigned short PollLlWord(const unsigned long long* w, unsigned flag) {
-  unsigned long long x;
-  for (;;) {
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(x) : "l"(w) : "memory");
-    if (static_cast<unsigned>(x >> 32) == flag) break;
-    __nanosleep(32);
-  }
-  return static_cast<unsigned short>(x & 0xffffu);
-}
-
 // Copies the new token's K / V rows (the QKV row's tail) to the caches at `slot` (*at.slot; one
-// CTA does); `ll`: from the QKV phase's LL words carrying `flag` (the attention after the last
-// phase) instead of the QKV row the previous kernel wrote.
+// CTA does).
 template <typename T>
-__device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slot,
-                                           const unsigned long long* ll = nullptr,
-                                           unsigned flag = 0) {
+__device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slot) {
   if (slot < 0) return;
   const T* qkv = static_cast<const T*>(at.qkv);
   const int w = at.kv_heads * at.head_dim;
@@ -335,15 +318,8 @@ __device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slo
   T* kd = static_cast<T*>(at.key_cache) + static_cast<int64_t>(slot) * w;
   T* vd = static_cast<T*>(at.value_cache) + static_cast<int64_t>(slot) * w;
   for (int i = threadIdx.x; i < w; i += kConsumers) {
-    if (ll != nullptr) {
-      const unsigned short kb = PollLlWord(ll + q_cols + i, flag);
-      const unsigned short vb = PollLlWord(ll + q_cols + w + i, flag);
-      kd[i] = *reinterpret_cast<const T*>(&kb);
-      vd[i] = *reinterpret_cast<const T*>(&vb);
-    } else {
-      kd[i] = qkv[q_cols + i];
-      vd[i] = qkv[q_cols + w + i];
-    }
+    kd[i] = qkv[q_cols + i];
+    vd[i] = qkv[q_cols + w + i];
   }
 }
 
@@ -482,32 +458,23 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // softmax's reductions: two round trips after the wait, where the loop form has one a dependent
 // step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
 // Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here.
-// `ll` (the next layer's attention after the chain's last phase, DecodeChainParams::
-// next_attention): no PDL wait; q, the new K row and the new V row come from the QKV phase's LL
-// words carrying `flag` (thread i < 3 D polls word i of the three), the new rows into shared
-// memory after the table. `gi`: the phase index its timeline stamps go to (none past the last).
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, const ChainAttentionArgs& at, int gi,
-                                    const unsigned long long* ll, unsigned flag, float* scores,
-                                    float* scratch, float* red) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
   using V = fwd::Vec16<T>;
+  const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
   const int h = blockIdx.x;
   const bool active = h < H;
   const int kvh = active ? h / (H / KVH) : 0;
   const int tid = threadIdx.x;
-  const bool stamp = tid == 0 && gi <= kMaxDecodeChainPhases;
   const int per_pos = D / 64;  // threads a K row
   const int kp = tid / per_pos, kpart = tid - kp * per_pos;
   const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
   int ctx = 0;
   int4 kv[kShortAttentionRows], vv[kShortAttentionRows];
   int* table = reinterpret_cast<int*>(scratch + D + 8 * kConsumers);
-  const int entries = (at.max_context + at.block_size - 1) / at.block_size;
-  // The new K and V rows from the LL words (D elements each), after the table.
-  T* fresh = reinterpret_cast<T*>(table + (entries + 3) / 4 * 4);
   auto cached = [&](const T* cache, int p) {
     const int64_t slot =
         static_cast<int64_t>(table[p / at.block_size]) * at.block_size + p % at.block_size;
@@ -519,6 +486,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, const ChainAttentionArgs
   int new_slot = -1;
   if (writer) new_slot = *at.slot;
   if (active) {
+    const int entries = (at.max_context + at.block_size - 1) / at.block_size;
     for (int i = tid; i < entries; i += kConsumers) table[i] = at.block_table[i];
     ctx = *at.context_len;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
@@ -529,51 +497,27 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, const ChainAttentionArgs
       for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
   }
-  if (ll == nullptr) {
-    fwd::PdlWait();
-    if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-    fwd::PdlTrigger();
-  }
+  fwd::PdlWait();
+  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+  fwd::PdlTrigger();
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
-  if (writer) WriteNewKv<T>(at, new_slot, ll, flag);
+  if (writer) WriteNewKv<T>(at, new_slot);
   if (active) {
     const T* qkv = static_cast<const T*>(at.qkv);
     const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
     const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    if (ll != nullptr) {
-      if (tid < 3 * D) {
-        const int part = tid / D, d = tid - part * D;
-        const int64_t word = (part == 0 ? h : H + (part - 1) * KVH + kvh) * static_cast<int64_t>(D);
-        const unsigned short bits = PollLlWord(ll + word + d, flag);
-        const T x = *reinterpret_cast<const T*>(&bits);
-        if (part == 0) {
-          scratch[d] = fwd::ToFloat(x) * at.scale;
-        } else {
-          fresh[(part - 1) * D + d] = x;
-        }
-      }
-      tma::NamedBarrier(kConsumerBarrier, kConsumers);
-      knew = fresh;
-      vnew = fresh + D;
-      if (kp == ctx - 1) {
-        const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
+    if (kp == ctx - 1) {
+      const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
 #pragma unroll
-        for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = k[u];
-      }
-    } else {
-      if (kp == ctx - 1) {
-        const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
-#pragma unroll
-        for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
-      }
-      if (tid < D) {
-        const unsigned short bits = __ldcg(
-            reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-        scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
-      }
-      tma::NamedBarrier(kConsumerBarrier, kConsumers);
+      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
-    if (stamp) StampPhase<kStamps>(a, gi, kChainInputReady);
+    if (tid < D) {
+      const unsigned short bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+      scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
+    }
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainInputReady);
     float dot = -INFINITY;
     if (kp < ctx) {
       dot = 0.0f;
@@ -591,16 +535,12 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, const ChainAttentionArgs
     for (int j = 0; j < kShortAttentionRows; ++j) {
       const int p = g + j * G;
       if (p < ctx) {
-        if (p == ctx - 1) {
-          const int4* v = reinterpret_cast<const int4*>(vnew + 8 * c);
-          vv[j] = ll != nullptr ? *v : __ldcg(v);
-        } else {
-          vv[j] = __ldcg(reinterpret_cast<const int4*>(cached(vc, p) + 8 * c));
-        }
+        const T* v = p == ctx - 1 ? vnew : cached(vc, p);
+        vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
       }
     }
     const float m = ConsumerMax(dot, red);
-    if (stamp) StampPhase<kStamps>(a, gi, kChainFirstFull);
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float e = 0.0f;
     if (kp < ctx && kpart == 0) {
       e = __expf(dot - m);
@@ -620,19 +560,9 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, const ChainAttentionArgs
       }
     }
     FinishHead<T>(at, scratch, o, g, c, G, h, sum);
-    if (stamp) StampPhase<kStamps>(a, gi, kChainLastRelease);
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
-  if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot, ll, flag);
-}
-
-// The next layer's attention after the last phase (DecodeChainParams::next_attention): the short
-// form, reading the last phase's LL words. A call of its own (not inlined into the kernel), so
-// that its registers (K and V rows held across the reductions) do not raise the phases' pressure.
-template <typename T, bool kStamps>
-__device__ __noinline__ void NextAttentionPhase(const ChainArgs& a, int gi,
-                                                const unsigned long long* ll, unsigned flag,
-                                                float* scores, float* scratch, float* red) {
-  ShortAttentionPhase<T, kStamps>(a, a.nat, gi, ll, flag, scores, scratch, red);
+  if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
 }
 
 // Every CTA's consumers arrive; returns once all have (`target` arrivals in all). The phase's
@@ -1273,8 +1203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, a.at, 0, nullptr, 0, scores, scores + capacity,
-                                    red);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1513,13 +1442,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t0) StampPhase<kStamps>(a, gi, kChainEpilogueDone);
   }
   // The last CTA out leaves the counters at zero for the next launch (every CTA's producer has
-  // taken its last ticket: its consumers saw the phase's stage count, published after it). With
-  // the next layer's attention after the phases, a thread that polls no LL word counts out, so
-  // that the round trip of its atomic does not hold up the attention's first barrier.
+  // taken its last ticket: its consumers saw the phase's stage count, published after it).
   bool steals = false;
   for (int i = 0; i < a.num_phases; ++i) steals |= a.ph[i].rows_chunk > 0;
-  const int counting = a.next_attention ? kConsumers - 1 : 0;
-  if ((a.num_phases + a.has_attention > 1 || steals) && threadIdx.x == counting) {
+  if ((a.num_phases + a.has_attention > 1 || steals) && threadIdx.x == 0) {
     const unsigned total = static_cast<unsigned>(a.num_phases + a.has_attention) * gridDim.x;
     if (atomicAdd(a.counter, 1u) == total - 1) {
       atomicExch(a.counter, 0u);
@@ -1528,15 +1454,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (a.ph[i].rows_chunk > 0 || a.ph[i].pool > 0) atomicExch(StealCounter(a, i), 0u);
       }
     }
-  }
-  // The next layer's attention (DecodeChainParams::next_attention): each head as soon as the
-  // last phase's LL words hold its q and the new K / V row; CTAs without a head (but the writer
-  // of the new row) are done, and the next launch's CTAs take their SMs.
-  if (a.next_attention) {
-    const int gq = a.num_phases - 1 + a.has_attention;  // the last (QKV) phase's index
-    NextAttentionPhase<T, kStamps>(a, gq + 1, ll_area(gq),
-                                   epoch_s * 8 + static_cast<unsigned>(gq) + 1, scores,
-                                   scores + capacity, red);
   }
   if constexpr (kStamps) {
     if (threadIdx.x == 0) {
@@ -1661,34 +1578,22 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("DecodeChain: ", p.num_phases, " phases (1..", kMaxDecodeChainPhases, ")"));
   }
-  for (const bool next : {false, true}) {
-    if (!(next ? p.has_next_attention : p.has_attention)) continue;
-    const DecodeChainAttention& at = next ? p.next_attention : p.attention;
-    const char* what = next ? "DecodeChain next attention: " : "DecodeChain attention: ";
+  if (p.has_attention) {
+    const DecodeChainAttention& at = p.attention;
     if (!at.qkv || !at.key_cache || !at.value_cache || !at.block_table || !at.context_len ||
         !at.slot || !at.output) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "null pointer"));
+      return absl::InvalidArgumentError("DecodeChain attention: null pointer");
     }
     if (at.head_dim < 8 || at.head_dim > 256 || kConsumers % at.head_dim != 0 || at.heads < 1 ||
         at.kv_heads < 1 || at.heads % at.kv_heads != 0 || at.block_size < 1 || at.max_context < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, "heads ", at.heads, " kv heads ", at.kv_heads, " head dim ",
-                       at.head_dim, " (8..256 dividing ", kConsumers, ") block size ",
+          absl::StrCat("DecodeChain attention: heads ", at.heads, " kv heads ", at.kv_heads,
+                       " head dim ", at.head_dim, " (8..256 dividing ", kConsumers, ") block size ",
                        at.block_size, " max context ", at.max_context));
     }
     if (!fwd::Aligned16(at.qkv) || !fwd::Aligned16(at.key_cache) ||
         !fwd::Aligned16(at.value_cache)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "qkv and caches 16-byte aligned"));
-    }
-  }
-  if (p.has_next_attention) {
-    const DecodeChainAttention& at = p.next_attention;
-    const DecodeChainPhase& last = p.phases[p.num_phases - 1];
-    if (at.qkv != last.output ||
-        last.n != static_cast<int64_t>(at.heads + 2 * at.kv_heads) * at.head_dim) {
-      return absl::InvalidArgumentError(
-          "DecodeChain next attention: its qkv must be the last phase's output, (heads + 2 kv "
-          "heads) x head dim rows");
+      return absl::InvalidArgumentError("DecodeChain attention: qkv and caches 16-byte aligned");
     }
   }
   for (int i = 0; i < p.num_phases; ++i) {
@@ -1725,8 +1630,7 @@ absl::Status DecodeChainSupported(const DecodeChainParams& p) {
 absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bool pdl,
                              void* workspace, int slot, const DecodeChainTuning& tuning) {
   RETURN_IF_ERROR(DecodeChainSupported(p));
-  if ((p.num_phases + (p.has_attention ? 1 : 0) > 1 || p.has_next_attention) &&
-      workspace == nullptr) {
+  if (p.num_phases + (p.has_attention ? 1 : 0) > 1 && workspace == nullptr) {
     return absl::InvalidArgumentError("DecodeChain: a chain of several phases needs a workspace");
   }
   ASSIGN_OR_RETURN(const int grid, DecodeChainGrid(tuning));
@@ -1837,31 +1741,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     in_bytes = std::max<int64_t>(
         in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers + table) * 4);
   }
-  if (p.has_next_attention) {
-    const DecodeChainAttention& at = p.next_attention;
-    const int last = p.num_phases - 1;
-    if (!(at.heads < grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim)) ||
-        p.phases[last].n > kLlMaxN || a.ph[last].kind != kPhasePlain) {
-      return absl::UnimplementedError(
-          absl::StrCat("DecodeChain next attention: the short form only (heads ", at.heads,
-                       " < grid ", grid, ", max context ", at.max_context,
-                       " <= ", DecodeChainShortAttentionMaxContext(at.head_dim),
-                       ", a plain last phase of <= ", kLlMaxN, " rows)"));
-    }
-    a.next_attention = 1;
-    a.nat = {at.qkv,    at.key_cache, at.value_cache, at.block_table, at.context_len, at.slot,
-             at.output, at.heads,     at.kv_heads,    at.head_dim,    at.block_size,  at.scale};
-    a.nat.max_context = at.max_context;
-    a.nat.short_context = 1;
-    a.ph[last].ll_out = 1;
-    a.ll = 1;
-    // Scores; q, the partials, the table and the new K / V rows (D floats' room).
-    const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
-    in_bytes = std::max<int64_t>(
-        in_bytes,
-        2 * std::max<int64_t>(at.max_context, 2 * at.head_dim + 8 * kConsumers + table + 4) * 4);
-  }
-  in_bytes = (in_bytes + 31) / 32 * 32;  // each half 16-byte aligned
+  in_bytes = (in_bytes + 15) / 16 * 16;
   a.in_bytes = static_cast<int>(in_bytes);
   a.ln_k = static_cast<int>(ln_k);
   a.counter = reinterpret_cast<unsigned*>(slot_base);
@@ -1933,7 +1813,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // static rows only.
   for (int i = 0; may_steal && i < p.num_phases; ++i) {
     const DecodeChainPhase& ph = p.phases[i];
-    if (a.ph[i].kind != kPhasePlain || (a.next_attention && i == p.num_phases - 1)) continue;
+    if (a.ph[i].kind != kPhasePlain) continue;
     const int64_t rows_chunk = std::min<int64_t>(stage_bytes / (ph.k * 2), kMaxStealRows / 4);
     // A stolen chunk's bias is bulk-copied with it as a 16-byte aligned span.
     if (rows_chunk < 1 || (ph.bias != nullptr && (!fwd::Aligned16(ph.bias) || ph.n % 8 != 0))) {

@@ -21,8 +21,7 @@
 // {c_proj_l (+ residual), ln_2 + c_fc_l + GELU, mlp c_proj_l (+ residual), ln_1 + QKV_{l+1}}
 // (GptBigCodeOptions::decode_chain, by default on layers of >= 256 MiB of weights): two launches a
 // layer instead of seven; optionally the attention as the chain's first phase
-// (DecodeChainAttention, decode_chain_attention): one launch; or the next layer's attention after
-// the chain's last phase (DecodeChainParams::next_attention, decode_chain_next_attention).
+// (DecodeChainAttention, decode_chain_attention): one launch.
 //
 // The CUDA kernel is in kernels/decode_chain_cuda.h. Constraints (DecodeChainSupported): fp16 /
 // bf16; 1..kMaxDecodeChainPhases phases; k a positive multiple of 256 and at most kDecodeChainMaxK;
@@ -113,16 +112,6 @@ struct DecodeChainParams {
   // reads attention.output).
   bool has_attention = false;
   DecodeChainAttention attention;
-  // With has_next_attention, `next_attention` runs after the last phase, which must be its QKV
-  // row (next_attention.qkv == the last phase's output, n = (heads + 2 kv_heads) x head_dim <=
-  // 8192): the next layer's attention, so that the next launch starts with its output ready. No
-  // grid barrier: CTA h takes head h as soon as the last phase's outputs for q_h and the new K / V
-  // row are written (each output element also stored as an LL word {bits, flag} in the
-  // workspace, which those CTAs poll); the last CTA, which has no head, writes the new K / V row
-  // to the caches. The short form only (heads < the grid, D 64 or 128, max_context <=
-  // DecodeChainShortAttentionMaxContext(D)); Unimplemented otherwise. A workspace is required.
-  bool has_next_attention = false;
-  DecodeChainAttention next_attention;
 };
 
 // The timeline: kDecodeChainTimelineWords words a CTA (CTA c's at c * kDecodeChainTimelineWords).

@@ -20,7 +20,7 @@ absl::Status DecodeChainCpu(const DecodeChainParams& p) {
   if (p.num_phases < 1 || p.num_phases > kMaxDecodeChainPhases) {
     return absl::InvalidArgumentError(absl::StrCat("DecodeChainCpu: ", p.num_phases, " phases"));
   }
-  if (p.has_attention || p.has_next_attention) {
+  if (p.has_attention) {
     return absl::UnimplementedError(
         "DecodeChainCpu: no attention phase (the CPU path runs PagedAttentionCpu itself)");
   }

@@ -253,7 +253,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       }
       if (ctx.skip & kSkipAttention) {
         DecodeChainParams q = p;
-        q.has_attention = q.has_next_attention = false;
+        q.has_attention = false;
         return DecodeChainCuda(q, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot, tuning);
       }
       return DecodeChainCuda(p, Stream(ctx), ctx.pdl, ctx.chain_workspace, slot, tuning);

@@ -439,7 +439,7 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
     Tensor h = hidden_.Rows(0, n);
     RETURN_IF_ERROR(collectives.AllReduceSum(h));
   }
-  qkv_ready_ = attention_ready_ = false;
+  qkv_ready_ = false;
   for (int64_t l = 0; l < w_.config.n_layer; ++l) {
     RETURN_IF_ERROR(Layer(l, idx, cache, collectives));
   }
@@ -529,8 +529,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   bool qkv_fused = false, kv_written = false, tail_done = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
-  const bool attention_ready = attention_ready_;  // ... and the attention (with the KV write)
-  attention_ready_ = false;
   if (fuse_ && !qkv_ready) {
     const LinearFusion ln_only = FusedLayerNorm(ln, 2 * l, qkv_cols_);  // ln holds ln_1 here
     LinearFusion with_kv = ln_only;
@@ -619,19 +617,12 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   DecodeChainParams chain;
   const bool next = l + 1 < w_.config.n_layer;
   auto run_chain = [&]() -> absl::StatusOr<bool> {
-    absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1), static_cast<int>(l));
-    if (!st.ok() && chain.has_next_attention &&
-        (absl::IsUnimplemented(st) || absl::IsInvalidArgument(st))) {
-      chain.has_next_attention = false;  // the next layer's attention runs in its own launch
-      st = DecodeChain(ctx_, chain, static_cast<int>(l & 1), static_cast<int>(l));
-    }
+    const absl::Status st = DecodeChain(ctx_, chain, static_cast<int>(l & 1), static_cast<int>(l));
     if (st.ok()) {
       ++chain_runs_;
       chain_attention_runs_ += chain.has_attention ? 1 : 0;
-      chain_next_attention_runs_ += chain.has_next_attention ? 1 : 0;
       last_chain_attention_ = chain.has_attention;
       qkv_ready_ = next;
-      attention_ready_ = chain.has_next_attention;
       return true;
     }
     if (!absl::IsUnimplemented(st) && !absl::IsInvalidArgument(st)) return st;
@@ -686,25 +677,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
     const int chain_attention_max_context =
         chain_attention_max_context_ > 0 ? chain_attention_max_context_
                                          : DecodeChainShortAttentionMaxContext(static_cast<int>(D));
-    const bool short_context =
-        idx.num_seqs == 1 && idx.max_context_len <= chain_attention_max_context;
-    if (chain_next_attention_ && next && short_context) {
-      chain.has_next_attention = true;
-      chain.next_attention = {.qkv = qkv_.raw(),
-                              .key_cache = cache.key(l + 1).raw(),
-                              .value_cache = cache.value(l + 1).raw(),
-                              .block_table = idx.block_tables,
-                              .context_len = idx.context_lens,
-                              .slot = idx.slot_mapping,
-                              .output = attn_.raw(),
-                              .heads = static_cast<int>(heads_),
-                              .kv_heads = static_cast<int>(kv_heads_),
-                              .head_dim = static_cast<int>(D),
-                              .block_size = cache.block_size(),
-                              .max_context = idx.max_context_len,
-                              .scale = att.scale};
-    }
-    if (chain_attention_ && !kv_written && !attention_ready && short_context) {
+    if (chain_attention_ && !kv_written && idx.num_seqs == 1 &&
+        idx.max_context_len <= chain_attention_max_context) {
       chain.has_attention = true;
       chain.attention = {.qkv = qkv,
                          .key_cache = cache.key(l).raw(),
@@ -727,9 +701,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
 
   // The KV write, unless the QKV GEMM did it, goes with the attention: written first, or on the
   // GPU inside the attention kernel where its variant fuses it (14, 15, 16).
-  if (!tail_done && !attention_ready) {
-    RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
-  }
+  if (!tail_done) RETURN_IF_ERROR(PagedAttention(ctx_, att, kv_written ? nullptr : &kv));
   if (chain_step) {
     ASSIGN_OR_RETURN(const bool done, run_chain());
     if (done) return absl::OkStatus();

@@ -227,12 +227,6 @@ struct GptBigCodeOptions {
   // (benchmarks/mqabench/NOTES.md version 38).
   bool decode_chain_attention = true;
   int decode_chain_attention_max_context = 0;
-  // With decode_chain: layer l + 1's attention (and its KV write) after chain l's last phase
-  // (DecodeChainParams::next_attention) where the step's context is at most the short form's
-  // bound, each head as soon as its q and the new K / V row are written (no kernel boundary or
-  // grid barrier before it), so that chain l + 1 starts on attn.c_proj; layer 0's attention stays
-  // in chain 0 (decode_chain_attention) or a kernel of its own. Off until measured.
-  bool decode_chain_next_attention = false;
   // With decode_chain: ring stages a chain CTA keeps requested ahead of its consumers
   // (DecodeChainTuning::max_inflight; 0: the whole ring).
   int decode_chain_max_inflight = 0;
@@ -371,8 +365,6 @@ class GptBigCode {
   // decode_chain_min_layer_bytes (each < 0: unchanged).
   void set_decode_chain(bool on, int spare_sms = -1, int attention = -1, int max_inflight = -1,
                         int64_t min_layer_bytes = -1);
-  // Benchmarks: GptBigCodeOptions::decode_chain_next_attention. Drops captured graphs.
-  void set_decode_chain_next_attention(bool on);
   // Benchmarks: GptBigCodeOptions::decode_chain_stage_bytes. Drops captured graphs.
   void set_decode_chain_stage_bytes(int bytes);
   // Benchmarks: GptBigCodeOptions::decode_chain_ll_inputs. Drops captured graphs.
@@ -417,9 +409,6 @@ class GptBigCode {
   // whether the last one launched (or captured) had it.
   int64_t decode_chain_attention_runs() const { return chain_attention_runs_; }
   bool last_decode_chain_had_attention() const { return last_chain_attention_; }
-  // Of those, the chains that ran the next layer's attention after their last phase
-  // (decode_chain_next_attention).
-  int64_t decode_chain_next_attention_runs() const { return chain_next_attention_runs_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
   // Graphs captured so far (tests, benchmarks).
@@ -515,7 +504,6 @@ class GptBigCode {
   bool chain_ = false;         // GptBigCodeOptions::decode_chain (CUDA only)
   int64_t chain_min_layer_bytes_ = 0;  // ... _min_layer_bytes
   bool chain_attention_ = false;            // GptBigCodeOptions::decode_chain_attention
-  bool chain_next_attention_ = false;       // GptBigCodeOptions::decode_chain_next_attention
   int chain_attention_max_context_ = 1024;  // ... _attention_max_context
   bool chain_early_release_ = true;         // ... _early_release
   bool attention_release_early_ = false;    // set_attention_release_early
@@ -524,11 +512,8 @@ class GptBigCode {
   int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
-  // ... and this layer's attention with its KV write (decode_chain_next_attention).
-  bool attention_ready_ = false;
   int64_t chain_runs_ = 0;
   int64_t chain_attention_runs_ = 0;
-  int64_t chain_next_attention_runs_ = 0;
   bool last_chain_attention_ = false;
   int64_t tail_runs_ = 0;
   bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)

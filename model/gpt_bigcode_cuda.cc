@@ -247,11 +247,6 @@ absl::Status GptBigCode::set_decode_chain_fused_mlp(bool on, int pool) {
   return absl::OkStatus();
 }
 
-void GptBigCode::set_decode_chain_next_attention(bool on) {
-  chain_next_attention_ = on;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_decode_chain_early_release(bool on) {
   chain_early_release_ = on;
   ClearCudaGraphs();
@@ -465,7 +460,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   }
   chain_attention_ = options.decode_chain_attention;
   chain_attention_max_context_ = options.decode_chain_attention_max_context;
-  chain_next_attention_ = options.decode_chain_next_attention;
   chain_early_release_ = options.decode_chain_early_release;
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
@@ -828,7 +822,6 @@ void GptBigCode::set_skinny_gemm(bool, int) {}
 absl::Status GptBigCode::set_fast_paths(bool, bool, bool) { return absl::OkStatus(); }
 void GptBigCode::set_decode_chain(bool, int, int, int, int64_t) {}
 void GptBigCode::set_decode_chain_early_release(bool) {}
-void GptBigCode::set_decode_chain_next_attention(bool) {}
 void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}

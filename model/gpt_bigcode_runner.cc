@@ -67,7 +67,6 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.decode_chain_min_layer_bytes = options.decode_chain_min_layer_bytes;
   model_options.decode_chain_attention = options.decode_chain_attention;
   model_options.decode_chain_attention_max_context = options.decode_chain_attention_max_context;
-  model_options.decode_chain_next_attention = options.decode_chain_next_attention;
   model_options.decode_chain_half_fold = options.decode_chain_half_fold;
   model_options.decode_chain_fused_mlp = options.decode_chain_fused_mlp;
   model_options.tail_attention = options.tail_attention;

@@ -56,8 +56,6 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::decode_chain_attention, decode_chain_attention_max_context
   bool decode_chain_attention = GptBigCodeOptions().decode_chain_attention;
   int decode_chain_attention_max_context = GptBigCodeOptions().decode_chain_attention_max_context;
-  // GptBigCodeOptions::decode_chain_next_attention
-  bool decode_chain_next_attention = GptBigCodeOptions().decode_chain_next_attention;
   int decode_chain_half_fold = -1;      // GptBigCodeOptions::decode_chain_half_fold
   bool decode_chain_fused_mlp = false;  // GptBigCodeOptions::decode_chain_fused_mlp
   bool tail_attention = GptBigCodeOptions().tail_attention;  // GptBigCodeOptions::tail_attention

@@ -237,7 +237,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "na" &&
-          row != "nx" && row != "late" && row != "rel" && row != "tail" && row != "tailc" &&
+          row != "late" && row != "rel" && row != "tail" && row != "tailc" &&
           TailReleaseMask(row) < 0 && row != "notail" && row != "ll" && row != "nl" &&
           row != "tc" && row != "cc" && row != "otc" && row != "occ" && row != "hf" &&
           row != "ohf" && row != "hf0" && row != "ohf0" && row != "fm" && row != "shares" &&
@@ -248,8 +248,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
           !ParseRingForm(row, &kib, &inflight)) {
         return absl::InvalidArgumentError(
             "--chain off|on|auto|both or a comma list of off / on / auto / at (on, the attention "
-            "inside the chain) / na (auto with the attention a kernel of its own) / nx (auto with "
-            "each layer's attention after the previous chain's last phase) / sN (on, N "
+            "inside the chain) / na (auto with the attention a kernel of its own) / sN (on, N "
             "spare SMs) / fN (on, at most N ring stages in flight) "
             "/ late (auto, released by the attention only once it is done) / rel (auto, and "
             "every attention releases the next kernel early, chain or not) / tail, notail (auto "

@@ -29,8 +29,7 @@ namespace {
 // layer's chain ended (what lies between them: the attention, or with the attention inside, the
 // kernel handover alone).
 absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
-                                      const std::vector<int>& layers, bool attention_inside,
-                                      bool next_attention) {
+                                      const std::vector<int>& layers, bool attention_inside) {
   ASSIGN_OR_RETURN(const std::vector<unsigned long long> words, model.decode_chain_timeline());
   const size_t stride = words.size() / s.config.n_layer;
   const int grid = static_cast<int>(stride / kDecodeChainTimelineWords);
@@ -46,19 +45,13 @@ absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
     ideal.insert(ideal.begin(), 0.0);
   }
   for (int l : layers) {
-    std::vector<std::string> phase_names = names;
-    std::vector<double> phase_ideal = ideal;
-    if (next_attention && l + 1 < c.n_layer) {  // layer l + 1's, after the last phase
-      phase_names.push_back("attention l + 1");
-      phase_ideal.push_back(0.0);
-    }
     bench::ChainTimelineView v;
     v.call = words.data() + l * stride;
     v.previous = words.data() + (l - 1) * stride;
     v.previous_name = "layer l - 1's chain";
     v.grid = grid;
-    v.phases = phase_names;
-    v.ideal_us = phase_ideal;
+    v.phases = names;
+    v.ideal_us = ideal;
     if (v.call[kChainGlobalStart] == 0 || v.previous[kChainGlobalStart] == 0) {
       std::printf("  chain timeline of layer %d: no chain recorded\n", l);
       continue;
@@ -198,11 +191,10 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "na" || chain == "nx" || chain == "late" || chain == "rel" ||
-                chain == "tail" || chain == "tailc" || tailr || chain == "notail" ||
-                chain[0] == 'w' || chain == "ll" || chain == "nl" || chain == "tc" ||
-                chain == "cc" || chain == "hf" || chain == "hf0" || chain.rfind("fm", 0) == 0 ||
-                shares_row
+        chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
+                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
+                chain == "ll" || chain == "nl" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -238,9 +230,6 @@ absl::Status Latency(const Flags& f) {
                                                 : GptBigCodeOptions().decode_chain_steal_chunks);
     const int64_t chains_before = r.model().decode_chain_runs();
     const int64_t chain_attentions_before = r.model().decode_chain_attention_runs();
-    const int64_t next_attentions_before = r.model().decode_chain_next_attention_runs();
-    r.model().set_decode_chain_next_attention(
-        chain == "nx" ? true : GptBigCodeOptions().decode_chain_next_attention);
     const int64_t tails_before = r.model().tail_attention_runs();
     r.model().set_decode_chain_sm_shares(nullptr);
     if (shares_row) {  // 32 steps at the row's mid context, untimed
@@ -448,19 +437,15 @@ absl::Status Latency(const Flags& f) {
     }
     std::printf(
         "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
-        "captured, %lld with the attention inside, %lld with the next layer's after them); %lld "
-        "QKV GEMMs with the tail attention\n",
+        "captured, %lld with the attention inside); %lld QKV GEMMs with the tail attention\n",
         r.model().num_cuda_graphs(), chain.c_str(),
         static_cast<long long>(r.model().decode_chain_runs() - chains_before),
         static_cast<long long>(r.model().decode_chain_attention_runs() - chain_attentions_before),
-        static_cast<long long>(r.model().decode_chain_next_attention_runs() -
-                               next_attentions_before),
         static_cast<long long>(r.model().tail_attention_runs() - tails_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
     if (!timeline_layers.empty() && chain != "off") {
-      RETURN_IF_ERROR(PrintModelChainTimelines(
-          r.model(), s, timeline_layers, r.model().last_decode_chain_had_attention(),
-          r.model().decode_chain_next_attention_runs() > next_attentions_before));
+      RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers,
+                                               r.model().last_decode_chain_had_attention()));
     }
     if (!f.kernel_trace.empty()) {
       if (tracing) {

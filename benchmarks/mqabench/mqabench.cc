@@ -61,11 +61,10 @@
 //     decode_chain_min_layer_bytes; on runs it on every layer; sN is on with N SMs left to the
 //     attention (GptBigCodeOptions::decode_chain_spare_sms); at is on with the attention as the
 //     chain's first phase (decode_chain_attention, the default where the context fits the
-//     phase's short form) and na auto with the attention a kernel of its own; nx is auto with layer
-//     l + 1's attention after chain l's last phase (decode_chain_next_attention); fN is on with at
-//     most N ring stages in flight (decode_chain_max_inflight); late is auto with the chain
-//     released by the attention only once it is done (decode_chain_early_release off); rel is auto
-//     with every attention releasing the next kernel early, chain or not
+//     phase's short form) and na auto with the attention a kernel of its own; fN is on with at most
+//     N ring stages in flight (decode_chain_max_inflight); late is auto with the chain released by
+//     the attention only once it is done (decode_chain_early_release off); rel is auto with every
+//     attention releasing the next kernel early, chain or not
 //     (GptBigCode::set_attention_release_early); tail and notail are auto with the QKV GEMM's tail
 //     attention (GptBigCodeOptions::tail_attention) on (its splits merged through L2) and off,
 //     tailc the tail with its splits merged in a cluster (tail_cluster_merge, the default), tailrN

@@ -122,10 +122,8 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (tail_release_early 15; without bit 21 the runner's default); bit 22: with bit 13, the attention
 // inside the chain only where the step's context bound is at most 128
 // (decode_chain_attention_max_context), which the fixtures' decode steps (context bound 256, their
-// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound;
-// bit 23: with bit 13, each layer's attention after the previous layer's chain
-// (decode_chain_next_attention): chain 0 has layer 0's attention first, every chain but the last
-// has the next layer's after its phases. 101: the runner's defaults).
+// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound.
+// 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -158,7 +156,6 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   if (knobs & 4194304) opts.decode_chain_attention_max_context = 128;
   if (knobs & 16384) opts.decode_chain_half_fold = 0;
   opts.decode_chain_fused_mlp = knobs & 32768;
-  opts.decode_chain_next_attention = knobs & 8388608;
   opts.fuse_layer_norms = knobs & 65536;
   const bool tuned_x3 = knobs & 131072;
   const bool tail = knobs & 262144;
@@ -280,28 +277,17 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   }  // groups
   std::printf(
       "%s %s block %d knobs %d: largest relative logit error %.3g, %d greedy steps "
-      "equal, %d CUDA graphs, %lld decode chains (%lld with the attention, %lld with the next "
-      "layer's), %lld tail attentions\n",
+      "equal, %d CUDA graphs, %lld decode chains (%lld with the attention), %lld tail "
+      "attentions\n",
       model.c_str(), std::string(DTypeName(dtype)).c_str(), block_size, knobs, worst, compared,
       r.model().num_cuda_graphs(), static_cast<long long>(r.model().decode_chain_runs()),
       static_cast<long long>(r.model().decode_chain_attention_runs()),
-      static_cast<long long>(r.model().decode_chain_next_attention_runs()),
       static_cast<long long>(r.model().tail_attention_runs()));
   if (knobs & 4096) EXPECT_GT(r.model().decode_chain_runs(), 0) << "the decode chain never ran";
   // The fixtures' context bound (256) fits the attention phase's short form: with bit 13 every
-  // chain has it, with bit 22's lower bound none; with bit 23 each layer's attention is in one
-  // chain (layer 0's first in chain 0, the others after the previous chain's phases).
-  const int64_t chains = r.model().decode_chain_runs();
-  const int64_t layers = r.config().n_layer;
-  if (knobs & 8388608) {
-    EXPECT_EQ(chains % layers, 0);
-    EXPECT_EQ(r.model().decode_chain_attention_runs(), chains / layers);
-    EXPECT_EQ(r.model().decode_chain_next_attention_runs(), chains / layers * (layers - 1));
-  } else {
-    EXPECT_EQ(r.model().decode_chain_attention_runs(),
-              (knobs & 8192) && !(knobs & 4194304) ? chains : 0);
-    EXPECT_EQ(r.model().decode_chain_next_attention_runs(), 0);
-  }
+  // chain has it, with bit 22's lower bound none.
+  EXPECT_EQ(r.model().decode_chain_attention_runs(),
+            (knobs & 8192) && !(knobs & 4194304) ? r.model().decode_chain_runs() : 0);
   if (tail && model == "tiny-mqa-d128") {
     EXPECT_GT(r.model().tail_attention_runs(), 0) << "the tail attention never ran";
   }
@@ -318,7 +304,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
                                          12389, 20581, 36965, 528485, 103, 65637, 196709, 327781,
-                                         1376357, 3473509, 4206693, 8400997)),
+                                         1376357, 3473509, 4206693)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -336,7 +322,6 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 4197    ? "_defaults_chain"
                           : std::get<3>(info.param) == 12389   ? "_defaults_chain_attn"
                           : std::get<3>(info.param) == 4206693 ? "_defaults_chain_attn128"
-                          : std::get<3>(info.param) == 8400997 ? "_defaults_chain_attn_next"
                           : std::get<3>(info.param) == 20581   ? "_defaults_chain_fp32fold"
                           : std::get<3>(info.param) == 36965   ? "_defaults_chain_fusedmlp"
                           : std::get<3>(info.param) == 528485  ? "_defaults_chain_shares"
