@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -180,10 +179,6 @@ struct ChainAttentionArgs {
   float scale;
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
-  // The short form's V rows in shared memory (copied before the PDL wait): the bytes of the union
-  // of the V rows and the partial sums at the start of the input buffer; 0: V in registers.
-  int v_union;
-  int hold;  // EXPERIMENT (MQA_CHAIN_V_HOLD): a head CTA's producer waits until q is in
 };
 
 struct ChainArgs {
@@ -329,20 +324,20 @@ __device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slo
 }
 
 // Head h's output from the consumers' partial sums: each thread's 8 columns (o, of column chunk c
-// in position group g of G) into `partials` (G x D floats), then thread d < D sums column d over
-// the groups and writes it divided by the softmax denominator `sum`. Leaves partials free.
+// in position group g of G) into scratch after q's D floats, then thread d < D sums column d over
+// the groups and writes it divided by the softmax denominator `sum`. Leaves scratch free.
 template <typename T>
-__device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* partials,
+__device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* scratch,
                                            const float (&o)[8], int g, int c, int G, int h,
                                            float sum) {
   const int D = at.head_dim, tid = threadIdx.x;
-  float* part = partials + g * D + 8 * c;
+  float* part = scratch + D + g * D + 8 * c;
 #pragma unroll
   for (int e = 0; e < 8; ++e) part[e] = o[e];
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   if (tid < D) {
     float t = 0.0f;
-    for (int j = 0; j < G; ++j) t += partials[j * D + tid];
+    for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
     static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
   }
   tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
@@ -445,7 +440,7 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
         }
       }
     }
-    FinishHead<T>(at, scratch + D, o, g, c, G, h, sum);
+    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
     if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0) WriteNewKv<T>(at, *at.slot);
@@ -466,8 +461,7 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
-                                    int* hold_s) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -479,22 +473,8 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   const int kp = tid / per_pos, kpart = tid - kp * per_pos;
   const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
   int ctx = 0;
-  int4 kv[kShortAttentionRows], vv[kShortAttentionRows], vlast = {};
-  // q (D floats), the partial sums (8 x kConsumers floats) and the table: after the scores in
-  // the input buffer's halves; or (at.v_union) the V rows first, the partials over them once P V
-  // is done, then the scores, q and the table.
-  T* vs = nullptr;
-  float* q_s = scratch;
-  float* partials = scratch + D;
+  int4 kv[kShortAttentionRows], vv[kShortAttentionRows];
   int* table = reinterpret_cast<int*>(scratch + D + 8 * kConsumers);
-  if (at.v_union > 0) {
-    char* base = reinterpret_cast<char*>(scores);
-    vs = reinterpret_cast<T*>(base);
-    partials = reinterpret_cast<float*>(base);
-    scores = reinterpret_cast<float*>(base + at.v_union);
-    q_s = scores + (at.max_context + 3) / 4 * 4;
-    table = reinterpret_cast<int*>(q_s + D);
-  }
   auto cached = [&](const T* cache, int p) {
     const int64_t slot =
         static_cast<int64_t>(table[p / at.block_size]) * at.block_size + p % at.block_size;
@@ -516,16 +496,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
 #pragma unroll
       for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
-    if (vs != nullptr) {  // this thread's V rows (the ones it reads in P V), no registers held
-#pragma unroll
-      for (int j = 0; j < kShortAttentionRows; ++j) {
-        const int p = g + j * G;
-        if (p < ctx - 1) {
-          fwd::CpAsync16(fwd::SmemAddr(vs + p * D + 8 * c), cached(vc, p) + 8 * c, true);
-        }
-      }
-      fwd::CpAsyncCommit();
-    }
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -541,23 +511,17 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
 #pragma unroll
       for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
-    if (vs != nullptr && ctx - 1 >= g && (ctx - 1 - g) % G == 0) {
-      vlast = __ldcg(reinterpret_cast<const int4*>(vnew + 8 * c));
-    }
     if (tid < D) {
       const unsigned short bits =
           __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-      q_s[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
+      scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
-    if (tid == 0) {
-      if (at.hold) *reinterpret_cast<volatile int*>(hold_s) = 1;  // the producer may stream
-      StampPhase<kStamps>(a, 0, kChainInputReady);
-    }
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainInputReady);
     float dot = -INFINITY;
     if (kp < ctx) {
       dot = 0.0f;
-      const float* q = q_s + 64 * kpart;
+      const float* q = scratch + 64 * kpart;
 #pragma unroll
       for (int u = 0; u < kShortAttentionRows; ++u) {
         V k;
@@ -570,7 +534,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
       const int p = g + j * G;
-      if (p < ctx && vs == nullptr) {
+      if (p < ctx) {
         const T* v = p == ctx - 1 ? vnew : cached(vc, p);
         vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
       }
@@ -583,7 +547,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       scores[kp] = e;
     }
     const float sum = ConsumerSum(e, red);  // its barriers also publish `scores`
-    if (vs != nullptr) fwd::CpAsyncWait<0>();  // this thread's own V copies
     float o[8] = {};
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
@@ -591,17 +554,12 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       if (p < ctx) {
         const float w = scores[p];
         V v;
-        *reinterpret_cast<int4*>(&v) = vs == nullptr ? vv[j]
-                                       : p == ctx - 1
-                                           ? vlast
-                                           : *reinterpret_cast<const int4*>(vs + p * D + 8 * c);
+        *reinterpret_cast<int4*>(&v) = vv[j];
 #pragma unroll
         for (int x = 0; x < 8; ++x) o[x] = fmaf(w, fwd::ToFloat(v.v[x]), o[x]);
       }
     }
-    // The partials go over the V rows: every thread's P V is done first.
-    if (vs != nullptr) tma::NamedBarrier(kConsumerBarrier, kConsumers);
-    FinishHead<T>(at, partials, o, g, c, G, h, sum);
+    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
@@ -1048,7 +1006,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
-  __shared__ int hold_s;
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t side_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem + a.side_offset));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
@@ -1061,7 +1018,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
-    hold_s = 0;
     tma::FenceMbarInit();
   }
   __syncthreads();
@@ -1121,9 +1077,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
-      if (a.has_attention && a.at.hold && blockIdx.x < a.at.heads) {
-        while (*reinterpret_cast<volatile int*>(&hold_s) == 0) __nanosleep(64);
-      }
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
         int r0, r1;
@@ -1250,8 +1203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red,
-                                    &hold_s);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1788,24 +1740,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
     in_bytes = std::max<int64_t>(
         in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers + table) * 4);
-    static const bool v_smem = [] {  // EXPERIMENT (MQA_CHAIN_V_SMEM)
-      const char* e = std::getenv("MQA_CHAIN_V_SMEM");
-      return e != nullptr && std::atoi(e) != 0;
-    }();
-    if (a.at.short_context && v_smem) {
-      // The V rows (max_context x D of T) or the partials, then the scores, q and the table: in
-      // the input buffer and the LN parameters' space after it (the LN phases come later).
-      const int64_t v_union = std::max<int64_t>(
-          (int64_t{at.max_context} * at.head_dim * 2 + 15) / 16 * 16, 8 * kConsumers * 4);
-      const int64_t need = v_union + ((at.max_context + 3) / 4 * 4 + at.head_dim + table) * 4;
-      in_bytes = std::max<int64_t>(in_bytes, need - 4 * ln_k);
-      a.at.v_union = static_cast<int>(v_union);
-    }
-    static const bool hold = [] {  // EXPERIMENT (MQA_CHAIN_V_HOLD)
-      const char* e = std::getenv("MQA_CHAIN_V_HOLD");
-      return e != nullptr && std::atoi(e) != 0;
-    }();
-    a.at.hold = a.at.short_context && hold && at.heads < grid ? 1 : 0;
   }
   in_bytes = (in_bytes + 15) / 16 * 16;
   a.in_bytes = static_cast<int>(in_bytes);
