@@ -50,11 +50,16 @@ __global__ void __launch_bounds__(kThreads, 1) MqaBlockAttentionKernel(MqaBlockA
   }
 }
 
+// The largest instantiation's heads (three 16-row tiles: StarCoder's 48).
+constexpr int kMaxHeads = 3 * 16;
+
 template <typename T, int kMt>
 absl::Status Launch(const MqaBlockAttentionParams& p, cudaStream_t stream) {
   const int smem = BlockSmemBytes(kMt);
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MqaBlockAttentionKernel<T, kMt>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // Once an instantiation, not at every launch.
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      MqaBlockAttentionKernel<T, kMt>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  CUDA_RETURN_IF_ERROR(configured);
   MqaBlockAttentionKernel<T, kMt><<<p.grid, kThreads, smem, stream>>>(p);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -66,10 +71,10 @@ absl::Status MqaBlockAttentionCuda(const MqaBlockAttentionParams& p, cudaStream_
   if ((p.dtype != DType::kF16 && p.dtype != DType::kBF16) || p.query == nullptr ||
       p.key_cache == nullptr || p.value_cache == nullptr || p.block_table == nullptr ||
       p.output == nullptr || p.context < 1 || p.context > kMaxContext || p.heads < 1 ||
-      p.heads > 48 || p.block_size < 1 || p.grid < 1) {
+      p.heads > kMaxHeads || p.block_size < 1 || p.grid < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("MqaBlockAttention: dtype ", std::string(DTypeName(p.dtype)), ", heads ",
-                     p.heads, " (1..48), context ", p.context, " (1..", kMaxContext,
+                     p.heads, " (1..", kMaxHeads, "), context ", p.context, " (1..", kMaxContext,
                      "), block size ", p.block_size, ", grid ", p.grid, ", or a null pointer"));
   }
   // (Two row-tile counts: SantaCoder's 16 heads, and up to StarCoder's 48.)
