@@ -179,6 +179,9 @@ struct ChainAttentionArgs {
   float scale;
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
+  // DecodeChainTuning::head_hold (short form, heads < grid): a head CTA's producer streams no
+  // weights until its q is in shared memory.
+  int hold;
 };
 
 struct ChainArgs {
@@ -459,9 +462,18 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
 // Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
+// Measured default (-1) of DecodeChainTuning::head_hold: on. H100, 2026-12-06 12:51-12:53 UTC
+// (StarCoder b1 128 / 128, decode step, separate processes in rotation, three rounds): held
+// 11.032 / 11.025 / 11.022 ms against 11.073 / 11.081 / 11.072 not held (-0.45%); with the V rows
+// also copied into shared memory before the PDL wait 11.031 / 11.029 / 11.032, those copies alone
+// 11.083 / 11.071 / 11.081 (benchmarks/mqabench/NOTES.md version 46). Holding the head CTAs'
+// producers until the head was written (version 40) had changed nothing.
+constexpr int kDefaultHeadHold = 1;
 
+// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in.
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
+                                    volatile int* hold_s) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -517,7 +529,10 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
-    if (tid == 0) StampPhase<kStamps>(a, 0, kChainInputReady);
+    if (tid == 0) {
+      if (at.hold) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
+      StampPhase<kStamps>(a, 0, kChainInputReady);
+    }
     float dot = -INFINITY;
     if (kp < ctx) {
       dot = 0.0f;
@@ -1006,6 +1021,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
+  __shared__ int hold_s;  // ChainAttentionArgs::hold: set by ShortAttentionPhase once q is in
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t side_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem + a.side_offset));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
@@ -1018,6 +1034,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
+    hold_s = 0;
     tma::FenceMbarInit();
   }
   __syncthreads();
@@ -1077,6 +1094,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
+      if (a.has_attention && a.at.hold && blockIdx.x < a.at.heads) {
+        while (*reinterpret_cast<volatile int*>(&hold_s) == 0) __nanosleep(64);
+      }
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
         int r0, r1;
@@ -1203,7 +1223,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red,
+                                    &hold_s);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1735,6 +1756,8 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     static_assert(DecodeChainShortAttentionMaxContext(128) == kConsumers * 64 / 128);
     a.at.short_context =
         at.heads <= grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim);
+    const int hold = tuning.head_hold < 0 ? kDefaultHeadHold : tuning.head_hold;
+    a.at.hold = a.at.short_context && at.heads < grid && hold != 0 ? 1 : 0;
     // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
     // of the block table.
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;

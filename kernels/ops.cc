@@ -241,6 +241,7 @@ absl::Status DecodeChain(const OpContext& ctx, const DecodeChainParams& p, int s
       tuning.max_inflight = ctx.chain_max_inflight;
       tuning.stage_bytes = ctx.chain_stage_bytes;
       tuning.ll_inputs = ctx.chain_ll_inputs;
+      tuning.head_hold = ctx.chain_head_hold;
       tuning.mma_fold = ctx.chain_mma_fold;
       tuning.half_fold = ctx.chain_half_fold;
       tuning.fused_mlp = ctx.chain_fused_mlp;

@@ -55,6 +55,7 @@ struct OpContext {
   int chain_max_inflight = 0;  // DecodeChainTuning::max_inflight
   int chain_stage_bytes = 0;   // DecodeChainTuning::stage_bytes (0: automatic)
   int chain_ll_inputs = -1;    // DecodeChainTuning::ll_inputs
+  int chain_head_hold = -1;    // DecodeChainTuning::head_hold
   int chain_mma_fold = -1;     // DecodeChainTuning::mma_fold
   int chain_half_fold = -1;    // DecodeChainTuning::half_fold
   int chain_fused_mlp = -1;    // DecodeChainTuning::fused_mlp

@@ -235,6 +235,9 @@ struct GptBigCodeOptions {
   int decode_chain_stage_bytes = 0;
   // With decode_chain: DecodeChainTuning::ll_inputs (-1: the kernel's measured default).
   int decode_chain_ll_inputs = -1;
+  // With decode_chain and the attention inside it: DecodeChainTuning::head_hold (-1: the kernel's
+  // measured default, on).
+  int decode_chain_head_hold = -1;
   // With decode_chain: DecodeChainTuning::mma_fold (-1: the kernel's measured default).
   int decode_chain_mma_fold = -1;
   // With decode_chain: DecodeChainTuning::half_fold (fp16 pair sums in the fold; -1: the kernel's
@@ -369,6 +372,8 @@ class GptBigCode {
   void set_decode_chain_stage_bytes(int bytes);
   // Benchmarks: GptBigCodeOptions::decode_chain_ll_inputs. Drops captured graphs.
   void set_decode_chain_ll_inputs(int ll);
+  // Benchmarks: GptBigCodeOptions::decode_chain_head_hold. Drops captured graphs.
+  void set_decode_chain_head_hold(int hold);
   // Benchmarks: GptBigCodeOptions::decode_chain_mma_fold. Drops captured graphs.
   void set_decode_chain_mma_fold(int mma);
   // Benchmarks: GptBigCodeOptions::decode_chain_half_fold. Drops captured graphs.

@@ -215,6 +215,11 @@ void GptBigCode::set_decode_chain_ll_inputs(int ll) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_decode_chain_head_hold(int hold) {
+  ctx_.chain_head_hold = hold;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_decode_chain_mma_fold(int mma) {
   ctx_.chain_mma_fold = mma;
   ClearCudaGraphs();
@@ -452,6 +457,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   ctx_.chain_max_inflight = options.decode_chain_max_inflight;
   ctx_.chain_stage_bytes = options.decode_chain_stage_bytes;
   ctx_.chain_ll_inputs = options.decode_chain_ll_inputs;
+  ctx_.chain_head_hold = options.decode_chain_head_hold;
   ctx_.chain_mma_fold = options.decode_chain_mma_fold;
   ctx_.chain_half_fold = options.decode_chain_half_fold;
   ctx_.chain_steal_chunks = options.decode_chain_steal_chunks;
@@ -828,6 +834,7 @@ void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
+void GptBigCode::set_decode_chain_head_hold(int) {}
 void GptBigCode::set_decode_chain_mma_fold(int) {}
 void GptBigCode::set_decode_chain_half_fold(int) {}
 absl::Status GptBigCode::set_decode_chain_fused_mlp(bool, int) {

@@ -529,7 +529,8 @@ TEST_P(DecodeChainTest, BothFoldsMatchHost) {
 
 // The attention phase ahead of one linear phase: y = W attn + b, attn = softmax(q K^T scale) V
 // per head over a paged context whose last position is the new token (read from the QKV row and
-// written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300.
+// written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300; the short
+// form with the head CTAs' producers held until q is in (DecodeChainTuning::head_hold) and not.
 TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
   const DType t = GetParam();
   struct Shape {
@@ -588,52 +589,61 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
                        .block_size = BS,
                        .max_context = max_context,
                        .scale = scale};
-        const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0);
-        ASSERT_TRUE(st.ok()) << st;
-        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        // The short form's head CTAs with their producers held until q is in, then not.
+        for (const int hold : {1, 0}) {
+          SCOPED_TRACE(::testing::Message() << "head_hold " << hold);
+          attn.d->Poison();
+          y.d->Poison();
+          DecodeChainTuning tuning;
+          tuning.head_hold = hold;
+          const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0, tuning);
+          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 
-        // Host reference.
-        std::vector<float> want_attn(E);
-        for (int h = 0; h < H; ++h) {
-          const int kvh = h / (H / KVH);
-          auto k_at = [&](int pos, int d) {
-            if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
-            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-            return kc.v[(s * KVH + kvh) * D + d];
-          };
-          auto v_at = [&](int pos, int d) {
-            if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
-            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-            return vc.v[(s * KVH + kvh) * D + d];
-          };
-          std::vector<double> sc(ctx);
-          double m = -1e300;
-          for (int pos = 0; pos < ctx; ++pos) {
-            double dot = 0;
-            for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
-            sc[pos] = dot * scale;
-            m = std::max(m, sc[pos]);
+          // Host reference.
+          std::vector<float> want_attn(E);
+          for (int h = 0; h < H; ++h) {
+            const int kvh = h / (H / KVH);
+            auto k_at = [&](int pos, int d) {
+              if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
+              const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+              return kc.v[(s * KVH + kvh) * D + d];
+            };
+            auto v_at = [&](int pos, int d) {
+              if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
+              const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+              return vc.v[(s * KVH + kvh) * D + d];
+            };
+            std::vector<double> sc(ctx);
+            double m = -1e300;
+            for (int pos = 0; pos < ctx; ++pos) {
+              double dot = 0;
+              for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
+              sc[pos] = dot * scale;
+              m = std::max(m, sc[pos]);
+            }
+            double sum = 0;
+            for (double& v : sc) sum += (v = std::exp(v - m));
+            for (int d = 0; d < D; ++d) {
+              double o = 0;
+              for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
+              want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+            }
           }
-          double sum = 0;
-          for (double& v : sc) sum += (v = std::exp(v - m));
-          for (int d = 0; d < D; ++d) {
-            double o = 0;
-            for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
-            want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+          const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
+          EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
+          std::vector<float> want_y(N);
+          RunHostPhase({&w.v, &b.v, nullptr, nullptr, false, false, N, E}, attn.Get(t), want_y, t);
+          EXPECT_LT(RelError(y.Get(t), want_y), tol) << "the linear phase after it";
+          // The new token's K / V row went to the caches at its slot.
+          const std::vector<float> kgot = kc.Get(t), vgot = vc.Get(t);
+          for (int i = 0; i < KVH * D; ++i) {
+            ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
+            ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i])
+                << i;
           }
+          EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
         }
-        const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
-        EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
-        std::vector<float> want_y(N);
-        RunHostPhase({&w.v, &b.v, nullptr, nullptr, false, false, N, E}, attn.Get(t), want_y, t);
-        EXPECT_LT(RelError(y.Get(t), want_y), tol) << "the linear phase after it";
-        // The new token's K / V row went to the caches at its slot.
-        const std::vector<float> kgot = kc.Get(t), vgot = vc.Get(t);
-        for (int i = 0; i < KVH * D; ++i) {
-          ASSERT_EQ(kgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[H * D + i]) << i;
-          ASSERT_EQ(vgot[static_cast<int64_t>(slot) * KVH * D + i], qkv.v[(H + KVH) * D + i]) << i;
-        }
-        EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
       }
     }
   }
