@@ -180,7 +180,7 @@ struct ChainAttentionArgs {
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
   // DecodeChainTuning::head_hold (short form, heads < grid): a head CTA's producer streams no
-  // weights until its q is in shared memory.
+  // weights until its q is in shared memory (1) or its head is written (2); 0: not held.
   int hold;
 };
 
@@ -470,7 +470,8 @@ constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks
 // producers until the head was written (version 40) had changed nothing.
 constexpr int kDefaultHeadHold = 1;
 
-// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in.
+// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
+// head is written (2).
 template <typename T, bool kStamps>
 __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
                                     volatile int* hold_s) {
@@ -530,7 +531,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
-      if (at.hold) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
+      if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
     float dot = -INFINITY;
@@ -575,7 +576,10 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       }
     }
     FinishHead<T>(at, scratch, o, g, c, G, h, sum);
-    if (tid == 0) StampPhase<kStamps>(a, 0, kChainLastRelease);
+    if (tid == 0) {
+      if (at.hold == 2) *hold_s = 1;  // the head is written
+      StampPhase<kStamps>(a, 0, kChainLastRelease);
+    }
   }
   if (blockIdx.x == 0 && gridDim.x - 1 < H) WriteNewKv<T>(at, *at.slot);
 }
@@ -1664,6 +1668,11 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // (One fused instantiation a dtype: fp16 with the pair fold, bf16 with the fp32 one; none
   // with the tiled layout.)
   const bool half = (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0;
+  const int hold = tuning.head_hold == -1 ? kDefaultHeadHold : tuning.head_hold;
+  if (hold < 0 || hold > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeChain: head_hold ", tuning.head_hold, " (0, 1 or 2; -1: the default)"));
+  }
   const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
   const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0 &&
                     (p.dtype != DType::kF16 || half) && mma_fold == 0;
@@ -1756,8 +1765,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     static_assert(DecodeChainShortAttentionMaxContext(128) == kConsumers * 64 / 128);
     a.at.short_context =
         at.heads <= grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim);
-    const int hold = tuning.head_hold < 0 ? kDefaultHeadHold : tuning.head_hold;
-    a.at.hold = a.at.short_context && at.heads < grid && hold != 0 ? 1 : 0;
+    a.at.hold = a.at.short_context && at.heads < grid ? hold : 0;
     // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
     // of the block table.
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;

@@ -239,9 +239,9 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
       if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "na" &&
           row != "late" && row != "rel" && row != "tail" && row != "tailc" &&
           TailReleaseMask(row) < 0 && row != "notail" && row != "ll" && row != "nl" &&
-          row != "hq" && row != "hq0" && row != "tc" && row != "cc" && row != "otc" &&
-          row != "occ" && row != "hf" && row != "ohf" && row != "hf0" && row != "ohf0" &&
-          row != "fm" && row != "shares" &&
+          row != "hq" && row != "hq0" && row != "hq2" && row != "tc" && row != "cc" &&
+          row != "otc" && row != "occ" && row != "hf" && row != "ohf" && row != "hf0" &&
+          row != "ohf0" && row != "fm" && row != "shares" &&
           !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
             number >= 0) &&
           !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
@@ -260,7 +260,8 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
             "with the LL boundaries on, off) / hq, hq0 (auto with the head CTAs' producers held "
-            "until q is in, or not) / tc, cc (auto with the tensor-core, CUDA-core "
+            "until q is in, or not; hq2: until the head is written) / tc, cc (auto with the "
+            "tensor-core, CUDA-core "
             "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
             "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "
             "a CTA dealt by ticket) / shares (auto with calibrated per-SM shares of the rows)");

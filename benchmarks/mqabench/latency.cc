@@ -194,8 +194,8 @@ absl::Status Latency(const Flags& f) {
         chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
                 chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
                 chain == "ll" || chain == "nl" || chain == "hq" || chain == "hq0" ||
-                chain == "tc" || chain == "cc" || chain == "hf" || chain == "hf0" ||
-                chain.rfind("fm", 0) == 0 || shares_row
+                chain == "hq2" || chain == "tc" || chain == "cc" || chain == "hf" ||
+                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
             ? GptBigCodeOptions().decode_chain_min_layer_bytes
             : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
@@ -213,7 +213,8 @@ absl::Status Latency(const Flags& f) {
                                          : chain == "nl"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_ll_inputs);
-    r.model().set_decode_chain_head_hold(chain == "hq" ? 1
+    r.model().set_decode_chain_head_hold(chain == "hq"    ? 1
+                                         : chain == "hq2" ? 2
                                          : chain == "hq0"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_head_hold);

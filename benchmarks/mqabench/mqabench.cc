@@ -76,15 +76,16 @@
 //     (decode_chain_stage_bytes, K a multiple of 8) and at most N of them requested ahead (f0: the
 //     whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries (decode_chain_ll_inputs)
 //     on and off; hq and hq0 are auto with the head CTAs' producers held until their q is in
-//     (decode_chain_head_hold 1, the default) and not held; tc and cc are auto with the tiled
-//     tensor-core fold and the row-run fp32 fold on the CUDA cores (decode_chain_mma_fold 1, 0),
-//     otc and occ the same with the chain on every layer; hf and ohf are auto and on with the
-//     fp16-pair fold (decode_chain_half_fold 1, the default), hf0 and ohf0 with the fp32 fold; fm
-//     is auto with the fused MLP (decode_chain_fused_mlp: mlp.c_proj streamed from a transposed
-//     copy right after c_fc, no grid barrier between them), fmN the same with N stages a CTA dealt
-//     by ticket (decode_chain_fused_pool; fm: the default); shares is auto with per-SM shares of
-//     the chains' rows (GptBigCode::set_decode_chain_sm_shares) from a calibration of 32 untimed
-//     decode steps (GptBigCodeRunner::CalibrateDecodeChainShares; its summary is printed).
+//     (decode_chain_head_hold 1, the default) and not held, hq2 held until the head is written; tc
+//     and cc are auto with the tiled tensor-core fold and the row-run fp32 fold on the CUDA cores
+//     (decode_chain_mma_fold 1, 0), otc and occ the same with the chain on every layer; hf and ohf
+//     are auto and on with the fp16-pair fold (decode_chain_half_fold 1, the default), hf0 and ohf0
+//     with the fp32 fold; fm is auto with the fused MLP (decode_chain_fused_mlp: mlp.c_proj
+//     streamed from a transposed copy right after c_fc, no grid barrier between them), fmN the same
+//     with N stages a CTA dealt by ticket (decode_chain_fused_pool; fm: the default); shares is
+//     auto with per-SM shares of the chains' rows (GptBigCode::set_decode_chain_sm_shares) from a
+//     calibration of 32 untimed decode steps (GptBigCodeRunner::CalibrateDecodeChainShares; its
+//     summary is printed).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain

@@ -530,7 +530,8 @@ TEST_P(DecodeChainTest, BothFoldsMatchHost) {
 // The attention phase ahead of one linear phase: y = W attn + b, attn = softmax(q K^T scale) V
 // per head over a paged context whose last position is the new token (read from the QKV row and
 // written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300; the short
-// form with the head CTAs' producers held until q is in (DecodeChainTuning::head_hold) and not.
+// form with the head CTAs' producers held until q is in or the head is written
+// (DecodeChainTuning::head_hold), and not held.
 TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
   const DType t = GetParam();
   struct Shape {
@@ -589,8 +590,9 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
                        .block_size = BS,
                        .max_context = max_context,
                        .scale = scale};
-        // The short form's head CTAs with their producers held until q is in, then not.
-        for (const int hold : {1, 0}) {
+        // The short form's head CTAs with their producers held until q is in, until the head is
+        // written, and not held.
+        for (const int hold : {1, 2, 0}) {
           SCOPED_TRACE(::testing::Message() << "head_hold " << hold);
           attn.d->Poison();
           y.d->Poison();
@@ -794,6 +796,9 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
   DecodeChainTuning rows12;
   rows12.mma_fold = 12;  // tiles of a multiple of 8 rows only
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, rows12)));
+  DecodeChainTuning hold3;
+  hold3.head_hold = 3;  // 0, 1 or 2 (-1: the default)
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, hold3)));
   p.num_phases = 2;
   p.phases[1] = p.phases[0];
   p.phases[1].output = x.get();
