@@ -7,12 +7,12 @@
 # and trace CSVs are packed into $OUT/logs.tgz at the end (the device tool returns only a few
 # files a call). Never `wait` without a pid here: it would also wait for the console's tee.
 # 2026-12-06 (NOTES versions 38-46): every GPU test (gemm_cuda_test beside the others), the script
-# test, then StarCoder b1 at the defaults beside `hq0` (the head CTAs' producers not held) and `na`
-# (the attention a kernel of its own) at 128 / 128, and auto beside na at 512 / 128 (contexts past
-# the short form's bound: both rows must run the same kernels), b32, SantaCoder b1, a StarCoder b1
-# chain timeline of layer 20 and mqa_block_bench. On an H200 the first rows decide whether the
-# attention stays inside the chain there, and whether the hold wins there too. About 5 minutes;
-# give it 480 s.
+# test, then StarCoder b1 at the defaults beside `hq0` (the head CTAs' producers not held), `hq2`
+# (held until the head is written) and `na` (the attention a kernel of its own) at 128 / 128, and
+# auto beside na at 512 / 128 (contexts past the short form's bound: both rows must run the same
+# kernels), b32, SantaCoder b1, a StarCoder b1 chain timeline of layer 20 and mqa_block_bench. On an
+# H200 the first rows decide whether the attention stays inside the chain there, and whether the
+# hold wins there too. About 5 minutes; give it 480 s.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -40,7 +40,7 @@ while read -r name cmd; do
 done < $b/scripts.txt
 wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
 date -u
-timeout 120 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto,hq0,na > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g|CUDA graphs" $logs/st1.log | cut -c1-190
+timeout 120 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,hq2,na,auto,hq0,hq2,na > $logs/st1.log 2>&1; echo "st1 rc=$?"; grep -E "$g|CUDA graphs" $logs/st1.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 1 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 --chain auto,na > $logs/st512.log 2>&1; echo "st512 rc=$?"; grep -E "$g|CUDA graphs" $logs/st512.log | cut -c1-190
 timeout 120 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1; echo "st32 rc=$?"; grep -E "$g" $logs/st32.log | cut -c1-190
 timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 > $logs/sc.log 2>&1; echo "sc rc=$?"; grep -E "$g" $logs/sc.log | cut -c1-190
