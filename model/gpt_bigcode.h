@@ -222,7 +222,7 @@ struct GptBigCodeOptions {
   // layer is one launch (no attention or merge kernel between two chains). History: slower on the
   // H200 of 2026-12-03 (StarCoder b1 8.44 ms a step with the attention separate, 8.58 inside),
   // before the chain's later changes; on the H100s of 2026-12-06 the short form is 0.25-0.75%
-  // faster in seven calls (StarCoder b1 128 / 128, `mqabench --chain na,auto`), while the loop form
+  // faster in eight calls (StarCoder b1 128 / 128, `mqabench --chain na,auto`), while the loop form
   // that longer contexts would take loses 4.5% (512 / 128): hence on, with the short form's bound
   // (benchmarks/mqabench/NOTES.md version 38).
   bool decode_chain_attention = true;
