@@ -466,8 +466,10 @@ constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks
 // (StarCoder b1 128 / 128, decode step, separate processes in rotation, three rounds): held
 // 11.032 / 11.025 / 11.022 ms against 11.073 / 11.081 / 11.072 not held (-0.45%); with the V rows
 // also copied into shared memory before the PDL wait 11.031 / 11.029 / 11.032, those copies alone
-// 11.083 / 11.071 / 11.081 (benchmarks/mqabench/NOTES.md version 46). Holding the head CTAs'
-// producers until the head was written (version 40) had changed nothing.
+// 11.083 / 11.071 / 11.081 (benchmarks/mqabench/NOTES.md version 46). Confirmed at 13:25 UTC:
+// 11.016 / 11.016 against 11.067 / 11.066; held until the head is written (2) 11.016 / 11.013, the
+// same (version 40's form of that, with a smaller share of attn.c_proj's rows, had gained
+// nothing).
 constexpr int kDefaultHeadHold = 1;
 
 // hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
@@ -1025,7 +1027,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
-  __shared__ int hold_s;  // ChainAttentionArgs::hold: set by ShortAttentionPhase once q is in
+  __shared__ int hold_s;  // ChainAttentionArgs::hold: set by ShortAttentionPhase
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t side_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem + a.side_offset));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
