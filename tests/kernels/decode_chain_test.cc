@@ -590,6 +590,36 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
                        .block_size = BS,
                        .max_context = max_context,
                        .scale = scale};
+        // Host reference.
+        std::vector<float> want_attn(E);
+        for (int h = 0; h < H; ++h) {
+          const int kvh = h / (H / KVH);
+          auto k_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return kc.v[(s * KVH + kvh) * D + d];
+          };
+          auto v_at = [&](int pos, int d) {
+            if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
+            const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
+            return vc.v[(s * KVH + kvh) * D + d];
+          };
+          std::vector<double> sc(ctx);
+          double m = -1e300;
+          for (int pos = 0; pos < ctx; ++pos) {
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
+            sc[pos] = dot * scale;
+            m = std::max(m, sc[pos]);
+          }
+          double sum = 0;
+          for (double& v : sc) sum += (v = std::exp(v - m));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
+            want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
+          }
+        }
         // The short form's head CTAs with their producers held until q is in, until the head is
         // written, and not held.
         for (const int hold : {1, 2, 0}) {
@@ -601,37 +631,6 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
           const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0, tuning);
           ASSERT_TRUE(st.ok()) << st;
           ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-
-          // Host reference.
-          std::vector<float> want_attn(E);
-          for (int h = 0; h < H; ++h) {
-            const int kvh = h / (H / KVH);
-            auto k_at = [&](int pos, int d) {
-              if (pos == ctx - 1) return qkv.v[(H + kvh) * D + d];
-              const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-              return kc.v[(s * KVH + kvh) * D + d];
-            };
-            auto v_at = [&](int pos, int d) {
-              if (pos == ctx - 1) return qkv.v[(H + KVH + kvh) * D + d];
-              const int64_t s = static_cast<int64_t>(table[pos / BS]) * BS + pos % BS;
-              return vc.v[(s * KVH + kvh) * D + d];
-            };
-            std::vector<double> sc(ctx);
-            double m = -1e300;
-            for (int pos = 0; pos < ctx; ++pos) {
-              double dot = 0;
-              for (int d = 0; d < D; ++d) dot += double(qkv.v[h * D + d]) * k_at(pos, d);
-              sc[pos] = dot * scale;
-              m = std::max(m, sc[pos]);
-            }
-            double sum = 0;
-            for (double& v : sc) sum += (v = std::exp(v - m));
-            for (int d = 0; d < D; ++d) {
-              double o = 0;
-              for (int pos = 0; pos < ctx; ++pos) o += sc[pos] * v_at(pos, d);
-              want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
-            }
-          }
           const double tol = t == DType::kF16 ? 3e-3 : 2e-2;
           EXPECT_LT(RelError(attn.Get(t), want_attn), tol) << "attention";
           std::vector<float> want_y(N);
