@@ -28,7 +28,7 @@ nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/
 export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-g='^latency|Avg latency|decode step|decode graph'
+g='^latency|Avg latency|decode step|decode graph|CUDA graphs'
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the console
   local name=$1 limit=$2; shift 2
