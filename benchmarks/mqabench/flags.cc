@@ -156,6 +156,19 @@ int TailReleaseMask(absl::string_view row) {
   return mask;
 }
 
+bool IsAutoChainRow(absl::string_view row) {
+  static constexpr absl::string_view kNamed[] = {"auto",   "na", "late", "rel", "tail", "tailc",
+                                                 "notail", "ll", "nl",   "hq",  "hq0",  "hq2",
+                                                 "tc",     "cc", "hf",   "hf0", "fm",   "shares"};
+  for (absl::string_view named : kNamed) {
+    if (row == named) return true;
+  }
+  int number = 0;
+  if (TailReleaseMask(row) >= 0) return true;
+  if (absl::ConsumePrefix(&row, "fm")) return absl::SimpleAtoi(row, &number) && number >= 0;
+  return absl::ConsumePrefix(&row, "w") && absl::SimpleAtoi(row, &number) && number >= 0;
+}
+
 // --gemm skinnydsN: skinnyd with N KiB of each weight row staged in shared memory before the
 // wait (GptBigCodeOptions::gemm_stage_bytes); N, or -1 for any other variant.
 int SkinnyStageKib(absl::string_view v) {
@@ -236,15 +249,9 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
   for (absl::string_view v : absl::StrSplit(f.chain, ',')) {
     for (const std::string& row : rows_of(std::string(v))) {
       int number = 0, kib = 0, inflight = 0;
-      if (row != "off" && row != "on" && row != "auto" && row != "at" && row != "na" &&
-          row != "late" && row != "rel" && row != "tail" && row != "tailc" &&
-          TailReleaseMask(row) < 0 && row != "notail" && row != "ll" && row != "nl" &&
-          row != "hq" && row != "hq0" && row != "hq2" && row != "tc" && row != "cc" &&
-          row != "otc" && row != "occ" && row != "hf" && row != "ohf" && row != "hf0" &&
-          row != "ohf0" && row != "fm" && row != "shares" &&
-          !(row.size() > 2 && row.rfind("fm", 0) == 0 && absl::SimpleAtoi(row.substr(2), &number) &&
-            number >= 0) &&
-          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f' || row[0] == 'w') &&
+      if (!IsAutoChainRow(row) && row != "off" && row != "on" && row != "at" && row != "otc" &&
+          row != "occ" && row != "ohf" && row != "ohf0" &&
+          !(row.size() > 1 && (row[0] == 's' || row[0] == 'f') &&
             absl::SimpleAtoi(row.substr(1), &number) && number >= 0) &&
           !ParseRingForm(row, &kib, &inflight)) {
         return absl::InvalidArgumentError(

@@ -54,6 +54,11 @@ bool ParseRingForm(const std::string& row, int* kib, int* inflight);
 // The --chain forms tailr / tailrN: the release mask (GptBigCodeOptions::tail_release_early; tailr
 // is 1, N in 0..15); -1 for any other row.
 int TailReleaseMask(absl::string_view row);
+// The --chain rows that are `auto` with one knob changed (the chain on for layers of at least
+// GptBigCodeOptions::decode_chain_min_layer_bytes): auto, na, late, rel, tail, tailc, tailr /
+// tailrN, notail, wN, ll, nl, hq, hq0, hq2, tc, cc, hf, hf0, fm / fmN and shares. (The other rows
+// PlanLatency takes: off, on, at, otc, occ, ohf, ohf0, sN, fN and kKfN.)
+bool IsAutoChainRow(absl::string_view row);
 // --gemm skinnydsN: N (0..64) KiB of each weight row staged before the wait; -1 for any other.
 int SkinnyStageKib(absl::string_view v);
 // --gemm tma[B][hH]: sets *boxes (1, 2, 4; 0 when absent) and *hints (0, 1; -1 when absent);

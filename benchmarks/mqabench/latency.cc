@@ -191,13 +191,7 @@ absl::Status Latency(const Flags& f) {
         chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
         : ring_row      ? ring_inflight
                         : GptBigCodeOptions().decode_chain_max_inflight,
-        chain == "auto" || chain == "na" || chain == "late" || chain == "rel" || chain == "tail" ||
-                chain == "tailc" || tailr || chain == "notail" || chain[0] == 'w' ||
-                chain == "ll" || chain == "nl" || chain == "hq" || chain == "hq0" ||
-                chain == "hq2" || chain == "tc" || chain == "cc" || chain == "hf" ||
-                chain == "hf0" || chain.rfind("fm", 0) == 0 || shares_row
-            ? GptBigCodeOptions().decode_chain_min_layer_bytes
-            : 0);
+        IsAutoChainRow(chain) ? GptBigCodeOptions().decode_chain_min_layer_bytes : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");

@@ -70,9 +70,10 @@ TEST(MqabenchFlags, ValuesAreRead) {
 // Every --chain row mqabench.cc documents is accepted (the shares row once was not), in order.
 TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
   const std::vector<std::string> rows = {
-      "off", "on", "auto", "at",  "na",    "late", "rel",    "tail",  "notail", "tailc",  "ll",
-      "nl",  "tc", "cc",   "otc", "occ",   "hf",   "ohf",    "hf0",   "ohf0",   "fm",     "fm3",
-      "s4",  "f2", "w2",   "w0",  "k16f3", "k8f0", "shares", "tailr", "tailr0", "tailr15"};
+      "off",   "on",     "auto",  "at",     "na",      "late", "rel", "tail", "notail",
+      "tailc", "ll",     "nl",    "tc",     "cc",      "otc",  "occ", "hf",   "ohf",
+      "hf0",   "ohf0",   "fm",    "fm3",    "s4",      "f2",   "w2",  "w0",   "k16f3",
+      "k8f0",  "shares", "tailr", "tailr0", "tailr15", "hq",   "hq0", "hq2"};
   std::string list;
   for (const std::string& r : rows) list += (list.empty() ? "" : ",") + r;
   absl::StatusOr<LatencyPlan> p = Plan({"latency", "--chain", list});
@@ -91,6 +92,20 @@ TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
                           "tailr-1", "tailrx"}) {
     SCOPED_TRACE(row);
     ExpectRefused(Plan({"latency", "--chain", row}).status(), "--chain");
+  }
+}
+
+// The rows latency.cc runs as `auto` with one knob changed (the chain's layer-size bound), and
+// the other accepted rows, which it does not.
+TEST(MqabenchFlags, AutoChainRows) {
+  for (const char* row : {"auto",   "na", "late", "rel", "tail", "tailc", "tailr", "tailr5",
+                          "notail", "w0", "w2",   "ll",  "nl",   "hq",    "hq0",   "hq2",
+                          "tc",     "cc", "hf",   "hf0", "fm",   "fm3",   "shares"}) {
+    EXPECT_TRUE(IsAutoChainRow(row)) << row;
+  }
+  for (const char* row : {"off", "on", "at", "otc", "occ", "ohf", "ohf0", "s4", "f2", "k16f3", "w",
+                          "w-1", "fmx", "tailr16", "hq3", "bogus"}) {
+    EXPECT_FALSE(IsAutoChainRow(row)) << row;
   }
 }
 
