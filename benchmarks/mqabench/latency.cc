@@ -188,9 +188,9 @@ absl::Status Latency(const Flags& f) {
         attention_row   ? 1
         : chain == "na" ? 0
                         : GptBigCodeOptions().decode_chain_attention,
-        chain[0] == 'f' ? std::atoi(chain.c_str() + 1)
-        : ring_row      ? ring_inflight
-                        : GptBigCodeOptions().decode_chain_max_inflight,
+        chain[0] == 'f' && chain.rfind("fm", 0) != 0 ? std::atoi(chain.c_str() + 1)
+        : ring_row                                   ? ring_inflight
+                   : GptBigCodeOptions().decode_chain_max_inflight,
         IsAutoChainRow(chain) ? GptBigCodeOptions().decode_chain_min_layer_bytes : 0);
     r.model().set_decode_chain_stage_bytes(ring_row ? ring_kib * 1024
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);

@@ -626,6 +626,10 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
           SCOPED_TRACE(::testing::Message() << "head_hold " << hold);
           attn.d->Poison();
           y.d->Poison();
+          // The caches as they were, so that the slot's check below fails if this run did not
+          // write the new row (an earlier run's write would otherwise still be there).
+          kc.Upload(stream_);
+          vc.Upload(stream_);
           DecodeChainTuning tuning;
           tuning.head_hold = hold;
           const absl::Status st = DecodeChainCuda(p, stream_, true, ws->get(), 0, tuning);
