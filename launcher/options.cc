@@ -130,6 +130,12 @@ const std::map<std::string, Flag>& Flags() {
        {"Responses API: responses kept for GET /v1/responses/{id} and previous_response_id "
         "(the oldest forgotten first; at most 256 MiB; 0 keeps none)",
         Number(&Options::max_stored_responses)}},
+      {"async-scheduling",
+       Switch(&Options::async_scheduling, true,
+              "overlap the host's work between decode steps with the GPU: the runner launches "
+              "the predicted next decode step before this step's tokens are back (CUDA, "
+              "tensor-parallel size 1; outputs unchanged; a step whose prediction fails, on a "
+              "stop or an arrival, costs one wasted step)")},
       {"enable-chunked-prefill",
        Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
       {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},

@@ -47,6 +47,7 @@ struct Options {
   bool enable_auto_tool_choice = false;
   std::string tool_call_parser;
   bool enable_chunked_prefill = true;
+  bool async_scheduling = false;  // EngineOptions::decode_lookahead
   // HTTP (rank 0).
   std::string host = "127.0.0.1";
   int port = 8000;

@@ -265,6 +265,7 @@ EngineOptions MakeEngineOptions(const Options& o, const ModelConfig& config,
   e.priority_scheduling = o.scheduling_policy == "priority";
   e.enable_prefix_caching = o.enable_prefix_caching;
   e.enable_chunked_prefill = o.enable_chunked_prefill;
+  e.decode_lookahead = o.async_scheduling;
   e.seed = o.seed;
   if (auto eos = tokenizer.eos_id()) {
     e.eos_token_id = *eos;

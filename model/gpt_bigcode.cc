@@ -417,6 +417,58 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::ForwardSample(
 #endif
 }
 
+absl::Status GptBigCode::LaunchSample(const StepInput& in, PagedKvCache& cache,
+                                      Collectives& collectives,
+                                      absl::Span<const RowSamplingParams> params, int feed_rows) {
+  if (params.size() != in.logits_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchSample: ", params.size(),
+                                                   " sampling rows for ", in.logits_rows.size(),
+                                                   " logits rows"));
+  }
+  if (pending_launches() >= 2) {
+    return absl::FailedPreconditionError("LaunchSample: two launches outstanding; collect first");
+  }
+  if (w_.shard.world_size > 1) {
+    // The sampled tokens live on rank 0 only; the other ranks' inputs come from the host.
+    return absl::FailedPreconditionError("LaunchSample needs one rank (tensor parallel size 1)");
+  }
+  if (feed_rows < 0 || feed_rows > in.num_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchSample: feed_rows ", feed_rows, " with ",
+                                                   in.num_tokens(), " token rows"));
+  }
+  if (ctx_.device == Device::kCuda)
+    return LaunchStepCuda(in, cache, collectives, params, feed_rows);
+  if (feed_rows > static_cast<int>(cpu_last_sampled_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchSample: feed_rows ", feed_rows, " and ",
+                                                   cpu_last_sampled_.size(),
+                                                   " rows sampled by the previous launch"));
+  }
+  StepInput fed = in;
+  std::copy_n(cpu_last_sampled_.begin(), feed_rows, fed.token_ids.begin());
+  ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ForwardSample(fed, cache, collectives, params));
+  cpu_last_sampled_ = tokens;
+  cpu_pending_.push_back(std::move(tokens));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
+  if (ctx_.device == Device::kCuda) {
+    if (pending_cuda_launches() == 0) {
+      return absl::FailedPreconditionError("CollectSample: nothing launched");
+    }
+    return CollectSampleCuda();
+  }
+  if (cpu_pending_.empty()) return absl::FailedPreconditionError("CollectSample: nothing launched");
+  std::vector<int32_t> tokens = std::move(cpu_pending_.front());
+  cpu_pending_.pop_front();
+  return tokens;
+}
+
+int GptBigCode::pending_launches() const {
+  return ctx_.device == Device::kCuda ? pending_cuda_launches()
+                                      : static_cast<int>(cpu_pending_.size());
+}
+
 absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
                                Collectives& collectives) {
   const int64_t n = idx.num_tokens;

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -306,8 +307,9 @@ class GptBigCode {
                                                      absl::Span<const RowSamplingParams> params,
                                                      Tensor* logits = nullptr);
 
-  // Asynchronous decoding: the host prepares step t + 1 while the GPU runs step t (CUDA, one rank:
-  // FailedPrecondition otherwise).
+  // Asynchronous decoding: the host prepares step t + 1 while the GPU runs step t (one rank:
+  // FailedPrecondition otherwise; on the CPU each launch computes at once, which gives the same
+  // tokens, so that what builds on it is tested without a GPU).
   // LaunchSample enqueues a step and its sampling and returns at once; CollectSample waits for the
   // oldest launched step and returns its tokens (rank 0). At most two launches are outstanding;
   // ForwardSample and Forward need none. feed_rows: token rows [0, feed_rows) of `input` take
@@ -491,6 +493,11 @@ class GptBigCode {
   // (complete once the stream has passed it).
   absl::StatusOr<Tensor> LogitsToHostCuda(int64_t rows);
   int pending_launches() const;  // LaunchSample steps not collected
+  // LaunchSample's CUDA part after the checks common to both devices (ForwardCuda with the token
+  // feed, then LaunchSampleCuda), and the CUDA launches not collected.
+  absl::Status LaunchStepCuda(const StepInput& input, PagedKvCache& cache, Collectives& collectives,
+                              absl::Span<const RowSamplingParams> params, int feed_rows);
+  int pending_cuda_launches() const;
   absl::StatusOr<std::vector<int32_t>> CollectSampleCuda();
   // Drops captured graphs (their baked pointers die with a reallocated buffer).
   void ClearCudaGraphs();
@@ -499,6 +506,10 @@ class GptBigCode {
   const Activation activation_;
   OpContext ctx_;
   std::unique_ptr<CudaState, CudaStateDeleter> cuda_;
+  // LaunchSample on the CPU: the tokens of launches not collected, oldest first, and the rows the
+  // newest launch sampled (what the next launch's feed_rows may take).
+  std::deque<std::vector<int32_t>> cpu_pending_;
+  std::vector<int32_t> cpu_last_sampled_;
   DType dtype_;
   // Geometry of this rank.
   int64_t embd_ = 0, head_dim_ = 0, heads_ = 0, kv_heads_ = 0, qkv_cols_ = 0, inner_ = 0;

@@ -781,41 +781,22 @@ absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSampleCuda() {
   return std::vector<int32_t>(t, t + cuda_->sampled_rows[slot]);
 }
 
-absl::Status GptBigCode::LaunchSample(const StepInput& in, PagedKvCache& cache,
-                                      Collectives& collectives,
-                                      absl::Span<const RowSamplingParams> params, int feed_rows) {
-  if (ctx_.device != Device::kCuda || !cuda_) {
-    return absl::FailedPreconditionError("LaunchSample runs on the CUDA backend only");
-  }
-  if (params.size() != in.logits_rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("LaunchSample: ", params.size(),
-                                                   " sampling rows for ", in.logits_rows.size(),
-                                                   " logits rows"));
-  }
-  if (cuda_->pending.size() >= 2) {
-    return absl::FailedPreconditionError("LaunchSample: two launches outstanding; collect first");
-  }
-  if (w_.shard.world_size > 1) {
-    // The sampled tokens live on rank 0 only; the other ranks' inputs come from the host.
-    return absl::FailedPreconditionError("LaunchSample needs one rank (tensor parallel size 1)");
-  }
-  if (feed_rows < 0 || feed_rows > in.num_tokens() || feed_rows > cuda_->last_sampled_rows()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LaunchSample: feed_rows ", feed_rows, " with ", in.num_tokens(), " token rows and ",
-        cuda_->last_sampled_rows(), " rows sampled by the previous launch"));
+absl::Status GptBigCode::LaunchStepCuda(const StepInput& in, PagedKvCache& cache,
+                                        Collectives& collectives,
+                                        absl::Span<const RowSamplingParams> params, int feed_rows) {
+  if (!cuda_) return absl::FailedPreconditionError("LaunchSample: the CUDA backend is not ready");
+  if (feed_rows > cuda_->last_sampled_rows()) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchSample: feed_rows ", feed_rows, " and ",
+                                                   cuda_->last_sampled_rows(),
+                                                   " rows sampled by the previous launch"));
   }
   int64_t rows = 0;
   RETURN_IF_ERROR(ForwardCuda(in, cache, collectives, &rows, feed_rows));
   return LaunchSampleCuda(params);
 }
 
-int GptBigCode::pending_launches() const {
+int GptBigCode::pending_cuda_launches() const {
   return cuda_ ? static_cast<int>(cuda_->pending.size()) : 0;
-}
-
-absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
-  if (!cuda_) return absl::FailedPreconditionError("CollectSample: nothing launched");
-  return CollectSampleCuda();
 }
 
 #else  // !MQA_WITH_CUDA
@@ -853,14 +834,14 @@ std::vector<std::pair<int, int>> GptBigCode::DecodeGraphShapes(int, int) const {
 void GptBigCode::set_time_graphs(bool) {}
 void GptBigCode::set_attention(int, int, int, int) {}
 void GptBigCode::set_skip_ops(uint32_t skip) { ctx_.skip = skip; }
-absl::Status GptBigCode::LaunchSample(const StepInput&, PagedKvCache&, Collectives&,
-                                      absl::Span<const RowSamplingParams>, int) {
+absl::Status GptBigCode::LaunchStepCuda(const StepInput&, PagedKvCache&, Collectives&,
+                                        absl::Span<const RowSamplingParams>, int) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }
-absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSample() {
+absl::StatusOr<std::vector<int32_t>> GptBigCode::CollectSampleCuda() {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }
-int GptBigCode::pending_launches() const { return 0; }
+int GptBigCode::pending_cuda_launches() const { return 0; }
 double GptBigCode::last_graph_ms() const { return -1; }
 void GptBigCode::set_gemm_autotune(bool, int) {}
 void GptBigCode::FreezeGemmAutotune() {}

@@ -216,9 +216,32 @@ absl::Status GptBigCodeRunner::PrepareStep(const StepInput& input) {
 }
 
 absl::StatusOr<Tensor> GptBigCodeRunner::Execute(const StepInput& input) {
+  RETURN_IF_ERROR(DropLookahead());
   RETURN_IF_ERROR(PrepareStep(input));
   return model_->Forward(input, cache_, *collectives_);
 }
+
+absl::Status GptBigCodeRunner::DropLookahead() {
+  if (!lookahead_.has_value()) return absl::OkStatus();
+  lookahead_.reset();
+  ++lookahead_stats_.dropped;
+  return model_->CollectSample().status();  // waits for it; its tokens are not wanted
+}
+
+absl::Status GptBigCodeRunner::LaunchLookahead(const StepInput& input,
+                                               absl::Span<const RowSamplingParams> params) {
+  std::optional<LookaheadStep> next = PredictNextDecodeStep(
+      input, params, cache_.block_size(), static_cast<int>(weights_.config.n_positions));
+  if (!next.has_value()) return absl::OkStatus();
+  RETURN_IF_ERROR(PrepareStep(next->input));
+  RETURN_IF_ERROR(model_->LaunchSample(next->input, cache_, *collectives_, next->params,
+                                       next->input.num_tokens()));
+  lookahead_ = std::move(next);
+  ++lookahead_stats_.launched;
+  return absl::OkStatus();
+}
+
+absl::Status GptBigCodeRunner::KeepAlive() { return DropLookahead(); }
 
 absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
     const StepInput& input, absl::Span<const RowSamplingParams> params) {
@@ -305,14 +328,39 @@ absl::StatusOr<DecodeChainShareCalibration> GptBigCodeRunner::CalibrateDecodeCha
 absl::Status GptBigCodeRunner::LaunchSample(const StepInput& input,
                                             absl::Span<const RowSamplingParams> params,
                                             int feed_rows) {
+  RETURN_IF_ERROR(DropLookahead());
   RETURN_IF_ERROR(PrepareStep(input));
   return model_->LaunchSample(input, cache_, *collectives_, params, feed_rows);
 }
 
 absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
     const StepInput& input, absl::Span<const RowSamplingParams> params, bool with_logits) {
-  RETURN_IF_ERROR(PrepareStep(input));
+  // Decode lookahead (runtime/decode_lookahead.h): one rank only (the other ranks' inputs come
+  // from the host), and never with logits (they would have to be copied for every step).
+  const bool look_ahead = input.may_look_ahead && !with_logits && collectives_->world_size() == 1;
   SampledStep out;
+  if (lookahead_.has_value()) {
+    if (!with_logits && IsPredictedStep(*lookahead_, lookahead_fed_, input, params)) {
+      // The engine's step is the one already running: launch the one after it, then collect.
+      lookahead_.reset();
+      ++lookahead_stats_.used;
+      if (look_ahead) RETURN_IF_ERROR(LaunchLookahead(input, params));
+      ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
+      if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
+      return out;
+    }
+    RETURN_IF_ERROR(DropLookahead());
+  }
+  RETURN_IF_ERROR(PrepareStep(input));
+  if (look_ahead && PredictNextDecodeStep(input, params, cache_.block_size(),
+                                          static_cast<int>(weights_.config.n_positions))
+                        .has_value()) {
+    RETURN_IF_ERROR(model_->LaunchSample(input, cache_, *collectives_, params));
+    RETURN_IF_ERROR(LaunchLookahead(input, params));
+    ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
+    if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
+    return out;
+  }
   ASSIGN_OR_RETURN(out.tokens, model_->ForwardSample(input, cache_, *collectives_, params,
                                                      with_logits ? &out.logits : nullptr));
   return out;

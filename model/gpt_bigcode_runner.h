@@ -12,12 +12,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/gpt_bigcode.h"
 #include "model/weights.h"
 #include "model/weights_loader.h"
 #include "parallel/collectives.h"
+#include "runtime/decode_lookahead.h"
 #include "runtime/model_runner.h"
 
 namespace mqa {
@@ -103,6 +106,10 @@ class GptBigCodeRunner final : public ModelRunner {
   // timelines are read as the default chain's four phases (c_proj, c_fc, mlp.c_proj, c_attn):
   // with decode_chain_attention on, the phases are offset by one and the rates mismatched.
   absl::StatusOr<DecodeChainShareCalibration> CalibrateDecodeChainShares(int steps, int context);
+  // Drops a predicted step still pending (decode lookahead), so that the GPU is idle afterwards.
+  absl::Status KeepAlive() override;
+  // Decode lookahead's counts so far (StepInput::may_look_ahead, runtime/decode_lookahead.h).
+  const LookaheadStats& lookahead_stats() const { return lookahead_stats_; }
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int num_kv_blocks() const override { return cache_.num_blocks(); }
   int block_size() const override { return cache_.block_size(); }
@@ -121,6 +128,11 @@ class GptBigCodeRunner final : public ModelRunner {
   // Every step's start: validates it (InvalidArgument before any collective or cache write) and
   // applies its block copies (in order on the CPU, one launch on the model's stream on the GPU).
   absl::Status PrepareStep(const StepInput& input);
+  // Decode lookahead: launches the predicted step after `input` (which must be launched already),
+  // fed on the device with the tokens `input` samples; nothing when there is no prediction.
+  absl::Status LaunchLookahead(const StepInput& input, absl::Span<const RowSamplingParams> params);
+  // Waits for a pending predicted step and forgets it (every path but the matching one).
+  absl::Status DropLookahead();
   absl::Status SizeKvPoolFromFreeMemory(const GptBigCodeRunnerOptions& options,
                                         PagedKvCache::Shape& shape);
 
@@ -128,6 +140,11 @@ class GptBigCodeRunner final : public ModelRunner {
   Collectives* collectives_;
   PagedKvCache cache_;
   std::unique_ptr<GptBigCode> model_;  // refers to weights_: declared after it
+  // The predicted step launched and not collected, and the tokens it was fed (the step before
+  // it sampled them).
+  std::optional<LookaheadStep> lookahead_;
+  std::vector<int32_t> lookahead_fed_;
+  LookaheadStats lookahead_stats_;
 };
 
 // LoadWeights(load) for this rank (load.rank / load.world_size are taken from `collectives`),

@@ -220,6 +220,14 @@ int32_t BlockManager::Slot(int64_t seq_id, int position) const {
   return blocks[position / block_size()] * block_size() + position % block_size();
 }
 
+bool BlockManager::OwnsBlockAt(int64_t seq_id, int position) const {
+  const auto it = tables_.find(seq_id);
+  if (it == tables_.end() || position < 0) return false;
+  const std::vector<int32_t>& blocks = it->second.blocks;
+  const size_t index = static_cast<size_t>(position / block_size());
+  return index < blocks.size() && blocks_[blocks[index]].ref_count == 1;
+}
+
 double BlockManager::Usage() const {
   return 1.0 - static_cast<double>(NumFreeBlocks()) / num_blocks();
 }

@@ -87,6 +87,9 @@ class BlockManager {
   const std::vector<int32_t>& BlockTable(int64_t seq_id) const;
   // Physical slot (block * block_size + offset) of a token position.
   int32_t Slot(int64_t seq_id, int position) const;
+  // Whether the block holding `position` in the sequence's table is referenced by this sequence
+  // only (false when the table has no such block): a write there cannot reach another sequence.
+  bool OwnsBlockAt(int64_t seq_id, int position) const;
 
   // Unreferenced blocks: never used or released, plus cached blocks that can be evicted.
   int NumFreeBlocks() const { return static_cast<int>(free_list_.size() + evictor_.size()); }

@@ -352,6 +352,8 @@ absl::Status Engine::Step() {
   }
   std::vector<int32_t> device_tokens;
   absl::StatusOr<Tensor> logits = Tensor();
+  plan.input.may_look_ahead =
+      on_device && !host_rows && options_.decode_lookahead && MayLookAhead(plan);
   if (on_device) {
     absl::StatusOr<SampledStep> sampled = runner_->ExecuteSampled(plan.input, row_params, host_rows);
     if (!sampled.ok()) {
@@ -512,6 +514,27 @@ absl::Status Engine::Step() {
   for (const auto& group : scheduler_.TakeFinishedGroups()) requests_.erase(group->request_id());
   PublishMetrics();
   return absl::OkStatus();
+}
+
+bool Engine::MayLookAhead(const SchedulerOutput& plan) const {
+  if (options_.speculative.enabled() || scheduler_.num_waiting() > 0 ||
+      static_cast<int>(plan.scheduled.size()) != scheduler_.NumRunningSeqs()) {
+    return false;
+  }
+  for (const ScheduledSeq& s : plan.scheduled) {
+    const Sequence& seq = *s.seq;
+    const SamplingParams& params = s.group->params();
+    // After this step the sequence holds num_tokens() + 1 tokens and one more output; it is
+    // scheduled again unless that token (or its text) stops it.
+    if (s.num_tokens != 1 || s.logits_index < 0 || s.num_draws != 1 || !s.draft.empty() ||
+        s.num_prompt_rows > 0 || seq.num_computed_tokens() + 1 != seq.num_tokens() ||
+        seq.num_output_tokens() + 1 >= params.max_tokens ||
+        seq.num_tokens() + 1 >= options_.max_model_len ||
+        !block_manager_.OwnsBlockAt(seq.seq_id(), seq.num_tokens())) {
+      return false;
+    }
+  }
+  return true;
 }
 
 int Engine::GuideState(const SequenceGroup& group, const Sequence& seq) const {

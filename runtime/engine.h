@@ -62,6 +62,13 @@ struct EngineOptions {
   // prompt_logprobs), each costing a logits row: a step's logits rows stay within max_num_seqs
   // plus this, the size a runner's logits workspace needs. 0 refuses such requests.
   int max_prompt_logprob_rows = 256;
+  // Decode lookahead (runtime/decode_lookahead.h): on steps where every sequence decodes with
+  // device sampling, continues unless its token stops it, and nothing waits, the engine tells the
+  // runner (StepInput::may_look_ahead), which may launch the predicted next step before this
+  // step's tokens reach the host; the host's work between steps then overlaps the GPU. Outputs
+  // are the same either way; a step whose prediction fails (a stop, an arrival) costs the GPU one
+  // wasted step. Off: every step starts after the previous one's tokens are processed.
+  bool decode_lookahead = false;
   // Speculative decoding by prompt lookup (runtime/speculative.h); off by default.
   SpeculativeConfig speculative;
   // vLLM's --scheduling-policy priority: requests are admitted, stepped and spared from
@@ -216,6 +223,10 @@ class Engine {
   // rejected drafts.
   // The guide state `seq` has reached (SampleState::guide_state; the start one without a guide).
   int GuideState(const SequenceGroup& group, const Sequence& seq) const;
+  // StepInput::may_look_ahead for a step whose rows are all device-sampled (no host rows): every
+  // running sequence is in `plan` as a one-token decode that continues by length, none waits, and
+  // each one's block for its next token is its own.
+  bool MayLookAhead(const SchedulerOutput& plan) const;
   // guide_state: the sample's (GuideState).
   std::vector<SampleResult> DrawChecks(
       const ScheduledSeq& s, absl::Span<const int32_t> device_tokens,

@@ -40,6 +40,12 @@ struct StepInput {
   std::vector<BlockCopy> block_copies;
   // Sequences whose blocks were released since the last step (lets mirrors drop their tables).
   std::vector<int64_t> finished_seq_ids;
+  // The engine's hint for decode lookahead (runtime/decode_lookahead.h): every sequence of this
+  // decode step is scheduled again next step with its sampled token unless that token (or the
+  // text it ends) stops it, nothing else is waiting to run, and each sequence's last block is its
+  // own. A runner that samples on the device may then launch the predicted next step before this
+  // step's tokens reach the host. Not part of what a distributed runner sends its workers.
+  bool may_look_ahead = false;
 
   int num_seqs() const { return static_cast<int>(seq_ids.size()); }
   int num_tokens() const { return static_cast<int>(token_ids.size()); }

@@ -37,6 +37,7 @@ class TimedRunner final : public ModelRunner {
     last_s_ = Seconds(t0, Clock::now());
     return out;
   }
+  absl::Status KeepAlive() override { return inner_->KeepAlive(); }
   int64_t vocab_size() const override { return inner_->vocab_size(); }
   int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   int block_size() const override { return inner_->block_size(); }
@@ -94,6 +95,12 @@ absl::StatusOr<EngineRunStats> RunThroughEngine(ModelRunner* runner, const Engin
   stats.spec_accepted_tokens = engine->metrics().spec_accepted_tokens;
   RETURN_IF_ERROR(failure);
   return stats;
+}
+
+std::string LookaheadSummary(const LookaheadStats& before, const LookaheadStats& after) {
+  return absl::StrCat("; decode lookahead: ", after.launched - before.launched,
+                      " predicted steps launched, ", after.used - before.used, " used, ",
+                      after.dropped - before.dropped, " dropped");
 }
 
 }  // namespace mqa::bench

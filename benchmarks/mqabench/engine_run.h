@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/decode_lookahead.h"
 #include "runtime/engine.h"
 #include "runtime/model_runner.h"
 
@@ -38,5 +40,9 @@ struct EngineRunStats {
 absl::StatusOr<EngineRunStats> RunThroughEngine(ModelRunner* runner, const EngineOptions& options,
                                                 const std::vector<EngineRequestSpec>& requests,
                                                 const std::function<double()>& gpu_ms = nullptr);
+
+// "; decode lookahead: L predicted steps launched, U used, D dropped" for the counts between two
+// readings of GptBigCodeRunner::lookahead_stats.
+std::string LookaheadSummary(const LookaheadStats& before, const LookaheadStats& after);
 
 }  // namespace mqa::bench

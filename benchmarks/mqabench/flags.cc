@@ -129,8 +129,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, const char* const* argv) {
   if (f.async != "off" && f.async != "on" && f.async != "both") {
     return absl::InvalidArgumentError("--async off|on|both");
   }
-  if (f.engine != "off" && f.engine != "on" && f.engine != "both") {
-    return absl::InvalidArgumentError("--engine off|on|both");
+  if (EngineRows(f.engine).empty()) {
+    return absl::InvalidArgumentError("--engine off|on|la|both or a comma list of them");
   }
   if (f.load_format != "dummy") {
     return absl::InvalidArgumentError("only --load-format dummy (weights made on the GPU)");
@@ -154,6 +154,20 @@ int TailReleaseMask(absl::string_view row) {
   if (row.empty()) return kTailReleaseAttnProj;
   if (!absl::SimpleAtoi(row, &mask) || mask < 0 || mask > kTailReleaseAll) return -1;
   return mask;
+}
+
+std::vector<std::string> EngineRows(absl::string_view engine) {
+  std::vector<std::string> rows;
+  for (absl::string_view v : absl::StrSplit(engine, ',')) {
+    if (v == "both") {
+      rows.insert(rows.end(), {"off", "on"});
+    } else if (v == "off" || v == "on" || v == "la") {
+      rows.emplace_back(v);
+    } else {
+      return {};
+    }
+  }
+  return rows;
 }
 
 bool IsAutoChainRow(absl::string_view row) {
@@ -356,7 +370,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
                   for (int n : split_rows) {
                     for (int tn : tn_rows) {
                       for (const std::string& c : chains) {
-                        for (const std::string& e : rows_of(f.engine)) {
+                        for (const std::string& e : EngineRows(f.engine)) {
                           plan.runs.push_back({v, k, a, m, y, c, e, t, x, w, n, tn});
                         }
                       }

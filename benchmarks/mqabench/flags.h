@@ -25,7 +25,9 @@ struct Flags {
   std::string autotune = "decode";  // as the server: tuned during the decode-graph warm-up
   std::string small = "on";         // the runner's default
   std::string async = "off";
-  std::string engine = "off";  // off: mqabench's own step loop; on: the serving engine; both
+  // off: mqabench's own step loop; on: the serving engine; la: the engine with decode lookahead
+  // (EngineOptions::decode_lookahead); both: off and on; or a comma list of these (EngineRows).
+  std::string engine = "off";
   std::string chain = "auto";
   std::string chain_timeline;  // comma list of layers (empty: off)
   std::string kernel_trace;    // CSV path prefix (empty: off)
@@ -59,6 +61,10 @@ int TailReleaseMask(absl::string_view row);
 // tailrN, notail, wN, ll, nl, hq, hq0, hq2, tc, cc, hf, hf0, fm / fmN and shares. (The other rows
 // PlanLatency takes: off, on, at, otc, occ, ohf, ohf0, sN, fN and kKfN.)
 bool IsAutoChainRow(absl::string_view row);
+
+// --engine's rows in order, each off, on or la ("both" gives off and on); empty when an item is
+// none of off, on, la, both.
+std::vector<std::string> EngineRows(absl::string_view engine);
 // --gemm skinnydsN: N (0..64) KiB of each weight row staged before the wait; -1 for any other.
 int SkinnyStageKib(absl::string_view v);
 // --gemm tma[B][hH]: sets *boxes (1, 2, 4; 0 when absent) and *hints (0, 1; -1 when absent);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -83,9 +84,11 @@ void PrintAvgLatency(const std::vector<double>& latencies) {
 // is the prefill, the rest are decode steps. Prints the same figures as the own loop's rows plus
 // where a decode step's time goes: the GPU (the decode graph's events), the runner's host side
 // (step checks, inputs, launch, token copy) and the engine's (everything outside the runner).
-absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
+absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms, bool lookahead) {
   GptBigCodeRunner& r = *s.runner;
+  const LookaheadStats lookahead_before = r.lookahead_stats();
   EngineOptions options;
+  options.decode_lookahead = lookahead;
   options.max_num_seqs = std::max(256, f.batch_size);
   options.max_num_batched_tokens = std::max(2048, f.batch_size * f.input_len);
   options.max_model_len = f.input_len + f.output_len;
@@ -100,9 +103,11 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
       for (int32_t& t : q.prompt) t = rng() % s.config.vocab_size;
       q.max_tokens = f.output_len;
     }
-    ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, requests, [&] {
-                       return r.model().last_graph_ms();
-                     }));
+    // (With lookahead the next step's launch records the graph's events again before this
+    // step's are read: no GPU time.)
+    std::function<double()> gpu_ms;
+    if (!lookahead) gpu_ms = [&] { return r.model().last_graph_ms(); };
+    ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, requests, gpu_ms));
     if (iter < f.num_iters_warmup) continue;
     drafts += st.spec_draft_tokens;
     accepted += st.spec_accepted_tokens;
@@ -121,9 +126,10 @@ absl::Status EngineLatencyRow(const Flags& f, Setup& s, double floor_ms) {
   }
   const double step_ms = Median(steps) * 1e3, runner_ms = Median(runner_steps) * 1e3;
   std::printf(
-      "latency %s (engine): batch %d, in %d, out %d, %s, the model's knobs of the row above\n",
-      f.model.c_str(), f.batch_size, f.input_len, f.output_len,
-      std::string(DTypeName(s.dtype)).c_str());
+      "latency %s (engine%s): batch %d, in %d, out %d, %s, the model's knobs of the row above%s\n",
+      f.model.c_str(), lookahead ? ", decode lookahead" : "", f.batch_size, f.input_len,
+      f.output_len, std::string(DTypeName(s.dtype)).c_str(),
+      lookahead ? LookaheadSummary(lookahead_before, r.lookahead_stats()).c_str() : "");
   PrintAvgLatency(latencies);
   if (f.speculative > 0) {
     std::printf(
@@ -281,8 +287,8 @@ absl::Status Latency(const Flags& f) {
     std::vector<double> latencies, prefills, steps, graph_ms;
     absl::Status failed;
     r.model().set_time_graphs(true);
-    if (engine == "on") {
-      const absl::Status st = EngineLatencyRow(f, s, floor_ms);
+    if (engine == "on" || engine == "la") {
+      const absl::Status st = EngineLatencyRow(f, s, floor_ms, engine == "la");
       if (!st.ok()) {
         std::printf("latency %s (engine): FAILED %s\n", f.model.c_str(), st.ToString().c_str());
         std::fflush(stdout);

@@ -5,7 +5,7 @@
 //       [--block-size 16] [--no-cuda-graphs] [--gemm skinny|skinny1|skinny4|cublaslt|both|all]
 //       [--fast off|pdl|fuse|pdl+fuse|pdl+ln|LIST|all] [--autotune off|on|decode|both|LIST]
 //       [--small off|on|both]
-//       [--async off|on|both] [--engine off|on|both] [--attn 3[,5...]] [--attn-wm 0[,1...]]
+//       [--async off|on|both] [--engine off|on|la|both] [--attn 3[,5...]] [--attn-wm 0[,1...]]
 //       [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
@@ -34,11 +34,14 @@
 //     --async off|on|both: on = GptBigCodeRunner::LaunchSample / CollectSample, step t + 1
 //     launched (its tokens fed from step t's on the device) before step t's tokens are read back,
 //     so the host's step preparation overlaps the GPU; "both" gives one row each.
-//     --engine off|on|both: on = the workload queued into the serving engine (runtime/engine.h:
-//     scheduler, block manager, device sampling, output processing) and stepped as the server
-//     steps it, with a decode step's time split into the GPU's, the runner's host work and the
-//     engine's own; "both" gives mqabench's own loop's row, then the engine's (same runner).
-//     throughput takes it too (default off: mqabench's own loop).
+//     --engine off|on|la|both or a comma list of them: on = the workload queued into the serving
+//     engine (runtime/engine.h: scheduler, block manager, device sampling, output processing) and
+//     stepped as the server steps it, with a decode step's time split into the GPU's, the
+//     runner's host work and the engine's own; la = the same with decode lookahead
+//     (EngineOptions::decode_lookahead, the server's --async-scheduling: the predicted next step
+//     launched before this step's tokens are back; its counts printed); "both" gives mqabench's
+//     own loop's row, then the engine's (same runner). throughput takes it too (default off:
+//     mqabench's own loop).
 //     --attn: GptBigCodeOptions::attention_variant (kernels/paged_attention_cuda.h), a comma list
 //     gives one row each (3: merge kernel; 5: in-kernel merge by the last split to finish; 6: 5
 //     for few short splits, else 3; 9: 6 with early KV copies and the cluster merge for grids of
@@ -109,7 +112,7 @@
 //     (weight bytes / the device-to-device copy bandwidth measured in this run).
 //
 //   mqabench throughput --model configs/starcoder [--num-prompts 500] [--max-num-seqs 256]
-//       [--max-num-batched-tokens 4096] [--seed 0] [--engine off|on|both]
+//       [--max-num-batched-tokens 4096] [--seed 0] [--engine off|on|la|both]
 //     Many requests of mixed lengths: prompt and output lengths from slices of this repository's
 //     source files (bytes as token ids: code-shaped lengths), continuous batching (prefills of
 //     whole prompts alongside the running decodes). Prints output tokens/s and the fraction of

@@ -110,23 +110,31 @@ absl::Status Throughput(const Flags& f) {
   for (size_t i = 0; i < waiting.size(); ++i) {
     specs.push_back({waiting[i].prompt, waiting[i].output_len, 0.8f, 0.95f, i});
   }
-  if (f.engine != "on")
-    RETURN_IF_ERROR(ThroughputOwnLoop(f, s, std::move(waiting), params, gemm_rate));
-  if (f.engine == "off") return absl::OkStatus();
-  // The same requests through the serving engine (chunked prefill, its scheduler and sampling).
-  EngineOptions options;
-  options.max_num_seqs = f.max_num_seqs;
-  options.max_num_batched_tokens = f.max_num_batched_tokens;
-  options.max_model_len = 1024 + 256;
-  ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, specs));
-  double runner_s = 0;
-  for (double x : st.runner_s) runner_s += x;
-  // Every request's last output token is never fed back.
-  const int64_t processed = st.prompt_tokens + st.output_tokens - f.num_prompts;
-  PrintThroughputRow(
-      "engine", st.seconds, static_cast<int64_t>(st.step_s.size()), st.output_tokens, processed,
-      params, gemm_rate,
-      absl::StrFormat("; %.1f%% of the time inside the runner", 100.0 * runner_s / st.seconds));
+  for (const std::string& row : EngineRows(f.engine)) {
+    if (row == "off") {
+      RETURN_IF_ERROR(ThroughputOwnLoop(f, s, waiting, params, gemm_rate));
+      continue;
+    }
+    // The same requests through the serving engine (chunked prefill, its scheduler and
+    // sampling), with decode lookahead on the la row.
+    EngineOptions options;
+    options.max_num_seqs = f.max_num_seqs;
+    options.max_num_batched_tokens = f.max_num_batched_tokens;
+    options.max_model_len = 1024 + 256;
+    options.decode_lookahead = row == "la";
+    const LookaheadStats before = r.lookahead_stats();
+    ASSIGN_OR_RETURN(EngineRunStats st, RunThroughEngine(&r, options, specs));
+    double runner_s = 0;
+    for (double x : st.runner_s) runner_s += x;
+    // Every request's last output token is never fed back.
+    const int64_t processed = st.prompt_tokens + st.output_tokens - f.num_prompts;
+    PrintThroughputRow(
+        row == "la" ? "engine, lookahead" : "engine", st.seconds,
+        static_cast<int64_t>(st.step_s.size()), st.output_tokens, processed, params, gemm_rate,
+        absl::StrCat(absl::StrFormat("; %.1f%% of the time inside the runner",
+                                     100.0 * runner_s / st.seconds),
+                     row == "la" ? LookaheadSummary(before, r.lookahead_stats()) : ""));
+  }
   return absl::OkStatus();
 }
 

@@ -211,7 +211,23 @@ TEST(MqabenchFlags, BadCommandLinesNameTheirFlag) {
   ExpectRefused(Parse({"latency", "--autotune", "decode,sometimes"}).status(), "--autotune");
   ExpectRefused(Parse({"latency", "--small", "maybe"}).status(), "--small");
   ExpectRefused(Parse({"throughput", "--engine", "yes"}).status(), "--engine");
+  ExpectRefused(Parse({"latency", "--engine", "on,lookahead"}).status(), "--engine");
   EXPECT_TRUE(Parse({"throughput", "--num-prompts", "20", "--engine", "both"}).ok());
+  EXPECT_TRUE(Parse({"throughput", "--engine", "on,la"}).ok());
+}
+
+// --engine's rows: off, on, la (the engine with decode lookahead), both = off and on, in a comma
+// list in order; anything else none.
+TEST(MqabenchFlags, EngineRows) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(EngineRows("off"), V({"off"}));
+  EXPECT_EQ(EngineRows("both"), V({"off", "on"}));
+  EXPECT_EQ(EngineRows("on,la"), V({"on", "la"}));
+  EXPECT_EQ(EngineRows("both,la"), V({"off", "on", "la"}));
+  EXPECT_TRUE(EngineRows("la,").empty());
+  EXPECT_TRUE(EngineRows("async").empty());
+  ASSERT_TRUE(Plan({"latency", "--engine", "on,la", "--async", "both"}).ok());
+  EXPECT_EQ(Plan({"latency", "--engine", "on,la", "--async", "both"})->runs.size(), 4u);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "model/gpt_bigcode_runner.h"
 #include "parallel/collectives.h"
 #include "runtime/engine.h"
+#include "tests/model/churn_workload.h"
 #include "tests/model/hf_fixture.h"
 #include "tests/model/prompt_scores_util.h"
 
@@ -52,25 +53,63 @@ struct EngineSetup {
   bool together = true;
   int max_num_batched_tokens = 64;  // small: long prompts are chunked
   SpeculativeConfig speculative;
+  // The engine samples through the runner (ExecuteSampled, on the CPU as on the GPU), with decode
+  // lookahead (EngineOptions::decode_lookahead) when `lookahead`.
+  bool device_sampling = false;
+  bool lookahead = false;
 };
 
 struct RunResult {
   std::vector<std::vector<int32_t>> outputs;
   EngineMetrics metrics;
   int cached_prompt_tokens = 0;
+  LookaheadStats lookahead;
 };
 
-// An engine over the CPU runner of fixture `model`; `collectives` must outlive it.
+// The CPU runner as the engine sees a GPU runner: it samples "on the device"
+// (GptBigCodeRunner::ExecuteSampled, the same sampling function), so that the engine sends
+// per-row sampling parameters and, with decode lookahead, may_look_ahead hints.
+class DeviceSamplingCpuRunner final : public ModelRunner {
+ public:
+  explicit DeviceSamplingCpuRunner(std::unique_ptr<GptBigCodeRunner> inner)
+      : inner_(std::move(inner)) {}
+  absl::StatusOr<Tensor> Execute(const StepInput& input) override { return inner_->Execute(input); }
+  bool samples_on_device() const override { return true; }
+  absl::StatusOr<SampledStep> ExecuteSampled(const StepInput& input,
+                                             absl::Span<const RowSamplingParams> params,
+                                             bool with_logits) override {
+    return inner_->ExecuteSampled(input, params, with_logits);
+  }
+  absl::Status KeepAlive() override { return inner_->KeepAlive(); }
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int block_size() const override { return inner_->block_size(); }
+  const GptBigCodeRunner& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<GptBigCodeRunner> inner_;
+};
+
+// An engine over the CPU runner of fixture `model`; `collectives` must outlive it. `runner_out`
+// (optional) gets the runner, which the engine owns.
 std::unique_ptr<Engine> MakeEngine(const std::string& model, const EngineSetup& s,
-                                   Collectives* collectives, int max_prompt_logprob_rows = 256) {
+                                   Collectives* collectives, int max_prompt_logprob_rows = 256,
+                                   const GptBigCodeRunner** runner_out = nullptr) {
   LoadOptions load;
   load.model_dir = FixtureModelDir(model);
   GptBigCodeRunnerOptions ro;
   ro.block_size = s.block_size;
   ro.num_kv_blocks = s.num_kv_blocks;
-  auto runner = CreateGptBigCodeRunnerFromDir(load, collectives, ro);
-  MQA_CHECK_OK(runner.status());
+  auto loaded = CreateGptBigCodeRunnerFromDir(load, collectives, ro);
+  MQA_CHECK_OK(loaded.status());
+  if (runner_out != nullptr) *runner_out = loaded->get();
+  std::unique_ptr<ModelRunner> runner = *std::move(loaded);
+  if (s.device_sampling || s.lookahead) {
+    runner = std::make_unique<DeviceSamplingCpuRunner>(
+        std::unique_ptr<GptBigCodeRunner>(static_cast<GptBigCodeRunner*>(runner.release())));
+  }
   EngineOptions eo;
+  eo.decode_lookahead = s.lookahead;
   eo.max_num_batched_tokens = s.max_num_batched_tokens;
   eo.max_num_seqs = 16;
   eo.max_model_len = 128;
@@ -78,7 +117,7 @@ std::unique_ptr<Engine> MakeEngine(const std::string& model, const EngineSetup& 
   eo.eos_token_id = -1;  // HF's reference loop never stops early
   eo.max_prompt_logprob_rows = max_prompt_logprob_rows;
   eo.speculative = s.speculative;
-  auto engine = Engine::Create(*std::move(runner), eo);
+  auto engine = Engine::Create(std::move(runner), eo);
   MQA_CHECK_OK(engine.status());
   return *std::move(engine);
 }
@@ -86,7 +125,8 @@ std::unique_ptr<Engine> MakeEngine(const std::string& model, const EngineSetup& 
 RunResult RunEngine(const std::string& model, const std::vector<Case>& cases,
                     const EngineSetup& s) {
   auto collectives = MakeLocalCollectives();
-  std::unique_ptr<Engine> engine = MakeEngine(model, s, collectives.get());
+  const GptBigCodeRunner* runner = nullptr;
+  std::unique_ptr<Engine> engine = MakeEngine(model, s, collectives.get(), 256, &runner);
 
   RunResult result;
   result.outputs.resize(cases.size());
@@ -129,6 +169,7 @@ RunResult RunEngine(const std::string& model, const std::vector<Case>& cases,
     }
   }
   result.metrics = engine->metrics();
+  result.lookahead = runner->lookahead_stats();
   EXPECT_EQ(engine->block_manager().NumFreeBlocks(), s.num_kv_blocks) << "blocks leaked";
   return result;
 }
@@ -151,6 +192,21 @@ class EngineHfParity : public ::testing::TestWithParam<std::string> {
     EXPECT_GT(steps, 200);
     if (expect_preemption) EXPECT_GT(r.metrics.num_preemptions, 0) << what;
     if (expect_cache_hits) EXPECT_GT(r.cached_prompt_tokens, 0) << what;
+    if (setup.lookahead) {
+      // Predicted steps were launched and used (a decode step can be predicted unless some
+      // sequence's next token starts a block, a request ends by length, or one waits: together,
+      // block 8, about half the steps), and every one launched was used or dropped.
+      std::printf(
+          "%s %s: decode lookahead launched %lld predicted steps, %lld used, %lld "
+          "dropped, in %lld engine steps\n",
+          GetParam().c_str(), what, static_cast<long long>(r.lookahead.launched),
+          static_cast<long long>(r.lookahead.used), static_cast<long long>(r.lookahead.dropped),
+          static_cast<long long>(r.metrics.num_steps));
+      EXPECT_GT(r.lookahead.used, 10) << what;
+      EXPECT_EQ(r.lookahead.launched, r.lookahead.used + r.lookahead.dropped) << what;
+    } else {
+      EXPECT_EQ(r.lookahead.launched, 0) << what;
+    }
     if (setup.speculative.enabled()) {
       // These random-weight models seldom repeat themselves, so few drafts are kept (the tests
       // of engine_test.cc and the demo model's e2e test see many): what matters here is that
@@ -202,6 +258,30 @@ TEST_P(EngineHfParity, SpeculativeNgramSmallPool) {
          .speculative = {.num_speculative_tokens = 4}},
         "speculative, small pool", /*expect_preemption=*/true);
 }
+// Decode lookahead (runtime/decode_lookahead.h) on the CPU runner: the runner launches (here:
+// computes) each predicted next step before the engine asks for it; HF's tokens either way, alone
+// (nothing else to predict wrongly) and together (requests finishing and starting mid-run),
+// with block sizes 8 and 16, prefix caching, and a pool small enough to preempt.
+TEST_P(EngineHfParity, DeviceSamplingOneAtATime) {
+  Check({.block_size = 16, .prefix_caching = false, .together = false, .device_sampling = true},
+        "device sampling, alone");
+}
+TEST_P(EngineHfParity, LookaheadOneAtATime) {
+  Check({.block_size = 16, .prefix_caching = false, .together = false, .lookahead = true},
+        "lookahead, alone");
+}
+TEST_P(EngineHfParity, LookaheadTogetherBlock8PrefixCaching) {
+  Check({.block_size = 8, .prefix_caching = true, .together = true, .lookahead = true},
+        "lookahead, together, block 8", /*expect_preemption=*/false, /*expect_cache_hits=*/true);
+}
+TEST_P(EngineHfParity, LookaheadSmallPool) {
+  Check({.block_size = 8,
+         .num_kv_blocks = 16,
+         .prefix_caching = true,
+         .together = true,
+         .lookahead = true},
+        "lookahead, small pool", /*expect_preemption=*/true);
+}
 TEST_P(EngineHfParity, SmallPoolForcesPreemption) {
   // 9 sequences of up to 65 tokens need ~70 blocks of 8 at once; 16 blocks force recompute.
   Check({.block_size = 8, .num_kv_blocks = 16, .prefix_caching = true, .together = true},
@@ -245,6 +325,28 @@ TEST_P(EngineHfParity, PromptLogprobsMatchTransformers) {
               scored, worst);
   EXPECT_GT(scored, 140);  // 7 prompts of 1 to 33 tokens, twice
   EXPECT_EQ(engine->block_manager().NumFreeBlocks(), 256);
+}
+
+// Decode lookahead under churn (tests/model/churn_workload.h): the outputs with lookahead are the
+// outputs without it, token for token; predicted steps were both used and dropped.
+TEST(EngineLookahead, SampledOutputsUnchangedUnderChurn) {
+  const std::string model = "tiny-mqa-d64";
+  const std::vector<testing::HfReference> refs =
+      testing::LoadHfReferences(FixtureModelDir(model), /*vocab=*/0);
+  ASSERT_GE(refs.size(), 5u);
+  auto run = [&](bool lookahead) {
+    auto collectives = MakeLocalCollectives();
+    const GptBigCodeRunner* runner = nullptr;
+    std::unique_ptr<Engine> engine = MakeEngine(
+        model,
+        {.block_size = 8, .prefix_caching = true, .device_sampling = true, .lookahead = lookahead},
+        collectives.get(), 256, &runner);
+    testing::ChurnResult result = testing::RunChurnWorkload(*engine, refs);
+    result.lookahead = runner->lookahead_stats();
+    EXPECT_EQ(engine->block_manager().NumFreeBlocks(), 256) << "blocks leaked";
+    return result;
+  };
+  testing::ExpectLookaheadChangesNothing(run(false), run(true), "CPU");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineHfParity,

@@ -23,6 +23,7 @@
 #include "nlohmann/json.hpp"
 #include "parallel/collectives.h"
 #include "runtime/engine.h"
+#include "tests/model/churn_workload.h"
 #include "tests/model/hf_fixture.h"
 #include "tests/model/prompt_scores_util.h"
 
@@ -459,6 +460,70 @@ TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
   const int compared = ExpectGreedySamplesEqualHf(**engine, refs, 3, "n");
   std::printf("three greedy samples a prompt on the GPU: %d steps each equal HF's\n", compared);
   EXPECT_GT(compared, 20);
+}
+
+// Decode lookahead (runtime/decode_lookahead.h) over the CUDA runner: each predicted next decode
+// step launched, its tokens fed on the device, before the engine asks for it. Greedy, one prompt
+// at a time (decode steps as CUDA graphs), the tokens are HF's up to a step HF's fp16 margin
+// cannot resolve; under churn (tests/model/churn_workload.h: sampling, stop tokens, arrivals, a
+// forked request) the outputs are those without lookahead, token for token, with predicted steps
+// both used and dropped.
+TEST(GptBigCodeCuda, EngineLookaheadGivesTheSameTokens) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  {
+    auto collectives = MakeLocalCollectives();
+    GptBigCodeRunnerOptions opts;
+    opts.num_kv_blocks = 256;
+    auto runner = TinyCudaRunner(collectives.get(), opts);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    GptBigCodeRunner* raw = runner->get();
+    EngineOptions eo;
+    eo.max_num_seqs = 16;
+    eo.max_model_len = 128;
+    eo.eos_token_id = -1;
+    eo.decode_lookahead = true;
+    auto engine = Engine::Create(*std::move(runner), eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const auto refs =
+        testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), raw->vocab_size());
+    int compared = 0;
+    for (const testing::HfReference& r : refs) {
+      compared += ExpectGreedySamplesEqualHf(**engine, {r}, 1, "lookahead");
+    }
+    const LookaheadStats& st = raw->lookahead_stats();
+    std::printf(
+        "lookahead on the GPU, greedy alone: %d tokens equal HF's; %lld predicted steps "
+        "launched, %lld used, %lld dropped; %d CUDA graphs\n",
+        compared, static_cast<long long>(st.launched), static_cast<long long>(st.used),
+        static_cast<long long>(st.dropped), raw->model().num_cuda_graphs());
+    EXPECT_GT(compared, 20);
+    EXPECT_GT(st.used, 20);
+    EXPECT_GT(raw->model().num_cuda_graphs(), 0);
+  }
+  const std::string fixture = "tiny-mqa-d64";
+  auto run = [&](bool lookahead) {
+    auto collectives = MakeLocalCollectives();
+    GptBigCodeRunnerOptions opts;
+    opts.num_kv_blocks = 256;
+    opts.block_size = 8;
+    auto runner = TinyCudaRunner(collectives.get(), opts, fixture);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return testing::ChurnResult();
+    GptBigCodeRunner* raw = runner->get();
+    EngineOptions eo;
+    eo.max_num_seqs = 16;
+    eo.max_model_len = 128;
+    eo.decode_lookahead = lookahead;
+    auto engine = Engine::Create(*std::move(runner), eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return testing::ChurnResult();
+    const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), raw->vocab_size());
+    testing::ChurnResult result = testing::RunChurnWorkload(**engine, refs);
+    result.lookahead = raw->lookahead_stats();
+    EXPECT_EQ((*engine)->block_manager().NumFreeBlocks(), 256) << "blocks leaked";
+    return result;
+  };
+  testing::ExpectLookaheadChangesNothing(run(false), run(true), "CUDA");
 }
 
 // Speculative decoding by prompt lookup over the CUDA runner: steps of a sequence's last token plus
