@@ -132,10 +132,11 @@ const std::map<std::string, Flag>& Flags() {
         Number(&Options::max_stored_responses)}},
       {"async-scheduling",
        Switch(&Options::async_scheduling, true,
-              "overlap the host's work between decode steps with the GPU: the runner launches "
-              "the predicted next decode step before this step's tokens are back (CUDA, "
-              "tensor-parallel size 1; outputs unchanged; a step whose prediction fails, on a "
-              "stop or an arrival, costs one wasted step)")},
+              "decode lookahead: while a lone sequence decodes, the runner launches the "
+              "predicted next step before this step's token is back, overlapping the host's work "
+              "with the GPU (CUDA, tensor-parallel size 1; outputs unchanged; a failed "
+              "prediction, on a stop or an abort, drops a step, and an arrival meanwhile waits "
+              "up to one more step)")},
       {"enable-chunked-prefill",
        Switch(&Options::enable_chunked_prefill, true, "split long prompts")},
       {"no-enable-chunked-prefill", Switch(&Options::enable_chunked_prefill, false, "")},

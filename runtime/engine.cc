@@ -518,7 +518,8 @@ absl::Status Engine::Step() {
 
 bool Engine::MayLookAhead(const SchedulerOutput& plan) const {
   if (options_.speculative.enabled() || scheduler_.num_waiting() > 0 ||
-      static_cast<int>(plan.scheduled.size()) != scheduler_.NumRunningSeqs()) {
+      static_cast<int>(plan.scheduled.size()) != scheduler_.NumRunningSeqs() ||
+      static_cast<int>(plan.scheduled.size()) > options_.decode_lookahead_max_seqs) {
     return false;
   }
   for (const ScheduledSeq& s : plan.scheduled) {

@@ -62,13 +62,19 @@ struct EngineOptions {
   // prompt_logprobs), each costing a logits row: a step's logits rows stay within max_num_seqs
   // plus this, the size a runner's logits workspace needs. 0 refuses such requests.
   int max_prompt_logprob_rows = 256;
-  // Decode lookahead (runtime/decode_lookahead.h): on steps where every sequence decodes with
-  // device sampling, continues unless its token stops it, and nothing waits, the engine tells the
-  // runner (StepInput::may_look_ahead), which may launch the predicted next step before this
-  // step's tokens reach the host; the host's work between steps then overlaps the GPU. Outputs
-  // are the same either way; a step whose prediction fails (a stop, an arrival) costs the GPU one
-  // wasted step. Off: every step starts after the previous one's tokens are processed.
+  // Decode lookahead (runtime/decode_lookahead.h, the server's --async-scheduling): on steps where
+  // every sequence decodes with device sampling, continues unless its token stops it, and nothing
+  // waits, the engine tells the runner (StepInput::may_look_ahead), which may launch the
+  // predicted next step before this step's tokens reach the host; the host's work between steps
+  // then overlaps the GPU. Outputs are the same either way; a step whose prediction fails (a stop,
+  // an arrival) costs the GPU one wasted step. Off: every step starts after the previous one's
+  // tokens are processed.
   bool decode_lookahead = false;
+  // ... only on steps of at most this many sequences. Above 1, the predicted step after any of
+  // them samples EOS is dropped for all the others: a whole step lost for them, where lookahead
+  // saves the host's share of one (~0.3% of a batch's step on an H100); so by default a lone
+  // sequence only, where a dropped step costs only an arrival during it up to one step of TTFT.
+  int decode_lookahead_max_seqs = 1;
   // Speculative decoding by prompt lookup (runtime/speculative.h); off by default.
   SpeculativeConfig speculative;
   // vLLM's --scheduling-policy priority: requests are admitted, stepped and spared from

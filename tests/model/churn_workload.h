@@ -85,9 +85,9 @@ inline ChurnResult RunChurnWorkload(Engine& engine, const std::vector<HfReferenc
 }
 
 // The run with lookahead (`on`) gave the run without it (`off`) token for token, and its runner
-// both used and dropped predicted steps.
+// used more than `min_used` predicted steps; with min_used >= 20, it also dropped some.
 inline void ExpectLookaheadChangesNothing(const ChurnResult& off, const ChurnResult& on,
-                                          const char* where) {
+                                          const char* where, int min_used) {
   EXPECT_EQ(on.tokens, off.tokens) << where;
   EXPECT_EQ(on.finish, off.finish) << where;
   int stopped = 0;
@@ -102,8 +102,8 @@ inline void ExpectLookaheadChangesNothing(const ChurnResult& off, const ChurnRes
       static_cast<long long>(on.lookahead.used), static_cast<long long>(on.lookahead.dropped),
       static_cast<long long>(on.steps), stopped);
   EXPECT_EQ(off.lookahead.launched, 0) << where;
-  EXPECT_GT(on.lookahead.used, 20) << where;
-  EXPECT_GT(on.lookahead.dropped, 0) << where;
+  EXPECT_GT(on.lookahead.used, min_used) << where;
+  if (min_used >= 20) EXPECT_GT(on.lookahead.dropped, 0) << where;
   // A step predicted after the last request's last token may still be pending (an idle engine's
   // KeepAlive drops it).
   const int64_t pending = on.lookahead.launched - on.lookahead.used - on.lookahead.dropped;

@@ -57,6 +57,7 @@ struct EngineSetup {
   // lookahead (EngineOptions::decode_lookahead) when `lookahead`.
   bool device_sampling = false;
   bool lookahead = false;
+  int lookahead_max_seqs = 16;  // EngineOptions::decode_lookahead_max_seqs (its default is 1)
 };
 
 struct RunResult {
@@ -110,6 +111,7 @@ std::unique_ptr<Engine> MakeEngine(const std::string& model, const EngineSetup& 
   }
   EngineOptions eo;
   eo.decode_lookahead = s.lookahead;
+  eo.decode_lookahead_max_seqs = s.lookahead_max_seqs;
   eo.max_num_batched_tokens = s.max_num_batched_tokens;
   eo.max_num_seqs = 16;
   eo.max_model_len = 128;
@@ -267,7 +269,11 @@ TEST_P(EngineHfParity, DeviceSamplingOneAtATime) {
         "device sampling, alone");
 }
 TEST_P(EngineHfParity, LookaheadOneAtATime) {
-  Check({.block_size = 16, .prefix_caching = false, .together = false, .lookahead = true},
+  Check({.block_size = 16,
+         .prefix_caching = false,
+         .together = false,
+         .lookahead = true,
+         .lookahead_max_seqs = EngineOptions().decode_lookahead_max_seqs},
         "lookahead, alone");
 }
 TEST_P(EngineHfParity, LookaheadTogetherBlock8PrefixCaching) {
@@ -329,24 +335,32 @@ TEST_P(EngineHfParity, PromptLogprobsMatchTransformers) {
 
 // Decode lookahead under churn (tests/model/churn_workload.h): the outputs with lookahead are the
 // outputs without it, token for token; predicted steps were both used and dropped.
+// With lookahead on steps of up to 16 sequences (the runner's predictions over batches, dropped
+// on every stop and arrival), then with the engine's default (a lone sequence only).
 TEST(EngineLookahead, SampledOutputsUnchangedUnderChurn) {
   const std::string model = "tiny-mqa-d64";
   const std::vector<testing::HfReference> refs =
       testing::LoadHfReferences(FixtureModelDir(model), /*vocab=*/0);
   ASSERT_GE(refs.size(), 5u);
-  auto run = [&](bool lookahead) {
+  auto run = [&](bool lookahead, int max_seqs) {
     auto collectives = MakeLocalCollectives();
     const GptBigCodeRunner* runner = nullptr;
-    std::unique_ptr<Engine> engine = MakeEngine(
-        model,
-        {.block_size = 8, .prefix_caching = true, .device_sampling = true, .lookahead = lookahead},
-        collectives.get(), 256, &runner);
+    std::unique_ptr<Engine> engine = MakeEngine(model,
+                                                {.block_size = 8,
+                                                 .prefix_caching = true,
+                                                 .device_sampling = true,
+                                                 .lookahead = lookahead,
+                                                 .lookahead_max_seqs = max_seqs},
+                                                collectives.get(), 256, &runner);
     testing::ChurnResult result = testing::RunChurnWorkload(*engine, refs);
     result.lookahead = runner->lookahead_stats();
     EXPECT_EQ(engine->block_manager().NumFreeBlocks(), 256) << "blocks leaked";
     return result;
   };
-  testing::ExpectLookaheadChangesNothing(run(false), run(true), "CPU");
+  const testing::ChurnResult off = run(false, 16);
+  testing::ExpectLookaheadChangesNothing(off, run(true, 16), "CPU, up to 16 sequences", 20);
+  testing::ExpectLookaheadChangesNothing(off, run(true, EngineOptions().decode_lookahead_max_seqs),
+                                         "CPU, the default", 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineHfParity,

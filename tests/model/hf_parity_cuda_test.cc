@@ -514,6 +514,7 @@ TEST(GptBigCodeCuda, EngineLookaheadGivesTheSameTokens) {
     eo.max_num_seqs = 16;
     eo.max_model_len = 128;
     eo.decode_lookahead = lookahead;
+    eo.decode_lookahead_max_seqs = 16;  // the runner's predictions over batches too
     auto engine = Engine::Create(*std::move(runner), eo);
     EXPECT_TRUE(engine.ok()) << engine.status();
     if (!engine.ok()) return testing::ChurnResult();
@@ -523,7 +524,7 @@ TEST(GptBigCodeCuda, EngineLookaheadGivesTheSameTokens) {
     EXPECT_EQ((*engine)->block_manager().NumFreeBlocks(), 256) << "blocks leaked";
     return result;
   };
-  testing::ExpectLookaheadChangesNothing(run(false), run(true), "CUDA");
+  testing::ExpectLookaheadChangesNothing(run(false), run(true), "CUDA, up to 16 sequences", 20);
 }
 
 // Speculative decoding by prompt lookup over the CUDA runner: steps of a sequence's last token plus
