@@ -7,16 +7,15 @@
 # rows that matter most come first); the logs and trace CSVs are packed into $OUT/logs.tgz at the
 # end (the device tool returns only a few files a call). Never `wait` without a pid here: it would
 # also wait for the console's tee.
-# Written 2026-12-06 evening (NOTES version 47), when no machine was lent all session:
-#  1. StarCoder b1 with the runner's asynchronous steps off and on (`--async both`: step t + 1
-#     launched before step t's tokens are read back), each beside `hq0` (the head CTAs' producers
-#     not held) and `na` (the attention a kernel of its own). On an H200 these rows say whether the
-#     attention inside the chain and the hold win there too, and how far the 1.00 s target is with
-#     and without the host's share of a step.
-#  2. SantaCoder b1 `--async both` (its host share was 1.9% of a step in 2026-12-03's figures) and
-#     one traced iteration (--kernel-trace: how much of its prefill is kernels and how much gaps).
-#  3. StarCoder b32 `--async both`; then every GPU test (gemm_cuda_test in the background), the
-#     script test, 512 / 128 auto beside na, a chain timeline of layer 20 and mqa_block_bench.
+# Written 2026-12-06 night (NOTES version 48), after H100 calls answered version 47's questions
+# (--async gains ~nothing; SantaCoder's prefill is kernel-bound); on an H200 these rows are still
+# open:
+#  1. StarCoder b1: the chain's defaults beside `hq0` (the head CTAs' producers not held) and
+#     `na` (the attention a kernel of its own), never timed on an H200; then through the engine
+#     with and without decode lookahead (`--engine on,la`).
+#  2. SantaCoder b1 with `--engine off,on,la`; StarCoder b32 512 / 128.
+#  3. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
+#     na, a chain timeline of layer 20 and mqa_block_bench.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -28,20 +27,18 @@ nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/
 export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-g='^latency|Avg latency|decode step|decode graph|CUDA graphs'
+g='^latency|Avg latency|decode step|decode graph|prefill step|CUDA graphs'
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the console
   local name=$1 limit=$2; shift 2
   timeout "$limit" $b/bin/mqabench "$@" > $logs/$name.log 2>&1; echo "$name rc=$?"
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
-bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --async both --chain auto,hq0,na,auto
-bench sc 90 latency --model configs/santacoder $m1 --num-iters 3 --async both
-timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 \
-  --kernel-trace $logs/sctr > $logs/sctr.log 2>&1; echo "sc trace rc=$?"
-sed -n '/kernel trace/,$p' $logs/sctr.log | head -40 | cut -c1-200
+bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto
+bench st1e 120 latency --model configs/starcoder $m1 --num-iters 2 --engine on,la
+bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on,la,on,la
 bench st32 150 latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 \
-  --load-format dummy --num-iters 2 --async both
+  --load-format dummy --num-iters 2
 date -u
 (timeout 330 $b/tests/gemm_cuda_test > $logs/gemm_cuda_test.log 2>&1; echo "gemm_cuda_test rc=$?" > $logs/gemm.rc) &
 gp=$!
