@@ -349,29 +349,43 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> TinyCudaRunner(
   return CreateGptBigCodeRunnerFromDir(load, collectives, opts);
 }
 
+// An engine over TinyCudaRunner on its own local collectives (destroyed after the engine);
+// `runner` is the engine's, borrowed. opts.num_kv_blocks defaults to 256 here.
+struct TinyCudaEngine {
+  std::unique_ptr<Collectives> collectives;
+  GptBigCodeRunner* runner = nullptr;
+  std::unique_ptr<Engine> engine;
+};
+absl::StatusOr<TinyCudaEngine> MakeTinyCudaEngine(const EngineOptions& eo,
+                                                  GptBigCodeRunnerOptions opts = {},
+                                                  const std::string& fixture = "tiny-mqa-d128") {
+  TinyCudaEngine e;
+  e.collectives = MakeLocalCollectives();
+  if (opts.num_kv_blocks == GptBigCodeRunnerOptions().num_kv_blocks) opts.num_kv_blocks = 256;
+  ASSIGN_OR_RETURN(std::unique_ptr<GptBigCodeRunner> runner,
+                   TinyCudaRunner(e.collectives.get(), opts, fixture));
+  e.runner = runner.get();
+  ASSIGN_OR_RETURN(e.engine, Engine::Create(std::move(runner), eo));
+  return e;
+}
+
 // Prompt log-probabilities through the engine over the CUDA runner (device sampling on, so a
 // scoring step copies every prompt row's logits back beside device-sampled rows): each prompt
 // token's score within what fp16 logits can resolve of HF's log-softmax, every prompt at once in
 // chunks of at most 24 scored rows, some without generating.
 TEST(GptBigCodeCuda, EnginePromptLogprobsNearTransformers) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  auto collectives = MakeLocalCollectives();
-  GptBigCodeRunnerOptions opts;
-  opts.block_size = 16;
-  opts.num_kv_blocks = 256;
-  auto runner = TinyCudaRunner(collectives.get(), opts);
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  const int64_t vocab = (*runner)->vocab_size();
   EngineOptions eo;
   eo.max_num_batched_tokens = 64;
   eo.max_num_seqs = 16;
   eo.max_model_len = 128;
   eo.max_prompt_logprob_rows = 24;
-  auto engine = Engine::Create(*std::move(runner), eo);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  absl::StatusOr<TinyCudaEngine> e = MakeTinyCudaEngine(eo);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const int64_t vocab = e->runner->vocab_size();
   const auto refs = testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), vocab);
   ASSERT_GE(refs.size(), 5u);
-  const std::vector<testing::ScoredPrompt> got = testing::ScorePrompts(**engine, refs, 1, 3);
+  const std::vector<testing::ScoredPrompt> got = testing::ScorePrompts(*e->engine, refs, 1, 3);
   double worst = 0;
   int scored = 0;
   for (size_t i = 0; i < refs.size(); ++i) {
@@ -444,20 +458,15 @@ int ExpectGreedySamplesEqualHf(Engine& engine, const std::vector<testing::HfRefe
 // resolve), through the engine over the CUDA runner.
 TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  auto collectives = MakeLocalCollectives();
-  GptBigCodeRunnerOptions opts;
-  opts.num_kv_blocks = 256;
-  auto runner = TinyCudaRunner(collectives.get(), opts);
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  const int64_t vocab = (*runner)->vocab_size();
   EngineOptions eo;
   eo.max_num_seqs = 32;
   eo.max_model_len = 128;
   eo.eos_token_id = -1;
-  auto engine = Engine::Create(*std::move(runner), eo);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  const auto refs = testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), vocab);
-  const int compared = ExpectGreedySamplesEqualHf(**engine, refs, 3, "n");
+  absl::StatusOr<TinyCudaEngine> e = MakeTinyCudaEngine(eo);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const auto refs =
+      testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), e->runner->vocab_size());
+  const int compared = ExpectGreedySamplesEqualHf(*e->engine, refs, 3, "n");
   std::printf("three greedy samples a prompt on the GPU: %d steps each equal HF's\n", compared);
   EXPECT_GT(compared, 20);
 }
@@ -471,24 +480,19 @@ TEST(GptBigCodeCuda, EngineSeveralGreedySamplesFromOneRowEqualTransformers) {
 TEST(GptBigCodeCuda, EngineLookaheadGivesTheSameTokens) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   {
-    auto collectives = MakeLocalCollectives();
-    GptBigCodeRunnerOptions opts;
-    opts.num_kv_blocks = 256;
-    auto runner = TinyCudaRunner(collectives.get(), opts);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    GptBigCodeRunner* raw = runner->get();
     EngineOptions eo;
     eo.max_num_seqs = 16;
     eo.max_model_len = 128;
     eo.eos_token_id = -1;
     eo.decode_lookahead = true;
-    auto engine = Engine::Create(*std::move(runner), eo);
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    absl::StatusOr<TinyCudaEngine> e = MakeTinyCudaEngine(eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    GptBigCodeRunner* raw = e->runner;
     const auto refs =
         testing::LoadHfReferences(FixtureModelDir("tiny-mqa-d128"), raw->vocab_size());
     int compared = 0;
     for (const testing::HfReference& r : refs) {
-      compared += ExpectGreedySamplesEqualHf(**engine, {r}, 1, "lookahead");
+      compared += ExpectGreedySamplesEqualHf(*e->engine, {r}, 1, "lookahead");
     }
     const LookaheadStats& st = raw->lookahead_stats();
     std::printf(
@@ -502,26 +506,20 @@ TEST(GptBigCodeCuda, EngineLookaheadGivesTheSameTokens) {
   }
   const std::string fixture = "tiny-mqa-d64";
   auto run = [&](bool lookahead) {
-    auto collectives = MakeLocalCollectives();
     GptBigCodeRunnerOptions opts;
-    opts.num_kv_blocks = 256;
     opts.block_size = 8;
-    auto runner = TinyCudaRunner(collectives.get(), opts, fixture);
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    if (!runner.ok()) return testing::ChurnResult();
-    GptBigCodeRunner* raw = runner->get();
     EngineOptions eo;
     eo.max_num_seqs = 16;
     eo.max_model_len = 128;
     eo.decode_lookahead = lookahead;
     eo.decode_lookahead_max_seqs = 16;  // the runner's predictions over batches too
-    auto engine = Engine::Create(*std::move(runner), eo);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return testing::ChurnResult();
-    const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), raw->vocab_size());
-    testing::ChurnResult result = testing::RunChurnWorkload(**engine, refs);
-    result.lookahead = raw->lookahead_stats();
-    EXPECT_EQ((*engine)->block_manager().NumFreeBlocks(), 256) << "blocks leaked";
+    absl::StatusOr<TinyCudaEngine> e = MakeTinyCudaEngine(eo, opts, fixture);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return testing::ChurnResult();
+    const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), e->runner->vocab_size());
+    testing::ChurnResult result = testing::RunChurnWorkload(*e->engine, refs);
+    result.lookahead = e->runner->lookahead_stats();
+    EXPECT_EQ(e->engine->block_manager().NumFreeBlocks(), 256) << "blocks leaked";
     return result;
   };
   testing::ExpectLookaheadChangesNothing(run(false), run(true), "CUDA, up to 16 sequences", 20);
@@ -538,32 +536,28 @@ TEST(GptBigCodeCuda, EngineSpeculativeGreedyEqualsTransformers) {
   int graphs[2] = {0, 0};             // captured with max_graph_query 1 and 6, one prompt at a time
   for (const int mode : {0, 1, 6}) {  // 0: together; 1 and 6: alone, max_graph_query
     for (const std::string fixture : {"tiny-mqa-d64", "tiny-mqa-d128"}) {
-      auto collectives = MakeLocalCollectives();
       GptBigCodeRunnerOptions opts;
-      opts.num_kv_blocks = 256;
       opts.max_graph_query = std::max(mode, 1);
-      auto runner = TinyCudaRunner(collectives.get(), opts, fixture);
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      GptBigCodeRunner* raw = runner->get();
-      const int64_t vocab = raw->vocab_size();
       EngineOptions eo;
       eo.max_num_seqs = 16;
       eo.max_model_len = 128;
       eo.eos_token_id = -1;
       eo.speculative = {.num_speculative_tokens = 5, .prompt_lookup_max = 3};
-      auto engine = Engine::Create(*std::move(runner), eo);
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), vocab);
+      absl::StatusOr<TinyCudaEngine> e = MakeTinyCudaEngine(eo, opts, fixture);
+      ASSERT_TRUE(e.ok()) << e.status();
+      GptBigCodeRunner* raw = e->runner;
+      Engine& engine = *e->engine;
+      const auto refs = testing::LoadHfReferences(FixtureModelDir(fixture), raw->vocab_size());
       int compared = 0;
       if (mode == 0) {
-        compared = ExpectGreedySamplesEqualHf(**engine, refs, 1, fixture);
+        compared = ExpectGreedySamplesEqualHf(engine, refs, 1, fixture);
       } else {
         for (const testing::HfReference& r : refs) {
-          compared += ExpectGreedySamplesEqualHf(**engine, {r}, 1, fixture);
+          compared += ExpectGreedySamplesEqualHf(engine, {r}, 1, fixture);
         }
         graphs[mode > 1] += raw->model().num_cuda_graphs();
       }
-      const EngineMetrics m = (*engine)->metrics();
+      const EngineMetrics m = engine.metrics();
       std::printf(
           "%s speculative on the GPU (%s): %d tokens equal HF's in %lld steps, %lld of %lld "
           "drafts kept, %d CUDA graphs\n",
