@@ -228,17 +228,28 @@ absl::Status GptBigCodeRunner::DropLookahead() {
   return model_->CollectSample().status();  // waits for it; its tokens are not wanted
 }
 
-absl::Status GptBigCodeRunner::LaunchLookahead(const StepInput& input,
-                                               absl::Span<const RowSamplingParams> params) {
+void GptBigCodeRunner::LaunchLookahead(const StepInput& input,
+                                       absl::Span<const RowSamplingParams> params) {
   std::optional<LookaheadStep> next = PredictNextDecodeStep(
       input, params, cache_.block_size(), static_cast<int>(weights_.config.n_positions));
-  if (!next.has_value()) return absl::OkStatus();
-  RETURN_IF_ERROR(PrepareStep(next->input));
-  RETURN_IF_ERROR(model_->LaunchSample(next->input, cache_, *collectives_, next->params,
-                                       next->input.num_tokens()));
+  if (!next.has_value()) return;
+  absl::Status st = PrepareStep(next->input);
+  if (st.ok()) {
+    st = model_->LaunchSample(next->input, cache_, *collectives_, next->params,
+                              next->input.num_tokens());
+  }
+  if (!st.ok()) {
+    // Not the engine's step: the step it asked for still returns its tokens (a device error
+    // shows in their collection), and the next one runs as if nothing had been predicted.
+    ++lookahead_stats_.failed;
+    if (lookahead_stats_.failed == 1) {
+      std::fprintf(stderr, "mqaserve: decode lookahead: a predicted step failed to launch: %s\n",
+                   st.ToString().c_str());
+    }
+    return;
+  }
   lookahead_ = std::move(next);
   ++lookahead_stats_.launched;
-  return absl::OkStatus();
 }
 
 absl::Status GptBigCodeRunner::KeepAlive() { return DropLookahead(); }
@@ -344,7 +355,7 @@ absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
       // The engine's step is the one already running: launch the one after it, then collect.
       lookahead_.reset();
       ++lookahead_stats_.used;
-      if (look_ahead) RETURN_IF_ERROR(LaunchLookahead(input, params));
+      if (look_ahead) LaunchLookahead(input, params);
       ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
       if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
       return out;
@@ -356,7 +367,7 @@ absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
                                           static_cast<int>(weights_.config.n_positions))
                         .has_value()) {
     RETURN_IF_ERROR(model_->LaunchSample(input, cache_, *collectives_, params));
-    RETURN_IF_ERROR(LaunchLookahead(input, params));
+    LaunchLookahead(input, params);
     ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
     if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
     return out;

@@ -129,8 +129,9 @@ class GptBigCodeRunner final : public ModelRunner {
   // applies its block copies (in order on the CPU, one launch on the model's stream on the GPU).
   absl::Status PrepareStep(const StepInput& input);
   // Decode lookahead: launches the predicted step after `input` (which must be launched already),
-  // fed on the device with the tokens `input` samples; nothing when there is no prediction.
-  absl::Status LaunchLookahead(const StepInput& input, absl::Span<const RowSamplingParams> params);
+  // fed on the device with the tokens `input` samples; nothing when there is no prediction. A
+  // failure to launch it is counted (LookaheadStats::failed, the first logged), never the step's.
+  void LaunchLookahead(const StepInput& input, absl::Span<const RowSamplingParams> params);
   // Waits for a pending predicted step and forgets it (every path but the matching one).
   absl::Status DropLookahead();
   absl::Status SizeKvPoolFromFreeMemory(const GptBigCodeRunnerOptions& options,

@@ -52,6 +52,7 @@ struct LookaheadStats {
   int64_t launched = 0;  // predicted steps launched
   int64_t used = 0;      // ... that were the engine's next step
   int64_t dropped = 0;   // ... that were not (their tokens discarded)
+  int64_t failed = 0;    // predictions whose launch failed (the step before them unaffected)
 };
 
 }  // namespace mqa

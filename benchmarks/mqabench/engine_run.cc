@@ -100,7 +100,10 @@ absl::StatusOr<EngineRunStats> RunThroughEngine(ModelRunner* runner, const Engin
 std::string LookaheadSummary(const LookaheadStats& before, const LookaheadStats& after) {
   return absl::StrCat("; decode lookahead: ", after.launched - before.launched,
                       " predicted steps launched, ", after.used - before.used, " used, ",
-                      after.dropped - before.dropped, " dropped");
+                      after.dropped - before.dropped, " dropped",
+                      after.failed > before.failed
+                          ? absl::StrCat(", ", after.failed - before.failed, " failed to launch")
+                          : "");
 }
 
 }  // namespace mqa::bench

@@ -102,6 +102,7 @@ inline void ExpectLookaheadChangesNothing(const ChurnResult& off, const ChurnRes
       static_cast<long long>(on.lookahead.used), static_cast<long long>(on.lookahead.dropped),
       static_cast<long long>(on.steps), stopped);
   EXPECT_EQ(off.lookahead.launched, 0) << where;
+  EXPECT_EQ(on.lookahead.failed, 0) << where;
   EXPECT_GT(on.lookahead.used, min_used) << where;
   if (min_used >= 20) EXPECT_GT(on.lookahead.dropped, 0) << where;
   // A step predicted after the last request's last token may still be pending (an idle engine's
