@@ -228,10 +228,13 @@ absl::Status GptBigCodeRunner::DropLookahead() {
   return model_->CollectSample().status();  // waits for it; its tokens are not wanted
 }
 
-void GptBigCodeRunner::LaunchLookahead(const StepInput& input,
-                                       absl::Span<const RowSamplingParams> params) {
-  std::optional<LookaheadStep> next = PredictNextDecodeStep(
-      input, params, cache_.block_size(), static_cast<int>(weights_.config.n_positions));
+std::optional<LookaheadStep> GptBigCodeRunner::PredictNext(
+    const StepInput& input, absl::Span<const RowSamplingParams> params) const {
+  return PredictNextDecodeStep(input, params, cache_.block_size(),
+                               static_cast<int>(weights_.config.n_positions));
+}
+
+void GptBigCodeRunner::LaunchLookahead(std::optional<LookaheadStep> next) {
   if (!next.has_value()) return;
   absl::Status st = PrepareStep(next->input);
   if (st.ok()) {
@@ -355,7 +358,7 @@ absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
       // The engine's step is the one already running: launch the one after it, then collect.
       lookahead_.reset();
       ++lookahead_stats_.used;
-      if (look_ahead) LaunchLookahead(input, params);
+      if (look_ahead) LaunchLookahead(PredictNext(input, params));
       ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
       if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
       return out;
@@ -363,11 +366,11 @@ absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
     RETURN_IF_ERROR(DropLookahead());
   }
   RETURN_IF_ERROR(PrepareStep(input));
-  if (look_ahead && PredictNextDecodeStep(input, params, cache_.block_size(),
-                                          static_cast<int>(weights_.config.n_positions))
-                        .has_value()) {
+  std::optional<LookaheadStep> next;
+  if (look_ahead) next = PredictNext(input, params);
+  if (next.has_value()) {
     RETURN_IF_ERROR(model_->LaunchSample(input, cache_, *collectives_, params));
-    LaunchLookahead(input, params);
+    LaunchLookahead(std::move(next));
     ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
     if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
     return out;

@@ -128,10 +128,13 @@ class GptBigCodeRunner final : public ModelRunner {
   // Every step's start: validates it (InvalidArgument before any collective or cache write) and
   // applies its block copies (in order on the CPU, one launch on the model's stream on the GPU).
   absl::Status PrepareStep(const StepInput& input);
-  // Decode lookahead: launches the predicted step after `input` (which must be launched already),
-  // fed on the device with the tokens `input` samples; nothing when there is no prediction. A
-  // failure to launch it is counted (LookaheadStats::failed, the first logged), never the step's.
-  void LaunchLookahead(const StepInput& input, absl::Span<const RowSamplingParams> params);
+  // Decode lookahead: the step after `input` if every sequence continues (PredictNextDecodeStep
+  // with this cache's block size and the model's positions), and its launch right after `input`'s
+  // (fed on the device with the tokens `input` samples; nothing without a prediction). A failure
+  // to launch it is counted (LookaheadStats::failed, the first logged), never `input`'s.
+  std::optional<LookaheadStep> PredictNext(const StepInput& input,
+                                           absl::Span<const RowSamplingParams> params) const;
+  void LaunchLookahead(std::optional<LookaheadStep> next);
   // Waits for a pending predicted step and forgets it (every path but the matching one).
   absl::Status DropLookahead();
   absl::Status SizeKvPoolFromFreeMemory(const GptBigCodeRunnerOptions& options,
