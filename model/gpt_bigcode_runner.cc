@@ -257,6 +257,8 @@ void GptBigCodeRunner::LaunchLookahead(std::optional<LookaheadStep> next) {
 
 absl::Status GptBigCodeRunner::KeepAlive() { return DropLookahead(); }
 
+GptBigCodeRunner::~GptBigCodeRunner() { (void)DropLookahead(); }
+
 absl::StatusOr<std::vector<int32_t>> GptBigCodeRunner::ExecuteAndSample(
     const StepInput& input, absl::Span<const RowSamplingParams> params) {
   ASSIGN_OR_RETURN(SampledStep step, ExecuteSampled(input, params, /*with_logits=*/false));

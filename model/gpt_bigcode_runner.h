@@ -73,6 +73,9 @@ class GptBigCodeRunner final : public ModelRunner {
   static absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> Create(
       GptBigCodeWeights weights, Collectives* collectives, const GptBigCodeRunnerOptions& options);
 
+  // Waits for a predicted step still running (decode lookahead) before the buffers it uses go.
+  ~GptBigCodeRunner() override;
+
   absl::StatusOr<Tensor> Execute(const StepInput& input) override;
   // Execute, then one token per logits row drawn on the device (kernels/sampling.h; on the CPU
   // with the same function): only token ids leave the GPU. params: one per logits row.
