@@ -78,6 +78,12 @@ TEST(BlockManager, ForkSharesBlocksAndCopiesOnWrite) {
   bm.Fork(parent, *child);
   EXPECT_EQ(bm.NumFreeBlocks(), 8);
   EXPECT_EQ(bm.BlockTable(child->seq_id()), bm.BlockTable(parent.seq_id()));
+  // OwnsBlockAt (decode lookahead's check that a write there reaches no other sequence): the
+  // shared blocks are nobody's own; a position past the table has no block.
+  EXPECT_FALSE(bm.OwnsBlockAt(parent.seq_id(), 12));
+  EXPECT_FALSE(bm.OwnsBlockAt(child->seq_id(), 3));
+  EXPECT_FALSE(bm.OwnsBlockAt(parent.seq_id(), 16));
+  EXPECT_FALSE(bm.OwnsBlockAt(12345, 0));
   parent.AppendToken(5);
   child->AppendToken(6);
   std::vector<Sequence*> both = {&parent, child.get()};
@@ -90,6 +96,9 @@ TEST(BlockManager, ForkSharesBlocksAndCopiesOnWrite) {
   EXPECT_NE(copy->dst, shared);
   EXPECT_FALSE(bm.AppendSlot(*child).has_value());  // now the child's alone in the old block
   EXPECT_EQ(bm.BlockTable(child->seq_id())[1], shared);
+  EXPECT_TRUE(bm.OwnsBlockAt(parent.seq_id(), 13));  // its copy
+  EXPECT_TRUE(bm.OwnsBlockAt(child->seq_id(), 13));  // the old block, no longer shared
+  EXPECT_FALSE(bm.OwnsBlockAt(child->seq_id(), 7));  // the full prompt block, still shared
   EXPECT_EQ(bm.BlockTable(child->seq_id())[0], bm.BlockTable(parent.seq_id())[0]);
   bm.CheckInvariants();
   bm.Free(parent.seq_id());
