@@ -690,6 +690,11 @@ absl::Status RunRank(const Options& o, const World& world) {
         absl::ToDoubleSeconds(absl::Now() - start), runner_options.gemm_autotune ? "; " : "",
         runner_options.gemm_autotune ? local->model().gemm_autotune_summary().c_str() : "");
   }
+  if (engine_options.decode_lookahead && (!runner->samples_on_device() || world.size() > 1)) {
+    std::fprintf(stderr,
+                 "mqaserve: --async-scheduling has no effect here: decode lookahead needs "
+                 "--device cuda and one rank\n");
+  }
   ASSIGN_OR_RETURN(auto engine, Engine::Create(std::move(runner), engine_options));
   absl::Status result = RunRoot(o, *engine, *tokenizer, engine_options.max_model_len, chat);
   // Workers leave their loop only on the shutdown plan (or their timeout).
