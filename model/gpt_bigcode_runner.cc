@@ -354,27 +354,24 @@ absl::StatusOr<SampledStep> GptBigCodeRunner::ExecuteSampled(
   // Decode lookahead (runtime/decode_lookahead.h): one rank only (the other ranks' inputs come
   // from the host), and never with logits (they would have to be copied for every step).
   const bool look_ahead = input.may_look_ahead && !with_logits && collectives_->world_size() == 1;
-  SampledStep out;
-  if (lookahead_.has_value()) {
-    if (!with_logits && IsPredictedStep(*lookahead_, lookahead_fed_, input, params)) {
-      // The engine's step is the one already running: launch the one after it, then collect.
-      lookahead_.reset();
-      ++lookahead_stats_.used;
-      if (look_ahead) LaunchLookahead(PredictNext(input, params));
-      ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
-      if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
-      return out;
-    }
+  // The engine's step may be the predicted one already running: then it is only collected.
+  const bool running =
+      lookahead_.has_value() && !with_logits && IsPredictedStep(*lookahead_, input, params);
+  if (running) {
+    lookahead_.reset();
+    ++lookahead_stats_.used;
+  } else {
     RETURN_IF_ERROR(DropLookahead());
+    RETURN_IF_ERROR(PrepareStep(input));
   }
-  RETURN_IF_ERROR(PrepareStep(input));
   std::optional<LookaheadStep> next;
   if (look_ahead) next = PredictNext(input, params);
-  if (next.has_value()) {
-    RETURN_IF_ERROR(model_->LaunchSample(input, cache_, *collectives_, params));
-    LaunchLookahead(std::move(next));
+  SampledStep out;
+  if (running || next.has_value()) {
+    if (!running) RETURN_IF_ERROR(model_->LaunchSample(input, cache_, *collectives_, params));
+    LaunchLookahead(std::move(next));  // the one after it, before this one's tokens are read
     ASSIGN_OR_RETURN(out.tokens, model_->CollectSample());
-    if (lookahead_.has_value()) lookahead_fed_ = out.tokens;
+    if (lookahead_.has_value()) lookahead_->input.token_ids = out.tokens;  // what it was fed
     return out;
   }
   ASSIGN_OR_RETURN(out.tokens, model_->ForwardSample(input, cache_, *collectives_, params,

@@ -147,10 +147,8 @@ class GptBigCodeRunner final : public ModelRunner {
   Collectives* collectives_;
   PagedKvCache cache_;
   std::unique_ptr<GptBigCode> model_;  // refers to weights_: declared after it
-  // The predicted step launched and not collected, and the tokens it was fed (the step before
-  // it sampled them).
+  // The predicted step launched and not collected (its token ids: what it was fed).
   std::optional<LookaheadStep> lookahead_;
-  std::vector<int32_t> lookahead_fed_;
   LookaheadStats lookahead_stats_;
 };
 

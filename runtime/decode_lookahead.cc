@@ -1,7 +1,5 @@
 #include "runtime/decode_lookahead.h"
 
-#include <algorithm>
-
 namespace mqa {
 
 std::optional<LookaheadStep> PredictNextDecodeStep(const StepInput& input,
@@ -43,16 +41,14 @@ std::optional<LookaheadStep> PredictNextDecodeStep(const StepInput& input,
   return next;
 }
 
-bool IsPredictedStep(const LookaheadStep& predicted, absl::Span<const int32_t> fed_tokens,
-                     const StepInput& step, absl::Span<const RowSamplingParams> params) {
+bool IsPredictedStep(const LookaheadStep& predicted, const StepInput& step,
+                     absl::Span<const RowSamplingParams> params) {
   const StepInput& p = predicted.input;
-  if (step.seq_ids != p.seq_ids || step.positions != p.positions ||
+  if (step.seq_ids != p.seq_ids || step.token_ids != p.token_ids || step.positions != p.positions ||
       step.query_start != p.query_start || step.context_lens != p.context_lens ||
       step.slot_mapping != p.slot_mapping || step.logits_rows != p.logits_rows ||
       step.max_blocks_per_seq != p.max_blocks_per_seq || step.block_tables != p.block_tables ||
       !step.block_copies.empty() || !step.finished_seq_ids.empty() ||
-      !std::equal(step.token_ids.begin(), step.token_ids.end(), fed_tokens.begin(),
-                  fed_tokens.end()) ||
       params.size() != predicted.params.size()) {
     return false;
   }

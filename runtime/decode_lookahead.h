@@ -28,7 +28,9 @@
 namespace mqa {
 
 struct LookaheadStep {
-  StepInput input;  // token_ids hold the tokens the step before it returned (fed on the device)
+  // token_ids: once launched, the tokens the step before it returned (what it was fed on the
+  // device); PredictNextDecodeStep leaves the previous step's.
+  StepInput input;
   std::vector<RowSamplingParams> params;
 };
 
@@ -42,10 +44,10 @@ std::optional<LookaheadStep> PredictNextDecodeStep(const StepInput& input,
                                                    absl::Span<const RowSamplingParams> params,
                                                    int block_size, int max_positions);
 
-// Whether the engine's `step` (with its sampling `params`) is exactly `predicted` with its token
-// ids equal to `fed_tokens` (the tokens the predicted step was fed on the device).
-bool IsPredictedStep(const LookaheadStep& predicted, absl::Span<const int32_t> fed_tokens,
-                     const StepInput& step, absl::Span<const RowSamplingParams> params);
+// Whether the engine's `step` (with its sampling `params`) is exactly `predicted`, token ids
+// included (the tokens the predicted step was fed on the device).
+bool IsPredictedStep(const LookaheadStep& predicted, const StepInput& step,
+                     absl::Span<const RowSamplingParams> params);
 
 // Counts a lookahead runner keeps (ModelRunner::lookahead_stats).
 struct LookaheadStats {

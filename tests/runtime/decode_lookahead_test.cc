@@ -96,20 +96,23 @@ TEST(DecodeLookahead, RefusesWhatItCannotPredict) {
 }
 
 TEST(DecodeLookahead, MatchesOnlyTheSameStepWithTheFedTokens) {
-  const auto predicted = PredictNextDecodeStep(TwoSeqDecode(), TwoRows(), 8, 2048);
+  auto predicted = PredictNextDecodeStep(TwoSeqDecode(), TwoRows(), 8, 2048);
   ASSERT_TRUE(predicted.has_value());
   const std::vector<int32_t> fed = {42, 43};
+  // Not yet the step the engine asks for: its token ids are still the step before's.
+  EXPECT_EQ(predicted->input.token_ids, TwoSeqDecode().token_ids);
+  predicted->input.token_ids = fed;  // as the runner fills them in once launched
   // What the engine builds for the next step: the sampled tokens, everything one further.
   StepInput step = predicted->input;
   step.token_ids = fed;
   const std::vector<RowSamplingParams> params = predicted->params;
-  EXPECT_TRUE(IsPredictedStep(*predicted, fed, step, params));
+  EXPECT_TRUE(IsPredictedStep(*predicted, step, params));
 
   auto differs = [&](auto change) {
     StepInput s = step;
     std::vector<RowSamplingParams> p = params;
     change(s, p);
-    return !IsPredictedStep(*predicted, fed, s, p);
+    return !IsPredictedStep(*predicted, s, p);
   };
   EXPECT_TRUE(differs([](StepInput& s, auto&) { s.token_ids[1] = 44; }));
   EXPECT_TRUE(differs([](StepInput& s, auto&) { s.seq_ids = {11, 10}; }));
