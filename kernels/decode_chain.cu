@@ -210,7 +210,8 @@ struct ChainArgs {
   int sm_shares;
   // Experiment (MQA_CHAIN_EARLY_ROWS, read once a process): the row sums zeroed (their phases'
   // parameters read) before the PDL wait, a short-attention head CTA under its V loads (1), or
-  // every CTA before the PDL wait (2), instead of after the attention (0).
+  // every CTA before the PDL wait (2), instead of after the attention (0); or (3) the zeroing
+  // where it was, the phases' parameters read first by the producer warp's idle lanes.
   int early_rows;
   uint32_t shares[kDecodeChainMaxSmIds];
 };
@@ -1214,6 +1215,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (bytes > 0 || steal) Stamp<kStamps>(a, event + 1);
       }
       Stamp<kStamps>(a, kChainProducerDone);
+    } else if (a.early_rows == 3 && lane <= a.num_phases) {
+      // Lane i reads phase i - 1's parameters (fields across the struct, and its rows as
+      // CtaRows takes them), so that the SM's constant cache holds them before the consumers
+      // read them; the asm keeps the loads.
+      const ChainPhaseArgs& ph = a.ph[lane - 1];
+      int r0, r1;
+      CtaRows(a, ph, r0, r1);
+      const unsigned long long x =
+          reinterpret_cast<uintptr_t>(ph.w) ^ reinterpret_cast<uintptr_t>(ph.input) ^
+          reinterpret_cast<uintptr_t>(ph.out) ^ reinterpret_cast<uintptr_t>(ph.y32_bias) ^
+          reinterpret_cast<uintptr_t>(ph.flags) ^
+          static_cast<unsigned>(ph.n ^ ph.rows_chunk ^ ph.ll_in ^ ph.kind ^ r0 ^ r1);
+      asm volatile("" ::"l"(x));
     }
     return;
   }
@@ -1267,7 +1281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
                                                  kCounterStride + (gi & 1) * kLlAreaBytes);
   };
-  if (!a.early_rows) zero_row_sums();
+  if (a.early_rows == 0 || a.early_rows == 3) zero_row_sums();
   // The fused MLP's vector back to zero: the launch before on this slot (the last to read it)
   // is complete (the PDL wait above), and the grid barrier before the up phase orders these
   // stores before any addition into it.
@@ -1919,7 +1933,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.inflight = tuning.max_inflight >= stages ? 0 : tuning.max_inflight;
   static const int early_rows = [] {
     const char* e = std::getenv("MQA_CHAIN_EARLY_ROWS");
-    return e != nullptr && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+    return e != nullptr && e[0] >= '1' && e[0] <= '3' ? e[0] - '0' : 0;
   }();
   a.early_rows = early_rows;
   a.stamps = tuning.timeline;

@@ -2,7 +2,7 @@
 # The next session's first device call (kept in the tree so that it need not be rewritten from
 # NOTES.md; each session replaces it). Build the shared bundle first: MQA_BUNDLE_SHARED=1 JOBS=2
 # bash scripts/gpu-bundle.sh; then, with the device tool, carry ["gpu-bundle"] and run
-# `bash scripts/gpu-call-next.sh` (give it 560 s; about 6-7 minutes). The console goes to
+# `bash scripts/gpu-call-next.sh` (give it 580 s; about 7 minutes). The console goes to
 # $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit, so the
 # rows that matter most come first); the logs and trace CSVs are packed into $OUT/logs.tgz at the
 # end (the device tool returns only a few files a call). Never `wait` without a pid here: it would
@@ -10,8 +10,9 @@
 # Written 2026-12-06 late evening (NOTES version 49). It ran on an H100 at 18:59 UTC (every GPU
 # test passed; the chain's rows as before); on an H200 its rows are still open, and a2295c1's
 # experiment has never run:
-#  1. MQA_CHAIN_EARLY_ROWS (a2295c1, read once a process): StarCoder b1 with 0 / 1 / 2 in separate
-#     processes, two rounds; decode_chain_test with 1 and 2; the layer-20 timeline with 1 and 0
+#  1. MQA_CHAIN_EARLY_ROWS (a2295c1 and the commit after it, read once a process): StarCoder b1
+#     with 0 / 1 / 2 / 3 in separate processes, two rounds; decode_chain_test with 1, 2 and 3; the
+#     layer-20 timeline with 1, 3 and 0
 #     (the question: does the ~1.7 us between a chain CTA's PDL wait, or its head's store, and its
 #     phase-0 "epilogue done" go, and with it ~1 us of each layer's attention window?).
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na` (never timed on an H200); then
@@ -38,16 +39,16 @@ bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the c
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
 for r in 1 2; do
-  for e in 0 1 2; do
+  for e in 0 1 2 3; do
     MQA_CHAIN_EARLY_ROWS=$e timeout 40 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 > $logs/er_${r}_$e.log 2>&1
     echo "round $r early_rows=$e rc=$? $(grep -E 'Avg latency|decode step' $logs/er_${r}_$e.log | cut -c1-90 | tr '\n' ' ')"
   done
 done
-for e in 1 2; do
+for e in 1 2 3; do
   MQA_CHAIN_EARLY_ROWS=$e timeout 60 $b/tests/decode_chain_test > $logs/dct$e.log 2>&1
   echo "decode_chain_test early_rows=$e rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' $logs/dct$e.log | tr '\n' ' ')"
 done
-for e in 1 0; do
+for e in 1 3 0; do
   MQA_CHAIN_EARLY_ROWS=$e timeout 40 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 20 > $logs/ertl_$e.log 2>&1
   echo "timeline early_rows=$e rc=$?"; sed -n '/chain timeline/,$p' $logs/ertl_$e.log | cut -c1-170
 done
