@@ -260,14 +260,14 @@ TEST_P(EngineHfParity, SpeculativeNgramSmallPool) {
          .speculative = {.num_speculative_tokens = 4}},
         "speculative, small pool", /*expect_preemption=*/true);
 }
-// Decode lookahead (runtime/decode_lookahead.h) on the CPU runner: the runner launches (here:
-// computes) each predicted next step before the engine asks for it; HF's tokens either way, alone
-// (nothing else to predict wrongly) and together (requests finishing and starting mid-run),
-// with block sizes 8 and 16, prefix caching, and a pool small enough to preempt.
 TEST_P(EngineHfParity, DeviceSamplingOneAtATime) {
   Check({.block_size = 16, .prefix_caching = false, .together = false, .device_sampling = true},
         "device sampling, alone");
 }
+// Decode lookahead (runtime/decode_lookahead.h) on the CPU runner: the runner launches (here:
+// computes) each predicted next step before the engine asks for it; HF's tokens either way, alone
+// (nothing else to predict wrongly) and together (requests finishing and starting mid-run),
+// with block sizes 8 and 16, prefix caching, and a pool small enough to preempt.
 TEST_P(EngineHfParity, LookaheadOneAtATime) {
   Check({.block_size = 16,
          .prefix_caching = false,
