@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -208,11 +207,6 @@ struct ChainArgs {
   int y32_n;   // its elements
   // DecodeChainTuning::sm_shares: CtaRows takes the CTA's rows from shares[%smid].
   int sm_shares;
-  // Experiment (MQA_CHAIN_EARLY_ROWS, read once a process): the row sums zeroed (their phases'
-  // parameters read) before the PDL wait, a short-attention head CTA under its V loads (1), or
-  // every CTA before the PDL wait (2), instead of after the attention (0); or (3) the zeroing
-  // where it was, the phases' parameters read first by the producer warp's idle lanes.
-  int early_rows;
   uint32_t shares[kDecodeChainMaxSmIds];
 };
 
@@ -480,11 +474,9 @@ constexpr int kDefaultHeadHold = 1;
 
 // hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
 // head is written (2).
-// under_v: called by a head CTA's consumers once its V rows' loads are issued (ChainArgs::
-// early_rows 1: work whose round trips then overlap V's).
-template <typename T, bool kStamps, typename UnderV>
+template <typename T, bool kStamps>
 __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
-                                    volatile int* hold_s, UnderV&& under_v) {
+                                    volatile int* hold_s) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -565,7 +557,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
         vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
       }
     }
-    under_v();
     const float m = ConsumerMax(dot, red);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float e = 0.0f;
@@ -1215,19 +1206,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (bytes > 0 || steal) Stamp<kStamps>(a, event + 1);
       }
       Stamp<kStamps>(a, kChainProducerDone);
-    } else if (a.early_rows == 3 && lane <= a.num_phases) {
-      // Lane i reads phase i - 1's parameters (fields across the struct, and its rows as
-      // CtaRows takes them), so that the SM's constant cache holds them before the consumers
-      // read them; the asm keeps the loads.
-      const ChainPhaseArgs& ph = a.ph[lane - 1];
-      int r0, r1;
-      CtaRows(a, ph, r0, r1);
-      const unsigned long long x =
-          reinterpret_cast<uintptr_t>(ph.w) ^ reinterpret_cast<uintptr_t>(ph.input) ^
-          reinterpret_cast<uintptr_t>(ph.out) ^ reinterpret_cast<uintptr_t>(ph.y32_bias) ^
-          reinterpret_cast<uintptr_t>(ph.flags) ^
-          static_cast<unsigned>(ph.n ^ ph.rows_chunk ^ ph.ll_in ^ ph.kind ^ r0 ^ r1);
-      asm volatile("" ::"l"(x));
     }
     return;
   }
@@ -1244,17 +1222,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     return ph.bias != nullptr && r < r1 ? static_cast<const unsigned short*>(ph.bias)[r] : 0;
   };
   unsigned short bias_reg = 0;
-  // The row sums to zero: the most rows this CTA holds in any phase (its phases' parameters
-  // read here).
-  auto zero_row_sums = [&]() {
+  // The row sums to zero (shared memory only): the most rows this CTA holds in any phase.
+  // Before the PDL wait, in every CTA: the loop bounds read every phase's kernel parameters, the
+  // first reads of phases 1-3's on this SM (constant-cache misses behind the other SMs' ring
+  // fills); after the wait they held each CTA ~1.7 us, a head CTA on the attention window's
+  // critical path (NOTES version 50: -0.3..-0.4% a StarCoder b1 step on an H100).
+  {
     int max_rows = 0;
     for (int i = 0; i < a.num_phases; ++i) max_rows = max(max_rows, CtaMaxRows(a, a.ph[i]));
     for (int r = threadIdx.x; r < max_rows; r += kConsumers) acc[r] = 0.0f;
-  };
-  // A head CTA of the short attention (ShortAttentionPhase): early_rows 1 zeroes them under its
-  // V loads; every other CTA (and early_rows 2, every CTA) here, before the PDL wait.
-  const bool short_head = a.has_attention && a.at.short_context && blockIdx.x < a.at.heads;
-  if (a.early_rows == 2 || (a.early_rows == 1 && !short_head)) zero_row_sums();
+  }
   if (!a.has_attention) {
     CopyLnParams<T>(a.ph[0], lnw, lnb);
     bias_reg = bias_of(a.ph[0]);
@@ -1262,9 +1239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red, &hold_s, [&]() {
-      if (a.early_rows == 1) zero_row_sums();
-    });  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red,
+                                    &hold_s);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1281,7 +1257,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(a.counter) +
                                                  kCounterStride + (gi & 1) * kLlAreaBytes);
   };
-  if (a.early_rows == 0 || a.early_rows == 3) zero_row_sums();
   // The fused MLP's vector back to zero: the launch before on this slot (the last to read it)
   // is complete (the PDL wait above), and the grid barrier before the up phase orders these
   // stores before any addition into it.
@@ -1931,11 +1906,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
         absl::StrCat("DecodeChain: max_inflight ", tuning.max_inflight, " (>= 0)"));
   }
   a.inflight = tuning.max_inflight >= stages ? 0 : tuning.max_inflight;
-  static const int early_rows = [] {
-    const char* e = std::getenv("MQA_CHAIN_EARLY_ROWS");
-    return e != nullptr && e[0] >= '1' && e[0] <= '3' ? e[0] - '0' : 0;
-  }();
-  a.early_rows = early_rows;
   a.stamps = tuning.timeline;
   a.side_offset = static_cast<int>(static_cast<size_t>(stages) * slot_bytes + fixed);
   const size_t smem = static_cast<size_t>(stages) * (slot_bytes + side_bytes) + fixed;
