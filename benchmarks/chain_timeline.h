@@ -24,6 +24,9 @@ struct ChainTimelineView {
   int grid = 0;
   std::vector<std::string> phases;  // a label a phase (an attention phase first)
   std::vector<double> ideal_us;     // a phase's weights at the copy rate (0: none)
+  // CTAs [0, head_ctas) own a head of the attention inside the chain (0: none): their rows and
+  // the other CTAs' are printed again apart (min / median / max over each group).
+  int head_ctas = 0;
 };
 
 inline void PrintChainTimeline(const std::string& title, const ChainTimelineView& v) {
@@ -64,9 +67,10 @@ inline void PrintChainTimeline(const std::string& title, const ChainTimelineView
             ns_per_clock;
     return ns * 1e-3;
   };
+  int b_lo = 0, b_hi = grid;  // the CTAs `stats` covers
   auto stats = [&](auto&& value) {
     std::vector<double> x;
-    for (int b = 0; b < grid; ++b) {
+    for (int b = b_lo; b < b_hi; ++b) {
       const double y = value(b);
       if (!std::isnan(y)) x.push_back(y);
     }
@@ -85,39 +89,51 @@ inline void PrintChainTimeline(const std::string& title, const ChainTimelineView
     std::printf("  %s: last CTA ended at %+.2f us\n", v.previous_name,
                 (static_cast<double>(prev_end) - static_cast<double>(t0)) * 1e-3);
   }
-  std::printf(
-      "  CTA starts %s; PDL wait done %s; ends %s\n",
-      stats([&](int b) { return (word(v.call, b, kChainGlobalStart) - t0) * 1e-3; }).c_str(),
-      stats([&](int b) { return at(b, kChainPdlDone); }).c_str(),
-      stats([&](int b) { return (word(v.call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
-  std::printf("  %-16s", "phase");
-  for (int g = 0; g < phases; ++g) std::printf("| %-22s", v.phases[g].c_str());
-  if (!v.ideal_us.empty()) {
-    std::printf("\n  %-16s", "ideal us");
-    double layer = 0;
-    for (int g = 0; g < phases; ++g) {
-      const double u = g < static_cast<int>(v.ideal_us.size()) ? v.ideal_us[g] : 0.0;
-      layer += u;
-      std::printf("| %-22.2f", u);
+  auto table = [&](const char* group) {
+    if (group != nullptr) std::printf("  %s:\n", group);
+    std::printf(
+        "  CTA starts %s; PDL wait done %s; ends %s\n",
+        stats([&](int b) { return (word(v.call, b, kChainGlobalStart) - t0) * 1e-3; }).c_str(),
+        stats([&](int b) { return at(b, kChainPdlDone); }).c_str(),
+        stats([&](int b) { return (word(v.call, b, kChainGlobalEnd) - t0) * 1e-3; }).c_str());
+    std::printf("  %-16s", "phase");
+    for (int g = 0; g < phases; ++g) std::printf("| %-22s", v.phases[g].c_str());
+    if (!v.ideal_us.empty()) {
+      std::printf("\n  %-16s", "ideal us");
+      double layer = 0;
+      for (int g = 0; g < phases; ++g) {
+        const double u = g < static_cast<int>(v.ideal_us.size()) ? v.ideal_us[g] : 0.0;
+        layer += u;
+        std::printf("| %-22.2f", u);
+      }
+      std::printf("  (copy rate; all %.2f)", layer);
     }
-    std::printf("  (copy rate; all %.2f)", layer);
-  }
-  auto row = [&](const char* name, auto&& event_of) {
-    std::printf("\n  %-16s", name);
-    for (int g = 0; g < phases; ++g) {
-      const int e = event_of(g);
-      std::printf("| %s", stats([&](int b) { return at(b, e); }).c_str());
+    auto row = [&](const char* name, auto&& event_of) {
+      std::printf("\n  %-16s", name);
+      for (int g = 0; g < phases; ++g) {
+        const int e = event_of(g);
+        std::printf("| %s", stats([&](int b) { return at(b, e); }).c_str());
+      }
+    };
+    row("producer first", [](int g) { return kChainProducerEvents + 2 * g; });
+    row("producer last", [](int g) { return kChainProducerEvents + 2 * g + 1; });
+    row("loop start", [](int g) { return kChainLoopStart + g; });
+    const char* events[kChainPhaseEventCount] = {"barrier enter", "barrier exit", "input ready",
+                                                 "first stage",   "last release", "epilogue done"};
+    for (int e = 0; e < kChainPhaseEventCount; ++e) {
+      row(events[e], [e](int g) { return kChainPhaseEvents + g * kChainPhaseEventCount + e; });
     }
+    std::printf("\n");
   };
-  row("producer first", [](int g) { return kChainProducerEvents + 2 * g; });
-  row("producer last", [](int g) { return kChainProducerEvents + 2 * g + 1; });
-  row("loop start", [](int g) { return kChainLoopStart + g; });
-  const char* events[kChainPhaseEventCount] = {"barrier enter", "barrier exit", "input ready",
-                                               "first stage",   "last release", "epilogue done"};
-  for (int e = 0; e < kChainPhaseEventCount; ++e) {
-    row(events[e], [e](int g) { return kChainPhaseEvents + g * kChainPhaseEventCount + e; });
+  table(nullptr);
+  if (v.head_ctas > 0 && v.head_ctas < grid) {
+    const std::string heads = "CTAs 0-" + std::to_string(v.head_ctas - 1) + " (a head each)";
+    b_hi = v.head_ctas;
+    table(heads.c_str());
+    b_lo = v.head_ctas;
+    b_hi = grid;
+    table("the other CTAs");
   }
-  std::printf("\n");
 }
 
 }  // namespace mqa::bench

@@ -53,6 +53,7 @@ absl::Status PrintModelChainTimelines(GptBigCode& model, const Setup& s,
     v.grid = grid;
     v.phases = names;
     v.ideal_us = ideal;
+    v.head_ctas = attention_inside ? static_cast<int>(c.n_head) : 0;  // one rank: every head
     if (v.call[kChainGlobalStart] == 0 || v.previous[kChainGlobalStart] == 0) {
       std::printf("  chain timeline of layer %d: no chain recorded\n", l);
       continue;
