@@ -7,19 +7,15 @@
 # rows that matter most come first); the logs and trace CSVs are packed into $OUT/logs.tgz at the
 # end (the device tool returns only a few files a call). Never `wait` without a pid here: it would
 # also wait for the console's tee.
-# Written 2026-12-06 late evening (NOTES version 49). It ran on an H100 at 18:59 UTC (every GPU
-# test passed; the chain's rows as before); on an H200 its rows are still open, and a2295c1's
-# experiment has never run:
-#  1. MQA_CHAIN_EARLY_ROWS (a2295c1 and the commit after it, read once a process): StarCoder b1
-#     with 0 / 1 / 2 / 3 in separate processes, two rounds; decode_chain_test with 1, 2 and 3; the
-#     layer-20 timeline with 1, 3 and 0
-#     (the question: does the ~1.7 us between a chain CTA's PDL wait, or its head's store, and its
-#     phase-0 "epilogue done" go, and with it ~1 us of each layer's attention window?).
-#  2. StarCoder b1: the chain's defaults beside `hq0` and `na` (never timed on an H200); then
-#     through the engine with and without decode lookahead (`--engine on,la`).
-#  3. SantaCoder b1 with `--engine off,on,la`; StarCoder b32 512 / 128.
+# Written 2026-12-06 ~21:25 UTC (NOTES version 50). What it runs:
+#  1. The layer-10/20/30 chain timelines of StarCoder b1, printed for the head CTAs and the others
+#     apart (2df0a20; never run), and layer 20's with `--chain hq0`: which CTAs return late from
+#     the PDL wait, and where the head CTAs' window goes.
+#  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
+#     without decode lookahead (`--engine on,la`).
+#  3. SantaCoder b1 with `--engine off,on,la,on,la` and its kernel trace; StarCoder b32 512 / 128.
 #  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
-#     na, a chain timeline of layer 20 and mqa_block_bench.
+#     na and mqa_block_bench.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -38,23 +34,15 @@ bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the c
   timeout "$limit" $b/bin/mqabench "$@" > $logs/$name.log 2>&1; echo "$name rc=$?"
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
-for r in 1 2; do
-  for e in 0 1 2 3; do
-    MQA_CHAIN_EARLY_ROWS=$e timeout 40 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 > $logs/er_${r}_$e.log 2>&1
-    echo "round $r early_rows=$e rc=$? $(grep -E 'Avg latency|decode step' $logs/er_${r}_$e.log | cut -c1-90 | tr '\n' ' ')"
-  done
-done
-for e in 1 2 3; do
-  MQA_CHAIN_EARLY_ROWS=$e timeout 60 $b/tests/decode_chain_test > $logs/dct$e.log 2>&1
-  echo "decode_chain_test early_rows=$e rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' $logs/dct$e.log | tr '\n' ' ')"
-done
-for e in 1 3 0; do
-  MQA_CHAIN_EARLY_ROWS=$e timeout 40 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 20 > $logs/ertl_$e.log 2>&1
-  echo "timeline early_rows=$e rc=$?"; sed -n '/chain timeline/,$p' $logs/ertl_$e.log | cut -c1-170
-done
+timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 10,20,30 > $logs/tl.log 2>&1
+echo "timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/tl.log | cut -c1-170
+timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain hq0 --chain-timeline 20 > $logs/tlhq0.log 2>&1
+echo "timeline hq0 rc=$?"; sed -n '/chain timeline/,$p' $logs/tlhq0.log | cut -c1-170
 bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto
 bench st1e 120 latency --model configs/starcoder $m1 --num-iters 2 --engine on,la
 bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on,la,on,la
+timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sc > $logs/sctrace.log 2>&1
+echo "sc trace rc=$?"; grep -v "^#" $logs/sctrace.log | head -60 | cut -c1-200
 bench st32 150 latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 \
   --load-format dummy --num-iters 2
 date -u
@@ -74,7 +62,6 @@ wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_t
 date -u
 bench st512 120 latency --model configs/starcoder --batch-size 1 --input-len 512 --output-len 128 \
   --load-format dummy --num-iters 2 --chain auto,na
-timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 20 > $logs/sttl.log 2>&1; echo "st timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/sttl.log | cut -c1-170
 timeout 60 $b/bin/mqa_block_bench 2>&1 | tee $logs/mqa_block_bench.log
 date -u
 tar czf $OUT/logs.tgz -C /tmp mqa-logs
