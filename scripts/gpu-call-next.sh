@@ -7,7 +7,7 @@
 # rows that matter most come first); the logs and trace CSVs are packed into $OUT/logs.tgz at the
 # end (the device tool returns only a few files a call). Never `wait` without a pid here: it would
 # also wait for the console's tee.
-# Written 2026-12-06 ~21:25 UTC (NOTES version 50). What it runs:
+# Written 2026-12-06 ~20:55 UTC (NOTES version 50). What it runs:
 #  1. The layer-10/20/30 chain timelines of StarCoder b1, printed for the head CTAs and the others
 #     apart (2df0a20; never run), and layer 20's with `--chain hq0`: which CTAs return late from
 #     the PDL wait, and where the head CTAs' window goes.
