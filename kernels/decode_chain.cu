@@ -500,14 +500,17 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   const bool writer = blockIdx.x == gridDim.x - 1 && !active;  // heads < grid: has no head
   int new_slot = -1;
   if (writer) new_slot = *at.slot;
-  // The context length and this thread's block-table entry are requested before the PDL wait
-  // but not waited for: the K rows they address are loaded after q's request, so that the
-  // wait, q's round trip and the table's overlap (entries <= max_context <= kConsumers).
-  int entry = 0;
-  const int entries = (at.max_context + at.block_size - 1) / at.block_size;
   if (active) {
-    if (tid < entries) entry = at.block_table[tid];
+    const int entries = (at.max_context + at.block_size - 1) / at.block_size;
+    for (int i = tid; i < entries; i += kConsumers) table[i] = at.block_table[i];
     ctx = *at.context_len;
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
+    if (ctx > kConsumers / per_pos) __trap();  // the caller's max_context was not a bound
+    if (kp < ctx - 1) {
+      const int4* k = reinterpret_cast<const int4*>(cached(kc, kp) + 64 * kpart);
+#pragma unroll
+      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
+    }
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -518,21 +521,16 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     const T* qkv = static_cast<const T*>(at.qkv);
     const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
     const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    unsigned short q_bits = 0;
-    if (tid < D) {
-      q_bits =
-          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-    }
-    if (tid < entries) table[tid] = entry;
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
-    if (ctx > kConsumers / per_pos) __trap();         // the caller's max_context was not a bound
-    if (kp < ctx) {
-      const int4* k =
-          reinterpret_cast<const int4*>((kp == ctx - 1 ? knew : cached(kc, kp)) + 64 * kpart);
+    if (kp == ctx - 1) {
+      const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
 #pragma unroll
       for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
-    if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
+    if (tid < D) {
+      const unsigned short bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+      scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
+    }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
       if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
