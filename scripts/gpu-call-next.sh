@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The next session's first device call (kept in the tree so that it need not be rewritten from
-# NOTES.md; each session replaces it). Build the shared bundle first: MQA_BUNDLE_SHARED=1 JOBS=2
-# bash scripts/gpu-bundle.sh; then, with the device tool, carry ["gpu-bundle"] and run
-# `bash scripts/gpu-call-next.sh` (give it 580 s; about 7 minutes). The console goes to
-# $OUT/summary.txt as it runs (it comes back even when the call is stopped at its limit, so the
-# rows that matter most come first); the logs and trace CSVs are packed into $OUT/logs.tgz at the
-# end (the device tool returns only a few files a call). Never `wait` without a pid here: it would
-# also wait for the console's tee.
-# Written 2026-12-06 ~20:55 UTC (NOTES version 50). What it runs:
+# NOTES.md; each session replaces it). Build the bundle first: `scripts/gpu-bundle-ab.sh 3a41cd5`
+# (HEAD's shared bundle with the experiment's kernel library beside it; or, with no experiment,
+# MQA_BUNDLE_SHARED=1 JOBS=2 bash scripts/gpu-bundle.sh); then, with the device tool, carry
+# ["gpu-bundle-ab"] (or ["gpu-bundle"]) and run `bash scripts/gpu-call-next.sh` (give it 580 s;
+# about 7 minutes). The console goes to $OUT/summary.txt as it runs (it comes back even when the
+# call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
+# are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
+# Never `wait` without a pid here: it would also wait for the console's tee.
+# Written 2026-12-06 ~21:20 UTC (NOTES version 50). What it runs:
+#  0. With gpu-bundle-ab: the experiment (3a41cd5: a head CTA's table and K loads after the PDL
+#     wait, behind q's request) beside HEAD's library, StarCoder b1 in separate processes, three
+#     rounds; decode_chain_test and HF parity with it; a layer-20 timeline of each.
 #  1. The layer-10/20/30 chain timelines of StarCoder b1, printed for the head CTAs and the others
-#     apart (2df0a20; never run), and layer 20's with `--chain hq0`: which CTAs return late from
-#     the PDL wait, and where the head CTAs' window goes.
+#     apart (2df0a20; first run on an H100 at 21:06 UTC), and layer 20's with `--chain hq0`.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
 #     without decode lookahead (`--engine on,la`).
 #  3. SantaCoder b1 with `--engine off,on,la,on,la` and its kernel trace; StarCoder b32 512 / 128.
@@ -22,7 +25,9 @@ rm -rf $logs && mkdir -p $logs
 exec > >(tee $OUT/summary.txt) 2>&1
 b=/tmp/mqa-gpu-bundle
 date -u
-rm -rf $b && mkdir -p $b && tar xJf gpu-bundle/payload.tar.xz -C $b
+payload=gpu-bundle/payload.tar.xz
+[[ -f gpu-bundle-ab/payload.tar.xz ]] && payload=gpu-bundle-ab/payload.tar.xz
+rm -rf $b && mkdir -p $b && tar xJf $payload -C $b
 nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
 export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -34,6 +39,26 @@ bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the c
   timeout "$limit" $b/bin/mqabench "$@" > $logs/$name.log 2>&1; echo "$name rc=$?"
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
+if [[ -f $b/exp/libmqa_kernels.so ]]; then
+  x=/tmp/mqa-gpu-bundle-exp
+  rm -rf $x && cp -a $b $x && cp $b/exp/libmqa_kernels.so $x/lib/libmqa_kernels.so
+  echo "experiment: $(cat gpu-bundle-ab/EXPERIMENT 2>/dev/null)"
+  for r in 1 2 3; do
+    for d in $b $x; do
+      t=b1_$(basename $d)_$r
+      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
+        --model configs/starcoder $m1 --num-iters 2 > $logs/$t.log 2>&1
+      echo "$t rc=$? $(grep -E 'Avg latency|decode step' $logs/$t.log | cut -c1-100 | tr '\n' ' ')"
+    done
+  done
+  for t in decode_chain_test model_hf_parity_cuda_test; do
+    LD_LIBRARY_PATH="$x/lib:$LD_LIBRARY_PATH" timeout 120 $x/tests/$t > $logs/exp_$t.log 2>&1
+    echo "exp $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/exp_$t.log | tr '\n' ' ')"
+  done
+  LD_LIBRARY_PATH="$x/lib:$LD_LIBRARY_PATH" timeout 60 $x/bin/mqabench latency --model configs/starcoder \
+    $m1 --num-iters 1 --chain-timeline 20 > $logs/exptl.log 2>&1
+  echo "exp timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/exptl.log | cut -c1-170
+fi
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 10,20,30 > $logs/tl.log 2>&1
 echo "timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/tl.log | cut -c1-170
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain hq0 --chain-timeline 20 > $logs/tlhq0.log 2>&1
