@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next session's first device call (kept in the tree so that it need not be rewritten from
-# NOTES.md; each session replaces it). Build the bundle first: `scripts/gpu-bundle-ab.sh 3a41cd5`
-# (HEAD's shared bundle with the experiment's kernel library beside it; or, with no experiment,
+# NOTES.md; each session replaces it). Build the bundle first: `scripts/gpu-bundle-ab.sh COMMIT...`
+# (HEAD's shared bundle with the experiments' kernel libraries beside its own; or, with none,
 # MQA_BUNDLE_SHARED=1 JOBS=2 bash scripts/gpu-bundle.sh); then, with the device tool, carry
 # ["gpu-bundle-ab"] (or ["gpu-bundle"]) and run `bash scripts/gpu-call-next.sh` (give it 580 s;
 # about 7 minutes). The console goes to $OUT/summary.txt as it runs (it comes back even when the
@@ -9,9 +9,9 @@
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
 # Written 2026-12-06 ~21:20 UTC (NOTES version 50). What it runs:
-#  0. With gpu-bundle-ab: the experiment (3a41cd5: a head CTA's table and K loads after the PDL
-#     wait, behind q's request) beside HEAD's library, StarCoder b1 in separate processes, three
-#     rounds; decode_chain_test and HF parity with it; a layer-20 timeline of each.
+#  0. With gpu-bundle-ab (`scripts/gpu-bundle-ab.sh 3a41cd5 E2`, NOTES version 50): each
+#     experiment's library beside HEAD's, StarCoder b1 in separate processes, three rounds; then
+#     decode_chain_test, HF parity and a layer-20 timeline with each experiment's library.
 #  1. The layer-10/20/30 chain timelines of StarCoder b1, printed for the head CTAs and the others
 #     apart (2df0a20; first run on an H100 at 21:06 UTC), and layer 20's with `--chain hq0`.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
@@ -39,25 +39,34 @@ bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the c
   timeout "$limit" $b/bin/mqabench "$@" > $logs/$name.log 2>&1; echo "$name rc=$?"
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
-if [[ -f $b/exp/libmqa_kernels.so ]]; then
-  x=/tmp/mqa-gpu-bundle-exp
-  rm -rf $x && cp -a $b $x && cp $b/exp/libmqa_kernels.so $x/lib/libmqa_kernels.so
-  echo "experiment: $(cat gpu-bundle-ab/EXPERIMENT 2>/dev/null)"
+# The experiments of gpu-bundle-ab (scripts/gpu-bundle-ab.sh): each its own copy of the bundle
+# with expN/'s library, all beside HEAD's in rotation.
+dirs=($b)
+for e in $b/exp*/libmqa_kernels.so; do
+  [[ -f $e ]] || continue
+  n=$(basename $(dirname $e)); x=/tmp/mqa-gpu-bundle-$n
+  rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $e $x/lib/libmqa_kernels.so
+  dirs+=($x)
+done
+if (( ${#dirs[@]} > 1 )); then
+  cat gpu-bundle-ab/EXPERIMENT 2>/dev/null
   for r in 1 2 3; do
-    for d in $b $x; do
+    for d in "${dirs[@]}"; do
       t=b1_$(basename $d)_$r
       LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
         --model configs/starcoder $m1 --num-iters 2 > $logs/$t.log 2>&1
       echo "$t rc=$? $(grep -E 'Avg latency|decode step' $logs/$t.log | cut -c1-100 | tr '\n' ' ')"
     done
   done
-  for t in decode_chain_test model_hf_parity_cuda_test; do
-    LD_LIBRARY_PATH="$x/lib:$LD_LIBRARY_PATH" timeout 120 $x/tests/$t > $logs/exp_$t.log 2>&1
-    echo "exp $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/exp_$t.log | tr '\n' ' ')"
+  for d in "${dirs[@]:1}"; do
+    for t in decode_chain_test model_hf_parity_cuda_test; do
+      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t > $logs/$(basename $d)_$t.log 2>&1
+      echo "$(basename $d) $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/$(basename $d)_$t.log | tr '\n' ' ')"
+    done
+    LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency --model configs/starcoder \
+      $m1 --num-iters 1 --chain-timeline 20 > $logs/$(basename $d)_tl.log 2>&1
+    echo "$(basename $d) timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/$(basename $d)_tl.log | cut -c1-170
   done
-  LD_LIBRARY_PATH="$x/lib:$LD_LIBRARY_PATH" timeout 60 $x/bin/mqabench latency --model configs/starcoder \
-    $m1 --num-iters 1 --chain-timeline 20 > $logs/exptl.log 2>&1
-  echo "exp timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/exptl.log | cut -c1-170
 fi
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 10,20,30 > $logs/tl.log 2>&1
 echo "timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/tl.log | cut -c1-170
