@@ -59,13 +59,14 @@ if (( ${#dirs[@]} > 1 )); then
     done
   done
   for d in "${dirs[@]:1}"; do
+    e=$(basename $d)
     for t in decode_chain_test model_hf_parity_cuda_test; do
-      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t > $logs/$(basename $d)_$t.log 2>&1
-      echo "$(basename $d) $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/$(basename $d)_$t.log | tr '\n' ' ')"
+      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t > $logs/${e}_$t.log 2>&1
+      echo "$e $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${e}_$t.log | tr '\n' ' ')"
     done
     LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency --model configs/starcoder \
-      $m1 --num-iters 1 --chain-timeline 20 > $logs/$(basename $d)_tl.log 2>&1
-    echo "$(basename $d) timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/$(basename $d)_tl.log | cut -c1-170
+      $m1 --num-iters 1 --chain-timeline 20 > $logs/${e}_tl.log 2>&1
+    echo "$e timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/${e}_tl.log | cut -c1-170
   done
 fi
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 10,20,30 > $logs/tl.log 2>&1
