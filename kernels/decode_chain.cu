@@ -506,11 +506,10 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     ctx = *at.context_len;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > kConsumers / per_pos) __trap();  // the caller's max_context was not a bound
-    // The first half of each cached K row's loads before the wait, the rest behind q's request.
     if (kp < ctx - 1) {
       const int4* k = reinterpret_cast<const int4*>(cached(kc, kp) + 64 * kpart);
 #pragma unroll
-      for (int u = 0; u < kShortAttentionRows / 2; ++u) kv[u] = __ldcg(k + u);
+      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
   }
   fwd::PdlWait();
@@ -522,21 +521,16 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     const T* qkv = static_cast<const T*>(at.qkv);
     const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
     const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    unsigned short q_bits = 0;
-    if (tid < D) {
-      q_bits =
-          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-    }
     if (kp == ctx - 1) {
       const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
 #pragma unroll
       for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
-    } else if (kp < ctx - 1) {
-      const int4* k = reinterpret_cast<const int4*>(cached(kc, kp) + 64 * kpart);
-#pragma unroll
-      for (int u = kShortAttentionRows / 2; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
-    if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
+    if (tid < D) {
+      const unsigned short bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+      scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
+    }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
       if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
