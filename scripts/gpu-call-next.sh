@@ -9,7 +9,7 @@
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
 # Written 2026-12-06 ~21:20 UTC (NOTES version 50). What it runs:
-#  0. With gpu-bundle-ab (`scripts/gpu-bundle-ab.sh 3a41cd5 092deb9`, NOTES version 50): each
+#  0. With gpu-bundle-ab (`scripts/gpu-bundle-ab.sh 3a41cd5 092deb9 cf7dd5d`, NOTES version 50): each
 #     experiment's library beside HEAD's, StarCoder b1 in separate processes, three rounds; then
 #     decode_chain_test, HF parity and a layer-20 timeline with each experiment's library.
 #  1. The layer-10/20/30 chain timelines of StarCoder b1, printed for the head CTAs and the others
