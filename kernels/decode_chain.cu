@@ -451,12 +451,12 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 
 // The attention phase's short form (ChainAttentionArgs::short_context): CTA h < heads takes head
 // h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits one load a thread.
-// What does not depend on the previous kernel is requested before the PDL wait: the context
-// length and the block table together (the table's first max_context / block_size entries into
-// shared memory, after the partial sums), then the cached K rows (thread p x D / 64 + j holds K
-// row p's 64 dimensions j x 64..), and the new token's cache slot for the CTA that writes it (the
-// last, which has no head); after it, q and the new token's K row (the QKV row, which the previous
-// kernel wrote), then the V rows as soon as the scores are in registers (thread (g, c) holds V
+// The context length, a thread's block-table entry and the new token's cache slot (for the CTA
+// that writes it: the last, which has no head) are requested before the PDL wait but not waited
+// for; after it, q first, then the table into shared memory (after the partial sums), then the
+// K rows (thread p x D / 64 + j holds K row p's 64 dimensions j x 64..; the newest, which the
+// previous kernel wrote, from the QKV row), then the V rows as soon as the scores are in
+// registers (thread (g, c) holds V
 // rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8)), their round trip under the
 // softmax's reductions: two round trips after the wait, where the loop form has one a dependent
 // step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
@@ -500,17 +500,19 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   const bool writer = blockIdx.x == gridDim.x - 1 && !active;  // heads < grid: has no head
   int new_slot = -1;
   if (writer) new_slot = *at.slot;
+  // The context length and this thread's block-table entry are requested before the PDL wait
+  // but not waited for: the K rows they address are loaded after q's request, so that the
+  // wait, q's round trip and the table's overlap (entries <= max_context <= kConsumers).
+  // Measured on an H200 (2026-12-06 23:38 UTC, StarCoder b1 128 / 128 decode step, separate
+  // processes in rotation, three rounds): 8.033 / 8.035 / 8.035 ms against 8.043 / 8.040 / 8.047
+  // with the table waited for and the K rows loaded before the wait (-0.1%); the layer-20
+  // timeline: the head CTAs' wait returns with the others' (2.97 us median against 7.80), q is in
+  // 0.4 us sooner (8.49 against 8.90), and q's round trip, ~5.5 us, is now the window's first step.
+  int entry = 0;
+  const int entries = (at.max_context + at.block_size - 1) / at.block_size;
   if (active) {
-    const int entries = (at.max_context + at.block_size - 1) / at.block_size;
-    for (int i = tid; i < entries; i += kConsumers) table[i] = at.block_table[i];
+    if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
-    if (ctx > kConsumers / per_pos) __trap();  // the caller's max_context was not a bound
-    if (kp < ctx - 1) {
-      const int4* k = reinterpret_cast<const int4*>(cached(kc, kp) + 64 * kpart);
-#pragma unroll
-      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
-    }
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -521,16 +523,21 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     const T* qkv = static_cast<const T*>(at.qkv);
     const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
     const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    if (kp == ctx - 1) {
-      const int4* k = reinterpret_cast<const int4*>(knew + 64 * kpart);
+    unsigned short q_bits = 0;
+    if (tid < D) {
+      q_bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+    }
+    if (tid < entries) table[tid] = entry;
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
+    if (ctx > kConsumers / per_pos) __trap();         // the caller's max_context was not a bound
+    if (kp < ctx) {
+      const int4* k =
+          reinterpret_cast<const int4*>((kp == ctx - 1 ? knew : cached(kc, kp)) + 64 * kpart);
 #pragma unroll
       for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
     }
-    if (tid < D) {
-      const unsigned short bits =
-          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-      scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&bits)) * at.scale;
-    }
+    if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
       if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows

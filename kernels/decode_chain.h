@@ -79,9 +79,9 @@ struct DecodeChainPhase {
 // through `block_table`. The new K / V row is also written to the caches at *slot (< 0: not).
 // Each CTA takes whole heads (a head per CTA while heads <= CTAs): meant for short contexts. With
 // a CTA for every head, D 64 or 128 and max_context <= DecodeChainShortAttentionMaxContext(D)
-// (256 at D = 128), the short form runs: everything that does not depend on the previous kernel
-// (context length, block table, cached K rows, the slot) is requested before the PDL wait, and a
-// CTA without a head writes the new K / V row. Longer contexts run the loop form, which walks a
+// (256 at D = 128), the short form runs: the context length, the block table and the slot are
+// requested before the PDL wait (the K rows after it, behind q's request), and a CTA without a
+// head writes the new K / V row. Longer contexts run the loop form, which walks a
 // head's context in chunks.
 struct DecodeChainAttention {
   const void* qkv = nullptr;
