@@ -180,7 +180,8 @@ struct ChainAttentionArgs {
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
   // DecodeChainTuning::head_hold (short form, heads < grid): a head CTA's producer streams no
-  // weights until its q is in shared memory (1) or its head is written (2); 0: not held.
+  // weights until its q is in shared memory (1) or its head is written (2); 0: not held; 3: as 1,
+  // and every other CTA's producer streams none until that CTA's PDL wait has returned.
   int hold;
 };
 
@@ -516,6 +517,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+  if (at.hold == 3 && !active && tid == 0) *hold_s = 1;  // after the head CTAs' q requests
   fwd::PdlTrigger();
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
   if (writer) WriteNewKv<T>(at, new_slot);
@@ -540,7 +542,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
-      if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
+      if (at.hold == 1 || at.hold == 3) *hold_s = 1;  // q is in: attn.c_proj's rows may stream
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
     float dot = -INFINITY;
@@ -1107,7 +1109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
-      if (a.has_attention && a.at.hold && blockIdx.x < a.at.heads) {
+      if (a.has_attention && a.at.hold && (blockIdx.x < a.at.heads || a.at.hold == 3)) {
         while (*reinterpret_cast<volatile int*>(&hold_s) == 0) __nanosleep(64);
       }
       for (int i = 0; i < a.num_phases; ++i) {
@@ -1685,9 +1687,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // with the tiled layout.)
   const bool half = (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0;
   const int hold = tuning.head_hold == -1 ? kDefaultHeadHold : tuning.head_hold;
-  if (hold < 0 || hold > 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DecodeChain: head_hold ", tuning.head_hold, " (0, 1 or 2; -1: the default)"));
+  if (hold < 0 || hold > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("DecodeChain: head_hold ", tuning.head_hold,
+                                                   " (0, 1, 2 or 3; -1: the default)"));
   }
   const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
   const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0 &&

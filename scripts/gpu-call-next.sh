@@ -8,17 +8,19 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-06 ~21:20 UTC (NOTES version 50). What it runs:
-#  0. With gpu-bundle-ab (`scripts/gpu-bundle-ab.sh 3a41cd5 092deb9 cf7dd5d`, NOTES version 50): each
-#     experiment's library beside HEAD's, StarCoder b1 in separate processes, three rounds; then
-#     decode_chain_test, HF parity and a layer-20 timeline with each experiment's library.
-#  1. The layer-10/20/30 chain timelines of StarCoder b1, printed for the head CTAs and the others
-#     apart (2df0a20; first run on an H100 at 21:06 UTC), and layer 20's with `--chain hq0`.
+# Written 2026-12-06 ~23:55 UTC (NOTES version 51). What it runs:
+#  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
+#     HEAD's, StarCoder b1 in separate processes, three rounds; then decode_chain_test, HF parity
+#     and a layer-20 timeline with each experiment's library. (With gpu-bundle: skipped.)
+#  1. Version 51's experiment: StarCoder b1 `--chain auto` beside `hq3` (head_hold 3: the non-head
+#     CTAs' producers hold their ring fills until their PDL wait), separate processes, three
+#     rounds, and hq3's layer-20 timeline (does q come sooner after the head CTAs' wait?); then the
+#     layer-10/20/30 timelines at the defaults (head CTAs and the others apart) and hq0's.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
 #     without decode lookahead (`--engine on,la`).
 #  3. SantaCoder b1 with `--engine off,on,la,on,la` and its kernel trace; StarCoder b32 512 / 128.
-#  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
-#     na and mqa_block_bench.
+#  4. Every GPU test (gemm_cuda_test in the background; decode_chain_test runs head_hold 3), the
+#     script test, 512 / 128 auto beside na and mqa_block_bench.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -69,6 +71,18 @@ if (( ${#dirs[@]} > 1 )); then
     echo "$e timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/${e}_tl.log | cut -c1-170
   done
 fi
+# Version 51's experiment: head_hold 3 (`--chain hq3`: the non-head CTAs' producers also hold
+# their ring fills, until their own PDL wait) beside the default, separate processes, 3 rounds.
+for r in 1 2 3; do
+  for c in auto hq3; do
+    t=b1_${c}_$r
+    timeout 40 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --chain $c \
+      > $logs/$t.log 2>&1
+    echo "$t rc=$? $(grep -E 'Avg latency|decode step' $logs/$t.log | cut -c1-100 | tr '\n' ' ')"
+  done
+done
+timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain hq3 --chain-timeline 20 > $logs/tlhq3.log 2>&1
+echo "timeline hq3 rc=$?"; sed -n '/chain timeline/,$p' $logs/tlhq3.log | cut -c1-170
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 10,20,30 > $logs/tl.log 2>&1
 echo "timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/tl.log | cut -c1-170
 timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain hq0 --chain-timeline 20 > $logs/tlhq0.log 2>&1

@@ -100,11 +100,11 @@ TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
 TEST(MqabenchFlags, AutoChainRows) {
   for (const char* row : {"auto",   "na", "late", "rel", "tail", "tailc", "tailr", "tailr5",
                           "notail", "w0", "w2",   "ll",  "nl",   "hq",    "hq0",   "hq2",
-                          "tc",     "cc", "hf",   "hf0", "fm",   "fm3",   "shares"}) {
+                          "hq3",    "tc", "cc",   "hf",  "hf0",  "fm",    "fm3",   "shares"}) {
     EXPECT_TRUE(IsAutoChainRow(row)) << row;
   }
   for (const char* row : {"off", "on", "at", "otc", "occ", "ohf", "ohf0", "s4", "f2", "k16f3", "w",
-                          "w-1", "fmx", "tailr16", "hq3", "bogus"}) {
+                          "w-1", "fmx", "tailr16", "hq4", "bogus"}) {
     EXPECT_FALSE(IsAutoChainRow(row)) << row;
   }
 }

@@ -531,7 +531,7 @@ TEST_P(DecodeChainTest, BothFoldsMatchHost) {
 // per head over a paged context whose last position is the new token (read from the QKV row and
 // written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300; the short
 // form with the head CTAs' producers held until q is in or the head is written
-// (DecodeChainTuning::head_hold), and not held.
+// (DecodeChainTuning::head_hold; 3 also holds the other CTAs' until their PDL wait), and not held.
 TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
   const DType t = GetParam();
   struct Shape {
@@ -621,8 +621,8 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
           }
         }
         // The short form's head CTAs with their producers held until q is in, until the head is
-        // written, and not held.
-        for (const int hold : {1, 2, 0}) {
+        // written, as 1 with every other CTA's held until its PDL wait, and not held.
+        for (const int hold : {1, 2, 3, 0}) {
           SCOPED_TRACE(::testing::Message() << "head_hold " << hold);
           attn.d->Poison();
           y.d->Poison();
@@ -799,9 +799,9 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
   DecodeChainTuning rows12;
   rows12.mma_fold = 12;  // tiles of a multiple of 8 rows only
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, rows12)));
-  DecodeChainTuning hold3;
-  hold3.head_hold = 3;  // 0, 1 or 2 (-1: the default)
-  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, hold3)));
+  DecodeChainTuning hold4;
+  hold4.head_hold = 4;  // 0, 1, 2 or 3 (-1: the default)
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, hold4)));
   p.num_phases = 2;
   p.phases[1] = p.phases[0];
   p.phases[1].output = x.get();
