@@ -41,6 +41,18 @@ bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the c
   timeout "$limit" $b/bin/mqabench "$@" > $logs/$name.log 2>&1; echo "$name rc=$?"
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
+b1row() {  # NAME DIR ARGS...: StarCoder b1 128 / 128, two iterations, DIR's binary and library
+  local name=$1 d=$2; shift 2
+  LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
+    --model configs/starcoder $m1 --num-iters 2 "$@" > $logs/$name.log 2>&1
+  echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
+}
+timeline() {  # NAME DIR ARGS...: StarCoder b1, one iteration with ARGS (--chain-timeline L,...)
+  local name=$1 d=$2; shift 2
+  LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency \
+    --model configs/starcoder $m1 --num-iters 1 "$@" > $logs/$name.log 2>&1
+  echo "$name rc=$?"; sed -n '/chain timeline/,$p' $logs/$name.log | cut -c1-170
+}
 # The experiments of gpu-bundle-ab (scripts/gpu-bundle-ab.sh): each its own copy of the bundle
 # with expN/'s library, all beside HEAD's in rotation.
 dirs=($b)
@@ -53,12 +65,7 @@ done
 if (( ${#dirs[@]} > 1 )); then
   cat gpu-bundle-ab/EXPERIMENT 2>/dev/null
   for r in 1 2 3; do
-    for d in "${dirs[@]}"; do
-      t=b1_$(basename $d)_$r
-      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
-        --model configs/starcoder $m1 --num-iters 2 > $logs/$t.log 2>&1
-      echo "$t rc=$? $(grep -E 'Avg latency|decode step' $logs/$t.log | cut -c1-100 | tr '\n' ' ')"
-    done
+    for d in "${dirs[@]}"; do b1row b1_$(basename $d)_$r $d; done
   done
   for d in "${dirs[@]:1}"; do
     e=$(basename $d)
@@ -66,27 +73,17 @@ if (( ${#dirs[@]} > 1 )); then
       LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t > $logs/${e}_$t.log 2>&1
       echo "$e $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${e}_$t.log | tr '\n' ' ')"
     done
-    LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency --model configs/starcoder \
-      $m1 --num-iters 1 --chain-timeline 20 > $logs/${e}_tl.log 2>&1
-    echo "$e timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/${e}_tl.log | cut -c1-170
+    timeline ${e}_tl $d --chain-timeline 20
   done
 fi
 # Version 51's experiment: head_hold 3 (`--chain hq3`: the non-head CTAs' producers also hold
 # their ring fills, until their own PDL wait) beside the default, separate processes, 3 rounds.
 for r in 1 2 3; do
-  for c in auto hq3; do
-    t=b1_${c}_$r
-    timeout 40 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --chain $c \
-      > $logs/$t.log 2>&1
-    echo "$t rc=$? $(grep -E 'Avg latency|decode step' $logs/$t.log | cut -c1-100 | tr '\n' ' ')"
-  done
+  for c in auto hq3; do b1row b1_${c}_$r $b --chain $c; done
 done
-timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain hq3 --chain-timeline 20 > $logs/tlhq3.log 2>&1
-echo "timeline hq3 rc=$?"; sed -n '/chain timeline/,$p' $logs/tlhq3.log | cut -c1-170
-timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain-timeline 10,20,30 > $logs/tl.log 2>&1
-echo "timeline rc=$?"; sed -n '/chain timeline/,$p' $logs/tl.log | cut -c1-170
-timeout 60 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 1 --chain hq0 --chain-timeline 20 > $logs/tlhq0.log 2>&1
-echo "timeline hq0 rc=$?"; sed -n '/chain timeline/,$p' $logs/tlhq0.log | cut -c1-170
+timeline tlhq3 $b --chain hq3 --chain-timeline 20
+timeline tl $b --chain-timeline 10,20,30
+timeline tlhq0 $b --chain hq0 --chain-timeline 20
 bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto
 bench st1e 120 latency --model configs/starcoder $m1 --num-iters 2 --engine on,la
 bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on,la,on,la
