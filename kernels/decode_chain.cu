@@ -473,8 +473,8 @@ constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks
 // nothing).
 constexpr int kDefaultHeadHold = 1;
 
-// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
-// head is written (2).
+// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set in a head CTA once q is
+// in (1, 3) or the head is written (2), in a CTA without a head once its PDL wait returns (3).
 template <typename T, bool kStamps>
 __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
                                     volatile int* hold_s) {
