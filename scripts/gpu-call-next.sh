@@ -79,9 +79,10 @@ fi
 # Version 51's experiment: head_hold 3 (`--chain hq3`: the non-head CTAs' producers also hold
 # their ring fills, until their own PDL wait) beside the default, separate processes, 3 rounds.
 for r in 1 2 3; do
-  for c in auto hq3; do b1row b1_${c}_$r $b --chain $c; done
+  for c in auto hq3 hq4; do b1row b1_${c}_$r $b --chain $c; done
 done
 timeline tlhq3 $b --chain hq3 --chain-timeline 20
+timeline tlhq4 $b --chain hq4 --chain-timeline 20
 timeline tl $b --chain-timeline 10,20,30
 timeline tlhq0 $b --chain hq0 --chain-timeline 20
 bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto

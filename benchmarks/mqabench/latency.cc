@@ -217,6 +217,7 @@ absl::Status Latency(const Flags& f) {
     r.model().set_decode_chain_head_hold(chain == "hq"    ? 1
                                          : chain == "hq2" ? 2
                                          : chain == "hq3" ? 3
+                                         : chain == "hq4" ? 4
                                          : chain == "hq0"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_head_hold);

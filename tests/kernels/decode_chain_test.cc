@@ -621,8 +621,9 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
           }
         }
         // The short form's head CTAs with their producers held until q is in, until the head is
-        // written, as 1 with every other CTA's held until its PDL wait, and not held.
-        for (const int hold : {1, 2, 3, 0}) {
+        // written, as 1 with every other CTA's held until its PDL wait or until every head's q
+        // is in, and not held.
+        for (const int hold : {1, 2, 3, 4, 0}) {
           SCOPED_TRACE(::testing::Message() << "head_hold " << hold);
           attn.d->Poison();
           y.d->Poison();
@@ -648,6 +649,7 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
                 << i;
           }
           EXPECT_EQ(ws->Download<uint32_t>()[0], 0u);
+          EXPECT_EQ(ws->Download<uint32_t>()[24], 0u) << "head_hold 4's count (kQinOffset)";
         }
       }
     }
@@ -799,9 +801,9 @@ TEST_P(DecodeChainTest, RefusesWhatItCannotRun) {
   DecodeChainTuning rows12;
   rows12.mma_fold = 12;  // tiles of a multiple of 8 rows only
   EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, rows12)));
-  DecodeChainTuning hold4;
-  hold4.head_hold = 4;  // 0, 1, 2 or 3 (-1: the default)
-  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, hold4)));
+  DecodeChainTuning hold5;
+  hold5.head_hold = 5;  // 0 to 4 (-1: the default)
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeChainCuda(p, stream_, false, nullptr, 0, hold5)));
   p.num_phases = 2;
   p.phases[1] = p.phases[0];
   p.phases[1].output = x.get();
