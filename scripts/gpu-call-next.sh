@@ -8,19 +8,16 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-06 ~23:55 UTC (NOTES version 51). What it runs:
+# Written 2026-12-07 ~00:55 UTC (NOTES version 52). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
 #     HEAD's, StarCoder b1 in separate processes, three rounds; then decode_chain_test, HF parity
 #     and a layer-20 timeline with each experiment's library. (With gpu-bundle: skipped.)
-#  1. Version 51's experiment: StarCoder b1 `--chain auto` beside `hq3` (head_hold 3: the non-head
-#     CTAs' producers hold their ring fills until their PDL wait), separate processes, three
-#     rounds, and hq3's layer-20 timeline (does q come sooner after the head CTAs' wait?); then the
-#     layer-10/20/30 timelines at the defaults (head CTAs and the others apart) and hq0's.
+#  1. HEAD's layer-20 timeline. With MQA_CALL_FULL=0 the call ends here.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
-#     without decode lookahead (`--engine on,la`).
+#     without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
 #  3. SantaCoder b1 with `--engine off,on,la,on,la` and its kernel trace; StarCoder b32 512 / 128.
-#  4. Every GPU test (gemm_cuda_test in the background; decode_chain_test runs head_hold 3), the
-#     script test, 512 / 128 auto beside na and mqa_block_bench.
+#  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
+#     na and mqa_block_bench.
 set -u
 logs=/tmp/mqa-logs
 rm -rf $logs && mkdir -p $logs
@@ -76,17 +73,16 @@ if (( ${#dirs[@]} > 1 )); then
     timeline ${e}_tl $d --chain-timeline 20
   done
 fi
-# Version 51's experiment: head_hold 3 (`--chain hq3`: the non-head CTAs' producers also hold
-# their ring fills, until their own PDL wait) beside the default, separate processes, 3 rounds.
-for r in 1 2 3; do
-  for c in auto hq3 hq4; do b1row b1_${c}_$r $b --chain $c; done
-done
-timeline tlhq3 $b --chain hq3 --chain-timeline 20
-timeline tlhq4 $b --chain hq4 --chain-timeline 20
-timeline tl $b --chain-timeline 10,20,30
-timeline tlhq0 $b --chain hq0 --chain-timeline 20
+timeline tl $b --chain-timeline 20
+# MQA_CALL_FULL=0: the experiments and the default timeline only (a short call).
+if [[ ${MQA_CALL_FULL:-1} == 0 ]]; then
+  date -u
+  tar czf $OUT/logs.tgz -C /tmp mqa-logs
+  exit 0
+fi
 bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto
 bench st1e 120 latency --model configs/starcoder $m1 --num-iters 2 --engine on,la
+timeline tl3 $b --chain-timeline 10,30
 bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on,la,on,la
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sc > $logs/sctrace.log 2>&1
 echo "sc trace rc=$?"; grep -v "^#" $logs/sctrace.log | head -60 | cut -c1-200
