@@ -10,7 +10,8 @@
 # Never `wait` without a pid here: it would also wait for the console's tee.
 # Written 2026-12-07 ~00:55 UTC (NOTES version 52). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
-#     HEAD's, StarCoder b1 in separate processes, three rounds; then decode_chain_test, HF parity
+#     HEAD's, StarCoder b1 in separate processes, three rounds (and two at 512 / 128); then
+#     decode_chain_test, HF parity
 #     and a layer-20 timeline with each experiment's library. (With gpu-bundle: skipped.)
 #  1. HEAD's layer-20 timeline. With MQA_CALL_FULL=0 the call ends here.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
@@ -63,6 +64,9 @@ if (( ${#dirs[@]} > 1 )); then
   cat gpu-bundle-ab/EXPERIMENT 2>/dev/null
   for r in 1 2 3; do
     for d in "${dirs[@]}"; do b1row b1_$(basename $d)_$r $d; done
+  done
+  for r in 1 2; do  # 512 / 128: the long form of the chain's attention (contexts past 256)
+    for d in "${dirs[@]}"; do b1row b512_$(basename $d)_$r $d --input-len 512; done
   done
   for d in "${dirs[@]:1}"; do
     e=$(basename $d)
