@@ -538,9 +538,10 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
     int heads, kv_heads, head_dim, block_size;
   };
   // Both forms of the phase: the short one (every head its CTA, max_context <= 512 x 64 / D: 256 at
-  // D = 128, 512 at 64) and the loop over positions (max_context 1024).
+  // D = 128, 512 at 64) and the loop over positions (max_context 1024). A context of 256 fills
+  // every row a thread of the short form at D = 128.
   for (const Shape sh : {Shape{8, 1, 128, 16}, Shape{4, 4, 64, 8}}) {
-    for (const int ctx : {1, 17, 300}) {
+    for (const int ctx : {1, 17, 256, 300}) {
       for (const int max_context : {ctx <= 256 ? 256 : 512, 1024}) {
         SCOPED_TRACE(::testing::Message()
                      << "heads " << sh.heads << " kv " << sh.kv_heads << " D " << sh.head_dim
