@@ -37,9 +37,6 @@ constexpr int kStealCounterStride = 128;
 constexpr int kCounterStride = kStealCounterStride * (kMaxDecodeChainPhases + 1);
 // A slot's launch epoch (the flags of its LL words), in the barrier counter's line.
 constexpr int kEpochOffset = 64;
-// head_hold 4: the head CTAs whose q is in, in the barrier counter's line (the last CTA out
-// leaves it at zero).
-constexpr int kQinOffset = 96;
 // LL boundaries (DecodeChainTuning::ll_inputs): a phase whose output is the next phase's input
 // also writes each output element as an 8-byte word {element bits, flag} into one of two areas
 // of the slot (phase parity), and the next phase polls those words instead of waiting at the grid
@@ -183,9 +180,7 @@ struct ChainAttentionArgs {
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
   // DecodeChainTuning::head_hold (short form, heads < grid): a head CTA's producer streams no
-  // weights until its q is in shared memory (1) or its head is written (2); 0: not held; 3: as 1,
-  // and every other CTA's producer streams none until that CTA's PDL wait has returned; 4: as 1,
-  // and every other CTA's producer streams none until every head CTA's q is in.
+  // weights until its q is in shared memory (1) or its head is written (2); 0: not held.
   int hold;
 };
 
@@ -263,10 +258,6 @@ __device__ __forceinline__ int CtaMaxRows(const ChainArgs& a, const ChainPhaseAr
 __device__ __forceinline__ unsigned* StealCounter(const ChainArgs& a, int i) {
   return reinterpret_cast<unsigned*>(reinterpret_cast<char*>(a.counter) +
                                      kStealCounterStride * (i + 1));
-}
-
-__device__ __forceinline__ unsigned* QinCounter(const ChainArgs& a) {
-  return a.counter + kQinOffset / 4;
 }
 
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
@@ -481,9 +472,9 @@ constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks
 // nothing).
 constexpr int kDefaultHeadHold = 1;
 
-// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set in a head CTA once q is
-// in (1, 3, 4) or the head is written (2), in a CTA without a head once its PDL wait returns (3,
-// 4; with 4 its producer then also waits for QinCounter to reach the head count).
+// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
+// head is written (2). (Holding the other CTAs' producers too, until their own PDL wait or until
+// every head's q is in, lost on an H100: benchmarks/mqabench/NOTES.md, version 52.)
 template <typename T, bool kStamps>
 __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
                                     volatile int* hold_s) {
@@ -526,7 +517,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  if (at.hold >= 3 && !active && tid == 0) *hold_s = 1;  // after the head CTAs' q requests
   fwd::PdlTrigger();
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
   if (writer) WriteNewKv<T>(at, new_slot);
@@ -551,10 +541,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
-      if (at.hold == 1 || at.hold >= 3) *hold_s = 1;  // q is in: attn.c_proj's rows may stream
-      if (at.hold == 4) {                             // and, once every head's is, the other CTAs'
-        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(QinCounter(a)) : "memory");
-      }
+      if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
     float dot = -INFINITY;
@@ -1121,14 +1108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
-      if (a.has_attention && a.at.hold && (blockIdx.x < a.at.heads || a.at.hold >= 3)) {
+      if (a.has_attention && a.at.hold && blockIdx.x < a.at.heads) {
         while (*reinterpret_cast<volatile int*>(&hold_s) == 0) __nanosleep(64);
-        // (After the PDL wait: the previous launch's last CTA left the count at zero.)
-        if (a.at.hold == 4 && blockIdx.x >= a.at.heads) {
-          while (fwd::LoadAcquireGpu(QinCounter(a)) < static_cast<unsigned>(a.at.heads)) {
-            __nanosleep(64);
-          }
-        }
       }
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
@@ -1511,7 +1492,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (atomicAdd(a.counter, 1u) == total - 1) {
       atomicExch(a.counter, 0u);
       atomicAdd(a.counter + kEpochOffset / 4, 1u);  // the next launch's LL flags
-      if (a.has_attention && a.at.hold == 4) atomicExch(QinCounter(a), 0u);
       for (int i = 0; i < a.num_phases; ++i) {
         if (a.ph[i].rows_chunk > 0 || a.ph[i].pool > 0) atomicExch(StealCounter(a, i), 0u);
       }
@@ -1706,9 +1686,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   // with the tiled layout.)
   const bool half = (tuning.half_fold < 0 ? kDefaultHalfFold : tuning.half_fold) != 0;
   const int hold = tuning.head_hold == -1 ? kDefaultHeadHold : tuning.head_hold;
-  if (hold < 0 || hold > 4) {
+  if (hold < 0 || hold > 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat("DecodeChain: head_hold ", tuning.head_hold, " (0 to 4; -1: the default)"));
+        absl::StrCat("DecodeChain: head_hold ", tuning.head_hold, " (0, 1 or 2; -1: the default)"));
   }
   const int mma_fold = tuning.mma_fold < 0 ? kDefaultMmaFold : tuning.mma_fold;
   const bool fuse = (tuning.fused_mlp < 0 ? kDefaultFusedMlp : tuning.fused_mlp) != 0 &&

@@ -70,10 +70,7 @@ struct DecodeChainTuning {
   // than CTAs): each head CTA's producer requests none of the next phase's weights until the
   // head's q is in shared memory, so that q's round trip after the PDL wait does not queue behind
   // that SM's ring fill (the other CTAs' fills go on). 1: on; 2: held until the head is written;
-  // 3: as 1, and every other CTA's producer holds its fill until that CTA's PDL wait has returned
-  // (an experiment: benchmarks/mqabench/NOTES.md, version 51); 4: as 1, and every other CTA's
-  // producer holds its fill until every head CTA's q is in (an experiment, version 52); 0: off;
-  // -1: the measured default (kernels/decode_chain.cu, kDefaultHeadHold: 1).
+  // 0: off; -1: the measured default (kernels/decode_chain.cu, kDefaultHeadHold: 1).
   // InvalidArgument for any other value.
   int head_hold = -1;
   // The fold: 1, the tiled layout on tensor cores (kernels/decode_chain.cu, kTileMaxRows: a stage

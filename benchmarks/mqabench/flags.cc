@@ -171,9 +171,9 @@ std::vector<std::string> EngineRows(absl::string_view engine) {
 }
 
 bool IsAutoChainRow(absl::string_view row) {
-  static constexpr absl::string_view kNamed[] = {
-      "auto", "na",  "late", "rel", "tail", "tailc", "notail", "ll",  "nl", "hq",
-      "hq0",  "hq2", "hq3",  "hq4", "tc",   "cc",    "hf",     "hf0", "fm", "shares"};
+  static constexpr absl::string_view kNamed[] = {"auto",   "na", "late", "rel", "tail", "tailc",
+                                                 "notail", "ll", "nl",   "hq",  "hq0",  "hq2",
+                                                 "tc",     "cc", "hf",   "hf0", "fm",   "shares"};
   for (absl::string_view named : kNamed) {
     if (row == named) return true;
   }
@@ -281,9 +281,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "
             "ring stages, a multiple of 8, at most N in flight; f0: the whole ring) / ll, nl (auto "
             "with the LL boundaries on, off) / hq, hq0 (auto with the head CTAs' producers held "
-            "until q is in, or not; hq2: until the head is written; hq3: as hq, the other CTAs' "
-            "until their PDL wait; hq4: as hq, the other CTAs' until every head's q is in) / tc, "
-            "cc (auto with the "
+            "until q is in, or not; hq2: until the head is written) / tc, cc (auto with the "
             "tensor-core, CUDA-core "
             "fold) / otc, occ (on, the same) / hf, ohf (auto, on, fp16 pair sums in the fold) / "
             "hf0, ohf0 (the same with the fp32 fold) / fm, fmN (auto with the fused MLP, N stages "

@@ -216,8 +216,6 @@ absl::Status Latency(const Flags& f) {
                                              : GptBigCodeOptions().decode_chain_ll_inputs);
     r.model().set_decode_chain_head_hold(chain == "hq"    ? 1
                                          : chain == "hq2" ? 2
-                                         : chain == "hq3" ? 3
-                                         : chain == "hq4" ? 4
                                          : chain == "hq0"
                                              ? 0
                                              : GptBigCodeOptions().decode_chain_head_hold);

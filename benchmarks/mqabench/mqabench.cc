@@ -79,9 +79,7 @@
 //     (decode_chain_stage_bytes, K a multiple of 8) and at most N of them requested ahead (f0: the
 //     whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries (decode_chain_ll_inputs)
 //     on and off; hq and hq0 are auto with the head CTAs' producers held until their q is in
-//     (decode_chain_head_hold 1, the default) and not held, hq2 held until the head is written,
-//     hq3 as hq with every other CTA's producer held until its PDL wait, hq4 until every head
-//     CTA's q is in (experiments); tc
+//     (decode_chain_head_hold 1, the default) and not held, hq2 held until the head is written; tc
 //     and cc are auto with the tiled tensor-core fold and the row-run fp32 fold on the CUDA cores
 //     (decode_chain_mma_fold 1, 0), otc and occ the same with the chain on every layer; hf and ohf
 //     are auto and on with the fp16-pair fold (decode_chain_half_fold 1, the default), hf0 and ohf0
