@@ -383,32 +383,40 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
     }
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainInputReady);
-    // Pass 1: thread per position, its K row's 16-byte chunks loaded eight at a time.
+    // Pass 1: thread (g, c) holds 16-byte chunk c of the K rows g, g + G, ... (a row's chunks are
+    // consecutive lanes: a warp's load reads whole rows), four rows' loads in flight; a row's dot
+    // is summed across its lanes, and its first lane stores the score. The loop runs as often in
+    // every lane of a warp (the shuffles), from the warp's first row group wg.
+    const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
+    const int wg = (tid >> 5) * (32 / chunks);
+    float qc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qc[e] = scratch[8 * c + e];
     float m = -INFINITY;
-    for (int p = tid; p < ctx; p += kConsumers) {
-      const T* k = p == ctx - 1 ? knew : kc + row_offset(p, kvh);
-      float dot = 0.0f;
-      for (int d0 = 0; d0 < D; d0 += 64) {
-        V kv[8];
+    for (int base = wg; base < ctx; base += 4 * G) {
+      V kv[4];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          if (d0 + 8 * u < D) {
-            *reinterpret_cast<int4*>(&kv[u]) =
-                __ldcg(reinterpret_cast<const int4*>(k + d0 + 8 * u));
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          if (d0 + 8 * u < D) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              dot = fmaf(fwd::ToFloat(kv[u].v[e]), scratch[d0 + 8 * u + e], dot);
-            }
-          }
+      for (int u = 0; u < 4; ++u) {
+        const int p = base + (g - wg) + u * G;
+        if (p < ctx) {
+          const T* k = (p == ctx - 1 ? knew : kc + row_offset(p, kvh)) + 8 * c;
+          *reinterpret_cast<int4*>(&kv[u]) = __ldcg(reinterpret_cast<const int4*>(k));
         }
       }
-      scores[p] = dot;
-      m = fmaxf(m, dot);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = base + (g - wg) + u * G;
+        float d = 0.0f;
+        if (p < ctx) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) d = fmaf(fwd::ToFloat(kv[u].v[e]), qc[e], d);
+        }
+        for (int o = chunks / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (p < ctx) {
+          if (c == 0) scores[p] = d;
+          m = fmaxf(m, d);
+        }
+      }
     }
     m = ConsumerMax(m, red);
     if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainFirstFull);
@@ -421,7 +429,6 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
     sum = ConsumerSum(sum, red);  // its barriers also publish `scores`
     // Pass 2: thread (g, c) sums 16-byte chunk c of the V rows of positions g, g + G, ..., four
     // rows' loads in flight; partials [G][D] after q in `scratch`.
-    const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
     float o[8] = {};
     for (int p0 = g; p0 < ctx; p0 += 4 * G) {
       V vv[4];
@@ -450,17 +457,24 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 }
 
 // The attention phase's short form (ChainAttentionArgs::short_context): CTA h < heads takes head
-// h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits one load a thread.
+// h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits 8 rows a thread.
 // The context length, a thread's block-table entry and the new token's cache slot (for the CTA
 // that writes it: the last, which has no head) are requested before the PDL wait but not waited
 // for; after it, q first, then the table into shared memory (after the partial sums), then the
-// K rows (thread p x D / 64 + j holds K row p's 64 dimensions j x 64..; the newest, which the
-// previous kernel wrote, from the QKV row), then the V rows as soon as the scores are in
-// registers (thread (g, c) holds V
-// rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8)), their round trip under the
-// softmax's reductions: two round trips after the wait, where the loop form has one a dependent
-// step. (K and V both held through the wait would need 64 registers a thread: it spilled.)
-// Scores, q and partial sums in shared memory as AttentionPhase; the PDL wait is done here.
+// K rows (thread (g, c) holds K rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8);
+// the newest, which the previous kernel wrote, from the QKV row), then the same V rows as soon as
+// the dots are in registers, their round trip under the softmax's reductions: two round trips
+// after the wait, where the loop form has one a dependent step. (K and V both held through the
+// wait would need 64 registers a thread: it spilled.) Until version 52 (benchmarks/mqabench/
+// NOTES.md) a thread read 128 contiguous bytes of one K row, so a warp's load touched 16 bytes of
+// 32 lines, and issuing a head's K kept the LSU busy ~2 us. Reading K in V's layout, measured on an
+// H100 (2026-12-07 01:55 UTC, StarCoder b1 128 / 128 decode step, separate processes in rotation,
+// three rounds): 10.995 / 11.012 / 10.982 ms against 11.046 / 11.028 / 11.020 (-0.3%); layer 20's
+// head CTAs have q in 2.4 us sooner and K 2.3 us sooner (attn.c_proj starts 1.8 us sooner). The
+// loop form's pass 1 in the same layout measured equal (512 / 128: 11.130 / 11.125 against 11.124
+// / 11.123 ms).
+// q and the partial sums in shared memory as AttentionPhase, the row weights in registers; the
+// PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 // Measured default (-1) of DecodeChainTuning::head_hold: on. H100, 2026-12-06 12:51-12:53 UTC
 // (StarCoder b1 128 / 128, decode step, separate processes in rotation, three rounds): held
@@ -476,7 +490,7 @@ constexpr int kDefaultHeadHold = 1;
 // head is written (2). (Holding the other CTAs' producers too, until their own PDL wait or until
 // every head's q is in, lost on an H100: benchmarks/mqabench/NOTES.md, version 52.)
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* scratch, float* red,
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* red,
                                     volatile int* hold_s) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
@@ -485,8 +499,9 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
   const bool active = h < H;
   const int kvh = active ? h / (H / KVH) : 0;
   const int tid = threadIdx.x;
-  const int per_pos = D / 64;  // threads a K row
-  const int kp = tid / per_pos, kpart = tid - kp * per_pos;
+  // Thread (g, c) holds the K and V rows g, g + G, ... at 16-byte chunk c: a row's chunks are
+  // consecutive lanes, so that a warp's load reads whole rows (512 contiguous bytes at D = 128)
+  // and a row's dot is summed across its `chunks` lanes.
   const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
   int ctx = 0;
   int4 kv[kShortAttentionRows], vv[kShortAttentionRows];
@@ -531,12 +546,14 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
     }
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
-    if (ctx > kConsumers / per_pos) __trap();         // the caller's max_context was not a bound
-    if (kp < ctx) {
-      const int4* k =
-          reinterpret_cast<const int4*>((kp == ctx - 1 ? knew : cached(kc, kp)) + 64 * kpart);
+    if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
 #pragma unroll
-      for (int u = 0; u < kShortAttentionRows; ++u) kv[u] = __ldcg(k + u);
+    for (int j = 0; j < kShortAttentionRows; ++j) {
+      const int p = g + j * G;
+      if (p < ctx) {
+        const T* k = p == ctx - 1 ? knew : cached(kc, p);
+        kv[j] = __ldcg(reinterpret_cast<const int4*>(k + 8 * c));
+      }
     }
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
@@ -544,19 +561,26 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
       if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
-    float dot = -INFINITY;
-    if (kp < ctx) {
-      dot = 0.0f;
-      const float* q = scratch + 64 * kpart;
+    // Row g + j G's dot: this thread's 8 dimensions, then the sum over the row's lanes (every
+    // lane of the row gets it; a row past the context is -inf).
+    float dot[kShortAttentionRows];
+    float mx = -INFINITY;
+    {
+      float qc[8];
 #pragma unroll
-      for (int u = 0; u < kShortAttentionRows; ++u) {
+      for (int e = 0; e < 8; ++e) qc[e] = scratch[8 * c + e];
+#pragma unroll
+      for (int j = 0; j < kShortAttentionRows; ++j) {
         V k;
-        *reinterpret_cast<int4*>(&k) = kv[u];
+        *reinterpret_cast<int4*>(&k) = kv[j];
+        float d = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(fwd::ToFloat(k.v[e]), q[8 * u + e], dot);
+        for (int e = 0; e < 8; ++e) d = fmaf(fwd::ToFloat(k.v[e]), qc[e], d);
+        for (int o = chunks / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        dot[j] = g + j * G < ctx ? d : -INFINITY;
+        mx = fmaxf(mx, dot[j]);
       }
     }
-    if (per_pos == 2) dot += __shfl_xor_sync(0xffffffffu, dot, 1);  // -inf stays -inf
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
       const int p = g + j * G;
@@ -565,20 +589,21 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scores, float* sc
         vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
       }
     }
-    const float m = ConsumerMax(dot, red);
+    const float m = ConsumerMax(mx, red);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
-    float e = 0.0f;
-    if (kp < ctx && kpart == 0) {
-      e = __expf(dot - m);
-      scores[kp] = e;
+    float e_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kShortAttentionRows; ++j) {
+      dot[j] = g + j * G < ctx ? __expf(dot[j] - m) : 0.0f;  // now the row's weight
+      e_sum += dot[j];
     }
-    const float sum = ConsumerSum(e, red);  // its barriers also publish `scores`
+    const float sum = ConsumerSum(c == 0 ? e_sum : 0.0f, red);  // each row once
     float o[8] = {};
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
       const int p = g + j * G;
       if (p < ctx) {
-        const float w = scores[p];
+        const float w = dot[j];
         V v;
         *reinterpret_cast<int4*>(&v) = vv[j];
 #pragma unroll
@@ -1247,8 +1272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, scores, scores + capacity, red,
-                                    &hold_s);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, scores + capacity, red, &hold_s);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
