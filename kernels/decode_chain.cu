@@ -37,9 +37,6 @@ constexpr int kStealCounterStride = 128;
 constexpr int kCounterStride = kStealCounterStride * (kMaxDecodeChainPhases + 1);
 // A slot's launch epoch (the flags of its LL words), in the barrier counter's line.
 constexpr int kEpochOffset = 64;
-// head_hold 1 (experiment): the head CTAs whose q is in, in the barrier counter's line (the last
-// CTA out leaves it at zero).
-constexpr int kQinOffset = 96;
 // LL boundaries (DecodeChainTuning::ll_inputs): a phase whose output is the next phase's input
 // also writes each output element as an 8-byte word {element bits, flag} into one of two areas
 // of the slot (phase parity), and the next phase polls those words instead of waiting at the grid
@@ -261,10 +258,6 @@ __device__ __forceinline__ int CtaMaxRows(const ChainArgs& a, const ChainPhaseAr
 __device__ __forceinline__ unsigned* StealCounter(const ChainArgs& a, int i) {
   return reinterpret_cast<unsigned*>(reinterpret_cast<char*>(a.counter) +
                                      kStealCounterStride * (i + 1));
-}
-
-__device__ __forceinline__ unsigned* QinCounter(const ChainArgs& a) {
-  return a.counter + kQinOffset / 4;
 }
 
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
@@ -539,7 +532,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  if (at.hold == 1 && !active && tid == 0) *hold_s = 1;  // (its producer then polls QinCounter)
   fwd::PdlTrigger();
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
   if (writer) WriteNewKv<T>(at, new_slot);
@@ -566,10 +558,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
-      if (at.hold == 1) {  // q is in: the producer may stream attn.c_proj's rows
-        *hold_s = 1;
-        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(QinCounter(a)) : "memory");
-      }
+      if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
     // Row g + j G's dot: this thread's 8 dimensions, then the sum over the row's lanes (every
@@ -1144,14 +1133,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
-      if (a.has_attention && a.at.hold && (blockIdx.x < a.at.heads || a.at.hold == 1)) {
+      if (a.has_attention && a.at.hold && blockIdx.x < a.at.heads) {
         while (*reinterpret_cast<volatile int*>(&hold_s) == 0) __nanosleep(64);
-        // (After the PDL wait: the previous launch's last CTA left the count at zero.)
-        if (a.at.hold == 1 && blockIdx.x >= a.at.heads) {
-          while (fwd::LoadAcquireGpu(QinCounter(a)) < static_cast<unsigned>(a.at.heads)) {
-            __nanosleep(64);
-          }
-        }
       }
       for (int i = 0; i < a.num_phases; ++i) {
         const ChainPhaseArgs& ph = a.ph[i];
@@ -1533,7 +1516,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (atomicAdd(a.counter, 1u) == total - 1) {
       atomicExch(a.counter, 0u);
       atomicAdd(a.counter + kEpochOffset / 4, 1u);  // the next launch's LL flags
-      if (a.has_attention && a.at.hold == 1) atomicExch(QinCounter(a), 0u);
       for (int i = 0; i < a.num_phases; ++i) {
         if (a.ph[i].rows_chunk > 0 || a.ph[i].pool > 0) atomicExch(StealCounter(a, i), 0u);
       }
