@@ -532,7 +532,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  if (at.hold == 1 && !active && tid == 0) *hold_s = 1;  // after the head CTAs' q requests
   fwd::PdlTrigger();
   // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
   if (writer) WriteNewKv<T>(at, new_slot);
@@ -1134,7 +1133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         return static_cast<int>(atomicAdd(StealCounter(a, i), 1u));
       };
-      if (a.has_attention && a.at.hold && (blockIdx.x < a.at.heads || a.at.hold == 1)) {
+      if (a.has_attention && a.at.hold && blockIdx.x < a.at.heads) {
         while (*reinterpret_cast<volatile int*>(&hold_s) == 0) __nanosleep(64);
       }
       for (int i = 0; i < a.num_phases; ++i) {
