@@ -555,15 +555,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
         kv[j] = __ldcg(reinterpret_cast<const int4*>(k + 8 * c));
       }
     }
-    // The V rows right behind K's (both issued before q is waited for).
-#pragma unroll
-    for (int j = 0; j < kShortAttentionRows; ++j) {
-      const int p = g + j * G;
-      if (p < ctx) {
-        const T* v = p == ctx - 1 ? vnew : cached(vc, p);
-        vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
-      }
-    }
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
@@ -588,6 +579,14 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
         for (int o = chunks / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         dot[j] = g + j * G < ctx ? d : -INFINITY;
         mx = fmaxf(mx, dot[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kShortAttentionRows; ++j) {
+      const int p = g + j * G;
+      if (p < ctx) {
+        const T* v = p == ctx - 1 ? vnew : cached(vc, p);
+        vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
       }
     }
     const float m = ConsumerMax(mx, red);
