@@ -8,10 +8,10 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~02:10 UTC (NOTES version 52). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# 012b3a1 cebbd60` (the fills of the non-head CTAs held until every head's q is in / until their
-# own PDL wait, now that K is read a row a warp), carry ["gpu-bundle-ab"], the full call. What it
-# runs:
+# Written 2026-12-07 ~02:20 UTC (NOTES version 52). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
+# 012b3a1 cebbd60 1673918` (the fills of the non-head CTAs held until every head's q is in / until
+# their own PDL wait, now that K is read a row a warp; V issued behind K), carry ["gpu-bundle-ab"],
+# the full call. What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
 #     HEAD's, StarCoder b1 in separate processes, three rounds (and two at 512 / 128); then
 #     decode_chain_test, HF parity and a layer-20 timeline with each experiment's library. (With
