@@ -547,14 +547,18 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
+    // This thread's K or V rows g, g + G, ... at chunk c (the newest from the QKV row).
+    auto load_rows = [&](int4(&dst)[kShortAttentionRows], const T* cache, const T* newest) {
 #pragma unroll
-    for (int j = 0; j < kShortAttentionRows; ++j) {
-      const int p = g + j * G;
-      if (p < ctx) {
-        const T* k = p == ctx - 1 ? knew : cached(kc, p);
-        kv[j] = __ldcg(reinterpret_cast<const int4*>(k + 8 * c));
+      for (int j = 0; j < kShortAttentionRows; ++j) {
+        const int p = g + j * G;
+        if (p < ctx) {
+          const T* row = p == ctx - 1 ? newest : cached(cache, p);
+          dst[j] = __ldcg(reinterpret_cast<const int4*>(row + 8 * c));
+        }
       }
-    }
+    };
+    load_rows(kv, kc, knew);
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
@@ -581,14 +585,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
         mx = fmaxf(mx, dot[j]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kShortAttentionRows; ++j) {
-      const int p = g + j * G;
-      if (p < ctx) {
-        const T* v = p == ctx - 1 ? vnew : cached(vc, p);
-        vv[j] = __ldcg(reinterpret_cast<const int4*>(v + 8 * c));
-      }
-    }
+    load_rows(vv, vc, vnew);
     const float m = ConsumerMax(mx, red);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float e_sum = 0.0f;
