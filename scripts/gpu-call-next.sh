@@ -42,6 +42,10 @@ bench() {  # NAME TIMEOUT ARGS...: one mqabench run, its headline lines on the c
   timeout "$limit" $b/bin/mqabench "$@" > $logs/$name.log 2>&1; echo "$name rc=$?"
   grep -E "$g" $logs/$name.log | cut -c1-200
 }
+finish() {  # the end of the call: the time, and the logs packed for the device tool
+  date -u
+  tar czf $OUT/logs.tgz -C /tmp mqa-logs
+}
 b1row() {  # NAME DIR ARGS...: StarCoder b1 128 / 128, two iterations, DIR's binary and library
   local name=$1 d=$2; shift 2
   LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
@@ -83,8 +87,7 @@ fi
 timeline tl $b --chain-timeline 20
 # MQA_CALL_FULL=0: the experiments and the default timeline only (a short call).
 if [[ ${MQA_CALL_FULL:-1} == 0 ]]; then
-  date -u
-  tar czf $OUT/logs.tgz -C /tmp mqa-logs
+  finish
   exit 0
 fi
 bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto
@@ -113,5 +116,4 @@ date -u
 bench st512 120 latency --model configs/starcoder --batch-size 1 --input-len 512 --output-len 128 \
   --load-format dummy --num-iters 2 --chain auto,na
 timeout 60 $b/bin/mqa_block_bench 2>&1 | tee $logs/mqa_block_bench.log
-date -u
-tar czf $OUT/logs.tgz -C /tmp mqa-logs
+finish
