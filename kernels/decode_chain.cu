@@ -559,7 +559,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
       }
     };
     load_rows(kv, kc, knew);
-    load_rows(vv, vc, vnew);  // right behind K's, before q is waited for
     if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
@@ -586,6 +585,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
         mx = fmaxf(mx, dot[j]);
       }
     }
+    load_rows(vv, vc, vnew);
     const float m = ConsumerMax(mx, red);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float e_sum = 0.0f;
