@@ -9,7 +9,7 @@
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
 # Written 2026-12-07 ~02:20 UTC (NOTES version 52). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# 012b3a1 cebbd60 1673918` (the fills of the non-head CTAs held until every head's q is in / until
+# 012b3a1 cebbd60 ba219ae` (the fills of the non-head CTAs held until every head's q is in / until
 # their own PDL wait, now that K is read a row a warp; V issued behind K), carry ["gpu-bundle-ab"],
 # the full call. What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
