@@ -182,6 +182,10 @@ struct ChainAttentionArgs {
   // DecodeChainTuning::head_hold (short form, heads < grid): a head CTA's producer streams no
   // weights until its q is in shared memory (1) or its head is written (2); 0: not held.
   int hold;
+  // The short form's V rows, copied into shared memory by the bulk-copy engine: the bytes of the
+  // union of the V rows and the partial sums at the start of the input buffer (q and the table
+  // follow it).
+  int v_union;
 };
 
 struct ChainArgs {
@@ -327,20 +331,20 @@ __device__ __forceinline__ void WriteNewKv(const ChainAttentionArgs& at, int slo
 }
 
 // Head h's output from the consumers' partial sums: each thread's 8 columns (o, of column chunk c
-// in position group g of G) into scratch after q's D floats, then thread d < D sums column d over
-// the groups and writes it divided by the softmax denominator `sum`. Leaves scratch free.
+// in position group g of G) into `partials` (G x D floats), then thread d < D sums column d over
+// the groups and writes it divided by the softmax denominator `sum`. Leaves partials free.
 template <typename T>
-__device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* scratch,
+__device__ __forceinline__ void FinishHead(const ChainAttentionArgs& at, float* partials,
                                            const float (&o)[8], int g, int c, int G, int h,
                                            float sum) {
   const int D = at.head_dim, tid = threadIdx.x;
-  float* part = scratch + D + g * D + 8 * c;
+  float* part = partials + g * D + 8 * c;
 #pragma unroll
   for (int e = 0; e < 8; ++e) part[e] = o[e];
   tma::NamedBarrier(kConsumerBarrier, kConsumers);
   if (tid < D) {
     float t = 0.0f;
-    for (int j = 0; j < G; ++j) t += scratch[D + j * D + tid];
+    for (int j = 0; j < G; ++j) t += partials[j * D + tid];
     static_cast<T*>(at.out)[static_cast<int64_t>(h) * D + tid] = fwd::FromFloat<T>(t / sum);
   }
   tma::NamedBarrier(kConsumerBarrier, kConsumers);  // scratch and scores are reused
@@ -450,7 +454,7 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
         }
       }
     }
-    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
+    FinishHead<T>(at, scratch + D, o, g, c, G, h, sum);
     if (t0 && h == blockIdx.x) StampPhase<kStamps>(a, 0, kChainLastRelease);
   }
   if (blockIdx.x == 0) WriteNewKv<T>(at, *at.slot);
@@ -460,12 +464,17 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits 8 rows a thread.
 // The context length, a thread's block-table entry and the new token's cache slot (for the CTA
 // that writes it: the last, which has no head) are requested before the PDL wait but not waited
-// for; after it, q first, then the table into shared memory (after the partial sums), then the
-// K rows (thread (g, c) holds K rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D / 8);
-// the newest, which the previous kernel wrote, from the QKV row), then the same V rows as soon as
-// the dots are in registers, their round trip under the softmax's reductions: two round trips
-// after the wait, where the loop form has one a dependent step. (K and V both held through the
-// wait would need 64 registers a thread: it spilled.) Until version 52 (benchmarks/mqabench/
+// for; after it, q first, then the table into shared memory (after the V rows and q), then the
+// V rows before the newest into shared memory by the bulk-copy engine (requested by one warp), then
+// the K rows (thread (g, c) holds K rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D /
+// 8); the newest, which the previous kernel wrote, from the QKV row); P V reads its V rows g, g +
+// G, ... from shared memory. Until version 53 V went the K rows' way into registers once the dots
+// were done, one more round trip under the softmax's reductions (issued earlier, beside K, it
+// spilled and stalled the issuing threads: +1.3% in version 50, ba219ae +0.3% in version 53).
+// The bulk copies, measured on an H100 (2026-12-07 03:53 UTC, StarCoder b1 128 / 128 decode step,
+// separate processes in rotation, three rounds): 10.947 / 10.950 / 10.947 ms against 10.999 /
+// 10.989 / 10.991 (-0.4%); layer 20's head CTAs have the scores' maximum 2.0 us sooner, the head
+// written ~2 us sooner and attn.c_proj starts 1.1 us sooner. Until version 52 (benchmarks/mqabench/
 // NOTES.md) a thread read 128 contiguous bytes of one K row, so a warp's load touched 16 bytes of
 // 32 lines, and issuing a head's K kept the LSU busy ~2 us. Reading K in V's layout, measured on an
 // H100 (2026-12-07 01:55 UTC, StarCoder b1 128 / 128 decode step, separate processes in rotation,
@@ -473,8 +482,7 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // head CTAs have q in 2.4 us sooner and K 2.3 us sooner (attn.c_proj starts 1.8 us sooner). The
 // loop form's pass 1 in the same layout measured equal (512 / 128: 11.130 / 11.125 against 11.124
 // / 11.123 ms).
-// q and the partial sums in shared memory as AttentionPhase, the row weights in registers; the
-// PDL wait is done here.
+// The row weights stay in registers; the PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 // Measured default (-1) of DecodeChainTuning::head_hold: on. H100, 2026-12-06 12:51-12:53 UTC
 // (StarCoder b1 128 / 128, decode step, separate processes in rotation, three rounds): held
@@ -488,10 +496,12 @@ constexpr int kDefaultHeadHold = 1;
 
 // hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
 // head is written (2). (Holding the other CTAs' producers too, until their own PDL wait or until
-// every head's q is in, lost on an H100: benchmarks/mqabench/NOTES.md, version 52.)
+// every head's q is in, lost on an H100: benchmarks/mqabench/NOTES.md, versions 52 and 53.)
+// vbase: the input buffer (the V rows, then q and the table; ChainAttentionArgs::v_union); v_bar:
+// the mbarrier the V rows' bulk copies complete (initialised for one arrival, used once).
 template <typename T, bool kStamps>
-__device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* red,
-                                    volatile int* hold_s) {
+__device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int* hold_s,
+                                    unsigned char* vbase, uint64_t* v_bar_p) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -504,8 +514,14 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
   // and a row's dot is summed across its `chunks` lanes.
   const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
   int ctx = 0;
-  int4 kv[kShortAttentionRows], vv[kShortAttentionRows];
-  int* table = reinterpret_cast<int*>(scratch + D + 8 * kConsumers);
+  int4 kv[kShortAttentionRows], vlast = {};
+  // At `vbase`: the V rows before the newest (at.v_union bytes; the partial sums over them once
+  // P V is done), then q (D floats) and the table.
+  T* vs = reinterpret_cast<T*>(vbase);
+  const uint32_t v_bar = static_cast<uint32_t>(__cvta_generic_to_shared(v_bar_p));
+  float* q_s = reinterpret_cast<float*>(vbase + at.v_union);
+  float* partials = reinterpret_cast<float*>(vbase);
+  int* table = reinterpret_cast<int*>(q_s + D);
   auto cached = [&](const T* cache, int p) {
     const int64_t slot =
         static_cast<int64_t>(table[p / at.block_size]) * at.block_size + p % at.block_size;
@@ -547,7 +563,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
-    // This thread's K or V rows g, g + G, ... at chunk c (the newest from the QKV row).
+    // This thread's K rows g, g + G, ... at chunk c (the newest from the QKV row).
     auto load_rows = [&](int4(&dst)[kShortAttentionRows], const T* cache, const T* newest) {
 #pragma unroll
       for (int j = 0; j < kShortAttentionRows; ++j) {
@@ -558,8 +574,32 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
         }
       }
     };
+    {
+      // The V rows before the newest into shared memory by the bulk-copy engine, requested by
+      // the last warp ahead of its own K loads, beside the other warps' (a block's rows one copy
+      // where they are contiguous, with one KV head; else a row a copy): no registers held, no
+      // load issued by the other warps. (Requested behind the warp's K loads, the production
+      // instantiations spilled 28 bytes more.) The newest row from the QKV row into a register
+      // by the thread that reads it, stored beside the others after the dot.
+      const int p_new = ctx - 1;
+      if (tid >= kConsumers - 32) {
+        const int lane = tid - (kConsumers - 32);
+        const int per = KVH == 1 ? at.block_size : 1;
+        const int copies = (p_new + per - 1) / per;
+        if (lane == 0) tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
+        __syncwarp();
+        for (int b = lane; b < copies; b += 32) {
+          const int p0 = b * per, rows = min(per, p_new - p0);
+          BulkLoad(static_cast<uint32_t>(__cvta_generic_to_shared(vs + p0 * D)), cached(vc, p0),
+                   static_cast<uint32_t>(rows * D * 2), v_bar);
+        }
+      }
+      if (p_new >= g && (p_new - g) % G == 0) {
+        vlast = __ldcg(reinterpret_cast<const int4*>(vnew + 8 * c));
+      }
+    }
     load_rows(kv, kc, knew);
-    if (tid < D) scratch[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
+    if (tid < D) q_s[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
       if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
@@ -572,7 +612,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
     {
       float qc[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) qc[e] = scratch[8 * c + e];
+      for (int e = 0; e < 8; ++e) qc[e] = q_s[8 * c + e];
 #pragma unroll
       for (int j = 0; j < kShortAttentionRows; ++j) {
         V k;
@@ -585,7 +625,10 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
         mx = fmaxf(mx, dot[j]);
       }
     }
-    load_rows(vv, vc, vnew);
+    // The newest V row beside the others (this thread's chunk, read back only by this thread).
+    if (ctx - 1 >= g && (ctx - 1 - g) % G == 0) {
+      *reinterpret_cast<int4*>(vs + (ctx - 1) * D + 8 * c) = vlast;
+    }
     const float m = ConsumerMax(mx, red);
     if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float e_sum = 0.0f;
@@ -596,18 +639,21 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* scratch, float* r
     }
     const float sum = ConsumerSum(c == 0 ? e_sum : 0.0f, red);  // each row once
     float o[8] = {};
+    tma::MbarWait(v_bar, 0);  // the bulk copies of V have landed
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
       const int p = g + j * G;
       if (p < ctx) {
         const float w = dot[j];
         V v;
-        *reinterpret_cast<int4*>(&v) = vv[j];
+        *reinterpret_cast<int4*>(&v) = *reinterpret_cast<const int4*>(vs + p * D + 8 * c);
 #pragma unroll
         for (int x = 0; x < 8; ++x) o[x] = fmaf(w, fwd::ToFloat(v.v[x]), o[x]);
       }
     }
-    FinishHead<T>(at, scratch, o, g, c, G, h, sum);
+    // The partials go over the V rows: every thread's P V is done first.
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);
+    FinishHead<T>(at, partials, o, g, c, G, h, sum);
     if (tid == 0) {
       if (at.hold == 2) *hold_s = 1;  // the head is written
       StampPhase<kStamps>(a, 0, kChainLastRelease);
@@ -1054,6 +1100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* acc = reinterpret_cast<float*>(lnb + a.ln_k);
   float* up_out = acc + a.acc_floats;  // the fused MLP's up outputs (the CTA's rows)
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
+  __shared__ __align__(8) uint64_t v_bar;  // the short form's V rows (ShortAttentionPhase)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
@@ -1070,6 +1117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
+    tma::MbarInit(static_cast<uint32_t>(__cvta_generic_to_shared(&v_bar)), 1);
     hold_s = 0;
     tma::FenceMbarInit();
   }
@@ -1269,7 +1317,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, scores + capacity, red, &hold_s);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, red, &hold_s, reinterpret_cast<unsigned char*>(xin),
+                                    &v_bar);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1809,6 +1858,15 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
     in_bytes = std::max<int64_t>(
         in_bytes, 2 * std::max<int64_t>(at.max_context, at.head_dim + 8 * kConsumers + table) * 4);
+    if (a.at.short_context) {
+      // The V rows (max_context x D of T) or the partials, then q and the table: in the input
+      // buffer and the LN parameters' space after it (the LN phases come after the attention).
+      const int64_t v_union = std::max<int64_t>(
+          (int64_t{at.max_context} * at.head_dim * 2 + 15) / 16 * 16, 8 * kConsumers * 4);
+      const int64_t need = v_union + (at.head_dim + table) * 4;
+      in_bytes = std::max<int64_t>(in_bytes, need - 4 * ln_k);
+      a.at.v_union = static_cast<int>(v_union);
+    }
   }
   in_bytes = (in_bytes + 15) / 16 * 16;
   a.in_bytes = static_cast<int>(in_bytes);
