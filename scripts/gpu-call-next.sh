@@ -8,13 +8,11 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~03:30 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# 012b3a1 cebbd60 ba219ae 7e85a87` (the fills of the non-head CTAs held until every head's q is
-# in / until their own PDL wait, now that K is read a row a warp; V issued behind K; V copied into
-# shared memory by the bulk-copy engine), carry ["gpu-bundle-ab"], the full call (~8.5 minutes).
-# What it runs:
+# Written 2026-12-07 ~04:40 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
+# 8027a00` (K too by the bulk-copy engine, into the head CTAs' held rings), carry
+# ["gpu-bundle-ab"], the full call (~6 minutes; MQA_CALL_FULL=0: ~1.5 minutes). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
-#     HEAD's and HEAD's with `--chain f2` / `f1`, StarCoder b1 in separate processes, three
+#     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, three
 #     rounds (and one at 512 / 128); then
 #     decode_chain_test, HF parity and a layer-20 timeline with each experiment's library. (With
 #     gpu-bundle: skipped.)
@@ -69,14 +67,14 @@ for e in $b/exp*/libmqa_kernels.so; do
   rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $e $x/lib/libmqa_kernels.so
   dirs+=($x)
 done
-# HEAD's library with these mqabench --chain rows, in the same rotation (fN: at most N ring
-# stages in flight, so that the window's fills go out as a shorter burst).
-knobs=(f2 f1)
+# HEAD's library with these mqabench --chain rows, in the same rotation (e.g. f2: at most two ring
+# stages in flight; f2 and f1 lost in version 53).
+knobs=()
 if (( ${#dirs[@]} > 1 )); then
   cat gpu-bundle-ab/EXPERIMENT 2>/dev/null
   for r in 1 2 3; do
     for d in "${dirs[@]}"; do b1row b1_$(basename $d)_$r $d; done
-    for k in "${knobs[@]}"; do b1row b1_${k}_$r $b --chain $k; done
+    for k in ${knobs[@]+"${knobs[@]}"}; do b1row b1_${k}_$r $b --chain $k; done
   done
   # 512 / 128: the long form of the chain's attention (contexts past 256), which the
   # experiments leave alone: one round.
