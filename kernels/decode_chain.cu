@@ -518,7 +518,7 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   // At `vbase`: the V rows before the newest (at.v_union bytes; the partial sums over them once
   // P V is done), then q (D floats) and the table.
   T* vs = reinterpret_cast<T*>(vbase);
-  const uint32_t v_bar = static_cast<uint32_t>(__cvta_generic_to_shared(v_bar_p));
+  const uint32_t v_bar = fwd::SmemAddr(v_bar_p);
   float* q_s = reinterpret_cast<float*>(vbase + at.v_union);
   float* partials = reinterpret_cast<float*>(vbase);
   int* table = reinterpret_cast<int*>(q_s + D);
@@ -590,8 +590,8 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         __syncwarp();
         for (int b = lane; b < copies; b += 32) {
           const int p0 = b * per, rows = min(per, p_new - p0);
-          BulkLoad(static_cast<uint32_t>(__cvta_generic_to_shared(vs + p0 * D)), cached(vc, p0),
-                   static_cast<uint32_t>(rows * D * 2), v_bar);
+          BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
+                   v_bar);
         }
       }
       if (p_new >= g && (p_new - g) % G == 0) {
@@ -1117,7 +1117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::MbarInit(empty0 + s * 8, kConsumerWarps);
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
-    tma::MbarInit(static_cast<uint32_t>(__cvta_generic_to_shared(&v_bar)), 1);
+    tma::MbarInit(fwd::SmemAddr(&v_bar), 1);
     hold_s = 0;
     tma::FenceMbarInit();
   }
