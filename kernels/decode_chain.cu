@@ -501,8 +501,7 @@ constexpr int kDefaultHeadHold = 1;
 // the mbarrier the V rows' bulk copies complete (initialised for one arrival, used once).
 template <typename T, bool kStamps>
 __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int* hold_s,
-                                    unsigned char* vbase, uint64_t* v_bar_p, unsigned char* kbase,
-                                    uint64_t* k_bar_p) {
+                                    unsigned char* vbase, uint64_t* v_bar_p) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -515,13 +514,11 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   // and a row's dot is summed across its `chunks` lanes.
   const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
   int ctx = 0;
-  int4 klast = {}, vlast = {};
+  int4 kv[kShortAttentionRows], vlast = {};
   // At `vbase`: the V rows before the newest (at.v_union bytes; the partial sums over them once
   // P V is done), then q (D floats) and the table.
   T* vs = reinterpret_cast<T*>(vbase);
   const uint32_t v_bar = fwd::SmemAddr(v_bar_p);
-  const uint32_t k_bar = fwd::SmemAddr(k_bar_p);
-  T* ks = reinterpret_cast<T*>(kbase);  // the K rows before the newest, in the held ring
   float* q_s = reinterpret_cast<float*>(vbase + at.v_union);
   float* partials = reinterpret_cast<float*>(vbase);
   int* table = reinterpret_cast<int*>(q_s + D);
@@ -566,6 +563,17 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
+    // This thread's K rows g, g + G, ... at chunk c (the newest from the QKV row).
+    auto load_rows = [&](int4(&dst)[kShortAttentionRows], const T* cache, const T* newest) {
+#pragma unroll
+      for (int j = 0; j < kShortAttentionRows; ++j) {
+        const int p = g + j * G;
+        if (p < ctx) {
+          const T* row = p == ctx - 1 ? newest : cached(cache, p);
+          dst[j] = __ldcg(reinterpret_cast<const int4*>(row + 8 * c));
+        }
+      }
+    };
     {
       // The V rows before the newest into shared memory by the bulk-copy engine, requested by
       // the last warp ahead of its own K loads, beside the other warps' (a block's rows one copy
@@ -578,16 +586,8 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         const int lane = tid - (kConsumers - 32);
         const int per = KVH == 1 ? at.block_size : 1;
         const int copies = (p_new + per - 1) / per;
-        if (lane == 0) {
-          tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
-          tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
-        }
+        if (lane == 0) tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
         __syncwarp();
-        for (int b = lane; b < copies; b += 32) {
-          const int p0 = b * per, rows = min(per, p_new - p0);
-          BulkLoad(fwd::SmemAddr(ks + p0 * D), cached(kc, p0), static_cast<uint32_t>(rows * D * 2),
-                   k_bar);
-        }
         for (int b = lane; b < copies; b += 32) {
           const int p0 = b * per, rows = min(per, p_new - p0);
           BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
@@ -595,13 +595,14 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         }
       }
       if (p_new >= g && (p_new - g) % G == 0) {
-        klast = __ldcg(reinterpret_cast<const int4*>(knew + 8 * c));
         vlast = __ldcg(reinterpret_cast<const int4*>(vnew + 8 * c));
       }
     }
+    load_rows(kv, kc, knew);
     if (tid < D) q_s[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
+      if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
     // Row g + j G's dot: this thread's 8 dimensions, then the sum over the row's lanes (every
@@ -612,15 +613,10 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
       float qc[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) qc[e] = q_s[8 * c + e];
-      tma::MbarWait(k_bar, 0);  // the bulk copies of K have landed
 #pragma unroll
       for (int j = 0; j < kShortAttentionRows; ++j) {
-        const int p = g + j * G;
         V k;
-        *reinterpret_cast<int4*>(&k) = p == ctx - 1 ? klast
-                                       : p < ctx
-                                           ? *reinterpret_cast<const int4*>(ks + p * D + 8 * c)
-                                           : int4{};
+        *reinterpret_cast<int4*>(&k) = kv[j];
         float d = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) d = fmaf(fwd::ToFloat(k.v[e]), qc[e], d);
@@ -633,11 +629,8 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
     if (ctx - 1 >= g && (ctx - 1 - g) % G == 0) {
       *reinterpret_cast<int4*>(vs + (ctx - 1) * D + 8 * c) = vlast;
     }
-    const float m = ConsumerMax(mx, red);  // its barriers: every thread's K reads are done
-    if (tid == 0) {
-      if (at.hold == 1) *hold_s = 1;  // K is read: the producer may fill the ring
-      StampPhase<kStamps>(a, 0, kChainFirstFull);
-    }
+    const float m = ConsumerMax(mx, red);
+    if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
     float e_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
@@ -1108,7 +1101,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* up_out = acc + a.acc_floats;  // the fused MLP's up outputs (the CTA's rows)
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
   __shared__ __align__(8) uint64_t v_bar;  // the short form's V rows (ShortAttentionPhase)
-  __shared__ __align__(8) uint64_t k_bar;  // its K rows, in the ring (its producer held)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
@@ -1126,7 +1118,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
     tma::MbarInit(fwd::SmemAddr(&v_bar), 1);
-    tma::MbarInit(fwd::SmemAddr(&k_bar), 1);
     hold_s = 0;
     tma::FenceMbarInit();
   }
@@ -1326,8 +1317,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, red, &hold_s, reinterpret_cast<unsigned char*>(xin), &v_bar,
-                                    ring, &k_bar);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, red, &hold_s, reinterpret_cast<unsigned char*>(xin),
+                                    &v_bar);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1861,9 +1852,7 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     static_assert(DecodeChainShortAttentionMaxContext(128) == kConsumers * 64 / 128);
     a.at.short_context =
         at.heads <= grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim);
-    // The short form's K rows go into the head CTAs' rings: their producers are always held,
-    // at least until the K rows are read (1).
-    a.at.hold = a.at.short_context ? std::max(hold, 1) : 0;
+    a.at.hold = a.at.short_context && at.heads < grid ? hold : 0;
     // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
     // of the block table.
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
@@ -1997,12 +1986,6 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.stages = stages;
   a.stage_bytes = stage_bytes;
   a.slot_bytes = slot_bytes;
-  // The short form's K rows in the head CTAs' rings: the loop form where they do not fit.
-  if (a.at.short_context &&
-      static_cast<int64_t>(stages) * slot_bytes < int64_t{a.at.max_context} * a.at.head_dim * 2) {
-    a.at.short_context = 0;
-    a.at.hold = 0;
-  }
   a.stream_only = tuning.stream_only;
   a.consume_only = tuning.consume_only;
   if (tuning.max_inflight < 0) {
