@@ -8,8 +8,8 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~04:40 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# 8027a00` (K too by the bulk-copy engine, into the head CTAs' held rings), carry
+# Written 2026-12-07 ~04:50 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
+# a424b46` (8027a00 on 75bd618: K too by the bulk-copy engine, into the head CTAs' held rings), carry
 # ["gpu-bundle-ab"], the full call (~6 minutes; MQA_CALL_FULL=0: ~1.5 minutes). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
 #     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, three
