@@ -19,7 +19,8 @@
 #  1. HEAD's layer-20 timeline. With MQA_CALL_FULL=0 the call ends here.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
 #     without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
-#  3. SantaCoder b1 with `--engine off,on,la,on,la` and its kernel trace; StarCoder b32 512 / 128.
+#  3. SantaCoder b1 with `--engine off,on,la,on,la`, `--chain auto,on,auto,on` and its kernel
+#     trace; StarCoder b32 512 / 128.
 #  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
 #     na and mqa_block_bench.
 set -u
@@ -98,6 +99,9 @@ bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,h
 bench st1e 120 latency --model configs/starcoder $m1 --num-iters 2 --engine on,la
 timeline tl3 $b --chain-timeline 10,30
 bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on,la,on,la
+# SantaCoder with the chain on every layer (the attention inside it), last measured on 2026-12-04
+# before the chain's attention phase: 1.145 against 1.024 ms a step then.
+bench scc 90 latency --model configs/santacoder $m1 --num-iters 3 --chain auto,on,auto,on
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sc > $logs/sctrace.log 2>&1
 echo "sc trace rc=$?"; grep -v "^#" $logs/sctrace.log | head -60 | cut -c1-200
 bench st32 150 latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 \
