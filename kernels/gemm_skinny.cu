@@ -254,38 +254,11 @@ __device__ __forceinline__ float4 TailUnpack4(uint2 u) {
                      fwd::ToFloat(e[3]));
 }
 
-// Per-group count-in (where the counters' 256 bytes hold them: 2 + 2 heads + 1 ints): a GEMM CTA
-// counts in at counters[2 + heads + g], g its query head (columns [g D, g D + D)) or heads for
-// the K / V columns, and a head's tail CTAs wait only for their head's q and the K / V row, not
-// for every GEMM CTA. -1: no group (the CTA publishes nothing the tail reads).
-constexpr int kTailCols = kSkinnyWarps * 2;  // a kTail GEMM CTA's columns (R = 2)
-template <typename T>
-__device__ __forceinline__ bool TailGroups(const SkinnyTailArgs<T>& t) {
-  const int64_t kv_col0 = t.k_new - t.q;
-  return 2 + 2 * t.heads + 1 <= 64 && kv_col0 % kTailCols == 0;
-}
-template <typename T>
-__device__ __forceinline__ int TailGroupOf(const SkinnyTailArgs<T>& t, int cta) {
-  constexpr int D = kGemmTailHeadDim;
-  const int c0 = cta * kTailCols;
-  const int kv_col0 = static_cast<int>(t.k_new - t.q);
-  if (c0 < t.heads * D) return c0 / D;
-  if (c0 >= kv_col0 && c0 < kv_col0 + 2 * t.kv_width) return t.heads;
-  return -1;
-}
-
 // The end of every GEMM CTA of a kTail launch: its outputs (C and the KV-cache write) published,
-// then counted in (at its group's counter with TailGroups, else at counters[0]).
-template <typename T>
-__device__ __forceinline__ void SkinnyTailArrive(const SkinnyTailArgs<T>& t) {
+// then counted in.
+__device__ __forceinline__ void SkinnyTailArrive(int* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    int* counter = t.counters;
-    if (TailGroups(t)) {
-      const int g = TailGroupOf(t, blockIdx.x);
-      if (g < 0) return;
-      counter = t.counters + 2 + t.heads + g;
-    }
     __threadfence();
     atomicAdd(counter, 1);
   }
@@ -368,20 +341,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     }
   }
   fwd::PdlWait();
-  const bool groups = TailGroups(t);
-  if (groups) {
-    if (threadIdx.x == 0) {
-      const int* qc = t.counters + 2 + t.heads + h;
-      const int* kvc = t.counters + 2 + 2 * t.heads;
-      while (fwd::LoadAcquireGpu(qc) < D / kTailCols) {
-      }
-      while (fwd::LoadAcquireGpu(kvc) < 2 * t.kv_width / kTailCols) {
-      }
-    }
-    __syncthreads();
-  } else {
-    TailWaitFor(t.counters, t.gemm_ctas);
-  }
+  TailWaitFor(t.counters, t.gemm_ctas);
   // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
   // CTA past it resets the counters), so the round trip overlaps the attention.
   const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
@@ -487,9 +447,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   if (threadIdx.x == 0 && past_wait == ctas - 1) {
     t.counters[0] = 0;
     t.counters[1] = 0;
-    if (groups) {
-      for (int g = 0; g <= t.heads; ++g) t.counters[2 + t.heads + g] = 0;
-    }
   }
 }
 
@@ -683,7 +640,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
     SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
   }
-  if constexpr (kTail) SkinnyTailArrive(p.tail);
+  if constexpr (kTail) SkinnyTailArrive(p.tail.counters);
 }
 
 template <typename T>
