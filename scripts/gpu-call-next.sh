@@ -8,13 +8,14 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~04:50 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# a424b46` (8027a00 on 75bd618: K too by the bulk-copy engine, into the head CTAs' held rings), carry
+# Written 2026-12-07 ~05:05 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
+# a424b46 1141c1a` (a424b46, 8027a00 on 75bd618: K too by the bulk-copy engine, into the head CTAs'
+# held rings; 1141c1a: SantaCoder's tail CTAs wait for their head's QKV CTAs only), carry
 # ["gpu-bundle-ab"], the full call (~6 minutes; MQA_CALL_FULL=0: ~1.5 minutes). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
-#     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, three
-#     rounds (and one at 512 / 128); then
-#     decode_chain_test, HF parity and a layer-20 timeline with each experiment's library. (With
+#     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 and SantaCoder b1 in separate
+#     processes, three rounds (and StarCoder at 512 / 128 once); then decode_chain_test,
+#     gemm_tail_attention_test, HF parity and a layer-20 timeline with each experiment's library. (With
 #     gpu-bundle: skipped.)
 #  1. HEAD's layer-20 timeline. With MQA_CALL_FULL=0 the call ends here.
 #  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
@@ -53,6 +54,12 @@ b1row() {  # NAME DIR ARGS...: StarCoder b1 128 / 128, two iterations, DIR's bin
     --model configs/starcoder $m1 --num-iters 2 "$@" > $logs/$name.log 2>&1
   echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
 }
+scrow() {  # NAME DIR ARGS...: SantaCoder b1 128 / 128, five iterations, DIR's binary and library
+  local name=$1 d=$2; shift 2
+  LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
+    --model configs/santacoder $m1 --num-iters 5 "$@" > $logs/$name.log 2>&1
+  echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
+}
 timeline() {  # NAME DIR ARGS...: StarCoder b1, one iteration with ARGS (--chain-timeline L,...)
   local name=$1 d=$2; shift 2
   LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency \
@@ -75,6 +82,7 @@ if (( ${#dirs[@]} > 1 )); then
   cat gpu-bundle-ab/EXPERIMENT 2>/dev/null
   for r in 1 2 3; do
     for d in "${dirs[@]}"; do b1row b1_$(basename $d)_$r $d; done
+    for d in "${dirs[@]}"; do scrow sc_$(basename $d)_$r $d; done
     for k in ${knobs[@]+"${knobs[@]}"}; do b1row b1_${k}_$r $b --chain $k; done
   done
   # 512 / 128: the long form of the chain's attention (contexts past 256), which the
@@ -82,7 +90,7 @@ if (( ${#dirs[@]} > 1 )); then
   for d in "${dirs[@]}"; do b1row b512_$(basename $d)_1 $d --input-len 512; done
   for d in "${dirs[@]:1}"; do
     e=$(basename $d)
-    for t in decode_chain_test model_hf_parity_cuda_test; do
+    for t in decode_chain_test gemm_tail_attention_test model_hf_parity_cuda_test; do
       LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t > $logs/${e}_$t.log 2>&1
       echo "$e $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${e}_$t.log | tr '\n' ' ')"
     done
