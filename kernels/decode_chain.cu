@@ -1105,9 +1105,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
   __shared__ int hold_s;  // ChainAttentionArgs::hold: set by ShortAttentionPhase
-  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  const uint32_t side_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem + a.side_offset));
-  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
+  const uint32_t ring_s = fwd::SmemAddr(ring);
+  const uint32_t side_s = fwd::SmemAddr(smem + a.side_offset);
+  const uint32_t full0 = fwd::SmemAddr(bars);
   const uint32_t empty0 = full0 + kMaxStages * 8;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 

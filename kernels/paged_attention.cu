@@ -122,9 +122,7 @@ constexpr int kClusterWaveMaxTiles = 4;
 
 // --- PTX wrappers ------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using fwd::SmemAddr;
 
 // 16 bytes global -> shared, asynchronous; zero-fills when !valid (src is then not read).
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
