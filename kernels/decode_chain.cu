@@ -179,8 +179,9 @@ struct ChainAttentionArgs {
   float scale;
   int max_context;
   int short_context;  // ShortAttention's form: every head has its CTA, contexts <= kShortContext
-  // DecodeChainTuning::head_hold (short form, heads < grid): a head CTA's producer streams no
-  // weights until its q is in shared memory (1) or its head is written (2); 0: not held.
+  // DecodeChainTuning::head_hold (short form only, where it is at least 1): a head CTA's producer
+  // streams no weights until its head's K rows, which the short form copies into that CTA's ring,
+  // have been read (1) or its head is written (2).
   int hold;
   // The short form's V rows, copied into shared memory by the bulk-copy engine: the bytes of the
   // union of the V rows and the partial sums at the start of the input buffer (q and the table
@@ -464,13 +465,20 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits 8 rows a thread.
 // The context length, a thread's block-table entry and the new token's cache slot (for the CTA
 // that writes it: the last, which has no head) are requested before the PDL wait but not waited
-// for; after it, q first, then the table into shared memory (after the V rows and q), then the
-// V rows before the newest into shared memory by the bulk-copy engine (requested by one warp), then
-// the K rows (thread (g, c) holds K rows g, g + G, ... at 16-byte chunk c, G = kConsumers / (D /
-// 8); the newest, which the previous kernel wrote, from the QKV row); P V reads its V rows g, g +
-// G, ... from shared memory. Until version 53 V went the K rows' way into registers once the dots
-// were done, one more round trip under the softmax's reductions (issued earlier, beside K, it
-// spilled and stalled the issuing threads: +1.3% in version 50, ba219ae +0.3% in version 53).
+// for; after it, q first, then the table into shared memory (after the V rows and q), then the K
+// and V rows before the newest by the bulk-copy engine (requested by one warp, a block's rows one
+// copy): K into the CTA's ring, whose producer is held until the dots have read them
+// (ChainAttentionArgs::hold >= 1; the loop form where the ring cannot hold max_context rows), V
+// into the input buffer. Thread (g, c) dots K rows g, g + G, ... at 16-byte chunk c (G =
+// kConsumers / (D / 8); the newest, which the previous kernel wrote, from the QKV row through a
+// register) and P V reads its V rows g, g + G, ... from shared memory. K by the bulk-copy engine
+// as well, measured on an H200 (2026-12-07 05:40-05:51 UTC, StarCoder b1 128 / 128 decode step,
+// separate processes in rotation, fourteen rounds): median 7.839 ms against 7.857 (-0.2%; faster
+// in 11 of the 14 rounds; a third library with the same chain code as main's, 7.858), where K
+// had been loaded into registers, whole rows a warp (the form described next). Until version 53 V
+// went the K rows' way into registers once the dots were done, one more round trip under the
+// softmax's reductions (issued earlier, beside K, it spilled and stalled the issuing threads:
+// +1.3% in version 50, ba219ae +0.3% in version 53).
 // The bulk copies, measured on an H100 (2026-12-07 03:53 UTC, StarCoder b1 128 / 128 decode step,
 // separate processes in rotation, three rounds): 10.947 / 10.950 / 10.947 ms against 10.999 /
 // 10.989 / 10.991 (-0.4%); layer 20's head CTAs have the scores' maximum 2.0 us sooner, the head
@@ -484,7 +492,8 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // / 11.123 ms).
 // The row weights stay in registers; the PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
-// Measured default (-1) of DecodeChainTuning::head_hold: on. H100, 2026-12-06 12:51-12:53 UTC
+// Measured default (-1) of DecodeChainTuning::head_hold: on (and since the K rows moved into the
+// head CTAs' rings, 0 is run as 1 in the short form). H100, 2026-12-06 12:51-12:53 UTC
 // (StarCoder b1 128 / 128, decode step, separate processes in rotation, three rounds): held
 // 11.032 / 11.025 / 11.022 ms against 11.073 / 11.081 / 11.072 not held (-0.45%); with the V rows
 // also copied into shared memory before the PDL wait 11.031 / 11.029 / 11.032, those copies alone
@@ -494,14 +503,17 @@ constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks
 // nothing).
 constexpr int kDefaultHeadHold = 1;
 
-// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once q is in (1) or the
-// head is written (2). (Holding the other CTAs' producers too, until their own PDL wait or until
-// every head's q is in, lost on an H100: benchmarks/mqabench/NOTES.md, versions 52 and 53.)
-// vbase: the input buffer (the V rows, then q and the table; ChainAttentionArgs::v_union); v_bar:
-// the mbarrier the V rows' bulk copies complete (initialised for one arrival, used once).
+// hold_s: the CTA's producer's go-ahead (ChainAttentionArgs::hold), set once the K rows in its
+// ring are read (1) or the head is written (2). (Holding the other CTAs' producers too, until their
+// own PDL wait or until every head's q is in, lost on an H100: benchmarks/mqabench/NOTES.md,
+// versions 52 and 53.) vbase: the input buffer (the V rows, then q and the table;
+// ChainAttentionArgs::v_union); v_bar: the mbarrier the V rows' bulk copies complete (initialised
+// for one arrival, used once); kbase, k_bar: the CTA's ring and the mbarrier of the K rows' copies
+// into it.
 template <typename T, bool kStamps>
 __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int* hold_s,
-                                    unsigned char* vbase, uint64_t* v_bar_p) {
+                                    unsigned char* vbase, uint64_t* v_bar_p, unsigned char* kbase,
+                                    uint64_t* k_bar_p) {
   using V = fwd::Vec16<T>;
   const ChainAttentionArgs& at = a.at;
   const int D = at.head_dim, H = at.heads, KVH = at.kv_heads;
@@ -514,11 +526,13 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   // and a row's dot is summed across its `chunks` lanes.
   const int chunks = D / 8, G = kConsumers / chunks, g = tid / chunks, c = tid - g * chunks;
   int ctx = 0;
-  int4 kv[kShortAttentionRows], vlast = {};
+  int4 klast = {}, vlast = {};
   // At `vbase`: the V rows before the newest (at.v_union bytes; the partial sums over them once
   // P V is done), then q (D floats) and the table.
   T* vs = reinterpret_cast<T*>(vbase);
   const uint32_t v_bar = fwd::SmemAddr(v_bar_p);
+  const uint32_t k_bar = fwd::SmemAddr(k_bar_p);
+  T* ks = reinterpret_cast<T*>(kbase);  // the K rows before the newest, in the held ring
   float* q_s = reinterpret_cast<float*>(vbase + at.v_union);
   float* partials = reinterpret_cast<float*>(vbase);
   int* table = reinterpret_cast<int*>(q_s + D);
@@ -563,17 +577,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
-    // This thread's K rows g, g + G, ... at chunk c (the newest from the QKV row).
-    auto load_rows = [&](int4(&dst)[kShortAttentionRows], const T* cache, const T* newest) {
-#pragma unroll
-      for (int j = 0; j < kShortAttentionRows; ++j) {
-        const int p = g + j * G;
-        if (p < ctx) {
-          const T* row = p == ctx - 1 ? newest : cached(cache, p);
-          dst[j] = __ldcg(reinterpret_cast<const int4*>(row + 8 * c));
-        }
-      }
-    };
     {
       // The V rows before the newest into shared memory by the bulk-copy engine, requested by
       // the last warp ahead of its own K loads, beside the other warps' (a block's rows one copy
@@ -586,8 +589,16 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         const int lane = tid - (kConsumers - 32);
         const int per = KVH == 1 ? at.block_size : 1;
         const int copies = (p_new + per - 1) / per;
-        if (lane == 0) tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
+        if (lane == 0) {
+          tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
+          tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
+        }
         __syncwarp();
+        for (int b = lane; b < copies; b += 32) {
+          const int p0 = b * per, rows = min(per, p_new - p0);
+          BulkLoad(fwd::SmemAddr(ks + p0 * D), cached(kc, p0), static_cast<uint32_t>(rows * D * 2),
+                   k_bar);
+        }
         for (int b = lane; b < copies; b += 32) {
           const int p0 = b * per, rows = min(per, p_new - p0);
           BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
@@ -595,14 +606,13 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         }
       }
       if (p_new >= g && (p_new - g) % G == 0) {
+        klast = __ldcg(reinterpret_cast<const int4*>(knew + 8 * c));
         vlast = __ldcg(reinterpret_cast<const int4*>(vnew + 8 * c));
       }
     }
-    load_rows(kv, kc, knew);
     if (tid < D) q_s[tid] = fwd::ToFloat(*reinterpret_cast<const T*>(&q_bits)) * at.scale;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);
     if (tid == 0) {
-      if (at.hold == 1) *hold_s = 1;  // q is in: the producer may stream attn.c_proj's rows
       StampPhase<kStamps>(a, 0, kChainInputReady);
     }
     // Row g + j G's dot: this thread's 8 dimensions, then the sum over the row's lanes (every
@@ -613,10 +623,15 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
       float qc[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) qc[e] = q_s[8 * c + e];
+      tma::MbarWait(k_bar, 0);  // the bulk copies of K have landed
 #pragma unroll
       for (int j = 0; j < kShortAttentionRows; ++j) {
+        const int p = g + j * G;
         V k;
-        *reinterpret_cast<int4*>(&k) = kv[j];
+        *reinterpret_cast<int4*>(&k) = p == ctx - 1 ? klast
+                                       : p < ctx
+                                           ? *reinterpret_cast<const int4*>(ks + p * D + 8 * c)
+                                           : int4{};
         float d = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) d = fmaf(fwd::ToFloat(k.v[e]), qc[e], d);
@@ -629,8 +644,11 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
     if (ctx - 1 >= g && (ctx - 1 - g) % G == 0) {
       *reinterpret_cast<int4*>(vs + (ctx - 1) * D + 8 * c) = vlast;
     }
-    const float m = ConsumerMax(mx, red);
-    if (tid == 0) StampPhase<kStamps>(a, 0, kChainFirstFull);
+    const float m = ConsumerMax(mx, red);  // its barriers: every thread's K reads are done
+    if (tid == 0) {
+      if (at.hold == 1) *hold_s = 1;  // K is read: the producer may fill the ring
+      StampPhase<kStamps>(a, 0, kChainFirstFull);
+    }
     float e_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kShortAttentionRows; ++j) {
@@ -1101,6 +1119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* up_out = acc + a.acc_floats;  // the fused MLP's up outputs (the CTA's rows)
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];
   __shared__ __align__(8) uint64_t v_bar;  // the short form's V rows (ShortAttentionPhase)
+  __shared__ __align__(8) uint64_t k_bar;  // its K rows, in the ring (its producer held)
   __shared__ float red[kConsumerWarps];
   __shared__ int stolen[kMaxDecodeChainPhases][kMaxStealChunks];
   __shared__ int phase_stages[kMaxDecodeChainPhases];
@@ -1118,6 +1137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int i = 0; i < kMaxDecodeChainPhases; ++i) phase_stages[i] = -1;
     tma::MbarInit(fwd::SmemAddr(&v_bar), 1);
+    tma::MbarInit(fwd::SmemAddr(&k_bar), 1);
     hold_s = 0;
     tma::FenceMbarInit();
   }
@@ -1317,8 +1337,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scores = reinterpret_cast<float*>(xin);
   const int capacity = a.in_bytes / 8;  // floats in each half of the input buffer
   if (a.has_attention && a.at.short_context) {
-    ShortAttentionPhase<T, kStamps>(a, red, &hold_s, reinterpret_cast<unsigned char*>(xin),
-                                    &v_bar);  // the PDL wait inside
+    ShortAttentionPhase<T, kStamps>(a, red, &hold_s, reinterpret_cast<unsigned char*>(xin), &v_bar,
+                                    ring, &k_bar);  // the PDL wait inside
   } else {
     fwd::PdlWait();
     if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -1852,7 +1872,9 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
     static_assert(DecodeChainShortAttentionMaxContext(128) == kConsumers * 64 / 128);
     a.at.short_context =
         at.heads <= grid && at.max_context <= DecodeChainShortAttentionMaxContext(at.head_dim);
-    a.at.hold = a.at.short_context && at.heads < grid ? hold : 0;
+    // The short form's K rows go into the head CTAs' rings: their producers are always held,
+    // at least until the K rows are read (1).
+    a.at.hold = a.at.short_context ? std::max(hold, 1) : 0;
     // Its two halves hold the scores and q + the pass-2 partials (floats) + the short form's copy
     // of the block table.
     const int64_t table = (at.max_context + at.block_size - 1) / at.block_size;
@@ -1986,6 +2008,12 @@ absl::Status DecodeChainCuda(const DecodeChainParams& p, cudaStream_t stream, bo
   a.stages = stages;
   a.stage_bytes = stage_bytes;
   a.slot_bytes = slot_bytes;
+  // The short form's K rows in the head CTAs' rings: the loop form where they do not fit.
+  if (a.at.short_context &&
+      static_cast<int64_t>(stages) * slot_bytes < int64_t{a.at.max_context} * a.at.head_dim * 2) {
+    a.at.short_context = 0;
+    a.at.hold = 0;
+  }
   a.stream_only = tuning.stream_only;
   a.consume_only = tuning.consume_only;
   if (tuning.max_inflight < 0) {

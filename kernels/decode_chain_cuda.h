@@ -66,12 +66,12 @@ struct DecodeChainTuning {
   // output's flagged words instead of a grid barrier and a load. -1: the measured default; 0: off;
   // 1: on. Measured equal to the barriers end to end (kernels/decode_chain.cu: off by default).
   int ll_inputs = -1;
-  // With the attention's short form (DecodeChainParams::attention, every head its CTA, fewer heads
-  // than CTAs): each head CTA's producer requests none of the next phase's weights until the
-  // head's q is in shared memory, so that q's round trip after the PDL wait does not queue behind
-  // that SM's ring fill (the other CTAs' fills go on). 1: on; 2: held until the head is written;
-  // 0: off; -1: the measured default (kernels/decode_chain.cu, kDefaultHeadHold: 1).
-  // InvalidArgument for any other value.
+  // With the attention's short form (DecodeChainParams::attention, every head its CTA): each head
+  // CTA's producer requests none of the next phase's weights until the head's K rows, which the
+  // short form copies into that CTA's ring, have been read (1), or until the head is written (2)
+  // (the other CTAs' fills go on). 0 is accepted and runs as 1 (before the K rows moved into the
+  // ring it meant not held); -1: the measured default (kernels/decode_chain.cu, kDefaultHeadHold:
+  // 1). InvalidArgument for any other value.
   int head_hold = -1;
   // The fold: 1, the tiled layout on tensor cores (kernels/decode_chain.cu, kTileMaxRows: a stage
   // is a tile of up to 32 rows x C columns, one MMA folds 256 weights, each row's sum stays in

@@ -237,7 +237,7 @@ struct GptBigCodeOptions {
   // With decode_chain: DecodeChainTuning::ll_inputs (-1: the kernel's measured default).
   int decode_chain_ll_inputs = -1;
   // With decode_chain and the attention inside it: DecodeChainTuning::head_hold (-1: the kernel's
-  // measured default, on).
+  // measured default, held until the K rows are read; 0 runs as 1; 2: until the head is written).
   int decode_chain_head_hold = -1;
   // With decode_chain: DecodeChainTuning::mma_fold (-1: the kernel's measured default).
   int decode_chain_mma_fold = -1;

@@ -78,8 +78,9 @@
 //     only phases of at least 16 chunks a CTA steal); kKfN is on with ring stages of K KiB
 //     (decode_chain_stage_bytes, K a multiple of 8) and at most N of them requested ahead (f0: the
 //     whole ring), e.g. k16f3; ll and nl are auto with the LL boundaries (decode_chain_ll_inputs)
-//     on and off; hq and hq0 are auto with the head CTAs' producers held until their q is in
-//     (decode_chain_head_hold 1, the default) and not held, hq2 held until the head is written; tc
+//     on and off; hq and hq0 are auto with decode_chain_head_hold 1 (the default: the head CTAs'
+//     producers held until their K rows are read) and 0 (run as 1 since the K rows are in the
+//     ring), hq2 held until the head is written; tc
 //     and cc are auto with the tiled tensor-core fold and the row-run fp32 fold on the CUDA cores
 //     (decode_chain_mma_fold 1, 0), otc and occ the same with the chain on every layer; hf and ohf
 //     are auto and on with the fp16-pair fold (decode_chain_half_fold 1, the default), hf0 and ohf0

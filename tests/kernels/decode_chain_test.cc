@@ -530,8 +530,8 @@ TEST_P(DecodeChainTest, BothFoldsMatchHost) {
 // The attention phase ahead of one linear phase: y = W attn + b, attn = softmax(q K^T scale) V
 // per head over a paged context whose last position is the new token (read from the QKV row and
 // written to the caches by the kernel); MQA and MHA shapes, contexts 1, 17 and 300; the short
-// form with the head CTAs' producers held until q is in or the head is written
-// (DecodeChainTuning::head_hold), and not held.
+// form (its K rows in the head CTAs' rings) with their producers held until the K rows are read or
+// the head is written (DecodeChainTuning::head_hold 1, 2; 0 runs as 1).
 TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
   const DType t = GetParam();
   struct Shape {
@@ -621,8 +621,8 @@ TEST_P(DecodeChainTest, AttentionPhaseThenLinear) {
             want_attn[h * D + d] = RoundTo(static_cast<float>(o / sum), t);
           }
         }
-        // The short form's head CTAs with their producers held until q is in, until the head is
-        // written, and not held.
+        // The short form's head CTAs with their producers held until the K rows are read, until
+        // the head is written, and head_hold 0 (run as 1).
         for (const int hold : {1, 2, 0}) {
           SCOPED_TRACE(::testing::Message() << "head_hold " << hold);
           attn.d->Poison();
