@@ -559,21 +559,8 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   if (active) {
     if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-  }
-  fwd::PdlWait();
-  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  fwd::PdlTrigger();
-  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
-  if (writer) WriteNewKv<T>(at, new_slot);
-  if (active) {
-    const T* qkv = static_cast<const T*>(at.qkv);
-    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
-    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    unsigned short q_bits = 0;
-    if (tid < D) {
-      q_bits =
-          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-    }
+    // Experiment: the table and the K / V rows' bulk copies before the PDL wait (every row but the
+    // newest was written by an earlier step's chain, complete by now; the ring is held).
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
@@ -589,16 +576,39 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         const int lane = tid - (kConsumers - 32);
         const int per = KVH == 1 ? at.block_size : 1;
         const int copies = (p_new + per - 1) / per;
-        if (lane == 0) {
-          tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
-          tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
-        }
+        if (lane == 0) tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
         __syncwarp();
         for (int b = lane; b < copies; b += 32) {
           const int p0 = b * per, rows = min(per, p_new - p0);
           BulkLoad(fwd::SmemAddr(ks + p0 * D), cached(kc, p0), static_cast<uint32_t>(rows * D * 2),
                    k_bar);
         }
+      }
+    }
+  }
+  fwd::PdlWait();
+  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+  fwd::PdlTrigger();
+  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
+  if (writer) WriteNewKv<T>(at, new_slot);
+  if (active) {
+    const T* qkv = static_cast<const T*>(at.qkv);
+    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
+    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
+    unsigned short q_bits = 0;
+    if (tid < D) {
+      q_bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+    }
+    {
+      const int p_new = ctx - 1;
+      // Experiment B: only V's copies after the wait, behind q's request.
+      if (tid >= kConsumers - 32) {
+        const int lane = tid - (kConsumers - 32);
+        const int per = KVH == 1 ? at.block_size : 1;
+        const int copies = (p_new + per - 1) / per;
+        if (lane == 0) tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
+        __syncwarp();
         for (int b = lane; b < copies; b += 32) {
           const int p0 = b * per, rows = min(per, p_new - p0);
           BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
