@@ -559,32 +559,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   if (active) {
     if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-    // Experiment: the table and the K / V rows' bulk copies before the PDL wait (every row but the
-    // newest was written by an earlier step's chain, complete by now; the ring is held).
-    if (tid < entries) table[tid] = entry;
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
-    if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
-    {
-      // The V rows before the newest into shared memory by the bulk-copy engine, requested by
-      // the last warp ahead of its own K loads, beside the other warps' (a block's rows one copy
-      // where they are contiguous, with one KV head; else a row a copy): no registers held, no
-      // load issued by the other warps. (Requested behind the warp's K loads, the production
-      // instantiations spilled 28 bytes more.) The newest row from the QKV row into a register
-      // by the thread that reads it, stored beside the others after the dot.
-      const int p_new = ctx - 1;
-      if (tid >= kConsumers - 32) {
-        const int lane = tid - (kConsumers - 32);
-        const int per = KVH == 1 ? at.block_size : 1;
-        const int copies = (p_new + per - 1) / per;
-        if (lane == 0) tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
-        __syncwarp();
-        for (int b = lane; b < copies; b += 32) {
-          const int p0 = b * per, rows = min(per, p_new - p0);
-          BulkLoad(fwd::SmemAddr(ks + p0 * D), cached(kc, p0), static_cast<uint32_t>(rows * D * 2),
-                   k_bar);
-        }
-      }
-    }
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -600,15 +574,31 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
       q_bits =
           __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
     }
+    if (tid < entries) table[tid] = entry;
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
+    if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
     {
+      // The V rows before the newest into shared memory by the bulk-copy engine, requested by
+      // the last warp ahead of its own K loads, beside the other warps' (a block's rows one copy
+      // where they are contiguous, with one KV head; else a row a copy): no registers held, no
+      // load issued by the other warps. (Requested behind the warp's K loads, the production
+      // instantiations spilled 28 bytes more.) The newest row from the QKV row into a register
+      // by the thread that reads it, stored beside the others after the dot.
       const int p_new = ctx - 1;
-      // Experiment B: only V's copies after the wait, behind q's request.
       if (tid >= kConsumers - 32) {
         const int lane = tid - (kConsumers - 32);
         const int per = KVH == 1 ? at.block_size : 1;
         const int copies = (p_new + per - 1) / per;
-        if (lane == 0) tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
+        if (lane == 0) {
+          tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
+          tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
+        }
         __syncwarp();
+        for (int b = lane; b < copies; b += 32) {
+          const int p0 = b * per, rows = min(per, p_new - p0);
+          BulkLoad(fwd::SmemAddr(ks + p0 * D), cached(kc, p0), static_cast<uint32_t>(rows * D * 2),
+                   k_bar);
+        }
         for (int b = lane; b < copies; b += 32) {
           const int p0 = b * per, rows = min(per, p_new - p0);
           BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
