@@ -8,18 +8,20 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~05:05 UTC (NOTES version 53). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# a424b46 1141c1a` (a424b46, 8027a00 on 75bd618: K too by the bulk-copy engine, into the head CTAs'
-# held rings; 1141c1a: SantaCoder's tail CTAs wait for their head's QKV CTAs only), carry
-# ["gpu-bundle-ab"], the full call (~6 minutes; MQA_CALL_FULL=0: ~1.5 minutes). What it runs:
+# Written 2026-12-07 ~06:20 UTC (NOTES version 54). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
+# 3fc430f d0cea5b` (3fc430f: the short attention's table and K / V bulk copies before the PDL
+# wait; d0cea5b: the table and K before it, V after it), carry ["gpu-bundle-ab"], the full call
+# (~7 minutes; MQA_CALL_FULL=0: ~3 minutes). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
-#     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 and SantaCoder b1 in separate
-#     processes, three rounds (and StarCoder at 512 / 128 once); then decode_chain_test,
-#     gemm_tail_attention_test, HF parity and a layer-20 timeline with each experiment's library. (With
-#     gpu-bundle: skipped.)
+#     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, `rounds`
+#     rounds (six: on the H200 of 2026-12-07 single rounds scattered by +-0.3%, three were not
+#     enough), SantaCoder b1 too where `sc_rounds` is 1, StarCoder at 512 / 128 once; then
+#     decode_chain_test, gemm_tail_attention_test, HF parity and a layer-20 timeline with each
+#     experiment's library. (With gpu-bundle: skipped.)
 #  1. HEAD's layer-20 timeline. With MQA_CALL_FULL=0 the call ends here.
-#  2. StarCoder b1: the chain's defaults beside `hq0` and `na`; through the engine with and
-#     without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
+#  2. StarCoder b1: the chain's defaults beside `hq2` and `na`; mqabench's own loop with `--async
+#     both` (never timed on an H200, where the loop's host share is 0.5%); through the engine with
+#     and without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
 #  3. SantaCoder b1 with `--engine off,on,la,on,la`, `--chain auto,on,auto,on` and its kernel
 #     trace; StarCoder b32 512 / 128.
 #  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
@@ -80,9 +82,10 @@ done
 knobs=()
 if (( ${#dirs[@]} > 1 )); then
   cat gpu-bundle-ab/EXPERIMENT 2>/dev/null
-  for r in 1 2 3; do
+  rounds=6 sc_rounds=0
+  for r in $(seq $rounds); do
     for d in "${dirs[@]}"; do b1row b1_$(basename $d)_$r $d; done
-    for d in "${dirs[@]}"; do scrow sc_$(basename $d)_$r $d; done
+    if ((sc_rounds)); then for d in "${dirs[@]}"; do scrow sc_$(basename $d)_$r $d; done; fi
     for k in ${knobs[@]+"${knobs[@]}"}; do b1row b1_${k}_$r $b --chain $k; done
   done
   # 512 / 128: the long form of the chain's attention (contexts past 256), which the
@@ -103,7 +106,8 @@ if [[ ${MQA_CALL_FULL:-1} == 0 ]]; then
   finish
   exit 0
 fi
-bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq0,na,auto
+bench st1 150 latency --model configs/starcoder $m1 --num-iters 2 --chain auto,hq2,na,auto
+bench st1a 90 latency --model configs/starcoder $m1 --num-iters 2 --async both
 bench st1e 120 latency --model configs/starcoder $m1 --num-iters 2 --engine on,la
 timeline tl3 $b --chain-timeline 10,30
 bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on,la,on,la
