@@ -578,12 +578,11 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
     {
-      // The V rows before the newest into shared memory by the bulk-copy engine, requested by
-      // the last warp ahead of its own K loads, beside the other warps' (a block's rows one copy
-      // where they are contiguous, with one KV head; else a row a copy): no registers held, no
-      // load issued by the other warps. (Requested behind the warp's K loads, the production
-      // instantiations spilled 28 bytes more.) The newest row from the QKV row into a register
-      // by the thread that reads it, stored beside the others after the dot.
+      // The K and V rows before the newest into shared memory by the bulk-copy engine, all
+      // requested by the last warp (a block's rows one copy where they are contiguous, with one
+      // KV head; else a row a copy), K's first: no registers held, no load issued by the other
+      // warps. The newest rows from the QKV row into registers by the threads that read them
+      // (V's stored beside the others after the dot).
       const int p_new = ctx - 1;
       if (tid >= kConsumers - 32) {
         const int lane = tid - (kConsumers - 32);
@@ -594,16 +593,15 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
           tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
         }
         __syncwarp();
-        for (int b = lane; b < copies; b += 32) {
-          const int p0 = b * per, rows = min(per, p_new - p0);
-          BulkLoad(fwd::SmemAddr(ks + p0 * D), cached(kc, p0), static_cast<uint32_t>(rows * D * 2),
-                   k_bar);
-        }
-        for (int b = lane; b < copies; b += 32) {
-          const int p0 = b * per, rows = min(per, p_new - p0);
-          BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
-                   v_bar);
-        }
+        auto copy_rows = [&](T* dst, const T* cache, uint32_t bar) {
+          for (int b = lane; b < copies; b += 32) {
+            const int p0 = b * per, rows = min(per, p_new - p0);
+            BulkLoad(fwd::SmemAddr(dst + p0 * D), cached(cache, p0),
+                     static_cast<uint32_t>(rows * D * 2), bar);
+          }
+        };
+        copy_rows(ks, kc, k_bar);
+        copy_rows(vs, vc, v_bar);
       }
       if (p_new >= g && (p_new - g) % G == 0) {
         klast = __ldcg(reinterpret_cast<const int4*>(knew + 8 * c));
