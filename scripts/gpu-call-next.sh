@@ -50,18 +50,14 @@ finish() {  # the end of the call: the time, and the logs packed for the device 
   date -u
   tar czf $OUT/logs.tgz -C /tmp mqa-logs
 }
-b1row() {  # NAME DIR ARGS...: StarCoder b1 128 / 128, two iterations, DIR's binary and library
-  local name=$1 d=$2; shift 2
+row() {  # NAME DIR MODEL ITERS ARGS...: MODEL b1 128 / 128, DIR's binary and library
+  local name=$1 d=$2 model=$3 iters=$4; shift 4
   LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
-    --model configs/starcoder $m1 --num-iters 2 "$@" > $logs/$name.log 2>&1
+    --model configs/$model $m1 --num-iters $iters "$@" > $logs/$name.log 2>&1
   echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
 }
-scrow() {  # NAME DIR ARGS...: SantaCoder b1 128 / 128, five iterations, DIR's binary and library
-  local name=$1 d=$2; shift 2
-  LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
-    --model configs/santacoder $m1 --num-iters 5 "$@" > $logs/$name.log 2>&1
-  echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
-}
+b1row() { local name=$1 d=$2; shift 2; row $name $d starcoder 2 "$@"; }  # StarCoder, two iterations
+scrow() { local name=$1 d=$2; shift 2; row $name $d santacoder 5 "$@"; }  # SantaCoder, five
 timeline() {  # NAME DIR ARGS...: StarCoder b1, one iteration with ARGS (--chain-timeline L,...)
   local name=$1 d=$2; shift 2
   LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency \
