@@ -559,8 +559,21 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   if (active) {
     if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-    // Experiment: the table and the K / V rows' bulk copies before the PDL wait (every row but the
-    // newest was written by an earlier step's chain, complete by now; the ring is held).
+  }
+  fwd::PdlWait();
+  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+  fwd::PdlTrigger();
+  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
+  if (writer) WriteNewKv<T>(at, new_slot);
+  if (active) {
+    const T* qkv = static_cast<const T*>(at.qkv);
+    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
+    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
+    unsigned short q_bits = 0;
+    if (tid < D) {
+      q_bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+    }
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
@@ -590,24 +603,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         copy_rows(ks, kc, k_bar);
         copy_rows(vs, vc, v_bar);
       }
-    }
-  }
-  fwd::PdlWait();
-  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  fwd::PdlTrigger();
-  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
-  if (writer) WriteNewKv<T>(at, new_slot);
-  if (active) {
-    const T* qkv = static_cast<const T*>(at.qkv);
-    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
-    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    unsigned short q_bits = 0;
-    if (tid < D) {
-      q_bits =
-          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-    }
-    {
-      const int p_new = ctx - 1;
       if (p_new >= g && (p_new - g) % G == 0) {
         klast = __ldcg(reinterpret_cast<const int4*>(knew + 8 * c));
         vlast = __ldcg(reinterpret_cast<const int4*>(vnew + 8 * c));
