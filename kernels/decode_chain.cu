@@ -559,34 +559,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   if (active) {
     if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-    // Experiment: the table and the K / V rows' bulk copies before the PDL wait (every row but the
-    // newest was written by an earlier step's chain, complete by now; the ring is held).
-    if (tid < entries) table[tid] = entry;
-    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
-    if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
-    {
-      // The K and V rows before the newest into shared memory by the bulk-copy engine, all
-      // requested by the last warp (a block's rows one copy where they are contiguous, with one
-      // KV head; else a row a copy), K's first: no registers held, no load issued by the other
-      // warps. The newest rows from the QKV row into registers by the threads that read them
-      // (V's stored beside the others after the dot).
-      const int p_new = ctx - 1;
-      if (tid >= kConsumers - 32) {
-        const int lane = tid - (kConsumers - 32);
-        const int per = KVH == 1 ? at.block_size : 1;
-        const int copies = (p_new + per - 1) / per;
-        if (lane == 0) tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
-        __syncwarp();
-        auto copy_rows = [&](T* dst, const T* cache, uint32_t bar) {
-          for (int b = lane; b < copies; b += 32) {
-            const int p0 = b * per, rows = min(per, p_new - p0);
-            BulkLoad(fwd::SmemAddr(dst + p0 * D), cached(cache, p0),
-                     static_cast<uint32_t>(rows * D * 2), bar);
-          }
-        };
-        copy_rows(ks, kc, k_bar);
-      }
-    }
   }
   fwd::PdlWait();
   if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
@@ -602,20 +574,34 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
       q_bits =
           __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
     }
+    if (tid < entries) table[tid] = entry;
+    tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
+    if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
     {
+      // The K and V rows before the newest into shared memory by the bulk-copy engine, all
+      // requested by the last warp (a block's rows one copy where they are contiguous, with one
+      // KV head; else a row a copy), K's first: no registers held, no load issued by the other
+      // warps. The newest rows from the QKV row into registers by the threads that read them
+      // (V's stored beside the others after the dot).
       const int p_new = ctx - 1;
-      // Experiment B: only V's copies after the wait, behind q's request.
       if (tid >= kConsumers - 32) {
         const int lane = tid - (kConsumers - 32);
         const int per = KVH == 1 ? at.block_size : 1;
         const int copies = (p_new + per - 1) / per;
-        if (lane == 0) tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
-        __syncwarp();
-        for (int b = lane; b < copies; b += 32) {
-          const int p0 = b * per, rows = min(per, p_new - p0);
-          BulkLoad(fwd::SmemAddr(vs + p0 * D), cached(vc, p0), static_cast<uint32_t>(rows * D * 2),
-                   v_bar);
+        if (lane == 0) {
+          tma::MbarArriveExpectTx(k_bar, static_cast<uint32_t>(p_new * D * 2));
+          tma::MbarArriveExpectTx(v_bar, static_cast<uint32_t>(p_new * D * 2));
         }
+        __syncwarp();
+        auto copy_rows = [&](T* dst, const T* cache, uint32_t bar) {
+          for (int b = lane; b < copies; b += 32) {
+            const int p0 = b * per, rows = min(per, p_new - p0);
+            BulkLoad(fwd::SmemAddr(dst + p0 * D), cached(cache, p0),
+                     static_cast<uint32_t>(rows * D * 2), bar);
+          }
+        };
+        copy_rows(ks, kc, k_bar);
+        copy_rows(vs, vc, v_bar);
       }
       if (p_new >= g && (p_new - g) % G == 0) {
         klast = __ldcg(reinterpret_cast<const int4*>(knew + 8 * c));
