@@ -9,8 +9,8 @@
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
 # Written 2026-12-07 ~05:55 UTC (NOTES version 54). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# 3fc430f d0cea5b` (3fc430f: the short attention's table and K / V bulk copies before the PDL
-# wait; d0cea5b: the table and K before it, V after it), carry ["gpu-bundle-ab"], the full call
+# 20f70a9 c88b039` (20f70a9: the short attention's table and K / V bulk copies before the PDL
+# wait; c88b039: the table and K before it, V after it), carry ["gpu-bundle-ab"], the full call
 # (~7 minutes; MQA_CALL_FULL=0: ~3 minutes). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
 #     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, `rounds`
