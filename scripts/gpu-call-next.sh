@@ -54,7 +54,7 @@ row() {  # NAME DIR MODEL ITERS ARGS...: MODEL b1 128 / 128, DIR's binary and li
   local name=$1 d=$2 model=$3 iters=$4; shift 4
   LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 40 $d/bin/mqabench latency \
     --model configs/$model $m1 --num-iters $iters "$@" > $logs/$name.log 2>&1
-  echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
+  echo "$name rc=$? $(grep -E 'Avg latency|decode step|prefill step' $logs/$name.log | cut -c1-100 | tr '\n' ' ')"
 }
 b1row() { local name=$1 d=$2; shift 2; row $name $d starcoder 2 "$@"; }  # StarCoder, two iterations
 scrow() { local name=$1 d=$2; shift 2; row $name $d santacoder 5 "$@"; }  # SantaCoder, five
@@ -84,19 +84,35 @@ if (( ${#dirs[@]} > 1 )); then
     if ((sc_rounds)); then for d in "${dirs[@]}"; do scrow sc_$(basename $d)_$r $d; done; fi
     for k in ${knobs[@]+"${knobs[@]}"}; do b1row b1_${k}_$r $b --chain $k; done
   done
+  # MQA_CALL_MIN=1 (when little device time is left): no 512 / 128 rows, no timelines, HF parity's
+  # chain rows only, one --autotune on row (below), and the call ends after the experiments' tests.
+  min=${MQA_CALL_MIN:-0}
   # 512 / 128: the long form of the chain's attention (contexts past 256), which the
   # experiments leave alone: one round.
-  for d in "${dirs[@]}"; do b1row b512_$(basename $d)_1 $d --input-len 512; done
+  ((min)) || for d in "${dirs[@]}"; do b1row b512_$(basename $d)_1 $d --input-len 512; done
+  hf_filter='*'; ((min)) && hf_filter='*chain*'
   for d in "${dirs[@]:1}"; do
     e=$(basename $d)
     for t in decode_chain_test gemm_tail_attention_test model_hf_parity_cuda_test; do
-      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t > $logs/${e}_$t.log 2>&1
+      f='*'; [[ $t == model_hf_parity_cuda_test ]] && f=$hf_filter
+      LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 120 $d/tests/$t --gtest_filter="$f" > $logs/${e}_$t.log 2>&1
       echo "$e $t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${e}_$t.log | tr '\n' ' ')"
     done
-    timeline ${e}_tl $d --chain-timeline 20
+    ((min)) || timeline ${e}_tl $d --chain-timeline 20
   done
+  if ((min)); then
+    b1row b1_ton_1 $b --autotune on; b1row b1_tdec_1 $b
+    finish
+    exit 0
+  fi
 fi
 timeline tl $b --chain-timeline 20
+# Every GEMM shape tuned at first sight (--autotune on), the b1 prefill's m = 128 shapes among them
+# (the default tunes only the decode graphs' shapes, then freezes): separate processes, in rotation.
+for r in 1 2; do
+  b1row b1_tdec_$r $b; b1row b1_ton_$r $b --autotune on
+  scrow sc_tdec_$r $b; scrow sc_ton_$r $b --autotune on
+done
 # MQA_CALL_FULL=0: the experiments and the default timeline only (a short call).
 if [[ ${MQA_CALL_FULL:-1} == 0 ]]; then
   finish
