@@ -463,13 +463,14 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 
 // The attention phase's short form (ChainAttentionArgs::short_context): CTA h < heads takes head
 // h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits 8 rows a thread.
-// The context length, a thread's block-table entry and the new token's cache slot (for the CTA
-// that writes it: the last, which has no head) are requested before the PDL wait but not waited
-// for; after it, q first, then the table into shared memory (after the V rows and q), then the K
-// and V rows before the newest by the bulk-copy engine (requested by one warp, a block's rows one
-// copy): K into the CTA's ring, whose producer is held until the dots have read them
+// Before the PDL wait: the context length and the block table (into shared memory, after the V
+// rows and q), then the K and V rows before the newest by the bulk-copy engine (requested by one
+// warp, a block's rows one copy; earlier steps' chains wrote them, and those are complete by
+// now): K into the CTA's ring, whose producer is held until the dots have read them
 // (ChainAttentionArgs::hold >= 1; the loop form where the ring cannot hold max_context rows), V
-// into the input buffer. Thread (g, c) dots K rows g, g + G, ... at 16-byte chunk c (G =
+// into the input buffer; the new token's cache slot for the CTA that writes it (the last, which
+// has no head). After the wait only q and the newest K and V rows (the previous kernel's) remain
+// to be read. Thread (g, c) dots K rows g, g + G, ... at 16-byte chunk c (G =
 // kConsumers / (D / 8); the newest, which the previous kernel wrote, from the QKV row through a
 // register) and P V reads its V rows g, g + G, ... from shared memory. K by the bulk-copy engine
 // as well, measured on an H200 (2026-12-07 05:40-05:51 UTC, StarCoder b1 128 / 128 decode step,
@@ -479,6 +480,12 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // went the K rows' way into registers once the dots were done, one more round trip under the
 // softmax's reductions (issued earlier, beside K, it spilled and stalled the issuing threads:
 // +1.3% in version 50, ba219ae +0.3% in version 53).
+// The table and the K / V copies before the PDL wait, measured on an H100 (2026-12-07 07:52 UTC,
+// StarCoder b1 128 / 128 decode step, separate processes in rotation, six rounds): median 10.680
+// ms against 10.717 (-0.35%; faster in all six rounds), where they had been issued after q's
+// request; K before the wait and V after it (c88b039) gave the same 10.681. Layer 20's head
+// CTAs write their heads 5.1 us after the wait instead of 7.1, and attn.c_proj's loop starts
+// 2.4 us sooner (benchmarks/mqabench/NOTES.md version 55).
 // The bulk copies, measured on an H100 (2026-12-07 03:53 UTC, StarCoder b1 128 / 128 decode step,
 // separate processes in rotation, three rounds): 10.947 / 10.950 / 10.947 ms against 10.999 /
 // 10.989 / 10.991 (-0.4%); layer 20's head CTAs have the scores' maximum 2.0 us sooner, the head
@@ -546,34 +553,23 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   const bool writer = blockIdx.x == gridDim.x - 1 && !active;  // heads < grid: has no head
   int new_slot = -1;
   if (writer) new_slot = *at.slot;
-  // The context length and this thread's block-table entry are requested before the PDL wait
-  // but not waited for: the K rows they address are loaded after q's request, so that the
-  // wait, q's round trip and the table's overlap (entries <= max_context <= kConsumers).
-  // Measured on an H200 (2026-12-06 23:38 UTC, StarCoder b1 128 / 128 decode step, separate
-  // processes in rotation, three rounds): 8.033 / 8.035 / 8.035 ms against 8.043 / 8.040 / 8.047
-  // with the table waited for and the K rows loaded before the wait (-0.1%); the layer-20
-  // timeline: the head CTAs' wait returns with the others' (2.97 us median against 7.80), q is in
-  // 0.4 us sooner (8.49 against 8.90), and q's round trip, ~5.5 us, is now the window's first step.
+  // The context length and the block table (entries <= max_context <= kConsumers), then the K
+  // and V rows' copies, all before the PDL wait (see above the function). The form before it
+  // requested the table's entries before the wait but stored them, and issued the rows, after
+  // it, behind q's request; that form had replaced the table waited for and the K rows loaded
+  // into registers before the wait, measured on an H200
+  // (2026-12-06 23:38 UTC, StarCoder b1 128 / 128 decode step, separate processes in rotation,
+  // three rounds): 8.033 / 8.035 / 8.035 ms against 8.043 / 8.040 / 8.047 (-0.1%), its layer-20
+  // head CTAs' wait returning with the others' (2.97 us median against 7.80).
   int entry = 0;
   const int entries = (at.max_context + at.block_size - 1) / at.block_size;
   if (active) {
     if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-  }
-  fwd::PdlWait();
-  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
-  fwd::PdlTrigger();
-  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
-  if (writer) WriteNewKv<T>(at, new_slot);
-  if (active) {
-    const T* qkv = static_cast<const T*>(at.qkv);
-    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
-    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
-    unsigned short q_bits = 0;
-    if (tid < D) {
-      q_bits =
-          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
-    }
+    // The table, then the K / V rows' bulk copies, before the PDL wait: every row but the newest
+    // was written by an earlier step's chain (a decode graph's kernels write only their own
+    // layer's newest row), complete before this launch; the ring is held
+    // (ChainAttentionArgs::hold).
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound
@@ -603,6 +599,24 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
         copy_rows(ks, kc, k_bar);
         copy_rows(vs, vc, v_bar);
       }
+    }
+  }
+  fwd::PdlWait();
+  if (threadIdx.x == 0) Stamp<kStamps>(a, kChainPdlDone);
+  fwd::PdlTrigger();
+  // The KV write goes to a CTA without a head (heads < grid, or CTA 0 after its head).
+  if (writer) WriteNewKv<T>(at, new_slot);
+  if (active) {
+    const T* qkv = static_cast<const T*>(at.qkv);
+    const T* knew = qkv + static_cast<int64_t>(H + kvh) * D;
+    const T* vnew = qkv + static_cast<int64_t>(H + KVH + kvh) * D;
+    unsigned short q_bits = 0;
+    if (tid < D) {
+      q_bits =
+          __ldcg(reinterpret_cast<const unsigned short*>(qkv + static_cast<int64_t>(h) * D + tid));
+    }
+    {
+      const int p_new = ctx - 1;
       if (p_new >= g && (p_new - g) % G == 0) {
         klast = __ldcg(reinterpret_cast<const int4*>(knew + 8 * c));
         vlast = __ldcg(reinterpret_cast<const int4*>(vnew + 8 * c));
