@@ -8,17 +8,19 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~05:55 UTC (NOTES version 54). Next: `JOBS=2 bash scripts/gpu-bundle-ab.sh
-# 20f70a9 c88b039` (20f70a9: the short attention's table and K / V bulk copies before the PDL
-# wait; c88b039: the table and K before it, V after it), carry ["gpu-bundle-ab"], the full call
-# (~7 minutes; MQA_CALL_FULL=0: ~3 minutes). What it runs:
+# Written 2026-12-07 ~08:20 UTC (NOTES version 55). Next: main's (fe913d3's) first run on an
+# H200 — no experiment: `rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash
+# scripts/gpu-bundle.sh`, carry ["gpu-bundle"], the full call (~6 minutes; MQA_CALL_FULL=0: the
+# timeline and the --autotune rows only; MQA_CALL_MIN=1 matters only with experiments). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
 #     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, `rounds`
 #     rounds (six: on the H200 of 2026-12-07 single rounds scattered by +-0.3%, three were not
 #     enough), SantaCoder b1 too where `sc_rounds` is 1, StarCoder at 512 / 128 once; then
 #     decode_chain_test, gemm_tail_attention_test, HF parity and a layer-20 timeline with each
 #     experiment's library. (With gpu-bundle: skipped.)
-#  1. HEAD's layer-20 timeline. With MQA_CALL_FULL=0 the call ends here.
+#  1. HEAD's layer-20 timeline; StarCoder and SantaCoder b1 with `--autotune on` (every cuBLASLt
+#     shape tuned at first sight, the prefill's among them) beside the default, two rounds. With
+#     MQA_CALL_FULL=0 the call ends here.
 #  2. StarCoder b1: the chain's defaults beside `hq2` and `na`; mqabench's own loop with `--async
 #     both` (never timed on an H200, where the loop's host share is 0.5%); through the engine with
 #     and without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
