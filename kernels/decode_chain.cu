@@ -465,39 +465,38 @@ __device__ void AttentionPhase(const ChainArgs& a, float* scores, int capacity, 
 // h; a context of at most kConsumers x 64 / D positions (256 at D = 128) fits 8 rows a thread.
 // Before the PDL wait: the context length and the block table (into shared memory, after the V
 // rows and q), then the K and V rows before the newest by the bulk-copy engine (requested by one
-// warp, a block's rows one copy; earlier steps' chains wrote them, and those are complete by
-// now): K into the CTA's ring, whose producer is held until the dots have read them
-// (ChainAttentionArgs::hold >= 1; the loop form where the ring cannot hold max_context rows), V
-// into the input buffer; the new token's cache slot for the CTA that writes it (the last, which
-// has no head). After the wait only q and the newest K and V rows (the previous kernel's) remain
-// to be read. Thread (g, c) dots K rows g, g + G, ... at 16-byte chunk c (G =
-// kConsumers / (D / 8); the newest, which the previous kernel wrote, from the QKV row through a
-// register) and P V reads its V rows g, g + G, ... from shared memory. K by the bulk-copy engine
-// as well, measured on an H200 (2026-12-07 05:40-05:51 UTC, StarCoder b1 128 / 128 decode step,
-// separate processes in rotation, fourteen rounds): median 7.839 ms against 7.857 (-0.2%; faster
-// in 11 of the 14 rounds; a third library with the same chain code as main's, 7.858), where K
-// had been loaded into registers, whole rows a warp (the form described next). Until version 53 V
-// went the K rows' way into registers once the dots were done, one more round trip under the
-// softmax's reductions (issued earlier, beside K, it spilled and stalled the issuing threads:
-// +1.3% in version 50, ba219ae +0.3% in version 53).
-// The table and the K / V copies before the PDL wait, measured on an H100 (2026-12-07 07:52 UTC,
-// StarCoder b1 128 / 128 decode step, separate processes in rotation, six rounds): median 10.680
-// ms against 10.717 (-0.35%; faster in all six rounds), where they had been issued after q's
-// request; K before the wait and V after it (c88b039) gave the same 10.681. Layer 20's head
-// CTAs write their heads 5.1 us after the wait instead of 7.1, and attn.c_proj's loop starts
-// 2.4 us sooner (benchmarks/mqabench/NOTES.md version 55).
-// The bulk copies, measured on an H100 (2026-12-07 03:53 UTC, StarCoder b1 128 / 128 decode step,
-// separate processes in rotation, three rounds): 10.947 / 10.950 / 10.947 ms against 10.999 /
-// 10.989 / 10.991 (-0.4%); layer 20's head CTAs have the scores' maximum 2.0 us sooner, the head
-// written ~2 us sooner and attn.c_proj starts 1.1 us sooner. Until version 52 (benchmarks/mqabench/
-// NOTES.md) a thread read 128 contiguous bytes of one K row, so a warp's load touched 16 bytes of
-// 32 lines, and issuing a head's K kept the LSU busy ~2 us. Reading K in V's layout, measured on an
-// H100 (2026-12-07 01:55 UTC, StarCoder b1 128 / 128 decode step, separate processes in rotation,
-// three rounds): 10.995 / 11.012 / 10.982 ms against 11.046 / 11.028 / 11.020 (-0.3%); layer 20's
-// head CTAs have q in 2.4 us sooner and K 2.3 us sooner (attn.c_proj starts 1.8 us sooner). The
-// loop form's pass 1 in the same layout measured equal (512 / 128: 11.130 / 11.125 against 11.124
-// / 11.123 ms).
-// The row weights stay in registers; the PDL wait is done here.
+// warp, a block's rows one copy; earlier steps' chains wrote them and are complete before this
+// launch, since a decode graph's kernels write only their own layer's newest row): K into the CTA's
+// ring, whose producer is held until the dots have read them (ChainAttentionArgs::hold >= 1; the
+// loop form where the ring cannot hold max_context rows), V into the input buffer; the new token's
+// cache slot for the CTA that writes it (the last, which has no head). After the wait only q and
+// the newest K and V rows (the previous kernel's) remain to be read. Thread (g, c) dots K rows g, g
+// + G, ... at 16-byte chunk c (G = kConsumers / (D / 8); the newest, which the previous kernel
+// wrote, from the QKV row through a register) and P V reads its V rows g, g + G, ... from shared
+// memory. K by the bulk-copy engine as well, measured on an H200 (2026-12-07 05:40-05:51 UTC,
+// StarCoder b1 128 / 128 decode step, separate processes in rotation, fourteen rounds):
+// median 7.839 ms against 7.857 (-0.2%; faster in 11 of the 14 rounds; a third library with the
+// same chain code as main's, 7.858), where K had been loaded into registers, whole rows a warp (the
+// form described next). Until version 53 V went the K rows' way into registers once the dots were
+// done, one more round trip under the softmax's reductions (issued earlier, beside K, it spilled
+// and stalled the issuing threads: +1.3% in version 50, ba219ae +0.3% in version 53). The table and
+// the K / V copies before the PDL wait, measured on an H100 (2026-12-07 07:52 UTC, StarCoder b1 128
+// / 128 decode step, separate processes in rotation, six rounds): median 10.680 ms against 10.717
+// (-0.35%; faster in all six rounds), where they had been issued after q's request; K before the
+// wait and V after it (c88b039) gave the same 10.681. Layer 20's head CTAs write their heads 5.1 us
+// after the wait instead of 7.1, and attn.c_proj's loop starts 2.4 us sooner
+// (benchmarks/mqabench/NOTES.md version 55). The bulk copies, measured on an H100 (2026-12-07 03:53
+// UTC, StarCoder b1 128 / 128 decode step, separate processes in rotation, three rounds): 10.947
+// / 10.950 / 10.947 ms against 10.999 / 10.989 / 10.991 (-0.4%); layer 20's head CTAs have the
+// scores' maximum 2.0 us sooner, the head written ~2 us sooner and attn.c_proj starts 1.1 us
+// sooner. Until version 52 (benchmarks/mqabench/ NOTES.md) a thread read 128 contiguous bytes of
+// one K row, so a warp's load touched 16 bytes of 32 lines, and issuing a head's K kept the LSU
+// busy ~2 us. Reading K in V's layout, measured on an H100 (2026-12-07 01:55 UTC, StarCoder b1 128
+// / 128 decode step, separate processes in rotation, three rounds): 10.995 / 11.012 / 10.982 ms
+// against 11.046 / 11.028 / 11.020 (-0.3%); layer 20's head CTAs have q in 2.4 us sooner and K 2.3
+// us sooner (attn.c_proj starts 1.8 us sooner). The loop form's pass 1 in the same layout measured
+// equal (512 / 128: 11.130 / 11.125 against 11.124 / 11.123 ms). The row weights stay in registers;
+// the PDL wait is done here.
 constexpr int kShortAttentionRows = 8;  // V rows a thread (and 16-byte K chunks)
 // Measured default (-1) of DecodeChainTuning::head_hold: on (and since the K rows moved into the
 // head CTAs' rings, 0 is run as 1 in the short form). H100, 2026-12-06 12:51-12:53 UTC
@@ -566,10 +565,6 @@ __device__ void ShortAttentionPhase(const ChainArgs& a, float* red, volatile int
   if (active) {
     if (tid < entries) entry = at.block_table[tid];
     ctx = *at.context_len;
-    // The table, then the K / V rows' bulk copies, before the PDL wait: every row but the newest
-    // was written by an earlier step's chain (a decode graph's kernels write only their own
-    // layer's newest row), complete before this launch; the ring is held
-    // (ChainAttentionArgs::hold).
     if (tid < entries) table[tid] = entry;
     tma::NamedBarrier(kConsumerBarrier, kConsumers);  // the table
     if (ctx > G * kShortAttentionRows) __trap();      // the caller's max_context was not a bound

@@ -60,6 +60,16 @@ row() {  # NAME DIR MODEL ITERS ARGS...: MODEL b1 128 / 128, DIR's binary and li
 }
 b1row() { local name=$1 d=$2; shift 2; row $name $d starcoder 2 "$@"; }  # StarCoder, two iterations
 scrow() { local name=$1 d=$2; shift 2; row $name $d santacoder 5 "$@"; }  # SantaCoder, five
+# ROUNDS SANTACODER: HEAD's StarCoder b1 (and SantaCoder where SANTACODER is 1) at the default
+# (decode shapes tuned, then frozen) beside --autotune on (every GEMM shape tuned at first sight,
+# the b1 prefill's m = 128 shapes among them): separate processes, in rotation.
+autotune_rows() {
+  local r
+  for r in $(seq $1); do
+    b1row b1_tdec_$r $b; b1row b1_ton_$r $b --autotune on
+    if (($2)); then scrow sc_tdec_$r $b; scrow sc_ton_$r $b --autotune on; fi
+  done
+}
 timeline() {  # NAME DIR ARGS...: StarCoder b1, one iteration with ARGS (--chain-timeline L,...)
   local name=$1 d=$2; shift 2
   LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH" timeout 60 $d/bin/mqabench latency \
@@ -103,18 +113,13 @@ if (( ${#dirs[@]} > 1 )); then
     ((min)) || timeline ${e}_tl $d --chain-timeline 20
   done
   if ((min)); then
-    b1row b1_ton_1 $b --autotune on; b1row b1_tdec_1 $b
+    autotune_rows 1 0
     finish
     exit 0
   fi
 fi
 timeline tl $b --chain-timeline 20
-# Every GEMM shape tuned at first sight (--autotune on), the b1 prefill's m = 128 shapes among them
-# (the default tunes only the decode graphs' shapes, then freezes): separate processes, in rotation.
-for r in 1 2; do
-  b1row b1_tdec_$r $b; b1row b1_ton_$r $b --autotune on
-  scrow sc_tdec_$r $b; scrow sc_ton_$r $b --autotune on
-done
+autotune_rows 2 1
 # MQA_CALL_FULL=0: the experiments and the default timeline only (a short call).
 if [[ ${MQA_CALL_FULL:-1} == 0 ]]; then
   finish
