@@ -182,6 +182,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
       o.stage_bytes = options_.skinny_stage_bytes;
       o.occupancy = options_.skinny_occupancy;
       o.early_epilogue = options_.skinny_early_epilogue;
+      o.evict_first = options_.skinny_evict_first;
       return SkinnyGemmCuda(p, e, stream, o);
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;

@@ -113,6 +113,14 @@ class CudaGemm {
     // to memory; off: after the fold. Not yet run on a GPU: off until measured (mqabench --gemm
     // skinnyde).
     bool skinny_early_epilogue = false;
+    // The skinny kernel's weight loads (and its shared-memory staging) carry the L2 priority
+    // evict_first, so that a call's once-read weights leave L2 before anything else does (off:
+    // the same loads with evict_normal). H100, 2026-12-07 08:43 UTC, b1 128 / 128, decode step,
+    // separate processes in rotation, three rounds: SantaCoder 0.974-0.975 ms against
+    // 1.040-1.043 with evict_normal and 1.024-1.026 with the plain loads before (-4.9%);
+    // StarCoder, whose layers run in the decode chain (already evict_first), 10.679-10.685
+    // against 10.676-10.680 (benchmarks/mqabench/NOTES.md version 56).
+    bool skinny_evict_first = true;
     // The skinny kernel launched as a programmatic dependent (forward_cuda_common.cuh): its
     // weight loads overlap the previous kernel's tail. cuBLASLt launches are never PDL.
     bool pdl = false;
@@ -199,6 +207,7 @@ class CudaGemm {
   void set_skinny_stage_bytes(int bytes) { options_.skinny_stage_bytes = bytes; }
   void set_skinny_occupancy(bool on) { options_.skinny_occupancy = on; }
   void set_skinny_early_epilogue(bool on) { options_.skinny_early_epilogue = on; }
+  void set_skinny_evict_first(bool on) { options_.skinny_evict_first = on; }
   bool stream_tc() const { return options_.stream_tc; }
   bool stream_tc_tma() const { return options_.stream_tc_tma; }
   // Turning autotune off goes back to the heuristic's first choice; tuned choices are kept for
@@ -255,6 +264,7 @@ struct SkinnyOptions {
   int stage_bytes = 0;       // Options::skinny_stage_bytes (m = 1)
   bool occupancy = false;    // Options::skinny_occupancy (m = 1 with half_fold)
   bool early_epilogue = false;  // Options::skinny_early_epilogue
+  bool evict_first = true;      // Options::skinny_evict_first
 };
 absl::Status SkinnyGemmCuda(const GemmParams& p, const GemmEpilogue& epilogue, cudaStream_t stream,
                             const SkinnyOptions& options = {});

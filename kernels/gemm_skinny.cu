@@ -87,8 +87,42 @@ struct SkinnyArgs {
   // the fold.
   bool early_epilogue = false;
   bool release_early = false;  // GemmEpilogue::release_dependents_early
+  bool evict_first = true;     // SkinnyOptions::evict_first
   SkinnyTailArgs<T> tail;      // kTail instantiations only
 };
+
+// The weights' L2 eviction priority (SkinnyOptions::evict_first): an opaque policy for the
+// .L2::cache_hint loads below.
+__device__ __forceinline__ uint64_t WeightPolicy(bool evict_first) {
+  uint64_t policy;
+  if (evict_first) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  }
+  return policy;
+}
+
+// 16 bytes of a weight row with the L2 priority `policy` (not volatile: the compiler schedules
+// it as it would a plain load).
+template <typename V>
+__device__ __forceinline__ V LoadWeight16(const void* ptr, uint64_t policy) {
+  uint4 u;
+  asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+      : "l"(ptr), "l"(policy));
+  V v;
+  static_assert(sizeof(v) == sizeof(u));
+  memcpy(&v, &u, sizeof(u));
+  return v;
+}
+
+// cp.async of 16 weight bytes into shared memory with the L2 priority `policy`.
+__device__ __forceinline__ void CpAsyncWeight16(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"(dst),
+               "l"(src), "l"(policy)
+               : "memory");
+}
 
 __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
@@ -490,13 +524,14 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   int kk = lane * kV;
   const bool live = n0 < n;
   const bool have_first = live && kk + (U - 1) * 32 * kV < k;
+  const uint64_t wpolicy = WeightPolicy(p.evict_first);
   V first[U][R];
   if (have_first) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        first[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
+        first[u][r] = LoadWeight16<V>(brow[r] + kk + u * 32 * kV, wpolicy);
   }
   // The next stage_elems of each row into shared memory (cp.async), each lane its own chunks, so
   // that no barrier is needed: with the first group, a row's first (U * 32 + stage) chunks are on
@@ -509,8 +544,8 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     for (int j = kStep + lane * kV; j < stage_end; j += 32 * kV) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        fwd::CpAsync16(fwd::SmemAddr(stage_rows + r * p.stage_elems + (j - kStep)), brow[r] + j,
-                       true);
+        CpAsyncWeight16(fwd::SmemAddr(stage_rows + r * p.stage_elems + (j - kStep)), brow[r] + j,
+                        wpolicy);
       }
     }
     fwd::CpAsyncCommit();
@@ -606,15 +641,14 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          bv[u][r] = *reinterpret_cast<const V*>(brow[r] + kk + u * 32 * kV);
+        for (int r = 0; r < R; ++r) bv[u][r] = LoadWeight16<V>(brow[r] + kk + u * 32 * kV, wpolicy);
 #pragma unroll
       for (int u = 0; u < U; ++u) fma_group(bv[u], kk + u * 32 * kV);
     }
     for (; kk < k; kk += 32 * kV) {
       V bv[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) bv[r] = *reinterpret_cast<const V*>(brow[r] + kk);
+      for (int r = 0; r < R; ++r) bv[r] = LoadWeight16<V>(brow[r] + kk, wpolicy);
       fma_group(bv, kk);
     }
     WarpSumAcc(acc);
@@ -790,6 +824,7 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   // m = 1: stage up to stage_bytes of each row (LaunchSkinnyUnrolled caps it).
   if constexpr (M == 1) a.stage_elems = std::max(0, o.stage_bytes) / static_cast<int>(sizeof(T));
   a.early_epilogue = o.early_epilogue;
+  a.evict_first = o.evict_first;
   const bool ln = e.ln_weight != nullptr;
   const dim3 grid(static_cast<unsigned>(blocks));
   // m = 1, 2 rows a warp: narrow enough for kSkinnyDeepUnroll (o.deep_max_warps).

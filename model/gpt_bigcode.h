@@ -358,6 +358,8 @@ class GptBigCode {
   void set_gemm_occupancy(bool on);
   // Benchmarks: CudaGemm::Options::skinny_early_epilogue. Drops captured graphs.
   void set_gemm_early_epilogue(bool on);
+  // Benchmarks: CudaGemm::Options::skinny_evict_first. Drops captured graphs.
+  void set_gemm_evict_first(bool on);
   // One line on what autotuning did so far (shapes tuned, how many changed algorithm, the summed
   // single-run time of the heuristic's choices against the tuned ones, seconds spent); "" on the
   // CPU.

@@ -353,6 +353,12 @@ void GptBigCode::set_gemm_early_epilogue(bool on) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_gemm_evict_first(bool on) {
+  if (!cuda_ || !cuda_->gemm) return;
+  cuda_->gemm->set_skinny_evict_first(on);
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_small_kernels(bool ln_registers, bool greedy_cluster) {
   if (!cuda_) return;
   ctx_.ln_registers = ln_registers;
@@ -851,6 +857,7 @@ void GptBigCode::set_gemm_stream_tma_knobs(int, int) {}
 void GptBigCode::set_gemm_stage_bytes(int) {}
 void GptBigCode::set_gemm_occupancy(bool) {}
 void GptBigCode::set_gemm_early_epilogue(bool) {}
+void GptBigCode::set_gemm_evict_first(bool) {}
 std::string GptBigCode::gemm_autotune_summary() const { return ""; }
 absl::Status GptBigCode::InitCuda(const GptBigCodeOptions&) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");

@@ -224,7 +224,8 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
     // skinny kernel), tc (the tensor-core streaming GEMM above m = 8), splitk+tc, skinnyd (skinny
     // with CudaGemm::Options::skinny_deep_unroll), skinnydh / skinnydf (skinnyd with
     // skinny_half_fold on / off; skinnyd leaves it at the model's default, on), skinnydsN,
-    // skinnydo, skinnyde (skinnyd with the epilogue's loads before the fold).
+    // skinnydo, skinnyde (skinnyd with the epilogue's loads before the fold), skinnydn (skinnyd
+    // with the weights' L2 priority evict_normal instead of evict_first).
     for (absl::string_view v : absl::StrSplit(f.gemm, ',')) {
       variants.push_back(v == "skinny" ? "skinny2" : std::string(v));
     }
@@ -234,7 +235,7 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
     if (v != "skinny1" && v != "skinny2" && v != "skinny4" && v != "cublaslt" && v != "splitk" &&
         v != "tc" && !ParseTmaVariant(v, &tma_boxes, &tma_hints) && v != "splitk+tc" &&
         v != "skinnyd" && v != "skinnydh" && v != "skinnydf" && v != "skinnydo" &&
-        v != "skinnyde" && SkinnyStageKib(v) < 0) {
+        v != "skinnyde" && v != "skinnydn" && SkinnyStageKib(v) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("--gemm: unknown variant ", v));
     }
   }

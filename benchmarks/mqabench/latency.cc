@@ -266,7 +266,8 @@ absl::Status Latency(const Flags& f) {
                                                                            : 0,
                                variant == "skinnyd" || variant == "skinnydh" ||
                                    variant == "skinnydf" || variant == "skinnydo" ||
-                                   variant == "skinnyde" || tma || stage_kib >= 0,
+                                   variant == "skinnyde" || variant == "skinnydn" || tma ||
+                                   stage_kib >= 0,
                                variant == "skinnydh"   ? 1
                                : variant == "skinnydf" ? 0
                                                        : -1);
@@ -275,6 +276,7 @@ absl::Status Latency(const Flags& f) {
                                                   : GptBigCodeOptions().gemm_stage_bytes);
     r.model().set_gemm_occupancy(variant == "skinnydo" || GptBigCodeOptions().gemm_occupancy);
     r.model().set_gemm_early_epilogue(variant == "skinnyde");
+    r.model().set_gemm_evict_first(variant != "skinnydn");
     RETURN_IF_ERROR(r.model().set_fast_paths(
         fast != "off" && fast != "fuse", fast == "fuse" || fast == "pdl+fuse", fast == "pdl+ln"));
     r.model().set_gemm_autotune(autotune != "off",

@@ -18,7 +18,9 @@
 //     "skinny" is without it), skinnydsN (skinnyd with N KiB of each weight row staged in shared
 //     memory before the PDL wait; skinnyd stages the model's default, 16), skinnydo (skinnyd with
 //     more resident CTAs an SM: GptBigCodeOptions::gemm_occupancy), skinnyde (skinnyd with the
-//     epilogue's bias / residual loads before the fold: CudaGemm::Options::skinny_early_epilogue).
+//     epilogue's bias / residual loads before the fold: CudaGemm::Options::skinny_early_epilogue),
+//     skinnydn (skinnyd with the weights' L2 priority evict_normal, not evict_first:
+//     CudaGemm::Options::skinny_evict_first).
 //     --fast: the decode launch knobs (GptBigCodeOptions::pdl, fuse_small_kernels; pdl+ln: pdl
 //     with fuse_layer_norms), a comma list one row each on the same runner; "all" runs off,
 //     fuse, pdl and pdl+fuse.

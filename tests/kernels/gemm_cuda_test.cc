@@ -448,12 +448,15 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
   if (rows != 2) GTEST_SKIP() << "the deep unroll is instantiated for 2 rows per warp";
   // fp32 fold; fp16 pairs (fp16 only); fp16 pairs on the instantiations built for more resident
   // CTAs an SM (Options::skinny_occupancy: 8 without the deep unroll, c_fc's shape; 4 with it);
-  // fp16 pairs with the bias / residual loaded before the fold (skinny_early_epilogue).
-  for (const int form : {0, 1, 2, 3}) {
+  // fp16 pairs with the bias / residual loaded before the fold (skinny_early_epilogue); fp16
+  // pairs with the weights' L2 priority evict_normal (skinny_evict_first off; the others take
+  // the default, evict_first).
+  for (const int form : {0, 1, 2, 3, 4}) {
     SCOPED_TRACE(form == 0   ? "fp32 fold"
                  : form == 1 ? "half fold"
                  : form == 2 ? "half fold, occupancy"
-                             : "half fold, the epilogue's loads before the fold");
+                 : form == 3 ? "half fold, the epilogue's loads before the fold"
+                             : "half fold, the weights evict_normal");
     CudaGemm::Options options;
     options.skinny_rows_per_warp = rows;
     options.skinny_max_m = CudaGemm::kSkinnyMaxM;
@@ -461,6 +464,7 @@ TEST_P(GemmCudaTest, DeepUnrollMatchesCpu) {
     options.skinny_half_fold = form >= 1;
     options.skinny_occupancy = form == 2;
     options.skinny_early_epilogue = form == 3;
+    options.skinny_evict_first = form != 4;
     auto gemm = CudaGemm::Create(options);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     // SantaCoder's QKV and mlp c_proj (k < and > the 2048 elements loaded before the wait), its
