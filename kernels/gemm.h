@@ -57,8 +57,28 @@ struct GemmTailAttention {
   // multiple of the splits (the clusters tile the grid). Elsewhere (one split, more than 8) the
   // L2 merge.
   bool cluster_merge = false;
+  // Diagnostics (mqabench --tail-timeline): thread 0 of every CTA of the launch writes %globaltimer
+  // at the GemmTailStamp events into its kGemmTailStampWords words at stamps + CTA x
+  // kGemmTailStampWords (the GEMM CTAs 0 .. and the attention's after them; the last word is the
+  // CTA's kind); null: none.
+  unsigned long long* stamps = nullptr;
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
+inline constexpr int kGemmTailStampWords = 8;
+// GemmTailAttention::stamps' words. A GEMM CTA writes Start, PdlDone and End; an attention CTA
+// every one: PdlDone, Counted (every GEMM CTA has counted in), Scores (its q and K in, the scores'
+// maximum known), Partial (its warps' partials merged), Merged (the head's splits merged: the
+// cluster's barrier passed, or the L2 merge's count-in), End (its output stored).
+enum GemmTailStamp : int {
+  kTailStampStart = 0,
+  kTailStampPdlDone = 1,
+  kTailStampCounted = 2,
+  kTailStampScores = 3,
+  kTailStampPartial = 4,
+  kTailStampMerged = 5,
+  kTailStampEnd = 6,
+  kTailStampKind = 7,  // 1: a GEMM CTA, 2: an attention CTA
+};
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
 // 2 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.

@@ -53,7 +53,16 @@ struct SkinnyTailArgs {
   // splits done. Each is zero again when the launch ends.
   int* counters = nullptr;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
+  unsigned long long* stamps = nullptr;  // GemmTailAttention::stamps
 };
+
+// Thread 0's %globaltimer as this CTA's GemmTailStamp `e` (GemmTailAttention::stamps), if any.
+__device__ __forceinline__ void TailStamp(unsigned long long* stamps, int e) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + e] = t;
+}
 
 template <typename T>
 struct SkinnyArgs {
@@ -357,6 +366,9 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   const int kv = (h / t.group) * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   fwd::PdlTrigger();  // the next kernel waits for this whole grid anyway
+  if (t.stamps != nullptr && threadIdx.x == 0) {
+    t.stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = 2;
+  }
   const int ctx = *t.context_len, newest = ctx - 1;
   const int tok0 = s * kGemmTailTokens + warp * kWarpTokens;
   uint2 kr[kWarpTokens], vr[kWarpTokens];
@@ -375,7 +387,9 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     }
   }
   fwd::PdlWait();
+  TailStamp(t.stamps, kTailStampPdlDone);
   TailWaitFor(t.counters, t.gemm_ctas);
+  TailStamp(t.stamps, kTailStampCounted);
   // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
   // CTA past it resets the counters), so the round trip overlaps the attention.
   const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
@@ -401,6 +415,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     sc[j] = tok0 + j < ctx ? d * t.scale_log2 : -INFINITY;
     m = fmaxf(m, sc[j]);
   }
+  TailStamp(t.stamps, kTailStampScores);
   float l = 0.0f;
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (m != -INFINITY) {
@@ -424,6 +439,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   }
   tail_o[warp][lane] = o;
   __syncthreads();
+  TailStamp(t.stamps, kTailStampPartial);
   // Thread d: dim d of the split's (unnormalised) output, and the split's max and sum.
   const int d = threadIdx.x;
   float ms = -INFINITY;
@@ -455,6 +471,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     }
     asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");  // release: tail_part
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");    // acquire: the peers'
+    TailStamp(t.stamps, kTailStampMerged);
     if (s == 0) {
       const auto at = [&](int j, int i) { return cluster.map_shared_rank(tail_part, j)[i]; };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
@@ -471,6 +488,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       part[D + 1] = ls;
     }
     if (TailCountIn(t.counters + 2 + h, t.splits, &tail_last)) {
+      TailStamp(t.stamps, kTailStampMerged);
       const auto at = [&](int j, int i) { return __ldcg(head + j * kSlot + i); };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
       if (threadIdx.x == 0) t.counters[2 + h] = 0;  // every split of the head has counted in
@@ -482,6 +500,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     t.counters[0] = 0;
     t.counters[1] = 0;
   }
+  TailStamp(t.stamps, kTailStampEnd);
 }
 
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first, folded
@@ -508,9 +527,13 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   static_assert(!kTail || M == 1);
   if constexpr (kTail) {
+    TailStamp(p.tail.stamps, kTailStampStart);
     if (static_cast<int>(blockIdx.x) >= p.tail.gemm_ctas) {
       SkinnyTailAttention<T>(p.tail);
       return;
+    }
+    if (p.tail.stamps != nullptr && threadIdx.x == 0) {
+      p.tail.stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = 1;
     }
   }
   using V = fwd::Vec16<T>;
@@ -574,6 +597,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   if (p.release_early) fwd::PdlTrigger();
   fwd::PdlWait();
   if (!p.release_early) fwd::PdlTrigger();
+  if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
   // With kLn every warp takes its part of the statistics; with kTail every warp counts in.
   if (!kLn && !kTail && !live) return;
   if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
@@ -674,7 +698,10 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
     SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
   }
-  if constexpr (kTail) SkinnyTailArrive(p.tail.counters);
+  if constexpr (kTail) {
+    SkinnyTailArrive(p.tail.counters);
+    TailStamp(p.tail.stamps, kTailStampEnd);
+  }
 }
 
 template <typename T>
@@ -809,6 +836,7 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->counters = static_cast<int*>(g.workspace);
   t->partials =
       reinterpret_cast<float*>(static_cast<char*>(g.workspace) + GemmTailCounterBytes(g.heads));
+  t->stamps = g.stamps;
   return absl::OkStatus();
 }
 

@@ -47,6 +47,10 @@ struct OpContext {
   // the model does not ask for the QKV GEMM's tail attention.
   void* tail_workspace = nullptr;
   size_t tail_workspace_bytes = 0;
+  // Benchmarks (mqabench --tail-timeline): layer tail_stamps_layer's tail launch writes
+  // GemmTailAttention::stamps here; null: none.
+  unsigned long long* tail_stamps = nullptr;
+  int tail_stamps_layer = -1;
   // CUDA: DecodeChainCuda's counters (kernels/decode_chain_cuda.h: DecodeChainWorkspaceBytes of
   // chain_slots, zeroed once); null: DecodeChain is Unimplemented.
   void* chain_workspace = nullptr;

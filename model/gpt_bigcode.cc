@@ -608,7 +608,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .scale = scale,
                 .workspace = ctx_.tail_workspace,
                 .workspace_bytes = ctx_.tail_workspace_bytes,
-                .cluster_merge = tail_cluster_merge_};
+                .cluster_merge = tail_cluster_merge_,
+                .stamps = l == ctx_.tail_stamps_layer ? ctx_.tail_stamps : nullptr};
       const absl::Status st = FusedLinear(ctx_, with_tail, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();

@@ -393,6 +393,13 @@ class GptBigCode {
   // The buffer as the last step left it (n_layer x the SM count x kDecodeChainTimelineWords words,
   // zero where no chain ran); empty when off.
   absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
+  // Benchmarks (mqabench --tail-timeline): layer `layer`'s QKV launch with the tail attention
+  // records GemmTailAttention::stamps (each step overwrites the last); -1: off. Drops captured
+  // graphs. FailedPrecondition on the CPU.
+  absl::Status set_tail_timeline(int layer);
+  // The stamps as the last step left them (kGemmTailStampWords words a CTA of the launch, zero
+  // past its grid); empty when off.
+  absl::StatusOr<std::vector<unsigned long long>> tail_timeline() const;
   // Benchmarks (mqabench --chain shares): the decode chains take per-SM shares of their rows
   // (DecodeChainTuning::sm_shares, a copy kept here; calibrated from decode_chain_timeline's
   // words by DecodeChainShareCalibrator); null: equal shares. Drops captured graphs.

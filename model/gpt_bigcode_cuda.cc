@@ -81,6 +81,7 @@ struct GptBigCode::CudaState {
   Tensor tail_workspace;   // GemmTailAttention's counters and partials
   Tensor chain_workspace;  // DecodeChainCuda's counters (two slots: consecutive layers)
   Tensor chain_timeline;   // set_decode_chain_timeline's buffer (empty: off)
+  Tensor tail_stamps;      // set_tail_timeline's buffer (empty: off)
   std::unique_ptr<DecodeChainSmShares> chain_shares;  // set_decode_chain_sm_shares' copy
   Tensor indices;  // device int32 staging of StepIndices
   // Host staging, two of each: the buffers of launch k + 1 are written while launch k's copies
@@ -315,6 +316,35 @@ absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timelin
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
   h.resize(cuda_->chain_timeline.nbytes() / sizeof(unsigned long long));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), cuda_->chain_timeline.raw(),
+                                  h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Room for a launch of kTailTimelineCtas CTAs (SantaCoder's QKV: 288 GEMM CTAs and 64 attention
+// CTAs).
+constexpr int64_t kTailTimelineCtas = 4096;
+
+absl::Status GptBigCode::set_tail_timeline(int layer) {
+  if (!cuda_) return absl::FailedPreconditionError("tail timeline: no CUDA model");
+  ClearCudaGraphs();
+  ctx_.tail_stamps = nullptr;
+  ctx_.tail_stamps_layer = -1;
+  cuda_->tail_stamps = Tensor();
+  if (layer < 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(cuda_->tail_stamps, Tensor::Empty({kTailTimelineCtas * kGemmTailStampWords * 2},
+                                                     DType::kI32, Device::kCuda));
+  CUDA_RETURN_IF_ERROR(cudaMemset(cuda_->tail_stamps.raw(), 0, cuda_->tail_stamps.nbytes()));
+  ctx_.tail_stamps = static_cast<unsigned long long*>(cuda_->tail_stamps.raw());
+  ctx_.tail_stamps_layer = layer;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<unsigned long long>> GptBigCode::tail_timeline() const {
+  std::vector<unsigned long long> h;
+  if (!cuda_ || ctx_.tail_stamps == nullptr) return h;
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
+  h.resize(cuda_->tail_stamps.nbytes() / sizeof(unsigned long long));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), cuda_->tail_stamps.raw(),
                                   h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   return h;
 }
@@ -833,6 +863,12 @@ absl::Status GptBigCode::set_decode_chain_timeline(bool) {
   return absl::FailedPreconditionError("mqaserve was built without CUDA");
 }
 absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timeline() const {
+  return std::vector<unsigned long long>();
+}
+absl::Status GptBigCode::set_tail_timeline(int) {
+  return absl::FailedPreconditionError("mqaserve was built without CUDA");
+}
+absl::StatusOr<std::vector<unsigned long long>> GptBigCode::tail_timeline() const {
   return std::vector<unsigned long long>();
 }
 int GptBigCode::num_cuda_graphs() const { return 0; }

@@ -69,6 +69,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, const char* const* argv) {
       ASSIGN_OR_RETURN(f.chain, value());
     } else if (a == "--chain-timeline") {
       ASSIGN_OR_RETURN(f.chain_timeline, value());
+    } else if (a == "--tail-timeline") {
+      RETURN_IF_ERROR(as_int(&f.tail_timeline));
     } else if (a == "--verify-tokens") {
       RETURN_IF_ERROR(as_int(&f.verify_tokens));
     } else if (a == "--graph-query") {
@@ -344,6 +346,12 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
   }
   if (!f.kernel_trace.empty() && (f.async != "off" || f.engine != "off")) {
     return absl::InvalidArgumentError("--kernel-trace runs with --async off and --engine off only");
+  }
+  if (f.tail_timeline < -1) {
+    return absl::InvalidArgumentError("--tail-timeline: a layer, 0 .. n_layer - 1");
+  }
+  if (f.tail_timeline >= 0 && f.engine != "off") {
+    return absl::InvalidArgumentError("--tail-timeline runs with --engine off only");
   }
   LatencyPlan plan;
   if (!f.chain_timeline.empty()) {

@@ -30,6 +30,7 @@ struct Flags {
   std::string engine = "off";
   std::string chain = "auto";
   std::string chain_timeline;  // comma list of layers (empty: off)
+  int tail_timeline = -1;  // a layer whose QKV launch with the tail attention is timed (-1: off)
   std::string kernel_trace;    // CSV path prefix (empty: off)
   std::string attn =
       "18";  // comma list of PagedAttentionTuning variants (18: the runner's default)

@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "benchmarks/chain_timeline.h"
@@ -25,6 +26,51 @@
 
 namespace mqa::bench {
 namespace {
+
+// --tail-timeline: the last decode step's QKV launch with the tail attention in `layer`
+// (GemmTailAttention::stamps): each event's min / median / max over the GEMM CTAs and over the
+// attention CTAs, in us from the launch's first CTA start.
+absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
+  ASSIGN_OR_RETURN(const std::vector<unsigned long long> w, model.tail_timeline());
+  const int ctas = static_cast<int>(w.size() / kGemmTailStampWords);
+  unsigned long long t0 = 0;
+  int counts[3] = {0, 0, 0};
+  for (int c = 0; c < ctas; ++c) {
+    const unsigned long long* s = &w[static_cast<size_t>(c) * kGemmTailStampWords];
+    if (s[kTailStampKind] != 1 && s[kTailStampKind] != 2) continue;
+    ++counts[s[kTailStampKind]];
+    if (s[kTailStampStart] != 0 && (t0 == 0 || s[kTailStampStart] < t0)) t0 = s[kTailStampStart];
+  }
+  if (counts[1] + counts[2] == 0) {
+    std::printf("  tail timeline of layer %d: no tail attention recorded\n", layer);
+    return absl::OkStatus();
+  }
+  std::printf(
+      "  tail timeline of layer %d (last decode step; %d GEMM CTAs, %d attention CTAs): us from "
+      "the launch's first CTA start, min / median / max\n",
+      layer, counts[1], counts[2]);
+  static const char* const kNames[] = {"start",  "PDL wait done", "GEMMs counted in",
+                                       "scores", "warps merged",  "splits merged",
+                                       "end"};
+  for (int kind = 1; kind <= 2; ++kind) {
+    std::string line = kind == 1 ? "    GEMM CTAs:     " : "    attention CTAs:";
+    for (int e = kTailStampStart; e <= kTailStampEnd; ++e) {
+      std::vector<double> us;
+      for (int c = 0; c < ctas; ++c) {
+        const unsigned long long* s = &w[static_cast<size_t>(c) * kGemmTailStampWords];
+        if (s[kTailStampKind] == static_cast<unsigned long long>(kind) && s[e] >= t0 && s[e] != 0) {
+          us.push_back(static_cast<double>(s[e] - t0) * 1e-3);
+        }
+      }
+      if (us.empty()) continue;
+      const auto [lo, hi] = std::minmax_element(us.begin(), us.end());
+      absl::StrAppend(&line, " ", kNames[e], " ",
+                      absl::StrFormat("%.2f %.2f %.2f", *lo, Median(us), *hi), ";");
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  return absl::OkStatus();
+}
 
 // --chain-timeline: the last decode step's chains of `layers`, each beside where the previous
 // layer's chain ended (what lies between them: the attention, or with the attention inside, the
@@ -174,6 +220,10 @@ absl::Status Latency(const Flags& f) {
           absl::StrCat("--chain-timeline ", f.chain_timeline, ": layers 1 .. n_layer - 1"));
     }
   }
+  if (f.tail_timeline >= s.config.n_layer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tail-timeline ", f.tail_timeline, ": layers 0 .. n_layer - 1"));
+  }
   const std::vector<int>& timeline_layers = plan.timeline_layers;
   std::mt19937 rng(f.seed + 1);
   absl::Status first_failure;  // returned after every row ran
@@ -249,6 +299,7 @@ absl::Status Latency(const Flags& f) {
     if (!timeline_layers.empty()) {
       RETURN_IF_ERROR(r.model().set_decode_chain_timeline(chain != "off"));
     }
+    if (f.tail_timeline >= 0) RETURN_IF_ERROR(r.model().set_tail_timeline(f.tail_timeline));
     r.model().set_skip_ops(skip.second);
     // Skipped ops leave garbage logits: keep the fed tokens valid ids.
     auto valid_ids = [&, bits = skip.second](std::vector<int32_t>& ids) {
@@ -456,6 +507,7 @@ absl::Status Latency(const Flags& f) {
       RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers,
                                                r.model().last_decode_chain_had_attention()));
     }
+    if (f.tail_timeline >= 0) RETURN_IF_ERROR(PrintTailTimeline(r.model(), f.tail_timeline));
     if (!f.kernel_trace.empty()) {
       if (tracing) {
         trace_status = tracer.Finish(absl::StrCat(f.kernel_trace, "-row", row_index),

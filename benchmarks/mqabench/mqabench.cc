@@ -9,6 +9,7 @@
 //       [--attn-splits 0[,1...]]
 //       [--attn-tn 0[,32,64]]
 //       [--skip none,attn,...] [--chain auto|off|on|both|LIST] [--chain-timeline L[,L...]]
+//       [--tail-timeline L]
 //       [--kernel-trace PREFIX] [--verify-tokens K] [--graph-query Q] [--speculative K]
 //     --gemm: also a comma-separated list of skinny, skinny1, skinny4, cublaslt, splitk (split-K
 //     skinny kernel, m <= 8), tc (tensor-core weight-streaming kernel, 8 < m <= 64), tma (skinnyd
@@ -96,6 +97,10 @@
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
 //     ended: what a layer costs between its chains (the attention, the kernel handover).
+//     --tail-timeline L: layer L's QKV launch with the tail attention (SantaCoder b1) records when
+//     its CTAs start, pass the PDL wait, see every GEMM CTA counted in, have their scores, merge
+//     their warps and their head's splits, and end (GemmTailAttention::stamps); printed after each
+//     row for the last decode step (min / median / max over the GEMM CTAs and the attention CTAs).
 //     --kernel-trace PREFIX: after a row's timed iterations, one more, untimed, with every kernel
 //     traced through CUPTI (kernel_trace.h): the prefill's and the decode steps' kernels grouped by
 //     name and grid, each group's time beyond the kernels before it ("exposed") and the idle gaps

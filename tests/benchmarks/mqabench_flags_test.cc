@@ -191,6 +191,10 @@ TEST(MqabenchFlags, IntegerListsAreChecked) {
   ExpectRefused(Plan({"latency", "--attn-tn", "48"}).status(), "--attn-tn");
   ExpectRefused(Plan({"latency", "--attn-splits", "-1"}).status(), "--attn-splits");
   ExpectRefused(Plan({"latency", "--chain-timeline", "0"}).status(), "--chain-timeline");
+  ExpectRefused(Plan({"latency", "--tail-timeline", "-2"}).status(), "--tail-timeline");
+  ExpectRefused(Plan({"latency", "--tail-timeline", "3", "--engine", "on"}).status(),
+                "--tail-timeline");
+  EXPECT_TRUE(Plan({"latency", "--tail-timeline", "3"}).ok());
   ExpectRefused(Plan({"latency", "--fast", "pdl,turbo"}).status(), "--fast");
   ExpectRefused(Plan({"latency", "--verify-tokens", "16"}).status(), "--verify-tokens");
   ExpectRefused(Plan({"latency", "--kernel-trace", "x", "--engine", "on"}).status(),
