@@ -8,10 +8,11 @@
 # call is stopped at its limit, so the rows that matter most come first); the logs and trace CSVs
 # are packed into $OUT/logs.tgz at the end (the device tool returns only a few files a call).
 # Never `wait` without a pid here: it would also wait for the console's tee.
-# Written 2026-12-07 ~08:20 UTC (NOTES version 55). Next: main's (fe913d3's) first run on an
-# H200 — no experiment: `rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash
-# scripts/gpu-bundle.sh`, carry ["gpu-bundle"], the full call (~6 minutes; MQA_CALL_FULL=0: the
-# timeline and the --autotune rows only; MQA_CALL_MIN=1 matters only with experiments). What it runs:
+# Written 2026-12-07 ~09:45 UTC (NOTES version 56). Next: main's first run on an H200 (fe913d3's
+# K / V copies before the wait and 85324df's evict_first weights have run only on H100s) — no
+# experiment: `rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash scripts/gpu-bundle.sh`, carry
+# ["gpu-bundle"], the full call (~6 minutes; MQA_CALL_FULL=0: the timeline and the --autotune rows
+# only; MQA_CALL_MIN=1 matters only with experiments). What it runs:
 #  0. With gpu-bundle-ab (scripts/gpu-bundle-ab.sh COMMIT...): each experiment's library beside
 #     HEAD's (and HEAD's with the `knobs` rows below), StarCoder b1 in separate processes, `rounds`
 #     rounds (six: on the H200 of 2026-12-07 single rounds scattered by +-0.3%, three were not
@@ -24,8 +25,8 @@
 #  2. StarCoder b1: the chain's defaults beside `hq2` and `na`; mqabench's own loop with `--async
 #     both` (never timed on an H200, where the loop's host share is 0.5%); through the engine with
 #     and without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
-#  3. SantaCoder b1 with `--engine off,on,la,on,la`, `--chain auto,on,auto,on` and its kernel
-#     trace; StarCoder b32 512 / 128.
+#  3. SantaCoder b1 with `--engine off,on,la,on,la`, `--chain auto,on,auto,on`, its kernel
+#     trace and its tail attention's timeline (layer 10); StarCoder b32 512 / 128.
 #  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
 #     na and mqa_block_bench.
 set -u
@@ -135,6 +136,8 @@ bench sc 90 latency --model configs/santacoder $m1 --num-iters 5 --engine off,on
 bench scc 90 latency --model configs/santacoder $m1 --num-iters 3 --chain auto,on,auto,on
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --kernel-trace $logs/sc > $logs/sctrace.log 2>&1
 echo "sc trace rc=$?"; grep -v "^#" $logs/sctrace.log | head -60 | cut -c1-200
+timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --tail-timeline 10 > $logs/sctail.log 2>&1
+echo "sc tail timeline rc=$?"; grep -A2 "tail timeline" $logs/sctail.log | cut -c1-400
 bench st32 150 latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 \
   --load-format dummy --num-iters 2
 date -u
