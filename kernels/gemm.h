@@ -51,9 +51,9 @@ struct GemmTailAttention {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // The splits of a head (2 to kGemmTailMaxClusterSplits of them) as one thread-block cluster:
-  // each keeps its partial in shared memory and, after a cluster barrier, the first merges them
-  // through distributed shared memory, instead of the partials going through L2 and the last
-  // split to count in (an atomic round trip) merging. The launch's GEMM CTAs are padded to a
+  // the others push their partials into the first's shared memory (st.async, completing bytes on
+  // its mbarrier) and the first merges them, instead of the partials going through L2 and the
+  // last split to count in (an atomic round trip) merging. The launch's GEMM CTAs are padded to a
   // multiple of the splits (the clusters tile the grid). Elsewhere (one split, more than 8) the
   // L2 merge.
   bool cluster_merge = false;
@@ -67,8 +67,9 @@ inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster siz
 inline constexpr int kGemmTailStampWords = 8;
 // GemmTailAttention::stamps' words. A GEMM CTA writes Start, PdlDone and End; an attention CTA
 // every one: PdlDone, Counted (every GEMM CTA has counted in), Scores (its q and K in, the scores'
-// maximum known), Partial (its warps' partials merged), Merged (the head's splits merged: the
-// cluster's barrier passed, or the L2 merge's count-in), End (its output stored).
+// maximum known), Partial (its warps' partials merged), Merged (the cluster merge: the first
+// split's peers' partials arrived, or a peer's pushed; the L2 merge: the count-in of the last
+// split), End (its output stored).
 enum GemmTailStamp : int {
   kTailStampStart = 0,
   kTailStampPdlDone = 1,
