@@ -310,14 +310,23 @@ absl::Status GptBigCode::set_decode_chain_timeline(bool on) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timeline() const {
-  std::vector<unsigned long long> h;
-  if (!cuda_ || ctx_.chain_timeline == nullptr) return h;
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
-  h.resize(cuda_->chain_timeline.nbytes() / sizeof(unsigned long long));
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), cuda_->chain_timeline.raw(),
-                                  h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+namespace {
+
+// A timeline buffer's words once the stream's work is done.
+absl::StatusOr<std::vector<unsigned long long>> DownloadWords(const Tensor& t,
+                                                              cudaStream_t stream) {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::vector<unsigned long long> h(t.nbytes() / sizeof(unsigned long long));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(h.data(), t.raw(), h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   return h;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timeline() const {
+  if (!cuda_ || ctx_.chain_timeline == nullptr) return std::vector<unsigned long long>();
+  return DownloadWords(cuda_->chain_timeline, cuda_->stream);
 }
 
 // Room for a launch of kTailTimelineCtas CTAs (SantaCoder's QKV: 288 GEMM CTAs and 64 attention
@@ -340,13 +349,8 @@ absl::Status GptBigCode::set_tail_timeline(int layer) {
 }
 
 absl::StatusOr<std::vector<unsigned long long>> GptBigCode::tail_timeline() const {
-  std::vector<unsigned long long> h;
-  if (!cuda_ || ctx_.tail_stamps == nullptr) return h;
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda_->stream));
-  h.resize(cuda_->tail_stamps.nbytes() / sizeof(unsigned long long));
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), cuda_->tail_stamps.raw(),
-                                  h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  return h;
+  if (!cuda_ || ctx_.tail_stamps == nullptr) return std::vector<unsigned long long>();
+  return DownloadWords(cuda_->tail_stamps, cuda_->stream);
 }
 
 void GptBigCode::set_gemm_kernels(bool split_k, int stream_tc, bool deep_unroll, int half_fold) {
