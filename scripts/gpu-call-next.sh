@@ -26,7 +26,9 @@
 #     both` (never timed on an H200, where the loop's host share is 0.5%); through the engine with
 #     and without decode lookahead (`--engine on,la`); the layer-10 and 30 timelines.
 #  3. SantaCoder b1 with `--engine off,on,la,on,la`, `--chain auto,on,auto,on`, its kernel
-#     trace and its tail attention's timeline (layer 10); StarCoder b32 512 / 128.
+#     trace and its tail attention's timeline (layer 10); the default beside `--gemm skinnydo`
+#     (the occupancy instantiations: -0.4% in one process on an H100 after 85324df) in separate
+#     processes, six rounds; StarCoder b32 512 / 128.
 #  4. Every GPU test (gemm_cuda_test in the background), the script test, 512 / 128 auto beside
 #     na and mqa_block_bench.
 set -u
@@ -138,6 +140,7 @@ timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 
 echo "sc trace rc=$?"; grep -v "^#" $logs/sctrace.log | head -60 | cut -c1-200
 timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --tail-timeline 10 > $logs/sctail.log 2>&1
 echo "sc tail timeline rc=$?"; grep -A2 "tail timeline" $logs/sctail.log | cut -c1-400
+for r in $(seq 6); do scrow sc_occ0_$r $b; scrow sc_occ1_$r $b --gemm skinnydo; done
 bench st32 150 latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 \
   --load-format dummy --num-iters 2
 date -u
