@@ -1162,8 +1162,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp == kConsumerWarps) {  // the producer: weights only, so before the PDL wait too
     if (lane == 0) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+      const uint64_t policy = tma::EvictFirstPolicy();
       const int stage_bytes = a.stage_bytes;
       const int slot_bytes = a.slot_bytes;
       int s = 0;

@@ -12,6 +12,7 @@
 #include "kernels/device_info.h"
 #include "kernels/forward_cuda_common.cuh"
 #include "kernels/gemm_cuda.h"
+#include "kernels/tma.cuh"
 #include "runtime/cuda_check.h"
 
 namespace mqa {
@@ -64,6 +65,12 @@ __device__ __forceinline__ void TailStamp(unsigned long long* stamps, int e) {
   stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + e] = t;
 }
 
+// This CTA's kind (kTailStampKind: 1 a GEMM CTA, 2 an attention CTA), if stamps are kept.
+__device__ __forceinline__ void TailStampKind(unsigned long long* stamps, unsigned kind) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = kind;
+}
+
 template <typename T>
 struct SkinnyArgs {
   const T* a = nullptr;
@@ -103,13 +110,7 @@ struct SkinnyArgs {
 // The weights' L2 eviction priority (SkinnyOptions::evict_first): an opaque policy for the
 // .L2::cache_hint loads below.
 __device__ __forceinline__ uint64_t WeightPolicy(bool evict_first) {
-  uint64_t policy;
-  if (evict_first) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-  }
-  return policy;
+  return evict_first ? tma::EvictFirstPolicy() : tma::EvictNormalPolicy();
 }
 
 // 16 bytes of a weight row with the L2 priority `policy` (not volatile: the compiler schedules
@@ -366,9 +367,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   const int kv = (h / t.group) * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   fwd::PdlTrigger();  // the next kernel waits for this whole grid anyway
-  if (t.stamps != nullptr && threadIdx.x == 0) {
-    t.stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = 2;
-  }
+  TailStampKind(t.stamps, 2);
   const int ctx = *t.context_len, newest = ctx - 1;
   const int tok0 = s * kGemmTailTokens + warp * kWarpTokens;
   // The cluster merge: rank 0's barrier for its peers' partials (pushed into tail_in by st.async,
@@ -379,11 +378,9 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   const uint32_t bar = fwd::SmemAddr(&tail_bar);
   if (t.cluster > 0) {
     if (s == 0 && threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                   "r"((t.splits - 1) * (D + 2) * 4)
-                   : "memory");
+      tma::MbarInit(bar, 1);
+      tma::FenceMbarInit();
+      tma::MbarArriveExpectTx(bar, static_cast<uint32_t>((t.splits - 1) * (D + 2) * 4));
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   }
@@ -504,14 +501,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       }
       TailStamp(t.stamps, kTailStampMerged);
     } else {
-      asm volatile(
-          "{\n"
-          ".reg .pred done;\n"
-          "WAIT:\n"
-          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
-          "@!done bra WAIT;\n"
-          "}\n" ::"r"(bar)
-          : "memory");
+      tma::MbarWaitCluster(bar, 0);
       TailStamp(t.stamps, kTailStampMerged);
       const auto at = [&](int j, int i) {
         return j > 0 ? tail_in[j][i] : i == D ? ms : i == D + 1 ? ls : os;
@@ -572,9 +562,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       SkinnyTailAttention<T>(p.tail);
       return;
     }
-    if (p.tail.stamps != nullptr && threadIdx.x == 0) {
-      p.tail.stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = 1;
-    }
+    TailStampKind(p.tail.stamps, 1);
   }
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;

@@ -47,6 +47,20 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// MbarWait with cluster-scope acquire: for bytes other CTAs of the cluster completed on the
+// barrier (st.async), so that their stores are visible once the phase has completed.
+__device__ __forceinline__ void MbarWaitCluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
 // Whether the barrier's phase with this parity has completed, without waiting (test_wait: never
 // suspends the thread, unlike try_wait).
 __device__ __forceinline__ bool MbarTest(uint32_t bar, uint32_t parity) {
@@ -86,7 +100,8 @@ __device__ __forceinline__ void Load2dHint(uint32_t dst, const CUtensorMap* map,
       : "memory");
 }
 
-// L2 policies for Load2dHint: data read once (streamed weights) and data every CTA reads again.
+// L2 policies for Load2dHint and the .L2::cache_hint loads: data read once (streamed weights),
+// data every CTA reads again, and the default priority.
 __device__ __forceinline__ uint64_t EvictFirstPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -95,6 +110,11 @@ __device__ __forceinline__ uint64_t EvictFirstPolicy() {
 __device__ __forceinline__ uint64_t EvictLastPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t EvictNormalPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
 
