@@ -291,26 +291,14 @@ void GptBigCode::set_decode_chain_sm_shares(const DecodeChainSmShares* shares) {
   ClearCudaGraphs();
 }
 
-absl::Status GptBigCode::set_decode_chain_timeline(bool on) {
-  if (!cuda_) return absl::FailedPreconditionError("decode chain timeline: no CUDA model");
-  ClearCudaGraphs();
-  ctx_.chain_timeline = nullptr;
-  ctx_.chain_timelines = 0;
-  cuda_->chain_timeline = Tensor();
-  if (!on) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
-  const size_t stride = DecodeChainTimelineWords(sms);
-  const int layers = static_cast<int>(w_.config.n_layer);
-  ASSIGN_OR_RETURN(cuda_->chain_timeline, Tensor::Empty({static_cast<int64_t>(stride * layers * 2)},
-                                                        DType::kI32, Device::kCuda));
-  CUDA_RETURN_IF_ERROR(cudaMemset(cuda_->chain_timeline.raw(), 0, cuda_->chain_timeline.nbytes()));
-  ctx_.chain_timeline = static_cast<unsigned long long*>(cuda_->chain_timeline.raw());
-  ctx_.chain_timeline_stride = stride;
-  ctx_.chain_timelines = layers;
-  return absl::OkStatus();
-}
-
 namespace {
+
+// A timeline buffer of `words` 64-bit words on the device, zeroed.
+absl::StatusOr<Tensor> ZeroedWords(int64_t words) {
+  ASSIGN_OR_RETURN(Tensor t, Tensor::Empty({words * 2}, DType::kI32, Device::kCuda));
+  CUDA_RETURN_IF_ERROR(cudaMemset(t.raw(), 0, t.nbytes()));
+  return t;
+}
 
 // A timeline buffer's words once the stream's work is done.
 absl::StatusOr<std::vector<unsigned long long>> DownloadWords(const Tensor& t,
@@ -323,6 +311,23 @@ absl::StatusOr<std::vector<unsigned long long>> DownloadWords(const Tensor& t,
 }
 
 }  // namespace
+
+absl::Status GptBigCode::set_decode_chain_timeline(bool on) {
+  if (!cuda_) return absl::FailedPreconditionError("decode chain timeline: no CUDA model");
+  ClearCudaGraphs();
+  ctx_.chain_timeline = nullptr;
+  ctx_.chain_timelines = 0;
+  cuda_->chain_timeline = Tensor();
+  if (!on) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+  const size_t stride = DecodeChainTimelineWords(sms);
+  const int layers = static_cast<int>(w_.config.n_layer);
+  ASSIGN_OR_RETURN(cuda_->chain_timeline, ZeroedWords(static_cast<int64_t>(stride * layers)));
+  ctx_.chain_timeline = static_cast<unsigned long long*>(cuda_->chain_timeline.raw());
+  ctx_.chain_timeline_stride = stride;
+  ctx_.chain_timelines = layers;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timeline() const {
   if (!cuda_ || ctx_.chain_timeline == nullptr) return std::vector<unsigned long long>();
@@ -340,9 +345,7 @@ absl::Status GptBigCode::set_tail_timeline(int layer) {
   ctx_.tail_stamps_layer = -1;
   cuda_->tail_stamps = Tensor();
   if (layer < 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(cuda_->tail_stamps, Tensor::Empty({kTailTimelineCtas * kGemmTailStampWords * 2},
-                                                     DType::kI32, Device::kCuda));
-  CUDA_RETURN_IF_ERROR(cudaMemset(cuda_->tail_stamps.raw(), 0, cuda_->tail_stamps.nbytes()));
+  ASSIGN_OR_RETURN(cuda_->tail_stamps, ZeroedWords(kTailTimelineCtas * kGemmTailStampWords));
   ctx_.tail_stamps = static_cast<unsigned long long*>(cuda_->tail_stamps.raw());
   ctx_.tail_stamps_layer = layer;
   return absl::OkStatus();
