@@ -64,21 +64,25 @@ struct GemmTailAttention {
   unsigned long long* stamps = nullptr;
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
-inline constexpr int kGemmTailStampWords = 8;
-// GemmTailAttention::stamps' words. A GEMM CTA writes Start, PdlDone and End; an attention CTA
-// every one: PdlDone, Counted (every GEMM CTA has counted in), Scores (its q and K in, the scores'
-// maximum known), Partial (its warps' partials merged), Merged (the cluster merge: the first
-// split's peers' partials arrived, or a peer's pushed; the L2 merge: the count-in of the last
-// split), End (its output stored).
+inline constexpr int kGemmTailStampWords = 16;
+// GemmTailAttention::stamps' words. A GEMM CTA writes Start, PdlDone, Dot (its warp 0's dot
+// products summed) and End; an attention CTA every other one: PdlDone, KvIn (its warp 0's cached K
+// / V rows in registers, waited for only when stamping), Counted (every GEMM CTA has counted in),
+// QIn (q and the newest k / v in), Scores (the scores' maximum known), Partial (its warps'
+// partials merged), Merged (the cluster merge: the first split's peers' partials arrived, or a
+// peer's pushed; the L2 merge: the count-in of the last split), End (its output stored).
 enum GemmTailStamp : int {
   kTailStampStart = 0,
   kTailStampPdlDone = 1,
-  kTailStampCounted = 2,
-  kTailStampScores = 3,
-  kTailStampPartial = 4,
-  kTailStampMerged = 5,
-  kTailStampEnd = 6,
-  kTailStampKind = 7,  // 1: a GEMM CTA, 2: an attention CTA
+  kTailStampDot = 2,
+  kTailStampKvIn = 3,
+  kTailStampCounted = 4,
+  kTailStampQIn = 5,
+  kTailStampScores = 6,
+  kTailStampPartial = 7,
+  kTailStampMerged = 8,
+  kTailStampEnd = 9,
+  kTailStampKind = 15,  // 1: a GEMM CTA, 2: an attention CTA
 };
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):

@@ -65,6 +65,15 @@ __device__ __forceinline__ void TailStamp(unsigned long long* stamps, int e) {
   stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + e] = t;
 }
 
+// TailStamp once `dep` is in thread 0's registers: the volatile shared store waits for it, and the
+// clock is read after the store (diagnostics only: callers pass a value of the loads they time).
+__device__ __forceinline__ void TailStampAfter(unsigned long long* stamps, int e, uint32_t dep) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  __shared__ uint32_t tail_sink;
+  *reinterpret_cast<volatile uint32_t*>(&tail_sink) = dep;
+  TailStamp(stamps, e);
+}
+
 // This CTA's kind (kTailStampKind: 1 a GEMM CTA, 2 an attention CTA), if stamps are kept.
 __device__ __forceinline__ void TailStampKind(unsigned long long* stamps, unsigned kind) {
   if (stamps == nullptr || threadIdx.x != 0) return;
@@ -401,6 +410,12 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   }
   fwd::PdlWait();
   TailStamp(t.stamps, kTailStampPdlDone);
+  if (t.stamps != nullptr) {
+    uint32_t in = 0;
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
+    TailStampAfter(t.stamps, kTailStampKvIn, in);
+  }
   TailWaitFor(t.counters, t.gemm_ctas);
   TailStamp(t.stamps, kTailStampCounted);
   // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
@@ -416,6 +431,12 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       kr[j] = __ldcg(reinterpret_cast<const uint2*>(t.k_new + kv + 4 * lane));
       vr[j] = __ldcg(reinterpret_cast<const uint2*>(t.v_new + kv + 4 * lane));
     }
+  }
+  if (t.stamps != nullptr) {
+    uint32_t in = __float_as_uint(q.x);
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
+    TailStampAfter(t.stamps, kTailStampQIn, in);
   }
   float sc[kWarpTokens];
   float m = -INFINITY;
@@ -704,6 +725,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       fma_group(bv, kk);
     }
     WarpSumAcc(acc);
+    if constexpr (kTail) TailStampAfter(p.tail.stamps, kTailStampDot, __float_as_uint(acc[0][0]));
   }
   if constexpr (kLn) {
     SkinnyLnPublish<M>(ln_sum, ln_sq, ln_part);

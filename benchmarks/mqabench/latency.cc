@@ -49,9 +49,9 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
       "  tail timeline of layer %d (last decode step; %d GEMM CTAs, %d attention CTAs): us from "
       "the launch's first CTA start, min / median / max\n",
       layer, counts[1], counts[2]);
-  static const char* const kNames[] = {"start",  "PDL wait done", "GEMMs counted in",
-                                       "scores", "warps merged",  "splits merged",
-                                       "end"};
+  static const char* const kNames[kTailStampEnd + 1] = {
+      "start", "PDL wait done", "dot done",     "K / V in",      "GEMMs counted in",
+      "q in",  "scores",        "warps merged", "splits merged", "end"};
   for (int kind = 1; kind <= 2; ++kind) {
     std::string line = kind == 1 ? "    GEMM CTAs:     " : "    attention CTAs:";
     for (int e = kTailStampStart; e <= kTailStampEnd; ++e) {

@@ -287,6 +287,59 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
   }
 }
 
+// GemmTailAttention::stamps (mqabench --tail-timeline) leaves the outputs as they are; every CTA
+// of the launch records its kind and its events, in order: a GEMM CTA start, PDL wait, dot
+// products (a CTA with columns), end; an attention CTA start, PDL wait, K / V in, count-in, q in,
+// scores, warps merged, end (the splits merged only where the head has several splits).
+TEST_P(GemmTailAttentionTest, StampsKeepOutputsAndComeInOrder) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  TailOperands op({16, 1, 2048, 16, 150, 256}, t, std::get<3>(GetParam()), rng_, stream_);
+  DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(16 * kGemmTailHeadDim * 2);
+  GemmParams p = op.p;
+  p.c = want_c.get();
+  ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const auto want_qkv = want_c.Download<uint16_t>();
+  constexpr int kMaxCtas = 1024;
+  DeviceMem stamps(int64_t{kMaxCtas} * kGemmTailStampWords * 8);
+  ASSERT_EQ(cudaMemset(stamps.get(), 0, int64_t{kMaxCtas} * kGemmTailStampWords * 8), cudaSuccess);
+  got_c.Poison();
+  out.Poison();
+  GemmEpilogue e = op.WithTail(out.get());
+  e.tail.stamps = stamps.get<unsigned long long>();
+  p.c = got_c.get();
+  ASSERT_TRUE(gemm->Run(p, e, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, "stamped"));
+  const auto w = stamps.Download<unsigned long long>();
+  int counts[3] = {0, 0, 0};
+  for (int cta = 0; cta < kMaxCtas; ++cta) {
+    const unsigned long long* s = &w[static_cast<size_t>(cta) * kGemmTailStampWords];
+    if (s[kTailStampKind] == 0) continue;
+    ASSERT_TRUE(s[kTailStampKind] == 1 || s[kTailStampKind] == 2) << "CTA " << cta;
+    const bool gemm_cta = s[kTailStampKind] == 1;
+    ++counts[s[kTailStampKind]];
+    std::vector<int> events = {kTailStampStart, kTailStampPdlDone};
+    if (gemm_cta) {
+      // A CTA that pads the grid to whole clusters has no columns: no dot products.
+      if (s[kTailStampDot] != 0) events.push_back(kTailStampDot);
+      events.push_back(kTailStampEnd);
+    } else {
+      events.insert(events.end(), {kTailStampKvIn, kTailStampCounted, kTailStampQIn,
+                                   kTailStampScores, kTailStampPartial, kTailStampEnd});
+    }
+    for (size_t i = 0; i < events.size(); ++i) {
+      EXPECT_NE(s[events[i]], 0u) << "CTA " << cta << " event " << events[i];
+      if (i > 0)
+        EXPECT_LE(s[events[i - 1]], s[events[i]]) << "CTA " << cta << " event " << events[i];
+    }
+  }
+  EXPECT_EQ(counts[2], 16 * op.splits());
+  EXPECT_GT(counts[1], 0);
+}
+
 // What the tail does not take is refused before anything runs (Unimplemented, or
 // InvalidArgument for a tail that cannot be meant), and C is left untouched.
 TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
