@@ -70,7 +70,8 @@ __device__ __forceinline__ void TailStamp(unsigned long long* stamps, int e) {
 __device__ __forceinline__ void TailStampAfter(unsigned long long* stamps, int e, uint32_t dep) {
   if (stamps == nullptr || threadIdx.x != 0) return;
   __shared__ uint32_t tail_sink;
-  *reinterpret_cast<volatile uint32_t*>(&tail_sink) = dep;
+  asm volatile("st.volatile.shared.u32 [%0], %1;\n" ::"r"(fwd::SmemAddr(&tail_sink)), "r"(dep)
+               : "memory");
   TailStamp(stamps, e);
 }
 
