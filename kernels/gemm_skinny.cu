@@ -418,7 +418,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     TailStampAfter(t.stamps, kTailStampKvIn, in);
   }
   TailWaitFor(t.counters, t.gemm_ctas);
-  TailStamp(t.stamps, kTailStampWordsIn);
+  TailStamp(t.stamps, kTailStampCounted);
   // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
   // CTA past it resets the counters), so the round trip overlaps the attention.
   const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
@@ -432,6 +432,12 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       kr[j] = __ldcg(reinterpret_cast<const uint2*>(t.k_new + kv + 4 * lane));
       vr[j] = __ldcg(reinterpret_cast<const uint2*>(t.v_new + kv + 4 * lane));
     }
+  }
+  if (t.stamps != nullptr) {
+    uint32_t in = __float_as_uint(q.x);
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
+    TailStampAfter(t.stamps, kTailStampQIn, in);
   }
   float sc[kWarpTokens];
   float m = -INFINITY;
