@@ -98,8 +98,9 @@
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain
 //     ended: what a layer costs between its chains (the attention, the kernel handover).
 //     --tail-timeline L: layer L's QKV launch with the tail attention (SantaCoder b1) records when
-//     its CTAs start, pass the PDL wait, see every GEMM CTA counted in, have their scores, merge
-//     their warps and their head's splits, and end (GemmTailAttention::stamps); printed after each
+//     its CTAs start, pass the PDL wait, have their dot products (GEMM) or their cached K / V
+//     (attention), see every GEMM CTA counted in, have q, their scores, merge their warps and
+//     their head's splits, and end (GemmTailAttention::stamps); printed after each
 //     row for the last decode step (min / median / max over the GEMM CTAs and the attention CTAs).
 //     --kernel-trace PREFIX: after a row's timed iterations, one more, untimed, with every kernel
 //     traced through CUPTI (kernel_trace.h): the prefill's and the decode steps' kernels grouped by
