@@ -25,19 +25,23 @@ x=/tmp/mqa-gpu-bundle-exp1
 rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $b/exp1/libmqa_kernels.so $x/lib/
 names=(ll base); vdirs=($b $x)
 vrun() { local i=$1; shift; LD_LIBRARY_PATH="${vdirs[$i]}/lib:$LD_LIBRARY_PATH" "$@"; }
+vrows() {  # MODEL ITERS ROUNDS PREFIX: MODEL b1 128 / 128 with each variant, in rotation
+  local model=$1 iters=$2 rounds=$3 prefix=$4 r i d n
+  for r in $(seq $rounds); do
+    for i in 0 1; do
+      d=${vdirs[$i]}; n=${names[$i]}
+      vrun $i timeout 60 $d/bin/mqabench latency --model configs/$model $m1 --num-iters $iters > $logs/${prefix}_${n}_$r.log 2>&1
+      echo "${prefix}_${n}_$r rc=$? $(grep -E 'Avg latency|decode step' $logs/${prefix}_${n}_$r.log | cut -c1-100 | tr '\n' ' ')"
+    done
+  done
+}
 # 1. HEAD's tail test first
 for t in gemm_tail_attention_test; do
   timeout 150 $b/tests/$t > $logs/$t.log 2>&1
   echo "$t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]|^\[  FAILED  \] ' $logs/$t.log | head -12 | tr '\n' ' ')"
 done
 # 2. SantaCoder b1 in rotation, separate processes, six rounds; then HF parity
-for r in $(seq 6); do
-  for i in 0 1; do
-    d=${vdirs[$i]}; n=${names[$i]}
-    vrun $i timeout 40 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 > $logs/sc_${n}_$r.log 2>&1
-    echo "sc_${n}_$r rc=$? $(grep -E 'Avg latency|decode step' $logs/sc_${n}_$r.log | cut -c1-100 | tr '\n' ' ')"
-  done
-done
+vrows santacoder 5 6 sc
 date -u
 finish
 timeout 150 $b/tests/model_hf_parity_cuda_test > $logs/hf.log 2>&1
@@ -69,13 +73,7 @@ done < $b/scripts.txt
 wait $gp; cat $logs/gemm.rc; grep -E '^\[  PASSED|^\[  FAILED' $logs/gemm_cuda_test.log
 finish
 # 5. StarCoder b1 beside the baseline, and b32
-for r in 1 2; do
-  for i in 0 1; do
-    d=${vdirs[$i]}; n=${names[$i]}
-    vrun $i timeout 60 $d/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 > $logs/st_${n}_$r.log 2>&1
-    echo "st_${n}_$r rc=$? $(grep -E 'Avg latency|decode step' $logs/st_${n}_$r.log | cut -c1-100 | tr '\n' ' ')"
-  done
-done
+vrows starcoder 2 2 st
 timeout 150 $b/bin/mqabench latency --model configs/starcoder --batch-size 32 --input-len 512 --output-len 128 --load-format dummy --num-iters 2 > $logs/st32.log 2>&1
 echo "st32 rc=$? $(grep -E 'Avg latency|decode step' $logs/st32.log | tr '\n' ' ')"
 finish
