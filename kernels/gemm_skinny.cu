@@ -409,14 +409,17 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       vr[j] = *reinterpret_cast<const uint2*>(t.value_cache + off);
     }
   }
-  fwd::PdlWait();
-  TailStamp(t.stamps, kTailStampPdlDone);
-  if (t.stamps != nullptr) {
+  // Diagnostics: a value of every K / V row this lane holds, for TailStampAfter to wait on (called
+  // only when stamping: elsewhere nothing waits for the rows before the scores).
+  const auto rows_in = [&] {
     uint32_t in = 0;
 #pragma unroll
     for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
-    TailStampAfter(t.stamps, kTailStampKvIn, in);
-  }
+    return in;
+  };
+  fwd::PdlWait();
+  TailStamp(t.stamps, kTailStampPdlDone);
+  if (t.stamps != nullptr) TailStampAfter(t.stamps, kTailStampKvIn, rows_in());
   TailWaitFor(t.counters, t.gemm_ctas);
   TailStamp(t.stamps, kTailStampCounted);
   // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
@@ -433,12 +436,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       vr[j] = __ldcg(reinterpret_cast<const uint2*>(t.v_new + kv + 4 * lane));
     }
   }
-  if (t.stamps != nullptr) {
-    uint32_t in = __float_as_uint(q.x);
-#pragma unroll
-    for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
-    TailStampAfter(t.stamps, kTailStampQIn, in);
-  }
+  if (t.stamps != nullptr) TailStampAfter(t.stamps, kTailStampQIn, rows_in() ^ __float_as_uint(q.x));
   float sc[kWarpTokens];
   float m = -INFINITY;
 #pragma unroll

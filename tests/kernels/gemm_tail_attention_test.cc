@@ -303,8 +303,9 @@ TEST_P(GemmTailAttentionTest, StampsKeepOutputsAndComeInOrder) {
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   const auto want_qkv = want_c.Download<uint16_t>();
   constexpr int kMaxCtas = 1024;
-  DeviceMem stamps(int64_t{kMaxCtas} * kGemmTailStampWords * 8);
-  ASSERT_EQ(cudaMemset(stamps.get(), 0, int64_t{kMaxCtas} * kGemmTailStampWords * 8), cudaSuccess);
+  constexpr int64_t kStampBytes = int64_t{kMaxCtas} * kGemmTailStampWords * 8;
+  DeviceMem stamps(kStampBytes);
+  ASSERT_EQ(cudaMemset(stamps.get(), 0, kStampBytes), cudaSuccess);
   got_c.Poison();
   out.Poison();
   GemmEpilogue e = op.WithTail(out.get());
