@@ -32,66 +32,75 @@ struct GemmParams {
 // LinearFusion::tail; the CUDA skinny kernel only): after the GEMM's CTAs have written the
 // step's q / k / v row (and, with the fused KV-cache write, the cache), heads x splits extra CTAs
 // each attend one query head over one split of kGemmTailTokens cached positions (their rows
-// loaded before the GEMM finishes) and the last split of a head to arrive merges the head's
-// partials into `output`. Query head h is C's columns [h D, (h + 1) D); its KV head h / (heads /
-// kv_heads) is the fused write's columns (GemmEpilogue::kv_col0 / kv_width) and cache rows. Exact
-// softmax attention as PagedAttention computes it, in fp32, rounded once.
+// loaded before the GEMM finishes; q and the newest k / v handed over as flagged LL words, which
+// the GEMM writes beside C) and a head's splits merge their partials into `output`. Query head h is
+// C's columns [h D, (h + 1) D); its KV head h / (heads / kv_heads) is the fused write's columns
+// (GemmEpilogue::kv_col0 / kv_width) and cache rows. Exact softmax attention as PagedAttention
+// computes it, in fp32, rounded once.
 inline constexpr int kGemmTailTokens = 64;    // cached positions a split
 inline constexpr int kGemmTailHeadDim = 128;  // the one head_dim it takes
 inline constexpr int kGemmTailMaxCtas = 128;  // heads x splits at most (< any H100/H200's SMs)
 struct GemmTailAttention {
   void* output = nullptr;  // [heads D] of C's dtype: the attention's output row; null: no tail
-  const int32_t* block_table = nullptr;  // device: the sequence's block ids
+  // Device: the sequence's block ids, ceil(max_context / block_size) entries at least (all read;
+  // those past the context are not used).
+  const int32_t* block_table = nullptr;
   const int32_t* context_len = nullptr;  // device, one value: positions attended (the new one too)
   int heads = 0, kv_heads = 0, head_dim = 0, block_size = 0;
   int max_context = 0;  // bound on *context_len (a graph's bucket): ceil(/ kGemmTailTokens) splits
   float scale = 1.0f;
-  // Counters and partials (GemmTailAttentionWorkspaceBytes): zeroed once before the first use;
-  // each launch leaves them zeroed.
+  // Counters, LL words and partials (GemmTailAttentionWorkspaceBytes): zeroed once before the
+  // first use; each launch leaves its counts zeroed and the epoch of the LL words' flag advanced,
+  // so launches on one workspace must be stream-ordered (as a model's layers are).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // The splits of a head (2 to kGemmTailMaxClusterSplits of them) as one thread-block cluster:
   // the others push their partials into the first's shared memory (st.async, completing bytes on
   // its mbarrier) and the first merges them, instead of the partials going through L2 and the
   // last split to count in (an atomic round trip) merging. The launch's GEMM CTAs are padded to a
-  // multiple of the splits (the clusters tile the grid). Elsewhere (one split, more than 8) the
-  // L2 merge.
+  // multiple of the splits (the clusters tile the grid, the attention's CTAs first). Elsewhere (one
+  // split, more than 8) the L2 merge.
   bool cluster_merge = false;
   // Diagnostics (mqabench --tail-timeline): thread 0 of every CTA of the launch writes %globaltimer
   // at the GemmTailStamp events into its kGemmTailStampWords words at stamps + CTA x
-  // kGemmTailStampWords (the GEMM CTAs 0 .. and the attention's after them; the last word is the
-  // CTA's kind); null: none.
+  // kGemmTailStampWords (the attention's CTAs 0 .. and the GEMM's after them; the last word is
+  // the CTA's kind); null: none.
   unsigned long long* stamps = nullptr;
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
 inline constexpr int kGemmTailStampWords = 16;
 // GemmTailAttention::stamps' words. A GEMM CTA writes Start, PdlDone, Dot (its warp 0's dot
 // products summed) and End; an attention CTA every other one: PdlDone, KvIn (its warp 0's cached K
-// / V rows in registers, waited for only when stamping), Counted (every GEMM CTA has counted in),
-// QIn (q and the newest k / v in), Scores (the scores' maximum known), Partial (its warps'
-// partials merged), Merged (the cluster merge: the first split's peers' partials arrived, or a
-// peer's pushed; the L2 merge: the count-in of the last split), End (its output stored).
+// / V rows in registers, waited for only when stamping), WordsIn (its warp 0's LL words of q and
+// the newest k / v all flagged), Scores (the scores' maximum known), Partial (its warps' partials
+// merged), Merged (the cluster merge: the first split's peers' partials arrived, or a peer's
+// pushed; the L2 merge: the count-in of the last split), End (its output stored).
 enum GemmTailStamp : int {
   kTailStampStart = 0,
   kTailStampPdlDone = 1,
   kTailStampDot = 2,
   kTailStampKvIn = 3,
-  kTailStampCounted = 4,
-  kTailStampQIn = 5,
-  kTailStampScores = 6,
-  kTailStampPartial = 7,
-  kTailStampMerged = 8,
-  kTailStampEnd = 9,
+  kTailStampWordsIn = 4,
+  kTailStampScores = 5,
+  kTailStampPartial = 6,
+  kTailStampMerged = 7,
+  kTailStampEnd = 8,
   kTailStampKind = 15,  // 1: a GEMM CTA, 2: an attention CTA
 };
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
-// 2 + heads int counters, padded to 256 bytes, then the splits' fp32 partials.
+// 2 + heads int counters (the epoch, the attention warps counted out, each head's splits merged),
+// padded to 256 bytes; an LL word for each of C's q / k / v columns (at most
+// kGemmTailLlColsPerHead a query head: k and v follow q); then the splits' fp32 partials.
+inline constexpr int kGemmTailLlColsPerHead = 3 * kGemmTailHeadDim;
 inline size_t GemmTailCounterBytes(int heads) {
   return (static_cast<size_t>(2 + heads) * 4 + 255) / 256 * 256;
 }
+inline size_t GemmTailLlBytes(int heads) {
+  return static_cast<size_t>(heads) * kGemmTailLlColsPerHead * 4;
+}
 inline size_t GemmTailAttentionWorkspaceBytes(int heads) {
-  return GemmTailCounterBytes(heads) +
+  return GemmTailCounterBytes(heads) + GemmTailLlBytes(heads) +
          static_cast<size_t>(kGemmTailMaxCtas) * (kGemmTailHeadDim + 2) * 4;
 }
 

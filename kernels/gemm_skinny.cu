@@ -35,7 +35,8 @@ constexpr int kSkinnyOccupancyCtas = 8;
 constexpr int kSkinnyDeepOccupancyCtas = 4;
 
 // GemmTailAttention as the kernel takes it (FillSkinnyTail fills it): q, the new k / v and the
-// caches as element pointers, the CTA split, the workspace cut into counters and partials.
+// caches as element pointers, the CTA split, the workspace cut into counters, LL words and
+// partials.
 template <typename T>
 struct SkinnyTailArgs {
   const T* q = nullptr;      // C's row: query head h at q + h D
@@ -47,15 +48,53 @@ struct SkinnyTailArgs {
   const int32_t* block_table = nullptr;
   const int32_t* context_len = nullptr;
   int heads = 0, group = 1, kv_width = 0, block_shift = 0, splits = 0;
-  int gemm_ctas = 0;        // CTAs [0, gemm_ctas) run the GEMM, the rest the attention
+  int max_context = 0;  // GemmTailAttention::max_context: the table entries it may read
+  int tail_ctas = 0;    // CTAs [0, tail_ctas) run the attention (heads x splits), ...
+  int gemm_ctas = 0;    // ... and the next gemm_ctas the GEMM
   int cluster = 0;  // > 0: the launch's cluster size (= splits; GemmTailAttention::cluster_merge)
   float scale_log2 = 0.0f;  // softmax scale x log2(e)
-  // counters[0]: GEMM CTAs done; [1]: attention CTAs past their wait for [0]; [2 + h]: head h's
-  // splits done. Each is zero again when the launch ends.
+  // counters[kTailEpoch]: the launch's epoch (never reset; one more after each launch);
+  // [kTailCountOut]: the attention warps that have read their LL words (zero again when the
+  // launch ends); [kTailHeadCounts + h]: head h's splits done with the L2 merge (likewise).
   int* counters = nullptr;
+  // The LL handover: C's columns [0, ll_cols) also as 32-bit words, the element in the low half
+  // and the launch's flag (the epoch plus one) in the high half.
+  uint32_t* ll = nullptr;
+  int ll_cols = 0;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
   unsigned long long* stamps = nullptr;  // GemmTailAttention::stamps
 };
+inline constexpr int kTailEpoch = 0, kTailCountOut = 1, kTailHeadCounts = 2;
+
+__device__ __forceinline__ uint32_t LoadRelaxedGpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 LoadRelaxedGpu4(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void StoreRelaxedGpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// The launch's LL flag (its epoch plus one, in a word's high half), read after the PDL wait: the
+// previous launch on the workspace, which bumped the epoch, is complete by then.
+__device__ __forceinline__ uint32_t TailLlFlag(const int* counters) {
+  return (LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(counters + kTailEpoch)) + 1u) << 16;
+}
+__device__ __forceinline__ bool TailLlFlagged(uint4 w, uint32_t flag) {
+  return ((w.x & 0xffff0000u) == flag) & ((w.y & 0xffff0000u) == flag) &
+         ((w.z & 0xffff0000u) == flag) & ((w.w & 0xffff0000u) == flag);
+}
+// The elements of four LL words, as four of C's elements in a uint2.
+__device__ __forceinline__ uint2 TailLlData(uint4 w) {
+  return make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
+}
 
 // Thread 0's %globaltimer as this CTA's GemmTailStamp `e` (GemmTailAttention::stamps), if any.
 __device__ __forceinline__ void TailStamp(unsigned long long* stamps, int e) {
@@ -168,8 +207,8 @@ __device__ __forceinline__ float SkinnyLoadResid(const SkinnyArgs<T>& p, int i, 
 // The fused epilogue of one output element (i, col) whose dot product is `v`: bias, activation,
 // residual (from `o`), the store, and the fused KV-cache write.
 template <typename T, int kAct>
-__device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v,
-                                            const SkinnyOut& o) {
+__device__ __forceinline__ T SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v,
+                                         const SkinnyOut& o) {
   v = fwd::Activate<kAct>(v + o.bias) + o.resid;
   const T out = fwd::FromFloat<T>(v);
   p.c[static_cast<int64_t>(i) * p.ldc + col] = out;
@@ -184,6 +223,7 @@ __device__ __forceinline__ void SkinnyStore(const SkinnyArgs<T>& p, int i, int c
       }
     }
   }
+  return out;
 }
 
 // One pass of the fused layer norm's row statistics over A's M rows: this thread's sum over the
@@ -291,14 +331,24 @@ __device__ __forceinline__ float2 LnRowStats(const float (&part)[kSkinnyWarps][M
   return make_float2(mean, rsqrtf(fmaxf(sq / k - mean * mean, 0.0f) + eps));
 }
 
-// The tail attention (GemmTailAttention): CTA gemm_ctas + h splits + s attends query head h over
-// cached positions [64 s, 64 s + 64) of the sequence. Warp w takes 16 of them, lane l dims [4 l,
-// 4 l + 4) of each: before the GEMM is done it loads its positions' K / V rows from the cache into
-// registers (every row but the newest was written by an earlier step); once every GEMM CTA has
-// counted itself in (SkinnyTailArrive), it loads q and the newest position's k / v from C, scores
-// its 16 positions (a shuffle reduction each), and the four warps' (max, sum, O) meet in shared
-// memory. One split: O / sum is the output. Several: the split's partial goes to the workspace
-// and the head's last split to arrive merges them.
+// The tail attention (GemmTailAttention): CTA h splits + s (the attention's CTAs come first in
+// the grid, so that they are dispatched, and their loads issued, before the GEMM CTAs' weight
+// loads fill the memory system) attends query head h over cached positions [64 s, 64 s + 64) of
+// the sequence. Warp w takes 16 of them, lane l dims [4 l, 4 l + 4) of each: before the GEMM is
+// done it loads its positions' K / V rows from the cache into registers (every row but the newest
+// was written by an earlier step; the table's entries are loaded beside the context length, not
+// after it). Then each warp polls the LL words of q and, where it holds the newest position, of
+// that position's k / v, until every one carries the launch's flag: the GEMM thread that stores a
+// column of C stores it again as an LL word, so no count of the GEMM CTAs and no second load
+// stands between the last word written and the scores. Each warp scores its 16 positions (a
+// shuffle reduction each), and the four warps' (max, sum, O) meet in shared memory. One split:
+// O / sum is the output. Several: the splits merge, in a cluster or through the workspace.
+//
+// The flag is the epoch plus one. Every word of the launch is read by some warp, and the warps
+// count themselves out once they have read theirs, so when the last one bumps the epoch every
+// GEMM thread that stores a word has read it: the next launch on the workspace (after its PDL
+// wait) writes and expects the next flag, and a word of this launch never matches it. The flag
+// is 16 bits: only the previous launch's flag must differ.
 template <typename T>
 __device__ __forceinline__ float4 TailUnpack4(uint2 u) {
   T e[4];
@@ -306,25 +356,6 @@ __device__ __forceinline__ float4 TailUnpack4(uint2 u) {
   memcpy(e, &u, sizeof(u));
   return make_float4(fwd::ToFloat(e[0]), fwd::ToFloat(e[1]), fwd::ToFloat(e[2]),
                      fwd::ToFloat(e[3]));
-}
-
-// The end of every GEMM CTA of a kTail launch: its outputs (C and the KV-cache write) published,
-// then counted in.
-__device__ __forceinline__ void SkinnyTailArrive(int* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1);
-  }
-}
-
-// Thread 0 waits until *counter >= target (acquire), then the CTA goes on together.
-__device__ __forceinline__ void TailWaitFor(const int* counter, int target) {
-  if (threadIdx.x == 0) {
-    while (fwd::LoadAcquireGpu(counter) < target) {
-    }
-  }
-  __syncthreads();
 }
 
 // The CTA counts in at `counter` (fwd::ArrivedLast, every thread taking part); true in every
@@ -369,10 +400,9 @@ __device__ __forceinline__ float TailMergeSplits(const At& at, int splits, int d
 }
 
 template <typename T>
-__device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) {
+__device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, int cta) {
   constexpr int D = kGemmTailHeadDim, kWarpTokens = kGemmTailTokens / kSkinnyWarps;
   static_assert(D == 4 * 32 && kWarpTokens == 16);
-  const int cta = blockIdx.x - t.gemm_ctas;
   const int h = cta / t.splits, s = cta - h * t.splits;
   const int kv = (h / t.group) * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -382,7 +412,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   const int tok0 = s * kGemmTailTokens + warp * kWarpTokens;
   // The cluster merge: rank 0's barrier for its peers' partials (pushed into tail_in by st.async,
   // each completing its bytes on it), initialised before the cluster barrier's arrival, which the
-  // peers wait for before they push (long before: the GEMM CTAs' count-in comes first).
+  // peers wait for before they push (long before: their q comes from the GEMM first).
   __shared__ float tail_in[kGemmTailMaxClusterSplits][D + 2];
   __shared__ __align__(8) uint64_t tail_bar;
   const uint32_t bar = fwd::SmemAddr(&tail_bar);
@@ -394,6 +424,14 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   }
+  // The table's entries are loaded beside the context length (up to max_context, which the
+  // table covers), not after it: the K / V loads wait for one round trip, not two.
+  int32_t blk[kWarpTokens];
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) {
+    const int tok = tok0 + j;
+    blk[j] = tok < t.max_context ? t.block_table[tok >> t.block_shift] : 0;
+  }
   uint2 kr[kWarpTokens], vr[kWarpTokens];
 #pragma unroll
   for (int j = 0; j < kWarpTokens; ++j) {
@@ -401,42 +439,50 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
     kr[j] = vr[j] = make_uint2(0, 0);
     if (tok < newest) {
       const int mask = (1 << t.block_shift) - 1;
-      const int64_t slot =
-          (static_cast<int64_t>(t.block_table[tok >> t.block_shift]) << t.block_shift) +
-          (tok & mask);
+      const int64_t slot = (static_cast<int64_t>(blk[j]) << t.block_shift) + (tok & mask);
       const int64_t off = slot * t.kv_width + kv + 4 * lane;
       kr[j] = *reinterpret_cast<const uint2*>(t.key_cache + off);
       vr[j] = *reinterpret_cast<const uint2*>(t.value_cache + off);
     }
   }
-  // Diagnostics: a value of every K / V row this lane holds, for TailStampAfter to wait on (called
-  // only when stamping: elsewhere nothing waits for the rows before the scores).
-  const auto rows_in = [&] {
+  fwd::PdlWait();
+  TailStamp(t.stamps, kTailStampPdlDone);
+  if (t.stamps != nullptr) {
     uint32_t in = 0;
 #pragma unroll
     for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
-    return in;
-  };
-  fwd::PdlWait();
-  TailStamp(t.stamps, kTailStampPdlDone);
-  if (t.stamps != nullptr) TailStampAfter(t.stamps, kTailStampKvIn, rows_in());
-  TailWaitFor(t.counters, t.gemm_ctas);
-  TailStamp(t.stamps, kTailStampCounted);
-  // Thread 0 counts the CTA past the wait at once; the result is needed only at the end (the last
-  // CTA past it resets the counters), so the round trip overlaps the attention.
-  const int ctas = static_cast<int>(gridDim.x) - t.gemm_ctas;
-  int past_wait = -1;
-  if (threadIdx.x == 0) past_wait = atomicAdd(t.counters + 1, 1);
-  // C was written by other CTAs after this one may have started: L2 loads (ld.cg), not L1.
-  const float4 q = TailUnpack4<T>(__ldcg(reinterpret_cast<const uint2*>(t.q + h * D + 4 * lane)));
+    TailStampAfter(t.stamps, kTailStampKvIn, in);
+  }
+  // The warp's LL words: q's four dims a lane, and where the warp holds the newest position, that
+  // position's k / v; polled (all loads of a round in flight together) until every one carries
+  // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
+  const uint32_t flag = TailLlFlag(t.counters);
+  const bool has_new = newest >= tok0 && newest < tok0 + kWarpTokens;
+  const uint32_t* qw = t.ll + h * D + 4 * lane;
+  const uint32_t* kw = t.ll + (t.k_new - t.q) + kv + 4 * lane;
+  const uint32_t* vw = t.ll + (t.v_new - t.q) + kv + 4 * lane;
+  uint4 wq, wk = make_uint4(0, 0, 0, 0), wv = wk;
+  for (bool in = false; !in;) {
+    wq = LoadRelaxedGpu4(qw);
+    if (has_new) {
+      wk = LoadRelaxedGpu4(kw);
+      wv = LoadRelaxedGpu4(vw);
+    }
+    in = __all_sync(0xffffffffu,
+                    TailLlFlagged(wq, flag) &&
+                        (!has_new || (TailLlFlagged(wk, flag) && TailLlFlagged(wv, flag))));
+  }
+  TailStamp(t.stamps, kTailStampWordsIn);
+  int counted_out = -1;
+  if (lane == 0) counted_out = atomicAdd(t.counters + kTailCountOut, 1);
+  const float4 q = TailUnpack4<T>(TailLlData(wq));
 #pragma unroll
   for (int j = 0; j < kWarpTokens; ++j) {
     if (tok0 + j == newest) {
-      kr[j] = __ldcg(reinterpret_cast<const uint2*>(t.k_new + kv + 4 * lane));
-      vr[j] = __ldcg(reinterpret_cast<const uint2*>(t.v_new + kv + 4 * lane));
+      kr[j] = TailLlData(wk);
+      vr[j] = TailLlData(wv);
     }
   }
-  if (t.stamps != nullptr) TailStampAfter(t.stamps, kTailStampQIn, rows_in() ^ __float_as_uint(q.x));
   float sc[kWarpTokens];
   float m = -INFINITY;
 #pragma unroll
@@ -491,8 +537,8 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
   if (t.splits == 1) {
     *out = fwd::FromFloat<T>(os / ls);
   } else if (t.cluster > 0) {
-    // The head's splits are one cluster (gemm_ctas is a multiple of the cluster size, so split s
-    // is the cluster's rank s): ranks 1.. push their partials into rank 0's tail_in (st.async,
+    // The head's splits are one cluster (the attention's CTAs come first, so split s is the
+    // cluster's rank s): ranks 1.. push their partials into rank 0's tail_in (st.async,
     // completing their bytes on rank 0's tail_bar) and leave; rank 0 waits for the bytes and
     // merges. Measured on an H100 (2026-12-07 ~09:24 UTC, SantaCoder b1 128 / 128 decode step,
     // separate processes in rotation, four rounds): 0.968-0.969 ms against 0.974-0.989, faster
@@ -537,18 +583,17 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
       part[D] = ms;
       part[D + 1] = ls;
     }
-    if (TailCountIn(t.counters + 2 + h, t.splits, &tail_last)) {
+    if (TailCountIn(t.counters + kTailHeadCounts + h, t.splits, &tail_last)) {
       TailStamp(t.stamps, kTailStampMerged);
       const auto at = [&](int j, int i) { return __ldcg(head + j * kSlot + i); };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
-      if (threadIdx.x == 0) t.counters[2 + h] = 0;  // every split of the head has counted in
+      if (threadIdx.x == 0) t.counters[kTailHeadCounts + h] = 0;  // every split has counted in
     }
   }
-  // The last tail CTA past the GEMM wait resets the launch's two counters; its count-in was
-  // issued right after the wait, so only this use waits for it.
-  if (threadIdx.x == 0 && past_wait == ctas - 1) {
-    t.counters[0] = 0;
-    t.counters[1] = 0;
+  // The last warp to count out resets the count and bumps the epoch.
+  if (lane == 0 && counted_out == t.tail_ctas * kSkinnyWarps - 1) {
+    t.counters[kTailCountOut] = 0;
+    atomicAdd(t.counters + kTailEpoch, 1);
   }
   TailStamp(t.stamps, kTailStampEnd);
 }
@@ -569,25 +614,29 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t) 
 // summed as HFMA2 pairs before the fp32 sum (a quarter of the arithmetic instructions, one fp16
 // rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
-// kTail: CTAs from p.tail.gemm_ctas on run the tail attention (GemmEpilogue::tail) instead.
+// kTail: CTAs [0, p.tail.tail_ctas) run the tail attention (GemmEpilogue::tail), the GEMM's
+// CTAs follow.
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
           int kMinCtas = 1, bool kTail = false>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   static_assert(!kTail || M == 1);
+  // kTail: the attention's CTAs first in the grid, the GEMM's after them.
+  int gemm_block = static_cast<int>(blockIdx.x);
   if constexpr (kTail) {
     TailStamp(p.tail.stamps, kTailStampStart);
-    if (static_cast<int>(blockIdx.x) >= p.tail.gemm_ctas) {
-      SkinnyTailAttention<T>(p.tail);
+    if (gemm_block < p.tail.tail_ctas) {
+      SkinnyTailAttention<T>(p.tail, gemm_block);
       return;
     }
     TailStampKind(p.tail.stamps, 1);
+    gemm_block -= p.tail.tail_ctas;
   }
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;
   const int lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5)) * R;
+  const int n0 = (gemm_block * kSkinnyWarps + (threadIdx.x >> 5)) * R;
   const int m = p.m, n = p.n, k = p.k;
   const T* brow[R];
 #pragma unroll
@@ -646,8 +695,12 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   fwd::PdlWait();
   if (!p.release_early) fwd::PdlTrigger();
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
-  // With kLn every warp takes its part of the statistics; with kTail every warp counts in.
-  if (!kLn && !kTail && !live) return;
+  uint32_t ll_flag = 0;  // kTail: the LL words' flag (after the wait: the previous launch's bump)
+  if constexpr (kTail) {
+    if (stores) ll_flag = TailLlFlag(p.tail.counters);
+  }
+  // With kLn every warp takes its part of the statistics.
+  if (!kLn && !live) return;
   if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
 
   const T* arow[M];
@@ -745,12 +798,16 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       const float2 st = LnRowStats<M>(ln_part, out_i, k, p.ln_eps);
       v = st.y * (v - st.x * ln_ws) + ln_bs;
     }
-    SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
+    const T stored = SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
+    if constexpr (kTail) {
+      if (out_col < p.tail.ll_cols) {  // the column again as the tail's LL word
+        uint16_t bits;
+        memcpy(&bits, &stored, sizeof(bits));
+        StoreRelaxedGpu(p.tail.ll + out_col, ll_flag | bits);
+      }
+    }
   }
-  if constexpr (kTail) {
-    SkinnyTailArrive(p.tail.counters);
-    TailStamp(p.tail.stamps, kTailStampEnd);
-  }
+  if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampEnd);
 }
 
 template <typename T>
@@ -820,9 +877,9 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     return absl::OkStatus();
   };
   if constexpr (kTail) {
-    // The GEMM's CTAs (padded to a multiple of the cluster size with the cluster merge), then the
-    // tail's.
-    grid.x = static_cast<unsigned>(a.tail.gemm_ctas + a.tail.heads * a.tail.splits);
+    // The tail's CTAs, then the GEMM's (padded to a multiple of the cluster size with the cluster
+    // merge).
+    grid.x = static_cast<unsigned>(a.tail.tail_ctas + a.tail.gemm_ctas);
     return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
   }
   switch (act) {
@@ -863,6 +920,10 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
       g.workspace_bytes < GemmTailAttentionWorkspaceBytes(g.heads)) {
     return absl::UnimplementedError("SkinnyGemmCuda: tail attention too long for its CTAs");
   }
+  const int64_t ll_cols = e.kv_col0 + 2 * e.kv_width;  // q, k and v: the LL words
+  if (ll_cols > int64_t{kGemmTailLlColsPerHead} * g.heads) {
+    return absl::UnimplementedError("SkinnyGemmCuda: the tail attention's k / v must follow q");
+  }
   const T* c = static_cast<const T*>(p.c);
   t->q = c;
   t->k_new = c + e.kv_col0;
@@ -877,14 +938,19 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->kv_width = static_cast<int>(e.kv_width);
   t->block_shift = __builtin_ctz(static_cast<unsigned>(g.block_size));
   t->splits = splits;
+  t->max_context = g.max_context;
   t->cluster = g.cluster_merge && splits > 1 && splits <= kGemmTailMaxClusterSplits ? splits : 0;
-  // With the cluster merge the clusters tile the grid: GEMM CTAs past n (no rows) are added so
-  // that the tail's CTAs start on a cluster boundary; they count in like the others.
+  t->tail_ctas = g.heads * splits;
+  // With the cluster merge the clusters tile the grid: GEMM CTAs past n (no columns) are added to
+  // make the grid whole clusters.
   t->gemm_ctas = t->cluster > 0 ? (gemm_ctas + splits - 1) / splits * splits : gemm_ctas;
   t->scale_log2 = g.scale * 1.4426950408889634f;
-  t->counters = static_cast<int*>(g.workspace);
+  char* w = static_cast<char*>(g.workspace);
+  t->counters = reinterpret_cast<int*>(w);
+  t->ll = reinterpret_cast<uint32_t*>(w + GemmTailCounterBytes(g.heads));
+  t->ll_cols = static_cast<int>(ll_cols);
   t->partials =
-      reinterpret_cast<float*>(static_cast<char*>(g.workspace) + GemmTailCounterBytes(g.heads));
+      reinterpret_cast<float*>(w + GemmTailCounterBytes(g.heads) + GemmTailLlBytes(g.heads));
   t->stamps = g.stamps;
   return absl::OkStatus();
 }

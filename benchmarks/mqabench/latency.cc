@@ -50,8 +50,8 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
       "the launch's first CTA start, min / median / max\n",
       layer, counts[1], counts[2]);
   static const char* const kNames[kTailStampEnd + 1] = {
-      "start", "PDL wait done", "dot done",     "K / V in",      "GEMMs counted in",
-      "q in",  "scores",        "warps merged", "splits merged", "end"};
+      "start",  "PDL wait done", "dot done",      "K / V in", "q / k / v words in",
+      "scores", "warps merged",  "splits merged", "end"};
   for (int kind = 1; kind <= 2; ++kind) {
     std::string line = kind == 1 ? "    GEMM CTAs:     " : "    attention CTAs:";
     for (int e = kTailStampStart; e <= kTailStampEnd; ++e) {

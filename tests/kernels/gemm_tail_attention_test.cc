@@ -139,26 +139,25 @@ struct TailOperands {
   }
 
   int splits() const { return (c.max_context + kGemmTailTokens - 1) / kGemmTailTokens; }
-  // The workspace's partials (past the counters), which only the L2 merge writes: filled with a
-  // byte pattern before a run, compared after it.
-  size_t PartialsBytes() const {
-    return GemmTailAttentionWorkspaceBytes(c.heads) - GemmTailCounterBytes(c.heads);
-  }
+  // The workspace's partials (past the counters and the LL words), which only the L2 merge
+  // writes: filled with a byte pattern before a run, compared after it.
+  size_t PartialsOffset() const { return GemmTailCounterBytes(c.heads) + GemmTailLlBytes(c.heads); }
   void MarkPartials() const {
-    EXPECT_EQ(cudaMemset(static_cast<char*>(work->get()) + GemmTailCounterBytes(c.heads), 0x5a,
-                         PartialsBytes()),
+    EXPECT_EQ(cudaMemset(static_cast<char*>(work->get()) + PartialsOffset(), 0x5a,
+                         GemmTailAttentionWorkspaceBytes(c.heads) - PartialsOffset()),
               cudaSuccess);
   }
   bool PartialsUntouched() const {
     const auto bytes = work->Download<uint8_t>();
-    return std::all_of(bytes.begin() + GemmTailCounterBytes(c.heads), bytes.end(),
+    return std::all_of(bytes.begin() + PartialsOffset(), bytes.end(),
                        [](uint8_t b) { return b == 0x5a; });
   }
 
   // The checks of one tail run that wrote C = `qkv` and `out`: C against `want_qkv` (the same
-  // GEMM without the tail), the caches, and the attention against PagedAttentionCpu.
+  // GEMM without the tail), the caches (unless a later run has rewritten the newest row), and the
+  // attention against PagedAttentionCpu over the caches as this run left them.
   void Check(const DeviceMem& qkv, const DeviceMem& out, const std::vector<uint16_t>& want_qkv,
-             const char* how) const {
+             const char* how, bool check_caches = true) const {
     constexpr int D = kGemmTailHeadDim;
     const auto got_qkv = qkv.Download<uint16_t>();
     ASSERT_EQ(got_qkv, want_qkv) << how << ": C differs from the GEMM without the tail";
@@ -168,10 +167,12 @@ struct TailOperands {
       want_k[slot * kv_width + j] = got_qkv[c.heads * D + j];
       want_v[slot * kv_width + j] = got_qkv[c.heads * D + kv_width + j];
     }
-    ASSERT_EQ(got_k, want_k) << how << ": key cache";
-    ASSERT_EQ(got_v, want_v) << how << ": value cache";
+    if (check_caches) {
+      ASSERT_EQ(got_k, want_k) << how << ": key cache";
+      ASSERT_EQ(got_v, want_v) << how << ": value cache";
+    }
 
-    const std::vector<float> q = Widen(got_qkv, t), fk = Widen(got_k, t), fv = Widen(got_v, t);
+    const std::vector<float> q = Widen(got_qkv, t), fk = Widen(want_k, t), fv = Widen(want_v, t);
     const std::vector<int32_t> query_start = {0, 1}, ctx = {c.ctx};
     std::vector<float> want(int64_t{c.heads} * D);
     PagedAttentionParams ap;
@@ -328,8 +329,8 @@ TEST_P(GemmTailAttentionTest, StampsKeepOutputsAndComeInOrder) {
       if (s[kTailStampDot] != 0) events.push_back(kTailStampDot);
       events.push_back(kTailStampEnd);
     } else {
-      events.insert(events.end(), {kTailStampKvIn, kTailStampCounted, kTailStampQIn,
-                                   kTailStampScores, kTailStampPartial, kTailStampEnd});
+      events.insert(events.end(), {kTailStampKvIn, kTailStampWordsIn, kTailStampScores,
+                                   kTailStampPartial, kTailStampEnd});
     }
     for (size_t i = 0; i < events.size(); ++i) {
       EXPECT_NE(s[events[i]], 0u) << "CTA " << cta << " event " << events[i];
@@ -339,6 +340,71 @@ TEST_P(GemmTailAttentionTest, StampsKeepOutputsAndComeInOrder) {
   }
   EXPECT_EQ(counts[2], 16 * op.splits());
   EXPECT_GT(counts[1], 0);
+}
+
+// The LL words' flag is the epoch plus one, 16 bits: started two launches before it wraps, with
+// every word stale (the previous launch's flag over a value that is not C's), launches of two
+// different inputs in turn, synchronised and then back to back in a graph, each take only their
+// own words. Taking a stale word would give the wrong attention (or, with the flag ignored, the
+// first launch would read the stale value).
+TEST_P(GemmTailAttentionTest, FlagsWrapAndStaleWordsAreNotTaken) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  TailOperands op({16, 1, 2048, 16, 150, 256}, t, std::get<3>(GetParam()), rng_, stream_);
+  std::vector<float> fa;
+  const auto a2 = DeviceMem::From(RandomRounded(fa, op.c.k, t, rng_, 2.0f, 1.0f));
+  const void* inputs[2] = {op.a->get(), a2->get()};
+  constexpr uint32_t kStartEpoch = 0xfffe;
+  ASSERT_EQ(cudaMemcpy(op.work->get(), &kStartEpoch, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<uint32_t> stale(GemmTailLlBytes(op.c.heads) / 4, (kStartEpoch << 16) | 0x3c00u);
+  ASSERT_EQ(cudaMemcpy(static_cast<char*>(op.work->get()) + GemmTailCounterBytes(op.c.heads),
+                       stale.data(), stale.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<uint16_t> want[2];
+  DeviceMem c0(op.n * 2), c1(op.n * 2);
+  DeviceMem out0(16 * kGemmTailHeadDim * 2), out1(16 * kGemmTailHeadDim * 2);
+  for (int i = 0; i < 2; ++i) {
+    GemmParams p = op.p;
+    p.a = inputs[i];
+    p.c = c0.get();
+    ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    want[i] = c0.Download<uint16_t>();
+  }
+  // Epochs 0xfffe, 0xffff, 0x10000 (flags 0xffff, 0, 1), each launch checked before the next.
+  for (int launch = 0; launch < 3; ++launch) {
+    const int i = launch % 2;
+    c0.Poison();
+    out0.Poison();
+    GemmParams p = op.p;
+    p.a = inputs[i];
+    p.c = c0.get();
+    ASSERT_TRUE(gemm->Run(p, op.WithTail(out0.get()), stream_).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(op.Check(c0, out0, want[i], "synchronised"));
+  }
+  // Then the second input and the first back to back in a graph, twice.
+  for (int round = 0; round < 2; ++round) {
+    c0.Poison();
+    c1.Poison();
+    out0.Poison();
+    out1.Poison();
+    ASSERT_NO_FATAL_FAILURE(testing::RunInGraph(stream_, [&](cudaStream_t s) -> absl::Status {
+      GemmParams p = op.p;
+      p.a = inputs[1];
+      p.c = c1.get();
+      RETURN_IF_ERROR(gemm->Run(p, op.WithTail(out1.get()), s));
+      p.a = inputs[0];
+      p.c = c0.get();
+      return gemm->Run(p, op.WithTail(out0.get()), s);
+    }));
+    ASSERT_NO_FATAL_FAILURE(op.Check(c1, out1, want[1], "graph, first launch", false));
+    ASSERT_NO_FATAL_FAILURE(op.Check(c0, out0, want[0], "graph, second launch"));
+  }
+  uint32_t epoch = 0;
+  ASSERT_EQ(cudaMemcpy(&epoch, op.work->get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(epoch, kStartEpoch + 7) << "one epoch a launch";
 }
 
 // What the tail does not take is refused before anything runs (Unimplemented, or
