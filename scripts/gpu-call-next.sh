@@ -5,9 +5,10 @@
 # 85324df, 73b4a5e and d9f3a1b have run only on H100s). Build the plain shared bundle first
 # (`rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash scripts/gpu-bundle.sh`), then with the
 # device tool carry ["gpu-bundle"] and run `bash scripts/gpu-call-next.sh` (~4 minutes on an
-# H200). On any other GPU it stops after nvidia-smi (the H100s' figures of this code are in
+# H200). On any other GPU it stops after step 0 (the H100s' figures of this code are in
 # BENCHMARKS.md already), unless MQA_CALL_ANY=1. The console goes to $OUT/summary.txt as it runs,
 # the logs to $OUT/logs.tgz at each `finish`.
+#  0. SantaCoder's layer-10 tail timeline, twice (with each attention CTA's own steps).
 #  1. StarCoder b1 and SantaCoder b1 128 / 128, separate processes in rotation, six rounds (single
 #     rounds scatter by +-0.3% on the H200).
 #  2. StarCoder b32 512 / 128, twice; StarCoder b1 through the engine with decode lookahead.
@@ -20,10 +21,6 @@ exec > >(tee $OUT/summary.txt) 2>&1
 date -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-if [[ "$gpu" != *H200* && "${MQA_CALL_ANY:-0}" != 1 ]]; then
-  echo "not an H200 ($gpu): nothing run"
-  exit 0
-fi
 b=/tmp/mqa-gpu-bundle
 rm -rf $b && mkdir -p $b && tar xJf gpu-bundle/payload.tar.xz -C $b
 nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
@@ -31,6 +28,17 @@ export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIB
 export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 finish() { date -u; tar czf $OUT/logs.tgz -C /tmp mqa-logs; }
+# 0. SantaCoder's layer-10 tail timeline, twice, with each attention CTA's own steps.
+for r in 1 2; do
+  timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 \
+    --tail-timeline 10 > $logs/sctl10_$r.log 2>&1
+  echo "sctl10_$r rc=$?"; sed -n '/tail timeline/,$p' $logs/sctl10_$r.log | cut -c1-400
+done
+if [[ "$gpu" != *H200* && "${MQA_CALL_ANY:-0}" != 1 ]]; then
+  echo "not an H200 ($gpu): nothing more run"
+  finish
+  exit 0
+fi
 row() {  # NAME TIMEOUT ARGS...: one mqabench latency run, its headline figures on one line
   local name=$1 limit=$2; shift 2
   timeout "$limit" $b/bin/mqabench latency "$@" > $logs/$name.log 2>&1

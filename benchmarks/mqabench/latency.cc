@@ -69,6 +69,24 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     }
     std::printf("%s\n", line.c_str());
   }
+  // The medians above are over different CTAs each: the attention CTAs' own steps, each CTA's
+  // time from one of its recorded events to its next.
+  std::string line = "    attention CTAs, each from its previous event (median / max):";
+  for (int e = kTailStampPdlDone + 1; e <= kTailStampEnd; ++e) {
+    std::vector<double> us;
+    for (int c = 0; c < ctas; ++c) {
+      const unsigned long long* s = &w[static_cast<size_t>(c) * kGemmTailStampWords];
+      if (s[kTailStampKind] != 2 || s[e] == 0) continue;
+      int prev = e - 1;
+      while (prev > kTailStampStart && s[prev] == 0) --prev;
+      if (s[prev] != 0 && s[e] >= s[prev]) us.push_back(static_cast<double>(s[e] - s[prev]) * 1e-3);
+    }
+    if (us.empty()) continue;
+    absl::StrAppend(
+        &line, " ", kNames[e], " ",
+        absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
+  }
+  std::printf("%s\n", line.c_str());
   return absl::OkStatus();
 }
 
