@@ -99,9 +99,10 @@
 //     ended: what a layer costs between its chains (the attention, the kernel handover).
 //     --tail-timeline L: layer L's QKV launch with the tail attention (SantaCoder b1) records when
 //     its CTAs start, pass the PDL wait, have their dot products (GEMM) or their cached K / V
-//     (attention), see every GEMM CTA counted in, have q, their scores, merge their warps and
-//     their head's splits, and end (GemmTailAttention::stamps); printed after each
-//     row for the last decode step (min / median / max over the GEMM CTAs and the attention CTAs).
+//     (attention), have their LL words of q and the newest k / v, their scores, merge their warps
+//     and their head's splits, and end (GemmTailAttention::stamps); printed after each row for
+//     the last decode step (min / median / max over the GEMM CTAs and the attention CTAs, then
+//     each attention CTA's time from one of its events to the next, median / max).
 //     --kernel-trace PREFIX: after a row's timed iterations, one more, untimed, with every kernel
 //     traced through CUPTI (kernel_trace.h): the prefill's and the decode steps' kernels grouped by
 //     name and grid, each group's time beyond the kernels before it ("exposed") and the idle gaps
