@@ -455,63 +455,60 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   }
   // The warp's LL words: q's four dims a lane, and where the warp holds the newest position, that
   // position's k / v; polled (all loads of a round in flight together) until every one carries
-  // the launch's flag. The scores and the warp's partial (max, sum, O) are computed in the round
-  // in which all are flagged, and also in the first round from the words as loaded (discarded
-  // unless flagged): the code then runs from a warm instruction cache when the last word lands,
-  // where the first time through it cost ~1 us (NOTES version 60). Then the warp counts itself
-  // out; the result is needed only at the end.
+  // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
   const uint32_t flag = TailLlFlag(t.counters);
   const bool has_new = newest >= tok0 && newest < tok0 + kWarpTokens;
   const uint32_t* qw = t.ll + h * D + 4 * lane;
   const uint32_t* kw = t.ll + (t.k_new - t.q) + kv + 4 * lane;
   const uint32_t* vw = t.ll + (t.v_new - t.q) + kv + 4 * lane;
-  uint4 wk = make_uint4(0, 0, 0, 0), wv = wk;
-  float m = -INFINITY, l = 0.0f;
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 1
-  for (bool first = true;; first = false) {
-    const uint4 wq = LoadRelaxedGpu4(qw);
+  uint4 wq, wk = make_uint4(0, 0, 0, 0), wv = wk;
+  for (bool in = false; !in;) {
+    wq = LoadRelaxedGpu4(qw);
     if (has_new) {
       wk = LoadRelaxedGpu4(kw);
       wv = LoadRelaxedGpu4(vw);
     }
-    const bool in = __all_sync(
-        0xffffffffu, TailLlFlagged(wq, flag) &&
-                         (!has_new || (TailLlFlagged(wk, flag) && TailLlFlagged(wv, flag))));
-    if (!in && !first) continue;
-    const float4 q = TailUnpack4<T>(TailLlData(wq));
-    const uint2 k_new = TailLlData(wk), v_new = TailLlData(wv);
-    float sc[kWarpTokens];
-    m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kWarpTokens; ++j) {
-      const float4 k = TailUnpack4<T>(tok0 + j == newest ? k_new : kr[j]);
-      float d = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-#pragma unroll
-      for (int x = 16; x > 0; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
-      sc[j] = tok0 + j < ctx ? d * t.scale_log2 : -INFINITY;
-      m = fmaxf(m, sc[j]);
-    }
-    l = 0.0f;
-    o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < kWarpTokens; ++j) {
-        const float pj = exp2f(sc[j] - m);
-        const float4 v = TailUnpack4<T>(tok0 + j == newest ? v_new : vr[j]);
-        l += pj;
-        o.x = fmaf(pj, v.x, o.x);
-        o.y = fmaf(pj, v.y, o.y);
-        o.z = fmaf(pj, v.z, o.z);
-        o.w = fmaf(pj, v.w, o.w);
-      }
-    }
-    if (in) break;
+    in = __all_sync(0xffffffffu,
+                    TailLlFlagged(wq, flag) &&
+                        (!has_new || (TailLlFlagged(wk, flag) && TailLlFlagged(wv, flag))));
   }
   TailStamp(t.stamps, kTailStampWordsIn);
-  TailStamp(t.stamps, kTailStampScores);
   int counted_out = -1;
   if (lane == 0) counted_out = atomicAdd(t.counters + kTailCountOut, 1);
+  const float4 q = TailUnpack4<T>(TailLlData(wq));
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) {
+    if (tok0 + j == newest) {
+      kr[j] = TailLlData(wk);
+      vr[j] = TailLlData(wv);
+    }
+  }
+  float sc[kWarpTokens];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) {
+    const float4 k = TailUnpack4<T>(kr[j]);
+    float d = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    sc[j] = tok0 + j < ctx ? d * t.scale_log2 : -INFINITY;
+    m = fmaxf(m, sc[j]);
+  }
+  TailStamp(t.stamps, kTailStampScores);
+  float l = 0.0f;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) {
+      const float pj = exp2f(sc[j] - m);
+      const float4 v = TailUnpack4<T>(vr[j]);
+      l += pj;
+      o.x = fmaf(pj, v.x, o.x);
+      o.y = fmaf(pj, v.y, o.y);
+      o.z = fmaf(pj, v.z, o.z);
+      o.w = fmaf(pj, v.w, o.w);
+    }
+  }
   __shared__ float tail_ml[kSkinnyWarps][2];
   __shared__ float4 tail_o[kSkinnyWarps][32];
   __shared__ int tail_last;
