@@ -139,6 +139,8 @@ struct TailOperands {
   }
 
   int splits() const { return (c.max_context + kGemmTailTokens - 1) / kGemmTailTokens; }
+  // The attention's output row (heads x D elements of 2 bytes).
+  int64_t out_bytes() const { return int64_t{c.heads} * kGemmTailHeadDim * 2; }
   // The workspace's partials (past the counters and the LL words), which only the L2 merge
   // writes: filled with a byte pattern before a run, compared after it.
   size_t PartialsOffset() const { return GemmTailCounterBytes(c.heads) + GemmTailLlBytes(c.heads); }
@@ -255,8 +257,7 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
   ASSERT_NE(gemm, nullptr);
   TailOperands op({16, 1, 2048, 16, 150, 256}, t, std::get<3>(GetParam()), rng_, stream_);
   DeviceMem want_c(op.n * 2), c1(op.n * 2), c2(op.n * 2);
-  const int64_t out_elems = 16 * kGemmTailHeadDim;
-  DeviceMem out1(out_elems * 2), out2(out_elems * 2);
+  DeviceMem out1(op.out_bytes()), out2(op.out_bytes());
   GemmParams p = op.p;
   p.c = want_c.get();
   ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
@@ -297,7 +298,7 @@ TEST_P(GemmTailAttentionTest, StampsKeepOutputsAndComeInOrder) {
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
   TailOperands op({16, 1, 2048, 16, 150, 256}, t, std::get<3>(GetParam()), rng_, stream_);
-  DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(16 * kGemmTailHeadDim * 2);
+  DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(op.out_bytes());
   GemmParams p = op.p;
   p.c = want_c.get();
   ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
@@ -363,7 +364,7 @@ TEST_P(GemmTailAttentionTest, FlagsWrapAndStaleWordsAreNotTaken) {
             cudaSuccess);
   std::vector<uint16_t> want[2];
   DeviceMem c0(op.n * 2), c1(op.n * 2);
-  DeviceMem out0(16 * kGemmTailHeadDim * 2), out1(16 * kGemmTailHeadDim * 2);
+  DeviceMem out0(op.out_bytes()), out1(op.out_bytes());
   for (int i = 0; i < 2; ++i) {
     GemmParams p = op.p;
     p.a = inputs[i];
@@ -414,7 +415,7 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
   TailOperands op({16, 1, 2048, 16, 100, 256}, t, std::get<3>(GetParam()), rng_, stream_);
-  DeviceMem c(op.n * 2), out(16 * kGemmTailHeadDim * 2);
+  DeviceMem c(op.n * 2), out(op.out_bytes());
   GemmParams p = op.p;
   p.c = c.get();
   auto refused = [&](const GemmParams& gp, const GemmEpilogue& e, bool invalid, const char* why) {
