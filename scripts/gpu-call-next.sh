@@ -34,6 +34,24 @@ for r in 1 2; do
     --tail-timeline 10 > $logs/sctl10_$r.log 2>&1
   echo "sctl10_$r rc=$?"; sed -n '/tail timeline/,$p' $logs/sctl10_$r.log | cut -c1-400
 done
+# 0b. Nsight Compute on two of the tail's launches (kTail = true: mangled "...Li1ELb1EE"), one
+# SantaCoder run; ncu runs each launch alone. The SASS source page carries each instruction's warp
+# stall samples: what the attention warps wait on after their last LL word (NOTES version 60).
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+if [[ -n "$ncu" ]]; then
+  timeout 240 $ncu --clock-control none --set full --import-source yes --kernel-name-base mangled \
+    -k 'regex:SkinnyGemmKernel.*Li1ELb1EE' --launch-skip 100 --launch-count 2 -f -o $OUT/ncu_tail \
+    $b/bin/mqabench latency --model configs/santacoder --batch-size 1 --input-len 128 \
+    --output-len 16 --load-format dummy --num-iters 1 > $logs/ncu_run.log 2>&1
+  echo "ncu rc=$? $(tail -2 $logs/ncu_run.log | tr '\n' ' ' | cut -c1-300)"
+  $ncu --import $OUT/ncu_tail.ncu-rep --page details > $OUT/ncu_tail_details.txt 2>&1
+  $ncu --import $OUT/ncu_tail.ncu-rep --page source --print-source sass --csv \
+    > $OUT/ncu_tail_sass.csv 2>&1
+  echo "ncu pages rc=$? $(wc -c < $OUT/ncu_tail_details.txt) $(wc -c < $OUT/ncu_tail_sass.csv)"
+  grep -E 'SkinnyGemm|Duration|Registers|Achieved Occupancy' $OUT/ncu_tail_details.txt | head -12
+else
+  echo "no ncu here"
+fi
 if [[ "$gpu" != *H200* && "${MQA_CALL_ANY:-0}" != 1 ]]; then
   echo "not an H200 ($gpu): nothing more run"
   finish
