@@ -453,13 +453,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
     for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
     TailStampAfter(t.stamps, kTailStampKvIn, in);
   }
-  // K (and V) to fp32 while the GEMM still runs: after the words, only q's products remain.
-  float4 kf[kWarpTokens], vf[kWarpTokens];
-#pragma unroll
-  for (int j = 0; j < kWarpTokens; ++j) {
-    kf[j] = TailUnpack4<T>(kr[j]);
-    vf[j] = TailUnpack4<T>(vr[j]);
-  }
   // The warp's LL words: q's four dims a lane, and where the warp holds the newest position, that
   // position's k / v; polled (all loads of a round in flight together) until every one carries
   // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
@@ -483,77 +476,37 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   int counted_out = -1;
   if (lane == 0) counted_out = atomicAdd(t.counters + kTailCountOut, 1);
   const float4 q = TailUnpack4<T>(TailLlData(wq));
-  // The newest position's k / v came as words; its kr / vr stayed zero (loaded only below newest),
-  // so its products are added apart from the loop's (no per-position selects).
-  const float4 knew = TailUnpack4<T>(TailLlData(wk));
-  // The 16 dot products' lane partials, reduced as one transposed reduce-scatter: each xor step
-  // halves the values a lane keeps (sending the other half to its partner), 8 + 4 + 2 + 1
-  // shuffles, then one more; lanes 2j and 2j + 1 end with position j's score (16 shuffles a warp
-  // where 16 butterflies took 80, and one exp2 a lane where every lane took 16).
-  float dp[kWarpTokens];
 #pragma unroll
   for (int j = 0; j < kWarpTokens; ++j) {
-    const float4 k = kf[j];
-    dp[j] = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-  }
-  const auto halve = [&](auto half) {  // keeps half.value of the lane's values
-    constexpr int n = decltype(half)::value;
-    const bool hi = (lane & (2 * n)) != 0;
-#pragma unroll
-    for (int i = 0; i < n; ++i) {
-      const float keep = hi ? dp[i + n] : dp[i], send = hi ? dp[i] : dp[i + n];
-      dp[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * n);
+    if (tok0 + j == newest) {
+      kr[j] = TailLlData(wk);
+      vr[j] = TailLlData(wv);
     }
-  };
-  static_assert(kWarpTokens == 16);
-  halve(std::integral_constant<int, 8>{});
-  halve(std::integral_constant<int, 4>{});
-  halve(std::integral_constant<int, 2>{});
-  halve(std::integral_constant<int, 1>{});
-  const int my_tok = tok0 + (lane >> 1);
-  float sc = dp[0] + __shfl_xor_sync(0xffffffffu, dp[0], 1);
-  if (has_new) {  // warp-uniform
-    float dn = q.x * knew.x + q.y * knew.y + q.z * knew.z + q.w * knew.w;
-#pragma unroll
-    for (int x = 16; x > 0; x >>= 1) dn += __shfl_xor_sync(0xffffffffu, dn, x);
-    if (my_tok == newest) sc += dn;
   }
-  sc = my_tok < ctx ? sc * t.scale_log2 : -INFINITY;
-  float m = sc;
+  float sc[kWarpTokens];
+  float m = -INFINITY;
 #pragma unroll
-  for (int x = 2; x < 32; x <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+  for (int j = 0; j < kWarpTokens; ++j) {
+    const float4 k = TailUnpack4<T>(kr[j]);
+    float d = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    sc[j] = tok0 + j < ctx ? d * t.scale_log2 : -INFINITY;
+    m = fmaxf(m, sc[j]);
+  }
   TailStamp(t.stamps, kTailStampScores);
   float l = 0.0f;
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __shared__ __align__(16) float tail_p[kSkinnyWarps][kWarpTokens];
   if (m != -INFINITY) {
-    const float p = exp2f(sc - m);
-    if ((lane & 1) == 0) tail_p[warp][lane >> 1] = p;
-    l = p;
 #pragma unroll
-    for (int x = 2; x < 32; x <<= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
-    __syncwarp();
-    const float4* pw = reinterpret_cast<const float4*>(tail_p[warp]);
-#pragma unroll
-    for (int j4 = 0; j4 < kWarpTokens / 4; ++j4) {
-      const float4 p4 = pw[j4];
-      const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float4 v = vf[4 * j4 + u];
-        o.x = fmaf(pj[u], v.x, o.x);
-        o.y = fmaf(pj[u], v.y, o.y);
-        o.z = fmaf(pj[u], v.z, o.z);
-        o.w = fmaf(pj[u], v.w, o.w);
-      }
-    }
-    if (has_new) {
-      const float pn = tail_p[warp][newest - tok0];
-      const float4 v = TailUnpack4<T>(TailLlData(wv));
-      o.x = fmaf(pn, v.x, o.x);
-      o.y = fmaf(pn, v.y, o.y);
-      o.z = fmaf(pn, v.z, o.z);
-      o.w = fmaf(pn, v.w, o.w);
+    for (int j = 0; j < kWarpTokens; ++j) {
+      const float pj = exp2f(sc[j] - m);
+      const float4 v = TailUnpack4<T>(vr[j]);
+      l += pj;
+      o.x = fmaf(pj, v.x, o.x);
+      o.y = fmaf(pj, v.y, o.y);
+      o.z = fmaf(pj, v.z, o.z);
+      o.w = fmaf(pj, v.w, o.w);
     }
   }
   __shared__ float tail_ml[kSkinnyWarps][2];
