@@ -34,6 +34,12 @@ for r in 1 2; do
     --tail-timeline 10 > $logs/sctl10_$r.log 2>&1
   echo "sctl10_$r rc=$?"; sed -n '/tail timeline/,$p' $logs/sctl10_$r.log | cut -c1-400
 done
+# 0a. SantaCoder b1 with one traced iteration (CUPTI: every kernel's start and end, PDL overlaps
+# kept) for the next session's layer chain (NOTES version 61's list, item 2); CSVs to $OUT/trace.
+mkdir -p $OUT/trace
+timeout 90 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 \
+  --kernel-trace $OUT/trace/sc > $logs/sc_trace.log 2>&1
+echo "sc_trace rc=$? $(grep -E 'Avg latency|decode step|trace' $logs/sc_trace.log | cut -c1-160 | tr '\n' ' ')"
 # 0b. Nsight Compute on two of the tail's launches (kTail = true: mangled "...Li1ELb1EE"), one
 # SantaCoder run; ncu runs each launch alone. The SASS source page carries each instruction's warp
 # stall samples: what the attention warps wait on after their last LL word (NOTES version 60).
