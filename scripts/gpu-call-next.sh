@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The next device call (kept in the tree so that it need not be rewritten from NOTES.md; each
-# session replaces it). Written 2026-12-07 ~13:40 UTC (NOTES version 59's list, item 1): main on
-# an H200, for the standing table's H200 column (unchanged since 2026-12-07 05:51 UTC; fe913d3,
-# 85324df, 73b4a5e and d9f3a1b have run only on H100s). Build the plain shared bundle first
-# (`rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash scripts/gpu-bundle.sh`), then with the
-# device tool carry ["gpu-bundle"] and run `bash scripts/gpu-call-next.sh` (~4 minutes on an
-# H200). On any other GPU it stops after step 0 (the H100s' figures of this code are in
-# BENCHMARKS.md already), unless MQA_CALL_ANY=1. The console goes to $OUT/summary.txt as it runs,
-# the logs to $OUT/logs.tgz at each `finish`.
-#  0. SantaCoder's layer-10 tail timeline, twice (with each attention CTA's own steps).
+# session replaces it). Written 2026-12-07 ~13:40 UTC, extended ~16:40 (NOTES version 61's list,
+# item 1): main on an H200, for the standing table's H200 column (unchanged since 2026-12-07
+# 05:51 UTC; fe913d3, 85324df, 73b4a5e and d9f3a1b have run only on H100s). Build the plain
+# shared bundle first (`rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash
+# scripts/gpu-bundle.sh`), then with the device tool carry ["gpu-bundle"] and run `bash
+# scripts/gpu-call-next.sh` (~5 minutes on an H200). On any other GPU it stops after step 0 (the
+# H100s' figures of this code, its trace and its Nsight Compute pages are in BENCHMARKS.md and
+# NOTES version 61 already), unless MQA_CALL_ANY=1; prefix the call with `nvidia-smi
+# --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0;` to spend nothing there.
+# The console goes to $OUT/summary.txt as it runs, the logs to $OUT/logs.tgz at each `finish`.
+#  0. SantaCoder's layer-10 tail timeline, twice (with each attention CTA's own steps); then, on
+#     an H200, one CUPTI-traced SantaCoder run ($OUT/trace) and Nsight Compute on two tail
+#     launches ($OUT/ncu_tail_*).
 #  1. StarCoder b1 and SantaCoder b1 128 / 128, separate processes in rotation, six rounds (single
 #     rounds scatter by +-0.3% on the H200).
 #  2. StarCoder b32 512 / 128, twice; StarCoder b1 through the engine with decode lookahead.
@@ -34,6 +38,11 @@ for r in 1 2; do
     --tail-timeline 10 > $logs/sctl10_$r.log 2>&1
   echo "sctl10_$r rc=$?"; sed -n '/tail timeline/,$p' $logs/sctl10_$r.log | cut -c1-400
 done
+if [[ "$gpu" != *H200* && "${MQA_CALL_ANY:-0}" != 1 ]]; then
+  echo "not an H200 ($gpu): nothing more run"
+  finish
+  exit 0
+fi
 # 0a. SantaCoder b1 with one traced iteration (CUPTI: every kernel's start and end, PDL overlaps
 # kept) for the next session's layer chain (NOTES version 61's list, item 2); CSVs to $OUT/trace.
 mkdir -p $OUT/trace
@@ -46,22 +55,17 @@ echo "sc_trace rc=$? $(grep -E 'Avg latency|decode step|trace' $logs/sc_trace.lo
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 if [[ -n "$ncu" ]]; then
   timeout 240 $ncu --clock-control none --set full --import-source yes --kernel-name-base mangled \
-    -k 'regex:SkinnyGemmKernel.*Li1ELb1EE' --launch-skip 100 --launch-count 2 -f -o $OUT/ncu_tail \
+    -k 'regex:SkinnyGemmKernel.*Li1ELb1EE' --launch-skip 100 --launch-count 2 -f -o /tmp/ncu_tail \
     $b/bin/mqabench latency --model configs/santacoder --batch-size 1 --input-len 128 \
     --output-len 16 --load-format dummy --num-iters 1 > $logs/ncu_run.log 2>&1
   echo "ncu rc=$? $(tail -2 $logs/ncu_run.log | tr '\n' ' ' | cut -c1-300)"
-  $ncu --import $OUT/ncu_tail.ncu-rep --page details > $OUT/ncu_tail_details.txt 2>&1
-  $ncu --import $OUT/ncu_tail.ncu-rep --page source --print-source sass --csv \
+  $ncu --import /tmp/ncu_tail.ncu-rep --page details > $OUT/ncu_tail_details.txt 2>&1
+  $ncu --import /tmp/ncu_tail.ncu-rep --page source --print-source sass --csv \
     > $OUT/ncu_tail_sass.csv 2>&1
   echo "ncu pages rc=$? $(wc -c < $OUT/ncu_tail_details.txt) $(wc -c < $OUT/ncu_tail_sass.csv)"
   grep -E 'SkinnyGemm|Duration|Registers|Achieved Occupancy' $OUT/ncu_tail_details.txt | head -12
 else
   echo "no ncu here"
-fi
-if [[ "$gpu" != *H200* && "${MQA_CALL_ANY:-0}" != 1 ]]; then
-  echo "not an H200 ($gpu): nothing more run"
-  finish
-  exit 0
 fi
 row() {  # NAME TIMEOUT ARGS...: one mqabench latency run, its headline figures on one line
   local name=$1 limit=$2; shift 2
