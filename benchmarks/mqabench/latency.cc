@@ -33,10 +33,11 @@ namespace {
 absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   ASSIGN_OR_RETURN(const std::vector<unsigned long long> w, model.tail_timeline());
   const int ctas = static_cast<int>(w.size() / kGemmTailStampWords);
+  const auto stamps_of = [&w](int c) { return &w[static_cast<size_t>(c) * kGemmTailStampWords]; };
   unsigned long long t0 = 0;
   int counts[3] = {0, 0, 0};
   for (int c = 0; c < ctas; ++c) {
-    const unsigned long long* s = &w[static_cast<size_t>(c) * kGemmTailStampWords];
+    const unsigned long long* s = stamps_of(c);
     if (s[kTailStampKind] != 1 && s[kTailStampKind] != 2) continue;
     ++counts[s[kTailStampKind]];
     if (s[kTailStampStart] != 0 && (t0 == 0 || s[kTailStampStart] < t0)) t0 = s[kTailStampStart];
@@ -57,7 +58,7 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     for (int e = kTailStampStart; e <= kTailStampEnd; ++e) {
       std::vector<double> us;
       for (int c = 0; c < ctas; ++c) {
-        const unsigned long long* s = &w[static_cast<size_t>(c) * kGemmTailStampWords];
+        const unsigned long long* s = stamps_of(c);
         if (s[kTailStampKind] == static_cast<unsigned long long>(kind) && s[e] >= t0 && s[e] != 0) {
           us.push_back(static_cast<double>(s[e] - t0) * 1e-3);
         }
@@ -75,7 +76,7 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   for (int e = kTailStampPdlDone + 1; e <= kTailStampEnd; ++e) {
     std::vector<double> us;
     for (int c = 0; c < ctas; ++c) {
-      const unsigned long long* s = &w[static_cast<size_t>(c) * kGemmTailStampWords];
+      const unsigned long long* s = stamps_of(c);
       if (s[kTailStampKind] != 2 || s[e] == 0) continue;
       int prev = e - 1;
       while (prev > kTailStampStart && s[prev] == 0) --prev;
