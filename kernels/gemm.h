@@ -66,12 +66,6 @@ struct GemmTailAttention {
   // kGemmTailStampWords (the attention's CTAs 0 .. and the GEMM's after them; the last word is
   // the CTA's kind); null: none.
   unsigned long long* stamps = nullptr;
-  // The merged output also as flagged LL words in the workspace, for the next launch's skinny
-  // GEMM to poll instead of waiting for this grid to end (GemmEpilogue::ll_input: the model's
-  // attn.c_proj). Every launch with it must be followed by exactly one such consumer on the same
-  // workspace, before the next launch with it: the consumer's CTAs count out and advance the
-  // words' flag.
-  bool ll_output = false;
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
 inline constexpr int kGemmTailStampWords = 16;
@@ -95,23 +89,19 @@ enum GemmTailStamp : int {
 };
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
-// 4 + heads int counters (the epoch, the attention warps counted out, each head's splits merged,
-// then the output words' epoch and the consumer's CTAs counted out), padded to 256 bytes; an LL
-// word for each of C's q / k / v columns (at most kGemmTailLlColsPerHead a query head: k and v
-// follow q); the splits' fp32 partials; an LL word for each output element (ll_output).
+// 2 + heads int counters (the epoch, the attention warps counted out, each head's splits merged),
+// padded to 256 bytes; an LL word for each of C's q / k / v columns (at most
+// kGemmTailLlColsPerHead a query head: k and v follow q); then the splits' fp32 partials.
 inline constexpr int kGemmTailLlColsPerHead = 3 * kGemmTailHeadDim;
 inline size_t GemmTailCounterBytes(int heads) {
-  return (static_cast<size_t>(4 + heads) * 4 + 255) / 256 * 256;
+  return (static_cast<size_t>(2 + heads) * 4 + 255) / 256 * 256;
 }
 inline size_t GemmTailLlBytes(int heads) {
   return static_cast<size_t>(heads) * kGemmTailLlColsPerHead * 4;
 }
-inline size_t GemmTailPartialBytes() {
-  return static_cast<size_t>(kGemmTailMaxCtas) * (kGemmTailHeadDim + 2) * 4;
-}
 inline size_t GemmTailAttentionWorkspaceBytes(int heads) {
-  return GemmTailCounterBytes(heads) + GemmTailLlBytes(heads) + GemmTailPartialBytes() +
-         static_cast<size_t>(heads) * kGemmTailHeadDim * 4;
+  return GemmTailCounterBytes(heads) + GemmTailLlBytes(heads) +
+         static_cast<size_t>(kGemmTailMaxCtas) * (kGemmTailHeadDim + 2) * 4;
 }
 
 // fp32 only. InvalidArgument for other dtypes, negative sizes, strides shorter than a row.

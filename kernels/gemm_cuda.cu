@@ -158,9 +158,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
     return absl::UnimplementedError("CudaGemm: GELU (erf) is not fused; use BiasActivationCuda");
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
-  // Fused work (and the LL input, whose words only the skinny kernel counts out) has no fallback.
-  const bool fused =
-      e.ln_weight != nullptr || e.key_cache != nullptr || e.ll_input_workspace != nullptr;
+  const bool fused = e.ln_weight != nullptr || e.key_cache != nullptr;
   if (options_.skinny && (fused || p.m <= options_.skinny_max_m)) {
     bool split = false;
     if (options_.skinny_split_k && p.m <= kSkinnyMaxM) {
@@ -189,8 +187,7 @@ absl::Status CudaGemm::Run(const GemmParams& p, const GemmEpilogue& e, cudaStrea
     }();
     if (!absl::IsUnimplemented(s) || fused) return s;
   } else if (fused) {
-    return absl::UnimplementedError(
-        "CudaGemm: fused layer norm / KV write / LL input need the skinny kernel");
+    return absl::UnimplementedError("CudaGemm: fused layer norm / KV write need the skinny kernel");
   }
   if (options_.stream_tc && p.m <= kStreamTcMaxM && StreamTcGemmSupported(p, e)) {
     ASSIGN_OR_RETURN(const bool ready,

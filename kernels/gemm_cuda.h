@@ -72,12 +72,6 @@ struct GemmEpilogue {
   // input (the model's attn.c_proj behind the QKV GEMM's tail attention). Correctness does not
   // depend on it: the next kernel's wait is on this grid's end either way.
   bool release_dependents_early = false;
-  // Skinny kernel, m = 1 only (elsewhere Unimplemented): A's row is the previous launch's tail
-  // attention output (GemmTailAttention::ll_output, the same workspace and heads; A = its output,
-  // k = heads x head_dim), read as its flagged LL words instead of after the PDL wait, which the
-  // kernel does only at its end (so that its grid still ends after the previous one).
-  const void* ll_input_workspace = nullptr;
-  int ll_input_heads = 0;
 };
 
 class CudaGemm {

@@ -63,15 +63,8 @@ struct SkinnyTailArgs {
   int ll_cols = 0;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
   unsigned long long* stamps = nullptr;  // GemmTailAttention::stamps
-  // GemmTailAttention::ll_output: the output also as LL words here ([heads D]), with the flag
-  // counters[TailOutEpoch(heads)] plus one; null: not.
-  uint32_t* ll_out = nullptr;
 };
 inline constexpr int kTailEpoch = 0, kTailCountOut = 1, kTailHeadCounts = 2;
-// After the heads' counts: the output words' epoch (bumped by the consumer's last CTA to count
-// out, GemmEpilogue::ll_input) and the consumer's CTAs counted out (zero again when it ends).
-__host__ __device__ constexpr int TailOutEpoch(int heads) { return kTailHeadCounts + heads; }
-__host__ __device__ constexpr int TailOutCount(int heads) { return kTailHeadCounts + heads + 1; }
 
 __device__ __forceinline__ uint32_t LoadRelaxedGpu(const uint32_t* p) {
   uint32_t v;
@@ -161,11 +154,6 @@ struct SkinnyArgs {
   bool release_early = false;  // GemmEpilogue::release_dependents_early
   bool evict_first = true;     // SkinnyOptions::evict_first
   SkinnyTailArgs<T> tail;      // kTail instantiations only
-  // kLlIn (GemmEpilogue::ll_input_workspace): A's row as the previous launch's tail output words,
-  // with that tail's counters (TailOutEpoch / TailOutCount of ll_heads heads).
-  const uint32_t* ll_in = nullptr;
-  int* ll_counters = nullptr;
-  int ll_heads = 0;
 };
 
 // The weights' L2 eviction priority (SkinnyOptions::evict_first): an opaque policy for the
@@ -418,9 +406,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   const int h = cta / t.splits, s = cta - h * t.splits;
   const int kv = (h / t.group) * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // The next kernel waits for this whole grid (or, with ll_out, polls the output words and waits
-  // for the grid only at its end).
-  fwd::PdlTrigger();
+  fwd::PdlTrigger();  // the next kernel waits for this whole grid anyway
   TailStampKind(t.stamps, 2);
   const int ctx = *t.context_len, newest = ctx - 1;
   const int tok0 = s * kGemmTailTokens + warp * kWarpTokens;
@@ -471,13 +457,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   // position's k / v; polled (all loads of a round in flight together) until every one carries
   // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
   const uint32_t flag = TailLlFlag(t.counters);
-  // The output words' flag (ll_out): the consumer of the previous launch, which bumped its epoch,
-  // is complete by now (the kernels between wait for each other).
-  const uint32_t out_flag =
-      t.ll_out != nullptr
-          ? (LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(t.counters + TailOutEpoch(t.heads))) +
-             1u) << 16
-          : 0u;
   const bool has_new = newest >= tok0 && newest < tok0 + kWarpTokens;
   const uint32_t* qw = t.ll + h * D + 4 * lane;
   const uint32_t* kw = t.ll + (t.k_new - t.q) + kv + 4 * lane;
@@ -555,17 +534,8 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
     }
   }
   T* out = t.out + h * D + d;
-  const auto store_out = [&](float v) {
-    const T e = fwd::FromFloat<T>(v);
-    *out = e;
-    if (t.ll_out != nullptr) {
-      uint16_t bits;
-      memcpy(&bits, &e, sizeof(bits));
-      StoreRelaxedGpu(t.ll_out + h * D + d, out_flag | bits);
-    }
-  };
   if (t.splits == 1) {
-    store_out(os / ls);
+    *out = fwd::FromFloat<T>(os / ls);
   } else if (t.cluster > 0) {
     // The head's splits are one cluster (the attention's CTAs come first, so split s is the
     // cluster's rank s): ranks 1.. push their partials into rank 0's tail_in (st.async,
@@ -602,7 +572,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
       const auto at = [&](int j, int i) {
         return j > 0 ? tail_in[j][i] : i == D ? ms : i == D + 1 ? ls : os;
       };
-      store_out(TailMergeSplits(at, t.splits, d));
+      *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
     }
   } else {
     constexpr int kSlot = D + 2;
@@ -616,7 +586,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
     if (TailCountIn(t.counters + kTailHeadCounts + h, t.splits, &tail_last)) {
       TailStamp(t.stamps, kTailStampMerged);
       const auto at = [&](int j, int i) { return __ldcg(head + j * kSlot + i); };
-      store_out(TailMergeSplits(at, t.splits, d));
+      *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
       if (threadIdx.x == 0) t.counters[kTailHeadCounts + h] = 0;  // every split has counted in
     }
   }
@@ -626,45 +596,6 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
     atomicAdd(t.counters + kTailEpoch, 1);
   }
   TailStamp(t.stamps, kTailStampEnd);
-}
-
-// kLlIn (GemmEpilogue::ll_input_workspace): A's row of k elements from the previous launch's tail
-// output words into shared memory at `row`. Each thread polls its groups of four words (four
-// groups' loads in flight together) until every one carries the flag (the output epoch plus one,
-// as the tail writes it); then the CTA counts out, and the grid's last CTA resets the count and
-// bumps the epoch, so that the next tail launch writes the next flag (it reads the epoch after its
-// PDL wait, when this grid is complete) and no word of this launch matches it.
-template <typename T>
-__device__ __forceinline__ void SkinnyPollLlRow(const SkinnyArgs<T>& p, T* row) {
-  int* const epoch = p.ll_counters + TailOutEpoch(p.ll_heads);
-  int* const count = p.ll_counters + TailOutCount(p.ll_heads);
-  const uint32_t flag = (LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(epoch)) + 1u) << 16;
-  constexpr int kBatch = 4;
-  const int groups = p.k / 4;
-  for (int g0 = threadIdx.x; g0 < groups; g0 += kBatch * static_cast<int>(blockDim.x)) {
-    uint4 w[kBatch];
-    for (bool in = false; !in;) {
-      in = true;
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int g = g0 + j * static_cast<int>(blockDim.x);
-        if (g < groups) {
-          w[j] = LoadRelaxedGpu4(p.ll_in + 4 * g);
-          in &= TailLlFlagged(w[j], flag);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int g = g0 + j * static_cast<int>(blockDim.x);
-      if (g < groups) *reinterpret_cast<uint2*>(row + 4 * g) = TailLlData(w[j]);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(count, 1) == static_cast<int>(gridDim.x) - 1) {
-    *count = 0;
-    atomicAdd(epoch, 1);
-  }
 }
 
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first, folded
@@ -684,17 +615,13 @@ __device__ __forceinline__ void SkinnyPollLlRow(const SkinnyArgs<T>& p, T* row) 
 // rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
 // kTail: CTAs [0, p.tail.tail_ctas) run the tail attention (GemmEpilogue::tail), the GEMM's
-// CTAs follow. kLlIn: A's row is the previous launch's tail output, polled as its LL words
-// (SkinnyPollLlRow) where the others wait for the previous grid; the epilogue's bias and residual
-// are loaded before that (the residual was final before the tail's GEMM CTAs released this grid),
-// and the PDL wait comes at the end.
+// CTAs follow.
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
-          int kMinCtas = 1, bool kTail = false, bool kLlIn = false>
+          int kMinCtas = 1, bool kTail = false>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   static_assert(!kTail || M == 1);
-  static_assert(!kLlIn || (M == 1 && !kLn && !kTail));
   // kTail: the attention's CTAs first in the grid, the GEMM's after them.
   int gemm_block = static_cast<int>(blockIdx.x);
   if constexpr (kTail) {
@@ -763,25 +690,9 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       ln_bs = p.ln_bsum[out_col];
     }
   };
-  if (stores && (kLlIn || p.early_epilogue)) load_consts();
-  const T* a_in = p.a;
-  if constexpr (kLlIn) {
-    if (stores && p.accumulate) {  // row 0's old C, from L2 (another grid wrote it)
-      const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(p.c + out_col));
-      T e;
-      memcpy(&e, &bits, sizeof(e));
-      out.resid = fwd::ToFloat(e);
-    }
-  }
+  if (stores && p.early_epilogue) load_consts();
   if (p.release_early) fwd::PdlTrigger();
-  if constexpr (kLlIn) {
-    T* row = reinterpret_cast<T*>(skinny_stage + static_cast<size_t>(kSkinnyWarps) * R *
-                                                     p.stage_elems * sizeof(T));
-    SkinnyPollLlRow(p, row);
-    a_in = row;
-  } else {
-    fwd::PdlWait();
-  }
+  fwd::PdlWait();
   if (!p.release_early) fwd::PdlTrigger();
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
   uint32_t ll_flag = 0;  // kTail: the LL words' flag (after the wait: the previous launch's bump)
@@ -790,11 +701,11 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   }
   // With kLn every warp takes its part of the statistics.
   if (!kLn && !live) return;
-  if (stores && p.early_epilogue && !kLlIn) out.resid = SkinnyLoadResid(p, out_i, out_col);
+  if (stores && p.early_epilogue) out.resid = SkinnyLoadResid(p, out_i, out_col);
 
   const T* arow[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) arow[i] = a_in + static_cast<int64_t>(min(i, m - 1)) * p.lda;
+  for (int i = 0; i < M; ++i) arow[i] = p.a + static_cast<int64_t>(min(i, m - 1)) * p.lda;
   __shared__ float ln_part[kLn ? kSkinnyWarps : 1][M][2];
   float ln_sum[M], ln_sq[M];
 #pragma unroll
@@ -873,7 +784,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     __syncthreads();
   }
   if (stores) {
-    if (!p.early_epilogue && !kLlIn) {
+    if (!p.early_epilogue) {
       load_consts();
       out.resid = SkinnyLoadResid(p, out_i, out_col);
     }
@@ -897,7 +808,6 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
   }
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampEnd);
-  if constexpr (kLlIn) fwd::PdlWait();  // this grid ends after the previous one
 }
 
 template <typename T>
@@ -930,8 +840,7 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
 
 // kTail: a.tail is filled (LaunchSkinny), the layer norm fused, the identity activation; the grid
 // is the GEMM's, and a.tail's CTAs are added to it.
-template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1, bool kTail = false,
-          bool kLlIn = false>
+template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1, bool kTail = false>
 absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation act, dim3 grid,
                                   cudaStream_t stream, bool pdl) {
   const dim3 block(kSkinnyWarps * 32);
@@ -956,9 +865,7 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
         {a.stage_elems, per_cta / (kSkinnyWarps * R) / static_cast<int64_t>(sizeof(T)), rest});
     b.stage_elems = static_cast<int>(std::max<int64_t>(0, elems / kChunks32 * kChunks32));
   }
-  // kLlIn: A's row after the staged weights.
-  const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T) +
-                      (kLlIn ? static_cast<size_t>(a.k) * sizeof(T) : 0);
+  const size_t smem = size_t{kSkinnyWarps} * R * b.stage_elems * sizeof(T);
   auto launch = [&](auto kernel) -> absl::Status {
     if (smem > 48 * 1024) {
       CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -974,12 +881,6 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     // merge).
     grid.x = static_cast<unsigned>(a.tail.tail_ctas + a.tail.gemm_ctas);
     return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
-  }
-  if constexpr (kLlIn) {
-    if (ln || act != Activation::kIdentity) {
-      return absl::UnimplementedError("SkinnyGemmCuda: the LL input takes no layer norm or GELU");
-    }
-    return launch(SkinnyGemmKernel<T, M, 0, R, false, U, kHalf, kMinCtas, false, true>);
   }
   switch (act) {
     case Activation::kIdentity:
@@ -1051,10 +952,6 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->partials =
       reinterpret_cast<float*>(w + GemmTailCounterBytes(g.heads) + GemmTailLlBytes(g.heads));
   t->stamps = g.stamps;
-  t->ll_out = g.ll_output
-                  ? reinterpret_cast<uint32_t*>(w + GemmTailCounterBytes(g.heads) +
-                                                GemmTailLlBytes(g.heads) + GemmTailPartialBytes())
-                  : nullptr;
   return absl::OkStatus();
 }
 
@@ -1076,32 +973,6 @@ absl::Status LaunchSkinny(const GemmParams& p, const GemmEpilogue& e, cudaStream
   // m = 1, 2 rows a warp: narrow enough for kSkinnyDeepUnroll (o.deep_max_warps).
   [[maybe_unused]] const bool deep =
       o.deep_max_warps > 0 && blocks * kSkinnyWarps <= o.deep_max_warps;
-  if (e.ll_input_workspace != nullptr) {
-    // The model's attn.c_proj behind the tail: m = 1, two rows a warp, the deep unroll.
-    if constexpr (M == 1 && R == 2) {
-      if (!deep || e.tail.output != nullptr || e.key_cache != nullptr || e.ll_input_heads <= 0 ||
-          p.k != int64_t{e.ll_input_heads} * kGemmTailHeadDim) {
-        return absl::UnimplementedError(
-            "SkinnyGemmCuda: the LL input needs m = 1, the deep unroll, k = heads x 128");
-      }
-      const char* w = static_cast<const char*>(e.ll_input_workspace);
-      const int heads = e.ll_input_heads;
-      a.ll_counters = reinterpret_cast<int*>(const_cast<char*>(w));
-      a.ll_in = reinterpret_cast<const uint32_t*>(w + GemmTailCounterBytes(heads) +
-                                                  GemmTailLlBytes(heads) + GemmTailPartialBytes());
-      a.ll_heads = heads;
-      if constexpr (std::is_same_v<T, __half>) {
-        if (o.half_fold) {
-          return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, true, 1, false, true>(
-              a, ln, e.activation, grid, stream, pdl);
-        }
-      }
-      return LaunchSkinnyUnrolled<T, M, R, kSkinnyDeepUnroll, false, 1, false, true>(
-          a, ln, e.activation, grid, stream, pdl);
-    } else {
-      return absl::UnimplementedError("SkinnyGemmCuda: the LL input needs m = 1, 2 rows a warp");
-    }
-  }
   if (e.tail.output != nullptr) {
     if constexpr (M == 1 && R == 2) {
       if (!deep) return absl::UnimplementedError("SkinnyGemmCuda: the tail needs the deep unroll");
@@ -1642,8 +1513,8 @@ size_t SkinnySplitKWorkspaceBytes(int num_sms) {
 absl::Status SkinnySplitKGemmCuda(const GemmParams& p, const GemmEpilogue& e, cudaStream_t stream,
                                   void* workspace, size_t workspace_bytes,
                                   const SkinnySplitKOptions& options) {
-  if (e.tail.output != nullptr || e.ll_input_workspace != nullptr) {
-    return absl::UnimplementedError("SkinnySplitKGemmCuda: no tail attention or LL input");
+  if (e.tail.output != nullptr) {
+    return absl::UnimplementedError("SkinnySplitKGemmCuda: no tail attention");
   }
   bool empty = false;
   RETURN_IF_ERROR(CheckSkinny(p, e, "SkinnySplitKGemmCuda", &empty));

@@ -124,8 +124,6 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
       e.bias = p.bias;
       e.activation = p.activation;
       e.release_dependents_early = p.release_dependents_early;
-      e.ll_input_workspace = p.ll_input_workspace;
-      e.ll_input_heads = p.ll_input_heads;
       GemmParams g = p.gemm;
       if (p.residual != nullptr && p.activation == Activation::kIdentity) {
         g.c = p.residual;  // residual += A B^T + bias, in the epilogue (beta = 1)

@@ -98,10 +98,6 @@ struct LinearParams {
   void* residual = nullptr;
   // CUDA: GemmEpilogue::release_dependents_early (Linear, FusedLinear; the CPU ignores it).
   bool release_dependents_early = false;
-  // CUDA, Linear only: GemmEpilogue::ll_input_workspace / ll_input_heads (A is the previous
-  // launch's tail attention output, read as its LL words; the CPU reads A).
-  const void* ll_input_workspace = nullptr;
-  int ll_input_heads = 0;
 };
 
 // What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),

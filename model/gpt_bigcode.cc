@@ -499,27 +499,13 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
 }
 
 absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                             Collectives& collectives, bool release_early,
-                                             bool ll_input) {
+                                             Collectives& collectives, bool release_early) {
   LinearParams lin;
   lin.gemm = gemm;
   lin.bias = bias.raw();
   lin.release_dependents_early = release_early;
   if (w_.shard.world_size == 1) {
     lin.residual = hidden_.raw();
-    if (ll_input) {
-      lin.ll_input_workspace = ctx_.tail_workspace;
-      lin.ll_input_heads = static_cast<int>(heads_);
-      const absl::Status st = Linear(ctx_, lin);
-      if (!absl::IsUnimplemented(st)) return st;
-      // Nothing ran: the words stay unread and their epoch where it was, so no launch may poll
-      // them again (a later tail would write the same flag).
-      tail_ll_output_ = false;
-      std::fprintf(stderr, "mqaserve: attn.c_proj refused the tail's LL output (%s); off\n",
-                   st.ToString().c_str());
-      lin.ll_input_workspace = nullptr;
-      lin.ll_input_heads = 0;
-    }
     return Linear(ctx_, lin);
   }
   // The bias is zero on ranks other than 0 (weights.h), so adding it before the sum adds it once.
@@ -593,7 +579,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // (and always on the CPU) the ops below. A one-token step outside the chain may take the
   // attention (with the KV write) into the same launch (tail_attention_).
   bool qkv_fused = false, kv_written = false, tail_done = false;
-  bool tail_ll = false;               // the tail's output handed over as LL words (tail_ll_output_)
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
   if (fuse_ && !qkv_ready) {
@@ -612,9 +597,6 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
       LinearFusion f = with_kv;
       LinearParams with_tail = fused;
       with_tail.release_dependents_early = (tail_release_early_ & kTailReleaseQkv) != 0;
-      // attn.c_proj then reads its residual before the PDL wait: the QKV GEMM's CTAs must release
-      // it only after theirs (the residual final).
-      const bool want_ll = tail_ll_output_ && !with_tail.release_dependents_early;
       f.tail = {.output = attn_.raw(),
                 .block_table = idx.block_tables,
                 .context_len = idx.context_lens,
@@ -627,12 +609,10 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .workspace = ctx_.tail_workspace,
                 .workspace_bytes = ctx_.tail_workspace_bytes,
                 .cluster_merge = tail_cluster_merge_,
-                .stamps = l == ctx_.tail_stamps_layer ? ctx_.tail_stamps : nullptr,
-                .ll_output = want_ll};
+                .stamps = l == ctx_.tail_stamps_layer ? ctx_.tail_stamps : nullptr};
       const absl::Status st = FusedLinear(ctx_, with_tail, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();
-      tail_ll = tail_done && want_ll;
       tail_runs_ += tail_done;
     }
     if (!qkv_fused) {
@@ -791,8 +771,8 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // Behind the tail, attn.c_proj (and with its other bits c_fc, mlp.c_proj) may release the next
   // kernel as it starts (tail_release_early_).
   const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
-  RETURN_IF_ERROR(RowParallelResidual(gemm, L.c_proj_b, collectives,
-                                      release_early(kTailReleaseAttnProj), tail_ll));
+  RETURN_IF_ERROR(
+      RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

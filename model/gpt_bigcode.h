@@ -281,11 +281,6 @@ struct GptBigCodeOptions {
   // 1.057 / 1.056 ms without, 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100
   // calls -1.3 to -3.6%; the other bits nothing.
   int tail_release_early = kTailReleaseAttnProj;
-  // With tail_attention, one rank: the tail's output also as flagged LL words
-  // (GemmTailAttention::ll_output) that attn.c_proj's CTAs poll instead of waiting for the QKV
-  // launch to end (GemmEpilogue::ll_input_workspace; its PDL wait moves to its end). Not the
-  // default until measured.
-  bool tail_ll_output = false;
 };
 
 class GptBigCode {
@@ -424,8 +419,6 @@ class GptBigCode {
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
   void set_tail_release_early(int mask);
-  // Benchmarks: GptBigCodeOptions::tail_ll_output. Drops captured graphs.
-  void set_tail_ll_output(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Of those, the chains with the attention as their first phase (decode_chain_attention), and
@@ -434,8 +427,6 @@ class GptBigCode {
   bool last_decode_chain_had_attention() const { return last_chain_attention_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
-  // GptBigCodeOptions::tail_ll_output as it stands (off for good once attn.c_proj refused it).
-  bool tail_ll_output() const { return tail_ll_output_; }
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
   // One decode step shape, {sequences, longest context}, for each (batch bucket, context bucket)
@@ -482,11 +473,8 @@ class GptBigCode {
                      Collectives& collectives);
   // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
   // (gemm.c = proj_ is the scratch). release_early: LinearParams::release_dependents_early.
-  // ll_input: A is the tail's output as LL words (one rank; LinearParams::ll_input_workspace);
-  // where the GEMM refuses it, tail_ll_output_ goes off for good and A is read as usual.
   absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                   Collectives& collectives, bool release_early = false,
-                                   bool ll_input = false);
+                                   Collectives& collectives, bool release_early = false);
   // Embedding and every layer: the residual stream in hidden_.
   absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
   // ln_f and lm_head over the gathered logits rows into local_logits_.
@@ -547,7 +535,6 @@ class GptBigCode {
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
   int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
-  bool tail_ll_output_ = false;             // GptBigCodeOptions::tail_ll_output
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
   int64_t chain_runs_ = 0;

@@ -278,11 +278,6 @@ void GptBigCode::set_tail_release_early(int mask) {
   ClearCudaGraphs();
 }
 
-void GptBigCode::set_tail_ll_output(bool on) {
-  tail_ll_output_ = on;
-  ClearCudaGraphs();
-}
-
 void GptBigCode::set_decode_chain_steal_chunks(int chunks) {
   ctx_.chain_steal_chunks = chunks;
   ClearCudaGraphs();
@@ -518,7 +513,6 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
   tail_release_early_ = options.tail_release_early;
-  tail_ll_output_ = options.tail_ll_output;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -862,7 +856,6 @@ void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
-void GptBigCode::set_tail_ll_output(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_head_hold(int) {}

@@ -65,7 +65,6 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
   int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
-  bool tail_ll_output = GptBigCodeOptions().tail_ll_output;         // ... ::tail_ll_output
 };
 
 class GptBigCodeRunner final : public ModelRunner {

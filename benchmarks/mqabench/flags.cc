@@ -173,9 +173,9 @@ std::vector<std::string> EngineRows(absl::string_view engine) {
 }
 
 bool IsAutoChainRow(absl::string_view row) {
-  static constexpr absl::string_view kNamed[] = {
-      "auto", "na",  "late", "rel", "tail", "tailc", "notail", "ll",     "nl",  "hq",
-      "hq0",  "hq2", "tc",   "cc",  "hf",   "hf0",   "fm",     "shares", "llo", "llo0"};
+  static constexpr absl::string_view kNamed[] = {"auto",   "na", "late", "rel", "tail", "tailc",
+                                                 "notail", "ll", "nl",   "hq",  "hq0",  "hq2",
+                                                 "tc",     "cc", "hf",   "hf0", "fm",   "shares"};
   for (absl::string_view named : kNamed) {
     if (row == named) return true;
   }

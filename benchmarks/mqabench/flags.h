@@ -59,8 +59,8 @@ bool ParseRingForm(const std::string& row, int* kib, int* inflight);
 int TailReleaseMask(absl::string_view row);
 // The --chain rows that are `auto` with one knob changed (the chain on for layers of at least
 // GptBigCodeOptions::decode_chain_min_layer_bytes): auto, na, late, rel, tail, tailc, tailr /
-// tailrN, notail, wN, ll, nl, hq, hq0, hq2, tc, cc, hf, hf0, fm / fmN, shares, llo and llo0. (The
-// other rows PlanLatency takes: off, on, at, otc, occ, ohf, ohf0, sN, fN and kKfN.)
+// tailrN, notail, wN, ll, nl, hq, hq0, hq2, tc, cc, hf, hf0, fm / fmN and shares. (The other rows
+// PlanLatency takes: off, on, at, otc, occ, ohf, ohf0, sN, fN and kKfN.)
 bool IsAutoChainRow(absl::string_view row);
 
 // --engine's rows in order, each off, on or la ("both" gives off and on); empty when an item is

@@ -279,9 +279,6 @@ absl::Status Latency(const Flags& f) {
                                      : chain == "tail"         ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
-    r.model().set_tail_ll_output(chain == "llo"    ? true
-                                 : chain == "llo0" ? false
-                                                   : GptBigCodeOptions().tail_ll_output);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
                                          : chain == "nl"
                                              ? 0

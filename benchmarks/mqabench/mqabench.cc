@@ -92,8 +92,7 @@
 //     with N stages a CTA dealt by ticket (decode_chain_fused_pool; fm: the default); shares is
 //     auto with per-SM shares of the chains' rows (GptBigCode::set_decode_chain_sm_shares) from a
 //     calibration of 32 untimed decode steps (GptBigCodeRunner::CalibrateDecodeChainShares; its
-//     summary is printed); llo and llo0 are auto with the tail's output handed to attn.c_proj as
-//     LL words (GptBigCodeOptions::tail_ll_output) on and off.
+//     summary is printed).
 //     --chain-timeline: every chain records its timeline (GptBigCode::set_decode_chain_timeline);
 //     after each row, the last decode step's chains of layers L are printed (event min / median /
 //     max over the CTAs, benchmarks/chain_timeline.h) with where the previous layer's chain

@@ -9,8 +9,7 @@
 // block size or of the 64-token split, a graph bucket longer than the context, one and several
 // splits, MQA and grouped heads, fp16 (pair fold on and off) and bf16, with and without PDL,
 // eagerly and captured in a CUDA graph; two launches back to back (each must leave its counters
-// zeroed for the next); the output handed to a consumer GEMM as LL words (ll_output /
-// ll_input_workspace). Skips without a GPU.
+// zeroed for the next). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,7 +22,6 @@
 
 #include "kernels/gemm_cuda.h"
 #include "kernels/paged_attention.h"
-#include "runtime/cuda_check.h"
 #include "runtime/status.h"
 #include "tests/kernels/forward_cuda_test_util.h"
 
@@ -408,163 +406,6 @@ TEST_P(GemmTailAttentionTest, FlagsWrapAndStaleWordsAreNotTaken) {
   uint32_t epoch = 0;
   ASSERT_EQ(cudaMemcpy(&epoch, op.work->get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(epoch, kStartEpoch + 7) << "one epoch a launch";
-}
-
-// GemmTailAttention::ll_output with its consumer (GemmEpilogue::ll_input_workspace: the model's
-// attn.c_proj, residual += out W^T + bias, polling the output's LL words instead of waiting for
-// the tail's grid). The consumer's C must be bit-equal to the same GEMM reading the tail's plain
-// output afterwards. Started two pairs before the output epoch wraps, with every output word stale
-// (the previous launch's flag over a value that is not the output), pairs of two different inputs
-// in turn, synchronised and then back to back in a graph: each consumer takes only its own tail's
-// words (a stale word, or a flag ignored, gives the other input's result). One epoch a pair.
-// SantaCoder's shape (the cluster merge where on), one split, sixteen (the L2 merge), grouped
-// heads.
-TEST_P(GemmTailAttentionTest, OutputAsLlWordsFeedsTheNextGemm) {
-  constexpr int D = kGemmTailHeadDim;
-  const DType t = std::get<0>(GetParam());
-  auto gemm = MakeGemm();
-  ASSERT_NE(gemm, nullptr);
-  for (const TailCase& c : {TailCase{16, 1, 2048, 16, 150, 256}, TailCase{2, 1, 256, 16, 40, 40},
-                            TailCase{2, 1, 256, 16, 700, 1024}, TailCase{4, 2, 512, 8, 77, 128}}) {
-    TailOperands op(c, t, std::get<3>(GetParam()), rng_, stream_);
-    std::vector<float> f;
-    const auto a2 = DeviceMem::From(RandomRounded(f, c.k, t, rng_, 2.0f, 1.0f));
-    const void* inputs[2] = {op.a->get(), a2->get()};
-    // The consumer: [E, heads D] weights, a bias and a residual row of E.
-    const int64_t k2 = int64_t{c.heads} * D, n2 = c.k;
-    const auto w2 = DeviceMem::From(RandomRounded(f, n2 * k2, t, rng_, 0.05f));
-    const auto bias2 = DeviceMem::From(RandomRounded(f, n2, t, rng_));
-    const auto resid = DeviceMem::From(RandomRounded(f, n2, t, rng_));
-    DeviceMem qkv(op.n * 2), out(op.out_bytes()), c2(n2 * 2), c3(n2 * 2);
-    GemmParams p2;
-    p2.a = out.get();
-    p2.b = w2->get();
-    p2.lda = p2.ldb = k2;
-    p2.ldc = n2;
-    p2.m = 1;
-    p2.n = n2;
-    p2.k = k2;
-    p2.dtype = t;
-    GemmEpilogue e2;
-    e2.bias = bias2->get();
-    e2.accumulate = true;
-    GemmEpilogue e2_ll = e2;
-    e2_ll.ll_input_workspace = op.work->get();
-    e2_ll.ll_input_heads = c.heads;
-    GemmEpilogue tail = op.WithTail(out.get());
-    tail.tail.ll_output = true;
-    auto tail_params = [&](int i, void* cbuf) {
-      GemmParams p = op.p;
-      p.a = inputs[i];
-      p.c = cbuf;
-      return p;
-    };
-    auto reset = [&](DeviceMem& cbuf, cudaStream_t s) {
-      return cudaMemcpyAsync(cbuf.get(), resid->get(), n2 * 2, cudaMemcpyDeviceToDevice, s);
-    };
-    // Each input's consumer result from the plain output (the tail without ll_output first).
-    std::vector<uint16_t> want[2];
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(gemm->Run(tail_params(i, qkv.get()), op.WithTail(out.get()), stream_).ok());
-      ASSERT_EQ(reset(c2, stream_), cudaSuccess);
-      GemmParams p = p2;
-      p.c = c2.get();
-      ASSERT_TRUE(gemm->Run(p, e2, stream_).ok());
-      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-      want[i] = c2.Download<uint16_t>();
-    }
-    ASSERT_TRUE(want[0] != want[1]);
-    char* work = static_cast<char*>(op.work->get());
-    const size_t epoch_at = size_t{4} * (2 + c.heads);  // the output words' epoch
-    const size_t words_at =
-        GemmTailCounterBytes(c.heads) + GemmTailLlBytes(c.heads) + GemmTailPartialBytes();
-    constexpr uint32_t kStartEpoch = 0xfffe;
-    ASSERT_EQ(cudaMemcpy(work + epoch_at, &kStartEpoch, 4, cudaMemcpyHostToDevice), cudaSuccess);
-    std::vector<uint32_t> stale(k2, (kStartEpoch << 16) | 0x3c00u);
-    ASSERT_EQ(cudaMemcpy(work + words_at, stale.data(), stale.size() * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    auto pair = [&](int i, DeviceMem& cbuf, cudaStream_t s) -> absl::Status {
-      CUDA_RETURN_IF_ERROR(reset(cbuf, s));
-      RETURN_IF_ERROR(gemm->Run(tail_params(i, qkv.get()), tail, s));
-      GemmParams p = p2;
-      p.c = cbuf.get();
-      return gemm->Run(p, e2_ll, s);
-    };
-    // Output epochs 0xfffe, 0xffff, 0x10000 (flags 0xffff, 0, 1), each pair checked before the
-    // next.
-    for (int launch = 0; launch < 3; ++launch) {
-      const int i = launch % 2;
-      const absl::Status st = pair(i, c2, stream_);
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-      EXPECT_EQ(c2.Download<uint16_t>(), want[i])
-          << "synchronised pair " << launch << ", heads " << c.heads << " ctx " << c.ctx;
-    }
-    for (int round = 0; round < 2; ++round) {
-      c2.Poison();
-      c3.Poison();
-      ASSERT_NO_FATAL_FAILURE(testing::RunInGraph(stream_, [&](cudaStream_t s) -> absl::Status {
-        RETURN_IF_ERROR(pair(1, c3, s));
-        return pair(0, c2, s);
-      }));
-      EXPECT_EQ(c3.Download<uint16_t>(), want[1]) << "graph, first pair, heads " << c.heads;
-      EXPECT_EQ(c2.Download<uint16_t>(), want[0]) << "graph, second pair, heads " << c.heads;
-    }
-    uint32_t epoch = 0, count = 1;
-    ASSERT_EQ(cudaMemcpy(&epoch, work + epoch_at, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(&count, work + epoch_at + 4, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(epoch, kStartEpoch + 7) << "one output epoch a pair";
-    EXPECT_EQ(count, 0u) << "the consumer's count left zeroed";
-  }
-}
-
-// The LL input is refused before anything runs where the skinny kernel cannot take it (no other
-// kernel may: only it counts the words out), and C is left untouched.
-TEST_P(GemmTailAttentionTest, LlInputRefusedWhereNotTaken) {
-  const DType t = std::get<0>(GetParam());
-  TailOperands op({16, 1, 2048, 16, 100, 256}, t, std::get<3>(GetParam()), rng_, stream_);
-  std::vector<float> f;
-  const int64_t k2 = 16 * kGemmTailHeadDim, n2 = 2048;
-  const auto w2 = DeviceMem::From(RandomRounded(f, n2 * k2, t, rng_, 0.05f));
-  DeviceMem a(2 * k2 * 2), c(2 * n2 * 2);
-  GemmParams p;
-  p.a = a.get();
-  p.b = w2->get();
-  p.lda = p.ldb = k2;
-  p.ldc = n2;
-  p.m = 1;
-  p.n = n2;
-  p.k = k2;
-  p.dtype = t;
-  p.c = c.get();
-  GemmEpilogue e;
-  e.accumulate = true;
-  e.ll_input_workspace = op.work->get();
-  e.ll_input_heads = 16;
-  auto refused = [&](CudaGemm& g, const GemmParams& gp, const GemmEpilogue& ge, const char* why) {
-    c.Poison();
-    const absl::Status st = g.Run(gp, ge, stream_);
-    EXPECT_TRUE(absl::IsUnimplemented(st)) << why << ": " << st;
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    const auto bits = c.Download<uint16_t>();
-    EXPECT_TRUE(std::all_of(bits.begin(), bits.end(), [](uint16_t b) { return b == 0xffff; }))
-        << why << ": C was written";
-  };
-  auto gemm = MakeGemm();
-  ASSERT_NE(gemm, nullptr);
-  GemmEpilogue wrong = e;
-  wrong.ll_input_heads = 8;
-  refused(*gemm, p, wrong, "k is not heads x 128");
-  GemmParams two = p;
-  two.m = 2;
-  refused(*gemm, two, e, "m = 2");
-  wrong = e;
-  wrong.activation = Activation::kGeluTanh;
-  wrong.accumulate = false;
-  refused(*gemm, p, wrong, "GELU");
-  auto shallow = MakeGemm(/*deep=*/false);
-  ASSERT_NE(shallow, nullptr);
-  refused(*shallow, p, e, "without the deep unroll");
 }
 
 // What the tail does not take is refused before anything runs (Unimplemented, or

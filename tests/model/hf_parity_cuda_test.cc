@@ -123,8 +123,7 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (tail_release_early 15; without bit 21 the runner's default); bit 22: with bit 13, the attention
 // inside the chain only where the step's context bound is at most 128
 // (decode_chain_attention_max_context), which the fixtures' decode steps (context bound 256, their
-// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound;
-// bit 23: with bit 18, the tail's output handed to attn.c_proj as LL words (tail_ll_output).
+// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound.
 // 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
@@ -164,7 +163,6 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
   if (knobs & 2097152) opts.tail_release_early = kTailReleaseAll;
-  opts.tail_ll_output = knobs & 8388608;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
@@ -295,9 +293,6 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
     EXPECT_GT(r.model().tail_attention_runs(), 0) << "the tail attention never ran";
   }
   if (!tail) EXPECT_EQ(r.model().tail_attention_runs(), 0);
-  if ((knobs & 8388608) && tail && model == "tiny-mqa-d128") {
-    EXPECT_TRUE(r.model().tail_ll_output()) << "attn.c_proj refused the tail's LL output";
-  }
   // fp16 resolves the fixtures' greedy paths for long stretches; bf16's 8-bit mantissa forks
   // early on these random tiny models (first GPU run: 3 to 11 steps compared before a fork).
   EXPECT_GT(compared, dtype == DType::kF16 ? 40 : 0);
@@ -310,7 +305,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
                                          12389, 20581, 36965, 528485, 103, 65637, 196709, 327781,
-                                         1376357, 3473509, 4206693, 9764965)),
+                                         1376357, 3473509, 4206693)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -337,7 +332,6 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 327781  ? "_defaults_ln_tail"
                           : std::get<3>(info.param) == 1376357 ? "_defaults_ln_tail_cluster"
                           : std::get<3>(info.param) == 3473509 ? "_defaults_ln_tail_release"
-                          : std::get<3>(info.param) == 9764965 ? "_defaults_ln_tail_cluster_llo"
                           : std::get<3>(info.param) == 101     ? "_defaults"
                                                                : "");
       std::replace(name.begin(), name.end(), '-', '_');
