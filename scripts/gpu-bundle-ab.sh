@@ -4,10 +4,10 @@
 # packs them into gpu-bundle-ab/payload.tar.xz (git-ignored): the bundle as gpu-bundle packs it,
 # plus exp1/libmqa_kernels.so, exp2/... (gpu-bundle-ab/EXPERIMENT names them). The libraries sit
 # next to each other in one xz stream, so each further one costs ~1 MB (a library alone is ~14 MB
-# compressed) and they fit the device tool's 64 MiB with the tree. On the device,
-# gpu-call-next.sh copies the extracted bundle once an experiment, puts expN/'s library over
-# lib/'s in the copy, and runs them all in separate processes, in rotation (the library is all
-# that differs).
+# compressed) and they fit the device tool's 64 MiB with the tree. On the device, an experiment's
+# call script (e.g. gpu-call-kvll.sh) copies the extracted bundle once an experiment, puts expN/'s
+# library over lib/'s in the copy, and runs them all in separate processes, in rotation (the
+# library is all that differs).
 #
 #   scripts/gpu-bundle-ab.sh COMMIT...   # each COMMIT's diff against its parent is an experiment
 #

@@ -6,20 +6,8 @@
 # from main's clean tree: `JOBS=2 bash scripts/gpu-bundle-ab.sh 0b4cea8` (~10 minutes); then the
 # device tool with carry ["gpu-bundle-ab"] and `bash scripts/gpu-call-kvll.sh` (~1 minute of
 # commands on an H100 or H200).
-set -u
-logs=/tmp/mqa-logs
-rm -rf $logs && mkdir -p $logs
-exec > >(tee $OUT/summary.txt) 2>&1
-b=/tmp/mqa-gpu-bundle
-date -u
-nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-rm -rf $b && mkdir -p $b && tar xJf gpu-bundle-ab/payload.tar.xz -C $b
-nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
-export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
 cat gpu-bundle-ab/EXPERIMENT
-m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
-finish() { date -u; tar czf $OUT/logs.tgz -C /tmp mqa-logs; }
 x=/tmp/mqa-gpu-bundle-exp1
 rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $b/exp1/libmqa_kernels.so $x/lib/
 names=(main kvll); vdirs=($b $x)

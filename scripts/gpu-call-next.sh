@@ -18,20 +18,7 @@
 #  2. StarCoder b32 512 / 128, twice; StarCoder b1 through the engine with decode lookahead.
 #  3. HF parity and the tail attention's test; attention_bench (the decode-attention and prefill
 #     rows of the standing table).
-set -u
-logs=/tmp/mqa-logs
-rm -rf $logs && mkdir -p $logs
-exec > >(tee $OUT/summary.txt) 2>&1
-date -u
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-b=/tmp/mqa-gpu-bundle
-rm -rf $b && mkdir -p $b && tar xJf gpu-bundle/payload.tar.xz -C $b
-nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
-export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
-finish() { date -u; tar czf $OUT/logs.tgz -C /tmp mqa-logs; }
+source scripts/gpu-call-setup.sh gpu-bundle/payload.tar.xz
 # 0. SantaCoder's layer-10 tail timeline, twice, with each attention CTA's own steps.
 for r in 1 2; do
   timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 \

@@ -1,0 +1,20 @@
+# Sourced by the device-call scripts (gpu-call-next.sh, gpu-call-kvll.sh) as their first step:
+#   source scripts/gpu-call-setup.sh PAYLOAD   # gpu-bundle/payload.tar.xz or gpu-bundle-ab/...
+# The console to $OUT/summary.txt as it runs; the bundle unpacked into $b with its libraries (and
+# NCCL's wheel, where the machine has one) on the library path; $logs (emptied), $gpu (the card's
+# name), $m1 (the batch-1 128 / 128 latency flags) and finish (the date, and the logs to
+# $OUT/logs.tgz).
+set -u
+logs=/tmp/mqa-logs
+rm -rf $logs && mkdir -p $logs
+exec > >(tee $OUT/summary.txt) 2>&1
+date -u
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
+b=/tmp/mqa-gpu-bundle
+rm -rf $b && mkdir -p $b && tar xJf "$1" -C $b
+nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
+finish() { date -u; tar czf $OUT/logs.tgz -C /tmp mqa-logs; }
