@@ -10,6 +10,8 @@
 # NOTES version 61 already), unless MQA_CALL_ANY=1; prefix the call with `nvidia-smi
 # --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0;` to spend nothing there.
 # The console goes to $OUT/summary.txt as it runs, the logs to $OUT/logs.tgz at each `finish`.
+# The A/B payload (gpu-bundle-ab/) holds main's bundle too: after gpu-call-kvll.sh in the same call,
+# `MQA_PAYLOAD=gpu-bundle-ab/payload.tar.xz MQA_OUT_TAG=next bash scripts/gpu-call-next.sh`.
 #  0. SantaCoder's layer-10 tail timeline, twice (with each attention CTA's own steps); then, on
 #     an H200, one CUPTI-traced SantaCoder run ($OUT/trace) and Nsight Compute on two tail
 #     launches ($OUT/ncu_tail_*).
@@ -18,7 +20,7 @@
 #  2. StarCoder b32 512 / 128, twice; StarCoder b1 through the engine with decode lookahead.
 #  3. HF parity and the tail attention's test; attention_bench (the decode-attention and prefill
 #     rows of the standing table).
-source scripts/gpu-call-setup.sh gpu-bundle/payload.tar.xz
+source scripts/gpu-call-setup.sh ${MQA_PAYLOAD:-gpu-bundle/payload.tar.xz}
 # 0. SantaCoder's layer-10 tail timeline, twice, with each attention CTA's own steps.
 for r in 1 2; do
   timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 \

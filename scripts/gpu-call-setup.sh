@@ -3,11 +3,13 @@
 # The console to $OUT/summary.txt as it runs; the bundle unpacked into $b with its libraries (and
 # NCCL's wheel, where the machine has one) on the library path; $logs (emptied), $gpu (the card's
 # name), $m1 (the batch-1 128 / 128 latency flags) and finish (the date, and the logs to
-# $OUT/logs.tgz).
+# $OUT/logs.tgz). With MQA_OUT_TAG=T set, the console and the logs go to summary_T.txt and
+# logs_T.tgz instead, so that two scripts can run in one call.
 set -u
-logs=/tmp/mqa-logs
+tag=${MQA_OUT_TAG:+_$MQA_OUT_TAG}
+logs=/tmp/mqa-logs$tag
 rm -rf $logs && mkdir -p $logs
-exec > >(tee $OUT/summary.txt) 2>&1
+exec > >(tee $OUT/summary$tag.txt) 2>&1
 date -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
@@ -17,4 +19,4 @@ nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/
 export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
-finish() { date -u; tar czf $OUT/logs.tgz -C /tmp mqa-logs; }
+finish() { date -u; tar czf $OUT/logs$tag.tgz -C /tmp mqa-logs$tag; }
