@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The A/B device call for every experiment in gpu-bundle-ab/ (written 2026-12-07 ~20:45 UTC; it
+# generalises gpu-call-kvll.sh to several experiments). Build first, from main's clean tree:
+# `JOBS=2 bash scripts/gpu-bundle-ab.sh COMMIT...` (each COMMIT changes kernels/*.cu only); then
+# the device tool with carry ["gpu-bundle-ab"] and `bash scripts/gpu-call-ab.sh`. In order:
+#  1. each experiment's tests: the tail attention's, the PDL chain of gemm_cuda_test;
+#  2. SantaCoder b1 128 / 128, main and every experiment in separate processes, in rotation, six
+#     rounds (decode step medians);
+#  3. layer 10's tail timeline and a kernel trace (CSV to $OUT/trace_NAME) of each;
+#  4. HF parity with each experiment.
+# ~2-3 minutes of commands for two experiments on an H100 or H200. With MQA_OUT_TAG set, the
+# console and the logs go to summary_TAG.txt and logs_TAG.tgz (gpu-call-setup.sh).
+source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
+cat gpu-bundle-ab/EXPERIMENT
+names=(main); vdirs=($b)
+while read -r exp commit _; do
+  x=/tmp/mqa-gpu-bundle-$exp
+  rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $b/$exp/libmqa_kernels.so $x/lib/
+  names+=("$exp"); vdirs+=($x)
+done < gpu-bundle-ab/EXPERIMENT
+nv=${#names[@]}
+vrun() { local i=$1; shift; LD_LIBRARY_PATH="${vdirs[$i]}/lib:$LD_LIBRARY_PATH" "$@"; }
+# 1. Each experiment's kernel tests.
+for ((i = 1; i < nv; i++)); do
+  n=${names[$i]}; d=${vdirs[$i]}
+  vrun $i timeout 100 $d/tests/gemm_tail_attention_test > $logs/${n}_tail.log 2>&1
+  echo "$n gemm_tail_attention_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_tail.log | head -8 | tr '\n' ' ')"
+  vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/${n}_pdl.log 2>&1
+  echo "$n gemm_cuda_test PdlChain rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_pdl.log | head -8 | tr '\n' ' ')"
+done
+# 2. SantaCoder b1 in rotation.
+for r in $(seq 6); do
+  for ((i = 0; i < nv; i++)); do
+    d=${vdirs[$i]}; n=${names[$i]}
+    vrun $i timeout 60 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 > $logs/sc_${n}_$r.log 2>&1
+    echo "sc_${n}_$r rc=$? $(grep -E 'Avg latency|decode step' $logs/sc_${n}_$r.log | cut -c1-100 | tr '\n' ' ')"
+  done
+done
+finish
+# 3. Timelines and traces.
+for ((i = 0; i < nv; i++)); do
+  d=${vdirs[$i]}; n=${names[$i]}
+  vrun $i timeout 60 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --tail-timeline 10 > $logs/tl_$n.log 2>&1
+  echo "tl_$n rc=$?"; sed -n '/tail timeline/,$p' $logs/tl_$n.log | cut -c1-300 | head -8
+  mkdir -p $OUT/trace_$n
+  vrun $i timeout 90 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 \
+    --kernel-trace $OUT/trace_$n/sc > $logs/trace_$n.log 2>&1
+  echo "trace_$n rc=$? $(grep -E 'Avg latency|decode step' $logs/trace_$n.log | cut -c1-120 | tr '\n' ' ')"
+done
+finish
+# 4. HF parity with each experiment.
+for ((i = 1; i < nv; i++)); do
+  n=${names[$i]}; d=${vdirs[$i]}
+  vrun $i timeout 200 $d/tests/model_hf_parity_cuda_test > $logs/${n}_hf.log 2>&1
+  echo "$n model_hf_parity_cuda_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${n}_hf.log | tr '\n' ' ')"
+done
+finish
