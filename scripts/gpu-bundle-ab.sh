@@ -25,7 +25,12 @@ for commit in "$@"; do
     exit 1
   fi
 done
-MQA_BUNDLE_SHARED=1 bash scripts/gpu-bundle.sh
+# Only what the call scripts run (gpu-call-ab.sh, gpu-call-kvll.sh, gpu-call-next.sh), unless the
+# caller names its own: two experiments in gemm_skinny.cu left ~0.3 MB of the 64 MiB with the
+# full set (2026-12-07). gpu-bundle/ is left with that subset too.
+MQA_BUNDLE_SHARED=1 MQA_BUNDLE_BINS="${MQA_BUNDLE_BINS-mqabench attention_bench}" \
+  MQA_BUNDLE_TESTS="${MQA_BUNDLE_TESTS-gemm_cuda_test gemm_tail_attention_test \
+model_hf_parity_cuda_test attention_cuda_test decode_chain_test}" bash scripts/gpu-bundle.sh
 build=build-gpu-shared
 work=$(mktemp -d)
 restore() {

@@ -7,8 +7,12 @@
 #  2. SantaCoder b1 128 / 128, main and every experiment in separate processes, in rotation, six
 #     rounds (decode step medians);
 #  3. layer 10's tail timeline and a kernel trace (CSV to $OUT/trace_NAME) of each;
-#  4. HF parity with each experiment.
-# ~2-3 minutes of commands for two experiments on an H100 or H200. With MQA_OUT_TAG set, the
+#  4. HF parity with each experiment;
+#  5. main alone: b1 128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`,
+#     the 128-token prefill's GEMMs among them) against the default (decode shapes only), in
+#     rotation: SantaCoder four rounds, StarCoder three (does tuning the prefill's m = 128
+#     shapes, -4% of StarCoder's prefill on an H100 on 2026-12-07, move either b1 target?).
+# ~5 minutes of commands for two experiments on an H100 or H200. With MQA_OUT_TAG set, the
 # console and the logs go to summary_TAG.txt and logs_TAG.tgz (gpu-call-setup.sh).
 source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
 cat gpu-bundle-ab/EXPERIMENT
@@ -53,5 +57,21 @@ for ((i = 1; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   vrun $i timeout 200 $d/tests/model_hf_parity_cuda_test > $logs/${n}_hf.log 2>&1
   echo "$n model_hf_parity_cuda_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${n}_hf.log | tr '\n' ' ')"
+done
+finish
+# 5. Prefill shapes tuned (main only).
+for r in $(seq 4); do
+  for t in decode on; do
+    timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 --autotune $t \
+      > $logs/sc_at_${t}_$r.log 2>&1
+    echo "sc_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/sc_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
+  done
+done
+for r in $(seq 3); do
+  for t in decode on; do
+    timeout 90 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --autotune $t \
+      > $logs/st_at_${t}_$r.log 2>&1
+    echo "st_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/st_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
+  done
 done
 finish
