@@ -28,18 +28,20 @@ namespace mqa::bench {
 namespace {
 
 // --tail-timeline: the last decode step's QKV launch with the tail attention in `layer`
-// (GemmTailAttention::stamps): each event's min / median / max over the GEMM CTAs and over the
-// attention CTAs, in us from the launch's first CTA start.
+// (GemmTailAttention::stamps) and the attn.c_proj launch behind it (GemmEpilogue::stamps): each
+// event's min / median / max over the GEMM CTAs, the attention CTAs and the projection's CTAs, in
+// us from the QKV launch's first CTA start.
 absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   ASSIGN_OR_RETURN(const std::vector<unsigned long long> w, model.tail_timeline());
   const int ctas = static_cast<int>(w.size() / kGemmTailStampWords);
   const auto stamps_of = [&w](int c) { return &w[static_cast<size_t>(c) * kGemmTailStampWords]; };
   unsigned long long t0 = 0;
-  int counts[3] = {0, 0, 0};
+  int counts[4] = {0, 0, 0, 0};
   for (int c = 0; c < ctas; ++c) {
     const unsigned long long* s = stamps_of(c);
-    if (s[kTailStampKind] != 1 && s[kTailStampKind] != 2) continue;
+    if (s[kTailStampKind] < 1 || s[kTailStampKind] > 3) continue;
     ++counts[s[kTailStampKind]];
+    if (s[kTailStampKind] == 3) continue;  // t0: the QKV launch's first CTA
     if (s[kTailStampStart] != 0 && (t0 == 0 || s[kTailStampStart] < t0)) t0 = s[kTailStampStart];
   }
   if (counts[1] + counts[2] == 0) {
@@ -47,15 +49,27 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     return absl::OkStatus();
   }
   std::printf(
-      "  tail timeline of layer %d (last decode step; %d GEMM CTAs, %d attention CTAs): us from "
-      "the launch's first CTA start, min / median / max\n",
-      layer, counts[1], counts[2]);
-  static const char* const kNames[kTailStampEnd + 1] = {
+      "  tail timeline of layer %d (last decode step; %d GEMM CTAs, %d attention CTAs, %d "
+      "attn.c_proj CTAs): us from the launch's first CTA start, min / median / max\n",
+      layer, counts[1], counts[2], counts[3]);
+  static const char* const kNames[kTailStampWeightsIn + 1] = {
       "start",  "PDL wait done", "dot done",      "K / V in", "q / k / v words in",
-      "scores", "warps merged",  "splits merged", "end"};
-  for (int kind = 1; kind <= 2; ++kind) {
-    std::string line = kind == 1 ? "    GEMM CTAs:     " : "    attention CTAs:";
-    for (int e = kTailStampStart; e <= kTailStampEnd; ++e) {
+      "scores", "warps merged",  "splits merged", "end",      "weights in"};
+  // The projection's weights-in stamp is taken after its PDL wait: printed between the two.
+  static const int kProjEvents[] = {kTailStampStart, kTailStampPdlDone, kTailStampWeightsIn,
+                                    kTailStampEnd};
+  for (int kind = 1; kind <= 3; ++kind) {
+    if (counts[kind] == 0) continue;
+    std::string line = kind == 1   ? "    GEMM CTAs:       "
+                       : kind == 2 ? "    attention CTAs:  "
+                                   : "    attn.c_proj CTAs:";
+    std::vector<int> events;
+    if (kind == 3) {
+      events.assign(std::begin(kProjEvents), std::end(kProjEvents));
+    } else {
+      for (int e = kTailStampStart; e <= kTailStampEnd; ++e) events.push_back(e);
+    }
+    for (const int e : events) {
       std::vector<double> us;
       for (int c = 0; c < ctas; ++c) {
         const unsigned long long* s = stamps_of(c);
@@ -85,6 +99,23 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     if (us.empty()) continue;
     absl::StrAppend(
         &line, " ", kNames[e], " ",
+        absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
+  }
+  std::printf("%s\n", line.c_str());
+  if (counts[3] == 0) return absl::OkStatus();
+  // The projection's CTAs' own steps the same way.
+  line = "    attn.c_proj CTAs, each from its previous event (median / max):";
+  for (size_t i = 1; i < std::size(kProjEvents); ++i) {
+    std::vector<double> us;
+    for (int c = 0; c < ctas; ++c) {
+      const unsigned long long* s = stamps_of(c);
+      const unsigned long long a = s[kProjEvents[i - 1]], b = s[kProjEvents[i]];
+      if (s[kTailStampKind] == 3 && a != 0 && b >= a)
+        us.push_back(static_cast<double>(b - a) * 1e-3);
+    }
+    if (us.empty()) continue;
+    absl::StrAppend(
+        &line, " ", kNames[kProjEvents[i]], " ",
         absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
   }
   std::printf("%s\n", line.c_str());
