@@ -699,29 +699,9 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
   };
   if (stores && p.early_epilogue) load_consts();
-  // release_early: the dependents are released once this thread's first weight group is in
-  // registers (a value computed from every 16-byte load gates the trigger), so that the next
-  // kernel's CTAs, resident from then on, stage their weights after this kernel's have arrived
-  // rather than beside them. The gate's value is any 32-bit word; the rare thread whose word is
-  // the sentinel triggers after its wait instead.
-  constexpr uint32_t kTriggerSentinel = 0x7fc0dea1u;
-  uint32_t loaded = 0;
-  if (p.release_early) {
-    if (have_first) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int r = 0; r < R; ++r) loaded ^= reinterpret_cast<const uint32_t*>(&first[u][r])[0];
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n .reg .pred q;\n setp.ne.u32 q, %0, %1;\n @q griddepcontrol.launch_dependents;\n}\n" ::
-            "r"(loaded),
-        "n"(kTriggerSentinel));
-#endif
-  }
+  if (p.release_early) fwd::PdlTrigger();
   fwd::PdlWait();
-  if (!p.release_early || loaded == kTriggerSentinel) fwd::PdlTrigger();
+  if (!p.release_early) fwd::PdlTrigger();
   if constexpr (kTail) {
     TailStamp(p.tail.stamps, kTailStampPdlDone);
   } else if (p.stamps != nullptr) {
