@@ -208,14 +208,12 @@ __device__ __forceinline__ float SkinnyLoadResid(const SkinnyArgs<T>& p, int i, 
 }
 
 // The fused epilogue of one output element (i, col) whose dot product is `v`: bias, activation,
-// residual (from `o`), then `before(out)` with the element as stored (the tail's LL word, ahead of
-// the KV write's slot load), the store, and the fused KV-cache write.
-template <typename T, int kAct, typename Before>
+// residual (from `o`), the store, and the fused KV-cache write.
+template <typename T, int kAct>
 __device__ __forceinline__ T SkinnyStore(const SkinnyArgs<T>& p, int i, int col, float v,
-                                         const SkinnyOut& o, Before&& before) {
+                                         const SkinnyOut& o) {
   v = fwd::Activate<kAct>(v + o.bias) + o.resid;
   const T out = fwd::FromFloat<T>(v);
-  before(out);
   p.c[static_cast<int64_t>(i) * p.ldc + col] = out;
   const int j = col - p.kv_col0;
   if (p.key_cache != nullptr && j >= 0 && j < 2 * p.kv_width) {
@@ -818,17 +816,14 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       const float2 st = LnRowStats<M>(ln_part, out_i, k, p.ln_eps);
       v = st.y * (v - st.x * ln_ws) + ln_bs;
     }
-    // kTail: the column also as the tail's LL word, first (a K / V column's cache write waits
-    // for its slot's load).
-    SkinnyStore<T, kAct>(p, out_i, out_col, v, out, [&](T stored) {
-      if constexpr (kTail) {
-        if (out_col < p.tail.ll_cols) {
-          uint16_t bits;
-          memcpy(&bits, &stored, sizeof(bits));
-          StoreRelaxedGpu(p.tail.ll + out_col, ll_flag | bits);
-        }
+    const T stored = SkinnyStore<T, kAct>(p, out_i, out_col, v, out);
+    if constexpr (kTail) {
+      if (out_col < p.tail.ll_cols) {  // the column again as the tail's LL word
+        uint16_t bits;
+        memcpy(&bits, &stored, sizeof(bits));
+        StoreRelaxedGpu(p.tail.ll + out_col, ll_flag | bits);
       }
-    });
+    }
   }
   if constexpr (kTail) {
     TailStamp(p.tail.stamps, kTailStampEnd);
@@ -1337,8 +1332,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, kSplitMinCtasPerSm)
       const int64_t col = g * R + lane % R;
       if (lane < M * R && i < m && col < n) {
         const int c = static_cast<int>(col);
-        SkinnyStore<T, kAct>(p, i, c, v, {SkinnyLoadBias(p, c), SkinnyLoadResid(p, i, c)},
-                             [](T) {});
+        SkinnyStore<T, kAct>(p, i, c, v, {SkinnyLoadBias(p, c), SkinnyLoadResid(p, i, c)});
       }
     }
     if ((g + 1) * I >= end) break;
