@@ -3,16 +3,18 @@
 # generalises gpu-call-kvll.sh to several experiments). Build first, from main's clean tree:
 # `JOBS=2 bash scripts/gpu-bundle-ab.sh COMMIT...` (each COMMIT changes kernels/*.cu only); then
 # the device tool with carry ["gpu-bundle-ab"] and `bash scripts/gpu-call-ab.sh`. In order:
-#  1. each experiment's tests: the tail attention's, the PDL chain of gemm_cuda_test;
+#  1. the tests of main and of each experiment: the tail attention's, gemm_cuda_test's PDL chain
+#     and the projection's stamps;
 #  2. SantaCoder b1 128 / 128, main and every experiment in separate processes, in rotation, six
 #     rounds (decode step medians);
 #  3. layer 10's tail timeline and a kernel trace (CSV to $OUT/trace_NAME) of each;
-#  4. HF parity with each experiment;
-#  5. main alone: b1 128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`,
+#  4. main alone: b1 128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`,
 #     the 128-token prefill's GEMMs among them) against the default (decode shapes only), in
-#     rotation: SantaCoder four rounds, StarCoder three (does tuning the prefill's m = 128
-#     shapes, -4% of StarCoder's prefill on an H100 on 2026-12-07, move either b1 target?).
-# ~5 minutes of commands for two experiments on an H100 or H200. With MQA_OUT_TAG set, the
+#     rotation: SantaCoder four rounds, StarCoder two (does tuning the prefill's m = 128
+#     shapes, -4% of StarCoder's prefill on an H100 on 2026-12-07, move either b1 target?);
+#  5. HF parity with each experiment.
+# ~7-8 minutes of commands for two experiments on an H100 or H200 (give the call 590 s; the logs
+# come back at each `finish`). With MQA_OUT_TAG set, the
 # console and the logs go to summary_TAG.txt and logs_TAG.tgz (gpu-call-setup.sh).
 source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
 cat gpu-bundle-ab/EXPERIMENT
@@ -24,13 +26,13 @@ while read -r exp commit _; do
 done < gpu-bundle-ab/EXPERIMENT
 nv=${#names[@]}
 vrun() { local i=$1; shift; LD_LIBRARY_PATH="${vdirs[$i]}/lib:$LD_LIBRARY_PATH" "$@"; }
-# 1. Each experiment's kernel tests.
-for ((i = 1; i < nv; i++)); do
+# 1. The kernel tests (main's too: its stamps test has not run on a GPU before).
+for ((i = 0; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   vrun $i timeout 100 $d/tests/gemm_tail_attention_test > $logs/${n}_tail.log 2>&1
   echo "$n gemm_tail_attention_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_tail.log | head -8 | tr '\n' ' ')"
-  vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/${n}_pdl.log 2>&1
-  echo "$n gemm_cuda_test PdlChain rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_pdl.log | head -8 | tr '\n' ' ')"
+  vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*:*Stamps*' > $logs/${n}_pdl.log 2>&1
+  echo "$n gemm_cuda_test PdlChain, Stamps rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_pdl.log | head -8 | tr '\n' ' ')"
 done
 # 2. SantaCoder b1 in rotation.
 for r in $(seq 6); do
@@ -52,14 +54,7 @@ for ((i = 0; i < nv; i++)); do
   echo "trace_$n rc=$? $(grep -E 'Avg latency|decode step' $logs/trace_$n.log | cut -c1-120 | tr '\n' ' ')"
 done
 finish
-# 4. HF parity with each experiment.
-for ((i = 1; i < nv; i++)); do
-  n=${names[$i]}; d=${vdirs[$i]}
-  vrun $i timeout 200 $d/tests/model_hf_parity_cuda_test > $logs/${n}_hf.log 2>&1
-  echo "$n model_hf_parity_cuda_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${n}_hf.log | tr '\n' ' ')"
-done
-finish
-# 5. Prefill shapes tuned (main only).
+# 4. Prefill shapes tuned (main only).
 for r in $(seq 4); do
   for t in decode on; do
     timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 --autotune $t \
@@ -67,11 +62,18 @@ for r in $(seq 4); do
     echo "sc_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/sc_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
   done
 done
-for r in $(seq 3); do
+for r in $(seq 2); do
   for t in decode on; do
     timeout 90 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --autotune $t \
       > $logs/st_at_${t}_$r.log 2>&1
     echo "st_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/st_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
   done
+done
+finish
+# 5. HF parity with each experiment (last: the longest, and needed only to take one).
+for ((i = 1; i < nv; i++)); do
+  n=${names[$i]}; d=${vdirs[$i]}
+  vrun $i timeout 200 $d/tests/model_hf_parity_cuda_test > $logs/${n}_hf.log 2>&1
+  echo "$n model_hf_parity_cuda_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${n}_hf.log | tr '\n' ' ')"
 done
 finish
