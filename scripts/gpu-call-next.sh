@@ -16,7 +16,7 @@
 #     an H200, one CUPTI-traced SantaCoder run ($OUT/trace) and Nsight Compute on two tail
 #     launches ($OUT/ncu_tail_*).
 #  1. StarCoder b1 and SantaCoder b1 128 / 128, separate processes in rotation, six rounds (single
-#     rounds scatter by +-0.3% on the H200).
+#     rounds scatter by +-0.3% on the H200); StarCoder b1 with `--async on` in the first three.
 #  2. StarCoder b32 512 / 128, twice; StarCoder b1 through the engine with decode lookahead.
 #  3. HF parity and the tail attention's test; attention_bench (the decode-attention and prefill
 #     rows of the standing table).
@@ -65,6 +65,9 @@ row() {  # NAME TIMEOUT ARGS...: one mqabench latency run, its headline figures 
 for r in $(seq 6); do
   row st1_$r 60 --model configs/starcoder $m1 --num-iters 2
   row sc1_$r 60 --model configs/santacoder $m1 --num-iters 5
+  # The own loop with step t + 1 launched before step t's token is read (the H200's host work was
+  # 0.5-0.6% of a StarCoder b1 step on 2026-12-07 05:40 UTC, 0.2% on the H100s' hosts).
+  ((r <= 3)) && row st1a_$r 60 --model configs/starcoder $m1 --num-iters 2 --async on
 done
 finish
 # 2. b32, and b1 through the engine (its own loop, then with lookahead).
