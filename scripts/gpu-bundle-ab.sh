@@ -5,7 +5,7 @@
 # plus exp1/libmqa_kernels.so, exp2/... (gpu-bundle-ab/EXPERIMENT names them). The libraries sit
 # next to each other in one xz stream, so each further one costs ~1 MB (a library alone is ~14 MB
 # compressed) and they fit the device tool's 64 MiB with the tree. On the device, an experiment's
-# call script (e.g. gpu-call-kvll.sh) copies the extracted bundle once an experiment, puts expN/'s
+# call script (gpu-call-ab.sh) copies the extracted bundle once an experiment, puts expN/'s
 # library over lib/'s in the copy, and runs them all in separate processes, in rotation (the
 # library is all that differs).
 #
@@ -25,7 +25,7 @@ for commit in "$@"; do
     exit 1
   fi
 done
-# Only what the call scripts run (gpu-call-ab.sh, gpu-call-kvll.sh, gpu-call-next.sh), unless the
+# Only what the call scripts run (gpu-call-ab.sh, gpu-call-next.sh), unless the
 # caller names its own: two experiments in gemm_skinny.cu left ~0.3 MB of the 64 MiB with the
 # full set (2026-12-07). gpu-bundle/ is left with that subset too.
 MQA_BUNDLE_SHARED=1 MQA_BUNDLE_BINS="${MQA_BUNDLE_BINS-mqabench attention_bench}" \

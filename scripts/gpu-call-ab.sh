@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The A/B device call for every experiment in gpu-bundle-ab/ (written 2026-12-07 ~20:45 UTC; it
-# generalises gpu-call-kvll.sh to several experiments). Build first, from main's clean tree:
+# replaces gpu-call-kvll.sh, which ran one). Build first, from main's clean tree:
 # `JOBS=2 bash scripts/gpu-bundle-ab.sh COMMIT...` (each COMMIT changes kernels/*.cu only); then
 # the device tool with carry ["gpu-bundle-ab"] and `bash scripts/gpu-call-ab.sh`. In order:
 #  1. the tests of main and of each experiment: the tail attention's, gemm_cuda_test's PDL chain
@@ -54,21 +54,19 @@ for ((i = 0; i < nv; i++)); do
   echo "trace_$n rc=$? $(grep -E 'Avg latency|decode step' $logs/trace_$n.log | cut -c1-120 | tr '\n' ' ')"
 done
 finish
-# 4. Prefill shapes tuned (main only).
-for r in $(seq 4); do
-  for t in decode on; do
-    timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 --autotune $t \
-      > $logs/sc_at_${t}_$r.log 2>&1
-    echo "sc_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/sc_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
+# 4. Prefill shapes tuned (main only): MODEL ROUNDS LIMIT ITERS.
+tuned_rows() {
+  local model=$1 rounds=$2 limit=$3 iters=$4 r t
+  for r in $(seq $rounds); do
+    for t in decode on; do
+      timeout $limit $b/bin/mqabench latency --model configs/$model $m1 --num-iters $iters \
+        --autotune $t > $logs/${model}_at_${t}_$r.log 2>&1
+      echo "${model}_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/${model}_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
+    done
   done
-done
-for r in $(seq 2); do
-  for t in decode on; do
-    timeout 90 $b/bin/mqabench latency --model configs/starcoder $m1 --num-iters 2 --autotune $t \
-      > $logs/st_at_${t}_$r.log 2>&1
-    echo "st_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/st_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
-  done
-done
+}
+tuned_rows santacoder 4 60 5
+tuned_rows starcoder 2 90 2
 finish
 # 5. HF parity with each experiment (last: the longest, and needed only to take one).
 for ((i = 1; i < nv; i++)); do

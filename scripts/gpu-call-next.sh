@@ -10,7 +10,7 @@
 # NOTES version 61 already), unless MQA_CALL_ANY=1; prefix the call with `nvidia-smi
 # --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0;` to spend nothing there.
 # The console goes to $OUT/summary.txt as it runs, the logs to $OUT/logs.tgz at each `finish`.
-# The A/B payload (gpu-bundle-ab/) holds main's bundle too: after gpu-call-kvll.sh in the same call,
+# The A/B payload (gpu-bundle-ab/) holds main's bundle too: after gpu-call-ab.sh in the same call,
 # `MQA_PAYLOAD=gpu-bundle-ab/payload.tar.xz MQA_OUT_TAG=next bash scripts/gpu-call-next.sh`.
 #  0. SantaCoder's layer-10 tail timeline, twice (with each attention CTA's own steps); then, on
 #     an H200, one CUPTI-traced SantaCoder run ($OUT/trace) and Nsight Compute on two tail

@@ -1,4 +1,4 @@
-# Sourced by the device-call scripts (gpu-call-next.sh, gpu-call-kvll.sh) as their first step:
+# Sourced by the device-call scripts (gpu-call-next.sh, gpu-call-ab.sh) as their first step:
 #   source scripts/gpu-call-setup.sh PAYLOAD   # gpu-bundle/payload.tar.xz or gpu-bundle-ab/...
 # The console to $OUT/summary.txt as it runs; the bundle unpacked into $b with its libraries (and
 # NCCL's wheel, where the machine has one) on the library path; $logs (emptied), $gpu (the card's
