@@ -635,6 +635,9 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
     TailStampKind(p.tail.stamps, 1);
     gemm_block -= p.tail.tail_ctas;
+  } else {
+    TailStamp(p.stamps, kTailStampStart);
+    TailStampKind(p.stamps, 3);
   }
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;
@@ -697,7 +700,19 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   if (p.release_early) fwd::PdlTrigger();
   fwd::PdlWait();
   if (!p.release_early) fwd::PdlTrigger();
-  if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
+  if constexpr (kTail) {
+    TailStamp(p.tail.stamps, kTailStampPdlDone);
+  } else if (p.stamps != nullptr) {
+    TailStamp(p.stamps, kTailStampPdlDone);
+    if (have_first) {  // the first group in thread 0's registers (the fold waits for it next)
+      uint32_t in = 0;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) in ^= reinterpret_cast<const uint32_t*>(&first[u][r])[0];
+      TailStampAfter(p.stamps, kTailStampWeightsIn, in);
+    }
+  }
   uint32_t ll_flag = 0;  // kTail: the LL words' flag (after the wait: the previous launch's bump)
   if constexpr (kTail) {
     if (stores) ll_flag = TailLlFlag(p.tail.counters);
@@ -810,7 +825,11 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       }
     }
   }
-  if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampEnd);
+  if constexpr (kTail) {
+    TailStamp(p.tail.stamps, kTailStampEnd);
+  } else {
+    TailStamp(p.stamps, kTailStampEnd);
+  }
 }
 
 template <typename T>
