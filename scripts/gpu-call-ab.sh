@@ -7,7 +7,7 @@
 #     and the projection's stamps;
 #  2. SantaCoder b1 128 / 128, main and every experiment in separate processes, in rotation, six
 #     rounds (decode step medians);
-#  3. layer 10's tail timeline and a kernel trace (CSV to $OUT/trace_NAME) of each;
+#  3. layer 10's tail timeline (twice) and a kernel trace (CSV to $OUT/trace_NAME) of each;
 #  4. main alone: b1 128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`,
 #     the 128-token prefill's GEMMs among them) against the default (decode shapes only), in
 #     rotation: SantaCoder four rounds, StarCoder two (does tuning the prefill's m = 128
@@ -49,8 +49,11 @@ finish
 # 3. Timelines and traces.
 for ((i = 0; i < nv; i++)); do
   d=${vdirs[$i]}; n=${names[$i]}
-  vrun $i timeout 60 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 --tail-timeline 10 > $logs/tl_$n.log 2>&1
-  echo "tl_$n rc=$?"; sed -n '/tail timeline/,$p' $logs/tl_$n.log | cut -c1-300 | head -8
+  for t in 1 2; do  # one layer of one step each: two samples
+    vrun $i timeout 60 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 1 \
+      --tail-timeline 10 > $logs/tl_${n}_$t.log 2>&1
+    echo "tl_${n}_$t rc=$?"; sed -n '/tail timeline/,$p' $logs/tl_${n}_$t.log | cut -c1-320 | head -8
+  done
   mkdir -p $OUT/trace_$n
   vrun $i timeout 90 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 \
     --kernel-trace $OUT/trace_$n/sc > $logs/trace_$n.log 2>&1
