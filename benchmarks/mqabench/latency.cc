@@ -55,21 +55,18 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   static const char* const kNames[kTailStampWeightsIn + 1] = {
       "start",  "PDL wait done", "dot done",      "K / V in", "q / k / v words in",
       "scores", "warps merged",  "splits merged", "end",      "weights in"};
-  // The projection's weights-in stamp is taken after its PDL wait: printed between the two.
-  static const int kProjEvents[] = {kTailStampStart, kTailStampPdlDone, kTailStampWeightsIn,
-                                    kTailStampEnd};
+  // Each kind's events in print order (index: the kind). The projection's weights-in stamp is
+  // taken after its PDL wait: printed between the two.
+  std::vector<int> events[4];
+  for (int e = kTailStampStart; e <= kTailStampEnd; ++e) events[1].push_back(e);
+  events[2] = events[1];
+  events[3] = {kTailStampStart, kTailStampPdlDone, kTailStampWeightsIn, kTailStampEnd};
   for (int kind = 1; kind <= 3; ++kind) {
     if (counts[kind] == 0) continue;
     std::string line = kind == 1   ? "    GEMM CTAs:       "
                        : kind == 2 ? "    attention CTAs:  "
                                    : "    attn.c_proj CTAs:";
-    std::vector<int> events;
-    if (kind == 3) {
-      events.assign(std::begin(kProjEvents), std::end(kProjEvents));
-    } else {
-      for (int e = kTailStampStart; e <= kTailStampEnd; ++e) events.push_back(e);
-    }
-    for (const int e : events) {
+    for (const int e : events[kind]) {
       std::vector<double> us;
       for (int c = 0; c < ctas; ++c) {
         const unsigned long long* s = stamps_of(c);
@@ -84,41 +81,33 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     }
     std::printf("%s\n", line.c_str());
   }
-  // The medians above are over different CTAs each: the attention CTAs' own steps, each CTA's
-  // time from one of its recorded events to its next.
-  std::string line = "    attention CTAs, each from its previous event (median / max):";
-  for (int e = kTailStampPdlDone + 1; e <= kTailStampEnd; ++e) {
-    std::vector<double> us;
-    for (int c = 0; c < ctas; ++c) {
-      const unsigned long long* s = stamps_of(c);
-      if (s[kTailStampKind] != 2 || s[e] == 0) continue;
-      int prev = e - 1;
-      while (prev > kTailStampStart && s[prev] == 0) --prev;
-      if (s[prev] != 0 && s[e] >= s[prev]) us.push_back(static_cast<double>(s[e] - s[prev]) * 1e-3);
+  // The medians above are over different CTAs each: a kind's own steps, each CTA's time from one
+  // of its recorded events to its next, from the event events[kind][first] on.
+  const auto print_own_steps = [&](int kind, size_t first, const char* label) {
+    const std::vector<int>& ev = events[kind];
+    std::string line = label;
+    for (size_t i = first; i < ev.size(); ++i) {
+      std::vector<double> us;
+      for (int c = 0; c < ctas; ++c) {
+        const unsigned long long* s = stamps_of(c);
+        if (s[kTailStampKind] != static_cast<unsigned long long>(kind) || s[ev[i]] == 0) continue;
+        size_t prev = i - 1;
+        while (prev > 0 && s[ev[prev]] == 0) --prev;
+        const unsigned long long a = s[ev[prev]], b = s[ev[i]];
+        if (a != 0 && b >= a) us.push_back(static_cast<double>(b - a) * 1e-3);
+      }
+      if (us.empty()) continue;
+      absl::StrAppend(
+          &line, " ", kNames[ev[i]], " ",
+          absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
     }
-    if (us.empty()) continue;
-    absl::StrAppend(
-        &line, " ", kNames[e], " ",
-        absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
+    std::printf("%s\n", line.c_str());
+  };
+  print_own_steps(2, kTailStampPdlDone + 1,
+                  "    attention CTAs, each from its previous event (median / max):");
+  if (counts[3] != 0) {
+    print_own_steps(3, 1, "    attn.c_proj CTAs, each from its previous event (median / max):");
   }
-  std::printf("%s\n", line.c_str());
-  if (counts[3] == 0) return absl::OkStatus();
-  // The projection's CTAs' own steps the same way.
-  line = "    attn.c_proj CTAs, each from its previous event (median / max):";
-  for (size_t i = 1; i < std::size(kProjEvents); ++i) {
-    std::vector<double> us;
-    for (int c = 0; c < ctas; ++c) {
-      const unsigned long long* s = stamps_of(c);
-      const unsigned long long a = s[kProjEvents[i - 1]], b = s[kProjEvents[i]];
-      if (s[kTailStampKind] == 3 && a != 0 && b >= a)
-        us.push_back(static_cast<double>(b - a) * 1e-3);
-    }
-    if (us.empty()) continue;
-    absl::StrAppend(
-        &line, " ", kNames[kProjEvents[i]], " ",
-        absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
-  }
-  std::printf("%s\n", line.c_str());
   return absl::OkStatus();
 }
 
