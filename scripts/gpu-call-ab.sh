@@ -33,16 +33,16 @@ for ((i = 0; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   ((control[i])) && continue
   vrun $i timeout 100 $d/tests/gemm_tail_attention_test > $logs/${n}_tail.log 2>&1
-  echo "$n gemm_tail_attention_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_tail.log | head -8 | tr '\n' ' ')"
+  echo "$n gemm_tail_attention_test rc=$? $(gtest_verdict $logs/${n}_tail.log)"
   vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*:*Stamps*' > $logs/${n}_pdl.log 2>&1
-  echo "$n gemm_cuda_test PdlChain, Stamps rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] ' $logs/${n}_pdl.log | head -8 | tr '\n' ' ')"
+  echo "$n gemm_cuda_test PdlChain, Stamps rc=$? $(gtest_verdict $logs/${n}_pdl.log)"
 done
 # 2. SantaCoder b1 in rotation.
 for r in $(seq 6); do
   for ((i = 0; i < nv; i++)); do
     d=${vdirs[$i]}; n=${names[$i]}
     vrun $i timeout 60 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 > $logs/sc_${n}_$r.log 2>&1
-    echo "sc_${n}_$r rc=$? $(grep -E 'Avg latency|decode step' $logs/sc_${n}_$r.log | cut -c1-100 | tr '\n' ' ')"
+    echo "sc_${n}_$r rc=$? $(latency_summary $logs/sc_${n}_$r.log)"
   done
 done
 finish
@@ -57,7 +57,7 @@ for ((i = 0; i < nv; i++)); do
   mkdir -p $OUT/trace_$n
   vrun $i timeout 90 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 2 \
     --kernel-trace $OUT/trace_$n/sc > $logs/trace_$n.log 2>&1
-  echo "trace_$n rc=$? $(grep -E 'Avg latency|decode step' $logs/trace_$n.log | cut -c1-120 | tr '\n' ' ')"
+  echo "trace_$n rc=$? $(latency_summary $logs/trace_$n.log)"
 done
 finish
 # 4. Prefill shapes tuned (main only): MODEL ROUNDS LIMIT ITERS.
@@ -67,7 +67,7 @@ tuned_rows() {
     for t in decode on; do
       timeout $limit $b/bin/mqabench latency --model configs/$model $m1 --num-iters $iters \
         --autotune $t > $logs/${model}_at_${t}_$r.log 2>&1
-      echo "${model}_at_${t}_$r rc=$? $(grep -E 'Avg latency|prefill|decode step' $logs/${model}_at_${t}_$r.log | cut -c1-150 | tr '\n' ' ')"
+      echo "${model}_at_${t}_$r rc=$? $(latency_summary $logs/${model}_at_${t}_$r.log)"
     done
   done
 }
@@ -79,6 +79,6 @@ for ((i = 1; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   ((control[i])) && continue
   vrun $i timeout 200 $d/tests/model_hf_parity_cuda_test > $logs/${n}_hf.log 2>&1
-  echo "$n model_hf_parity_cuda_test rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/${n}_hf.log | tr '\n' ' ')"
+  echo "$n model_hf_parity_cuda_test rc=$? $(gtest_verdict $logs/${n}_hf.log)"
 done
 finish

@@ -59,7 +59,7 @@ fi
 row() {  # NAME TIMEOUT ARGS...: one mqabench latency run, its headline figures on one line
   local name=$1 limit=$2; shift 2
   timeout "$limit" $b/bin/mqabench latency "$@" > $logs/$name.log 2>&1
-  echo "$name rc=$? $(grep -E 'Avg latency|decode step' $logs/$name.log | cut -c1-110 | tr '\n' ' ')"
+  echo "$name rc=$? $(latency_summary $logs/$name.log)"
 }
 # 1. The b1 rows, in rotation.
 for r in $(seq 6); do
@@ -81,7 +81,7 @@ finish
 # 3. Correctness on this machine, then the attention kernels' table.
 for t in model_hf_parity_cuda_test gemm_tail_attention_test; do
   timeout 150 $b/tests/$t > $logs/$t.log 2>&1
-  echo "$t rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' $logs/$t.log | tr '\n' ' ')"
+  echo "$t rc=$? $(gtest_verdict $logs/$t.log)"
 done
 timeout 150 $b/bin/attention_bench > $logs/attention_bench.log 2>&1
 echo "attention_bench rc=$?"

@@ -2,9 +2,10 @@
 #   source scripts/gpu-call-setup.sh PAYLOAD   # gpu-bundle/payload.tar.xz or gpu-bundle-ab/...
 # The console to $OUT/summary.txt as it runs; the bundle unpacked into $b with its libraries (and
 # NCCL's wheel, where the machine has one) on the library path; $logs (emptied), $gpu (the card's
-# name), $m1 (the batch-1 128 / 128 latency flags) and finish (the date, and the logs to
-# $OUT/logs.tgz). With MQA_OUT_TAG=T set, the console and the logs go to summary_T.txt and
-# logs_T.tgz instead, so that two scripts can run in one call.
+# name), $m1 (the batch-1 128 / 128 latency flags), finish (the date, and the logs to
+# $OUT/logs.tgz), and gtest_verdict / latency_summary (a log's result on one line). With
+# MQA_OUT_TAG=T set, the console and the logs go to summary_T.txt and logs_T.tgz instead, so that
+# two scripts can run in one call.
 set -u
 tag=${MQA_OUT_TAG:+_$MQA_OUT_TAG}
 logs=/tmp/mqa-logs$tag
@@ -20,3 +21,7 @@ export LD_LIBRARY_PATH="$b/lib${nccl:+:$nccl/lib}:/usr/local/cuda/lib64:${LD_LIB
 export MQA_SOURCE_DIR=$PWD OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 finish() { date -u; tar czf $OUT/logs$tag.tgz -C /tmp mqa-logs$tag; }
+# A gtest log's verdict (its PASSED count, or its FAILED lines) on one line.
+gtest_verdict() { grep -E '^\[  PASSED|^\[  FAILED  \] ' "$1" | head -8 | tr '\n' ' '; }
+# An mqabench latency log's headline figures (Avg latency; prefill and decode step) on one line.
+latency_summary() { grep -E 'Avg latency|decode step' "$1" | cut -c1-150 | tr '\n' ' '; }
