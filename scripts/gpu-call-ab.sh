@@ -37,8 +37,9 @@ for ((i = 0; i < nv; i++)); do
   vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*:*Stamps*' > $logs/${n}_pdl.log 2>&1
   echo "$n gemm_cuda_test PdlChain, Stamps rc=$? $(gtest_verdict $logs/${n}_pdl.log)"
 done
-# 2. SantaCoder b1 in rotation.
-for r in $(seq 6); do
+# 2. SantaCoder b1 in rotation (MQA_AB_ROUNDS rounds, default 6: fewer where little device
+# time is left).
+for r in $(seq ${MQA_AB_ROUNDS:-6}); do
   for ((i = 0; i < nv; i++)); do
     d=${vdirs[$i]}; n=${names[$i]}
     vrun $i timeout 60 $d/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 > $logs/sc_${n}_$r.log 2>&1
@@ -71,9 +72,11 @@ tuned_rows() {
     done
   done
 }
-tuned_rows santacoder 4 60 5
-tuned_rows starcoder 2 90 2
-finish
+if [[ -z "$MQA_AB_SKIP_TUNED" ]]; then  # MQA_AB_SKIP_TUNED=1: not this call
+  tuned_rows santacoder 4 60 5
+  tuned_rows starcoder 2 90 2
+  finish
+fi
 # 5. HF parity with each experiment (last: the longest, and needed only to take one).
 for ((i = 1; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
