@@ -85,11 +85,7 @@ enum GemmTailStamp : int {
   kTailStampPartial = 6,
   kTailStampMerged = 7,
   kTailStampEnd = 8,
-  // A stamped skinny GEMM's CTA (GemmEpilogue::stamps, kind 3; the projection behind the tail):
-  // Start, PdlDone, WeightsIn (its thread 0's first group of weight loads in registers, stamped
-  // after the PDL wait: the later of the two) and End.
-  kTailStampWeightsIn = 9,
-  kTailStampKind = 15,  // 1: a GEMM CTA, 2: an attention CTA, 3: a stamped skinny GEMM's CTA
+  kTailStampKind = 15,  // 1: a GEMM CTA, 2: an attention CTA
 };
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):

@@ -72,12 +72,6 @@ struct GemmEpilogue {
   // input (the model's attn.c_proj behind the QKV GEMM's tail attention). Correctness does not
   // depend on it: the next kernel's wait is on this grid's end either way.
   bool release_dependents_early = false;
-  // Skinny kernel only (ignored elsewhere), diagnostics (mqabench --tail-timeline: the projection
-  // behind the tail attention): thread 0 of every CTA writes %globaltimer at GemmTailStamp events
-  // into kGemmTailStampWords words at stamps + CTA x kGemmTailStampWords, as the tail's CTAs do,
-  // with kind 3: start, PDL wait done, weights in (kTailStampWeightsIn), end. Room for
-  // ceil(n / 4) CTAs. Null: none.
-  unsigned long long* stamps = nullptr;
 };
 
 class CudaGemm {

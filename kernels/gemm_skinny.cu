@@ -114,8 +114,7 @@ __device__ __forceinline__ void TailStampAfter(unsigned long long* stamps, int e
   TailStamp(stamps, e);
 }
 
-// This CTA's kind (kTailStampKind: 1 a GEMM CTA, 2 an attention CTA, 3 a stamped skinny GEMM's
-// CTA), if stamps are kept.
+// This CTA's kind (kTailStampKind: 1 a GEMM CTA, 2 an attention CTA), if stamps are kept.
 __device__ __forceinline__ void TailStampKind(unsigned long long* stamps, unsigned kind) {
   if (stamps == nullptr || threadIdx.x != 0) return;
   stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = kind;
@@ -155,8 +154,6 @@ struct SkinnyArgs {
   bool release_early = false;  // GemmEpilogue::release_dependents_early
   bool evict_first = true;     // SkinnyOptions::evict_first
   SkinnyTailArgs<T> tail;      // kTail instantiations only
-  // GemmEpilogue::stamps (the other instantiations; the tail's launch stamps through `tail`).
-  unsigned long long* stamps = nullptr;
 };
 
 // The weights' L2 eviction priority (SkinnyOptions::evict_first): an opaque policy for the
@@ -635,9 +632,6 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     }
     TailStampKind(p.tail.stamps, 1);
     gemm_block -= p.tail.tail_ctas;
-  } else {
-    TailStamp(p.stamps, kTailStampStart);
-    TailStampKind(p.stamps, 3);
   }
   using V = fwd::Vec16<T>;
   constexpr int kV = V::kN, kStep = U * 32 * kV;
@@ -700,19 +694,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   if (p.release_early) fwd::PdlTrigger();
   fwd::PdlWait();
   if (!p.release_early) fwd::PdlTrigger();
-  if constexpr (kTail) {
-    TailStamp(p.tail.stamps, kTailStampPdlDone);
-  } else if (p.stamps != nullptr) {
-    TailStamp(p.stamps, kTailStampPdlDone);
-    if (have_first) {  // the first group in thread 0's registers (the fold waits for it next)
-      uint32_t in = 0;
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int r = 0; r < R; ++r) in ^= reinterpret_cast<const uint32_t*>(&first[u][r])[0];
-      TailStampAfter(p.stamps, kTailStampWeightsIn, in);
-    }
-  }
+  if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
   uint32_t ll_flag = 0;  // kTail: the LL words' flag (after the wait: the previous launch's bump)
   if constexpr (kTail) {
     if (stores) ll_flag = TailLlFlag(p.tail.counters);
@@ -825,11 +807,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       }
     }
   }
-  if constexpr (kTail) {
-    TailStamp(p.tail.stamps, kTailStampEnd);
-  } else {
-    TailStamp(p.stamps, kTailStampEnd);
-  }
+  if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampEnd);
 }
 
 template <typename T>
@@ -857,7 +835,6 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   a.kv_col0 = static_cast<int>(e.kv_col0);
   a.kv_width = static_cast<int>(e.kv_width);
   a.release_early = e.release_dependents_early;
-  a.stamps = e.stamps;
   return a;
 }
 

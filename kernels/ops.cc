@@ -124,7 +124,6 @@ absl::Status Linear(const OpContext& ctx, const LinearParams& p) {
       e.bias = p.bias;
       e.activation = p.activation;
       e.release_dependents_early = p.release_dependents_early;
-      e.stamps = p.stamps;
       GemmParams g = p.gemm;
       if (p.residual != nullptr && p.activation == Activation::kIdentity) {
         g.c = p.residual;  // residual += A B^T + bias, in the epilogue (beta = 1)

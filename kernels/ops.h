@@ -51,9 +51,6 @@ struct OpContext {
   // GemmTailAttention::stamps here; null: none.
   unsigned long long* tail_stamps = nullptr;
   int tail_stamps_layer = -1;
-  // ... and that layer's attn.c_proj (a skinny GEMM behind the tail) writes GemmEpilogue::stamps
-  // here; null: none.
-  unsigned long long* proj_stamps = nullptr;
   // CUDA: DecodeChainCuda's counters (kernels/decode_chain_cuda.h: DecodeChainWorkspaceBytes of
   // chain_slots, zeroed once); null: DecodeChain is Unimplemented.
   void* chain_workspace = nullptr;
@@ -101,7 +98,6 @@ struct LinearParams {
   void* residual = nullptr;
   // CUDA: GemmEpilogue::release_dependents_early (Linear, FusedLinear; the CPU ignores it).
   bool release_dependents_early = false;
-  unsigned long long* stamps = nullptr;  // CUDA, Linear: GemmEpilogue::stamps (diagnostics)
 };
 
 // What FusedLinear folds into the GEMM: A's rows through a layer norm first (ln_weight non-null),

@@ -499,13 +499,11 @@ absl::Status GptBigCode::Trunk(const StepIndices& idx, PagedKvCache& cache,
 }
 
 absl::Status GptBigCode::RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                             Collectives& collectives, bool release_early,
-                                             unsigned long long* stamps) {
+                                             Collectives& collectives, bool release_early) {
   LinearParams lin;
   lin.gemm = gemm;
   lin.bias = bias.raw();
   lin.release_dependents_early = release_early;
-  lin.stamps = stamps;
   if (w_.shard.world_size == 1) {
     lin.residual = hidden_.raw();
     return Linear(ctx_, lin);
@@ -774,8 +772,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // kernel as it starts (tail_release_early_).
   const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
   RETURN_IF_ERROR(
-      RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj),
-                          tail_done && l == ctx_.tail_stamps_layer ? ctx_.proj_stamps : nullptr));
+      RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

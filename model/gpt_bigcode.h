@@ -394,12 +394,11 @@ class GptBigCode {
   // zero where no chain ran); empty when off.
   absl::StatusOr<std::vector<unsigned long long>> decode_chain_timeline() const;
   // Benchmarks (mqabench --tail-timeline): layer `layer`'s QKV launch with the tail attention
-  // records GemmTailAttention::stamps, and its attn.c_proj launch GemmEpilogue::stamps (each
-  // step overwrites the last); -1: off. Drops captured graphs. FailedPrecondition on the CPU.
+  // records GemmTailAttention::stamps (each step overwrites the last); -1: off. Drops captured
+  // graphs. FailedPrecondition on the CPU.
   absl::Status set_tail_timeline(int layer);
-  // The stamps as the last step left them (kGemmTailStampWords words a CTA: the tail launch's
-  // CTAs from word 0, the projection's from CTA 4096's words; zero past each grid); empty when
-  // off.
+  // The stamps as the last step left them (kGemmTailStampWords words a CTA of the launch, zero
+  // past its grid); empty when off.
   absl::StatusOr<std::vector<unsigned long long>> tail_timeline() const;
   // Benchmarks (mqabench --chain shares): the decode chains take per-SM shares of their rows
   // (DecodeChainTuning::sm_shares, a copy kept here; calibrated from decode_chain_timeline's
@@ -473,11 +472,9 @@ class GptBigCode {
   absl::Status Layer(int64_t layer, const StepIndices& idx, PagedKvCache& cache,
                      Collectives& collectives);
   // h[0:n) += (A B^T)[0:n) + bias, with the product all-reduced over the ranks first when T > 1
-  // (gemm.c = proj_ is the scratch). release_early: LinearParams::release_dependents_early;
-  // stamps: LinearParams::stamps (diagnostics, --tail-timeline).
+  // (gemm.c = proj_ is the scratch). release_early: LinearParams::release_dependents_early.
   absl::Status RowParallelResidual(const GemmParams& gemm, const Tensor& bias,
-                                   Collectives& collectives, bool release_early = false,
-                                   unsigned long long* stamps = nullptr);
+                                   Collectives& collectives, bool release_early = false);
   // Embedding and every layer: the residual stream in hidden_.
   absl::Status Trunk(const StepIndices& idx, PagedKvCache& cache, Collectives& collectives);
   // ln_f and lm_head over the gathered logits rows into local_logits_.

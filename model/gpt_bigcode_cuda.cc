@@ -335,23 +335,18 @@ absl::StatusOr<std::vector<unsigned long long>> GptBigCode::decode_chain_timelin
 }
 
 // Room for a launch of kTailTimelineCtas CTAs (SantaCoder's QKV: 288 GEMM CTAs and 64 attention
-// CTAs), then as many for the attn.c_proj launch behind it (SantaCoder's: 256 CTAs).
+// CTAs).
 constexpr int64_t kTailTimelineCtas = 4096;
 
 absl::Status GptBigCode::set_tail_timeline(int layer) {
   if (!cuda_) return absl::FailedPreconditionError("tail timeline: no CUDA model");
   ClearCudaGraphs();
   ctx_.tail_stamps = nullptr;
-  ctx_.proj_stamps = nullptr;
   ctx_.tail_stamps_layer = -1;
   cuda_->tail_stamps = Tensor();
   if (layer < 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(cuda_->tail_stamps, ZeroedWords(2 * kTailTimelineCtas * kGemmTailStampWords));
+  ASSIGN_OR_RETURN(cuda_->tail_stamps, ZeroedWords(kTailTimelineCtas * kGemmTailStampWords));
   ctx_.tail_stamps = static_cast<unsigned long long*>(cuda_->tail_stamps.raw());
-  // The projection's grid is at most ceil(n / 4) CTAs (GemmEpilogue::stamps).
-  if ((embd_ + 3) / 4 <= kTailTimelineCtas) {
-    ctx_.proj_stamps = ctx_.tail_stamps + kTailTimelineCtas * kGemmTailStampWords;
-  }
   ctx_.tail_stamps_layer = layer;
   return absl::OkStatus();
 }

@@ -28,20 +28,18 @@ namespace mqa::bench {
 namespace {
 
 // --tail-timeline: the last decode step's QKV launch with the tail attention in `layer`
-// (GemmTailAttention::stamps) and the attn.c_proj launch behind it (GemmEpilogue::stamps): each
-// event's min / median / max over the GEMM CTAs, the attention CTAs and the projection's CTAs, in
-// us from the QKV launch's first CTA start.
+// (GemmTailAttention::stamps): each event's min / median / max over the GEMM CTAs and over the
+// attention CTAs, in us from the launch's first CTA start.
 absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   ASSIGN_OR_RETURN(const std::vector<unsigned long long> w, model.tail_timeline());
   const int ctas = static_cast<int>(w.size() / kGemmTailStampWords);
   const auto stamps_of = [&w](int c) { return &w[static_cast<size_t>(c) * kGemmTailStampWords]; };
   unsigned long long t0 = 0;
-  int counts[4] = {0, 0, 0, 0};
+  int counts[3] = {0, 0, 0};
   for (int c = 0; c < ctas; ++c) {
     const unsigned long long* s = stamps_of(c);
-    if (s[kTailStampKind] < 1 || s[kTailStampKind] > 3) continue;
+    if (s[kTailStampKind] != 1 && s[kTailStampKind] != 2) continue;
     ++counts[s[kTailStampKind]];
-    if (s[kTailStampKind] == 3) continue;  // t0: the QKV launch's first CTA
     if (s[kTailStampStart] != 0 && (t0 == 0 || s[kTailStampStart] < t0)) t0 = s[kTailStampStart];
   }
   if (counts[1] + counts[2] == 0) {
@@ -49,23 +47,18 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     return absl::OkStatus();
   }
   std::printf(
-      "  tail timeline of layer %d (last decode step; %d GEMM CTAs, %d attention CTAs, %d "
-      "attn.c_proj CTAs): us from the launch's first CTA start, min / median / max\n",
-      layer, counts[1], counts[2], counts[3]);
-  static const char* const kNames[kTailStampWeightsIn + 1] = {
+      "  tail timeline of layer %d (last decode step; %d GEMM CTAs, %d attention CTAs): us from "
+      "the launch's first CTA start, min / median / max\n",
+      layer, counts[1], counts[2]);
+  static const char* const kNames[kTailStampEnd + 1] = {
       "start",  "PDL wait done", "dot done",      "K / V in", "q / k / v words in",
-      "scores", "warps merged",  "splits merged", "end",      "weights in"};
-  // Each kind's events in print order (index: the kind). The projection's weights-in stamp is
-  // taken after its PDL wait: printed between the two.
-  std::vector<int> events[4];
+      "scores", "warps merged",  "splits merged", "end"};
+  // Each kind's events in print order (index: the kind).
+  std::vector<int> events[3];
   for (int e = kTailStampStart; e <= kTailStampEnd; ++e) events[1].push_back(e);
   events[2] = events[1];
-  events[3] = {kTailStampStart, kTailStampPdlDone, kTailStampWeightsIn, kTailStampEnd};
-  for (int kind = 1; kind <= 3; ++kind) {
-    if (counts[kind] == 0) continue;
-    std::string line = kind == 1   ? "    GEMM CTAs:       "
-                       : kind == 2 ? "    attention CTAs:  "
-                                   : "    attn.c_proj CTAs:";
+  for (int kind = 1; kind <= 2; ++kind) {
+    std::string line = kind == 1 ? "    GEMM CTAs:     " : "    attention CTAs:";
     for (const int e : events[kind]) {
       std::vector<double> us;
       for (int c = 0; c < ctas; ++c) {
@@ -105,9 +98,6 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   };
   print_own_steps(2, kTailStampPdlDone + 1,
                   "    attention CTAs, each from its previous event (median / max):");
-  if (counts[3] != 0) {
-    print_own_steps(3, 1, "    attn.c_proj CTAs, each from its previous event (median / max):");
-  }
   return absl::OkStatus();
 }
 

@@ -602,61 +602,6 @@ TEST_P(GemmCudaTest, PdlChainMatchesCpu) {
   }
 }
 
-// GemmEpilogue::stamps (mqabench --tail-timeline's attn.c_proj line) leaves the output bit for
-// bit as it is, and every CTA of the launch records kind 3 and its events in order: start, PDL
-// wait done, weights in (taken after the wait), end. attn.c_proj's form (m = 1, the deep unroll,
-// the half fold, bias + residual, PDL, releasing the next kernel early) and mlp.c_proj's (k past
-// the first group, no deep unroll).
-TEST_P(GemmCudaTest, SkinnyStampsKeepOutputAndComeInOrder) {
-  const auto [t, rows] = GetParam();
-  if (rows != 2) GTEST_SKIP() << "the model's form, two rows a warp";
-  for (const bool deep : {true, false}) {
-    SCOPED_TRACE(deep ? "attn.c_proj's form" : "k past the first group");
-    CudaGemm::Options options;
-    options.skinny_rows_per_warp = rows;
-    options.skinny_max_m = CudaGemm::kSkinnyMaxM;
-    options.skinny_deep_unroll = deep;
-    options.skinny_half_fold = true;
-    options.pdl = true;
-    auto gemm = CudaGemm::Create(options);
-    ASSERT_TRUE(gemm.ok()) << gemm.status();
-    const Shape s = deep ? Shape{1, 2048, 2048, 0} : Shape{1, 2048, 8192, 8};
-    EpilogueCase ec;
-    ASSERT_NO_FATAL_FAILURE(MakeEpilogueCase(s, 3, t, rng_, ec));
-    ec.e.release_dependents_early = true;
-    ASSERT_NO_FATAL_FAILURE(ec.ResetC());
-    ASSERT_TRUE((*gemm)->Run(ec.p, ec.e, stream_).ok());
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    const auto want = ec.dc->Download<uint16_t>();
-    EXPECT_LT(RelError(Widen(want, t), ec.want), 1e-2);
-    const int max_ctas = static_cast<int>((s.n + 3) / 4);
-    const int64_t stamp_bytes = int64_t{max_ctas + 1} * kGemmTailStampWords * 8;
-    DeviceMem stamps(stamp_bytes);
-    ASSERT_EQ(cudaMemset(stamps.get(), 0, stamp_bytes), cudaSuccess);
-    ASSERT_NO_FATAL_FAILURE(ec.ResetC());
-    ec.e.stamps = stamps.get<unsigned long long>();
-    ASSERT_TRUE((*gemm)->Run(ec.p, ec.e, stream_).ok());
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    EXPECT_EQ(ec.dc->Download<uint16_t>(), want) << "stamping changed the output";
-    const auto w = stamps.Download<unsigned long long>();
-    int ctas = 0;
-    for (int cta = 0; cta <= max_ctas; ++cta) {
-      const unsigned long long* st = &w[static_cast<size_t>(cta) * kGemmTailStampWords];
-      if (st[kTailStampKind] == 0) continue;
-      ASSERT_EQ(st[kTailStampKind], 3u) << "CTA " << cta;
-      ASSERT_EQ(cta, ctas) << "CTAs stamped out of grid order";
-      ++ctas;
-      const int events[] = {kTailStampStart, kTailStampPdlDone, kTailStampWeightsIn, kTailStampEnd};
-      for (size_t i = 0; i < std::size(events); ++i) {
-        EXPECT_NE(st[events[i]], 0u) << "CTA " << cta << " event " << events[i];
-        if (i > 0) EXPECT_LE(st[events[i - 1]], st[events[i]]) << "CTA " << cta;
-      }
-    }
-    EXPECT_GT(ctas, 0);
-    EXPECT_LT(ctas, max_ctas + 1) << "a CTA past the documented bound";
-  }
-}
-
 TEST_P(GemmCudaTest, SkinnyKernelRefusesWhatItCannotDo) {
   const auto [t, rows] = GetParam();
   if (rows != 2) GTEST_SKIP() << "once is enough";
