@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The next device call (kept in the tree so that it need not be rewritten from NOTES.md; each
 # session replaces it). Written 2026-12-07 ~13:40 UTC, extended ~16:40 (NOTES version 61's list,
-# item 1): main on an H200, for the standing table's H200 column (unchanged since 2026-12-07
-# 05:51 UTC; fe913d3, 85324df, 73b4a5e and d9f3a1b have run only on H100s). Build the plain
+# item 1), still the next call on 2026-12-08 ~00:40 (version 64's list, item 1): main on an H200,
+# for the standing table's H200 column (unchanged since 2026-12-07 05:51 UTC; fe913d3, 85324df,
+# 73b4a5e, d9f3a1b and 0ec1ad1 have run only on H100s). Build the plain
 # shared bundle first (`rm -rf gpu-bundle-ab; MQA_BUNDLE_SHARED=1 JOBS=2 bash
 # scripts/gpu-bundle.sh`), then with the device tool carry ["gpu-bundle"] and run `bash
 # scripts/gpu-call-next.sh` (~5 minutes on an H200). On any other GPU it stops after step 0 (the
