@@ -3,19 +3,19 @@
 # replaces gpu-call-kvll.sh, which ran one). Build first, from main's clean tree:
 # `JOBS=2 bash scripts/gpu-bundle-ab.sh COMMIT...` (each COMMIT changes kernels/*.cu only); then
 # the device tool with carry ["gpu-bundle-ab"] and `bash scripts/gpu-call-ab.sh`. In order:
-#  1. the tests of main and of each experiment: the tail attention's, gemm_cuda_test's PDL chain
-#     and the projection's stamps;
+#  1. the tests of main and of each experiment: the tail attention's and gemm_cuda_test's PDL
+#     chain;
 #  2. SantaCoder b1 128 / 128, main and every experiment in separate processes, in rotation, six
-#     rounds (decode step medians);
+#     rounds (decode step medians; MQA_AB_ROUNDS=N for N);
 #  3. layer 10's tail timeline (twice) and a kernel trace (CSV to $OUT/trace_NAME) of each;
-#  4. main alone: b1 128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`,
-#     the 128-token prefill's GEMMs among them) against the default (decode shapes only), in
-#     rotation: SantaCoder four rounds, StarCoder two (does tuning the prefill's m = 128
-#     shapes, -4% of StarCoder's prefill on an H100 on 2026-12-07, move either b1 target?);
-#  5. HF parity with each experiment.
-# ~7-8 minutes of commands for two experiments on an H100 or H200 (give the call 590 s; the logs
-# come back at each `finish`). With MQA_OUT_TAG set, the
-# console and the logs go to summary_TAG.txt and logs_TAG.tgz (gpu-call-setup.sh).
+#  4. only with MQA_AB_TUNED=1 (answered on 2026-12-08: no; NOTES version 64): main alone, b1
+#     128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`, the 128-token
+#     prefill's GEMMs among them) against the default (decode shapes only), in rotation:
+#     SantaCoder four rounds, StarCoder two;
+#  5. HF parity with each experiment that is not a control.
+# On an H100 on 2026-12-08, three experiments, four rounds, no step 4: 125 s of commands (the
+# logs come back at each `finish`). With MQA_OUT_TAG set, the console and the logs go to
+# summary_TAG.txt and logs_TAG.tgz (gpu-call-setup.sh).
 source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
 cat gpu-bundle-ab/EXPERIMENT
 # An experiment whose subject starts with "Control" (main with a diagnostic taken out, to time
@@ -28,14 +28,14 @@ while read -r exp commit subject; do
 done < gpu-bundle-ab/EXPERIMENT
 nv=${#names[@]}
 vrun() { local i=$1; shift; LD_LIBRARY_PATH="${vdirs[$i]}/lib:$LD_LIBRARY_PATH" "$@"; }
-# 1. The kernel tests (main's too: its stamps test has not run on a GPU before).
+# 1. The kernel tests, main's and each experiment's (a control's are left out: they may fail by construction).
 for ((i = 0; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   ((control[i])) && continue
   vrun $i timeout 100 $d/tests/gemm_tail_attention_test > $logs/${n}_tail.log 2>&1
   echo "$n gemm_tail_attention_test rc=$? $(gtest_verdict $logs/${n}_tail.log)"
-  vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*:*Stamps*' > $logs/${n}_pdl.log 2>&1
-  echo "$n gemm_cuda_test PdlChain, Stamps rc=$? $(gtest_verdict $logs/${n}_pdl.log)"
+  vrun $i timeout 100 $d/tests/gemm_cuda_test --gtest_filter='*PdlChain*' > $logs/${n}_pdl.log 2>&1
+  echo "$n gemm_cuda_test PdlChain rc=$? $(gtest_verdict $logs/${n}_pdl.log)"
 done
 # 2. SantaCoder b1 in rotation (MQA_AB_ROUNDS rounds, default 6: fewer where little device
 # time is left).
@@ -72,7 +72,7 @@ tuned_rows() {
     done
   done
 }
-if [[ -z "$MQA_AB_SKIP_TUNED" ]]; then  # MQA_AB_SKIP_TUNED=1: not this call
+if [[ "${MQA_AB_TUNED:-0}" == 1 ]]; then
   tuned_rows santacoder 4 60 5
   tuned_rows starcoder 2 90 2
   finish
