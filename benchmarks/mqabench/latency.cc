@@ -53,13 +53,9 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
   static const char* const kNames[kTailStampEnd + 1] = {
       "start",  "PDL wait done", "dot done",      "K / V in", "q / k / v words in",
       "scores", "warps merged",  "splits merged", "end"};
-  // Each kind's events in print order (index: the kind).
-  std::vector<int> events[3];
-  for (int e = kTailStampStart; e <= kTailStampEnd; ++e) events[1].push_back(e);
-  events[2] = events[1];
   for (int kind = 1; kind <= 2; ++kind) {
     std::string line = kind == 1 ? "    GEMM CTAs:     " : "    attention CTAs:";
-    for (const int e : events[kind]) {
+    for (int e = kTailStampStart; e <= kTailStampEnd; ++e) {
       std::vector<double> us;
       for (int c = 0; c < ctas; ++c) {
         const unsigned long long* s = stamps_of(c);
@@ -74,30 +70,24 @@ absl::Status PrintTailTimeline(GptBigCode& model, int layer) {
     }
     std::printf("%s\n", line.c_str());
   }
-  // The medians above are over different CTAs each: a kind's own steps, each CTA's time from one
-  // of its recorded events to its next, from the event events[kind][first] on.
-  const auto print_own_steps = [&](int kind, size_t first, const char* label) {
-    const std::vector<int>& ev = events[kind];
-    std::string line = label;
-    for (size_t i = first; i < ev.size(); ++i) {
-      std::vector<double> us;
-      for (int c = 0; c < ctas; ++c) {
-        const unsigned long long* s = stamps_of(c);
-        if (s[kTailStampKind] != static_cast<unsigned long long>(kind) || s[ev[i]] == 0) continue;
-        size_t prev = i - 1;
-        while (prev > 0 && s[ev[prev]] == 0) --prev;
-        const unsigned long long a = s[ev[prev]], b = s[ev[i]];
-        if (a != 0 && b >= a) us.push_back(static_cast<double>(b - a) * 1e-3);
-      }
-      if (us.empty()) continue;
-      absl::StrAppend(
-          &line, " ", kNames[ev[i]], " ",
-          absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
+  // The medians above are over different CTAs each: the attention CTAs' own steps, each CTA's
+  // time from one of its recorded events to its next.
+  std::string line = "    attention CTAs, each from its previous event (median / max):";
+  for (int e = kTailStampPdlDone + 1; e <= kTailStampEnd; ++e) {
+    std::vector<double> us;
+    for (int c = 0; c < ctas; ++c) {
+      const unsigned long long* s = stamps_of(c);
+      if (s[kTailStampKind] != 2 || s[e] == 0) continue;
+      int prev = e - 1;
+      while (prev > kTailStampStart && s[prev] == 0) --prev;
+      if (s[prev] != 0 && s[e] >= s[prev]) us.push_back(static_cast<double>(s[e] - s[prev]) * 1e-3);
     }
-    std::printf("%s\n", line.c_str());
-  };
-  print_own_steps(2, kTailStampPdlDone + 1,
-                  "    attention CTAs, each from its previous event (median / max):");
+    if (us.empty()) continue;
+    absl::StrAppend(
+        &line, " ", kNames[e], " ",
+        absl::StrFormat("%.2f %.2f", Median(us), *std::max_element(us.begin(), us.end())), ";");
+  }
+  std::printf("%s\n", line.c_str());
   return absl::OkStatus();
 }
 
