@@ -8,12 +8,8 @@
 #  2. SantaCoder b1 128 / 128, main and every experiment in separate processes, in rotation, six
 #     rounds (decode step medians; MQA_AB_ROUNDS=N for N);
 #  3. layer 10's tail timeline (twice) and a kernel trace (CSV to $OUT/trace_NAME) of each;
-#  4. only with MQA_AB_TUNED=1 (answered on 2026-12-08: no; NOTES version 64): main alone, b1
-#     128 / 128 with every cuBLASLt shape tuned at first sight (`--autotune on`, the 128-token
-#     prefill's GEMMs among them) against the default (decode shapes only), in rotation:
-#     SantaCoder four rounds, StarCoder two;
-#  5. HF parity with each experiment that is not a control.
-# On an H100 on 2026-12-08, three experiments, four rounds, no step 4: 125 s of commands (the
+#  4. HF parity with each experiment that is not a control.
+# On an H100 on 2026-12-08, three experiments, four rounds, 125 s of commands (the
 # logs come back at each `finish`). With MQA_OUT_TAG set, the console and the logs go to
 # summary_TAG.txt and logs_TAG.tgz (gpu-call-setup.sh).
 source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
@@ -28,7 +24,8 @@ while read -r exp commit subject; do
 done < gpu-bundle-ab/EXPERIMENT
 nv=${#names[@]}
 vrun() { local i=$1; shift; LD_LIBRARY_PATH="${vdirs[$i]}/lib:$LD_LIBRARY_PATH" "$@"; }
-# 1. The kernel tests, main's and each experiment's (a control's are left out: they may fail by construction).
+# 1. The kernel tests, main's and each experiment's (a control's are left out: they may fail by
+# construction).
 for ((i = 0; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   ((control[i])) && continue
@@ -61,23 +58,7 @@ for ((i = 0; i < nv; i++)); do
   echo "trace_$n rc=$? $(latency_summary $logs/trace_$n.log)"
 done
 finish
-# 4. Prefill shapes tuned (main only): MODEL ROUNDS LIMIT ITERS.
-tuned_rows() {
-  local model=$1 rounds=$2 limit=$3 iters=$4 r t
-  for r in $(seq $rounds); do
-    for t in decode on; do
-      timeout $limit $b/bin/mqabench latency --model configs/$model $m1 --num-iters $iters \
-        --autotune $t > $logs/${model}_at_${t}_$r.log 2>&1
-      echo "${model}_at_${t}_$r rc=$? $(latency_summary $logs/${model}_at_${t}_$r.log)"
-    done
-  done
-}
-if [[ "${MQA_AB_TUNED:-0}" == 1 ]]; then
-  tuned_rows santacoder 4 60 5
-  tuned_rows starcoder 2 90 2
-  finish
-fi
-# 5. HF parity with each experiment (last: the longest, and needed only to take one).
+# 4. HF parity with each experiment (last: the longest, and needed only to take one).
 for ((i = 1; i < nv; i++)); do
   n=${names[$i]}; d=${vdirs[$i]}
   ((control[i])) && continue
