@@ -66,6 +66,21 @@ struct GemmTailAttention {
   // kGemmTailStampWords (the attention's CTAs 0 .. and the GEMM's after them; the last word is
   // the CTA's kind); null: none.
   unsigned long long* stamps = nullptr;
+  // The attention's output projection too (proj_weight non-null; one rank): hidden += proj_weight
+  // x output + proj_bias, rounded once, as attn.c_proj's skinny GEMM with its residual epilogue
+  // computes it, and `output` is written as well. The launch's GEMM CTAs do it: after their QKV
+  // columns, GEMM CTA g loads rows [8 g, 8 g + 8) of proj_weight into the registers the QKV rows
+  // left, with their bias and residual, then one warp polls a word a head, which the CTA that
+  // stores the head's output sets, and once every head's is set the CTA folds the output row
+  // (from L2) into its rows. No grid boundary and no second launch between the attention and the
+  // projection. Needs heads x head_dim <= 2048, proj_n <= 8 x the GEMM's CTAs, the QKV columns
+  // exactly q / k / v, and every CTA of the launch resident at once (the GEMM CTAs wait for the
+  // attention, which waits for every GEMM CTA's columns): checked with the occupancy API at
+  // launch, Unimplemented where not (nothing has run then).
+  const void* proj_weight = nullptr;  // [proj_n, heads head_dim], rows contiguous
+  const void* proj_bias = nullptr;    // [proj_n]; null: none
+  void* hidden = nullptr;             // [proj_n]: the residual, updated in place
+  int proj_n = 0;
 };
 inline constexpr int kGemmTailMaxClusterSplits = 8;  // the portable cluster size
 inline constexpr int kGemmTailStampWords = 16;
@@ -89,12 +104,13 @@ enum GemmTailStamp : int {
 };
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
-// 2 + heads int counters (the epoch, the attention warps counted out, each head's splits merged),
-// padded to 256 bytes; an LL word for each of C's q / k / v columns (at most
-// kGemmTailLlColsPerHead a query head: k and v follow q); then the splits' fp32 partials.
+// 2 + 2 heads int counters (the epoch, the attention warps counted out, each head's splits merged,
+// each head's output stored for the projection: the launch's epoch plus one), padded to 256 bytes;
+// an LL word for each of C's q / k / v columns (at most kGemmTailLlColsPerHead a query head: k and
+// v follow q); then the splits' fp32 partials.
 inline constexpr int kGemmTailLlColsPerHead = 3 * kGemmTailHeadDim;
 inline size_t GemmTailCounterBytes(int heads) {
-  return (static_cast<size_t>(2 + heads) * 4 + 255) / 256 * 256;
+  return (static_cast<size_t>(2 + 2 * heads) * 4 + 255) / 256 * 256;
 }
 inline size_t GemmTailLlBytes(int heads) {
   return static_cast<size_t>(heads) * kGemmTailLlColsPerHead * 4;

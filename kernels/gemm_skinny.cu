@@ -63,6 +63,13 @@ struct SkinnyTailArgs {
   int ll_cols = 0;
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
   unsigned long long* stamps = nullptr;  // GemmTailAttention::stamps
+  // The output projection (GemmTailAttention::proj_weight; kProj instantiations only): proj_n rows
+  // of proj_k = heads D weights; counters[kTailHeadCounts + heads + h]: head h's output stored,
+  // as the launch's epoch plus one.
+  const T* proj_w = nullptr;
+  const T* proj_b = nullptr;
+  T* hidden = nullptr;
+  int proj_n = 0, proj_k = 0;
 };
 inline constexpr int kTailEpoch = 0, kTailCountOut = 1, kTailHeadCounts = 2;
 
@@ -399,7 +406,9 @@ __device__ __forceinline__ float TailMergeSplits(const At& at, int splits, int d
   return acc / sum;
 }
 
-template <typename T>
+// kProj (GemmTailAttention::proj_weight): the CTA that stores head h's output then sets the
+// head's word (TailProjSignal) for the GEMM CTAs' projection (SkinnyTailProj).
+template <typename T, bool kProj = false>
 __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, int cta) {
   constexpr int D = kGemmTailHeadDim, kWarpTokens = kGemmTailTokens / kSkinnyWarps;
   static_assert(D == 4 * 32 && kWarpTokens == 16);
@@ -456,7 +465,13 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   // The warp's LL words: q's four dims a lane, and where the warp holds the newest position, that
   // position's k / v; polled (all loads of a round in flight together) until every one carries
   // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
-  const uint32_t flag = TailLlFlag(t.counters);
+  uint32_t flag, epoch1 = 0;  // kProj: the launch's epoch plus one, the heads' words' value
+  if constexpr (kProj) {
+    epoch1 = LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(t.counters + kTailEpoch)) + 1u;
+    flag = epoch1 << 16;
+  } else {
+    flag = TailLlFlag(t.counters);
+  }
   const bool has_new = newest >= tok0 && newest < tok0 + kWarpTokens;
   const uint32_t* qw = t.ll + h * D + 4 * lane;
   const uint32_t* kw = t.ll + (t.k_new - t.q) + kv + 4 * lane;
@@ -534,8 +549,20 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
     }
   }
   T* out = t.out + h * D + d;
+  // kProj: head h's output is stored (by every thread of this CTA): its word says so.
+  const auto signal = [&] {
+    if constexpr (kProj) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        StoreRelaxedGpu(reinterpret_cast<uint32_t*>(t.counters + kTailHeadCounts + t.heads + h),
+                        epoch1);
+      }
+    }
+  };
   if (t.splits == 1) {
     *out = fwd::FromFloat<T>(os / ls);
+    signal();
   } else if (t.cluster > 0) {
     // The head's splits are one cluster (the attention's CTAs come first, so split s is the
     // cluster's rank s): ranks 1.. push their partials into rank 0's tail_in (st.async,
@@ -573,6 +600,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
         return j > 0 ? tail_in[j][i] : i == D ? ms : i == D + 1 ? ls : os;
       };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
+      signal();
     }
   } else {
     constexpr int kSlot = D + 2;
@@ -588,6 +616,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
       const auto at = [&](int j, int i) { return __ldcg(head + j * kSlot + i); };
       *out = fwd::FromFloat<T>(TailMergeSplits(at, t.splits, d));
       if (threadIdx.x == 0) t.counters[kTailHeadCounts + h] = 0;  // every split has counted in
+      signal();
     }
   }
   // The last warp to count out resets the count and bumps the epoch.
@@ -596,6 +625,92 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
     atomicAdd(t.counters + kTailEpoch, 1);
   }
   TailStamp(t.stamps, kTailStampEnd);
+}
+
+// The output projection in the tail's launch (GemmTailAttention::proj_weight), by GEMM CTA g
+// after its QKV columns: warp w takes rows c0 = (4 g + w) R .. c0 + R of proj_w (R = 2: the 2048
+// rows of SantaCoder's attn.c_proj over 256 CTAs, eight a CTA) and loads them whole (proj_k <=
+// U x 32 x 8: one unrolled group, in the registers the QKV rows left), with the storing lanes'
+// bias and residual, before anything waits. Then warp 0 polls the heads' words (lane h head h's,
+// one 4-byte load a lane a round) until each holds the launch's epoch plus one (`epoch1`, lane
+// 0's); a fence and the CTA barrier hand the sighting on, and every warp loads the output row
+// from L2 (it was written in this launch, so never from L1) and folds it, in the order
+// attn.c_proj's deep-unrolled skinny GEMM folds it (the same sums, the same rounding). The residual
+// is updated in place: every GEMM CTA that stores QKV columns has read it (the layer norm's pass
+// and the fold) before its columns' LL words were read, which every head's output needs.
+template <typename T, int U, int R, bool kHalf>
+__device__ __forceinline__ void SkinnyTailProj(const SkinnyTailArgs<T>& t, int g, uint32_t epoch1,
+                                               uint64_t wpolicy) {
+  using V = fwd::Vec16<T>;
+  constexpr int kV = V::kN;
+  if (g * kSkinnyWarps * R >= t.proj_n) return;  // no rows for this CTA
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c0 = (g * kSkinnyWarps + warp) * R;
+  const bool live = c0 < t.proj_n;
+  const int kk = lane * kV;
+  V w[U][R];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = min(c0 + r, t.proj_n - 1);
+      if (live && kk + u * 32 * kV < t.proj_k) {
+        w[u][r] = LoadWeight16<V>(t.proj_w + row * t.proj_k + kk + u * 32 * kV, wpolicy);
+      } else {
+        w[u][r] = V{};
+      }
+    }
+  const int col = c0 + lane;
+  const bool stores = live && lane < R && col < t.proj_n;
+  float bias = 0.0f, resid = 0.0f;
+  if (stores) {
+    if (t.proj_b != nullptr) bias = fwd::ToFloat(t.proj_b[col]);
+    resid = fwd::ToFloat(t.hidden[col]);
+  }
+  if (warp == 0) {
+    const uint32_t want = __shfl_sync(0xffffffffu, epoch1, 0);
+    const uint32_t* done =
+        reinterpret_cast<const uint32_t*>(t.counters + kTailHeadCounts + t.heads);
+    for (bool in = false; !in;) {
+      in = __all_sync(0xffffffffu, lane >= t.heads || LoadRelaxedGpu(done + lane) == want);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  if (!live) return;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (kk + u * 32 * kV >= t.proj_k) break;
+    const uint4 xu = __ldcg(reinterpret_cast<const uint4*>(t.out + kk + u * 32 * kV));
+    V xv;
+    static_assert(sizeof(xv) == sizeof(xu));
+    memcpy(&xv, &xu, sizeof(xu));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kHalf) {
+        acc[r] += fwd::HalfPairDot8(&w[u][r], &xv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          acc[r] = fmaf(fwd::ToFloat(xv.v[e]), fwd::ToFloat(w[u][r].v[e]), acc[r]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  if (stores) {
+    float v = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (lane == r) v = acc[r];
+    t.hidden[col] = fwd::FromFloat<T>((v + bias) + resid);
+  }
 }
 
 // R: weight rows (output columns) per warp. kLn: A's rows go through a layer norm first, folded
@@ -615,19 +730,20 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
 // rounding on each 4-product partial; with kLn, x_j g_j rounded to fp16 first).
 // kMinCtas: the CTAs an SM the registers must allow (CudaGemm::Options::skinny_occupancy).
 // kTail: CTAs [0, p.tail.tail_ctas) run the tail attention (GemmEpilogue::tail), the GEMM's
-// CTAs follow.
+// CTAs follow. kProj (with kTail): the GEMM CTAs then run the output projection (SkinnyTailProj).
 template <typename T, int M, int kAct, int R, bool kLn, int U = kSkinnyUnroll, bool kHalf = false,
-          int kMinCtas = 1, bool kTail = false>
+          int kMinCtas = 1, bool kTail = false, bool kProj = false>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
     SkinnyGemmKernel(const SkinnyArgs<T> p) {
   static_assert(!kHalf || (M == 1 && std::is_same_v<T, __half>));
   static_assert(!kTail || M == 1);
+  static_assert(!kProj || kTail);
   // kTail: the attention's CTAs first in the grid, the GEMM's after them.
   int gemm_block = static_cast<int>(blockIdx.x);
   if constexpr (kTail) {
     TailStamp(p.tail.stamps, kTailStampStart);
     if (gemm_block < p.tail.tail_ctas) {
-      SkinnyTailAttention<T>(p.tail, gemm_block);
+      SkinnyTailAttention<T, kProj>(p.tail, gemm_block);
       return;
     }
     TailStampKind(p.tail.stamps, 1);
@@ -696,7 +812,13 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   if (!p.release_early) fwd::PdlTrigger();
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
   uint32_t ll_flag = 0;  // kTail: the LL words' flag (after the wait: the previous launch's bump)
-  if constexpr (kTail) {
+  uint32_t epoch1 = 0;   // kProj: the launch's epoch plus one (storing lanes)
+  if constexpr (kProj) {
+    if (stores) {
+      epoch1 = LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(p.tail.counters + kTailEpoch)) + 1u;
+      ll_flag = epoch1 << 16;
+    }
+  } else if constexpr (kTail) {
     if (stores) ll_flag = TailLlFlag(p.tail.counters);
   }
   // With kLn every warp takes its part of the statistics.
@@ -807,6 +929,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       }
     }
   }
+  if constexpr (kProj) SkinnyTailProj<T, U, R, kHalf>(p.tail, gemm_block, epoch1, wpolicy);
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampEnd);
 }
 
@@ -880,6 +1003,40 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
     // The tail's CTAs, then the GEMM's (padded to a multiple of the cluster size with the cluster
     // merge).
     grid.x = static_cast<unsigned>(a.tail.tail_ctas + a.tail.gemm_ctas);
+    if (a.tail.proj_n > 0) {
+      // The projection: the GEMM CTAs wait for the attention, which waits for every GEMM CTA's
+      // columns, so every CTA of the grid must be resident at once (3 an SM at 128 threads: the
+      // registers are bounded for it), or the launch could hang: refused where it may not be.
+      constexpr auto kernel = SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 3, true, true>;
+      int64_t resident = 0;
+      if (b.tail.cluster > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = static_cast<unsigned>(b.tail.cluster);
+        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+        resident = int64_t{clusters} * b.tail.cluster;
+      } else {
+        int per_sm = 0;
+        CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, kernel, static_cast<int>(block.x), smem));
+        ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+        resident = int64_t{per_sm} * sms;
+      }
+      if (resident < grid.x) {
+        return absl::UnimplementedError(
+            absl::StrCat("SkinnyGemmCuda: the tail's projection needs its ", grid.x,
+                         " CTAs resident at once; the device holds ", resident));
+      }
+      return launch(kernel);
+    }
     return launch(SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 1, true>);
   }
   switch (act) {
@@ -952,6 +1109,25 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   t->partials =
       reinterpret_cast<float*>(w + GemmTailCounterBytes(g.heads) + GemmTailLlBytes(g.heads));
   t->stamps = g.stamps;
+  if (g.proj_weight != nullptr) {
+    // The projection by the GEMM CTAs (SkinnyTailProj): rows of one unrolled group, eight a CTA
+    // over the CTAs that store QKV columns, and those columns exactly q / k / v (every CTA that
+    // reads the residual row is then one the attention waits for).
+    constexpr int kProjMaxK = kSkinnyDeepUnroll * 32 * (16 / static_cast<int>(sizeof(T)));
+    const int64_t proj_k = int64_t{g.heads} * g.head_dim;
+    if (g.hidden == nullptr || g.proj_n <= 0 || g.proj_n > p.n || proj_k > kProjMaxK ||
+        p.n != ll_cols || e.kv_col0 != proj_k || g.heads > 32 ||
+        reinterpret_cast<uintptr_t>(g.proj_weight) % 16 != 0) {
+      return absl::UnimplementedError(
+          "SkinnyGemmCuda: the tail's projection needs heads x head_dim <= 2048, at most n rows, "
+          "C's columns exactly q / k / v and 16-byte aligned weights");
+    }
+    t->proj_w = static_cast<const T*>(g.proj_weight);
+    t->proj_b = static_cast<const T*>(g.proj_bias);
+    t->hidden = static_cast<T*>(g.hidden);
+    t->proj_n = g.proj_n;
+    t->proj_k = static_cast<int>(proj_k);
+  }
   return absl::OkStatus();
 }
 

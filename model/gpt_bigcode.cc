@@ -578,7 +578,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // fuse_ (CUDA decode): ln_1 (and with fuse_kv_ the KV-cache write) inside the QKV GEMM; else
   // (and always on the CPU) the ops below. A one-token step outside the chain may take the
   // attention (with the KV write) into the same launch (tail_attention_).
-  bool qkv_fused = false, kv_written = false, tail_done = false;
+  bool qkv_fused = false, kv_written = false, tail_done = false, proj_done = false;
   const bool qkv_ready = qkv_ready_;  // done by the previous layer's decode chain
   qkv_ready_ = false;
   if (fuse_ && !qkv_ready) {
@@ -610,10 +610,22 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .workspace_bytes = ctx_.tail_workspace_bytes,
                 .cluster_merge = tail_cluster_merge_,
                 .stamps = l == ctx_.tail_stamps_layer ? ctx_.tail_stamps : nullptr};
-      const absl::Status st = FusedLinear(ctx_, with_tail, f);
+      absl::Status st = absl::UnimplementedError("no projection asked for");
+      if (tail_attention_proj_) {  // attn.c_proj with its residual too, if the launch takes it
+        LinearFusion with_proj = f;
+        with_proj.tail.proj_weight = L.c_proj_w.raw();
+        with_proj.tail.proj_bias = L.c_proj_b.raw();
+        with_proj.tail.hidden = hidden_.raw();
+        with_proj.tail.proj_n = static_cast<int>(embd_);
+        st = FusedLinear(ctx_, with_tail, with_proj);
+        if (!st.ok() && !absl::IsUnimplemented(st)) return st;
+        proj_done = st.ok();
+      }
+      if (!proj_done) st = FusedLinear(ctx_, with_tail, f);
       if (!st.ok() && !absl::IsUnimplemented(st)) return st;
       tail_done = qkv_fused = kv_written = st.ok();
       tail_runs_ += tail_done;
+      tail_proj_runs_ += proj_done;
     }
     if (!qkv_fused) {
       const absl::Status st = FusedLinear(ctx_, fused, fuse_kv_ ? with_kv : ln_only);
@@ -771,8 +783,10 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
   // Behind the tail, attn.c_proj (and with its other bits c_fc, mlp.c_proj) may release the next
   // kernel as it starts (tail_release_early_).
   const auto release_early = [&](int bit) { return tail_done && (tail_release_early_ & bit) != 0; };
-  RETURN_IF_ERROR(
-      RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
+  if (!proj_done) {
+    RETURN_IF_ERROR(
+        RowParallelResidual(gemm, L.c_proj_b, collectives, release_early(kTailReleaseAttnProj)));
+  }
 
   ln.weight = L.ln_2_w.raw();
   ln.bias = L.ln_2_b.raw();

@@ -281,6 +281,12 @@ struct GptBigCodeOptions {
   // 1.057 / 1.056 ms without, 1.025 / 1.025 with (-3.0%); 3: 1.026 / 1.025; three more H100
   // calls -1.3 to -3.6%; the other bits nothing.
   int tail_release_early = kTailReleaseAttnProj;
+  // With tail_attention, on one rank: attn.c_proj and its residual add in the QKV launch too, by
+  // its GEMM CTAs once every head's output is stored (GemmTailAttention::proj_weight): three
+  // launches a layer, no grid boundary between the attention and the projection. Where the launch
+  // refuses it (the occupancy check, the shapes), the tail runs without it and attn.c_proj after.
+  // Off until measured (mqabench --chain tailp).
+  bool tail_attention_proj = false;
 };
 
 class GptBigCode {
@@ -419,6 +425,8 @@ class GptBigCode {
   void set_tail_cluster_merge(bool on);
   // GptBigCodeOptions::tail_release_early. Drops captured graphs.
   void set_tail_release_early(int mask);
+  // GptBigCodeOptions::tail_attention_proj. Drops captured graphs.
+  void set_tail_attention_proj(bool on);
   // Decode chains launched (or captured) so far: benchmarks print it to show the chain ran.
   int64_t decode_chain_runs() const { return chain_runs_; }
   // Of those, the chains with the attention as their first phase (decode_chain_attention), and
@@ -427,6 +435,8 @@ class GptBigCode {
   bool last_decode_chain_had_attention() const { return last_chain_attention_; }
   // QKV GEMMs launched (or captured) with the tail attention so far (tests, benchmarks).
   int64_t tail_attention_runs() const { return tail_runs_; }
+  // Of those, the launches with attn.c_proj in them too (tail_attention_proj).
+  int64_t tail_attention_proj_runs() const { return tail_proj_runs_; }
   // Graphs captured so far (tests, benchmarks).
   int num_cuda_graphs() const;
   // One decode step shape, {sequences, longest context}, for each (batch bucket, context bucket)
@@ -534,6 +544,7 @@ class GptBigCode {
   bool attention_release_early_ = false;    // set_attention_release_early
   bool tail_attention_ = false;             // GptBigCodeOptions::tail_attention
   bool tail_cluster_merge_ = false;         // GptBigCodeOptions::tail_cluster_merge
+  bool tail_attention_proj_ = false;        // GptBigCodeOptions::tail_attention_proj
   int tail_release_early_ = 0;              // GptBigCodeOptions::tail_release_early
   // Within a step: the previous layer's decode chain already computed this layer's ln_1 + QKV.
   bool qkv_ready_ = false;
@@ -541,6 +552,7 @@ class GptBigCode {
   int64_t chain_attention_runs_ = 0;
   bool last_chain_attention_ = false;
   int64_t tail_runs_ = 0;
+  int64_t tail_proj_runs_ = 0;
   bool chain_refusal_logged_ = false;  // a refused chain is reported once (stderr)
   // Workspace (capacities in rows).
   int64_t token_capacity_ = 0, logits_capacity_ = 0;

@@ -273,6 +273,11 @@ void GptBigCode::set_tail_cluster_merge(bool on) {
   ClearCudaGraphs();
 }
 
+void GptBigCode::set_tail_attention_proj(bool on) {
+  tail_attention_proj_ = on;
+  ClearCudaGraphs();
+}
+
 void GptBigCode::set_tail_release_early(int mask) {
   tail_release_early_ = mask;
   ClearCudaGraphs();
@@ -513,6 +518,7 @@ absl::Status GptBigCode::InitCuda(const GptBigCodeOptions& options) {
   tail_attention_ = options.tail_attention;
   tail_cluster_merge_ = options.tail_cluster_merge;
   tail_release_early_ = options.tail_release_early;
+  tail_attention_proj_ = options.tail_attention_proj;
   ctx_.ln_registers = options.ln_registers;
   ctx_.attention_variant = options.attention_variant;
   cuda_->greedy_cluster = options.greedy_cluster;
@@ -856,6 +862,7 @@ void GptBigCode::set_attention_release_early(bool) {}
 void GptBigCode::set_tail_attention(bool) {}
 void GptBigCode::set_tail_cluster_merge(bool) {}
 void GptBigCode::set_tail_release_early(int) {}
+void GptBigCode::set_tail_attention_proj(bool) {}
 void GptBigCode::set_decode_chain_stage_bytes(int) {}
 void GptBigCode::set_decode_chain_ll_inputs(int) {}
 void GptBigCode::set_decode_chain_head_hold(int) {}

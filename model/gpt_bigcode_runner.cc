@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<GptBigCodeRunner>> GptBigCodeRunner::Create(
   model_options.tail_attention = options.tail_attention;
   model_options.tail_cluster_merge = options.tail_cluster_merge;
   model_options.tail_release_early = options.tail_release_early;
+  model_options.tail_attention_proj = options.tail_attention_proj;
 
   PagedKvCache::Shape shape;
   shape.num_layers = w.config.n_layer;

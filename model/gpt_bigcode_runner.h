@@ -65,6 +65,7 @@ struct GptBigCodeRunnerOptions {
   // GptBigCodeOptions::tail_cluster_merge
   bool tail_cluster_merge = GptBigCodeOptions().tail_cluster_merge;
   int tail_release_early = GptBigCodeOptions().tail_release_early;  // ... ::tail_release_early
+  bool tail_attention_proj = GptBigCodeOptions().tail_attention_proj;  // ... ::tail_attention_proj
 };
 
 class GptBigCodeRunner final : public ModelRunner {

@@ -173,9 +173,9 @@ std::vector<std::string> EngineRows(absl::string_view engine) {
 }
 
 bool IsAutoChainRow(absl::string_view row) {
-  static constexpr absl::string_view kNamed[] = {"auto",   "na", "late", "rel", "tail", "tailc",
-                                                 "notail", "ll", "nl",   "hq",  "hq0",  "hq2",
-                                                 "tc",     "cc", "hf",   "hf0", "fm",   "shares"};
+  static constexpr absl::string_view kNamed[] = {
+      "auto", "na",  "late", "rel", "tail", "tailc", "tailp", "notail", "ll",    "nl",
+      "hq",   "hq0", "hq2",  "tc",  "cc",   "hf",    "hf0",   "fm",     "shares"};
   for (absl::string_view named : kNamed) {
     if (row == named) return true;
   }
@@ -278,7 +278,8 @@ absl::StatusOr<LatencyPlan> PlanLatency(const Flags& f, int num_attention_varian
             "/ late (auto, released by the attention only once it is done) / rel (auto, and "
             "every attention releases the next kernel early, chain or not) / tail, notail (auto "
             "with the QKV GEMM's tail attention on with the L2 merge, off) / tailc (on with the "
-            "cluster merge) / tailrN (tailc, the GEMMs of mask N releasing the next kernel as "
+            "cluster merge) / tailp (tailc with attn.c_proj in the same launch) / tailrN (tailc, "
+            "the GEMMs of mask N releasing the next kernel as "
             "they start: 1 attn.c_proj, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM; tailr: 1) / "
             "wN (auto, each "
             "CTA's last N chunks of a phase dealt at run time; w0: none) / kKfN (on, K KiB "

@@ -272,11 +272,13 @@ absl::Status Latency(const Flags& f) {
                                                     : GptBigCodeOptions().decode_chain_stage_bytes);
     r.model().set_decode_chain_early_release(chain != "late");
     r.model().set_attention_release_early(chain == "rel");
-    r.model().set_tail_attention(chain == "tail" || chain == "tailc" || tailr ? true
-                                 : chain == "notail"                          ? false
+    const bool tailp = chain == "tailp";  // tailc with attn.c_proj in the QKV launch
+    r.model().set_tail_attention(chain == "tail" || chain == "tailc" || tailp || tailr ? true
+                                 : chain == "notail"                                   ? false
                                                      : GptBigCodeOptions().tail_attention);
-    r.model().set_tail_cluster_merge(chain == "tailc" || tailr ? true
-                                     : chain == "tail"         ? false
+    r.model().set_tail_attention_proj(tailp ? true : GptBigCodeOptions().tail_attention_proj);
+    r.model().set_tail_cluster_merge(chain == "tailc" || tailp || tailr ? true
+                                     : chain == "tail"                  ? false
                                                        : GptBigCodeOptions().tail_cluster_merge);
     r.model().set_tail_release_early(tailr ? tailr_mask : GptBigCodeOptions().tail_release_early);
     r.model().set_decode_chain_ll_inputs(chain == "ll" ? 1
@@ -307,6 +309,7 @@ absl::Status Latency(const Flags& f) {
     const int64_t chains_before = r.model().decode_chain_runs();
     const int64_t chain_attentions_before = r.model().decode_chain_attention_runs();
     const int64_t tails_before = r.model().tail_attention_runs();
+    const int64_t projs_before = r.model().tail_attention_proj_runs();
     r.model().set_decode_chain_sm_shares(nullptr);
     if (shares_row) {  // 32 steps at the row's mid context, untimed
       const absl::StatusOr<DecodeChainShareCalibration> cal =
@@ -516,11 +519,13 @@ absl::Status Latency(const Flags& f) {
     }
     std::printf(
         "  CUDA graphs captured: %d; decode chain %s (%lld chain kernels launched or "
-        "captured, %lld with the attention inside); %lld QKV GEMMs with the tail attention\n",
+        "captured, %lld with the attention inside); %lld QKV GEMMs with the tail attention "
+        "(%lld with attn.c_proj too)\n",
         r.model().num_cuda_graphs(), chain.c_str(),
         static_cast<long long>(r.model().decode_chain_runs() - chains_before),
         static_cast<long long>(r.model().decode_chain_attention_runs() - chain_attentions_before),
-        static_cast<long long>(r.model().tail_attention_runs() - tails_before));
+        static_cast<long long>(r.model().tail_attention_runs() - tails_before),
+        static_cast<long long>(r.model().tail_attention_proj_runs() - projs_before));
     if (autotune != "off") std::printf("  %s\n", r.model().gemm_autotune_summary().c_str());
     if (!timeline_layers.empty() && chain != "off") {
       RETURN_IF_ERROR(PrintModelChainTimelines(r.model(), s, timeline_layers,

@@ -73,7 +73,8 @@
 //     attention releasing the next kernel early, chain or not
 //     (GptBigCode::set_attention_release_early); tail and notail are auto with the QKV GEMM's tail
 //     attention (GptBigCodeOptions::tail_attention) on (its splits merged through L2) and off,
-//     tailc the tail with its splits merged in a cluster (tail_cluster_merge, the default), tailrN
+//     tailc the tail with its splits merged in a cluster (tail_cluster_merge, the default), tailp
+//     tailc with attn.c_proj in the same launch (tail_attention_proj), tailrN
 //     tailc with the GEMMs of mask N releasing the next kernel as they start (tail_release_early: 1
 //     attn.c_proj, the default, 2 mlp.c_proj, 4 c_fc, 8 the QKV GEMM's CTAs; tailr is tailr1,
 //     tailr0 none); wN is auto with each CTA's last N ring-stage chunks of a phase dealt at run

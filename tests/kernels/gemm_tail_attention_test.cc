@@ -4,12 +4,16 @@
 //     by gemm_cuda_test): C bit-equal;
 //   - the cache: the new row at its slot equal to C's K / V columns, every other row unchanged;
 //   - PagedAttentionCpu on C's q and the cache as the kernel left it: relative error < 1e-2,
-//     every output element written (poisoned first).
+//     every output element written (poisoned first);
+//   - with the output projection (GemmTailAttention::proj_weight) into the GEMM's own input row,
+//     in place as the model runs it: that row bit-equal to attn.c_proj's own skinny GEMM (bias,
+//     residual) run afterwards on the attention output the launch wrote, and near a double
+//     reference of the same; without it the row untouched.
 // Random caches and block tables (blocks in random order), contexts that are not multiples of the
 // block size or of the 64-token split, a graph bucket longer than the context, one and several
 // splits, MQA and grouped heads, fp16 (pair fold on and off) and bf16, with and without PDL,
 // eagerly and captured in a CUDA graph; two launches back to back (each must leave its counters
-// zeroed for the next). Skips without a GPU.
+// zeroed for the next); launches with and without the projection in turn. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +65,10 @@ struct TailOperands {
   bool cluster = false;  // GemmTailAttention::cluster_merge
   int64_t n = 0, kv_width = 0, num_blocks = 0;
   std::vector<uint16_t> kc, vc;  // the caches before the step
+  std::vector<uint16_t> a0;      // the hidden row (A) before the step
+  // The output projection: [k, heads D] and its bias (k: the hidden row's width).
+  std::vector<float> fproj_w, fproj_b;
+  std::unique_ptr<DeviceMem> proj_w, proj_b;
   std::vector<int32_t> table;
   int32_t slot = 0;
   std::unique_ptr<DeviceMem> a, b, bias, lw, lb, sums, dk, dv, dtable, dslot, dctx, work;
@@ -74,7 +82,10 @@ struct TailOperands {
     kv_width = int64_t{c.kv_heads} * D;
     n = int64_t{c.heads} * D + 2 * kv_width;
     std::vector<float> fa, fb, fbias, flw, flb, fk, fv;
-    a = DeviceMem::From(RandomRounded(fa, c.k, t, rng, 2.0f, 1.0f));
+    a0 = RandomRounded(fa, c.k, t, rng, 2.0f, 1.0f);
+    a = DeviceMem::From(a0);
+    proj_w = DeviceMem::From(RandomRounded(fproj_w, int64_t{c.k} * c.heads * D, t, rng, 0.05f));
+    proj_b = DeviceMem::From(RandomRounded(fproj_b, c.k, t, rng, 0.5f));
     b = DeviceMem::From(RandomRounded(fb, n * c.k, t, rng, 0.05f));
     bias = DeviceMem::From(RandomRounded(fbias, n, t, rng));
     lw = DeviceMem::From(RandomRounded(flw, c.k, t, rng, 0.5f, 1.0f));
@@ -120,8 +131,9 @@ struct TailOperands {
     e.kv_width = kv_width;
   }
 
-  // e with the tail writing `out` (c.max_context as the bound).
-  GemmEpilogue WithTail(void* out) const {
+  // e with the tail writing `out` (c.max_context as the bound); with `hidden`, the output
+  // projection adding into it (k elements; op.a itself for the model's in-place form).
+  GemmEpilogue WithTail(void* out, void* hidden = nullptr) const {
     GemmEpilogue with = e;
     with.tail = {.output = out,
                  .block_table = dtable->get<int32_t>(),
@@ -135,7 +147,65 @@ struct TailOperands {
                  .workspace = work->get(),
                  .workspace_bytes = GemmTailAttentionWorkspaceBytes(c.heads),
                  .cluster_merge = cluster};
+    if (hidden != nullptr) {
+      with.tail.proj_weight = proj_w->get();
+      with.tail.proj_bias = proj_b->get();
+      with.tail.hidden = hidden;
+      with.tail.proj_n = c.k;
+    }
     return with;
+  }
+
+  // The launch's CTAs: the attention's, then the GEMM's (padded to whole clusters).
+  int64_t LaunchCtas() const {
+    const int64_t gemm_ctas = (n + 7) / 8;
+    const bool in_cluster = cluster && splits() > 1 && splits() <= kGemmTailMaxClusterSplits;
+    return int64_t{c.heads} * splits() +
+           (in_cluster ? (gemm_ctas + splits() - 1) / splits() * splits() : gemm_ctas);
+  }
+
+  // After a launch with the projection into `hidden` (which held a0 before): `hidden` against
+  // attn.c_proj's own skinny GEMM run now on the attention output `out` the launch wrote (bit for
+  // bit: the same fold order and rounding), and near a double reference (its change on its own
+  // too, since the residual is most of the row).
+  void CheckProj(CudaGemm& gemm, const DeviceMem& out, const DeviceMem& hidden, const char* how,
+                 cudaStream_t stream) const {
+    const int64_t width = int64_t{c.heads} * kGemmTailHeadDim;
+    const auto sep = DeviceMem::From(a0);
+    GemmParams q;
+    q.a = out.get();
+    q.b = proj_w->get();
+    q.c = sep->get();
+    q.lda = q.ldb = width;
+    q.ldc = c.k;
+    q.m = 1;
+    q.n = c.k;
+    q.k = width;
+    q.dtype = t;
+    GemmEpilogue pe;
+    pe.bias = proj_b->get();
+    pe.accumulate = true;
+    ASSERT_TRUE(gemm.Run(q, pe, stream).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const auto got = hidden.Download<uint16_t>();
+    EXPECT_EQ(got, sep->Download<uint16_t>()) << how << ": hidden differs from attn.c_proj's GEMM";
+    const std::vector<float> att = Widen(out.Download<uint16_t>(), t), old = Widen(a0, t);
+    const std::vector<float> fgot = Widen(got, t);
+    std::vector<float> want(c.k), got_delta(c.k), want_delta(c.k);
+    for (int64_t r = 0; r < c.k; ++r) {
+      double dot = 0;
+      for (int64_t j = 0; j < width; ++j) dot += double(fproj_w[r * width + j]) * att[j];
+      want[r] = static_cast<float>((dot + fproj_b[r]) + old[r]);
+      got_delta[r] = fgot[r] - old[r];
+      want_delta[r] = want[r] - old[r];
+    }
+    EXPECT_LT(RelError(fgot, want), 1e-2) << how << ": hidden, ctx " << c.ctx;
+    EXPECT_LT(RelError(got_delta, want_delta), 2e-2) << how << ": hidden's change, ctx " << c.ctx;
+  }
+
+  // A back to a0 (after a projection into it).
+  void ResetA() const {
+    ASSERT_EQ(cudaMemcpy(a->get(), a0.data(), a0.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   }
 
   int splits() const { return (c.max_context + kGemmTailTokens - 1) / kGemmTailTokens; }
@@ -223,6 +293,7 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
   const bool cluster = std::get<3>(GetParam());
   auto gemm = MakeGemm();
   ASSERT_NE(gemm, nullptr);
+  int projections = 0;
   for (const TailCase& c : kCases) {
     TailOperands op(c, t, cluster, rng_, stream_);
     DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(int64_t{c.heads} * kGemmTailHeadDim * 2);
@@ -232,20 +303,86 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
     ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     const auto want_qkv = want_c.Download<uint16_t>();
-    got_c.Poison();
-    out.Poison();
-    op.MarkPartials();
-    p.c = got_c.get();
-    const absl::Status st = gemm->Run(p, op.WithTail(out.get()), stream_);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, "eager"));
-    const bool in_cluster = cluster && op.splits() > 1 && op.splits() <= kGemmTailMaxClusterSplits;
-    if (op.splits() > 1) {
-      EXPECT_EQ(op.PartialsUntouched(), in_cluster)
-          << op.splits() << " splits: " << (in_cluster ? "the cluster merge" : "the L2 merge")
-          << " expected";
+    for (const bool proj : {false, true}) {
+      got_c.Poison();
+      out.Poison();
+      op.MarkPartials();
+      p.c = got_c.get();
+      const absl::Status st =
+          gemm->Run(p, op.WithTail(out.get(), proj ? op.a->get() : nullptr), stream_);
+      if (proj && absl::IsUnimplemented(st)) {
+        // Refused only where the launch may not be resident at once (3 CTAs an SM at most).
+        EXPECT_GT(op.LaunchCtas(), 2 * sms_) << st;
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      const char* how = proj ? "eager, with the projection" : "eager";
+      ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, how));
+      const bool in_cluster =
+          cluster && op.splits() > 1 && op.splits() <= kGemmTailMaxClusterSplits;
+      if (op.splits() > 1) {
+        EXPECT_EQ(op.PartialsUntouched(), in_cluster)
+            << op.splits() << " splits: " << (in_cluster ? "the cluster merge" : "the L2 merge")
+            << " expected";
+      }
+      if (proj) {
+        ++projections;
+        ASSERT_NO_FATAL_FAILURE(op.CheckProj(*gemm, out, *op.a, how, stream_));
+        ASSERT_NO_FATAL_FAILURE(op.ResetA());
+      } else {
+        EXPECT_EQ(op.a->Download<uint16_t>(), op.a0) << "A written without the projection";
+      }
     }
+  }
+  EXPECT_GE(projections, 10) << "the projection ran in too few cases";
+}
+
+// The projection's launches and plain ones in turn on one workspace, back to back (no
+// synchronisation between them), then captured in a CUDA graph, twice: each projection waits
+// for its own launch's heads (the words a head's output sets carry the launch's epoch) and adds
+// into its own row.
+TEST_P(GemmTailAttentionTest, ProjectionBackToBackAndInGraphs) {
+  const DType t = std::get<0>(GetParam());
+  auto gemm = MakeGemm();
+  ASSERT_NE(gemm, nullptr);
+  TailOperands op({16, 1, 2048, 16, 150, 256}, t, std::get<3>(GetParam()), rng_, stream_);
+  DeviceMem want_c(op.n * 2), c1(op.n * 2), c2(op.n * 2), c3(op.n * 2);
+  DeviceMem out1(op.out_bytes()), out2(op.out_bytes()), out3(op.out_bytes());
+  DeviceMem h1(op.c.k * 2), h3(op.c.k * 2);
+  GemmParams p = op.p;
+  p.c = want_c.get();
+  ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const auto want_qkv = want_c.Download<uint16_t>();
+  auto enqueue = [&](cudaStream_t s) -> absl::Status {
+    GemmParams q = op.p;
+    q.c = c1.get();
+    RETURN_IF_ERROR(gemm->Run(q, op.WithTail(out1.get(), h1.get()), s));
+    q.c = c2.get();
+    RETURN_IF_ERROR(gemm->Run(q, op.WithTail(out2.get()), s));
+    q.c = c3.get();
+    return gemm->Run(q, op.WithTail(out3.get(), h3.get()), s);
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (DeviceMem* m : {&c1, &c2, &c3, &out1, &out2, &out3}) m->Poison();
+    for (DeviceMem* h : {&h1, &h3}) {
+      ASSERT_EQ(cudaMemcpy(h->get(), op.a0.data(), op.a0.size() * 2, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    if (round == 0) {
+      ASSERT_TRUE(enqueue(stream_).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    } else {
+      ASSERT_NO_FATAL_FAILURE(testing::RunInGraph(stream_, enqueue));
+    }
+    const char* how = round == 0 ? "back to back" : "graph";
+    ASSERT_NO_FATAL_FAILURE(op.Check(c1, out1, want_qkv, how, false));
+    ASSERT_NO_FATAL_FAILURE(op.Check(c2, out2, want_qkv, how, false));
+    ASSERT_NO_FATAL_FAILURE(op.Check(c3, out3, want_qkv, how));
+    ASSERT_NO_FATAL_FAILURE(op.CheckProj(*gemm, out1, h1, how, stream_));
+    ASSERT_NO_FATAL_FAILURE(op.CheckProj(*gemm, out3, h3, how, stream_));
+    EXPECT_EQ(op.a->Download<uint16_t>(), op.a0) << how << ": A written";
   }
 }
 
@@ -443,6 +580,13 @@ TEST_P(GemmTailAttentionTest, RefusesWhatItCannotDo) {
   e = op.WithTail(out.get());
   e.tail.workspace = nullptr;
   refused(p, e, true, "no workspace");
+  e = op.WithTail(out.get(), op.a->get());
+  e.tail.proj_n = static_cast<int>(op.n) + 8;  // more rows than C's columns
+  refused(p, e, false, "a projection wider than C");
+  e = op.WithTail(out.get(), op.a->get());
+  e.tail.hidden = nullptr;
+  refused(p, e, false, "a projection without its row");
+  EXPECT_EQ(op.a->Download<uint16_t>(), op.a0) << "A written by a refused projection";
   auto shallow = MakeGemm(/*deep=*/false);
   ASSERT_NE(shallow, nullptr);
   c.Poison();

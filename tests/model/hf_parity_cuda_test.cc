@@ -123,8 +123,9 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // (tail_release_early 15; without bit 21 the runner's default); bit 22: with bit 13, the attention
 // inside the chain only where the step's context bound is at most 128
 // (decode_chain_attention_max_context), which the fixtures' decode steps (context bound 256, their
-// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound.
-// 101: the runner's defaults).
+// graph bucket) exceed: the attention kernel runs, as for a context past the short form's bound;
+// bit 23: with bit 18, attn.c_proj in the tail's launch too (tail_attention_proj; tiny-mqa-d128
+// must run it). 101: the runner's defaults).
 class HfParityCuda : public ::testing::TestWithParam<std::tuple<std::string, DType, int, int>> {};
 
 TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
@@ -163,6 +164,8 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
   opts.tail_attention = tail;
   opts.tail_cluster_merge = knobs & 1048576;
   if (knobs & 2097152) opts.tail_release_early = kTailReleaseAll;
+  const bool tail_proj = tail && (knobs & 8388608);
+  opts.tail_attention_proj = tail_proj;
   if (tuned_x3) {
     opts.gemm_autotune = true;
     opts.gemm_autotune_max_m = kDecodeGemmAutotuneMaxM;
@@ -291,7 +294,12 @@ TEST_P(HfParityCuda, LogitsAndGreedyNearTransformers) {
             (knobs & 8192) && !(knobs & 4194304) ? r.model().decode_chain_runs() : 0);
   if (tail && model == "tiny-mqa-d128") {
     EXPECT_GT(r.model().tail_attention_runs(), 0) << "the tail attention never ran";
+    if (tail_proj) {
+      EXPECT_EQ(r.model().tail_attention_proj_runs(), r.model().tail_attention_runs())
+          << "a tail launch ran without attn.c_proj";
+    }
   }
+  if (!tail_proj) EXPECT_EQ(r.model().tail_attention_proj_runs(), 0);
   if (!tail) EXPECT_EQ(r.model().tail_attention_runs(), 0);
   // fp16 resolves the fixtures' greedy paths for long stretches; bf16's 8-bit mantissa forks
   // early on these random tiny models (first GPU run: 3 to 11 steps compared before a fork).
@@ -305,7 +313,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(8, 16),
                        ::testing::Values(0, 3, 5, 9, 21, 37, 101, 165, 293, 549, 1061, 2085, 4197,
                                          12389, 20581, 36965, 528485, 103, 65637, 196709, 327781,
-                                         1376357, 3473509, 4206693)),
+                                         1376357, 3473509, 4206693, 9764965)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param) + "_" +
                          std::string(DTypeName(std::get<1>(info.param))) + "_block" +
@@ -332,6 +340,7 @@ INSTANTIATE_TEST_SUITE_P(
                           : std::get<3>(info.param) == 327781  ? "_defaults_ln_tail"
                           : std::get<3>(info.param) == 1376357 ? "_defaults_ln_tail_cluster"
                           : std::get<3>(info.param) == 3473509 ? "_defaults_ln_tail_release"
+                          : std::get<3>(info.param) == 9764965 ? "_defaults_ln_tail_proj"
                           : std::get<3>(info.param) == 101     ? "_defaults"
                                                                : "");
       std::replace(name.begin(), name.end(), '-', '_');
