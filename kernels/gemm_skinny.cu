@@ -103,11 +103,29 @@ __device__ __forceinline__ uint2 TailLlData(uint4 w) {
   return make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
 }
 
-// Control build (the A/B call only): the tail launch's stamps compiled out, to time what their
-// runtime branches cost when no timeline is asked for.
-__device__ __forceinline__ void TailStamp(unsigned long long*, int) {}
-__device__ __forceinline__ void TailStampAfter(unsigned long long*, int, uint32_t) {}
-__device__ __forceinline__ void TailStampKind(unsigned long long*, unsigned) {}
+// Thread 0's %globaltimer as this CTA's GemmTailStamp `e` (GemmTailAttention::stamps), if any.
+__device__ __forceinline__ void TailStamp(unsigned long long* stamps, int e) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + e] = t;
+}
+
+// TailStamp once `dep` is in thread 0's registers: the volatile shared store waits for it, and the
+// clock is read after the store (diagnostics only: callers pass a value of the loads they time).
+__device__ __forceinline__ void TailStampAfter(unsigned long long* stamps, int e, uint32_t dep) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  __shared__ uint32_t tail_sink;
+  asm volatile("st.volatile.shared.u32 [%0], %1;\n" ::"r"(fwd::SmemAddr(&tail_sink)), "r"(dep)
+               : "memory");
+  TailStamp(stamps, e);
+}
+
+// This CTA's kind (kTailStampKind: 1 a GEMM CTA, 2 an attention CTA), if stamps are kept.
+__device__ __forceinline__ void TailStampKind(unsigned long long* stamps, unsigned kind) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  stamps[static_cast<int64_t>(blockIdx.x) * kGemmTailStampWords + kTailStampKind] = kind;
+}
 
 template <typename T>
 struct SkinnyArgs {
@@ -438,6 +456,12 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   }
   fwd::PdlWait();
   TailStamp(t.stamps, kTailStampPdlDone);
+  if (t.stamps != nullptr) {
+    uint32_t in = 0;
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) in ^= kr[j].x ^ vr[j].y;
+    TailStampAfter(t.stamps, kTailStampKvIn, in);
+  }
   // The warp's LL words: q's four dims a lane, and where the warp holds the newest position, that
   // position's k / v; polled (all loads of a round in flight together) until every one carries
   // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
