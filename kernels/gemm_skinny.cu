@@ -64,14 +64,20 @@ struct SkinnyTailArgs {
   float* partials = nullptr;  // [heads x splits][kGemmTailHeadDim + 2]: O (unnormalised), max, sum
   unsigned long long* stamps = nullptr;  // GemmTailAttention::stamps
   // The output projection (GemmTailAttention::proj_weight; kProj instantiations only): proj_n rows
-  // of proj_k = heads D weights; counters[kTailHeadCounts + heads + h]: head h's output stored,
-  // as the launch's epoch plus one.
+  // of proj_k = heads D weights; counters[TailDoneWord(heads) + h]: head h's output stored, as the
+  // launch's epoch plus one.
   const T* proj_w = nullptr;
   const T* proj_b = nullptr;
   T* hidden = nullptr;
   int proj_n = 0, proj_k = 0;
 };
 inline constexpr int kTailEpoch = 0, kTailCountOut = 1, kTailHeadCounts = 2;
+// The heads' words of the projection (SkinnyTailArgs::proj_w) start on the 128-byte line after the
+// counts, so that the GEMM CTAs' polling of them does not share a line with the attention's
+// atomics (FillSkinnyTail checks that they fit GemmTailCounterBytes).
+__host__ __device__ constexpr int TailDoneWord(int heads) {
+  return (kTailHeadCounts + heads + 31) / 32 * 32;
+}
 
 __device__ __forceinline__ uint32_t LoadRelaxedGpu(const uint32_t* p) {
   uint32_t v;
@@ -555,7 +561,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
-        StoreRelaxedGpu(reinterpret_cast<uint32_t*>(t.counters + kTailHeadCounts + t.heads + h),
+        StoreRelaxedGpu(reinterpret_cast<uint32_t*>(t.counters + TailDoneWord(t.heads) + h),
                         epoch1);
       }
     }
@@ -669,8 +675,7 @@ __device__ __forceinline__ void SkinnyTailProj(const SkinnyTailArgs<T>& t, int g
   }
   if (warp == 0) {
     const uint32_t want = __shfl_sync(0xffffffffu, epoch1, 0);
-    const uint32_t* done =
-        reinterpret_cast<const uint32_t*>(t.counters + kTailHeadCounts + t.heads);
+    const uint32_t* done = reinterpret_cast<const uint32_t*>(t.counters + TailDoneWord(t.heads));
     for (bool in = false; !in;) {
       in = __all_sync(0xffffffffu, lane >= t.heads || LoadRelaxedGpu(done + lane) == want);
     }
@@ -1117,6 +1122,7 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
     const int64_t proj_k = int64_t{g.heads} * g.head_dim;
     if (g.hidden == nullptr || g.proj_n <= 0 || g.proj_n > p.n || proj_k > kProjMaxK ||
         p.n != ll_cols || e.kv_col0 != proj_k || g.heads > 32 ||
+        (TailDoneWord(g.heads) + g.heads) * sizeof(int) > GemmTailCounterBytes(g.heads) ||
         reinterpret_cast<uintptr_t>(g.proj_weight) % 16 != 0) {
       return absl::UnimplementedError(
           "SkinnyGemmCuda: the tail's projection needs heads x head_dim <= 2048, at most n rows, "
