@@ -4,10 +4,10 @@
 # `JOBS=2 bash scripts/gpu-bundle-ab.sh CONTROL` (CONTROL: the tail launch without its stamp code,
 # a kernels/*.cu-only commit); then the device tool with carry ["gpu-bundle-ab"] and `bash
 # scripts/gpu-call-proj.sh`. In order:
-#  1. main's tail test (the projection's cases among them) and HF parity's tail rows; a failed or
+#  1. main's tail test (the projection's cases among them) and HF parity's tail_proj and tail_cluster rows; a failed or
 #     hung tail test leaves tailp out of the rows below (a hang would cost every round a timeout);
 #  2. SantaCoder b1 128 / 128 in separate processes, in rotation, MQA_AB_ROUNDS rounds (default
-#     5): main's default (tailc), main with tailp, the control (its default);
+#     4): main's default (tailc), main with tailp, the control (its default);
 #  3. layer 10's tail timeline and a kernel trace (CSV to $OUT/trace_NAME) of tailc and tailp.
 # With MQA_OUT_TAG set, the console and the logs go to summary_TAG.txt and logs_TAG.tgz.
 source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
@@ -19,12 +19,12 @@ timeout 150 $b/tests/gemm_tail_attention_test > $logs/tail.log 2>&1
 rc=$?
 echo "gemm_tail_attention_test rc=$rc $(gtest_verdict $logs/tail.log)"
 tailp_ok=$((rc == 0))
-timeout 150 $b/tests/model_hf_parity_cuda_test --gtest_filter='*tail*' > $logs/hf_tail.log 2>&1
-echo "model_hf_parity_cuda_test *tail* rc=$? $(gtest_verdict $logs/hf_tail.log)"
+timeout 150 $b/tests/model_hf_parity_cuda_test --gtest_filter='*tail_proj*:*tail_cluster*' > $logs/hf_tail.log 2>&1
+echo "model_hf_parity_cuda_test tail_proj, tail_cluster rc=$? $(gtest_verdict $logs/hf_tail.log)"
 grep -E "knobs 9764965" $logs/hf_tail.log | head -6
 finish
 # 2. The rotation.
-for r in $(seq ${MQA_AB_ROUNDS:-5}); do
+for r in $(seq ${MQA_AB_ROUNDS:-4}); do
   timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 --chain tailc \
     > $logs/sc_tailc_$r.log 2>&1
   echo "sc_tailc_$r rc=$? $(latency_summary $logs/sc_tailc_$r.log)"
