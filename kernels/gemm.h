@@ -104,8 +104,9 @@ enum GemmTailStamp : int {
 };
 
 // The workspace a tail of `heads` query heads needs at most (kGemmTailMaxCtas splits in all):
-// 2 + 2 heads int counters (the epoch, the attention warps counted out, each head's splits merged,
-// each head's output stored for the projection: the launch's epoch plus one), padded to 256 bytes;
+// 2 + heads int counters (the epoch, the attention warps counted out, each head's splits merged)
+// and, with the projection, a word a head (its output stored: the launch's epoch plus one; from the
+// next 128-byte line on, which the kernel checks fits), padded to 256 bytes;
 // an LL word for each of C's q / k / v columns (at most kGemmTailLlColsPerHead a query head: k and
 // v follow q); then the splits' fp32 partials.
 inline constexpr int kGemmTailLlColsPerHead = 3 * kGemmTailHeadDim;
