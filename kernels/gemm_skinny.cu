@@ -413,7 +413,7 @@ __device__ __forceinline__ float TailMergeSplits(const At& at, int splits, int d
 }
 
 // kProj (GemmTailAttention::proj_weight): the CTA that stores head h's output then sets the
-// head's word (TailProjSignal) for the GEMM CTAs' projection (SkinnyTailProj).
+// head's word (the `signal` below) for the GEMM CTAs' projection (SkinnyTailProj).
 template <typename T, bool kProj = false>
 __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, int cta) {
   constexpr int D = kGemmTailHeadDim, kWarpTokens = kGemmTailTokens / kSkinnyWarps;
