@@ -934,10 +934,7 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
       }
     }
   }
-  // Experiment: four rows a warp (16 a CTA, 128 CTAs for SantaCoder's 2048): the other GEMM
-  // CTAs leave after their QKV columns, so that c_fc's CTAs fit beside the launch and stage their
-  // rows during the attention (fp16 with the half fold: 168 registers, no spills).
-  if constexpr (kProj) SkinnyTailProj<T, U, 4, kHalf>(p.tail, gemm_block, epoch1, wpolicy);
+  if constexpr (kProj) SkinnyTailProj<T, U, R, kHalf>(p.tail, gemm_block, epoch1, wpolicy);
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampEnd);
 }
 
