@@ -73,7 +73,7 @@ TEST(MqabenchFlags, EveryDocumentedChainRowIsAccepted) {
       "off",   "on",     "auto",  "at",     "na",      "late", "rel", "tail", "notail",
       "tailc", "ll",     "nl",    "tc",     "cc",      "otc",  "occ", "hf",   "ohf",
       "hf0",   "ohf0",   "fm",    "fm3",    "s4",      "f2",   "w2",  "w0",   "k16f3",
-      "k8f0",  "shares", "tailr", "tailr0", "tailr15", "hq",   "hq0", "hq2"};
+      "k8f0",  "shares", "tailr", "tailr0", "tailr15", "hq",   "hq0", "hq2", "tailp"};
   std::string list;
   for (const std::string& r : rows) list += (list.empty() ? "" : ",") + r;
   absl::StatusOr<LatencyPlan> p = Plan({"latency", "--chain", list});
@@ -100,7 +100,7 @@ TEST(MqabenchFlags, UnknownChainRowsAreRefused) {
 TEST(MqabenchFlags, AutoChainRows) {
   for (const char* row : {"auto",   "na", "late", "rel", "tail", "tailc", "tailr", "tailr5",
                           "notail", "w0", "w2",   "ll",  "nl",   "hq",    "hq0",   "hq2",
-                          "tc",     "cc", "hf",   "hf0", "fm",   "fm3",   "shares"}) {
+                          "tc",     "cc", "hf",   "hf0", "fm",   "fm3",   "shares", "tailp"}) {
     EXPECT_TRUE(IsAutoChainRow(row)) << row;
   }
   for (const char* row : {"off", "on", "at", "otc", "occ", "ohf", "ohf0", "s4", "f2", "k16f3", "w",
