@@ -95,6 +95,15 @@ __device__ __forceinline__ uint4 LoadRelaxedGpu4(const uint32_t* p) {
 __device__ __forceinline__ void StoreRelaxedGpu(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+// Release and acquire at GPU scope for the tail projection's words: MEMBAR.ALL.GPU where
+// __threadfence() is MEMBAR.SC.GPU (and an L1 invalidation the readers, which load through L2,
+// do not need).
+__device__ __forceinline__ void StoreReleaseGpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void FenceAcqRelGpu() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
 // The launch's LL flag (its epoch plus one, in a word's high half), read after the PDL wait: the
 // previous launch on the workspace, which bumped the epoch, is complete by then.
 __device__ __forceinline__ uint32_t TailLlFlag(const int* counters) {
@@ -558,10 +567,9 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   // kProj: head h's output is stored (by every thread of this CTA): its word says so.
   const auto signal = [&] {
     if constexpr (kProj) {
-      __syncthreads();
+      __syncthreads();  // every thread's output element before thread 0's release
       if (threadIdx.x == 0) {
-        __threadfence();
-        StoreRelaxedGpu(reinterpret_cast<uint32_t*>(t.counters + TailDoneWord(t.heads) + h),
+        StoreReleaseGpu(reinterpret_cast<uint32_t*>(t.counters + TailDoneWord(t.heads) + h),
                         epoch1);
       }
     }
@@ -639,10 +647,10 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
 // U x 32 x 8: one unrolled group, in the registers the QKV rows left), with the storing lanes'
 // bias and residual, before anything waits. Then warp 0 polls the heads' words (lane h head h's,
 // one 4-byte load a lane a round) until each holds the launch's epoch plus one (`epoch1`, lane
-// 0's); a fence and the CTA barrier hand the sighting on, and every warp loads the output row
-// from L2 (it was written in this launch, so never from L1) and folds it, in the order
-// attn.c_proj's deep-unrolled skinny GEMM folds it (the same sums, the same rounding). The residual
-// is updated in place: every GEMM CTA that stores QKV columns has read it (the layer norm's pass
+// 0's); an acquire fence and the CTA barrier hand the sighting on, and every warp loads the
+// output row from L2 (it was written in this launch, so never from L1) and folds it, in the order
+// attn.c_proj's deep-unrolled skinny GEMM folds it (the same sums, the same rounding). The
+// residual is updated in place: every GEMM CTA that stores QKV columns has read it (the layer norm's pass
 // and the fold) before its columns' LL words were read, which every head's output needs.
 template <typename T, int U, int R, bool kHalf>
 __device__ __forceinline__ void SkinnyTailProj(const SkinnyTailArgs<T>& t, int g, uint32_t epoch1,
@@ -679,7 +687,7 @@ __device__ __forceinline__ void SkinnyTailProj(const SkinnyTailArgs<T>& t, int g
     for (bool in = false; !in;) {
       in = __all_sync(0xffffffffu, lane >= t.heads || LoadRelaxedGpu(done + lane) == want);
     }
-    __threadfence();
+    FenceAcqRelGpu();  // the words seen, then the barrier: the other warps' loads after both
   }
   __syncthreads();
   if (!live) return;
