@@ -610,7 +610,7 @@ absl::Status GptBigCode::Layer(int64_t l, const StepIndices& idx, PagedKvCache& 
                 .workspace_bytes = ctx_.tail_workspace_bytes,
                 .cluster_merge = tail_cluster_merge_,
                 .stamps = l == ctx_.tail_stamps_layer ? ctx_.tail_stamps : nullptr};
-      absl::Status st = absl::UnimplementedError("no projection asked for");
+      absl::Status st;
       if (tail_attention_proj_) {  // attn.c_proj with its residual too, if the launch takes it
         LinearFusion with_proj = f;
         with_proj.tail.proj_weight = L.c_proj_w.raw();
