@@ -73,7 +73,7 @@ struct GemmTailAttention {
   // left, with their bias and residual, then one warp polls a word a head, which the CTA that
   // stores the head's output sets, and once every head's is set the CTA folds the output row
   // (from L2) into its rows. No grid boundary and no second launch between the attention and the
-  // projection. Needs heads x head_dim <= 2048, proj_n <= 8 x the GEMM's CTAs, the QKV columns
+  // projection. Needs heads x head_dim <= 2048, proj_n <= n (C's columns), the QKV columns
   // exactly q / k / v, and every CTA of the launch resident at once (the GEMM CTAs wait for the
   // attention, which waits for every GEMM CTA's columns): checked with the occupancy API at
   // launch, Unimplemented where not (nothing has run then).
