@@ -181,19 +181,16 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// cudaLaunchKernelEx with the programmatic-stream-serialization attribute when `pdl` (works
-// inside CUDA graph capture: the edge becomes a programmatic one), with `smem` bytes of dynamic
-// shared memory, as a grid of thread-block clusters of cluster_x CTAs along x where cluster_x > 1
-// (grid.x a multiple of it).
-template <typename... KArgs, typename... Args>
-cudaError_t LaunchMaybePdlCluster(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid,
-                                  dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+// The cudaLaunchKernelEx configuration LaunchMaybePdlCluster launches with (also what the
+// occupancy API asks about a clustered launch): `attr` holds its attributes and must outlive it.
+inline cudaLaunchConfig_t PdlClusterConfig(bool pdl, unsigned cluster_x, dim3 grid, dim3 block,
+                                           size_t smem, cudaStream_t stream,
+                                           cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
   unsigned n = 0;
   if (pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -207,6 +204,18 @@ cudaError_t LaunchMaybePdlCluster(bool pdl, unsigned cluster_x, void (*kernel)(K
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
+  return cfg;
+}
+
+// cudaLaunchKernelEx with the programmatic-stream-serialization attribute when `pdl` (works
+// inside CUDA graph capture: the edge becomes a programmatic one), with `smem` bytes of dynamic
+// shared memory, as a grid of thread-block clusters of cluster_x CTAs along x where cluster_x > 1
+// (grid.x a multiple of it).
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchMaybePdlCluster(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid,
+                                  dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = PdlClusterConfig(pdl, cluster_x, grid, block, smem, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -104,11 +105,13 @@ __device__ __forceinline__ void StoreReleaseGpu(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ void FenceAcqRelGpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
-// The launch's LL flag (its epoch plus one, in a word's high half), read after the PDL wait: the
-// previous launch on the workspace, which bumped the epoch, is complete by then.
-__device__ __forceinline__ uint32_t TailLlFlag(const int* counters) {
-  return (LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(counters + kTailEpoch)) + 1u) << 16;
+// The launch's epoch plus one, read after the PDL wait: the previous launch on the workspace,
+// which bumped the epoch, is complete by then. The LL words' flag is it in a word's high half
+// (TailLlFlag); the projection's head words hold it whole.
+__device__ __forceinline__ uint32_t TailEpoch1(const int* counters) {
+  return LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(counters + kTailEpoch)) + 1u;
 }
+__device__ __forceinline__ uint32_t TailLlFlag(uint32_t epoch1) { return epoch1 << 16; }
 __device__ __forceinline__ bool TailLlFlagged(uint4 w, uint32_t flag) {
   return ((w.x & 0xffff0000u) == flag) & ((w.y & 0xffff0000u) == flag) &
          ((w.z & 0xffff0000u) == flag) & ((w.w & 0xffff0000u) == flag);
@@ -480,13 +483,7 @@ __device__ __forceinline__ void SkinnyTailAttention(const SkinnyTailArgs<T>& t, 
   // The warp's LL words: q's four dims a lane, and where the warp holds the newest position, that
   // position's k / v; polled (all loads of a round in flight together) until every one carries
   // the launch's flag. Then the warp counts itself out; the result is needed only at the end.
-  uint32_t flag, epoch1 = 0;  // kProj: the launch's epoch plus one, the heads' words' value
-  if constexpr (kProj) {
-    epoch1 = LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(t.counters + kTailEpoch)) + 1u;
-    flag = epoch1 << 16;
-  } else {
-    flag = TailLlFlag(t.counters);
-  }
+  const uint32_t epoch1 = TailEpoch1(t.counters), flag = TailLlFlag(epoch1);
   const bool has_new = newest >= tok0 && newest < tok0 + kWarpTokens;
   const uint32_t* qw = t.ll + h * D + 4 * lane;
   const uint32_t* kw = t.ll + (t.k_new - t.q) + kv + 4 * lane;
@@ -824,15 +821,14 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, kMinCtas)
   fwd::PdlWait();
   if (!p.release_early) fwd::PdlTrigger();
   if constexpr (kTail) TailStamp(p.tail.stamps, kTailStampPdlDone);
-  uint32_t ll_flag = 0;  // kTail: the LL words' flag (after the wait: the previous launch's bump)
-  uint32_t epoch1 = 0;   // kProj: the launch's epoch plus one (storing lanes)
-  if constexpr (kProj) {
+  // kTail: the launch's epoch plus one and the LL words' flag (storing lanes; after the wait:
+  // the previous launch's bump).
+  uint32_t epoch1 = 0, ll_flag = 0;
+  if constexpr (kTail) {
     if (stores) {
-      epoch1 = LoadRelaxedGpu(reinterpret_cast<const uint32_t*>(p.tail.counters + kTailEpoch)) + 1u;
-      ll_flag = epoch1 << 16;
+      epoch1 = TailEpoch1(p.tail.counters);
+      ll_flag = TailLlFlag(epoch1);
     }
-  } else if constexpr (kTail) {
-    if (stores) ll_flag = TailLlFlag(p.tail.counters);
   }
   // With kLn every warp takes its part of the statistics.
   if (!kLn && !live) return;
@@ -974,6 +970,34 @@ SkinnyArgs<T> MakeSkinnyArgs(const GemmParams& p, const GemmEpilogue& e) {
   return a;
 }
 
+// The CTAs of the tail projection's instantiation kKernel (with `smem` bytes of dynamic shared
+// memory: its launches' only value) the device holds at once, in clusters of `cluster` where that
+// is > 1. Asked of the occupancy API once per instantiation and cluster size (the same on every
+// device of a process in practice, as the split-K kernel's count), not at every launch.
+template <auto kKernel>
+absl::StatusOr<int64_t> TailProjResidentCtas(int cluster, dim3 grid, dim3 block, size_t smem) {
+  static std::atomic<int64_t> asked[kGemmTailMaxClusterSplits + 1];  // 0: not yet
+  const int slot = std::max(cluster, 1);
+  int64_t resident = asked[slot].load(std::memory_order_relaxed);
+  if (resident > 0) return resident;
+  if (cluster > 1) {
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = fwd::PdlClusterConfig(false, static_cast<unsigned>(cluster),
+                                                         grid, block, smem, nullptr, attr);
+    int clusters = 0;
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg));
+    resident = int64_t{clusters} * cluster;
+  } else {
+    int per_sm = 0;
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, kKernel, static_cast<int>(block.x), smem));
+    ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
+    resident = int64_t{per_sm} * sms;
+  }
+  asked[slot].store(resident, std::memory_order_relaxed);
+  return resident;
+}
+
 // kTail: a.tail is filled (LaunchSkinny), the layer norm fused, the identity activation; the grid
 // is the GEMM's, and a.tail's CTAs are added to it.
 template <typename T, int M, int R, int U, bool kHalf = false, int kMinCtas = 1, bool kTail = false>
@@ -1021,28 +1045,8 @@ absl::Status LaunchSkinnyUnrolled(const SkinnyArgs<T>& a, bool ln, Activation ac
       // columns, so every CTA of the grid must be resident at once (3 an SM at 128 threads: the
       // registers are bounded for it), or the launch could hang: refused where it may not be.
       constexpr auto kernel = SkinnyGemmKernel<T, M, 0, R, true, U, kHalf, 3, true, true>;
-      int64_t resident = 0;
-      if (b.tail.cluster > 1) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = static_cast<unsigned>(b.tail.cluster);
-        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-        resident = int64_t{clusters} * b.tail.cluster;
-      } else {
-        int per_sm = 0;
-        CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, kernel, static_cast<int>(block.x), smem));
-        ASSIGN_OR_RETURN(const int sms, CurrentDeviceSms());
-        resident = int64_t{per_sm} * sms;
-      }
+      ASSIGN_OR_RETURN(const int64_t resident,
+                       TailProjResidentCtas<kernel>(b.tail.cluster, grid, block, smem));
       if (resident < grid.x) {
         return absl::UnimplementedError(
             absl::StrCat("SkinnyGemmCuda: the tail's projection needs its ", grid.x,
@@ -1125,11 +1129,12 @@ absl::Status FillSkinnyTail(const GemmParams& p, const GemmEpilogue& e, int gemm
   if (g.proj_weight != nullptr) {
     // The projection by the GEMM CTAs (SkinnyTailProj): rows of one unrolled group, eight a CTA
     // over the CTAs that store QKV columns, and those columns exactly q / k / v (every CTA that
-    // reads the residual row is then one the attention waits for).
+    // reads the residual row is then one the attention waits for). head_dim is 128 here, so the
+    // bound on proj_k keeps the heads within the one warp that polls their words.
     constexpr int kProjMaxK = kSkinnyDeepUnroll * 32 * (16 / static_cast<int>(sizeof(T)));
     const int64_t proj_k = int64_t{g.heads} * g.head_dim;
     if (g.hidden == nullptr || g.proj_n <= 0 || g.proj_n > p.n || proj_k > kProjMaxK ||
-        p.n != ll_cols || e.kv_col0 != proj_k || g.heads > 32 ||
+        p.n != ll_cols || e.kv_col0 != proj_k ||
         (TailDoneWord(g.heads) + g.heads) * sizeof(int) > GemmTailCounterBytes(g.heads) ||
         reinterpret_cast<uintptr_t>(g.proj_weight) % 16 != 0) {
       return absl::UnimplementedError(
