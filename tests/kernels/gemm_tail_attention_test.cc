@@ -156,12 +156,16 @@ struct TailOperands {
     return with;
   }
 
+  // Whether a head's splits merge in a cluster (cluster_merge with 2-8 splits).
+  bool InCluster() const {
+    return cluster && splits() > 1 && splits() <= kGemmTailMaxClusterSplits;
+  }
+
   // The launch's CTAs: the attention's, then the GEMM's (padded to whole clusters).
   int64_t LaunchCtas() const {
     const int64_t gemm_ctas = (n + 7) / 8;
-    const bool in_cluster = cluster && splits() > 1 && splits() <= kGemmTailMaxClusterSplits;
     return int64_t{c.heads} * splits() +
-           (in_cluster ? (gemm_ctas + splits() - 1) / splits() * splits() : gemm_ctas);
+           (InCluster() ? (gemm_ctas + splits() - 1) / splits() * splits() : gemm_ctas);
   }
 
   // After a launch with the projection into `hidden` (which held a0 before): `hidden` against
@@ -203,9 +207,10 @@ struct TailOperands {
     EXPECT_LT(RelError(got_delta, want_delta), 2e-2) << how << ": hidden's change, ctx " << c.ctx;
   }
 
-  // A back to a0 (after a projection into it).
-  void ResetA() const {
-    ASSERT_EQ(cudaMemcpy(a->get(), a0.data(), a0.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  // `row` (A itself, or a projection's own row) set to a0, as before a projection into it.
+  void ResetRow(const DeviceMem& row) const {
+    ASSERT_EQ(cudaMemcpy(row.get(), a0.data(), a0.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
   }
 
   // C of the same GEMM without the tail: what a tail run's C must equal bit for bit.
@@ -306,13 +311,10 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
   int projections = 0;
   for (const TailCase& c : kCases) {
     TailOperands op(c, t, cluster, rng_, stream_);
-    DeviceMem want_c(op.n * 2), got_c(op.n * 2), out(int64_t{c.heads} * kGemmTailHeadDim * 2);
+    DeviceMem got_c(op.n * 2), out(op.out_bytes());
     // The GEMM without the tail first (it writes the same cache row: the tail run rewrites it).
     GemmParams p = op.p;
-    p.c = want_c.get();
-    ASSERT_TRUE(gemm->Run(p, op.e, stream_).ok());
-    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    const auto want_qkv = want_c.Download<uint16_t>();
+    const auto want_qkv = op.PlainQkv(*gemm, stream_);
     for (const bool proj : {false, true}) {
       got_c.Poison();
       out.Poison();
@@ -329,8 +331,7 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
       ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
       const char* how = proj ? "eager, with the projection" : "eager";
       ASSERT_NO_FATAL_FAILURE(op.Check(got_c, out, want_qkv, how));
-      const bool in_cluster =
-          cluster && op.splits() > 1 && op.splits() <= kGemmTailMaxClusterSplits;
+      const bool in_cluster = op.InCluster();
       if (op.splits() > 1) {
         EXPECT_EQ(op.PartialsUntouched(), in_cluster)
             << op.splits() << " splits: " << (in_cluster ? "the cluster merge" : "the L2 merge")
@@ -339,7 +340,7 @@ TEST_P(GemmTailAttentionTest, MatchesGemmAndPagedAttentionCpu) {
       if (proj) {
         ++projections;
         ASSERT_NO_FATAL_FAILURE(op.CheckProj(*gemm, out, *op.a, how, stream_));
-        ASSERT_NO_FATAL_FAILURE(op.ResetA());
+        ASSERT_NO_FATAL_FAILURE(op.ResetRow(*op.a));
       } else {
         EXPECT_EQ(op.a->Download<uint16_t>(), op.a0) << "A written without the projection";
       }
@@ -374,10 +375,7 @@ TEST_P(GemmTailAttentionTest, BackToBackAndInGraphs) {
   };
   for (int round = 0; round < 3; ++round) {
     for (DeviceMem* m : {&c1, &c2, &c3, &out1, &out2, &out3}) m->Poison();
-    for (DeviceMem* h : {&h1, &h3}) {
-      ASSERT_EQ(cudaMemcpy(h->get(), op.a0.data(), op.a0.size() * 2, cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
+    for (const DeviceMem* h : {&h1, &h3}) ASSERT_NO_FATAL_FAILURE(op.ResetRow(*h));
     if (round == 0) {
       ASSERT_TRUE(enqueue(stream_).ok());
       ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
