@@ -18,8 +18,7 @@ cat gpu-bundle-ab/EXPERIMENT
 # what it costs) runs only in the timed rows: its tests would fail by construction.
 names=(main); vdirs=($b); control=(0)
 while read -r exp commit subject; do
-  x=/tmp/mqa-gpu-bundle-$exp
-  rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $b/$exp/libmqa_kernels.so $x/lib/
+  x=$(variant_dir $exp)
   names+=("$exp"); vdirs+=($x); control+=($([[ "$subject" == Control* ]] && echo 1 || echo 0))
 done < gpu-bundle-ab/EXPERIMENT
 nv=${#names[@]}

@@ -14,11 +14,15 @@
 # With MQA_OUT_TAG set, the console and the logs go to summary_TAG.txt and logs_TAG.tgz.
 source scripts/gpu-call-setup.sh gpu-bundle-ab/payload.tar.xz
 cat gpu-bundle-ab/EXPERIMENT
-for exp in exp1 exp2; do
-  x=/tmp/mqa-gpu-bundle-$exp
-  rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ && cp $b/$exp/libmqa_kernels.so $x/lib/
-done
-lib() { LD_LIBRARY_PATH="/tmp/mqa-gpu-bundle-$1/lib:$LD_LIBRARY_PATH" "${@:2}"; }
+for exp in exp1 exp2; do variant_dir $exp > /dev/null; done
+# LIB COMMAND...: the command with main's library (LIB main) or experiment LIB's.
+lib() {
+  if [[ $1 == main ]]; then
+    "${@:2}"
+  else
+    LD_LIBRARY_PATH="/tmp/mqa-gpu-bundle-$1/lib:$LD_LIBRARY_PATH" "${@:2}"
+  fi
+}
 # 1. Tests.
 timeout 150 $b/tests/gemm_tail_attention_test > $logs/tail.log 2>&1
 rc=$?
@@ -41,9 +45,8 @@ for r in $(seq ${MQA_AB_ROUNDS:-4}); do
   for row in "${rows[@]}"; do
     read -r name l chain gate <<<"$row"
     [[ $gate != 1 ]] && ((!${!gate})) && continue
-    cmd=($b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 --chain $chain)
-    if [[ $l == main ]]; then timeout 60 "${cmd[@]}" > $logs/sc_${name}_$r.log 2>&1
-    else lib $l timeout 60 "${cmd[@]}" > $logs/sc_${name}_$r.log 2>&1; fi
+    lib $l timeout 60 $b/bin/mqabench latency --model configs/santacoder $m1 --num-iters 5 \
+      --chain $chain > $logs/sc_${name}_$r.log 2>&1
     rc=$?
     echo "sc_${name}_$r rc=$rc $(latency_summary $logs/sc_${name}_$r.log)"
     grep -o "[0-9]* QKV GEMMs with the tail attention ([0-9]* with attn.c_proj too)" \
@@ -58,11 +61,10 @@ for row in "${rows[@]:0:3}"; do
   [[ $gate != 1 ]] && ((!${!gate})) && continue
   flags=(--model configs/santacoder $m1 --chain $chain)
   mkdir -p $OUT/trace_$name
-  if [[ $l == main ]]; then pre=(); else pre=(env LD_LIBRARY_PATH="/tmp/mqa-gpu-bundle-$l/lib:$LD_LIBRARY_PATH"); fi
-  ${pre[@]+"${pre[@]}"} timeout 60 $b/bin/mqabench latency "${flags[@]}" --num-iters 1 --tail-timeline 10 \
+  lib $l timeout 60 $b/bin/mqabench latency "${flags[@]}" --num-iters 1 --tail-timeline 10 \
     > $logs/tl_$name.log 2>&1
   echo "tl_$name rc=$?"; sed -n '/tail timeline/,$p' $logs/tl_$name.log | cut -c1-320 | head -8
-  ${pre[@]+"${pre[@]}"} timeout 90 $b/bin/mqabench latency "${flags[@]}" --num-iters 2 \
+  lib $l timeout 90 $b/bin/mqabench latency "${flags[@]}" --num-iters 2 \
     --kernel-trace $OUT/trace_$name/sc > $logs/trace_$name.log 2>&1
   echo "trace_$name rc=$? $(latency_summary $logs/trace_$name.log)"
 done

@@ -3,7 +3,8 @@
 # The console to $OUT/summary.txt as it runs; the bundle unpacked into $b with its libraries (and
 # NCCL's wheel, where the machine has one) on the library path; $logs (emptied), $gpu (the card's
 # name), $m1 (the batch-1 128 / 128 latency flags), finish (the date, and the logs to
-# $OUT/logs.tgz), and gtest_verdict / latency_summary (a log's result on one line). With
+# $OUT/logs.tgz), gtest_verdict / latency_summary (a log's result on one line) and variant_dir (an
+# A/B experiment's copy of the bundle). With
 # MQA_OUT_TAG=T set, the console and the logs go to summary_T.txt and logs_T.tgz instead, so that
 # two scripts can run in one call.
 set -u
@@ -23,5 +24,12 @@ m1="--batch-size 1 --input-len 128 --output-len 128 --load-format dummy"
 finish() { date -u; tar czf $OUT/logs$tag.tgz -C /tmp mqa-logs$tag; }
 # A gtest log's verdict (its PASSED count, or its FAILED lines) on one line.
 gtest_verdict() { grep -E '^\[  PASSED|^\[  FAILED  \] ' "$1" | head -8 | tr '\n' ' '; }
+# An experiment's copy of the bundle (gpu-bundle-ab's expN/: its library over lib/'s); its path
+# on stdout.
+variant_dir() {
+  local x=/tmp/mqa-gpu-bundle-$1
+  rm -rf $x && mkdir -p $x && cp -a $b/bin $b/lib $b/tests $x/ &&
+    cp $b/$1/libmqa_kernels.so $x/lib/ && echo $x
+}
 # An mqabench latency log's headline figures (Avg latency; prefill and decode step) on one line.
 latency_summary() { grep -E 'Avg latency|decode step' "$1" | cut -c1-150 | tr '\n' ' '; }
